@@ -1,0 +1,49 @@
+"""`python -m outlast.agent`: run a node agent in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import uuid
+
+from outlast.agent.agent import Agent
+from outlast.agent.discovery import NodeFile, remove_node_file, write_node_file
+from outlast.agent.procutil import die_with_parent
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m outlast.agent")
+    p.add_argument("--node-id", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--preload", default="", help="comma-separated modules the fork server imports")
+    p.add_argument("--ready-fd", type=int, default=None, help="write the address to this fd once listening")
+    p.add_argument("--embedded", action="store_true", help="die with the parent process (a driver)")
+    p.add_argument("--node-file", action="store_true", help="publish the address for drivers and the CLI")
+    args = p.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
+    if args.embedded:
+        die_with_parent()
+    node_id = args.node_id or uuid.uuid4().hex[:8]
+    agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s])
+    signal.signal(signal.SIGTERM, agent.request_stop)
+    signal.signal(signal.SIGINT, agent.request_stop)
+    if args.node_file:
+        write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id))
+    if args.ready_fd is not None:
+        os.write(args.ready_fd, (agent.address + "\n").encode())
+        os.close(args.ready_fd)
+    try:
+        agent.serve()
+    finally:
+        if args.node_file:
+            remove_node_file(os.getpid())
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

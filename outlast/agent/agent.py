@@ -1,0 +1,249 @@
+"""The node agent: one per node, the supervisor of every worker on it.
+
+It owns the fork server (and so learns of a worker's death at once), forwards every
+exit to the run's controller, tears attempts down on request (SIGTERM, then SIGKILL
+after a grace) and kills a run's workers when its controller falls silent.
+One thread, one poll loop: ZeroMQ for controllers and tools, a pipe to the fork server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+import socket as _socket
+
+import psutil
+import zmq
+
+from outlast.agent.procutil import kill_tree
+from outlast.protocol import messages as m
+from outlast.protocol.transport import AGENT_REQUESTS, FROM_ZYGOTE, BadMessage, bind_router, encode
+
+log = logging.getLogger("outlast.agent")
+
+
+@dataclass
+class Worker:
+    run_id: str
+    attempt: int
+    rank: int
+    pid: int
+    kill_at: float | None = None  # SIGKILL deadline once a SIGTERM went out
+
+
+@dataclass
+class Run:
+    run_id: str
+    controller: bytes  # the controller's ZeroMQ identity on our socket
+    timeout_s: float
+    last_heard: float
+    stopped_attempts: set[int] = field(default_factory=set)
+    ended: bool = False
+
+
+class Agent:
+    def __init__(self, node_id: str, host: str, port: int, preload: list[str], clock=time.monotonic) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.started_at = time.time()
+        self.preload = preload
+        self.ctx = zmq.Context()
+        self.sock, self.address = bind_router(self.ctx, host, port)
+        self.runs: dict[str, Run] = {}
+        self.workers: dict[int, Worker] = {}
+        self.zygote_ready = False
+        self.error_dir = tempfile.mkdtemp(prefix=f"outlast-{node_id}-")
+        self._stop = False
+        self._start_zygote()
+
+    # ---- fork server -----------------------------------------------------------
+
+    def _start_zygote(self) -> None:
+        ours, theirs = _socket.socketpair()
+        self.zygote = subprocess.Popen(
+            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload)],
+            pass_fds=[theirs.fileno()],
+        )
+        theirs.close()
+        self.zconn = Connection(ours.detach())
+
+    def _on_zygote_message(self) -> None:
+        try:
+            data = self.zconn.recv_bytes()
+        except (EOFError, OSError):
+            log.error("the fork server died (exit %s); stopping the node", self.zygote.poll())
+            self._stop = True
+            return
+        msg = FROM_ZYGOTE.decode(data)
+        if isinstance(msg, m.ZygoteReady):
+            self.zygote_ready = True
+            for name, why in msg.failed.items():
+                log.warning("could not preload %s in the fork server: %s", name, why)
+        elif isinstance(msg, m.Forked):
+            self.workers[msg.pid] = Worker(msg.run_id, msg.attempt, msg.rank, msg.pid)
+            run = self.runs.get(msg.run_id)
+            if run is None or run.ended or msg.attempt in run.stopped_attempts:
+                kill_tree(msg.pid, signal.SIGKILL)  # its attempt was stopped before it was born
+                return
+            self._to_controller(run, m.WorkerStarted(run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank,
+                                                     pid=msg.pid))
+        elif isinstance(msg, m.Reaped):
+            self.workers.pop(msg.pid, None)
+            run = self.runs.get(msg.run_id)
+            if run is not None:
+                self._to_controller(run, m.WorkerExited(
+                    run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank, pid=msg.pid, exit_code=msg.exit_code,
+                    signal=msg.signal, error=msg.error, node_id=self.node_id,
+                ))
+                if run.ended and not self._workers_of(run.run_id):
+                    del self.runs[run.run_id]
+
+    # ---- requests -------------------------------------------------------------------
+
+    def _on_request(self, identity: bytes, req: m.AgentRequest) -> None:
+        now = self.clock()
+        if isinstance(req, m.RunHeartbeat):
+            run = self.runs.get(req.run_id)
+            if run is None:
+                run = self.runs[req.run_id] = Run(req.run_id, identity, req.timeout_s, now)
+            run.last_heard, run.timeout_s, run.controller = now, req.timeout_s, identity
+            self._reply(identity, m.Pong(node_id=self.node_id, pid=os.getpid()))
+        elif isinstance(req, m.SpawnWorkers):
+            self._spawn(identity, req, now)
+        elif isinstance(req, m.StopWorkers):
+            run = self.runs.get(req.run_id)
+            if run is not None:
+                run.stopped_attempts.add(req.attempt)
+            self._terminate([w for w in self._workers_of(req.run_id) if w.attempt == req.attempt], req.grace_s, now)
+        elif isinstance(req, m.EndRun):
+            self._end_run(req.run_id, now)
+        elif isinstance(req, m.Ping):
+            self._reply(identity, m.Pong(node_id=self.node_id, pid=os.getpid()))
+        elif isinstance(req, m.StatusRequest):
+            self._reply(identity, self.status())
+        elif isinstance(req, m.Shutdown):
+            self._stop = True
+            self._reply(identity, m.ShutdownAck())
+
+    def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
+        run = self.runs.get(req.run_id)
+        if run is None:
+            run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
+        run.controller, run.last_heard = identity, now
+        for spec in req.workers:
+            self.zconn.send_bytes(encode(m.ForkWorker(
+                run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
+                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path, run_name=req.run_name,
+                restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
+                error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
+            )))
+
+    def _end_run(self, run_id: str, now: float) -> None:
+        run = self.runs.get(run_id)
+        if run is None:
+            return
+        run.ended = True
+        workers = self._workers_of(run_id)
+        if workers:
+            self._terminate(workers, 1.0, now)
+        else:
+            del self.runs[run_id]
+
+    def _terminate(self, workers: list[Worker], grace_s: float, now: float) -> None:
+        for w in workers:
+            if w.kill_at is None:
+                kill_tree(w.pid, signal.SIGTERM)
+                w.kill_at = now + grace_s
+
+    def _workers_of(self, run_id: str) -> list[Worker]:
+        return [w for w in self.workers.values() if w.run_id == run_id]
+
+    # ---- timers ------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        for w in self.workers.values():
+            if w.kill_at is not None and now >= w.kill_at:
+                kill_tree(w.pid, signal.SIGKILL)
+                w.kill_at = float("inf")
+        for run in list(self.runs.values()):
+            if not run.ended and now - run.last_heard > run.timeout_s:
+                log.warning("run %s: no heartbeat from its driver for %.1f s; killing its workers",
+                            run.run_id, now - run.last_heard)
+                run.ended = True
+                for w in self._workers_of(run.run_id):
+                    kill_tree(w.pid, signal.SIGKILL)
+                    w.kill_at = float("inf")
+                if not self._workers_of(run.run_id):
+                    del self.runs[run.run_id]
+
+    # ---- status ---------------------------------------------------------------------------
+
+    def status(self) -> m.StatusReply:
+        infos = []
+        for w in self.workers.values():
+            try:
+                rss = psutil.Process(w.pid).memory_info().rss
+            except psutil.Error:
+                rss = 0
+            infos.append(m.WorkerInfo(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid, rss_bytes=rss))
+        return m.StatusReply(
+            node_id=self.node_id, pid=os.getpid(), address=self.address, started_at=self.started_at,
+            runs=sorted(self.runs), workers=infos, preload=self.preload, zygote_ready=self.zygote_ready,
+        )
+
+    # ---- loop ------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.zconn.fileno(), zmq.POLLIN)
+        while not self._stop:
+            for item, _ in poller.poll(timeout=100):
+                if item is self.sock:
+                    self._drain_requests()
+                else:
+                    self._on_zygote_message()
+            self._tick(self.clock())
+        self.close()
+
+    def request_stop(self, *_args) -> None:
+        self._stop = True
+
+    def _drain_requests(self) -> None:
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._on_request(frames[0], AGENT_REQUESTS.decode(frames[-1]))
+            except BadMessage as e:
+                log.warning("dropped a malformed request: %s", e)
+
+    def _reply(self, identity: bytes, msg: m.Msg) -> None:
+        self.sock.send_multipart([identity, encode(msg)])
+
+    def _to_controller(self, run: Run, msg: m.Msg) -> None:
+        self._reply(run.controller, msg)
+
+    def close(self) -> None:
+        for w in list(self.workers.values()):
+            kill_tree(w.pid, signal.SIGKILL)
+        self.zconn.close()  # the fork server exits on EOF
+        try:
+            self.zygote.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.zygote.kill()
+        self.sock.close(linger=500)
+        self.ctx.term()
+        try:
+            os.rmdir(self.error_dir)
+        except OSError:
+            pass

@@ -1,0 +1,121 @@
+"""What a freshly forked worker does: become a clean process, run the train function.
+
+On an exception the worker writes what happened to its error file before exiting,
+so the fork server can attach it to the exit it reports: the traceback reaches the
+driver with the death, with no race between two channels.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import cloudpickle
+import msgspec
+import zmq
+
+from outlast.agent.procutil import die_with_parent
+from outlast.protocol import messages as m
+from outlast.protocol.transport import connect_dealer, encode
+from outlast.storage.base import Storage
+
+
+@dataclass
+class WorkerPayload:
+    """Everything about a run that a worker needs, pickled once by the driver."""
+
+    train_fn: Callable[..., Any]
+    train_loop_config: dict | None
+    backend: Any  # outlast.train.backend.Backend
+    storage: Storage
+    run_dir: str
+
+
+def _write_error(path: str, exc: BaseException, phase: str) -> None:
+    err = m.WorkerError(
+        exc_type=type(exc).__name__, message=str(exc), phase=phase,
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+    try:
+        with open(path, "wb") as f:
+            f.write(msgspec.json.encode(err))
+    except OSError:
+        pass
+
+
+def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if config is None and not params:
+        return fn()
+    if config is None:
+        return fn({}) if len(params) == 1 else fn()
+    return fn(config)
+
+
+def run_worker(req: m.ForkWorker) -> int:
+    os.setsid()
+    die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(req.env)
+    spec = req.spec
+    os.environ.update({
+        "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank),
+        "LOCAL_WORLD_SIZE": str(spec.local_world_size), "NODE_RANK": str(spec.node_rank),
+        "OUTLAST_ATTEMPT": str(req.attempt), "OUTLAST_ERROR_FILE": req.error_file,
+    })
+    try:
+        os.chdir(req.cwd)
+    except OSError:
+        pass
+    sys.path[:0] = [p for p in req.sys_path if p not in sys.path]
+
+    from outlast.train import _session
+    from outlast.train.context import TrainContext
+
+    ctx = zmq.Context()
+    identity = f"{req.attempt}:{spec.rank}".encode()
+    sock = connect_dealer(ctx, req.controller_address, identity)
+    phase = "setup"
+    code = 1
+    backend = None
+    try:
+        payload: WorkerPayload = cloudpickle.loads(req.payload)
+        backend = payload.backend
+        context = TrainContext(
+            world_rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+            local_world_size=spec.local_world_size, node_rank=spec.node_rank, experiment_name=req.run_name,
+            attempt=req.attempt, storage_path=payload.storage.uri(payload.run_dir),
+        )
+        session = _session.WorkerSession(context, sock, payload.storage, payload.run_dir, req.restore_checkpoint)
+        _session.set_session(session)
+        sock.send(encode(m.WorkerHello(attempt=req.attempt, rank=spec.rank, pid=os.getpid())))
+        backend.on_start(context)
+        phase = "train"
+        _call_train_fn(payload.train_fn, payload.train_loop_config)
+        phase = "shutdown"
+        backend.on_shutdown()
+        session.done()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code != 0:
+            _write_error(req.error_file, e, phase)
+    except BaseException as e:
+        traceback.print_exc()
+        _write_error(req.error_file, e, phase)
+        code = 1
+    finally:
+        sock.close(linger=2000)  # the last reports and WorkerDone must reach the controller
+        ctx.term()
+    return code

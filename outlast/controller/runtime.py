@@ -1,0 +1,391 @@
+"""The controller loop: turns messages into events, events into states, states into effects.
+
+Decisions live in `states.py` (the table), `policy.py` (restart or raise), `commit.py`
+(when a checkpoint is whole), `collectives.py` and `retention.py`. This module only
+carries them out: it talks to the node agent and the workers and writes to storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import zmq
+
+from outlast.controller.collectives import CollectiveTracker
+from outlast.controller.commit import CommitTracker, PendingCheckpoint
+from outlast.controller.policy import FailureDecision, decide_on_failure
+from outlast.controller.retention import checkpoints_to_delete
+from outlast.controller.runstate import RunBook
+from outlast.controller.states import Event, State, transition
+from outlast.protocol import messages as m
+from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, encode
+from outlast.storage.records import FailureRecord
+from outlast.train.errors import TrainingFailedError
+
+log = logging.getLogger("outlast.controller")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    heartbeat_interval_s: float = 0.5
+    driver_lost_after_s: float = 5.0  # the agent kills this run's workers after this silence
+    agent_lost_after_s: float = 15.0
+    worker_start_s: float = 300.0  # fork, imports, backend set-up
+    teardown_grace_s: float = 2.0  # SIGTERM, then SIGKILL after this
+    finish_settle_s: float = 2.0  # wait for a finished rank's last messages
+    collective_warn_s: float = 60.0
+    collective_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    name: str
+    book: RunBook
+    world_size: int
+    workers: list[m.WorkerSpec]
+    payload: bytes
+    max_failures: int
+    num_to_keep: int | None
+    score_attribute: str | None
+    score_order: str
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    attempt_env: Callable[[int], dict[str, str]]  # per-attempt variables (e.g. a rendezvous port)
+    timeouts: Timeouts = Timeouts()
+
+
+@dataclass
+class AttemptState:
+    number: int
+    started_at: float
+    hello: set[int] = field(default_factory=set)
+    exited: dict[int, m.WorkerExited] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+    all_exited_ok_at: float | None = None
+
+
+class AgentLink:
+    """The controller's connection to a node agent (a DEALER socket)."""
+
+    def __init__(self, sock: zmq.Socket, address: str, alive: Callable[[], bool] = lambda: True) -> None:
+        self.sock = sock
+        self.address = address
+        self.alive = alive
+
+    def send(self, msg: m.Msg) -> None:
+        self.sock.send(encode(msg))
+
+
+class Controller:
+    def __init__(self, plan: RunPlan, agent: AgentLink, ctx: zmq.Context, clock=time.monotonic) -> None:
+        self.plan = plan
+        self.agent = agent
+        self.clock = clock
+        self.run_id = uuid.uuid4().hex[:12]
+        self.sock, self.address = bind_router(ctx)
+        self.state = State.INITIALIZING
+        self.book = plan.book
+        self.attempt: AttemptState | None = None
+        self.commits = CommitTracker(plan.world_size)
+        self.collectives = CollectiveTracker(plan.world_size, plan.timeouts.collective_warn_s,
+                                             plan.timeouts.collective_timeout_s)
+        self.last_metrics: dict | None = None
+        self.failures: list[FailureRecord] = []
+        self.error: TrainingFailedError | None = None
+        self._next_heartbeat = 0.0
+        self._last_agent_reply = clock()
+
+    # ---- the loop -----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Drive the run to a terminal state; raise `TrainingFailedError` if it errored."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.agent.sock, zmq.POLLIN)
+        try:
+            self._fire(Event.STARTED)
+            while not self.state.is_terminal:
+                for sock, _ in poller.poll(timeout=100):
+                    self._drain(sock)
+                self._tick(self.clock())
+        except KeyboardInterrupt:
+            if not self.state.is_terminal:
+                self._fire(Event.INTERRUPTED)
+            raise
+        finally:
+            self.agent.send(m.EndRun(run_id=self.run_id))
+            self.sock.close(linger=0)
+        if self.error is not None:
+            raise self.error
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                if sock is self.sock:
+                    self._on_worker_message(frames[0], WORKER_MESSAGES.decode(frames[-1]))
+                else:
+                    self._on_agent_event(AGENT_EVENTS.decode(frames[-1]))
+            except BadMessage as e:
+                log.warning("dropped a malformed message: %s", e)
+            if self.state.is_terminal:
+                return
+
+    def _tick(self, now: float) -> None:
+        t = self.plan.timeouts
+        if now >= self._next_heartbeat:
+            self.agent.send(m.RunHeartbeat(run_id=self.run_id, timeout_s=t.driver_lost_after_s))
+            self._next_heartbeat = now + t.heartbeat_interval_s
+        if not self.agent.alive() or now - self._last_agent_reply > t.agent_lost_after_s:
+            self._give_up(f"the node agent at {self.agent.address} stopped answering")
+            return
+        for overdue in self.collectives.overdue(now):
+            self._on_overdue_collective(overdue)
+        a = self.attempt
+        if a is None:
+            return
+        if self.state is State.SCHEDULING and now - a.started_at > t.worker_start_s:
+            missing = sorted(set(range(self.plan.world_size)) - a.hello)
+            self._on_failure(FailureRecord(
+                attempt=a.number, rank=missing[0], node_id="local", pid=0, exit_code=None, signal=None,
+                time=time.time(), exc_type="WorkerStartTimeout",
+                message=f"ranks {missing} did not start within {t.worker_start_s:.0f} s",
+            ))
+        elif a.all_exited_ok_at is not None and now - a.all_exited_ok_at > t.finish_settle_s:
+            log.warning("finishing without the last messages of ranks %s",
+                        sorted(set(range(self.plan.world_size)) - a.done))
+            self._fire(Event.ALL_FINISHED)
+
+    # ---- events -> states -> effects ---------------------------------------------
+
+    def _fire(self, event: Event) -> None:
+        previous, self.state = self.state, transition(self.state, event)
+        log.debug("%s --%s--> %s", previous.value, event.value, self.state.value)
+        enter = {
+            State.SCHEDULING: self._enter_scheduling,
+            State.RESTARTING: self._stop_workers,
+            State.FINISHED: self._enter_finished,
+            State.ERRORED: self._enter_errored,
+            State.ABORTED: self._enter_aborted,
+        }.get(self.state)
+        if enter is not None:
+            enter()
+
+    def _enter_scheduling(self) -> None:
+        committed = {c.checkpoint_dir for c in self.book.state.checkpoints}
+        self.book.store.remove_uncommitted(committed)
+        number = self.book.begin_attempt(time.time())
+        self.attempt = AttemptState(number=number, started_at=self.clock())
+        self.commits = CommitTracker(self.plan.world_size)
+        self.collectives = CollectiveTracker(self.plan.world_size, self.plan.timeouts.collective_warn_s,
+                                             self.plan.timeouts.collective_timeout_s)
+        restore = self.book.state.latest_checkpoint
+        if number > 1 or restore:
+            log.info("starting attempt %d of run %s%s", number, self.plan.name,
+                     f", restoring {restore}" if restore else " from scratch")
+        self.agent.send(m.SpawnWorkers(
+            run_id=self.run_id, attempt=number, controller_address=self.address, workers=self.plan.workers,
+            payload=self.plan.payload, env={**self.plan.env, **self.plan.attempt_env(number)},
+            cwd=self.plan.cwd, sys_path=self.plan.sys_path, run_name=self.plan.name,
+            restore_checkpoint=restore,
+        ))
+
+    def _stop_workers(self) -> None:
+        if self.attempt is not None:
+            self.agent.send(m.StopWorkers(run_id=self.run_id, attempt=self.attempt.number,
+                                          grace_s=self.plan.timeouts.teardown_grace_s))
+
+    def _enter_finished(self) -> None:
+        self.book.end_attempt("finished", time.time())
+        self.book.finish("finished")
+
+    def _enter_errored(self) -> None:
+        self._teardown_and_wait()
+        self.book.end_attempt("failed", time.time())
+        self.book.finish("errored", error=str(self.error))
+
+    def _enter_aborted(self) -> None:
+        self._teardown_and_wait()
+        self.book.end_attempt("aborted", time.time())
+        self.book.finish("aborted")
+
+    def _teardown_and_wait(self) -> None:
+        """Stop the attempt's workers and wait (bounded) until the agent saw them exit."""
+        a = self.attempt
+        if a is None:
+            return
+        self._stop_workers()
+        deadline = self.clock() + self.plan.timeouts.teardown_grace_s + 5.0
+        while len(a.exited) < self.plan.world_size and self.clock() < deadline:
+            if self.agent.sock.poll(100):
+                try:
+                    event = AGENT_EVENTS.decode(self.agent.sock.recv_multipart()[-1])
+                except BadMessage:
+                    continue
+                if isinstance(event, m.WorkerExited) and event.attempt == a.number:
+                    a.exited[event.rank] = event
+
+    # ---- agent events -----------------------------------------------------------------
+
+    def _on_agent_event(self, event: m.AgentEvent) -> None:
+        self._last_agent_reply = self.clock()
+        if isinstance(event, m.WorkerExited):
+            self._on_worker_exited(event)
+
+    def _on_worker_exited(self, ev: m.WorkerExited) -> None:
+        a = self.attempt
+        if a is None or ev.run_id != self.run_id or ev.attempt != a.number:
+            return
+        a.exited[ev.rank] = ev
+        ok = ev.exit_code == 0 and ev.error is None
+        if not ok:
+            record = _failure_record(ev)
+            if self.state.has_live_workers:
+                self._on_failure(record)
+            else:
+                # A consequence of the root cause (peers losing their collective partner).
+                self.book.add_failure(record)
+        if self.state is State.RESTARTING and len(a.exited) == self.plan.world_size:
+            self._fire(Event.TEARDOWN_DONE)
+        elif self.state.has_live_workers and len(a.exited) == self.plan.world_size:
+            a.all_exited_ok_at = self.clock()
+            if a.done >= set(range(self.plan.world_size)):
+                self._fire(Event.ALL_FINISHED)
+
+    def _on_failure(self, record: FailureRecord) -> None:
+        self.failures.append(record)
+        failed_before = self.book.state.failure_counts.get("worker", 0)
+        decision = decide_on_failure(record, failed_before, self.plan.max_failures)
+        self.book.add_failure(record, count_as="worker")
+        if record.traceback:
+            log.warning("rank %d failed:\n%s", record.rank, record.traceback.rstrip())
+        if decision.action is FailureDecision.RESTART:
+            log.warning("%s", decision.reason)
+            self._fire(Event.FAILURE_RETRY)
+        else:
+            causes = "\n".join(f"  attempt {f.attempt}: {f.describe()}" for f in self.failures)
+            self.error = TrainingFailedError(f"training failed: {decision.reason}\nfailures:\n{causes}",
+                                             list(self.failures))
+            self._fire(Event.FAILURE_FATAL)
+
+    def _give_up(self, reason: str) -> None:
+        self.error = TrainingFailedError(f"training failed: {reason}", list(self.failures))
+        log.error("%s", reason)
+        self._fire(Event.FAILURE_FATAL)
+
+    # ---- worker messages ---------------------------------------------------------------
+
+    def _on_worker_message(self, identity: bytes, msg: m.WorkerMessage) -> None:
+        a = self.attempt
+        if a is None or msg.attempt != a.number:
+            return  # a straggler of an attempt that was torn down
+        if isinstance(msg, m.Report):
+            self._on_report(msg)
+        elif isinstance(msg, m.WorkerHello):
+            a.hello.add(msg.rank)
+            if self.state is State.SCHEDULING and len(a.hello) == self.plan.world_size:
+                self._fire(Event.WORKERS_STARTED)
+        elif isinstance(msg, m.CollectiveRequest):
+            self._on_collective(msg)
+        elif isinstance(msg, m.WorkerDone):
+            a.done.add(msg.rank)
+            if a.all_exited_ok_at is not None and a.done >= set(range(self.plan.world_size)):
+                self._fire(Event.ALL_FINISHED)
+
+    def _on_report(self, msg: m.Report) -> None:
+        if msg.rank == 0:
+            self.last_metrics = msg.metrics
+        try:
+            ready = self.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics)
+        except ValueError as e:
+            log.warning("ignored a report: %s", e)
+            return
+        for pending in ready:
+            self._commit(pending)
+
+    def _commit(self, pending: PendingCheckpoint) -> None:
+        a = self.attempt
+        assert a is not None
+        ranks = sorted(pending.files)
+        try:
+            files = _merge_files(pending)
+        except ValueError as e:
+            reply: m.Msg = m.CommitFailed(index=pending.index, reason=str(e))
+            log.error("checkpoint %s not committed: %s", pending.checkpoint_dir, e)
+        else:
+            self.book.commit_checkpoint(pending.checkpoint_dir, a.number, pending.index, ranks, files,
+                                        pending.metrics, time.time())
+            self._apply_retention()
+            reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
+        for rank in ranks:
+            self._send_to_rank(rank, reply)
+
+    def _apply_retention(self) -> None:
+        doomed = checkpoints_to_delete(self.book.state.checkpoints, self.plan.num_to_keep,
+                                       self.plan.score_attribute, self.plan.score_order)
+        if doomed:
+            # The run state stops naming them first, so a crash in between leaves only garbage.
+            self.book.forget_checkpoints({c.checkpoint_dir for c in doomed})
+            for c in doomed:
+                self.book.store.delete_checkpoint(c.checkpoint_dir)
+
+    def _on_collective(self, msg: m.CollectiveRequest) -> None:
+        try:
+            complete = self.collectives.arrive(msg.rank, msg.seq, msg.op, msg.payload, self.clock())
+        except ValueError as e:
+            log.error("%s", e)
+            return
+        if complete is not None:
+            reply = m.CollectiveReply(seq=complete.seq, payload=complete.payload)
+            for rank in range(self.plan.world_size):
+                self._send_to_rank(rank, reply)
+
+    def _on_overdue_collective(self, o) -> None:
+        if not o.timed_out:
+            log.warning("%s #%d has waited %.0f s for ranks %s", o.op, o.seq, o.waited_s, o.missing)
+            return
+        reply = m.CollectiveTimeout(seq=o.seq, op=o.op, missing_ranks=o.missing, waited_s=o.waited_s)
+        for rank in o.arrived:
+            self._send_to_rank(rank, reply)
+
+    def _send_to_rank(self, rank: int, msg: m.Msg) -> None:
+        a = self.attempt
+        assert a is not None
+        self.sock.send_multipart([worker_identity(a.number, rank), encode(msg)])
+
+
+def worker_identity(attempt: int, rank: int) -> bytes:
+    return f"{attempt}:{rank}".encode()
+
+
+def _failure_record(ev: m.WorkerExited) -> FailureRecord:
+    err = ev.error
+    return FailureRecord(
+        attempt=ev.attempt, rank=ev.rank, node_id=ev.node_id, pid=ev.pid, exit_code=ev.exit_code,
+        signal=ev.signal, time=time.time(),
+        exc_type=err.exc_type if err else None, message=err.message if err else None,
+        traceback=err.traceback if err else None, phase=err.phase if err else None,
+    )
+
+
+def _merge_files(pending: PendingCheckpoint) -> list[m.FileEntry]:
+    """Files of all contributing ranks; two ranks may write one file only with the same bytes."""
+    merged: dict[str, tuple[int, m.FileEntry]] = {}
+    for rank in sorted(pending.files):
+        for entry in pending.files[rank]:
+            seen = merged.get(entry.path)
+            if seen is not None and seen[1].sha256 != entry.sha256:
+                raise ValueError(
+                    f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
+                    "save a replicated model from one rank only, or give each rank its own file names"
+                )
+            merged[entry.path] = (rank, entry)
+    return [e for _, e in sorted(merged.values(), key=lambda x: x[1].path)]

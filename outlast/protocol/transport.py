@@ -1,0 +1,94 @@
+"""Encoding of wire messages and the few ZeroMQ socket shapes outlast uses.
+
+ZeroMQ does the framing and reconnection; this module only picks socket options
+(no linger surprises, bounded reconnect backoff) and decodes into typed messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import zmq
+
+from outlast.protocol import messages as m
+
+log = logging.getLogger("outlast.protocol")
+
+T = TypeVar("T")
+
+
+def _enc_hook(obj: Any) -> Any:
+    # Metrics often hold numpy or torch scalars; send their Python value.
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (ValueError, RuntimeError):
+            pass
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(
+        f"cannot send a value of type {type(obj).__name__}: metrics must be numbers, strings, "
+        "booleans, None, or lists and dicts of them"
+    )
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+
+
+def encode(msg: m.Msg) -> bytes:
+    return _encoder.encode(msg)
+
+
+class Codec(Generic[T]):
+    """Decodes one union of message types; a malformed message raises `BadMessage`."""
+
+    def __init__(self, union: Any) -> None:
+        self._decoder = msgspec.msgpack.Decoder(union)
+
+    def decode(self, data: bytes) -> T:
+        try:
+            return self._decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise BadMessage(str(e)) from None
+
+
+class BadMessage(ValueError):
+    """A message that does not decode to any expected type; logged and dropped."""
+
+
+AGENT_REQUESTS: Codec[m.AgentRequest] = Codec(m.AgentRequest)
+AGENT_EVENTS: Codec[m.AgentEvent] = Codec(m.AgentEvent)
+WORKER_MESSAGES: Codec[m.WorkerMessage] = Codec(m.WorkerMessage)
+TO_WORKER: Codec[m.ControllerToWorker] = Codec(m.ControllerToWorker)
+TO_ZYGOTE: Codec[m.ToZygote] = Codec(m.ToZygote)
+FROM_ZYGOTE: Codec[m.FromZygote] = Codec(m.FromZygote)
+
+
+def _tune(sock: zmq.Socket) -> zmq.Socket:
+    sock.setsockopt(zmq.LINGER, 2000)  # flush pending sends on close, but never hang forever
+    sock.setsockopt(zmq.RECONNECT_IVL, 20)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+    return sock
+
+
+def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0) -> tuple[zmq.Socket, str]:
+    sock = _tune(ctx.socket(zmq.ROUTER))
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a peer that went away must not raise on send
+    if port:
+        sock.bind(f"tcp://{host}:{port}")
+    else:
+        sock.bind(f"tcp://{host}:*")
+    address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    return sock, address
+
+
+def connect_dealer(ctx: zmq.Context, address: str, identity: bytes | None = None) -> zmq.Socket:
+    sock = _tune(ctx.socket(zmq.DEALER))
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(address)
+    return sock

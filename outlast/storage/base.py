@@ -1,0 +1,41 @@
+"""The one small interface the runtime needs from storage.
+
+Paths are '/'-separated and relative to the storage root. Implementations: a local
+or network file system (`LocalStorage`); object stores come behind the same methods.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from outlast.protocol.messages import FileEntry
+
+
+class StorageError(OSError):
+    """A storage operation failed; the message names the path."""
+
+
+class Storage(Protocol):
+    def upload_dir(self, local_dir: Path, dest: str) -> list[FileEntry]:
+        """Copy every file under `local_dir` to `dest/`, returning sizes and checksums."""
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace `path` with `data` so that a reader sees the old or the new bytes, never a mix."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """Raise FileNotFoundError when `path` does not exist."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def list_dirs(self, path: str) -> list[str]:
+        """Names of the directories directly under `path` (empty when it does not exist)."""
+
+    def delete(self, path: str) -> None:
+        """Remove a file or a directory tree; a missing path is not an error."""
+
+    def local_path(self, path: str) -> Path:
+        """A local directory holding `path`'s files, for readers such as `Checkpoint.as_directory`."""
+
+    def uri(self, path: str) -> str:
+        """How `path` is shown to the user."""

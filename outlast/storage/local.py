@@ -1,0 +1,103 @@
+"""Storage on a local or network file system."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from outlast.protocol.messages import FileEntry
+from outlast.storage.base import StorageError
+
+_CHUNK = 1 << 20
+
+
+def copy_with_checksum(src: Path, dst: Path) -> tuple[int, str]:
+    """Copy one file, hashing it on the way, so the data is read once."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            digest.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LocalStorage:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    def _p(self, path: str) -> Path:
+        return self.root / path if path else self.root
+
+    def upload_dir(self, local_dir: Path, dest: str) -> list[FileEntry]:
+        local_dir = Path(local_dir)
+        if not local_dir.is_dir():
+            raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
+        target = self._p(dest)
+        entries: list[FileEntry] = []
+        try:
+            for dirpath, _dirnames, filenames in os.walk(local_dir):
+                rel_dir = Path(dirpath).relative_to(local_dir)
+                (target / rel_dir).mkdir(parents=True, exist_ok=True)
+                for name in sorted(filenames):
+                    rel = (rel_dir / name).as_posix()
+                    size, digest = copy_with_checksum(Path(dirpath) / name, target / rel)
+                    entries.append(FileEntry(path=rel, size=size, sha256=digest))
+        except OSError as e:
+            raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
+        return entries
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        target = self._p(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._p(path).read_bytes()
+
+    def exists(self, path: str) -> bool:
+        return self._p(path).exists()
+
+    def list_dirs(self, path: str) -> list[str]:
+        base = self._p(path)
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+    def delete(self, path: str) -> None:
+        target = self._p(path)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+
+    def local_path(self, path: str) -> Path:
+        return self._p(path)
+
+    def uri(self, path: str) -> str:
+        return str(self._p(path))
+

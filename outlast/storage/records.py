@@ -1,0 +1,123 @@
+"""The documents a run keeps on storage: checkpoint manifests and the run state.
+
+Both are versioned JSON. A newer outlast reads an older version; an unknown future
+version is refused with a message instead of being misread.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from typing import Any
+
+import msgspec
+
+from outlast.protocol.messages import FileEntry
+
+MANIFEST_NAME = ".outlast-manifest.json"
+RUN_STATE_NAME = "run_state.json"
+SCHEMA_VERSION = 1
+
+
+class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker's death, kept as data so it can be shown later, root cause first."""
+
+    attempt: int
+    rank: int
+    node_id: str
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    time: float
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    phase: str | None = None
+
+    def describe(self) -> str:
+        where = f"rank {self.rank} (pid {self.pid}, node {self.node_id}, attempt {self.attempt})"
+        if self.exc_type:
+            return f"{where} raised {self.exc_type}: {self.message}"
+        if self.signal is not None:
+            return f"{where} was killed by {signal_name(self.signal)}"
+        return f"{where} exited with code {self.exit_code}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    version: int = SCHEMA_VERSION
+    checkpoint_dir: str
+    seq: int
+    attempt: int
+    report_index: int
+    committed_at: float
+    ranks: list[int]
+    files: list[FileEntry]
+    metrics: dict[str, Any] = {}
+
+
+class AttemptRecord(msgspec.Struct, kw_only=True):
+    attempt: int
+    started_at: float
+    restored_from: str | None = None
+    ended_at: float | None = None
+    outcome: str | None = None  # "finished" | "failed" | "aborted"
+    failures: list[FailureRecord] = []
+
+
+class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
+    checkpoint_dir: str
+    seq: int
+    attempt: int
+    report_index: int
+    committed_at: float
+    metrics: dict[str, Any] = {}
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    version: int = SCHEMA_VERSION
+    name: str
+    status: str  # the controller state's name
+    created_at: float
+    updated_at: float
+    attempts: list[AttemptRecord] = []
+    failure_counts: dict[str, int] = {}
+    checkpoints: list[CheckpointRecord] = []
+    latest_checkpoint: str | None = None
+    error: str | None = None
+
+
+class CorruptDocument(ValueError):
+    """A manifest or run-state file that cannot be read; the message names the file."""
+
+
+def encode(doc: msgspec.Struct) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2)
+
+
+def decode(data: bytes, kind: type, where: str) -> Any:
+    try:
+        doc = msgspec.json.decode(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
+    if doc.version > SCHEMA_VERSION:
+        raise CorruptDocument(
+            f"{where} has schema version {doc.version}, newer than this outlast understands "
+            f"({SCHEMA_VERSION}); upgrade outlast to read it"
+        )
+    return doc
+
+
+def checkpoint_dir_name(attempt: int, report_index: int) -> str:
+    """Every rank derives the same name from counts it already has: no agreement needed."""
+    return f"checkpoint_{attempt:03d}_{report_index:06d}"
+
+
+def is_checkpoint_dir_name(name: str) -> bool:
+    parts = name.split("_")
+    return len(parts) == 3 and parts[0] == "checkpoint" and parts[1].isdigit() and parts[2].isdigit()

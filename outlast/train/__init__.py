@@ -1,0 +1,42 @@
+"""outlast's training API, with the names and shapes of Ray Train (V2).
+
+A Ray Train script ports by changing `ray.train` to `outlast.train` in its imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outlast.train._session import get_session
+from outlast.train.checkpoint import Checkpoint
+from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from outlast.train.context import TrainContext
+from outlast.train.errors import CheckpointCommitError, CollectiveTimeoutError, TrainingFailedError
+from outlast.train.result import Result
+from outlast.train.trainer import DataParallelTrainer, Trainer
+
+
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    """Report metrics, and optionally a checkpoint, from every rank.
+
+    Every rank must call `report()` the same number of times. Without a checkpoint it
+    returns at once. With one, it returns once the checkpoint is committed: from then
+    on a failure restores it.
+    """
+    get_session("report").report(metrics, checkpoint)
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The checkpoint this attempt restores from (the latest committed one), or None."""
+    return get_session("get_checkpoint").get_checkpoint()
+
+
+def get_context() -> TrainContext:
+    return get_session("get_context").context
+
+
+__all__ = [
+    "Checkpoint", "CheckpointCommitError", "CheckpointConfig", "CollectiveTimeoutError", "DataParallelTrainer",
+    "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext", "Trainer", "TrainingFailedError",
+    "get_checkpoint", "get_context", "report",
+]

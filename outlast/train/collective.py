@@ -1,0 +1,19 @@
+"""Collectives across the ranks of a run, through the controller (no torch needed)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from outlast.train._session import get_session
+
+T = TypeVar("T")
+
+
+def barrier() -> None:
+    """Wait until every rank has called `barrier()`."""
+    get_session("collective.barrier").collective("barrier")
+
+
+def broadcast_from_rank_zero(data: T = None) -> T:
+    """Return rank 0's `data` on every rank (it must be picklable)."""
+    return get_session("collective.broadcast_from_rank_zero").collective("broadcast", data)

@@ -1,0 +1,73 @@
+"""Run configuration, with the names and shapes of Ray Train's configs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class ScalingConfig:
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        _check_int("ScalingConfig.num_workers", self.num_workers, 1)
+        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ValueError(
+                f"ScalingConfig.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
+                f"got {self.placement_strategy!r}"
+            )
+        for key, amount in (self.resources_per_worker or {}).items():
+            if not isinstance(amount, (int, float)) or amount < 0:
+                raise ValueError(f"ScalingConfig.resources_per_worker[{key!r}] must be a number >= 0, got {amount!r}")
+
+
+@dataclass
+class FailureConfig:
+    """`max_failures`: how many times a failed run restarts; 0 never, -1 forever."""
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("FailureConfig.max_failures", self.max_failures, -1)
+
+
+@dataclass
+class CheckpointConfig:
+    """Which committed checkpoints to keep. The latest is always kept."""
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None:
+            _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1)
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ValueError(
+                f"CheckpointConfig.checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}"
+            )
+
+
+@dataclass
+class RunConfig:
+    name: str | None = None
+    storage_path: str | os.PathLike[str] | None = None
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        if self.failure_config is None:
+            self.failure_config = FailureConfig()
+        if self.checkpoint_config is None:
+            self.checkpoint_config = CheckpointConfig()
+        if self.name is not None and (not isinstance(self.name, str) or not self.name or "/" in self.name):
+            raise ValueError(f"RunConfig.name must be a non-empty string without '/', got {self.name!r}")

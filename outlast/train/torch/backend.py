@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+from outlast.train.backend import Backend
+from outlast.train.context import TrainContext
+
+
+@dataclass
+class TorchConfig:
+    """`backend`: 'gloo' or 'nccl' (default: nccl with GPUs, gloo without)."""
+
+    backend: str | None = None
+    timeout_s: int = 1800
+
+
+class TorchBackend(Backend):
+    # DistributedDataParallel imports torch._dynamo (and sympy) on first use: seconds we pay once.
+    preload = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
+    needs_rendezvous_port = True
+
+    def __init__(self, config: TorchConfig | None = None, use_gpu: bool = False) -> None:
+        self.config = config or TorchConfig()
+        self.use_gpu = use_gpu
+
+    def on_start(self, context: TrainContext) -> None:
+        import torch
+        import torch.distributed as dist
+
+        backend = self.config.backend or ("nccl" if self.use_gpu else "gloo")
+        if self.use_gpu:
+            if not torch.cuda.is_available():
+                raise RuntimeError("ScalingConfig(use_gpu=True) but this worker sees no CUDA device")
+            torch.cuda.set_device(context.local_rank % torch.cuda.device_count())
+        # Loopback rendezvous on one node; gloo otherwise guesses an interface from the hostname.
+        if os.environ.get("MASTER_ADDR") == "127.0.0.1":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(
+            backend=backend, init_method="env://", rank=context.world_rank, world_size=context.world_size,
+            timeout=timedelta(seconds=self.config.timeout_s),
+        )
+
+    def on_shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,80 @@
+"""The usual helpers of a DDP training loop, called inside workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outlast.train._session import get_session
+
+
+def get_device():
+    import torch
+
+    ctx = get_session("torch.get_device").context
+    if torch.cuda.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_backend() == "nccl":
+        return torch.device(f"cuda:{ctx.local_rank % torch.cuda.device_count()}")
+    return torch.device("cpu")
+
+
+def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | None = "ddp",
+                  parallel_strategy_kwargs: dict[str, Any] | None = None):
+    """Move `model` to this worker's device and wrap it in DistributedDataParallel."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = get_device()
+    if move_to_device:
+        model = model.to(device)
+    if parallel_strategy is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return model
+    if parallel_strategy != "ddp":
+        raise ValueError(f"prepare_model: parallel_strategy must be 'ddp' or None, got {parallel_strategy!r}")
+    kwargs = dict(parallel_strategy_kwargs or {})
+    if device.type == "cuda":
+        kwargs.setdefault("device_ids", [device])
+    return DistributedDataParallel(model, **kwargs)
+
+
+def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_device: bool = True):
+    """Give each rank its own shard of `data_loader` (a DistributedSampler) and move batches to the device."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+
+    loader = data_loader
+    if add_dist_sampler and dist.is_initialized() and dist.get_world_size() > 1 and \
+            not isinstance(data_loader.sampler, DistributedSampler):
+        shuffle = not isinstance(data_loader.sampler, SequentialSampler)
+        sampler = DistributedSampler(data_loader.dataset, shuffle=shuffle)
+        loader = DataLoader(
+            data_loader.dataset, batch_size=data_loader.batch_size, sampler=sampler,
+            num_workers=data_loader.num_workers, collate_fn=data_loader.collate_fn,
+            pin_memory=data_loader.pin_memory, drop_last=data_loader.drop_last,
+        )
+    if not move_to_device:
+        return loader
+    return _DeviceLoader(loader, get_device())
+
+
+class _DeviceLoader:
+    def __init__(self, loader, device) -> None:
+        self.loader = loader
+        self.device = device
+        self.sampler = getattr(loader, "sampler", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield _to_device(batch, self.device)
+
+
+def _to_device(batch, device):
+    if hasattr(batch, "to"):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch

@@ -1,0 +1,158 @@
+"""`DataParallelTrainer.fit()`: plan the run, find or start a node, hand over to the controller."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import cloudpickle
+import zmq
+
+from outlast.agent.discovery import find_running_agent, start_agent_process
+from outlast.agent.worker_main import WorkerPayload
+from outlast.controller.runstate import RunBook
+from outlast.controller.runtime import AgentLink, Controller, RunPlan, Timeouts
+from outlast.protocol import messages as m
+from outlast.protocol.transport import connect_dealer
+from outlast.storage.local import LocalStorage
+from outlast.storage.run_store import RunStore
+from outlast.train.backend import Backend
+from outlast.train.checkpoint import Checkpoint
+from outlast.train.config import RunConfig, ScalingConfig
+from outlast.train.result import Result
+
+log = logging.getLogger("outlast.train")
+
+DEFAULT_STORAGE = "~/outlast_results"
+
+
+class DataParallelTrainer:
+    """Runs `train_loop_per_worker` on `scaling_config.num_workers` workers, restarting on failure."""
+
+    backend_cls: type[Backend] = Backend
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        if not callable(train_loop_per_worker):
+            raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(f"train_loop_config must be a dict, got {type(train_loop_config).__name__}")
+        self.train_fn = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.backend = backend or self.backend_cls()
+
+    def fit(self) -> Result:
+        _ensure_logging()
+        rc = self.run_config
+        name = rc.name or time.strftime("outlast_train_%Y-%m-%d_%H-%M-%S")
+        storage = LocalStorage(rc.storage_path or os.environ.get("OUTLAST_STORAGE_PATH") or DEFAULT_STORAGE)
+        store = RunStore(storage, name)
+        book = RunBook.open(store, name, time.time())
+        try:
+            payload = cloudpickle.dumps(WorkerPayload(self.train_fn, self.train_loop_config, self.backend,
+                                                      storage, name))
+        except Exception as e:
+            raise TypeError(f"the train function or its config cannot be pickled to send to workers: {e}") from e
+        n = self.scaling_config.num_workers
+        plan = RunPlan(
+            name=name, book=book, world_size=n,
+            workers=[m.WorkerSpec(rank=r, local_rank=r, local_world_size=n, node_rank=0, world_size=n)
+                     for r in range(n)],
+            payload=payload, max_failures=rc.failure_config.max_failures,
+            num_to_keep=rc.checkpoint_config.num_to_keep,
+            score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
+            score_order=rc.checkpoint_config.checkpoint_score_order,
+            env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
+            attempt_env=self._attempt_env, timeouts=_timeouts_from_env(),
+        )
+        ctx = zmq.Context()
+        embedded = None
+        try:
+            address = find_running_agent(ctx)
+            if address is None:
+                embedded, address = start_agent_process(list(self.backend.preload), embedded=True)
+            link = AgentLink(connect_dealer(ctx, address), address,
+                             alive=(lambda: embedded.poll() is None) if embedded else (lambda: True))
+            controller = Controller(plan, link, ctx)
+            try:
+                controller.run()
+            finally:
+                link.sock.close(linger=500 if embedded is None else 0)
+        finally:
+            if embedded is not None:
+                _stop_embedded(embedded)
+            ctx.term()
+        latest = book.state.latest_checkpoint
+        return Result(
+            metrics=controller.last_metrics,
+            checkpoint=Checkpoint(storage.local_path(store.path(latest))) if latest else None,
+            path=storage.uri(name),
+        )
+
+    def _attempt_env(self, attempt: int) -> dict[str, str]:
+        if not self.backend.needs_rendezvous_port:
+            return {}
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+
+
+Trainer = DataParallelTrainer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _importable_paths() -> list[str]:
+    """The driver's script directory and cwd, so workers import the user's modules too."""
+    paths = [os.getcwd()]
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        paths.insert(0, str(Path(main_file).resolve().parent))
+    return paths
+
+
+def _timeouts_from_env() -> Timeouts:
+    env = os.environ
+    defaults = Timeouts()
+    return Timeouts(
+        driver_lost_after_s=float(env.get("OUTLAST_DRIVER_TIMEOUT_S", defaults.driver_lost_after_s)),
+        teardown_grace_s=float(env.get("OUTLAST_TEARDOWN_GRACE_S", defaults.teardown_grace_s)),
+        worker_start_s=float(env.get("OUTLAST_WORKER_START_TIMEOUT_S", defaults.worker_start_s)),
+        collective_warn_s=float(env.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", defaults.collective_warn_s)),
+        collective_timeout_s=float(env.get("OUTLAST_COLLECTIVE_TIMEOUT_S", defaults.collective_timeout_s)),
+    )
+
+
+def _stop_embedded(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
+def _ensure_logging() -> None:
+    logger = logging.getLogger("outlast")
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s outlast %(levelname)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
