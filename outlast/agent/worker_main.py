@@ -112,8 +112,7 @@ def run_worker(req: m.ForkWorker) -> int:
         if code != 0:
             _write_error(req.error_file, e, phase)
     except BaseException as e:
-        traceback.print_exc()
-        _write_error(req.error_file, e, phase)
+        _write_error(req.error_file, e, phase)  # the controller logs it with the failure
         code = 1
     finally:
         sock.close(linger=2000)  # the last reports and WorkerDone must reach the controller

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from outlast.train import collective
 from outlast.train._session import get_session
 from outlast.train.checkpoint import Checkpoint
 from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -36,7 +37,7 @@ def get_context() -> TrainContext:
 
 
 __all__ = [
-    "Checkpoint", "CheckpointCommitError", "CheckpointConfig", "CollectiveTimeoutError", "DataParallelTrainer",
+    "Checkpoint", "CheckpointCommitError", "collective", "CheckpointConfig", "CollectiveTimeoutError", "DataParallelTrainer",
     "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext", "Trainer", "TrainingFailedError",
     "get_checkpoint", "get_context", "report",
 ]

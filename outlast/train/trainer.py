@@ -119,12 +119,17 @@ def _free_port() -> int:
 
 
 def _importable_paths() -> list[str]:
-    """The driver's script directory and cwd, so workers import the user's modules too."""
+    """Where the driver imports the user's modules from, so workers import them the same way.
+
+    Installed packages are left out: a worker uses the environment of its node.
+    """
     paths = [os.getcwd()]
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if main_file:
         paths.insert(0, str(Path(main_file).resolve().parent))
+    for entry in sys.path:
+        if entry and "site-packages" not in entry and "dist-packages" not in entry and entry not in paths:
+            paths.append(entry)
     return paths
 
 

@@ -1,0 +1,31 @@
+"""Shared test set-up: every test gets its own node-discovery directory and storage."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_outlast_home(tmp_path_factory, monkeypatch):
+    # A test must never pick up a node that someone started with `outlast start`.
+    home = tmp_path_factory.mktemp("outlast_home")
+    monkeypatch.setenv("OUTLAST_HOME", str(home))
+    monkeypatch.delenv("OUTLAST_ADDRESS", raising=False)
+    yield home
+
+
+@pytest.fixture
+def storage_path(tmp_path):
+    path = tmp_path / "storage"
+    path.mkdir()
+    return str(path)
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        skip = pytest.mark.skip(reason="torch is not installed (pip install 'outlast[torch]')")
+        for item in items:
+            if "torch" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,134 @@
+"""Train functions for the integration tests, importable by the workers.
+
+Each appends JSON lines to `config["events"]` so a test can see what every rank did,
+in every attempt, after the run is over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+
+from outlast import train
+from outlast.train import Checkpoint
+
+
+def log_event(config: dict, **fields) -> None:
+    ctx = train.get_context()
+    fields.update(rank=ctx.get_world_rank(), attempt=ctx.get_attempt(), pid=os.getpid(), ppid=os.getppid(),
+                  t=time.time())
+    with open(config["events"], "a") as f:
+        f.write(json.dumps(fields) + "\n")
+
+
+def read_events(path) -> list[dict]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _fault(config: dict, step: int, when: str) -> None:
+    """Inject the fault `config["fault"]` describes, in the first attempt only."""
+    fault = config.get("fault")
+    ctx = train.get_context()
+    if not fault or fault["when"] != when or fault["step"] != step or fault["rank"] != ctx.get_world_rank():
+        return
+    if ctx.get_attempt() > fault.get("attempts", 1):
+        return
+    log_event(config, event="fault", step=step, kind=fault["kind"])
+    if fault["kind"] == "raise":
+        raise RuntimeError(f"injected failure at step {step}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def counting_loop(config: dict) -> None:
+    """No torch: a step counter checkpointed every `every` steps as a JSON file."""
+    ctx = train.get_context()
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                start = json.load(f)["step"] + 1
+    log_event(config, event="start", restored_step=start - 1 if ckpt else None)
+    for step in range(start, config["steps"]):
+        train.collective.barrier()  # keeps ranks in lock step, like a gradient all-reduce would
+        _fault(config, step, "before_report")
+        checkpoint = None
+        shard = config.get("sharded", False)
+        if (step + 1) % config.get("every", 5) == 0 and (shard or ctx.get_world_rank() == 0):
+            d = tempfile.mkdtemp()
+            name = f"state_rank{ctx.get_world_rank()}.json" if shard else "state.json"
+            with open(os.path.join(d, name), "w") as f:
+                json.dump({"step": step}, f)
+            if shard and ctx.get_world_rank() == 0:
+                with open(os.path.join(d, "state.json"), "w") as f:
+                    json.dump({"step": step}, f)
+            checkpoint = Checkpoint.from_directory(d)
+        train.report({"step": step}, checkpoint=checkpoint)
+        log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
+        _fault(config, step, "after_report")
+    log_event(config, event="end")
+
+
+def ddp_loop(config: dict) -> None:
+    """A small torch model under DistributedDataParallel, checkpointed every `every` steps."""
+    import torch
+
+    from outlast.train.torch import prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "model.pt"))
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+    log_event(config, event="start", restored_step=start - 1 if ckpt else None)
+    gen = torch.Generator().manual_seed(1234 + train.get_context().get_world_rank())
+    for step in range(start, config["steps"]):
+        x = torch.randn(16, 8, generator=gen)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        _fault(config, step, "before_report")
+        checkpoint = None
+        if (step + 1) % config.get("every", 5) == 0 and train.get_context().get_world_rank() == 0:
+            d = tempfile.mkdtemp()
+            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+                       os.path.join(d, "model.pt"))
+            checkpoint = Checkpoint.from_directory(d)
+        train.report({"step": step, "loss": loss.item()}, checkpoint=checkpoint)
+        log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
+        _fault(config, step, "after_report")
+    log_event(config, event="end")
+
+
+def sleepy_loop(config: dict) -> None:
+    """Reports slowly until killed from outside."""
+    log_event(config, event="start", restored_step=None)
+    for step in range(config["steps"]):
+        time.sleep(0.05)
+        train.report({"step": step})
+
+
+def collective_loop(config: dict) -> None:
+    ctx = train.get_context()
+    got = train.collective.broadcast_from_rank_zero({"from": ctx.get_world_rank(), "seed": 42}
+                                                    if ctx.get_world_rank() == 0 else None)
+    log_event(config, event="broadcast", value=got)
+    if ctx.get_world_rank() in config.get("skip_barrier", []):
+        time.sleep(config.get("sleep", 0))
+        return
+    train.collective.barrier()
+    log_event(config, event="barrier")

@@ -1,0 +1,206 @@
+"""The scripts in examples/ run end to end, as a user would run them, and do what they say.
+
+Each test starts the example as its own process (`python examples/x.py ...`) with a
+private OUTLAST_HOME, so it starts its own embedded node, and a temporary storage path,
+then checks what the script printed and what the run left on storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+TIMEOUT_S = 120
+
+pytestmark = pytest.mark.torch
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OUTLAST_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    for var in ("OUTLAST_ADDRESS", "OUTLAST_STORAGE_PATH"):
+        env.pop(var, None)
+    return env
+
+
+def _run(script: str, args: list[str], home: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], cwd=REPO, env=_env(home),
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    return proc
+
+
+def _explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+
+
+def _run_state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run_state.json").read_text())
+
+
+def _checkpoint_dirs(run_dir: Path) -> list[Path]:
+    return sorted(p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("checkpoint_"))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "outlast_home"
+    path.mkdir()
+    return path
+
+
+# ---- examples/fault_tolerance_worker.py ---------------------------------------------------
+
+
+def test_fault_tolerance_worker_recovers_from_injected_crash(tmp_path: Path, home: Path) -> None:
+    import torch
+
+    storage = tmp_path / "storage"
+    proc = _run("fault_tolerance_worker.py", ["--storage_path", str(storage), "--run_name", "ft"], home)
+    assert proc.returncode == 0, _explain(proc)
+    out = proc.stdout
+
+    # The crash happened, on rank 1 at epoch 3, and the run restarted because of it.
+    assert "injected failure on rank 1 at epoch 3" in proc.stderr, _explain(proc)
+    assert "restarting (failure 1 of max_failures=3)" in proc.stderr, _explain(proc)
+    # Both new workers restored epoch 2's checkpoint and went on from epoch 3, not from 0.
+    assert out.count("restored the checkpoint of epoch 2; resuming at epoch 3") == 2, _explain(proc)
+    assert "recovered: the last attempt resumed at epoch 3" in out, _explain(proc)
+    assert "finished at epoch 5" in out, _explain(proc)
+    assert out.count("[rank 0] epoch 3 ") == 1, "epoch 3 must be reported once, by the attempt that restored"
+
+    run_dir = storage / "ft"
+    state = _run_state(run_dir)
+    assert state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": 1}
+    first, second = state["attempts"]
+    assert first["outcome"] == "failed" and first["restored_from"] is None
+    root = first["failures"][0]
+    assert (root["rank"], root["exc_type"]) == (1, "RuntimeError")
+    assert second["outcome"] == "finished"
+    assert second["restored_from"] is not None and second["restored_from"].startswith("checkpoint_001_")
+
+    # The run's latest checkpoint holds the last epoch.
+    latest = torch.load(run_dir / state["latest_checkpoint"] / "state.pt")
+    assert latest["epoch"] == 5
+
+
+def test_fault_tolerance_worker_without_retries_fails(tmp_path: Path, home: Path) -> None:
+    storage = tmp_path / "storage"
+    proc = _run("fault_tolerance_worker.py",
+                ["--storage_path", str(storage), "--run_name", "no_retry", "--max_failures", "0"], home)
+    assert proc.returncode != 0, _explain(proc)
+    assert "TrainingFailedError" in proc.stderr, _explain(proc)
+    assert "injected failure on rank 1 at epoch 3" in proc.stderr, _explain(proc)
+    assert "finished at epoch" not in proc.stdout
+
+    state = _run_state(storage / "no_retry")
+    assert state["status"] == "errored"
+    assert len(state["attempts"]) == 1
+
+
+# ---- examples/checkpoint_save_restore.py ----------------------------------------------------
+
+
+def test_checkpoint_save_restore_continues_from_saved_epoch(tmp_path: Path, home: Path) -> None:
+    import torch
+
+    storage = tmp_path / "storage"
+    proc = _run("checkpoint_save_restore.py", ["--storage_path", str(storage), "--run_name", "ckpt"], home)
+    assert proc.returncode == 0, _explain(proc)
+    out = proc.stdout
+
+    # The first attempt saved epochs 0 and 1, then failed; the restore went on at epoch 2.
+    assert "intentional failure after epoch 1" in proc.stderr, _explain(proc)
+    assert "restored from checkpoint: continuing at epoch 2" in out, _explain(proc)
+    assert "resumed at epoch 2" in out, _explain(proc)
+    for epoch in range(5):
+        assert out.count(f"epoch {epoch}: loss") == 1, f"epoch {epoch} must be trained exactly once\n{out}"
+    assert "latest checkpoint: " in out and "(epoch 4)" in out, _explain(proc)
+
+    # CheckpointConfig(num_to_keep=2): of the five checkpoints only the newest two remain.
+    run_dir = storage / "ckpt"
+    kept = _checkpoint_dirs(run_dir)
+    assert len(kept) == 2, [p.name for p in kept]
+    assert f"checkpoints kept on storage (2): {kept[0].name}, {kept[1].name}" in out, _explain(proc)
+    epochs = [torch.load(p / "extra_state.pt")["epoch"] for p in kept]
+    assert epochs == [3, 4]
+    for p in kept:
+        assert {"model.pt", "optimizer.pt", "extra_state.pt"} <= {f.name for f in p.iterdir()}
+    state = _run_state(run_dir)
+    assert [c["checkpoint_dir"] for c in state["checkpoints"]] == [p.name for p in kept]
+    assert state["latest_checkpoint"] == kept[-1].name
+
+
+# ---- examples/entrypoint.py -----------------------------------------------------------------
+
+
+def _wait_for_checkpoints(run_dir: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the driver exited early with code {proc.returncode}"
+        try:
+            if len(_run_state(run_dir)["checkpoints"]) >= count:
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no {count} committed checkpoints in {run_dir} after {timeout_s:.0f} s")
+
+
+def test_entrypoint_resumes_after_driver_is_killed(tmp_path: Path, home: Path) -> None:
+    storage = tmp_path / "storage"
+    run_name = "unique_run_id=da823d5"
+    args = ["--storage_path", str(storage), "--run_name", run_name, "--num_epochs", "10", "--epoch_seconds", "0.5"]
+    run_dir = storage / run_name
+    first_log = tmp_path / "first_driver.log"
+
+    # First launch: let it commit two checkpoints, then kill the driver outright.
+    with open(first_log, "w") as log:
+        first = subprocess.Popen([sys.executable, str(EXAMPLES / "entrypoint.py"), *args], cwd=REPO,
+                                 env=_env(home), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_checkpoints(run_dir, 2, first, timeout_s=TIMEOUT_S)
+            # The embedded node agent, its fork server and the workers: all must go with the driver.
+            descendants = psutil.Process(first.pid).children(recursive=True)
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert not alive, f"processes outlived the killed driver: {alive}"
+
+    before = _run_state(run_dir)
+    assert before["status"] == "running", "a killed driver cannot have recorded an end"
+    last_saved = max(c["metrics"]["epoch"] for c in before["checkpoints"])
+    assert last_saved < 9, f"the first driver finished before it was killed:\n{first_log.read_text()}"
+
+    # Second launch, the very same command: it resumes right after the last committed epoch.
+    proc = _run("entrypoint.py", args, home)
+    assert proc.returncode == 0, _explain(proc)
+    out = proc.stdout
+    assert f"resuming from the checkpoint of epoch {last_saved}" in out, _explain(proc)
+    assert f"this driver's workers started at epoch {last_saved + 1}" in out, _explain(proc)
+    assert "finished at epoch 9" in out, _explain(proc)
+    assert "epoch 0 done" not in out, "the relaunched driver must not start over"
+
+    after = _run_state(run_dir)
+    assert after["status"] == "finished"
+    assert len(after["attempts"]) == 2
+    assert after["attempts"][1]["restored_from"] == before["latest_checkpoint"]
+    # A driver restart is not a worker failure: it does not use up max_failures.
+    assert after["failure_counts"].get("worker", 0) == 0

@@ -1,0 +1,180 @@
+"""The driver's death, persistent nodes, collectives and bad input, with real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from outlast import train
+from outlast.train import RunConfig, ScalingConfig, Trainer, TrainingFailedError
+from outlast.train.errors import NotInWorkerError
+from tests.integration.jobs import collective_loop, counting_loop, read_events
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose (its parent has not reaped it yet).
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _start_driver(storage_path, events, env=None):
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.driver", storage_path, str(events)],
+                            cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _outlast(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "outlast.cli.main", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_sigkill_of_the_driver_leaves_no_process_of_the_embedded_node(storage_path, tmp_path):
+    events = tmp_path / "events.jsonl"
+    driver = _start_driver(storage_path, events)
+    try:
+        _wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
+        tree = _descendants(driver.pid)
+        workers = [e["pid"] for e in read_events(events)]
+        assert set(workers) <= set(tree)
+        driver.kill()
+        driver.wait()
+        _wait_until(lambda: not any(_alive(p) for p in tree), 10, f"agent, fork server and workers {tree} to exit")
+    finally:
+        driver.kill()
+        for pid in _descendants(driver.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_of_the_driver_makes_a_persistent_node_kill_the_runs_workers(storage_path, tmp_path):
+    started = _outlast("start", "--preload", "")
+    assert started.returncode == 0, started.stderr
+    events = tmp_path / "events.jsonl"
+    driver = _start_driver(storage_path, events, env={"OUTLAST_DRIVER_TIMEOUT_S": "2"})
+    try:
+        _wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
+        workers = [e["pid"] for e in read_events(events)]
+        status = _outlast("status")
+        assert all(f"pid {p}" in status.stdout for p in workers), status.stdout
+        driver.kill()
+        driver.wait()
+        _wait_until(lambda: not any(_alive(p) for p in workers), 15, f"workers {workers} to be killed")
+        status = _outlast("status")
+        assert status.returncode == 0 and "workers: 0" in status.stdout  # the node itself lives on
+    finally:
+        driver.kill()
+        stopped = _outlast("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert _outlast("status").returncode == 1
+
+
+def test_fit_uses_a_running_node_instead_of_starting_one(storage_path, tmp_path):
+    assert _outlast("start", "--preload", "").returncode == 0
+    try:
+        node_pid = int(_outlast("status").stdout.split()[3])
+        events = str(tmp_path / "events.jsonl")
+        result = Trainer(counting_loop, train_loop_config={"events": events, "steps": 6},
+                         scaling_config=ScalingConfig(num_workers=2),
+                         run_config=RunConfig(name="run", storage_path=storage_path)).fit()
+        assert result.metrics == {"step": 5}
+        import psutil
+
+        fork_server = psutil.Process(node_pid).children()[0].pid
+        assert {e["ppid"] for e in read_events(events)} == {fork_server}
+        assert "workers: 0" in _outlast("status").stdout
+    finally:
+        _outlast("stop")
+
+
+def test_a_second_start_is_refused_while_a_node_runs():
+    assert _outlast("start", "--preload", "").returncode == 0
+    try:
+        again = _outlast("start", "--preload", "")
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        _outlast("stop")
+    assert "no outlast node is running" in _outlast("stop").stderr
+
+
+def test_broadcast_and_barrier_reach_every_rank(storage_path, tmp_path):
+    events = str(tmp_path / "events.jsonl")
+    Trainer(collective_loop, train_loop_config={"events": events}, scaling_config=ScalingConfig(num_workers=3),
+            run_config=RunConfig(name="c", storage_path=storage_path)).fit()
+    got = read_events(events)
+    assert sorted(e["rank"] for e in got if e["event"] == "broadcast") == [0, 1, 2]
+    assert all(e["value"] == {"from": 0, "seed": 42} for e in got if e["event"] == "broadcast")
+    assert len([e for e in got if e["event"] == "barrier"]) == 3
+
+
+def test_a_barrier_that_a_rank_never_reaches_times_out_naming_it(storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_COLLECTIVE_TIMEOUT_S", "1.5")
+    events = str(tmp_path / "events.jsonl")
+    with pytest.raises(TrainingFailedError) as info:
+        Trainer(collective_loop, train_loop_config={"events": events, "skip_barrier": [2], "sleep": 5},
+                scaling_config=ScalingConfig(num_workers=3),
+                run_config=RunConfig(name="c", storage_path=storage_path)).fit()
+    root = info.value.root_cause
+    assert root.exc_type == "CollectiveTimeoutError"
+    assert "barrier #1" in root.message and "ranks [2] never reached it" in root.message
+
+
+def test_worker_functions_outside_a_worker_say_where_to_call_them():
+    with pytest.raises(NotInWorkerError, match="inside the train function"):
+        train.report({"x": 1})
+    with pytest.raises(NotInWorkerError):
+        train.get_context()
+
+
+def test_a_train_function_that_cannot_be_pickled_is_refused_before_anything_starts(storage_path):
+    import threading
+
+    lock = threading.Lock()
+
+    def fn():
+        lock.acquire()
+
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        Trainer(fn, run_config=RunConfig(name="p", storage_path=storage_path)).fit()
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: ScalingConfig(num_workers=0),
+    lambda: ScalingConfig(num_workers="2"),
+    lambda: RunConfig(name="a/b"),
+    lambda: train.FailureConfig(max_failures=-2),
+    lambda: train.CheckpointConfig(checkpoint_score_order="up"),
+])
+def test_bad_configs_are_refused_with_the_field_named(bad):
+    with pytest.raises(ValueError, match=r"(ScalingConfig|RunConfig|FailureConfig|CheckpointConfig)\."):
+        bad()

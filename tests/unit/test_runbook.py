@@ -1,0 +1,126 @@
+import pytest
+
+from outlast.controller.runstate import RunBook
+from outlast.protocol.messages import FileEntry
+from outlast.storage import records as r
+from outlast.storage.run_store import RunStore
+from tests.fakes.storage import MemoryStorage
+
+STATE = "run/run_state.json"
+
+
+@pytest.fixture
+def mem():
+    return MemoryStorage()
+
+
+@pytest.fixture
+def book(mem):
+    return RunBook.open(RunStore(mem, "run"), "exp", now=100.0)
+
+
+def failure(time=5.0, rank=0) -> r.FailureRecord:
+    return r.FailureRecord(attempt=1, rank=rank, node_id="n", pid=1, exit_code=1, signal=None, time=time)
+
+
+def saved(mem) -> r.RunState:
+    return r.decode(mem.files[STATE], r.RunState, STATE)
+
+
+def commit(book, name, now=10.0, metrics=None):
+    book.commit_checkpoint(name, 1, 0, [0], [FileEntry("m", 1, "0" * 64)], metrics or {}, now)
+
+
+def test_opening_a_new_run_starts_initializing_and_writes_nothing(mem, book):
+    assert (book.state.name, book.state.status, book.state.created_at) == ("exp", "initializing", 100.0)
+    assert mem.ops == []
+
+
+def test_attempts_are_numbered_from_one_and_written_through(mem, book):
+    assert book.begin_attempt(now=1.0) == 1
+    assert book.begin_attempt(now=2.0) == 2
+    assert [a.attempt for a in saved(mem).attempts] == [1, 2]
+    assert saved(mem).status == "running"
+
+
+def test_attempt_numbering_continues_from_a_loaded_state(mem, book):
+    book.begin_attempt(1.0)
+    book.begin_attempt(2.0)
+    reopened = RunBook.open(RunStore(mem, "run"), "ignored", now=50.0)
+    assert reopened.state.created_at == 100.0
+    assert reopened.begin_attempt(3.0) == 3
+
+
+def test_an_attempt_restores_from_the_latest_checkpoint(book):
+    book.begin_attempt(1.0)
+    commit(book, "c1")
+    book.begin_attempt(2.0)
+    assert [a.restored_from for a in book.state.attempts] == [None, "c1"]
+
+
+def test_end_attempt_records_the_outcome_only_once(mem, book):
+    book.begin_attempt(1.0)
+    book.end_attempt("finished", now=2.0)
+    book.end_attempt("aborted", now=3.0)
+    attempt = saved(mem).attempts[0]
+    assert (attempt.ended_at, attempt.outcome) == (2.0, "finished")
+    assert saved(mem).updated_at == 3.0
+
+
+def test_a_counted_failure_increments_its_count_and_ends_the_attempt_as_failed(mem, book):
+    book.begin_attempt(1.0)
+    book.add_failure(failure(time=5.0), count_as="worker")
+    state = saved(mem)
+    assert state.failure_counts == {"worker": 1}
+    assert (state.attempts[0].ended_at, state.attempts[0].outcome) == (5.0, "failed")
+    assert state.updated_at == 5.0
+
+
+def test_failure_counts_accumulate_across_attempts(book):
+    for n in range(3):
+        book.begin_attempt(float(n))
+        book.add_failure(failure(), count_as="worker")
+    assert book.state.failure_counts == {"worker": 3}
+
+
+def test_an_uncounted_failure_is_recorded_but_neither_counted_nor_ending_the_attempt(book):
+    book.begin_attempt(1.0)
+    book.add_failure(failure(rank=1))
+    assert book.state.failure_counts == {}
+    assert book.state.attempts[0].failures == [failure(rank=1)]
+    assert book.state.attempts[0].outcome is None
+
+
+def test_a_failure_before_any_attempt_is_still_counted(book):
+    book.add_failure(failure(), count_as="worker")
+    assert book.state.failure_counts == {"worker": 1}
+
+
+def test_commit_writes_the_manifest_before_the_run_state_names_the_checkpoint(mem, book):
+    book.begin_attempt(1.0)
+    mem.ops.clear()
+    commit(book, "checkpoint_001_000000", metrics={"loss": 1.0})
+    assert mem.writes() == [f"run/checkpoint_001_000000/{r.MANIFEST_NAME}", STATE]
+    assert saved(mem).latest_checkpoint == "checkpoint_001_000000"
+    m = r.decode(mem.files[mem.writes()[0]], r.Manifest, "m")
+    assert (m.seq, m.ranks, m.metrics) == (1, [0], {"loss": 1.0})
+
+
+def test_checkpoint_seq_continues_after_the_highest_remaining(book):
+    for name in ("a", "b", "c"):
+        commit(book, name)
+    book.forget_checkpoints({"a"})
+    commit(book, "d")
+    assert [(c.checkpoint_dir, c.seq) for c in book.state.checkpoints] == [("b", 2), ("c", 3), ("d", 4)]
+
+
+def test_forget_checkpoints_drops_only_the_named_records_and_writes_through(mem, book):
+    for name in ("a", "b", "c"):
+        commit(book, name)
+    book.forget_checkpoints({"a", "c", "never-existed"})
+    assert [c.checkpoint_dir for c in saved(mem).checkpoints] == ["b"]
+
+
+def test_finish_writes_status_and_error(mem, book):
+    book.finish("errored", error="boom")
+    assert (saved(mem).status, saved(mem).error) == ("errored", "boom")
