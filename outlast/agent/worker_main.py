@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import traceback
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,18 +34,49 @@ class WorkerPayload:
     backend: Any  # outlast.train.backend.Backend
     storage: Storage
     run_dir: str
+    main_file: str | None = None  # the driver's script, for tracebacks of functions defined in it
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's code down: outlast's own frames above it are noise."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 def _write_error(path: str, exc: BaseException, phase: str) -> None:
-    err = m.WorkerError(
-        exc_type=type(exc).__name__, message=str(exc), phase=phase,
-        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    )
+    err = m.WorkerError(exc_type=type(exc).__name__, message=str(exc), phase=phase, traceback=_user_traceback(exc))
     try:
         with open(path, "wb") as f:
             f.write(msgspec.json.encode(err))
     except OSError:
         pass
+
+
+def _with_filename(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_with_filename(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def restore_source_filenames(fn: Callable[..., Any], filename: str) -> None:
+    """cloudpickle ships functions of the driver's script by value and renames their file
+    to '<dynamic-code>'; give them their file back so tracebacks show the source lines."""
+    seen: set[int] = set()
+
+    def fix(obj: Any) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType) and obj.__code__.co_filename == "<dynamic-code>":
+            obj.__code__ = _with_filename(obj.__code__, filename)
+            for value in list(obj.__globals__.values()):
+                fix(value)
+        elif isinstance(obj, type) and obj.__module__ == "__main__":
+            for value in vars(obj).values():
+                fix(getattr(value, "__func__", value))
+
+    fix(fn)
 
 
 def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
@@ -92,6 +124,8 @@ def run_worker(req: m.ForkWorker) -> int:
     try:
         payload: WorkerPayload = cloudpickle.loads(req.payload)
         backend = payload.backend
+        if payload.main_file:
+            restore_source_filenames(payload.train_fn, payload.main_file)
         context = TrainContext(
             world_rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
             local_world_size=spec.local_world_size, node_rank=spec.node_rank, experiment_name=req.run_name,

@@ -64,7 +64,7 @@ class DataParallelTrainer:
         book = RunBook.open(store, name, time.time())
         try:
             payload = cloudpickle.dumps(WorkerPayload(self.train_fn, self.train_loop_config, self.backend,
-                                                      storage, name))
+                                                      storage, name, main_file=_main_file()))
         except Exception as e:
             raise TypeError(f"the train function or its config cannot be pickled to send to workers: {e}") from e
         n = self.scaling_config.num_workers
@@ -118,15 +118,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _main_file() -> str | None:
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    return str(Path(main_file).resolve()) if main_file else None
+
+
 def _importable_paths() -> list[str]:
     """Where the driver imports the user's modules from, so workers import them the same way.
 
     Installed packages are left out: a worker uses the environment of its node.
     """
     paths = [os.getcwd()]
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    main_file = _main_file()
     if main_file:
-        paths.insert(0, str(Path(main_file).resolve().parent))
+        paths.insert(0, str(Path(main_file).parent))
     for entry in sys.path:
         if entry and "site-packages" not in entry and "dist-packages" not in entry and entry not in paths:
             paths.append(entry)

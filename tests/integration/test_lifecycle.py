@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,6 +78,21 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_embedded_node(storage_pa
             os.kill(pid, signal.SIGKILL)
 
 
+def test_ctrl_c_in_the_driver_stops_the_workers_and_records_the_run_as_aborted(storage_path, tmp_path):
+    events = tmp_path / "events.jsonl"
+    driver = _start_driver(storage_path, events)
+    try:
+        _wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
+        tree = _descendants(driver.pid)
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=30) != 0
+        assert not any(_alive(p) for p in tree)
+        state = json.loads((Path(storage_path) / "killed" / "run_state.json").read_text())
+        assert state["status"] == "aborted" and state["attempts"][-1]["outcome"] == "aborted"
+    finally:
+        driver.kill()
+
+
 def test_sigkill_of_the_driver_makes_a_persistent_node_kill_the_runs_workers(storage_path, tmp_path):
     started = _outlast("start", "--preload", "")
     assert started.returncode == 0, started.stderr
@@ -137,8 +153,10 @@ def test_broadcast_and_barrier_reach_every_rank(storage_path, tmp_path):
     assert len([e for e in got if e["event"] == "barrier"]) == 3
 
 
-def test_a_barrier_that_a_rank_never_reaches_times_out_naming_it(storage_path, tmp_path, monkeypatch):
+def test_a_barrier_that_a_rank_never_reaches_warns_then_times_out_naming_it(storage_path, tmp_path, monkeypatch,
+                                                                           caplog):
     monkeypatch.setenv("OUTLAST_COLLECTIVE_TIMEOUT_S", "1.5")
+    monkeypatch.setenv("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", "0.5")
     events = str(tmp_path / "events.jsonl")
     with pytest.raises(TrainingFailedError) as info:
         Trainer(collective_loop, train_loop_config={"events": events, "skip_barrier": [2], "sleep": 5},
@@ -147,6 +165,7 @@ def test_a_barrier_that_a_rank_never_reaches_times_out_naming_it(storage_path, t
     root = info.value.root_cause
     assert root.exc_type == "CollectiveTimeoutError"
     assert "barrier #1" in root.message and "ranks [2] never reached it" in root.message
+    assert any("barrier #1 has waited" in r.message and "[2]" in r.message for r in caplog.records)
 
 
 def test_worker_functions_outside_a_worker_say_where_to_call_them():
