@@ -26,14 +26,21 @@ class CommitTracker:
         self.world_size = world_size
         self.reports = [0] * world_size
         self._pending: dict[int, PendingCheckpoint] = {}
+        # Rank 0's metrics of reports not yet made by every rank: a checkpoint's metrics are
+        # rank 0's, even when rank 0 had no files for it. Keys only grow, so the oldest is first.
+        self._rank0_metrics: dict[int, dict] = {}
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict
     ) -> list[PendingCheckpoint]:
         """Record report `index` of `rank`; return the checkpoints that just became whole, oldest first."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"a report came from rank {rank}, outside the world of {self.world_size} ranks")
         if index != self.reports[rank]:
             raise ValueError(f"rank {rank} sent report {index}, expected {self.reports[rank]}")
         self.reports[rank] = index + 1
+        if rank == 0 and self.world_size > 1:
+            self._rank0_metrics[index] = metrics
         if checkpoint_dir is not None:
             pending = self._pending.get(index)
             if pending is None:
@@ -41,11 +48,14 @@ class CommitTracker:
             pending.files[rank] = list(files)
             if rank == 0 or not pending.metrics:
                 pending.metrics = metrics
-        if not self._pending:
-            return []
         done_below = min(self.reports)
         ready = sorted(i for i in self._pending if i < done_below)
-        return [self._pending.pop(i) for i in ready]
+        out = [self._pending.pop(i) for i in ready]
+        for p in out:
+            p.metrics = self._rank0_metrics.get(p.index, p.metrics)
+        while self._rank0_metrics and next(iter(self._rank0_metrics)) < done_below:
+            del self._rank0_metrics[next(iter(self._rank0_metrics))]
+        return out
 
     def waiting_for(self, index: int) -> list[int]:
         """Ranks that have not yet made report `index`."""

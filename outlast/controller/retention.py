@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from outlast.storage.records import CheckpointRecord
 
 
@@ -22,8 +24,8 @@ def checkpoints_to_delete(
 
         def score(r: CheckpointRecord) -> tuple[int, float, int]:
             value = r.metrics.get(score_attribute)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                return (0, 0.0, r.seq)  # unscored checkpoints rank below every scored one
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+                return (0, 0.0, r.seq)  # unscored checkpoints (NaN too) rank below every scored one
             return (1, sign * float(value), r.seq)
 
         ranked = sorted(records, key=score, reverse=True)

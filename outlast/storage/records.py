@@ -100,17 +100,26 @@ def encode(doc: msgspec.Struct) -> bytes:
     return msgspec.json.format(msgspec.json.encode(doc), indent=2)
 
 
+class _Versioned(msgspec.Struct):
+    version: int = SCHEMA_VERSION
+
+
 def decode(data: bytes, kind: type, where: str) -> Any:
+    # The version first: a newer schema may have changed fields, and the user should be told
+    # to upgrade rather than that the file is corrupt.
     try:
-        doc = msgspec.json.decode(data, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
-    if doc.version > SCHEMA_VERSION:
+        version = msgspec.json.decode(data, type=_Versioned).version
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        version = SCHEMA_VERSION
+    if version > SCHEMA_VERSION:
         raise CorruptDocument(
-            f"{where} has schema version {doc.version}, newer than this outlast understands "
+            f"{where} has schema version {version}, newer than this outlast understands "
             f"({SCHEMA_VERSION}); upgrade outlast to read it"
         )
-    return doc
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
 
 
 def checkpoint_dir_name(attempt: int, report_index: int) -> str:

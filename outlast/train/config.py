@@ -26,7 +26,7 @@ class ScalingConfig:
                 f"got {self.placement_strategy!r}"
             )
         for key, amount in (self.resources_per_worker or {}).items():
-            if not isinstance(amount, (int, float)) or amount < 0:
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount >= 0:
                 raise ValueError(f"ScalingConfig.resources_per_worker[{key!r}] must be a number >= 0, got {amount!r}")
 
 

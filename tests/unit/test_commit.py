@@ -85,3 +85,18 @@ def test_a_repeated_index_raises():
     t.on_report(0, 0, None, [], {})
     with pytest.raises(ValueError, match="expected 1"):
         t.on_report(0, 0, None, [], {})
+
+
+def test_a_checkpoint_carries_rank_zeros_metrics_even_when_rank_zero_had_no_files():
+    tracker = CommitTracker(world_size=2)
+    assert tracker.on_report(0, 0, None, [], {"loss": 0.1, "from": 0}) == []
+    ready = tracker.on_report(1, 0, "checkpoint_001_000000", [FileEntry("shard1", 1, "x")], {"from": 1})
+    assert [p.metrics for p in ready] == [{"loss": 0.1, "from": 0}]
+
+
+def test_a_report_from_a_rank_outside_the_world_is_refused():
+    tracker = CommitTracker(world_size=2)
+    with pytest.raises(ValueError, match="outside the world"):
+        tracker.on_report(2, 0, None, [], {})
+    with pytest.raises(ValueError, match="outside the world"):
+        tracker.on_report(-1, 0, None, [], {})

@@ -62,8 +62,6 @@ def test_integer_scores_count_as_scored():
     assert names(checkpoints_to_delete(records, 1, "step", "max")) == ["c2"]
 
 
-@pytest.mark.xfail(strict=True, reason="retention.py: a NaN score is compared as a number, so sorted() "
-                   "order is undefined and the best checkpoint can be deleted while the NaN one is kept")
 def test_a_nan_score_ranks_below_every_real_score_and_never_costs_the_best_checkpoint():
     nan = float("nan")
     records = [rec(1, loss=0.5), rec(2, loss=nan), rec(3, loss=0.1), rec(4, loss=0.9), rec(5, loss=0.7)]
