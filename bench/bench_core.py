@@ -67,7 +67,8 @@ def read_events(path):
 
 
 def run_measured(cmd, env, logfile, timeout, cluster_roots=()):
-    """Runs cmd; returns (rc or 'timeout', Popen time, peak PSS in bytes)."""
+    """Runs cmd; returns (rc or 'timeout', Popen time, peak PSS in bytes,
+    number of processes the PSS covered)."""
     with open(logfile, "w") as out:
         t0 = time.time()
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
@@ -88,11 +89,12 @@ def run_measured(cmd, env, logfile, timeout, cluster_roots=()):
         # The run's own leftovers only; a running cluster's workers stay.
         own = [p for p in sampler.alive() if not _in_cluster(p, cluster_roots)]
         if own and rc != "timeout":
-            time.sleep(2)  # a cold node shuts itself down when its driver exits
-        proctree.kill_all([p for p in own if p.is_running()])
+            # A cold node shuts itself down after its driver; give it the chance.
+            _, own = psutil.wait_procs(own, timeout=10)
+        proctree.kill_all(own)
         proctree.killpg(proc.pid)
         proc.wait()
-    return rc, t0, peak
+    return rc, t0, peak, len(sampler.seen)
 
 
 def _in_cluster(proc, roots):
@@ -138,13 +140,17 @@ def run_scenario(fw, mode, cluster, args, workdir, cluster_roots):
            "--mode", mode, "--events", events, "--reports", str(reports)]
     if cluster:
         cmd += ["--address", "auto"]
-    rc, t0, peak = run_measured(cmd, env_for(fw), os.path.join(workdir, tag + ".log"),
+    rc, t0, peak, nprocs = run_measured(cmd, env_for(fw), os.path.join(workdir, tag + ".log"),
                                 args.timeout, cluster_roots)
     figs = scenario_figures(mode, read_events(events), t0)
     figs["peak_pss_gib"] = peak / 2**30
     ok = rc == 0 and len(figs) > 1
-    log(f"{tag}: rc={rc} {json.dumps({k: round(v, 3) for k, v in figs.items()})}")
-    return figs, None if ok else f"{tag}: rc={rc}, see {os.path.join(workdir, tag + '.log')}"
+    log(f"{tag}: rc={rc} {json.dumps({k: round(v, 3) for k, v in figs.items()})}"
+        f" ({nprocs} processes sampled)")
+    if ok:
+        return figs, None
+    # A failed run's partial figures (e.g. memory up to a timeout) would mislead.
+    return {}, f"{tag}: rc={rc}, figures={figs}, see {os.path.join(workdir, tag + '.log')}"
 
 
 def start_cluster(fw, workdir, before, since):
@@ -194,6 +200,25 @@ def median_figures(runs):
     return {k: statistics.median([r[k] for r in runs if k in r]) for k in sorted(keys)}
 
 
+def run_floor(repeat, workdir, errors):
+    # Either venv will do: both carry the same torch.
+    python = next(FW[fw]["python"] for fw in ("outlast", "ray")
+                  if os.path.exists(FW[fw]["python"]))
+    runs = []
+    for i in range(repeat):
+        events = os.path.join(workdir, f"floor-{i}.jsonl")
+        cmd = [python, os.path.join(BENCH, "floor.py"), "--events", events]
+        rc, t0, peak, _ = run_measured(cmd, dict(os.environ),
+                                       os.path.join(workdir, f"floor-{i}.log"), 120)
+        step = next((e for e in read_events(events) if e.get("ev") == "step"), None)
+        if rc != 0 or step is None:
+            errors.append(f"floor-{i}: rc={rc}")
+            continue
+        runs.append({"start_to_first_step_s": step["t"] - t0, "peak_pss_gib": peak / 2**30})
+        log(f"floor-{i}: {json.dumps({k: round(v, 3) for k, v in runs[-1].items()})}")
+    return median_figures(runs)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,25 +241,14 @@ def main():
                        stdout=sys.stderr)
     workdir = tempfile.mkdtemp(prefix="outlast-bench-")
     log(f"logs and events in {workdir}")
+    # A private outlast state dir: the benchmark's agent must not be found by
+    # anything else on the machine, nor may its runs join someone else's agent.
+    os.environ["OUTLAST_HOME"] = os.path.join(workdir, "outlast-home")
     figures = {fw: {} for fw in frameworks}
     floor, errors = {}, []
 
     if not args.no_floor:
-        floor_py = next(FW[fw]["python"] for fw in ("outlast", "ray")
-                        if os.path.exists(FW[fw]["python"]))
-        runs = []
-        for i in range(args.repeat):
-            events = os.path.join(workdir, f"floor-{i}.jsonl")
-            rc, t0, peak = run_measured([floor_py, os.path.join(BENCH, "floor.py"), "--events",
-                                         events], env_for("ray"),
-                                        os.path.join(workdir, f"floor-{i}.log"), 120)
-            step = next((e for e in read_events(events) if e.get("ev") == "step"), None)
-            if rc != 0 or step is None:
-                errors.append(f"floor-{i}: rc={rc}")
-                continue
-            runs.append({"start_to_first_step_s": step["t"] - t0, "peak_pss_gib": peak / 2**30})
-            log(f"floor-{i}: {runs[-1]}")
-        floor = median_figures(runs)
+        floor = run_floor(args.repeat, workdir, errors)
 
     for fw in frameworks:
         for cluster in (False, True):
@@ -247,7 +261,8 @@ def main():
                     runs = []
                     for _ in range(args.repeat):
                         figs, err = run_scenario(fw, mode, cluster, args, workdir, cluster_roots)
-                        runs.append(figs)
+                        if figs:
+                            runs.append(figs)
                         if err:
                             errors.append(err)
                     for k, v in median_figures(runs).items():

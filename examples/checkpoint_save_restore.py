@@ -8,8 +8,8 @@ The train function writes everything it needs to resume (model weights, optimize
 state and the epoch number, in three files) from rank 0 only, and passes it to
 `report(..., checkpoint=...)`. At its start it calls `get_checkpoint()` and, if there
 is one, loads those files and continues at the next epoch. To show the restore path,
-the first attempt fails on purpose right after the checkpoint of `--fail_after_epoch`
-is committed; the second attempt picks up from that checkpoint. With
+rank 0 fails on purpose on the first attempt, right after the checkpoint of
+`--fail_after_epoch` is committed; the second attempt picks up from that checkpoint. With
 `CheckpointConfig(num_to_keep=2)` only the two newest checkpoints stay on storage.
 
     python examples/checkpoint_save_restore.py [--storage_path DIR] [--run_name NAME]
@@ -81,7 +81,10 @@ def train_fn(config: dict) -> None:
             print(f"epoch {epoch}: loss {metrics['loss']:.4f}", flush=True)
 
         # Fail once, on the attempt that started from scratch, to exercise the restore above.
-        if checkpoint is None and epoch == config["fail_after_epoch"]:
+        # Rank 0 is the one to fail: its report() returned only once the checkpoint was
+        # committed, so the restore is sure to find it. The other ranks' report() returns
+        # at once, and a failure they raised here could come before the commit.
+        if checkpoint is None and epoch == config["fail_after_epoch"] and rank == 0:
             raise RuntimeError(f"intentional failure after epoch {epoch}, to show the restore")
 
 

@@ -131,7 +131,8 @@ def run_worker(req: m.ForkWorker) -> int:
             local_world_size=spec.local_world_size, node_rank=spec.node_rank, experiment_name=req.run_name,
             attempt=req.attempt, storage_path=payload.storage.uri(payload.run_dir),
         )
-        session = _session.WorkerSession(context, sock, payload.storage, payload.run_dir, req.restore_checkpoint)
+        session = _session.WorkerSession(context, sock, payload.storage, payload.run_dir, req.restore_checkpoint,
+                                          controller_address=req.controller_address)
         _session.set_session(session)
         sock.send(encode(m.WorkerHello(attempt=req.attempt, rank=spec.rank, pid=os.getpid())))
         backend.on_start(context)

@@ -19,6 +19,9 @@ class PendingCheckpoint:
     checkpoint_dir: str
     files: dict[int, list[FileEntry]] = field(default_factory=dict)  # rank -> its files
     metrics: dict = field(default_factory=dict)
+    awaiting: set[int] = field(default_factory=set)  # ranks whose asynchronous upload is still running
+    waiting: set[int] = field(default_factory=set)  # ranks blocked in report() until the commit
+    errors: dict[int, str] = field(default_factory=dict)  # rank -> why its upload failed
 
 
 class CommitTracker:
@@ -29,9 +32,11 @@ class CommitTracker:
         # Rank 0's metrics of reports not yet made by every rank: a checkpoint's metrics are
         # rank 0's, even when rank 0 had no files for it. Keys only grow, so the oldest is first.
         self._rank0_metrics: dict[int, dict] = {}
+        self._early_uploads: dict[tuple[int, int], tuple[list[FileEntry], str | None]] = {}
 
     def on_report(
-        self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict
+        self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict,
+        upload_pending: bool = False,
     ) -> list[PendingCheckpoint]:
         """Record report `index` of `rank`; return the checkpoints that just became whole, oldest first."""
         if not 0 <= rank < self.world_size:
@@ -45,15 +50,46 @@ class CommitTracker:
             pending = self._pending.get(index)
             if pending is None:
                 pending = self._pending[index] = PendingCheckpoint(index, checkpoint_dir)
-            pending.files[rank] = list(files)
             if rank == 0 or not pending.metrics:
                 pending.metrics = metrics
+            if not upload_pending:
+                pending.files[rank] = list(files)
+                pending.waiting.add(rank)
+            elif (rank, index) in self._early_uploads:
+                self._record_upload(pending, rank, *self._early_uploads.pop((rank, index)))
+            else:
+                pending.awaiting.add(rank)
+        return self._ready()
+
+    def on_upload_done(
+        self, rank: int, index: int, checkpoint_dir: str, files: list[FileEntry], error: str | None
+    ) -> list[PendingCheckpoint]:
+        pending = self._pending.get(index)
+        if pending is None or rank not in pending.awaiting:
+            self._early_uploads[(rank, index)] = (list(files), error)  # its Report is still on the way
+            return []
+        pending.awaiting.discard(rank)
+        self._record_upload(pending, rank, files, error)
+        return self._ready()
+
+    @staticmethod
+    def _record_upload(pending: PendingCheckpoint, rank: int, files: list[FileEntry], error: str | None) -> None:
+        if error is not None:
+            pending.errors[rank] = error
+        else:
+            pending.files[rank] = list(files)
+
+    def _ready(self) -> list[PendingCheckpoint]:
         done_below = min(self.reports)
-        ready = sorted(i for i in self._pending if i < done_below)
-        out = [self._pending.pop(i) for i in ready]
+        out = []
+        for i in sorted(self._pending):  # strictly in order: a later checkpoint never overtakes an earlier one
+            if i >= done_below or self._pending[i].awaiting:
+                break
+            out.append(self._pending.pop(i))
         for p in out:
             p.metrics = self._rank0_metrics.get(p.index, p.metrics)
-        while self._rank0_metrics and next(iter(self._rank0_metrics)) < done_below:
+        oldest_kept = min([done_below, *self._pending])
+        while self._rank0_metrics and next(iter(self._rank0_metrics)) < oldest_kept:
             del self._rank0_metrics[next(iter(self._rank0_metrics))]
         return out
 

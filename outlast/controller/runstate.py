@@ -6,7 +6,9 @@ any point leaves the previous version readable.
 
 from __future__ import annotations
 
-from outlast.storage.records import AttemptRecord, CheckpointRecord, FailureRecord, Manifest, RunState
+from outlast.storage.records import (
+    AttemptRecord, CheckpointRecord, FailureRecord, Manifest, RunState, SkippedCheckpoint,
+)
 from outlast.storage.run_store import RunStore
 
 
@@ -14,13 +16,44 @@ class RunBook:
     def __init__(self, store: RunStore, state: RunState) -> None:
         self.store = store
         self.state = state
+        # The failure budget is per driver launch: a relaunched driver gets max_failures anew.
+        self.budget_base = dict(state.failure_counts)
 
     @classmethod
     def open(cls, store: RunStore, name: str, now: float) -> "RunBook":
+        """Load the run's history, or start one. Call only while holding the run's driver lease."""
         state = store.load_state()
         if state is None:
             state = RunState(name=name, status="initializing", created_at=now, updated_at=now)
         return cls(store, state)
+
+    @property
+    def resumable(self) -> bool:
+        return bool(self.state.attempts) and self.state.status != "finished"
+
+    def close_dead_drivers_attempt(self, now: float, last_seen: float | None) -> bool:
+        """A previous driver died mid-attempt: end that attempt without charging any budget."""
+        if not self.state.attempts or self.state.attempts[-1].ended_at is not None:
+            return False
+        self.state.attempts[-1].ended_at = last_seen or now
+        self.state.attempts[-1].outcome = "driver_lost"
+        self.state.failure_counts["driver"] = self.state.failure_counts.get("driver", 0) + 1
+        self.budget_base["driver"] = self.state.failure_counts["driver"]
+        self._save(now)
+        return True
+
+    def failures_this_launch(self, kind: str) -> int:
+        return self.state.failure_counts.get(kind, 0) - self.budget_base.get(kind, 0)
+
+    def skip_checkpoint(self, checkpoint_dir: str, reason: str, now: float) -> str | None:
+        """Stop restoring from a checkpoint that turned out unreadable; return the one before it."""
+        self.state.skipped_checkpoints.append(SkippedCheckpoint(checkpoint_dir=checkpoint_dir, reason=reason,
+                                                                time=now))
+        self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir != checkpoint_dir]
+        latest = max(self.state.checkpoints, key=lambda c: c.seq, default=None)
+        self.state.latest_checkpoint = latest.checkpoint_dir if latest else None
+        self._save(now)
+        return self.state.latest_checkpoint
 
     def _save(self, now: float | None = None) -> None:
         if now is not None:
@@ -72,7 +105,9 @@ class RunBook:
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir not in names]
         self._save()
 
-    def finish(self, status: str, error: str | None = None) -> None:
+    def finish(self, status: str, error: str | None = None, last_metrics: dict | None = None) -> None:
         self.state.status = status
         self.state.error = error
+        if last_metrics is not None:
+            self.state.last_metrics = last_metrics
         self._save()

@@ -17,13 +17,14 @@ import zmq
 
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
+from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.policy import FailureDecision, decide_on_failure
 from outlast.controller.retention import checkpoints_to_delete
 from outlast.controller.runstate import RunBook
 from outlast.controller.states import Event, State, transition
 from outlast.protocol import messages as m
 from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, encode
-from outlast.storage.records import FailureRecord
+from outlast.storage.records import CorruptDocument, FailureRecord
 from outlast.train.errors import TrainingFailedError
 
 log = logging.getLogger("outlast.controller")
@@ -57,6 +58,7 @@ class RunPlan:
     sys_path: list[str]
     attempt_env: Callable[[int], dict[str, str]]  # per-attempt variables (e.g. a rendezvous port)
     timeouts: Timeouts = Timeouts()
+    lease: "LeaseKeeper | None" = None
 
 
 @dataclass
@@ -147,6 +149,11 @@ class Controller:
         if not self.agent.alive() or now - self._last_agent_reply > t.agent_lost_after_s:
             self._give_up(f"the node agent at {self.agent.address} stopped answering")
             return
+        if self.plan.lease is not None:
+            lost = self.plan.lease.renew_if_due(now)
+            if lost:
+                self._give_up(lost)
+                return
         for overdue in self.collectives.overdue(now):
             self._on_overdue_collective(overdue)
         a = self.attempt
@@ -187,7 +194,7 @@ class Controller:
         self.commits = CommitTracker(self.plan.world_size)
         self.collectives = CollectiveTracker(self.plan.world_size, self.plan.timeouts.collective_warn_s,
                                              self.plan.timeouts.collective_timeout_s)
-        restore = self.book.state.latest_checkpoint
+        restore = self._restorable_checkpoint()
         if number > 1 or restore:
             log.info("starting attempt %d of run %s%s", number, self.plan.name,
                      f", restoring {restore}" if restore else " from scratch")
@@ -198,6 +205,23 @@ class Controller:
             restore_checkpoint=restore,
         ))
 
+    def _restorable_checkpoint(self) -> str | None:
+        """The latest committed checkpoint whose manifest is still readable; skip (and record) others.
+
+        Only the manifest is read here; the workers check the files against it when they fetch them.
+        """
+        while (latest := self.book.state.latest_checkpoint) is not None:
+            try:
+                if self.book.store.read_manifest(latest) is not None:
+                    return latest
+                reason = "its manifest is gone from storage"
+            except CorruptDocument as e:
+                reason = str(e)
+            fallback = self.book.skip_checkpoint(latest, reason, time.time())
+            log.warning("checkpoint %s cannot be restored (%s); using %s instead", latest, reason,
+                        fallback or "no checkpoint")
+        return None
+
     def _stop_workers(self) -> None:
         if self.attempt is not None:
             self.agent.send(m.StopWorkers(run_id=self.run_id, attempt=self.attempt.number,
@@ -205,17 +229,17 @@ class Controller:
 
     def _enter_finished(self) -> None:
         self.book.end_attempt("finished", time.time())
-        self.book.finish("finished")
+        self.book.finish("finished", last_metrics=self.last_metrics)
 
     def _enter_errored(self) -> None:
         self._teardown_and_wait()
         self.book.end_attempt("failed", time.time())
-        self.book.finish("errored", error=str(self.error))
+        self.book.finish("errored", error=str(self.error), last_metrics=self.last_metrics)
 
     def _enter_aborted(self) -> None:
         self._teardown_and_wait()
         self.book.end_attempt("aborted", time.time())
-        self.book.finish("aborted")
+        self.book.finish("aborted", last_metrics=self.last_metrics)
 
     def _teardown_and_wait(self) -> None:
         """Stop the attempt's workers and wait (bounded) until the agent saw them exit."""
@@ -262,7 +286,15 @@ class Controller:
 
     def _on_failure(self, record: FailureRecord) -> None:
         self.failures.append(record)
-        failed_before = self.book.state.failure_counts.get("worker", 0)
+        if record.exc_type == "CorruptCheckpointError" and self.book.state.latest_checkpoint:
+            bad = self.book.state.latest_checkpoint
+            self.book.add_failure(record, count_as="corrupt_checkpoint")
+            fallback = self.book.skip_checkpoint(bad, record.message or "unreadable", time.time())
+            log.warning("%s; restarting from %s instead (not counted against max_failures)", record.message,
+                        fallback or "scratch")
+            self._fire(Event.FAILURE_RETRY)
+            return
+        failed_before = self.book.failures_this_launch("worker")
         decision = decide_on_failure(record, failed_before, self.plan.max_failures)
         self.book.add_failure(record, count_as="worker")
         if record.traceback:
@@ -289,6 +321,9 @@ class Controller:
             return  # a straggler of an attempt that was torn down
         if isinstance(msg, m.Report):
             self._on_report(msg)
+        elif isinstance(msg, m.UploadDone):
+            for pending in self.commits.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
+                self._commit(pending)
         elif isinstance(msg, m.WorkerHello):
             a.hello.add(msg.rank)
             if self.state is State.SCHEDULING and len(a.hello) == self.plan.world_size:
@@ -304,7 +339,8 @@ class Controller:
         if msg.rank == 0:
             self.last_metrics = msg.metrics
         try:
-            ready = self.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics)
+            ready = self.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
+                                           msg.upload_pending)
         except ValueError as e:
             log.warning("ignored a report: %s", e)
             return
@@ -314,18 +350,20 @@ class Controller:
     def _commit(self, pending: PendingCheckpoint) -> None:
         a = self.attempt
         assert a is not None
-        ranks = sorted(pending.files)
         try:
+            if pending.errors:
+                raise ValueError("; ".join(f"rank {r}: {e}" for r, e in sorted(pending.errors.items())))
             files = _merge_files(pending)
         except ValueError as e:
             reply: m.Msg = m.CommitFailed(index=pending.index, reason=str(e))
-            log.error("checkpoint %s not committed: %s", pending.checkpoint_dir, e)
+            log.error("checkpoint %s not committed (the latest committed one stays %s): %s",
+                      pending.checkpoint_dir, self.book.state.latest_checkpoint, e)
         else:
-            self.book.commit_checkpoint(pending.checkpoint_dir, a.number, pending.index, ranks, files,
+            self.book.commit_checkpoint(pending.checkpoint_dir, a.number, pending.index, sorted(pending.files), files,
                                         pending.metrics, time.time())
             self._apply_retention()
             reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
-        for rank in ranks:
+        for rank in sorted(pending.waiting):
             self._send_to_rank(rank, reply)
 
     def _apply_retention(self) -> None:

@@ -35,6 +35,46 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     world_size: int
 
 
+class Resources(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker or task asks of its node."""
+
+    num_cpus: float = 1.0
+    memory_bytes: int = 0  # 0: no request
+
+
+class ConsideredWorker(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker as the kill policy saw it."""
+
+    name: str  # its cgroup leaf
+    kind: str  # "training" | "task"
+    owner: str  # run id or task id
+    rank: int | None
+    pid: int
+    memory_bytes: int
+    resources: Resources
+    age_s: float
+    work_at_risk_s: float  # what killing it throws away (training: x the run's worker count)
+    idle: bool
+    retriable: bool
+    selected: bool
+
+
+class KillReport(msgspec.Struct, frozen=True, kw_only=True):
+    """Why outlast killed workers for memory: the node, the trigger, everyone considered."""
+
+    node_id: str
+    time: float
+    trigger: str
+    usage_bytes: int  # what counted against the limit when the policy ran
+    limit_bytes: int  # the workloads' limit (total - reserved)
+    node_total_bytes: int
+    target_bytes: int  # the policy killed until usage would be below this
+    policy: str
+    considered: list[ConsideredWorker]
+    selected: list[str]  # names of the selected workers, in kill order
+    reason: str
+
+
 class WorkerError(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker says about its own death before it exits (an error file)."""
 
@@ -79,6 +119,9 @@ class StopWorkers(Msg):
 class RunHeartbeat(Msg):
     run_id: str
     timeout_s: float  # the agent kills the run's workers when no heartbeat came for this long
+    # Wall-clock time (time.time()) of the run's latest committed checkpoint, None before the
+    # first: the kill policy weighs a training worker by the work since then.
+    last_commit_at: float | None = None
 
 
 class EndRun(Msg):
@@ -101,6 +144,43 @@ class WorkerExited(Msg):
     signal: int | None
     error: WorkerError | None
     node_id: str
+    kill_report: KillReport | None = None  # set when outlast killed it for memory
+    oom_report: str | None = None  # the same, as text for the run's history
+
+
+class SpawnTask(Msg):
+    """One task of an `outlast.Executor` (its session is `run_id`, kept alive by RunHeartbeat)."""
+
+    run_id: str
+    task_id: str
+    controller_address: str  # where the task sends its TaskResult
+    payload: bytes  # cloudpickled (fn, args, kwargs)
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    resources: Resources = Resources()
+    retriable: bool = True
+
+
+class TaskExited(Msg):
+    run_id: str
+    task_id: str
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    error: WorkerError | None
+    node_id: str
+    kill_report: KillReport | None = None
+    oom_report: str | None = None
+
+
+class TaskResult(Msg):
+    """A task's outcome, sent by the task process itself before it exits."""
+
+    task_id: str
+    ok: bool
+    payload: bytes  # cloudpickled return value, or the exception when not ok
+    error: WorkerError | None = None
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,6 +189,24 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     pid: int
     rss_bytes: int
+    task_id: str = ""
+    memory_bytes: int = 0  # of its cgroup leaf, with isolation on
+    resources: Resources = Resources()
+
+
+class IsolationInfo(msgspec.Struct, frozen=True, kw_only=True):
+    cgroup_version: int
+    root: str  # the node's cgroup subtree (v1: its memory hierarchy path)
+    total_memory: int
+    system_reserved_memory: int
+    user_limit: int
+    total_cpus: float
+    system_reserved_cpus: float
+    system_memory: int  # current usage of the system cgroup
+    user_memory: int  # current usage of the user cgroup
+    counted_memory: int  # anon of workloads plus all shared memory: what the policy judges
+    monitors: list[str]
+    kills: int
 
 
 class StatusRequest(Msg):
@@ -124,6 +222,9 @@ class StatusReply(Msg):
     workers: list[WorkerInfo]
     preload: list[str]
     zygote_ready: bool
+    isolation: IsolationInfo | None = None
+    recent_kills: list[KillReport] = []
+    capacity: Resources | None = None  # what workloads may use on this node
 
 
 class Shutdown(Msg):
@@ -148,8 +249,20 @@ class Report(Msg):
     rank: int
     index: int
     metrics: dict[str, Any]
-    checkpoint_dir: str | None = None  # set by a rank that uploaded files
+    checkpoint_dir: str | None = None  # set by a rank that has files for this checkpoint
     files: list[FileEntry] = []
+    upload_pending: bool = False  # the files follow in an UploadDone (asynchronous upload)
+
+
+class UploadDone(Msg):
+    """An asynchronous upload finished (or gave up); it may overtake its Report."""
+
+    attempt: int
+    rank: int
+    index: int
+    checkpoint_dir: str
+    files: list[FileEntry] = []
+    error: str | None = None
 
 
 class CollectiveRequest(Msg):
@@ -191,9 +304,9 @@ class CollectiveTimeout(Msg):
     waited_s: float
 
 
-AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown]
-AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck]
-WorkerMessage = Union[WorkerHello, Report, CollectiveRequest, WorkerDone]
+AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask]
+AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited]
+WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, WorkerDone]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout]
 
 
@@ -213,6 +326,20 @@ class ForkWorker(Msg):
     restore_checkpoint: str | None
     node_id: str
     error_file: str
+    cgroup_procs: list[str] = []  # the child writes its pid here first thing: its own cgroup leaf
+
+
+class ForkTask(Msg):
+    run_id: str
+    task_id: str
+    controller_address: str
+    payload: bytes
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    node_id: str
+    error_file: str
+    cgroup_procs: list[str] = []
 
 
 class ZygoteReady(Msg):
@@ -225,6 +352,7 @@ class Forked(Msg):
     attempt: int
     rank: int
     pid: int
+    task_id: str = ""
 
 
 class Reaped(Msg):
@@ -235,7 +363,8 @@ class Reaped(Msg):
     exit_code: int | None
     signal: int | None
     error: WorkerError | None
+    task_id: str = ""
 
 
-ToZygote = ForkWorker
+ToZygote = Union[ForkWorker, ForkTask]
 FromZygote = Union[ZygoteReady, Forked, Reaped]

@@ -34,8 +34,11 @@ class Storage(Protocol):
     def delete(self, path: str) -> None:
         """Remove a file or a directory tree; a missing path is not an error."""
 
-    def local_path(self, path: str) -> Path:
-        """A local directory holding `path`'s files, for readers such as `Checkpoint.as_directory`."""
+    def download_dir(self, path: str, local_dir: Path) -> None:
+        """Copy every file under `path` into `local_dir`."""
+
+    def local_path(self, path: str) -> Path | None:
+        """`path` as a local directory when storage is a file system; None when it must be downloaded."""
 
     def uri(self, path: str) -> str:
         """How `path` is shown to the user."""

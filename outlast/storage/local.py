@@ -95,7 +95,10 @@ class LocalStorage:
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
 
-    def local_path(self, path: str) -> Path:
+    def download_dir(self, path: str, local_dir: Path) -> None:
+        shutil.copytree(self._p(path), local_dir, dirs_exist_ok=True)
+
+    def local_path(self, path: str) -> Path | None:
         return self._p(path)
 
     def uri(self, path: str) -> str:

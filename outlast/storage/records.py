@@ -66,7 +66,7 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     started_at: float
     restored_from: str | None = None
     ended_at: float | None = None
-    outcome: str | None = None  # "finished" | "failed" | "aborted"
+    outcome: str | None = None  # "finished" | "failed" | "aborted" | "driver_lost"
     failures: list[FailureRecord] = []
 
 
@@ -79,6 +79,12 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     metrics: dict[str, Any] = {}
 
 
+class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
+    checkpoint_dir: str
+    reason: str
+    time: float
+
+
 class RunState(msgspec.Struct, kw_only=True):
     version: int = SCHEMA_VERSION
     name: str
@@ -89,6 +95,8 @@ class RunState(msgspec.Struct, kw_only=True):
     failure_counts: dict[str, int] = {}
     checkpoints: list[CheckpointRecord] = []
     latest_checkpoint: str | None = None
+    skipped_checkpoints: list[SkippedCheckpoint] = []
+    last_metrics: dict[str, Any] | None = None  # rank 0's last report
     error: str | None = None
 
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
+
 from outlast.storage import records as r
 from outlast.storage.base import Storage
+from outlast.storage.lease import Lease
+
+LEASE_NAME = "driver_lease.json"
 
 log = logging.getLogger("outlast.storage")
 
@@ -61,3 +66,19 @@ class RunStore:
         # The manifest goes first: a half-deleted directory must not look committed.
         self.storage.delete(self.path(checkpoint_dir, r.MANIFEST_NAME))
         self.storage.delete(self.path(checkpoint_dir))
+
+    def read_lease(self) -> Lease | None:
+        """The current lease; an unreadable one counts as none (a crash mid-write cannot lock a run)."""
+        try:
+            return msgspec.json.decode(self.storage.read_bytes(self.path(LEASE_NAME)), type=Lease)
+        except FileNotFoundError:
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("ignoring an unreadable driver lease at %s", self.storage.uri(self.path(LEASE_NAME)))
+            return None
+
+    def write_lease(self, lease: Lease) -> None:
+        self.storage.write_atomic(self.path(LEASE_NAME), msgspec.json.encode(lease))
+
+    def delete_lease(self) -> None:
+        self.storage.delete(self.path(LEASE_NAME))

@@ -9,7 +9,7 @@ from typing import Any
 
 from outlast.train import collective
 from outlast.train._session import get_session
-from outlast.train.checkpoint import Checkpoint
+from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
 from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from outlast.train.context import TrainContext
 from outlast.train.errors import CheckpointCommitError, CollectiveTimeoutError, TrainingFailedError
@@ -17,14 +17,21 @@ from outlast.train.result import Result
 from outlast.train.trainer import DataParallelTrainer, Trainer
 
 
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+    delete_local_checkpoint_after_upload: bool | None = None,
+) -> None:
     """Report metrics, and optionally a checkpoint, from every rank.
 
     Every rank must call `report()` the same number of times. Without a checkpoint it
-    returns at once. With one, it returns once the checkpoint is committed: from then
-    on a failure restores it.
+    returns at once. With one (SYNC), it returns once the checkpoint is committed: from
+    then on a failure restores it. With ASYNC it returns at once and the files upload in
+    the background; keep the directory until then (it is deleted after the upload
+    unless `delete_local_checkpoint_after_upload=False`).
     """
-    get_session("report").report(metrics, checkpoint)
+    get_session("report").report(metrics, checkpoint, checkpoint_upload_mode, delete_local_checkpoint_after_upload)
 
 
 def get_checkpoint() -> Checkpoint | None:
@@ -37,7 +44,7 @@ def get_context() -> TrainContext:
 
 
 __all__ = [
-    "Checkpoint", "CheckpointCommitError", "collective", "CheckpointConfig", "CollectiveTimeoutError", "DataParallelTrainer",
+    "Checkpoint", "CheckpointCommitError", "CheckpointUploadMode", "collective", "CheckpointConfig", "CollectiveTimeoutError", "DataParallelTrainer",
     "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext", "Trainer", "TrainingFailedError",
     "get_checkpoint", "get_context", "report",
 ]

@@ -9,23 +9,39 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import tenacity
 import zmq
 
 from outlast.protocol import messages as m
-from outlast.protocol.transport import TO_WORKER, encode
-from outlast.storage.base import Storage
+from outlast.protocol.transport import TO_WORKER, connect_dealer, encode
+from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
-from outlast.train.checkpoint import Checkpoint
+from outlast.storage.restore import materialize
+from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
 from outlast.train.context import TrainContext
 from outlast.train.errors import CheckpointCommitError, CollectiveTimeoutError, NotInWorkerError
 
 log = logging.getLogger("outlast.worker")
 
 _WAIT_LOG_INTERVAL_S = float(os.environ.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", "60"))
+_UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))
+
+
+def _upload_with_retries(storage: Storage, local_dir: str, dest: str) -> list[m.FileEntry]:
+    """A storage hiccup costs a retry with backoff, not the checkpoint."""
+    retry = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
+        wait=tenacity.wait_exponential(multiplier=0.2, max=5), reraise=True,
+        before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest, state.outcome.exception()),
+    )
+    return retry(storage.upload_dir, Path(local_dir), dest)
 
 
 class WorkerSession:
@@ -36,19 +52,29 @@ class WorkerSession:
         storage: Storage,
         run_dir: str,
         restore_checkpoint: str | None,
+        controller_address: str = "",
+        cache_root: Path | None = None,
     ) -> None:
         self.context = context
         self._sock = sock
         self._storage = storage
         self._run_dir = run_dir
         self._restore = restore_checkpoint
+        self._restored: Checkpoint | None = None
+        self._cache_root = cache_root
+        self._controller_address = controller_address
         self._reports = 0
         self._collectives = 0
         self._inbox: list[m.ControllerToWorker] = []
+        self._uploader: ThreadPoolExecutor | None = None
+        self._upload: Future | None = None
+        self._upload_sock: zmq.Socket | None = None
 
     # -- reports and checkpoints ------------------------------------------------
 
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
+               upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+               delete_local_after_upload: bool | None = None) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
         index = self._reports
@@ -58,7 +84,19 @@ class WorkerSession:
             self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics))
             return
         name = checkpoint_dir_name(attempt, index)
-        files = self._storage.upload_dir(checkpoint.path, f"{self._run_dir}/{name}")
+        dest = f"{self._run_dir}/{name}"
+        if upload_mode is CheckpointUploadMode.ASYNC:
+            delete = True if delete_local_after_upload is None else delete_local_after_upload
+            self.wait_for_uploads()  # one upload in flight at a time keeps local disk use bounded
+            self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name,
+                                upload_pending=True))
+            if self._uploader is None:
+                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outlast-upload")
+            self._upload = self._uploader.submit(self._upload_async, checkpoint.path, dest, index, name, delete)
+            return
+        files = _upload_with_retries(self._storage, checkpoint.path, dest)
+        if delete_local_after_upload:
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
         self._send(
             m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name, files=files)
         )
@@ -69,10 +107,35 @@ class WorkerSession:
         if isinstance(reply, m.CommitFailed):
             raise CheckpointCommitError(f"checkpoint {name} was not committed: {reply.reason}")
 
+    def _upload_async(self, local_dir: str, dest: str, index: int, name: str, delete: bool) -> None:
+        files, error = [], None
+        try:
+            files = _upload_with_retries(self._storage, local_dir, dest)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            log.error("rank %d could not upload checkpoint %s: %s", self.context.world_rank, name, error)
+        if delete and error is None:
+            shutil.rmtree(local_dir, ignore_errors=True)
+        done = m.UploadDone(attempt=self.context.attempt, rank=self.context.world_rank, index=index,
+                            checkpoint_dir=name, files=files, error=error)
+        # A ZeroMQ socket belongs to one thread: the upload thread has its own.
+        if self._upload_sock is None:
+            self._upload_sock = connect_dealer(zmq.Context.instance(), self._controller_address)
+        self._upload_sock.send(encode(done))
+
+    def wait_for_uploads(self) -> None:
+        if self._upload is not None:
+            self._upload.result()
+            self._upload = None
+
     def get_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint to restore, fetched to this node once and checked against its manifest."""
         if self._restore is None:
             return None
-        return Checkpoint(self._storage.local_path(f"{self._run_dir}/{self._restore}"))
+        if self._restored is None:
+            path = materialize(self._storage, self._run_dir, self._restore, self._cache_root or _default_cache())
+            self._restored = Checkpoint(path)
+        return self._restored
 
     # -- collectives ------------------------------------------------------------
 
@@ -99,6 +162,11 @@ class WorkerSession:
     # -- end of the train function ------------------------------------------------
 
     def done(self) -> None:
+        self.wait_for_uploads()
+        if self._uploader is not None:
+            self._uploader.shutdown()
+        if self._upload_sock is not None:
+            self._upload_sock.close(linger=2000)  # its last UploadDone must get out before we exit
         self._send(m.WorkerDone(attempt=self.context.attempt, rank=self.context.world_rank, reports=self._reports))
 
     # -- plumbing ---------------------------------------------------------------
@@ -122,6 +190,12 @@ class WorkerSession:
             if now >= next_log:
                 log.warning("rank %d still waiting for %s after %.0f s", self.context.world_rank, what, now - started)
                 next_log = now + _WAIT_LOG_INTERVAL_S
+
+
+def _default_cache() -> Path:
+    from outlast.agent.discovery import state_dir
+
+    return state_dir() / "checkpoint_cache"
 
 
 _session: WorkerSession | None = None

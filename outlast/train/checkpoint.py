@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import shutil
 import tempfile
@@ -24,13 +25,29 @@ class Checkpoint:
 
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:
-        """The checkpoint's files as a local directory; read them, do not change them."""
-        yield self.path
+        """The checkpoint's files as a local directory; read them, do not change them.
+
+        A checkpoint on remote storage is downloaded to a temporary directory for the block.
+        """
+        if "://" not in self.path:
+            yield self.path
+            return
+        local = self.to_directory()
+        try:
+            yield local
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into `path` (a new temporary directory by default)."""
         target = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="outlast_checkpoint_"))
-        shutil.copytree(self.path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST_NAME))
+        if "://" in self.path:
+            from outlast.storage import open_storage
+
+            open_storage(self.path).download_dir("", target)
+            (target / MANIFEST_NAME).unlink(missing_ok=True)
+        else:
+            shutil.copytree(self.path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST_NAME))
         return str(target)
 
     def __repr__(self) -> str:
@@ -41,3 +58,11 @@ class Checkpoint:
 
     def __hash__(self) -> int:
         return hash(self.path)
+
+
+class CheckpointUploadMode(enum.Enum):
+    """SYNC: `report()` returns once the checkpoint is committed. ASYNC: it returns at once and
+    the files upload in the background (the end of the run waits for them)."""
+
+    SYNC = "SYNC"
+    ASYNC = "ASYNC"

@@ -37,3 +37,7 @@ class CheckpointCommitError(RuntimeError):
 
 class NotInWorkerError(RuntimeError):
     """A worker-only function was called outside a training worker."""
+
+
+class RunInUseError(RuntimeError):
+    """Another live driver holds the run's lease; the message names it."""

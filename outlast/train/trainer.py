@@ -15,11 +15,12 @@ import zmq
 
 from outlast.agent.discovery import find_running_agent, start_agent_process
 from outlast.agent.worker_main import WorkerPayload
+from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.runtime import AgentLink, Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.transport import connect_dealer
-from outlast.storage.local import LocalStorage
+from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend
 from outlast.train.checkpoint import Checkpoint
@@ -56,17 +57,40 @@ class DataParallelTrainer:
         self.backend = backend or self.backend_cls()
 
     def fit(self) -> Result:
+        """Train to the end and return the result; raise `TrainingFailedError` if the run fails.
+
+        Relaunched with the same `RunConfig(name, storage_path)` after its driver died, it
+        continues from the latest committed checkpoint; on a finished run it returns that
+        run's result without training again.
+        """
         _ensure_logging()
         rc = self.run_config
         name = rc.name or time.strftime("outlast_train_%Y-%m-%d_%H-%M-%S")
-        storage = LocalStorage(rc.storage_path or os.environ.get("OUTLAST_STORAGE_PATH") or DEFAULT_STORAGE)
+        storage = open_storage(rc.storage_path or os.environ.get("OUTLAST_STORAGE_PATH") or DEFAULT_STORAGE)
         store = RunStore(storage, name)
-        book = RunBook.open(store, name, time.time())
         try:
             payload = cloudpickle.dumps(WorkerPayload(self.train_fn, self.train_loop_config, self.backend,
                                                       storage, name, main_file=_main_file()))
         except Exception as e:
             raise TypeError(f"the train function or its config cannot be pickled to send to workers: {e}") from e
+        lease = LeaseKeeper(store, ttl_s=float(os.environ.get("OUTLAST_DRIVER_LEASE_S", "10")))
+        lease.acquire()
+        try:
+            book = RunBook.open(store, name, time.time())
+            if book.state.status == "finished":
+                log.info("run %s already finished; returning its result (choose another RunConfig(name=...) "
+                         "to train again)", storage.uri(name))
+                return _result(book, storage, store)
+            if book.close_dead_drivers_attempt(time.time(), lease.previous.renewed_at if lease.previous else None):
+                log.info("resuming run %s after its driver died, from %s", storage.uri(name),
+                         book.state.latest_checkpoint or "scratch")
+            self._run(book, payload, name, lease)
+            return _result(book, storage, store)
+        finally:
+            lease.release()
+
+    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper) -> None:
+        rc = self.run_config
         n = self.scaling_config.num_workers
         plan = RunPlan(
             name=name, book=book, world_size=n,
@@ -77,7 +101,7 @@ class DataParallelTrainer:
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
             env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
-            attempt_env=self._attempt_env, timeouts=_timeouts_from_env(),
+            attempt_env=self._attempt_env, timeouts=_timeouts_from_env(), lease=lease,
         )
         ctx = zmq.Context()
         embedded = None
@@ -96,12 +120,6 @@ class DataParallelTrainer:
             if embedded is not None:
                 _stop_embedded(embedded)
             ctx.term()
-        latest = book.state.latest_checkpoint
-        return Result(
-            metrics=controller.last_metrics,
-            checkpoint=Checkpoint(storage.local_path(store.path(latest))) if latest else None,
-            path=storage.uri(name),
-        )
 
     def _attempt_env(self, attempt: int) -> dict[str, str]:
         if not self.backend.needs_rendezvous_port:
@@ -110,6 +128,18 @@ class DataParallelTrainer:
 
 
 Trainer = DataParallelTrainer
+
+
+def _result(book: RunBook, storage, store: RunStore) -> Result:
+    latest = book.state.latest_checkpoint
+    ranked = sorted(book.state.checkpoints, key=lambda c: c.seq)
+    local = storage.local_path(store.path(latest)) if latest else None
+    return Result(
+        metrics=book.state.last_metrics,
+        checkpoint=Checkpoint(local if local is not None else storage.uri(store.path(latest))) if latest else None,
+        path=storage.uri(store.run_dir),
+        best_checkpoints=[(Checkpoint(storage.uri(store.path(c.checkpoint_dir))), c.metrics) for c in ranked],
+    )
 
 
 def _free_port() -> int:
