@@ -14,6 +14,11 @@ import zmq
 from outlast.agent.discovery import (
     AgentUnavailable, find_running_agent, node_file_path, read_node_file, request, start_agent_process, state_dir,
 )
+from outlast.cli.runs import add_parser as add_runs_parser
+from outlast.isolation.config import add_arguments, config_from_args
+from outlast.isolation.errors import IsolationError
+from outlast.isolation.policy import render_report
+from outlast.isolation.units import format_bytes
 from outlast.protocol import messages as m
 
 
@@ -37,9 +42,17 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"an outlast node is already running at {running} (pid {info.pid if info else '?'}); "
               "run `outlast stop` first", file=sys.stderr)
         return 1
+    try:
+        isolation = config_from_args(args)
+        if isolation.enable_resource_isolation:
+            _check_isolation(isolation)
+    except IsolationError as e:
+        print(f"could not start the node: {e}", file=sys.stderr)
+        return 2
     agent_args = ["--node-file", "--host", args.host, "--port", str(args.port), "--preload", args.preload]
     if args.node_id:
         agent_args += ["--node-id", args.node_id]
+    agent_args += isolation.to_args()
     if args.block:
         from outlast.agent.__main__ import main as agent_main
 
@@ -55,6 +68,13 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"outlast node started at {address} (pid {proc.pid}); log: {log_path}")
     print("Trainer.fit() on this machine now uses it; `outlast stop` stops it.")
     return 0
+
+
+def _check_isolation(isolation) -> None:
+    """Validate here, read-only, so the problems are printed where the user typed the command."""
+    from outlast.isolation.detect import detect
+
+    detect("check", isolation.cgroup_path).validate()
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -99,8 +119,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"fork server: {'ready' if reply.zygote_ready else 'starting'}, preloaded: "
           f"{', '.join(reply.preload) or 'nothing'}")
     print(f"runs: {len(reply.runs)}  workers: {len(reply.workers)}")
-    for w in sorted(reply.workers, key=lambda w: (w.run_id, w.rank)):
-        print(f"  run {w.run_id}  attempt {w.attempt}  rank {w.rank}  pid {w.pid}  rss {w.rss_bytes / 2**20:.0f} MiB")
+    iso = reply.isolation
+    if iso is None:
+        print("resource isolation: off (outlast start --enable-resource-isolation turns it on)")
+    else:
+        print(f"resource isolation: cgroup v{iso.cgroup_version} at {iso.root}; monitors: {', '.join(iso.monitors)}")
+        print(f"  memory: total {format_bytes(iso.total_memory)}, reserved for the system "
+              f"{format_bytes(iso.system_reserved_memory)}, workloads' limit {format_bytes(iso.user_limit)}")
+        print(f"  cpu: {iso.total_cpus:g} cores, reserved for the system {iso.system_reserved_cpus:g}")
+        print(f"  in use: system {format_bytes(iso.system_memory)}, user {format_bytes(iso.user_memory)} "
+              f"(anon + shared, as the kill policy counts it: {format_bytes(iso.counted_memory)})")
+        print(f"  workers killed for memory: {iso.kills}")
+    for w in sorted(reply.workers, key=lambda w: (w.run_id, w.task_id, w.rank)):
+        who = f"task {w.task_id}" if w.task_id else f"run {w.run_id}  attempt {w.attempt}  rank {w.rank}"
+        mem = f"  memory {format_bytes(w.memory_bytes)}" if iso is not None else ""
+        print(f"  {who}  pid {w.pid}  rss {w.rss_bytes / 2**20:.0f} MiB{mem}")
+    if reply.recent_kills:
+        print(f"recent kills ({len(reply.recent_kills)}):")
+        for report in reply.recent_kills:
+            when = time.strftime("%H:%M:%S", time.localtime(report.time))
+            print(f"[{when}] " + render_report(report).replace("\n", "\n  "))
     return 0
 
 
@@ -131,12 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--node-id", default=None)
     s.add_argument("--preload", default=None,
                    help="comma-separated modules the fork server imports once (default: torch, if installed)")
+    add_arguments(s)
     s.set_defaults(func=cmd_start)
     t = sub.add_parser("stop", help="stop the node agent on this machine and its workers")
     t.add_argument("--timeout", type=float, default=10.0)
     t.set_defaults(func=cmd_stop)
     st = sub.add_parser("status", help="show the node, its runs and workers")
     st.set_defaults(func=cmd_status)
+    add_runs_parser(sub)
     return p
 
 

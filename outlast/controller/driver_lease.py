@@ -68,14 +68,23 @@ class LeaseKeeper:
         if now < self._next_renewal:
             return None
         self._next_renewal = now + self.ttl_s / 3
-        current = self.store.read_lease()
+        try:
+            current = self.store.read_lease()
+        except OSError as e:
+            log.warning("could not read the driver lease of %s: %s", self.store.run_dir, e)
+            return None
         if current is not None and current.driver_id != self.driver_id:
             return (f"another driver (pid {current.pid} on {current.host}) took over this run's lease; "
                     "this driver stops so that two drivers never write one run")
         lease = this_process(self.driver_id, self.wall(), self.ttl_s)
         if current is not None:
             lease.acquired_at = current.acquired_at
-        self.store.write_lease(lease)
+        try:
+            self.store.write_lease(lease)
+        except OSError as e:
+            # Storage trouble must not stop training; a lease that expires meanwhile is only a
+            # risk if someone relaunches this run on another host in that window.
+            log.warning("could not renew the driver lease of %s: %s", self.store.run_dir, e)
         return None
 
     def release(self) -> None:

@@ -6,10 +6,16 @@ any point leaves the previous version readable.
 
 from __future__ import annotations
 
+import logging
+
+from outlast.faults import fault_point
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, FailureRecord, Manifest, RunState, SkippedCheckpoint,
+    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, RunState, SkippedCheckpoint,
+    is_checkpoint_dir_name,
 )
 from outlast.storage.run_store import RunStore
+
+log = logging.getLogger("outlast.controller")
 
 
 class RunBook:
@@ -21,11 +27,55 @@ class RunBook:
 
     @classmethod
     def open(cls, store: RunStore, name: str, now: float) -> "RunBook":
-        """Load the run's history, or start one. Call only while holding the run's driver lease."""
-        state = store.load_state()
+        """Load the run's history, or start one. Call only while holding the run's driver lease.
+
+        A run-state document that cannot be read is set aside and rebuilt from the checkpoint
+        manifests; a manifest that the run state does not name yet (a driver that died between
+        the two writes) is adopted: the manifest is the commit point.
+        """
+        try:
+            state = store.load_state()
+        except CorruptDocument as e:
+            aside = store.set_aside_state(now)
+            log.warning("%s; moved it to %s and rebuilt the run's history from its checkpoints", e, aside)
+            state = RunState(name=name, status="running", created_at=now, updated_at=now)
         if state is None:
             state = RunState(name=name, status="initializing", created_at=now, updated_at=now)
-        return cls(store, state)
+        book = cls(store, state)
+        book._adopt_orphan_manifests(now)
+        return book
+
+    def _adopt_orphan_manifests(self, now: float) -> None:
+        known = {c.checkpoint_dir for c in self.state.checkpoints} | {
+            s.checkpoint_dir for s in self.state.skipped_checkpoints}
+        adopted = []
+        for name in self.store.storage.list_dirs(self.store.run_dir):
+            if not is_checkpoint_dir_name(name) or name in known:
+                continue
+            try:
+                manifest = self.store.read_manifest(name)
+            except CorruptDocument as e:
+                log.warning("ignoring checkpoint %s: %s", name, e)
+                continue
+            if manifest is not None:
+                adopted.append(manifest)
+        if not adopted:
+            return
+        seq = max((c.seq for c in self.state.checkpoints), default=0)
+        for manifest in sorted(adopted, key=lambda mf: (mf.attempt, mf.report_index)):
+            seq += 1
+            self.state.checkpoints.append(CheckpointRecord(
+                checkpoint_dir=manifest.checkpoint_dir, seq=seq, attempt=manifest.attempt,
+                report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
+            ))
+        newest = max(self.state.checkpoints, key=lambda c: (c.attempt, c.report_index))
+        self.state.latest_checkpoint = newest.checkpoint_dir
+        if not self.state.attempts:
+            last = max(c.attempt for c in self.state.checkpoints)
+            self.state.attempts = [AttemptRecord(attempt=last, started_at=now, ended_at=now, outcome="unknown")]
+        log.info("adopted committed checkpoint%s the run state did not name yet: %s",
+                 "s" if len(adopted) > 1 else "", ", ".join(mf.checkpoint_dir for mf in adopted))
+        self._save(now)
 
     @property
     def resumable(self) -> bool:
@@ -58,7 +108,12 @@ class RunBook:
     def _save(self, now: float | None = None) -> None:
         if now is not None:
             self.state.updated_at = now
-        self.store.save_state(self.state)
+        try:
+            self.store.save_state(self.state)
+        except OSError as e:
+            # The history is behind until the next write succeeds; the run itself is not at risk,
+            # since a checkpoint is committed by its manifest.
+            log.error("could not write the run state of %s (%s); the next change retries", self.store.run_dir, e)
 
     def begin_attempt(self, now: float) -> int:
         number = self.state.attempts[-1].attempt + 1 if self.state.attempts else 1
@@ -90,6 +145,7 @@ class RunBook:
                           files, metrics: dict, now: float) -> None:
         """Manifest first, then the run state: a checkpoint the state names always has its manifest."""
         seq = max((c.seq for c in self.state.checkpoints), default=0) + 1
+        fault_point("commit.before_manifest")
         self.store.write_manifest(Manifest(
             checkpoint_dir=checkpoint_dir, seq=seq, attempt=attempt, report_index=report_index,
             committed_at=now, ranks=ranks, files=files, metrics=metrics,
@@ -99,7 +155,9 @@ class RunBook:
             committed_at=now, metrics=metrics,
         ))
         self.state.latest_checkpoint = checkpoint_dir
+        fault_point("commit.after_manifest")
         self._save(now)
+        fault_point("commit.after_run_state")
 
     def forget_checkpoints(self, names: set[str]) -> None:
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir not in names]

@@ -187,8 +187,7 @@ class Controller:
             enter()
 
     def _enter_scheduling(self) -> None:
-        committed = {c.checkpoint_dir for c in self.book.state.checkpoints}
-        self.book.store.remove_uncommitted(committed)
+        self._remove_uncommitted()
         number = self.book.begin_attempt(time.time())
         self.attempt = AttemptState(number=number, started_at=self.clock())
         self.commits = CommitTracker(self.plan.world_size)
@@ -227,17 +226,27 @@ class Controller:
             self.agent.send(m.StopWorkers(run_id=self.run_id, attempt=self.attempt.number,
                                           grace_s=self.plan.timeouts.teardown_grace_s))
 
+    def _remove_uncommitted(self) -> None:
+        """Only while no worker of this run is alive: an upload in flight has no manifest yet either."""
+        try:
+            self.book.store.remove_uncommitted({c.checkpoint_dir for c in self.book.state.checkpoints})
+        except OSError as e:
+            log.warning("could not remove uncommitted checkpoint directories: %s", e)
+
     def _enter_finished(self) -> None:
+        self._remove_uncommitted()
         self.book.end_attempt("finished", time.time())
         self.book.finish("finished", last_metrics=self.last_metrics)
 
     def _enter_errored(self) -> None:
         self._teardown_and_wait()
+        self._remove_uncommitted()
         self.book.end_attempt("failed", time.time())
         self.book.finish("errored", error=str(self.error), last_metrics=self.last_metrics)
 
     def _enter_aborted(self) -> None:
         self._teardown_and_wait()
+        self._remove_uncommitted()
         self.book.end_attempt("aborted", time.time())
         self.book.finish("aborted", last_metrics=self.last_metrics)
 
@@ -354,13 +363,13 @@ class Controller:
             if pending.errors:
                 raise ValueError("; ".join(f"rank {r}: {e}" for r, e in sorted(pending.errors.items())))
             files = _merge_files(pending)
-        except ValueError as e:
+            self.book.commit_checkpoint(pending.checkpoint_dir, a.number, pending.index, sorted(pending.files), files,
+                                        pending.metrics, time.time())
+        except (ValueError, OSError) as e:
             reply: m.Msg = m.CommitFailed(index=pending.index, reason=str(e))
             log.error("checkpoint %s not committed (the latest committed one stays %s): %s",
                       pending.checkpoint_dir, self.book.state.latest_checkpoint, e)
         else:
-            self.book.commit_checkpoint(pending.checkpoint_dir, a.number, pending.index, sorted(pending.files), files,
-                                        pending.metrics, time.time())
             self._apply_retention()
             reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
         for rank in sorted(pending.waiting):
@@ -411,6 +420,7 @@ def _failure_record(ev: m.WorkerExited) -> FailureRecord:
         signal=ev.signal, time=time.time(),
         exc_type=err.exc_type if err else None, message=err.message if err else None,
         traceback=err.traceback if err else None, phase=err.phase if err else None,
+        oom_report=ev.oom_report,
     )
 
 

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 
@@ -56,6 +57,7 @@ class LocalStorage:
                     rel = (rel_dir / name).as_posix()
                     size, digest = copy_with_checksum(Path(dirpath) / name, target / rel)
                     entries.append(FileEntry(path=rel, size=size, sha256=digest))
+                    fault_point("upload.mid")
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         return entries

@@ -32,9 +32,12 @@ class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
     message: str | None = None
     traceback: str | None = None
     phase: str | None = None
+    oom_report: str | None = None  # set when outlast killed the worker for memory: the kill report
 
     def describe(self) -> str:
         where = f"rank {self.rank} (pid {self.pid}, node {self.node_id}, attempt {self.attempt})"
+        if self.oom_report:
+            return f"{where} was killed by outlast for memory (OOM kill):\n{self.oom_report}"
         if self.exc_type:
             return f"{where} raised {self.exc_type}: {self.message}"
         if self.signal is not None:

@@ -11,6 +11,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 
@@ -69,6 +70,7 @@ class RemoteStorage:
                 except Exception as e:  # botocore and aiohttp raise their own types
                     raise StorageError(f"could not upload {src} to {self.uri(f'{dest}/{rel}')}: {e}") from e
                 entries.append(FileEntry(path=rel, size=size, sha256=digest.hexdigest()))
+                fault_point("upload.mid")
         return entries
 
     def download_dir(self, path: str, local_dir: Path) -> None:

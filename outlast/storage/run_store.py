@@ -30,6 +30,13 @@ class RunStore:
             return None
         return r.decode(data, r.RunState, self.storage.uri(self.path(r.RUN_STATE_NAME)))
 
+    def set_aside_state(self, now: float) -> str:
+        """Move an unreadable run-state document out of the way, keeping it for inspection."""
+        name = f"{r.RUN_STATE_NAME}.corrupt-{int(now)}"
+        self.storage.write_atomic(self.path(name), self.storage.read_bytes(self.path(r.RUN_STATE_NAME)))
+        self.storage.delete(self.path(r.RUN_STATE_NAME))
+        return self.storage.uri(self.path(name))
+
     def save_state(self, state: r.RunState) -> None:
         self.storage.write_atomic(self.path(r.RUN_STATE_NAME), r.encode(state))
 

@@ -19,6 +19,7 @@ import cloudpickle
 import tenacity
 import zmq
 
+from outlast.faults import fault_point
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_WORKER, connect_dealer, encode
 from outlast.storage.base import Storage, StorageError
@@ -77,6 +78,7 @@ class WorkerSession:
                delete_local_after_upload: bool | None = None) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
+        upload_mode = CheckpointUploadMode(upload_mode)
         index = self._reports
         self._reports += 1
         attempt, rank = self.context.attempt, self.context.world_rank
@@ -95,6 +97,7 @@ class WorkerSession:
             self._upload = self._uploader.submit(self._upload_async, checkpoint.path, dest, index, name, delete)
             return
         files = _upload_with_retries(self._storage, checkpoint.path, dest)
+        fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         self._send(
@@ -106,6 +109,7 @@ class WorkerSession:
         )
         if isinstance(reply, m.CommitFailed):
             raise CheckpointCommitError(f"checkpoint {name} was not committed: {reply.reason}")
+        fault_point("report.after_commit")
 
     def _upload_async(self, local_dir: str, dest: str, index: int, name: str, delete: bool) -> None:
         files, error = [], None

@@ -66,13 +66,17 @@ def counting_loop(config: dict) -> None:
             name = f"state_rank{ctx.get_world_rank()}.json" if shard else "state.json"
             with open(os.path.join(d, name), "w") as f:
                 json.dump({"step": step}, f)
+            if config.get("pad_bytes"):
+                with open(os.path.join(d, "pad.bin"), "wb") as f:
+                    f.write(os.urandom(config["pad_bytes"]))
             if shard and ctx.get_world_rank() == 0:
                 with open(os.path.join(d, "state.json"), "w") as f:
                     json.dump({"step": step}, f)
             checkpoint = Checkpoint.from_directory(d)
-        train.report({"step": step}, checkpoint=checkpoint)
+        train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=config.get("upload_mode", "SYNC"))
         log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
         _fault(config, step, "after_report")
+        time.sleep(config.get("step_sleep", 0.0))
     log_event(config, event="end")
 
 

@@ -1,0 +1,85 @@
+"""`outlast runs STORAGE_PATH [NAME]`: the runs on storage, and one run's history at a glance."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from outlast.storage import open_storage
+from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, RunState, signal_name
+from outlast.storage.run_store import RunStore
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("runs", help="list the runs under a storage path, or show one run's history")
+    p.add_argument("storage_path", help="a directory or URL (s3://bucket/prefix, ...)")
+    p.add_argument("name", nargs="?", help="the run to show in detail")
+    p.set_defaults(func=cmd_runs)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    try:
+        storage = open_storage(args.storage_path)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    if args.name:
+        return _show(RunStore(storage, args.name))
+    names = [n for n in storage.list_dirs("") if storage.exists(f"{n}/{RUN_STATE_NAME}")]
+    if not names:
+        print(f"no runs under {storage.uri('')}")
+        return 1
+    print(f"{'run':32} {'status':10} {'attempts':>8} {'failures':>8} {'checkpoints':>11}  latest")
+    for name in names:
+        try:
+            state = RunStore(storage, name).load_state()
+        except CorruptDocument as e:
+            print(f"{name:32} unreadable: {e}")
+            continue
+        if state is None:
+            continue
+        failures = sum(state.failure_counts.values())  # root causes, not the peers they took down
+        print(f"{name:32} {state.status:10} {len(state.attempts):>8} {failures:>8} {len(state.checkpoints):>11}  "
+              f"{state.latest_checkpoint or '-'}")
+    return 0
+
+
+def _show(store: RunStore) -> int:
+    try:
+        state = store.load_state()
+    except CorruptDocument as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    if state is None:
+        print(f"no run at {store.storage.uri(store.run_dir)}", file=sys.stderr)
+        return 1
+    print(render(state, store.storage.uri(store.run_dir)))
+    return 0
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def render(state: RunState, where: str) -> str:
+    lines = [f"run {state.name} at {where}", f"status: {state.status}" + (f" ({state.error})" if state.error else "")]
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(state.failure_counts.items())) or "none"
+    lines.append(f"failures by kind: {counts}")
+    lines.append("attempts:")
+    for a in state.attempts:
+        took = f"{a.ended_at - a.started_at:.1f} s" if a.ended_at else "running or cut short"
+        lines.append(f"  #{a.attempt}  {_when(a.started_at)}  {a.outcome or '-':12} {took:>10}  "
+                     f"restored from {a.restored_from or 'nothing'}")
+        for f in a.failures:
+            how = (f"{f.exc_type}: {f.message}" if f.exc_type else
+                   f"killed by {signal_name(f.signal)}" if f.signal is not None else f"exit code {f.exit_code}")
+            lines.append(f"      rank {f.rank} pid {f.pid} node {f.node_id}: {how}")
+    lines.append("checkpoints (oldest first):")
+    for c in sorted(state.checkpoints, key=lambda c: c.seq):
+        mark = "  <- latest" if c.checkpoint_dir == state.latest_checkpoint else ""
+        metrics = ", ".join(f"{k}={v}" for k, v in c.metrics.items())
+        lines.append(f"  {c.checkpoint_dir}  {_when(c.committed_at)}  {metrics}{mark}")
+    for s in state.skipped_checkpoints:
+        lines.append(f"  skipped {s.checkpoint_dir} at {_when(s.time)}: {s.reason}")
+    return "\n".join(lines)

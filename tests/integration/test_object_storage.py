@@ -1,0 +1,119 @@
+"""Runs on S3 through a real S3-protocol server on loopback (moto in server mode),
+through the same client code users run; and a file system that fills up."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from outlast.storage import open_storage
+from outlast.storage.records import MANIFEST_NAME
+from outlast.storage.run_store import RunStore
+from outlast.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig, Trainer, TrainingFailedError
+from tests.integration.jobs import counting_loop, read_events
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="runs")
+    yield server
+    server.stop()
+
+
+def _fit(storage_path, events, **config):
+    cfg = {"events": str(events), "steps": 12, "every": 5, **config}
+    return Trainer(counting_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
+                   run_config=RunConfig(name="run", storage_path=storage_path,
+                                        failure_config=FailureConfig(max_failures=1))).fit()
+
+
+def test_a_run_on_s3_restores_from_a_checkpoint_in_the_bucket(s3, tmp_path):
+    events = tmp_path / "events.jsonl"
+    fault = {"rank": 1, "step": 7, "when": "before_report", "kind": "kill"}
+    result = _fit("s3://runs/experiments", events, fault=fault)
+    assert result.metrics == {"step": 11}
+    assert result.path == "s3://runs/experiments/run"
+    assert result.checkpoint.path == "s3://runs/experiments/run/checkpoint_002_000004"
+    restored = {e["restored_step"] for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2}
+    assert restored == {4}
+    with result.checkpoint.as_directory() as d:
+        assert json.loads((Path(d) / "state.json").read_text()) == {"step": 9}
+        assert not (Path(d) / MANIFEST_NAME).exists()
+    store = RunStore(open_storage("s3://runs/experiments"), "run")
+    state = store.load_state()
+    assert state.status == "finished" and state.failure_counts == {"worker": 1}
+    assert store.read_manifest(state.latest_checkpoint).ranks == [0]
+
+
+def test_asynchronous_uploads_to_s3_commit(s3, tmp_path):
+    result = _fit("s3://runs/async", tmp_path / "events.jsonl", upload_mode="ASYNC")
+    assert result.checkpoint.path.endswith("checkpoint_001_000009")
+    local = Checkpoint(result.checkpoint.path).to_directory(tmp_path / "copy")
+    assert json.loads((Path(local) / "state.json").read_text()) == {"step": 9}
+
+
+def test_an_s3_outage_during_training_is_ridden_out_by_upload_retries(s3, tmp_path):
+    events = tmp_path / "events.jsonl"
+
+    def outage():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(e.get("step") == 5 for e in read_events(events)):
+            time.sleep(0.01)
+        s3.stop()
+        time.sleep(1.0)
+        s3.start()
+
+    t = threading.Thread(target=outage)
+    t.start()
+    result = _fit("s3://runs/outage", events, steps=20, step_sleep=0.05)
+    t.join()
+    assert result.metrics == {"step": 19}
+    state = RunStore(open_storage("s3://runs/outage"), "run").load_state()
+    assert [c.report_index for c in state.checkpoints] == [4, 9, 14, 19]
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_checkpoint(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        events = tmp_path / "events.jsonl"
+        # Each checkpoint carries ~100 KiB of padding: the third one does not fit.
+        with pytest.raises(TrainingFailedError) as info:
+            _fit(str(mount), events, steps=30, pad_bytes=100 * 1024)
+        assert "No space left on device" in str(info.value.root_cause.message)
+        store = RunStore(open_storage(str(mount)), "run")
+        state = store.load_state()
+        assert state.latest_checkpoint is not None
+        manifest = store.read_manifest(state.latest_checkpoint)
+        from outlast.storage.restore import verify
+
+        verify(mount / "run" / state.latest_checkpoint, manifest)
+        assert all((d / MANIFEST_NAME).exists() for d in (mount / "run").glob("checkpoint_*"))
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
