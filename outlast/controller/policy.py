@@ -40,3 +40,32 @@ def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures
         f"{cause}; giving up: {failures_so_far + 1} failures exceed "
         f"FailureConfig(max_failures={max_failures}) (raise it, or set -1 to retry forever)",
     )
+
+
+# Errors a worker gets because a peer died under it: symptoms, not causes.
+_PEER_LOSS_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe", "/gloo/", "nccl")
+
+
+def pick_root_cause(failures: list[FailureRecord]) -> FailureRecord:
+    """The failure that most likely started it, from all the failures of one attempt.
+
+    Peers of a dead worker fail too (their collective loses a partner) and may be
+    reaped first, so arrival order alone would often blame a bystander. Ranked: an
+    exception of the user's own, then a death by a signal we did not send (SIGKILL,
+    SIGSEGV, ...) or a bare non-zero exit, then peer-loss errors and our own SIGTERMs.
+    Ties go to the earliest.
+    """
+    if not failures:
+        raise ValueError("pick_root_cause needs at least one failure")
+
+    def rank(f: FailureRecord) -> int:
+        text = f"{f.exc_type or ''} {f.message or ''}".lower()
+        if f.exc_type and not any(marker in text for marker in _PEER_LOSS_MARKERS):
+            return 0
+        if f.signal is not None and f.signal != 15:
+            return 1
+        if f.exc_type is None and f.signal is None:
+            return 1
+        return 2
+
+    return min(failures, key=lambda f: (rank(f), f.time))

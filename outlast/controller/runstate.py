@@ -130,16 +130,21 @@ class RunBook:
             self.state.attempts[-1].outcome = outcome
         self._save(now)
 
-    def add_failure(self, record: FailureRecord, count_as: str | None = None) -> None:
+    def add_failure(self, record: FailureRecord) -> None:
+        if self.state.attempts:
+            self.state.attempts[-1].failures.append(record)
+        self._save(record.time)
+
+    def settle_failed_attempt(self, root: FailureRecord, count_as: str, now: float) -> None:
+        """End the current attempt as failed, its root cause first, charged to the budget `count_as`."""
         if self.state.attempts:
             current = self.state.attempts[-1]
-            current.failures.append(record)
-            if current.ended_at is None and count_as is not None:
-                current.ended_at = record.time
+            current.failures = [root] + [f for f in current.failures if f is not root]
+            if current.ended_at is None:
+                current.ended_at = now
                 current.outcome = "failed"
-        if count_as is not None:
-            self.state.failure_counts[count_as] = self.state.failure_counts.get(count_as, 0) + 1
-        self._save(record.time)
+        self.state.failure_counts[count_as] = self.state.failure_counts.get(count_as, 0) + 1
+        self._save(now)
 
     def commit_checkpoint(self, checkpoint_dir: str, attempt: int, report_index: int, ranks: list[int],
                           files, metrics: dict, now: float) -> None:

@@ -18,7 +18,7 @@ import zmq
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.driver_lease import LeaseKeeper
-from outlast.controller.policy import FailureDecision, decide_on_failure
+from outlast.controller.policy import FailureDecision, decide_on_failure, pick_root_cause
 from outlast.controller.retention import checkpoints_to_delete
 from outlast.controller.runstate import RunBook
 from outlast.controller.states import Event, State, transition
@@ -67,6 +67,7 @@ class AttemptState:
     started_at: float
     hello: set[int] = field(default_factory=set)
     exited: dict[int, m.WorkerExited] = field(default_factory=dict)
+    failures: list[FailureRecord] = field(default_factory=list)
     done: set[int] = field(default_factory=set)
     all_exited_ok_at: float | None = None
 
@@ -161,11 +162,9 @@ class Controller:
             return
         if self.state is State.SCHEDULING and now - a.started_at > t.worker_start_s:
             missing = sorted(set(range(self.plan.world_size)) - a.hello)
-            self._on_failure(FailureRecord(
-                attempt=a.number, rank=missing[0], node_id="local", pid=0, exit_code=None, signal=None,
-                time=time.time(), exc_type="WorkerStartTimeout",
-                message=f"ranks {missing} did not start within {t.worker_start_s:.0f} s",
-            ))
+            self._give_up(f"ranks {missing} of attempt {a.number} did not start within {t.worker_start_s:.0f} s "
+                          "(OUTLAST_WORKER_START_TIMEOUT_S); is the node's fork server stuck? `outlast status` "
+                          "and the node's log tell")
         elif a.all_exited_ok_at is not None and now - a.all_exited_ok_at > t.finish_settle_s:
             log.warning("finishing without the last messages of ranks %s",
                         sorted(set(range(self.plan.world_size)) - a.done))
@@ -278,49 +277,55 @@ class Controller:
         if a is None or ev.run_id != self.run_id or ev.attempt != a.number:
             return
         a.exited[ev.rank] = ev
-        ok = ev.exit_code == 0 and ev.error is None
-        if not ok:
-            record = _failure_record(ev)
-            if self.state.has_live_workers:
-                self._on_failure(record)
-            else:
-                # A consequence of the root cause (peers losing their collective partner).
-                self.book.add_failure(record)
+        if ev.exit_code != 0 or ev.error is not None:
+            self._on_failure(_failure_record(ev))
         if self.state is State.RESTARTING and len(a.exited) == self.plan.world_size:
-            self._fire(Event.TEARDOWN_DONE)
+            self._settle_failed_attempt()
         elif self.state.has_live_workers and len(a.exited) == self.plan.world_size:
             a.all_exited_ok_at = self.clock()
             if a.done >= set(range(self.plan.world_size)):
                 self._fire(Event.ALL_FINISHED)
 
     def _on_failure(self, record: FailureRecord) -> None:
-        self.failures.append(record)
-        if record.exc_type == "CorruptCheckpointError" and self.book.state.latest_checkpoint:
-            bad = self.book.state.latest_checkpoint
-            self.book.add_failure(record, count_as="corrupt_checkpoint")
-            fallback = self.book.skip_checkpoint(bad, record.message or "unreadable", time.time())
-            log.warning("%s; restarting from %s instead (not counted against max_failures)", record.message,
+        """The first failure ends the attempt; the cause is judged once every worker has exited."""
+        assert self.attempt is not None
+        self.attempt.failures.append(record)
+        self.book.add_failure(record)
+        if self.state.has_live_workers:
+            self._fire(Event.WORKER_FAILED)
+
+    def _settle_failed_attempt(self) -> None:
+        a = self.attempt
+        assert a is not None
+        root = pick_root_cause(a.failures)
+        others = [f for f in a.failures if f is not root]
+        self.failures += [root, *others]
+        also = "".join(f"\n  then {f.describe()}" for f in others)
+        if root.exc_type == "CorruptCheckpointError" and self.book.state.latest_checkpoint:
+            self.book.settle_failed_attempt(root, "corrupt_checkpoint", time.time())
+            fallback = self.book.skip_checkpoint(self.book.state.latest_checkpoint, root.message or "unreadable",
+                                                 time.time())
+            log.warning("%s; restarting from %s instead (not counted against max_failures)", root.message,
                         fallback or "scratch")
-            self._fire(Event.FAILURE_RETRY)
+            self._fire(Event.RETRY)
             return
-        failed_before = self.book.failures_this_launch("worker")
-        decision = decide_on_failure(record, failed_before, self.plan.max_failures)
-        self.book.add_failure(record, count_as="worker")
-        if record.traceback:
-            log.warning("rank %d failed:\n%s", record.rank, record.traceback.rstrip())
+        decision = decide_on_failure(root, self.book.failures_this_launch("worker"), self.plan.max_failures)
+        self.book.settle_failed_attempt(root, "worker", time.time())
+        if root.traceback:
+            log.warning("rank %d failed:\n%s", root.rank, root.traceback.rstrip())
         if decision.action is FailureDecision.RESTART:
-            log.warning("%s", decision.reason)
-            self._fire(Event.FAILURE_RETRY)
-        else:
-            causes = "\n".join(f"  attempt {f.attempt}: {f.describe()}" for f in self.failures)
-            self.error = TrainingFailedError(f"training failed: {decision.reason}\nfailures:\n{causes}",
-                                             list(self.failures))
-            self._fire(Event.FAILURE_FATAL)
+            log.warning("%s%s", decision.reason, also)
+            self._fire(Event.RETRY)
+            return
+        causes = "\n".join(f"  attempt {f.attempt}: {f.describe()}" for f in self.failures)
+        self.error = TrainingFailedError(f"training failed: {decision.reason}\nfailures (root cause of each "
+                                         f"attempt first):\n{causes}", list(self.failures))
+        self._fire(Event.GIVE_UP)
 
     def _give_up(self, reason: str) -> None:
         self.error = TrainingFailedError(f"training failed: {reason}", list(self.failures))
         log.error("%s", reason)
-        self._fire(Event.FAILURE_FATAL)
+        self._fire(Event.UNRECOVERABLE)
 
     # ---- worker messages ---------------------------------------------------------------
 

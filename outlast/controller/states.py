@@ -31,9 +31,10 @@ class State(enum.Enum):
 class Event(enum.Enum):
     STARTED = "started"  # the run is set up and can place its first attempt
     WORKERS_STARTED = "workers_started"  # every rank of the attempt said hello
-    FAILURE_RETRY = "failure_retry"  # a worker failed and the policy allows another attempt
-    FAILURE_FATAL = "failure_fatal"  # a worker failed and the budget is spent
-    TEARDOWN_DONE = "teardown_done"  # every worker of the failed attempt has exited
+    WORKER_FAILED = "worker_failed"  # a worker died or raised: the attempt is over
+    RETRY = "retry"  # the failed attempt is torn down and the policy allows another
+    GIVE_UP = "give_up"  # the failed attempt is torn down and the budget is spent
+    UNRECOVERABLE = "unrecoverable"  # no attempt can help (the node agent or the driver lease is lost)
     ALL_FINISHED = "all_finished"  # every rank returned from the train function
     INTERRUPTED = "interrupted"  # the driver was interrupted (Ctrl+C)
 
@@ -43,14 +44,15 @@ _S, _E = State, Event
 TRANSITIONS: dict[tuple[State, Event], State] = {
     (_S.INITIALIZING, _E.STARTED): _S.SCHEDULING,
     (_S.SCHEDULING, _E.WORKERS_STARTED): _S.RUNNING,
-    (_S.SCHEDULING, _E.FAILURE_RETRY): _S.RESTARTING,
-    (_S.SCHEDULING, _E.FAILURE_FATAL): _S.ERRORED,
+    (_S.SCHEDULING, _E.WORKER_FAILED): _S.RESTARTING,
     (_S.SCHEDULING, _E.ALL_FINISHED): _S.FINISHED,
-    (_S.RUNNING, _E.FAILURE_RETRY): _S.RESTARTING,
-    (_S.RUNNING, _E.FAILURE_FATAL): _S.ERRORED,
+    (_S.RUNNING, _E.WORKER_FAILED): _S.RESTARTING,
     (_S.RUNNING, _E.ALL_FINISHED): _S.FINISHED,
-    (_S.RESTARTING, _E.TEARDOWN_DONE): _S.SCHEDULING,
-    (_S.RESTARTING, _E.FAILURE_FATAL): _S.ERRORED,
+    (_S.RESTARTING, _E.RETRY): _S.SCHEDULING,
+    (_S.RESTARTING, _E.GIVE_UP): _S.ERRORED,
+    (_S.SCHEDULING, _E.UNRECOVERABLE): _S.ERRORED,
+    (_S.RUNNING, _E.UNRECOVERABLE): _S.ERRORED,
+    (_S.RESTARTING, _E.UNRECOVERABLE): _S.ERRORED,
     (_S.INITIALIZING, _E.INTERRUPTED): _S.ABORTED,
     (_S.SCHEDULING, _E.INTERRUPTED): _S.ABORTED,
     (_S.RUNNING, _E.INTERRUPTED): _S.ABORTED,

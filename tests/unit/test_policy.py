@@ -1,6 +1,6 @@
 import pytest
 
-from outlast.controller.policy import FailureDecision, decide_on_failure
+from outlast.controller.policy import FailureDecision, decide_on_failure, pick_root_cause
 from outlast.storage.records import FailureRecord
 
 
@@ -50,3 +50,31 @@ def test_an_unknown_signal_number_is_shown_as_a_number():
 
 def test_reason_names_the_exit_code_when_there_is_neither_exception_nor_signal():
     assert "exited with code 7" in decide_on_failure(failure(exit_code=7), 0, 1).reason
+
+
+def _f(rank, t, **kw):
+    base = dict(attempt=1, rank=rank, node_id="n", pid=100 + rank, exit_code=None, signal=None, time=t)
+    base.update(kw)
+    return FailureRecord(**base)
+
+
+def test_a_sigkilled_worker_is_the_root_cause_even_when_its_peer_is_reaped_first():
+    peer = _f(0, 1.0, exit_code=1, exc_type="RuntimeError",
+              message="[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    killed = _f(1, 2.0, signal=9)
+    assert pick_root_cause([peer, killed]) is killed
+
+
+def test_a_users_exception_outranks_a_death_by_signal_and_our_own_sigterm():
+    user = _f(2, 3.0, exit_code=1, exc_type="ValueError", message="bad batch")
+    assert pick_root_cause([_f(0, 1.0, signal=15), _f(1, 2.0, signal=11), user]) is user
+
+
+def test_our_own_sigterm_is_blamed_only_when_nothing_else_is_there():
+    first, second = _f(0, 1.0, signal=15), _f(1, 2.0, signal=15)
+    assert pick_root_cause([second, first]) is first
+
+
+def test_pick_root_cause_needs_a_failure():
+    with pytest.raises(ValueError):
+        pick_root_cause([])

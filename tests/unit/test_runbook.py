@@ -67,23 +67,27 @@ def test_end_attempt_records_the_outcome_only_once(mem, book):
     assert saved(mem).updated_at == 3.0
 
 
-def test_a_counted_failure_increments_its_count_and_ends_the_attempt_as_failed(mem, book):
+def test_settling_a_failed_attempt_counts_it_ends_it_and_puts_the_root_cause_first(mem, book):
     book.begin_attempt(1.0)
-    book.add_failure(failure(time=5.0), count_as="worker")
+    bystander, root = failure(rank=0, time=4.0), failure(rank=1, time=5.0)
+    book.add_failure(bystander)
+    book.add_failure(root)
+    book.settle_failed_attempt(root, "worker", now=6.0)
     state = saved(mem)
     assert state.failure_counts == {"worker": 1}
-    assert (state.attempts[0].ended_at, state.attempts[0].outcome) == (5.0, "failed")
-    assert state.updated_at == 5.0
+    assert (state.attempts[0].ended_at, state.attempts[0].outcome) == (6.0, "failed")
+    assert [f.rank for f in state.attempts[0].failures] == [1, 0]
 
 
 def test_failure_counts_accumulate_across_attempts(book):
     for n in range(3):
         book.begin_attempt(float(n))
-        book.add_failure(failure(), count_as="worker")
+        book.add_failure(failure())
+        book.settle_failed_attempt(book.state.attempts[-1].failures[0], "worker", now=float(n))
     assert book.state.failure_counts == {"worker": 3}
 
 
-def test_an_uncounted_failure_is_recorded_but_neither_counted_nor_ending_the_attempt(book):
+def test_a_recorded_failure_is_neither_counted_nor_ending_the_attempt_until_settled(book):
     book.begin_attempt(1.0)
     book.add_failure(failure(rank=1))
     assert book.state.failure_counts == {}
@@ -91,9 +95,24 @@ def test_an_uncounted_failure_is_recorded_but_neither_counted_nor_ending_the_att
     assert book.state.attempts[0].outcome is None
 
 
-def test_a_failure_before_any_attempt_is_still_counted(book):
-    book.add_failure(failure(), count_as="worker")
-    assert book.state.failure_counts == {"worker": 1}
+def test_a_relaunched_driver_gets_its_failure_budget_anew(mem, book):
+    book.begin_attempt(1.0)
+    book.add_failure(failure())
+    book.settle_failed_attempt(failure(), "worker", now=2.0)
+    relaunched = RunBook.open(book.store, "run", now=3.0)
+    assert relaunched.state.failure_counts == {"worker": 1}
+    assert relaunched.failures_this_launch("worker") == 0
+
+
+def test_a_dead_drivers_open_attempt_is_closed_without_charging_the_worker_budget(mem, book):
+    book.begin_attempt(1.0)
+    relaunched = RunBook.open(book.store, "run", now=9.0)
+    assert relaunched.close_dead_drivers_attempt(now=9.0, last_seen=7.5)
+    attempt = relaunched.state.attempts[-1]
+    assert (attempt.ended_at, attempt.outcome) == (7.5, "driver_lost")
+    assert relaunched.state.failure_counts == {"driver": 1}
+    assert relaunched.failures_this_launch("driver") == 0
+    assert not relaunched.close_dead_drivers_attempt(now=10.0, last_seen=None)
 
 
 def test_commit_writes_the_manifest_before_the_run_state_names_the_checkpoint(mem, book):
