@@ -18,6 +18,8 @@ import zmq
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.driver_lease import LeaseKeeper
+from outlast.controller.preemption import Decision as PreemptionDecision
+from outlast.controller.preemption import HorizonBook
 from outlast.controller.policy import FailureDecision, decide_on_failure, pick_root_cause
 from outlast.controller.retention import checkpoints_to_delete
 from outlast.controller.runstate import RunBook
@@ -25,7 +27,7 @@ from outlast.controller.states import Event, State, transition
 from outlast.protocol import messages as m
 from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, encode
 from outlast.storage.records import CorruptDocument, FailureRecord
-from outlast.train.errors import TrainingFailedError
+from outlast.train.errors import PreemptionError, TrainingFailedError
 
 log = logging.getLogger("outlast.controller")
 
@@ -59,6 +61,8 @@ class RunPlan:
     attempt_env: Callable[[int], dict[str, str]]  # per-attempt variables (e.g. a rendezvous port)
     timeouts: Timeouts = Timeouts()
     lease: "LeaseKeeper | None" = None
+    max_preemption_failures: int = -1
+    preemption_grace_s: float = 0.0
 
 
 @dataclass
@@ -68,6 +72,26 @@ class AttemptState:
     hello: set[int] = field(default_factory=set)
     exited: dict[int, m.WorkerExited] = field(default_factory=dict)
     failures: list[FailureRecord] = field(default_factory=list)
+    preemption: "Preemption | None" = None
+
+
+@dataclass
+class Preemption:
+    notice: m.NodeDraining
+    ranks: list[int]
+    decision_index: int
+    noticed_at: float  # wall clock
+    safe_after: float  # monotonic: tear down by then whatever happened
+    reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
+
+    def as_failure(self, attempt: int) -> FailureRecord:
+        n = self.notice
+        when = f"deadline in {n.deadline_unix_s - self.noticed_at:.1f} s" if n.deadline_unix_s else "no deadline"
+        return FailureRecord(
+            attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
+            signal=None, time=self.noticed_at, exc_type="Preemption",
+            message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
+        )
     done: set[int] = field(default_factory=set)
     all_exited_ok_at: float | None = None
 
@@ -97,6 +121,7 @@ class Controller:
         self.commits = CommitTracker(plan.world_size)
         self.collectives = CollectiveTracker(plan.world_size, plan.timeouts.collective_warn_s,
                                              plan.timeouts.collective_timeout_s)
+        self.horizons = HorizonBook()
         self.last_metrics: dict | None = None
         self.failures: list[FailureRecord] = []
         self.error: TrainingFailedError | None = None
@@ -160,6 +185,11 @@ class Controller:
         a = self.attempt
         if a is None:
             return
+        if self.state is State.PREEMPTING and a.preemption is not None and now >= a.preemption.safe_after:
+            log.warning("the preemption deadline of attempt %d has passed; restarting from %s", a.number,
+                        self.book.state.latest_checkpoint or "scratch")
+            self._fire(Event.PREEMPTION_SAFE)
+            return
         if self.state is State.SCHEDULING and now - a.started_at > t.worker_start_s:
             missing = sorted(set(range(self.plan.world_size)) - a.hello)
             self._give_up(f"ranks {missing} of attempt {a.number} did not start within {t.worker_start_s:.0f} s "
@@ -192,6 +222,7 @@ class Controller:
         self.commits = CommitTracker(self.plan.world_size)
         self.collectives = CollectiveTracker(self.plan.world_size, self.plan.timeouts.collective_warn_s,
                                              self.plan.timeouts.collective_timeout_s)
+        self.horizons = HorizonBook()
         restore = self._restorable_checkpoint()
         if number > 1 or restore:
             log.info("starting attempt %d of run %s%s", number, self.plan.name,
@@ -271,6 +302,25 @@ class Controller:
         self._last_agent_reply = self.clock()
         if isinstance(event, m.WorkerExited):
             self._on_worker_exited(event)
+        elif isinstance(event, m.NodeDraining):
+            self._on_node_draining(event)
+
+    def _on_node_draining(self, notice: m.NodeDraining) -> None:
+        a = self.attempt
+        if a is None or self.state not in (State.SCHEDULING, State.RUNNING):
+            return  # already saving for an earlier notice, or between attempts
+        now = time.time()
+        grace = self.plan.preemption_grace_s
+        window = (notice.deadline_unix_s - now + grace) if notice.deadline_unix_s is not None else 120.0 + grace
+        # Every worker of this run lives on the agent's node.
+        ranks = list(range(self.plan.world_size))
+        a.preemption = Preemption(notice=notice, ranks=ranks, decision_index=self.horizons.preempt(),
+                                  noticed_at=now, safe_after=self.clock() + max(0.0, window),
+                                  reports_at_notice=list(self.commits.reports))
+        log.warning("node %s is draining (%s: %s); ranks %s see get_preemption_info() from call #%d and have "
+                    "%.1f s to save a checkpoint", notice.node_id, notice.reason, notice.message, ranks,
+                    a.preemption.decision_index, max(0.0, window))
+        self._fire(Event.PREEMPTION_NOTICE)
 
     def _on_worker_exited(self, ev: m.WorkerExited) -> None:
         a = self.attempt
@@ -279,6 +329,11 @@ class Controller:
         a.exited[ev.rank] = ev
         if ev.exit_code != 0 or ev.error is not None:
             self._on_failure(_failure_record(ev))
+        elif self.state is State.PREEMPTING:
+            log.warning("rank %d returned from the train function during a preemption; the run restarts from "
+                        "its latest checkpoint instead of ending", ev.rank)
+            if len(a.exited) == self.plan.world_size:
+                self._fire(Event.PREEMPTION_SAFE)
         if self.state is State.RESTARTING and len(a.exited) == self.plan.world_size:
             self._settle_failed_attempt()
         elif self.state.has_live_workers and len(a.exited) == self.plan.world_size:
@@ -297,6 +352,9 @@ class Controller:
     def _settle_failed_attempt(self) -> None:
         a = self.attempt
         assert a is not None
+        if a.preemption is not None:
+            self._settle_preempted_attempt(a)
+            return
         root = pick_root_cause(a.failures)
         others = [f for f in a.failures if f is not root]
         self.failures += [root, *others]
@@ -322,6 +380,21 @@ class Controller:
                                          f"attempt first):\n{causes}", list(self.failures))
         self._fire(Event.GIVE_UP)
 
+    def _settle_preempted_attempt(self, a: AttemptState) -> None:
+        assert a.preemption is not None
+        root = a.preemption.as_failure(a.number)
+        self.book.add_failure(root)
+        self.failures += [root, *a.failures]
+        decision = decide_on_failure(root, self.book.failures_this_launch("preemption"),
+                                     self.plan.max_preemption_failures, budget="max_preemption_failures")
+        self.book.settle_failed_attempt(root, "preemption", time.time())
+        if decision.action is FailureDecision.RESTART:
+            log.warning("%s", decision.reason)
+            self._fire(Event.RETRY)
+            return
+        self.error = PreemptionError(f"training stopped: {decision.reason}", list(self.failures))
+        self._fire(Event.GIVE_UP)
+
     def _give_up(self, reason: str) -> None:
         self.error = TrainingFailedError(f"training failed: {reason}", list(self.failures))
         log.error("%s", reason)
@@ -344,6 +417,16 @@ class Controller:
                 self._fire(Event.WORKERS_STARTED)
         elif isinstance(msg, m.CollectiveRequest):
             self._on_collective(msg)
+        elif isinstance(msg, m.PreemptionQuery):
+            answer = self.horizons.on_query(msg.rank, msg.index, self.clock())
+            if isinstance(answer, PreemptionDecision) and a.preemption is not None:
+                n = a.preemption.notice
+                self._send_to_rank(msg.rank, m.PreemptionNotice(
+                    index=msg.index, decision_index=answer.decision_index, node_ids=[n.node_id],
+                    ranks=a.preemption.ranks, reason=n.reason, message=n.message,
+                    deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None))
+            else:
+                self._send_to_rank(msg.rank, m.PreemptionGrant(index=msg.index, horizon=answer.horizon))
         elif isinstance(msg, m.WorkerDone):
             a.done.add(msg.rank)
             if a.all_exited_ok_at is not None and a.done >= set(range(self.plan.world_size)):
@@ -379,6 +462,12 @@ class Controller:
             reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
         for rank in sorted(pending.waiting):
             self._send_to_rank(rank, reply)
+        p = a.preemption
+        if self.state is State.PREEMPTING and p is not None and isinstance(reply, m.Committed) \
+                and all(pending.index >= p.reports_at_notice[r] for r in pending.files):
+            log.info("checkpoint %s, saved after the preemption notice, is committed; restarting now",
+                     pending.checkpoint_dir)
+            self._fire(Event.PREEMPTION_SAFE)
 
     def _apply_retention(self) -> None:
         doomed = checkpoints_to_delete(self.book.state.checkpoints, self.plan.num_to_keep,

@@ -15,6 +15,7 @@ class State(enum.Enum):
     SCHEDULING = "scheduling"
     RUNNING = "running"
     RESTARTING = "restarting"
+    PREEMPTING = "preempting"  # workers keep running so the loop can save one checkpoint
     FINISHED = "finished"
     ERRORED = "errored"
     ABORTED = "aborted"
@@ -25,7 +26,7 @@ class State(enum.Enum):
 
     @property
     def has_live_workers(self) -> bool:
-        return self in (State.SCHEDULING, State.RUNNING)
+        return self in (State.SCHEDULING, State.RUNNING, State.PREEMPTING)
 
 
 class Event(enum.Enum):
@@ -37,6 +38,8 @@ class Event(enum.Enum):
     UNRECOVERABLE = "unrecoverable"  # no attempt can help (the node agent or the driver lease is lost)
     ALL_FINISHED = "all_finished"  # every rank returned from the train function
     INTERRUPTED = "interrupted"  # the driver was interrupted (Ctrl+C)
+    PREEMPTION_NOTICE = "preemption_notice"  # a node of this run is draining
+    PREEMPTION_SAFE = "preemption_safe"  # a checkpoint after the notice is committed, or time is up
 
 
 _S, _E = State, Event
@@ -53,6 +56,12 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (_S.SCHEDULING, _E.UNRECOVERABLE): _S.ERRORED,
     (_S.RUNNING, _E.UNRECOVERABLE): _S.ERRORED,
     (_S.RESTARTING, _E.UNRECOVERABLE): _S.ERRORED,
+    (_S.SCHEDULING, _E.PREEMPTION_NOTICE): _S.PREEMPTING,
+    (_S.RUNNING, _E.PREEMPTION_NOTICE): _S.PREEMPTING,
+    (_S.PREEMPTING, _E.PREEMPTION_SAFE): _S.RESTARTING,
+    (_S.PREEMPTING, _E.WORKER_FAILED): _S.RESTARTING,
+    (_S.PREEMPTING, _E.UNRECOVERABLE): _S.ERRORED,
+    (_S.PREEMPTING, _E.INTERRUPTED): _S.ABORTED,
     (_S.INITIALIZING, _E.INTERRUPTED): _S.ABORTED,
     (_S.SCHEDULING, _E.INTERRUPTED): _S.ABORTED,
     (_S.RUNNING, _E.INTERRUPTED): _S.ABORTED,

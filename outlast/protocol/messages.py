@@ -183,6 +183,15 @@ class TaskResult(Msg):
     error: WorkerError | None = None
 
 
+class NodeDraining(Msg):
+    """The node will go away (a preemption, a maintenance): its workers' runs should save and move."""
+
+    node_id: str
+    reason: str
+    message: str
+    deadline_unix_s: float | None
+
+
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     attempt: int
@@ -273,6 +282,14 @@ class CollectiveRequest(Msg):
     payload: bytes | None = None  # rank 0's pickled object for a broadcast
 
 
+class PreemptionQuery(Msg):
+    """A rank reached its horizon of get_preemption_info() calls."""
+
+    attempt: int
+    rank: int
+    index: int
+
+
 class WorkerDone(Msg):
     attempt: int
     rank: int
@@ -292,6 +309,21 @@ class CommitFailed(Msg):
     reason: str
 
 
+class PreemptionGrant(Msg):
+    index: int
+    horizon: int
+
+
+class PreemptionNotice(Msg):
+    index: int
+    decision_index: int  # get_preemption_info() returns the notice from this call on
+    node_ids: list[str]
+    ranks: list[int]
+    deadline_unix_ms: int | None
+    reason: str
+    message: str
+
+
 class CollectiveReply(Msg):
     seq: int
     payload: bytes | None = None
@@ -305,9 +337,9 @@ class CollectiveTimeout(Msg):
 
 
 AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask]
-AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited]
-WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, WorkerDone]
-ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout]
+AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining]
+WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone]
+ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice]
 
 
 # ---- node agent <-> its fork server (the zygote) ---------------------------------

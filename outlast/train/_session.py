@@ -27,6 +27,7 @@ from outlast.storage.records import checkpoint_dir_name
 from outlast.storage.restore import materialize
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
 from outlast.train.context import TrainContext
+from outlast.train.preemption import PreemptionInfo
 from outlast.train.errors import CheckpointCommitError, CollectiveTimeoutError, NotInWorkerError
 
 log = logging.getLogger("outlast.worker")
@@ -67,6 +68,9 @@ class WorkerSession:
         self._reports = 0
         self._collectives = 0
         self._inbox: list[m.ControllerToWorker] = []
+        self._preemption_calls = 0
+        self._horizon = 0  # calls below it answer None without asking anyone
+        self._preemption: PreemptionInfo | None = None
         self._uploader: ThreadPoolExecutor | None = None
         self._upload: Future | None = None
         self._upload_sock: zmq.Socket | None = None
@@ -140,6 +144,29 @@ class WorkerSession:
             path = materialize(self._storage, self._run_dir, self._restore, self._cache_root or _default_cache())
             self._restored = Checkpoint(path)
         return self._restored
+
+    # -- preemption -------------------------------------------------------------
+
+    def get_preemption_info(self) -> PreemptionInfo | None:
+        index = self._preemption_calls
+        self._preemption_calls = index + 1
+        if index < self._horizon:
+            return None
+        if self._preemption is not None:
+            return self._preemption
+        self._send(m.PreemptionQuery(attempt=self.context.attempt, rank=self.context.world_rank, index=index))
+        reply = self._wait_for(
+            lambda msg: isinstance(msg, (m.PreemptionGrant, m.PreemptionNotice)) and msg.index == index,
+            what=f"the answer to get_preemption_info() call #{index}",
+        )
+        if isinstance(reply, m.PreemptionGrant):
+            self._horizon = reply.horizon
+            return None
+        self._preemption = PreemptionInfo(node_ids=list(reply.node_ids), ranks=list(reply.ranks),
+                                          deadline_ms=reply.deadline_unix_ms, reason=reply.reason,
+                                          message=reply.message)
+        self._horizon = reply.decision_index
+        return self._preemption if index >= reply.decision_index else None
 
     # -- collectives ------------------------------------------------------------
 

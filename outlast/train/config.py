@@ -32,12 +32,24 @@ class ScalingConfig:
 
 @dataclass
 class FailureConfig:
-    """`max_failures`: how many times a failed run restarts; 0 never, -1 forever."""
+    """`max_failures`: how many times a failed run restarts; 0 never, -1 forever.
+
+    Preemptions draw on their own budget, `max_preemption_failures` (-1: forever). After a
+    notice, the workers keep running until a checkpoint reported after it is committed, or
+    until the deadline plus `preemption_grace_s` (120 s when the notice has no deadline).
+    """
 
     max_failures: int = 0
+    max_preemption_failures: int = -1
+    preemption_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures, -1)
+        if isinstance(self.preemption_grace_s, bool) or not isinstance(self.preemption_grace_s, (int, float)) \
+                or not self.preemption_grace_s >= 0:
+            raise ValueError(f"FailureConfig.preemption_grace_s must be a number of seconds >= 0, "
+                             f"got {self.preemption_grace_s!r}")
 
 
 @dataclass

@@ -41,3 +41,7 @@ class NotInWorkerError(RuntimeError):
 
 class RunInUseError(RuntimeError):
     """Another live driver holds the run's lease; the message names it."""
+
+
+class PreemptionError(TrainingFailedError):
+    """The run was preempted more often than `FailureConfig.max_preemption_failures` allows."""

@@ -102,6 +102,8 @@ class DataParallelTrainer:
             score_order=rc.checkpoint_config.checkpoint_score_order,
             env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
             attempt_env=self._attempt_env, timeouts=_timeouts_from_env(), lease=lease,
+            max_preemption_failures=rc.failure_config.max_preemption_failures,
+            preemption_grace_s=rc.failure_config.preemption_grace_s,
         )
         ctx = zmq.Context()
         embedded = None

@@ -16,6 +16,12 @@ EXPECTED = {
     (S.SCHEDULING, E.UNRECOVERABLE): S.ERRORED,
     (S.RUNNING, E.UNRECOVERABLE): S.ERRORED,
     (S.RESTARTING, E.UNRECOVERABLE): S.ERRORED,
+    (S.SCHEDULING, E.PREEMPTION_NOTICE): S.PREEMPTING,
+    (S.RUNNING, E.PREEMPTION_NOTICE): S.PREEMPTING,
+    (S.PREEMPTING, E.PREEMPTION_SAFE): S.RESTARTING,
+    (S.PREEMPTING, E.WORKER_FAILED): S.RESTARTING,
+    (S.PREEMPTING, E.UNRECOVERABLE): S.ERRORED,
+    (S.PREEMPTING, E.INTERRUPTED): S.ABORTED,
     (S.INITIALIZING, E.INTERRUPTED): S.ABORTED,
     (S.SCHEDULING, E.INTERRUPTED): S.ABORTED,
     (S.RUNNING, E.INTERRUPTED): S.ABORTED,
@@ -45,8 +51,8 @@ def test_terminal_states_have_no_way_out(state):
     assert not any(s is state for s, _ in TRANSITIONS)
 
 
-def test_only_scheduling_and_running_have_live_workers_and_only_three_states_are_terminal():
-    assert {s for s in State if s.has_live_workers} == {S.SCHEDULING, S.RUNNING}
+def test_only_scheduling_running_and_preempting_have_live_workers_and_only_three_states_are_terminal():
+    assert {s for s in State if s.has_live_workers} == {S.SCHEDULING, S.RUNNING, S.PREEMPTING}
     assert {s for s in State if s.is_terminal} == {S.FINISHED, S.ERRORED, S.ABORTED}
 
 
