@@ -123,8 +123,11 @@ def main() -> None:
     with result.checkpoint.as_directory() as checkpoint_dir:
         last_epoch = torch.load(os.path.join(checkpoint_dir, EXTRA_STATE_FILE))["epoch"]
     print(f"latest checkpoint: {result.checkpoint.path} (epoch {last_epoch})")
-    kept = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
-    print(f"checkpoints kept on storage ({len(kept)}): {', '.join(kept)}")
+    for kept_checkpoint, kept_metrics in result.best_checkpoints:
+        print(f"kept checkpoint of epoch {kept_metrics['epoch']}: {kept_checkpoint.path}")
+    if os.path.isdir(result.path):  # a local storage path: look at what is left on disk
+        kept = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
+        print(f"checkpoints kept on storage ({len(kept)}): {', '.join(kept)}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ crashes, the whole node goes away), start the same command again. The run's stat
 its committed checkpoints live under `{storage_path}/{run_name}`, so a new driver given
 the same pair finds them and the new workers restore the latest checkpoint. Whoever
 launches the job picks the pair and passes it in; a fresh run needs a fresh name,
-because reusing one resumes that run. Driver restarts do not count against
+because reusing one resumes that run (or, once it has finished, just returns its
+result without training again). Driver restarts do not count against
 `FailureConfig.max_failures`, which covers worker failures only.
 
     python examples/entrypoint.py --storage_path /shared/results --run_name unique_run_id=da823d5
@@ -102,9 +103,8 @@ if __name__ == "__main__":
     )
     result = trainer.fit()
     print(f"final metrics: {result.metrics}", flush=True)
-    if result.metrics is None:
-        # Relaunched after the run had already finished: the restored checkpoint is the last epoch.
-        print("nothing left to train: the run had already finished", flush=True)
-    else:
-        print(f"this driver's workers started at epoch {result.metrics['start_epoch']}", flush=True)
+    print(f"latest checkpoint: {result.checkpoint}", flush=True)
+    if result.metrics is not None:
+        # The metrics of the run's last report, whichever driver made it.
+        print(f"the last attempt started at epoch {result.metrics['start_epoch']}", flush=True)
         print(f"finished at epoch {result.metrics['epoch']}", flush=True)
