@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from outlast.storage.run_store import RunStore
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from outlast.train.errors import RunInUseError
 from tests.integration.jobs import counting_loop, read_events
+from tests.integration.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,15 +29,6 @@ def _driver(storage_path, events, *args, env=None) -> subprocess.Popen:
         [sys.executable, "-m", "tests.integration.driver", str(storage_path), str(events), *args],
         cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-
-
-def _wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _state(storage_path, name="run") -> dict:
@@ -62,6 +54,17 @@ def assert_every_checkpoint_whole(storage_path, name="run") -> None:
         assert (d / ".outlast-manifest.json").exists(), f"{d.name} has no manifest"
 
 
+def _kill_after_checkpoint_9(storage_path, events) -> list[str]:
+    """Run a driver until the checkpoint of step 9 is committed, SIGKILL it; return its arguments."""
+    args = ["--name", "run", "--loop", "counting_loop", "--steps", "30", "--step-sleep", "0.05"]
+    first = _driver(storage_path, events, *args)
+    wait_until(lambda: (Path(storage_path) / "run" / "checkpoint_001_000009" / ".outlast-manifest.json").exists(),
+               60, "the checkpoint of step 9")
+    first.kill()
+    first.wait()
+    return args
+
+
 def _restored(events, attempt):
     return {e["restored_step"] for e in read_events(events) if e["event"] == "start" and e["attempt"] == attempt}
 
@@ -70,7 +73,7 @@ def test_a_driver_killed_with_sigkill_is_relaunched_and_continues_from_the_lates
     events = tmp_path / "events.jsonl"
     first = _driver(storage_path, events, "--name", "run", "--loop", "counting_loop", "--steps", "40",
                     "--step-sleep", "0.05")
-    _wait_until(lambda: any(e.get("step", 0) >= 17 for e in read_events(events)), 60, "step 17")
+    wait_until(lambda: any(e.get("step", 0) >= 17 for e in read_events(events)), 60, "step 17")
     first.kill()
     first.wait()
     latest = _state(storage_path)["latest_checkpoint"]
@@ -90,7 +93,7 @@ def test_a_second_live_driver_is_refused_naming_the_first(storage_path, tmp_path
     events = tmp_path / "events.jsonl"
     first = _driver(storage_path, events, "--name", "run")
     try:
-        _wait_until(lambda: len(read_events(events)) == 2, 60, "the first driver's workers")
+        wait_until(lambda: len(read_events(events)) == 2, 60, "the first driver's workers")
         with pytest.raises(RunInUseError, match=f"pid {first.pid}"):
             _fit(storage_path, tmp_path / "other.jsonl")
         assert first.poll() is None  # the first run is untouched
@@ -144,12 +147,7 @@ def test_a_crash_at_any_step_of_the_commit_restores_a_whole_checkpoint(point, vi
 
 def test_a_corrupted_checkpoint_file_falls_back_to_the_previous_checkpoint(storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
-    args = ["--name", "run", "--loop", "counting_loop", "--steps", "30", "--step-sleep", "0.05"]
-    first = _driver(storage_path, events, *args)
-    _wait_until(lambda: (Path(storage_path) / "run" / "checkpoint_001_000009" / ".outlast-manifest.json").exists(),
-                60, "the checkpoint of step 9")
-    first.kill()
-    first.wait()
+    args = _kill_after_checkpoint_9(storage_path, events)
     latest = Path(storage_path) / "run" / _state(storage_path)["latest_checkpoint"]
     data = bytearray((latest / "state.json").read_bytes())
     digit = data.index(b"}") - 1
@@ -169,15 +167,8 @@ def test_a_corrupted_checkpoint_file_falls_back_to_the_previous_checkpoint(stora
 
 def test_a_vanished_checkpoint_is_skipped_and_the_previous_one_restored(storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
-    args = ["--name", "run", "--loop", "counting_loop", "--steps", "30", "--step-sleep", "0.05"]
-    first = _driver(storage_path, events, *args)
-    _wait_until(lambda: (Path(storage_path) / "run" / "checkpoint_001_000009" / ".outlast-manifest.json").exists(),
-                60, "the checkpoint of step 9")
-    first.kill()
-    first.wait()
+    args = _kill_after_checkpoint_9(storage_path, events)
     latest = _state(storage_path)["latest_checkpoint"]
-    import shutil
-
     shutil.rmtree(Path(storage_path) / "run" / latest)
     second = _driver(storage_path, events, *args)
     _, err = second.communicate(timeout=120)
@@ -189,12 +180,7 @@ def test_a_vanished_checkpoint_is_skipped_and_the_previous_one_restored(storage_
 
 def test_a_corrupted_run_state_is_set_aside_and_rebuilt_from_the_manifests(storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
-    args = ["--name", "run", "--loop", "counting_loop", "--steps", "30", "--step-sleep", "0.05"]
-    first = _driver(storage_path, events, *args)
-    _wait_until(lambda: (Path(storage_path) / "run" / "checkpoint_001_000009" / ".outlast-manifest.json").exists(),
-                60, "the checkpoint of step 9")
-    first.kill()
-    first.wait()
+    args = _kill_after_checkpoint_9(storage_path, events)
     (Path(storage_path) / "run" / "run_state.json").write_text("{ this is not json")
     second = _driver(storage_path, events, *args)
     out, err = second.communicate(timeout=120)

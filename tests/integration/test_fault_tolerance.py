@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from outlast.storage.records import MANIFEST_NAME
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer, TrainingFailedError
 from tests.integration.jobs import counting_loop, ddp_loop, read_events
+from tests.integration.procs import alive
 
 
 def _fit(loop, storage_path, tmp_path, *, workers=2, max_failures=0, trainer=Trainer, **config):
@@ -119,12 +119,4 @@ def test_sigkill_of_a_ddp_worker_resumes_from_the_latest_checkpoint(storage_path
     failure = _run_state(storage_path)["attempts"][0]["failures"][0]
     assert failure["rank"] == 1 and failure["signal"] == 9
     killed = {e["pid"] for e in events if e["event"] == "fault"}
-    assert killed and all(not _alive(pid) for pid in killed)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    assert killed and all(not alive(pid) for pid in killed)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,29 +15,9 @@ from outlast import train
 from outlast.train import RunConfig, ScalingConfig, Trainer, TrainingFailedError
 from outlast.train.errors import NotInWorkerError
 from tests.integration.jobs import collective_loop, counting_loop, read_events
+from tests.integration.procs import alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose (its parent has not reaped it yet).
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -65,13 +44,13 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_embedded_node(storage_pa
     events = tmp_path / "events.jsonl"
     driver = _start_driver(storage_path, events)
     try:
-        _wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
+        wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
         tree = _descendants(driver.pid)
         workers = [e["pid"] for e in read_events(events)]
         assert set(workers) <= set(tree)
         driver.kill()
         driver.wait()
-        _wait_until(lambda: not any(_alive(p) for p in tree), 10, f"agent, fork server and workers {tree} to exit")
+        wait_until(lambda: not any(alive(p) for p in tree), 10, f"agent, fork server and workers {tree} to exit")
     finally:
         driver.kill()
         for pid in _descendants(driver.pid):
@@ -82,11 +61,11 @@ def test_ctrl_c_in_the_driver_stops_the_workers_and_records_the_run_as_aborted(s
     events = tmp_path / "events.jsonl"
     driver = _start_driver(storage_path, events)
     try:
-        _wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
+        wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
         tree = _descendants(driver.pid)
         driver.send_signal(signal.SIGINT)
         assert driver.wait(timeout=30) != 0
-        assert not any(_alive(p) for p in tree)
+        assert not any(alive(p) for p in tree)
         state = json.loads((Path(storage_path) / "killed" / "run_state.json").read_text())
         assert state["status"] == "aborted" and state["attempts"][-1]["outcome"] == "aborted"
     finally:
@@ -99,13 +78,13 @@ def test_sigkill_of_the_driver_makes_a_persistent_node_kill_the_runs_workers(sto
     events = tmp_path / "events.jsonl"
     driver = _start_driver(storage_path, events, env={"OUTLAST_DRIVER_TIMEOUT_S": "2"})
     try:
-        _wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
+        wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
         workers = [e["pid"] for e in read_events(events)]
         status = _outlast("status")
         assert all(f"pid {p}" in status.stdout for p in workers), status.stdout
         driver.kill()
         driver.wait()
-        _wait_until(lambda: not any(_alive(p) for p in workers), 15, f"workers {workers} to be killed")
+        wait_until(lambda: not any(alive(p) for p in workers), 15, f"workers {workers} to be killed")
         status = _outlast("status")
         assert status.returncode == 0 and "workers: 0" in status.stdout  # the node itself lives on
     finally:

@@ -1,0 +1,92 @@
+"""The controller's typed state: what a run is made of, what an attempt has seen so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import zmq
+
+from outlast.controller.runstate import RunBook
+from outlast.protocol import messages as m
+from outlast.protocol.transport import encode
+from outlast.storage.records import FailureRecord
+
+if TYPE_CHECKING:
+    from outlast.controller.driver_lease import LeaseKeeper
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    heartbeat_interval_s: float = 0.5
+    driver_lost_after_s: float = 5.0  # the agent kills this run's workers after this silence
+    agent_lost_after_s: float = 15.0
+    worker_start_s: float = 300.0  # fork, imports, backend set-up
+    teardown_grace_s: float = 2.0  # SIGTERM, then SIGKILL after this
+    finish_settle_s: float = 2.0  # wait for a finished rank's last messages
+    collective_warn_s: float = 60.0
+    collective_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    name: str
+    book: RunBook
+    world_size: int
+    workers: list[m.WorkerSpec]
+    payload: bytes
+    max_failures: int
+    num_to_keep: int | None
+    score_attribute: str | None
+    score_order: str
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    attempt_env: Callable[[int], dict[str, str]]  # per-attempt variables (e.g. a rendezvous port)
+    timeouts: Timeouts = Timeouts()
+    lease: "LeaseKeeper | None" = None
+    max_preemption_failures: int = -1
+    preemption_grace_s: float = 0.0
+
+
+@dataclass
+class AttemptState:
+    number: int
+    started_at: float
+    hello: set[int] = field(default_factory=set)
+    exited: dict[int, m.WorkerExited] = field(default_factory=dict)
+    failures: list[FailureRecord] = field(default_factory=list)
+    done: set[int] = field(default_factory=set)
+    all_exited_ok_at: float | None = None
+    preemption: "Preemption | None" = None
+
+
+@dataclass
+class Preemption:
+    notice: m.NodeDraining
+    ranks: list[int]
+    decision_index: int
+    noticed_at: float  # wall clock
+    safe_after: float  # monotonic: tear down by then whatever happened
+    reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
+
+    def as_failure(self, attempt: int) -> FailureRecord:
+        n = self.notice
+        when = f"deadline in {n.deadline_unix_s - self.noticed_at:.1f} s" if n.deadline_unix_s else "no deadline"
+        return FailureRecord(
+            attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
+            signal=None, time=self.noticed_at, exc_type="Preemption",
+            message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
+        )
+
+
+class AgentLink:
+    """The controller's connection to a node agent (a DEALER socket)."""
+
+    def __init__(self, sock: zmq.Socket, address: str, alive: Callable[[], bool] = lambda: True) -> None:
+        self.sock = sock
+        self.address = address
+        self.alive = alive
+
+    def send(self, msg: m.Msg) -> None:
+        self.sock.send(encode(msg))
