@@ -136,3 +136,57 @@ def collective_loop(config: dict) -> None:
         return
     train.collective.barrier()
     log_event(config, event="barrier")
+
+
+def deterministic_ddp_loop(config: dict) -> None:
+    """Training as a pure function of (restored state, step): a restart redoes steps bit for bit.
+
+    `config["faults"]` lists [attempt, rank, offset, kind]: in that attempt, that rank dies `offset`
+    steps after the step it started from.
+    At the end rank 0 logs a digest of the weights.
+    """
+    import hashlib
+
+    import torch
+
+    from outlast.train.torch import prepare_model
+
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+    for step in range(start, config["steps"]):
+        for attempt, f_rank, offset, kind in config.get("faults", []):
+            if (attempt, f_rank, start + offset) == (ctx.get_attempt(), rank, step):
+                if kind == "raise":
+                    raise RuntimeError(f"chaos at step {step}")
+                os.kill(os.getpid(), signal.SIGKILL)
+        g = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.randn(16, 8, generator=g)
+        loss = ((model(x) - torch.sin(x.sum(dim=1, keepdim=True))) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        checkpoint = None
+        if (step + 1) % config["every"] == 0 and rank == 0:
+            d = tempfile.mkdtemp()
+            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+                       os.path.join(d, "state.pt"))
+            checkpoint = Checkpoint.from_directory(d)
+        train.report({"step": step}, checkpoint=checkpoint)
+    if rank == 0:
+        digest = hashlib.sha256()
+        for name, tensor in sorted(model.module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().numpy().tobytes())
+        log_event(config, event="weights", digest=digest.hexdigest())

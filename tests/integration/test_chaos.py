@@ -1,0 +1,41 @@
+"""Many random faults, and the weights still end bit for bit where a run without faults ends."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from outlast.train import FailureConfig, RunConfig, ScalingConfig
+from tests.integration.jobs import deterministic_ddp_loop, read_events
+
+
+def _train(storage_path, tmp_path, name, faults):
+    from outlast.train.torch import TorchTrainer
+
+    events = tmp_path / f"{name}.jsonl"
+    result = TorchTrainer(
+        deterministic_ddp_loop,
+        train_loop_config={"events": str(events), "steps": 40, "every": 3, "faults": faults},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=-1)),
+    ).fit()
+    digests = [e["digest"] for e in read_events(events) if e["event"] == "weights"]
+    return result, digests
+
+
+@pytest.mark.torch
+def test_a_run_with_random_faults_ends_with_the_same_weights_as_one_without(storage_path, tmp_path):
+    rng = random.Random(20261129)
+    # Attempts 1 to 6 each fail a random number of steps after their start (kills and exceptions,
+    # on either rank), often between two checkpoints, so that steps are redone after a restore.
+    faults = [[attempt, rng.randrange(2), rng.randrange(1, 7), rng.choice(["kill", "raise"])]
+              for attempt in range(1, 7)]
+    _, clean = _train(storage_path, tmp_path, "clean", [])
+    result, chaotic = _train(storage_path, tmp_path, "chaos", faults)
+    assert len(clean) == 1 and chaotic == clean
+    assert result.metrics == {"step": 39}
+    state = json.loads((Path(storage_path) / "chaos" / "run_state.json").read_text())
+    assert state["failure_counts"]["worker"] == 6 and len(state["attempts"]) == 7
