@@ -190,3 +190,18 @@ def deterministic_ddp_loop(config: dict) -> None:
             digest.update(name.encode())
             digest.update(tensor.detach().numpy().tobytes())
         log_event(config, event="weights", digest=digest.hexdigest())
+
+
+def data_loader_loop(config: dict) -> None:
+    """Which samples each rank sees through prepare_data_loader, and what prepare_model returns."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from outlast.train.torch import get_device, prepare_data_loader, prepare_model
+
+    dataset = TensorDataset(torch.arange(40, dtype=torch.float32).unsqueeze(1))
+    loader = prepare_data_loader(DataLoader(dataset, batch_size=4, shuffle=True))
+    loader.sampler.set_epoch(0)
+    seen = [int(v) for (batch,) in loader for v in batch.flatten().tolist()]
+    model = prepare_model(torch.nn.Linear(1, 1))
+    log_event(config, event="samples", seen=seen, device=str(get_device()), wrapped=type(model).__name__)
