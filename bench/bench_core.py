@@ -54,7 +54,7 @@ def log(msg):
 def env_for(fw):
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_V2_ENABLED="1")
     if fw == "outlast":
-        # Works before the lead installs outlast editable, harmless after.
+        # A source checkout runs without outlast installed; harmless once it is.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     return env
 
