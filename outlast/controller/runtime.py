@@ -93,7 +93,8 @@ class Controller:
     def _tick(self, now: float) -> None:
         t = self.plan.timeouts
         if now >= self._next_heartbeat:
-            self.agent.send(m.RunHeartbeat(run_id=self.run_id, timeout_s=t.driver_lost_after_s))
+            self.agent.send(m.RunHeartbeat(run_id=self.run_id, timeout_s=t.driver_lost_after_s,
+                                           last_commit_at=self._last_commit_this_attempt()))
             self._next_heartbeat = now + t.heartbeat_interval_s
         if not self.agent.alive() or now - self._last_agent_reply > t.agent_lost_after_s:
             self._give_up(f"the node agent at {self.agent.address} stopped answering")
@@ -122,6 +123,13 @@ class Controller:
             log.warning("finishing without the last messages of ranks %s",
                         sorted(set(range(self.plan.world_size)) - a.done))
             self._fire(Event.ALL_FINISHED)
+
+    def _last_commit_this_attempt(self) -> float | None:
+        """What a kill would throw away starts here (None: the attempt's start, as the agent knows it)."""
+        a, latest = self.attempt, self.book.state.checkpoints[-1:]
+        if a is None or not latest or latest[0].attempt != a.number:
+            return None
+        return latest[0].committed_at
 
     # ---- events -> states -> effects ---------------------------------------------
 
