@@ -12,6 +12,8 @@ import uuid
 from outlast.agent.agent import Agent
 from outlast.agent.discovery import NodeFile, remove_node_file, write_node_file
 from outlast.agent.procutil import die_with_parent
+from outlast.isolation.config import add_arguments, config_from_args
+from outlast.isolation.errors import IsolationError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,14 +25,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ready-fd", type=int, default=None, help="write the address to this fd once listening")
     p.add_argument("--embedded", action="store_true", help="die with the parent process (a driver)")
     p.add_argument("--node-file", action="store_true", help="publish the address for drivers and the CLI")
+    add_arguments(p)
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
     if args.embedded:
         die_with_parent()
     node_id = args.node_id or uuid.uuid4().hex[:8]
-    agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s])
-    signal.signal(signal.SIGTERM, agent.request_stop)
+    try:
+        isolation = config_from_args(args)
+        agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
+                      isolation=isolation)
+    except IsolationError as e:
+        logging.error("%s", e)
+        sys.exit(3)
+    # A driver stops its embedded node at once; a standalone node drains first, so that its
+    # runs can save a checkpoint (OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, default 30 s).
+    signal.signal(signal.SIGTERM, agent.request_stop if args.embedded else agent.request_graceful_stop)
     signal.signal(signal.SIGINT, agent.request_stop)
     if args.node_file:
         write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id))

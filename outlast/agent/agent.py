@@ -22,7 +22,9 @@ import socket as _socket
 import psutil
 import zmq
 
+from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.procutil import kill_tree
+from outlast.isolation.config import IsolationConfig
 from outlast.protocol import messages as m
 from outlast.protocol.transport import AGENT_REQUESTS, FROM_ZYGOTE, BadMessage, bind_router, encode
 
@@ -36,6 +38,23 @@ class Worker:
     rank: int
     pid: int
     kill_at: float | None = None  # SIGKILL deadline once a SIGTERM went out
+    task_id: str = ""
+    leaf: str | None = None  # its cgroup leaf, with isolation on
+    started_at: float = 0.0  # wall clock
+    resources: m.Resources = m.Resources()
+    retriable: bool = True
+    world_size: int = 1
+    kill_report: m.KillReport | None = None  # set when outlast killed it for memory
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the agent knows of a worker before the fork server reports its pid."""
+
+    leaf: str | None
+    resources: m.Resources
+    retriable: bool
+    world_size: int
 
 
 @dataclass
@@ -46,10 +65,12 @@ class Run:
     last_heard: float
     stopped_attempts: set[int] = field(default_factory=set)
     ended: bool = False
+    last_commit_at: float | None = None  # wall clock, from the controller's heartbeat
 
 
 class Agent:
-    def __init__(self, node_id: str, host: str, port: int, preload: list[str], clock=time.monotonic) -> None:
+    def __init__(self, node_id: str, host: str, port: int, preload: list[str], clock=time.monotonic,
+                 isolation: IsolationConfig | None = None) -> None:
         self.node_id = node_id
         self.clock = clock
         self.started_at = time.time()
@@ -61,7 +82,20 @@ class Agent:
         self.zygote_ready = False
         self.error_dir = tempfile.mkdtemp(prefix=f"outlast-{node_id}-")
         self._stop = False
-        self._start_zygote()
+        self.draining: m.NodeDraining | None = None
+        self._graceful_requested = False
+        self._stop_at: float | None = None
+        self._placements: dict[tuple[str, int, int, str], Placement] = {}
+        # Before the fork server starts: the agent moves itself into system/, and the server
+        # (its child) starts there too.
+        self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
+            else None
+        try:
+            self._start_zygote()
+        except BaseException:
+            if self.guard:
+                self.guard.close()
+            raise
 
     # ---- fork server -----------------------------------------------------------
 
@@ -87,21 +121,37 @@ class Agent:
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
         elif isinstance(msg, m.Forked):
-            self.workers[msg.pid] = Worker(msg.run_id, msg.attempt, msg.rank, msg.pid)
+            p = self._placements.pop((msg.run_id, msg.attempt, msg.rank, msg.task_id), None)
+            self.workers[msg.pid] = Worker(
+                msg.run_id, msg.attempt, msg.rank, msg.pid, task_id=msg.task_id, started_at=time.time(),
+                leaf=p.leaf if p else None, resources=p.resources if p else m.Resources(),
+                retriable=p.retriable if p else True, world_size=p.world_size if p else 1)
             run = self.runs.get(msg.run_id)
-            if run is None or run.ended or msg.attempt in run.stopped_attempts:
+            if run is None or run.ended or (not msg.task_id and msg.attempt in run.stopped_attempts):
                 kill_tree(msg.pid, signal.SIGKILL)  # its attempt was stopped before it was born
+                return
+            if msg.task_id:
                 return
             self._to_controller(run, m.WorkerStarted(run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank,
                                                      pid=msg.pid))
         elif isinstance(msg, m.Reaped):
-            self.workers.pop(msg.pid, None)
+            w = self.workers.pop(msg.pid, None)
+            report = w.kill_report if w else None
+            if self.guard is not None:
+                self.guard.on_reaped(msg.pid, w.leaf if w else None)
+            text = self.guard.render(report) if self.guard is not None and report is not None else None
             run = self.runs.get(msg.run_id)
-            if run is not None:
+            if run is not None and msg.task_id:
+                self._to_controller(run, m.TaskExited(
+                    run_id=msg.run_id, task_id=msg.task_id, pid=msg.pid, exit_code=msg.exit_code,
+                    signal=msg.signal, error=msg.error, node_id=self.node_id, kill_report=report, oom_report=text,
+                ))
+            elif run is not None:
                 self._to_controller(run, m.WorkerExited(
                     run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank, pid=msg.pid, exit_code=msg.exit_code,
-                    signal=msg.signal, error=msg.error, node_id=self.node_id,
+                    signal=msg.signal, error=msg.error, node_id=self.node_id, kill_report=report, oom_report=text,
                 ))
+            if run is not None:
                 if run.ended and not self._workers_of(run.run_id):
                     del self.runs[run.run_id]
 
@@ -114,9 +164,12 @@ class Agent:
             if run is None:
                 run = self.runs[req.run_id] = Run(req.run_id, identity, req.timeout_s, now)
             run.last_heard, run.timeout_s, run.controller = now, req.timeout_s, identity
+            run.last_commit_at = req.last_commit_at
             self._reply(identity, m.Pong(node_id=self.node_id, pid=os.getpid()))
         elif isinstance(req, m.SpawnWorkers):
             self._spawn(identity, req, now)
+        elif isinstance(req, m.SpawnTask):
+            self._spawn_task(identity, req, now)
         elif isinstance(req, m.StopWorkers):
             run = self.runs.get(req.run_id)
             if run is not None:
@@ -128,22 +181,71 @@ class Agent:
             self._reply(identity, m.Pong(node_id=self.node_id, pid=os.getpid()))
         elif isinstance(req, m.StatusRequest):
             self._reply(identity, self.status())
+        elif isinstance(req, m.DrainNode):
+            self._reply(identity, self.drain(req.reason, req.message, req.deadline_remaining_s))
         elif isinstance(req, m.Shutdown):
             self._stop = True
             self._reply(identity, m.ShutdownAck())
 
+    def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck:
+        """Take no new workers, and tell every run with workers here, so each can save and move."""
+        deadline = time.time() + deadline_remaining_s if deadline_remaining_s is not None else None
+        self.draining = m.NodeDraining(node_id=self.node_id, reason=reason, message=message,
+                                       deadline_unix_s=deadline)
+        runs = {w.run_id for w in self.workers.values()}
+        for run_id in runs:
+            if run_id in self.runs:
+                self._to_controller(self.runs[run_id], self.draining)
+        log.warning("node %s is draining (%s: %s, %s); told %d run(s)", self.node_id, reason, message,
+                    f"deadline in {deadline_remaining_s:.0f} s" if deadline is not None else "no deadline", len(runs))
+        return m.DrainAck(node_id=self.node_id, runs_notified=len(runs))
+
     def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
+        if self.draining is not None:
+            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=(
+                f"node {self.node_id} is draining ({self.draining.reason}: {self.draining.message})")))
+            return
         run = self.runs.get(req.run_id)
         if run is None:
             run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
         run.controller, run.last_heard = identity, now
         for spec in req.workers:
+            procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
+                                m.Resources(), True, spec.world_size)
             self.zconn.send_bytes(encode(m.ForkWorker(
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
                 payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path, run_name=req.run_name,
                 restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
                 error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
+                cgroup_procs=procs,
             )))
+
+    def _spawn_task(self, identity: bytes, req: m.SpawnTask, now: float) -> None:
+        run = self.runs.get(req.run_id)
+        if run is None:
+            run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
+        run.controller, run.last_heard = identity, now
+        procs = self._place((req.run_id, 0, -1, req.task_id), f"task-{req.task_id}", req.resources,
+                            req.retriable, 1)
+        self.zconn.send_bytes(encode(m.ForkTask(
+            run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
+            env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
+            error_file=os.path.join(self.error_dir, f"task-{req.task_id}.json"), cgroup_procs=procs,
+        )))
+
+    def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
+               world_size: int) -> list[str]:
+        """Create the worker's cgroup leaf (with isolation on); the child moves itself in."""
+        procs: list[str] = []
+        if self.guard is not None:
+            try:
+                procs = self.guard.create_leaf(leaf, resources)
+            except OSError as e:
+                # Better a worker outside its leaf (charged to the system) than a node that stops.
+                log.error("could not create the cgroup leaf %s (%s); the worker runs without one", leaf, e)
+                leaf = None
+        self._placements[key] = Placement(leaf if procs else None, resources, retriable, world_size)
+        return procs
 
     def _end_run(self, run_id: str, now: float) -> None:
         run = self.runs.get(run_id)
@@ -168,6 +270,8 @@ class Agent:
     # ---- timers ------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
+        if self.guard is not None:
+            self.guard.on_tick(now, self)
         for w in self.workers.values():
             if w.kill_at is not None and now >= w.kill_at:
                 kill_tree(w.pid, signal.SIGKILL)
@@ -192,10 +296,17 @@ class Agent:
                 rss = psutil.Process(w.pid).memory_info().rss
             except psutil.Error:
                 rss = 0
-            infos.append(m.WorkerInfo(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid, rss_bytes=rss))
+            mem = self.guard.leaf_memory(w.leaf) if self.guard is not None and w.leaf else 0
+            infos.append(m.WorkerInfo(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid, rss_bytes=rss,
+                                      task_id=w.task_id, memory_bytes=mem, resources=w.resources))
+        g = self.guard
         return m.StatusReply(
             node_id=self.node_id, pid=os.getpid(), address=self.address, started_at=self.started_at,
             runs=sorted(self.runs), workers=infos, preload=self.preload, zygote_ready=self.zygote_ready,
+            draining=self.draining,
+            isolation=g.info() if g else None, recent_kills=g.recent_kills() if g else [],
+            capacity=g.capacity() if g else m.Resources(num_cpus=float(len(os.sched_getaffinity(0))),
+                                                         memory_bytes=psutil.virtual_memory().total),
         )
 
     # ---- loop ------------------------------------------------------------------------------
@@ -204,17 +315,42 @@ class Agent:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.zconn.fileno(), zmq.POLLIN)
+        sources = self.guard.sources_by_fd() if self.guard is not None else {}
+        for fd in sources:
+            poller.register(fd, zmq.POLLIN)
         while not self._stop:
             for item, _ in poller.poll(timeout=100):
                 if item is self.sock:
                     self._drain_requests()
+                elif item in sources:
+                    self.guard.on_event(sources[item], self)
                 else:
                     self._on_zygote_message()
+            if self.guard is not None and self.guard.sources_by_fd() != sources:
+                for fd in sources:
+                    poller.unregister(fd)
+                sources = self.guard.sources_by_fd()
+                for fd in sources:
+                    poller.register(fd, zmq.POLLIN)
             self._tick(self.clock())
+            self._graceful_step(self.clock())
         self.close()
 
     def request_stop(self, *_args) -> None:
         self._stop = True
+
+    def request_graceful_stop(self, *_args) -> None:
+        """SIGTERM: drain with a deadline, then stop (a signal handler only sets a flag)."""
+        self._graceful_requested = True
+
+    def _graceful_step(self, now: float) -> None:
+        if self._graceful_requested and self._stop_at is None:
+            timeout = float(os.environ.get("OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "30"))
+            if self.draining is None:
+                self.drain("shutdown", "the node agent received SIGTERM", timeout)
+            self._stop_at = now + timeout
+        if self._stop_at is not None and (now >= self._stop_at or not self.workers):
+            self._stop = True
 
     def _drain_requests(self) -> None:
         while True:
@@ -236,11 +372,15 @@ class Agent:
     def close(self) -> None:
         for w in list(self.workers.values()):
             kill_tree(w.pid, signal.SIGKILL)
+            if self.guard is not None and w.leaf:
+                self.guard.kill_leaf(w.leaf)  # the whole leaf: a worker's children too
         self.zconn.close()  # the fork server exits on EOF
         try:
             self.zygote.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.zygote.kill()
+        if self.guard is not None:
+            self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)
         self.ctx.term()
         try:

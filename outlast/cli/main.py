@@ -14,6 +14,7 @@ import zmq
 from outlast.agent.discovery import (
     AgentUnavailable, find_running_agent, node_file_path, read_node_file, request, start_agent_process, state_dir,
 )
+from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.runs import add_parser as add_runs_parser
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
@@ -119,6 +120,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"fork server: {'ready' if reply.zygote_ready else 'starting'}, preloaded: "
           f"{', '.join(reply.preload) or 'nothing'}")
     print(f"runs: {len(reply.runs)}  workers: {len(reply.workers)}")
+    if reply.draining is not None:
+        d = reply.draining
+        left = f"deadline in {d.deadline_unix_s - time.time():.0f} s" if d.deadline_unix_s else "no deadline"
+        print(f"draining: {d.reason} ({d.message or 'no message'}), {left}; takes no new workers")
     iso = reply.isolation
     if iso is None:
         print("resource isolation: off (outlast start --enable-resource-isolation turns it on)")
@@ -177,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show the node, its runs and workers")
     st.set_defaults(func=cmd_status)
     add_runs_parser(sub)
+    add_drain_parser(sub)
     return p
 
 

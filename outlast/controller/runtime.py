@@ -114,6 +114,11 @@ class Controller:
                         self.book.state.latest_checkpoint or "scratch")
             self._fire(Event.PREEMPTION_SAFE)
             return
+        if self.state is State.SCHEDULING and a.respawn_at is not None:
+            if now >= a.respawn_at:
+                a.respawn_at, a.started_at = None, now
+                self._spawn(a)
+            return
         if self.state is State.SCHEDULING and now - a.started_at > t.worker_start_s:
             missing = sorted(set(range(self.plan.world_size)) - a.hello)
             self._give_up(f"ranks {missing} of attempt {a.number} did not start within {t.worker_start_s:.0f} s "
@@ -154,16 +159,35 @@ class Controller:
         self.collectives = CollectiveTracker(self.plan.world_size, self.plan.timeouts.collective_warn_s,
                                              self.plan.timeouts.collective_timeout_s)
         self.horizons = HorizonBook()
-        restore = self._restorable_checkpoint()
+        self.attempt.restore = restore = self._restorable_checkpoint()
         if number > 1 or restore:
             log.info("starting attempt %d of run %s%s", number, self.plan.name,
                      f", restoring {restore}" if restore else " from scratch")
+        self._spawn(self.attempt)
+
+    def _spawn(self, a: AttemptState) -> None:
         self.agent.send(m.SpawnWorkers(
-            run_id=self.run_id, attempt=number, controller_address=self.address, workers=self.plan.workers,
-            payload=self.plan.payload, env={**self.plan.env, **self.plan.attempt_env(number)},
+            run_id=self.run_id, attempt=a.number, controller_address=self.address, workers=self.plan.workers,
+            payload=self.plan.payload, env={**self.plan.env, **self.plan.attempt_env(a.number)},
             cwd=self.plan.cwd, sys_path=self.plan.sys_path, run_name=self.plan.name,
-            restore_checkpoint=restore,
+            restore_checkpoint=a.restore,
         ))
+
+    def _on_spawn_refused(self, refused: m.SpawnRefused) -> None:
+        """No node takes the workers now: say so, retry, and give up after the capacity timeout."""
+        a = self.attempt
+        if a is None or refused.attempt != a.number or self.state is not State.SCHEDULING:
+            return
+        now = self.clock()
+        if a.waiting_for_capacity_since is None:
+            a.waiting_for_capacity_since = now
+            log.warning("attempt %d is waiting for capacity: %s; retrying, for at most %.0f s "
+                        "(OUTLAST_CAPACITY_TIMEOUT_S)", a.number, refused.reason, self.plan.timeouts.capacity_s)
+        if now - a.waiting_for_capacity_since > self.plan.timeouts.capacity_s:
+            self._give_up(f"no capacity for attempt {a.number} within {self.plan.timeouts.capacity_s:.0f} s: "
+                          f"{refused.reason}. Add a node (outlast start) or raise OUTLAST_CAPACITY_TIMEOUT_S")
+            return
+        a.respawn_at = now + 1.0
 
     def _restorable_checkpoint(self) -> str | None:
         """The latest committed checkpoint whose manifest is still readable; skip (and record) others.
@@ -235,6 +259,8 @@ class Controller:
             self._on_worker_exited(event)
         elif isinstance(event, m.NodeDraining):
             self._on_node_draining(event)
+        elif isinstance(event, m.SpawnRefused):
+            self._on_spawn_refused(event)
 
     def _on_node_draining(self, notice: m.NodeDraining) -> None:
         a = self.attempt

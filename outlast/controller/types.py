@@ -26,6 +26,7 @@ class Timeouts:
     finish_settle_s: float = 2.0  # wait for a finished rank's last messages
     collective_warn_s: float = 60.0
     collective_timeout_s: float = 1800.0
+    capacity_s: float = 600.0  # how long an attempt waits for a node that takes its workers
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class AttemptState:
     done: set[int] = field(default_factory=set)
     all_exited_ok_at: float | None = None
     preemption: "Preemption | None" = None
+    restore: str | None = None  # the checkpoint this attempt restores
+    waiting_for_capacity_since: float | None = None
+    respawn_at: float | None = None
 
 
 @dataclass

@@ -234,6 +234,29 @@ class StatusReply(Msg):
     isolation: IsolationInfo | None = None
     recent_kills: list[KillReport] = []
     capacity: Resources | None = None  # what workloads may use on this node
+    draining: NodeDraining | None = None
+
+
+class DrainNode(Msg):
+    """`outlast drain-node`: this node will go away; its runs should save and move elsewhere."""
+
+    node_id: str
+    reason: str
+    message: str
+    deadline_remaining_s: float | None
+
+
+class DrainAck(Msg):
+    node_id: str
+    runs_notified: int
+
+
+class SpawnRefused(Msg):
+    """The node takes no new workers (it is draining); the controller waits for capacity."""
+
+    run_id: str
+    attempt: int
+    reason: str
 
 
 class Shutdown(Msg):
@@ -336,8 +359,8 @@ class CollectiveTimeout(Msg):
     waited_s: float
 
 
-AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask]
-AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining]
+AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask, DrainNode]
+AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck, SpawnRefused]
 WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice]
 

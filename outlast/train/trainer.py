@@ -179,6 +179,8 @@ def _timeouts_from_env() -> Timeouts:
         worker_start_s=float(env.get("OUTLAST_WORKER_START_TIMEOUT_S", defaults.worker_start_s)),
         collective_warn_s=float(env.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", defaults.collective_warn_s)),
         collective_timeout_s=float(env.get("OUTLAST_COLLECTIVE_TIMEOUT_S", defaults.collective_timeout_s)),
+        capacity_s=float(env.get("OUTLAST_CAPACITY_TIMEOUT_S", defaults.capacity_s)),
+        agent_lost_after_s=float(env.get("OUTLAST_AGENT_TIMEOUT_S", defaults.agent_lost_after_s)),
     )
 
 

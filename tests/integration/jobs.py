@@ -205,3 +205,32 @@ def data_loader_loop(config: dict) -> None:
     seen = [int(v) for (batch,) in loader for v in batch.flatten().tolist()]
     model = prepare_model(torch.nn.Linear(1, 1))
     log_event(config, event="samples", seen=seen, device=str(get_device()), wrapped=type(model).__name__)
+
+
+def preemptible_loop(config: dict) -> None:
+    """Asks get_preemption_info() every step; on a notice, saves one just-in-time checkpoint and goes on."""
+    ctx = train.get_context()
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                start = json.load(f)["step"] + 1
+    log_event(config, event="start", restored_step=start - 1 if ckpt else None)
+    saved = False
+    for step in range(start, config["steps"]):
+        train.collective.barrier()  # lock step, as a gradient all-reduce would
+        info = train.get_preemption_info()
+        checkpoint = None
+        if info is not None and not saved:
+            saved = True
+            log_event(config, event="notice", step=step, call=step - start, node_ids=info.node_ids,
+                      ranks=info.ranks, deadline_ms=info.deadline_ms, reason=info.reason)
+            if ctx.get_world_rank() == 0:
+                d = tempfile.mkdtemp()
+                with open(os.path.join(d, "state.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                checkpoint = Checkpoint.from_directory(d)
+        train.report({"step": step}, checkpoint=checkpoint)
+        log_event(config, event="step", step=step)
+        time.sleep(config.get("step_sleep", 0.0))
