@@ -66,6 +66,7 @@ class Run:
     stopped_attempts: set[int] = field(default_factory=set)
     ended: bool = False
     last_commit_at: float | None = None  # wall clock, from the controller's heartbeat
+    run_key: str = ""
 
 
 class Agent:
@@ -209,6 +210,9 @@ class Agent:
         if run is None:
             run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
         run.controller, run.last_heard = identity, now
+        if req.run_key:
+            run.run_key = req.run_key
+            self._kill_predecessors(run)
         for spec in req.workers:
             procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
                                 m.Resources(), True, spec.world_size)
@@ -246,6 +250,18 @@ class Agent:
                 leaf = None
         self._placements[key] = Placement(leaf if procs else None, resources, retriable, world_size)
         return procs
+
+    def _kill_predecessors(self, run: Run) -> None:
+        """A driver relaunched on the same run holds its lease now: its predecessor is dead, so
+        that one's workers go at once instead of after the heartbeat timeout."""
+        for old in list(self.runs.values()):
+            if old is run or old.run_key != run.run_key or old.ended:
+                continue
+            log.warning("run %s was relaunched by a new driver; killing the old driver's workers", run.run_key)
+            old.ended = True
+            for w in self._workers_of(old.run_id):
+                kill_tree(w.pid, signal.SIGKILL)
+                w.kill_at = float("inf")
 
     def _end_run(self, run_id: str, now: float) -> None:
         run = self.runs.get(run_id)

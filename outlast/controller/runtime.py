@@ -170,7 +170,7 @@ class Controller:
             run_id=self.run_id, attempt=a.number, controller_address=self.address, workers=self.plan.workers,
             payload=self.plan.payload, env={**self.plan.env, **self.plan.attempt_env(a.number)},
             cwd=self.plan.cwd, sys_path=self.plan.sys_path, run_name=self.plan.name,
-            restore_checkpoint=a.restore,
+            restore_checkpoint=a.restore, run_key=self.book.store.storage.uri(self.book.store.run_dir),
         ))
 
     def _on_spawn_refused(self, refused: m.SpawnRefused) -> None:

@@ -108,6 +108,9 @@ class SpawnWorkers(Msg):
     sys_path: list[str]
     run_name: str
     restore_checkpoint: str | None  # directory name under the run's directory
+    # Where the run lives ({storage_path}/{name}): a relaunched driver's run has the same key,
+    # and the workers of its dead predecessor must not go on beside the new ones.
+    run_key: str = ""
 
 
 class StopWorkers(Msg):

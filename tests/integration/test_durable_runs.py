@@ -19,7 +19,7 @@ from outlast.storage.run_store import RunStore
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from outlast.train.errors import RunInUseError
 from tests.integration.jobs import counting_loop, read_events
-from tests.integration.procs import wait_until
+from tests.integration.procs import alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,3 +221,30 @@ def test_outlast_runs_lists_runs_and_shows_a_history_at_a_glance(storage_path, t
     assert "restored from checkpoint_001_000004" in detail.stdout and "<- latest" in detail.stdout
     missing = subprocess.run(cli + ["nope"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no run at" in missing.stderr
+
+
+def test_a_relaunched_driver_on_a_running_node_retires_its_predecessors_workers_at_once(storage_path, tmp_path):
+    cli = [sys.executable, "-m", "outlast.cli.main"]
+    assert subprocess.run(cli + ["start", "--preload", ""], cwd=ROOT, capture_output=True).returncode == 0
+    try:
+        events = tmp_path / "events.jsonl"
+        args = ["--name", "run", "--loop", "counting_loop", "--steps", "100000", "--step-sleep", "0.05"]
+        # Without the relaunch, the node would keep these workers for a minute (the heartbeat timeout).
+        first = _driver(storage_path, events, *args, env={"OUTLAST_DRIVER_TIMEOUT_S": "60"})
+        wait_until(lambda: len(_pids(events, attempt=1)) == 2, 60, "the first driver's workers")
+        old = _pids(events, attempt=1)
+        first.kill()
+        first.wait()
+        second = _driver(storage_path, events, *args)
+        try:
+            wait_until(lambda: len(_pids(events, attempt=2)) == 2, 60, "the relaunched driver's workers")
+            wait_until(lambda: not any(alive(p) for p in old), 5, f"the old workers {old} to be killed")
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        subprocess.run(cli + ["stop"], cwd=ROOT, capture_output=True)
+
+
+def _pids(events, attempt):
+    return {e["pid"] for e in read_events(events) if e["event"] == "start" and e["attempt"] == attempt}
