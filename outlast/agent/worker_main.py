@@ -153,3 +153,42 @@ def run_worker(req: m.ForkWorker) -> int:
         sock.close(linger=2000)  # the last reports and WorkerDone must reach the controller
         ctx.term()
     return code
+
+
+def run_task(req: m.ForkTask) -> int:
+    """An `outlast.Executor` task: call the function, send the outcome, exit."""
+    os.setsid()
+    die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(req.env)
+    os.environ["OUTLAST_TASK_ID"] = req.task_id
+    try:
+        os.chdir(req.cwd)
+    except OSError:
+        pass
+    sys.path[:0] = [p for p in req.sys_path if p not in sys.path]
+    ctx = zmq.Context()
+    sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode())
+    try:
+        try:
+            fn, args, kwargs = cloudpickle.loads(req.payload)
+            value = fn(*args, **kwargs)
+            msg = m.TaskResult(task_id=req.task_id, ok=True, payload=cloudpickle.dumps(value))
+        except Exception as e:
+            err = m.WorkerError(exc_type=type(e).__name__, message=str(e), phase="task", traceback=_user_traceback(e))
+            try:
+                blob = cloudpickle.dumps(e)
+            except Exception:
+                blob = b""
+            msg = m.TaskResult(task_id=req.task_id, ok=False, payload=blob, error=err)
+        try:
+            sock.send(encode(msg))
+        except TypeError:
+            pass
+        return 0
+    finally:
+        sock.close(linger=5000)  # the result must reach the executor before the process ends
+        ctx.term()
+

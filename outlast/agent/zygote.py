@@ -50,7 +50,7 @@ def read_error_file(path: str) -> m.WorkerError | None:
 class Zygote:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.children: dict[int, m.ForkWorker] = {}
+        self.children: dict[int, m.ForkWorker | m.ForkTask] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_w = wake_w
         signal.set_wakeup_fd(wake_w)
@@ -78,24 +78,30 @@ class Zygote:
                     return
                 self.fork(TO_ZYGOTE.decode(data))
 
-    def fork(self, req: m.ForkWorker) -> None:
+    def fork(self, req: m.ForkWorker | m.ForkTask) -> None:
         pid = os.fork()
         if pid == 0:
             self._become_worker(req)  # never returns
         self.children[pid] = req
-        self.conn.send_bytes(encode(m.Forked(run_id=req.run_id, attempt=req.attempt, rank=req.spec.rank, pid=pid)))
+        self.conn.send_bytes(encode(m.Forked(run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
+                                             task_id=_task_id(req))))
 
-    def _become_worker(self, req: m.ForkWorker) -> None:
+    def _become_worker(self, req: m.ForkWorker | m.ForkTask) -> None:
         code = 70
         try:
+            # Into its own cgroup leaf before anything else: what it allocates from here on is
+            # charged to the workloads, never to the node's own processes.
+            for procs in req.cgroup_procs:
+                with open(procs, "w") as f:
+                    f.write(str(os.getpid()))
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.close(self.wake_r)
             os.close(self.wake_w)
             self.conn.close()
-            from outlast.agent.worker_main import run_worker
+            from outlast.agent.worker_main import run_task, run_worker
 
-            code = run_worker(req)
+            code = run_task(req) if isinstance(req, m.ForkTask) else run_worker(req)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -119,13 +125,25 @@ class Zygote:
                 continue
             exit_code, sig = decode_wait_status(status)
             self.conn.send_bytes(encode(m.Reaped(
-                run_id=req.run_id, attempt=req.attempt, rank=req.spec.rank, pid=pid,
-                exit_code=exit_code, signal=sig, error=read_error_file(req.error_file),
+                run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
+                exit_code=exit_code, signal=sig, error=read_error_file(req.error_file), task_id=_task_id(req),
             )))
 
     def shutdown(self) -> None:
         for pid in list(self.children):
             kill_tree(pid, signal.SIGKILL)
+
+
+def _attempt(req: m.ForkWorker | m.ForkTask) -> int:
+    return req.attempt if isinstance(req, m.ForkWorker) else 0
+
+
+def _rank(req: m.ForkWorker | m.ForkTask) -> int:
+    return req.spec.rank if isinstance(req, m.ForkWorker) else -1
+
+
+def _task_id(req: m.ForkWorker | m.ForkTask) -> str:
+    return req.task_id if isinstance(req, m.ForkTask) else ""
 
 
 def main() -> None:

@@ -94,7 +94,13 @@ class CgroupV2:
         if self.cgroup_path != "/":
             foreign = [p for p in fs.pids(self.base) if p not in self.self_pids]
             j.move(foreign, self.base, self.non_outlast)
-        j.move(self.self_pids, self.base, self.system)
+        for pid in self.self_pids:
+            # Back where it came from on undo: <cgroup-path> itself, or a leaf below it that
+            # launched us (the only kind of place v2 lets a process sit next to delegated children).
+            origin = fs.v2_cgroup_of(pid, self.mount)
+            inside = origin is not None and (origin == self.base or origin.startswith(self.base + "/")) \
+                and not origin.startswith(self.root) and fs.exists(origin)
+            j.move([pid], origin if inside else self.base, self.system)
         # Top-down: a controller can be handed on only once the parent has it.
         for path in (self.base, self.root, self.user, self.workers):
             self._enable(path)
@@ -202,7 +208,7 @@ class CgroupV2:
         counts = dict(line.split() for line in text.splitlines() if line.strip())
         return int(counts.get("oom_kill", 0))
 
-    def monitors(self, limit: int | None) -> list[EventSource]:
+    def monitors(self, limit: int | None, kill_at: float = 0.95) -> list[EventSource]:
         sources: list[EventSource] = [Inotify(os.path.join(self.user, "memory.events"), "memory.events (high)")]
         try:
             sources.append(PsiTrigger(os.path.join(self.user, "memory.pressure"), PSI_TRIGGER,

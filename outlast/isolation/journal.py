@@ -65,6 +65,17 @@ class CgroupFS:
                 return False
             raise
 
+    def v2_cgroup_of(self, pid: int, mount: str) -> str | None:
+        """The directory of a process's cgroup v2, or None if it cannot be read."""
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                for line in f:
+                    if line.startswith("0::"):
+                        return os.path.normpath(mount + "/" + line[3:].strip())
+        except OSError:
+            pass
+        return None
+
     def stat(self, cgroup_dir: str) -> dict[str, int]:
         """memory.stat as a dict; empty if unreadable."""
         out = {}

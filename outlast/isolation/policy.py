@@ -74,20 +74,37 @@ class Decision:
     report: KillReport | None = None
 
 
-def work_at_risk(c: Candidate, now: float) -> float:
+def _run_starts(candidates: list[Candidate]) -> dict[str, float]:
+    """When each training run's current workers started: its first worker's start."""
+    starts: dict[str, float] = {}
+    for c in candidates:
+        if c.kind == "training":
+            starts[c.owner] = min(starts.get(c.owner, c.started_at), c.started_at)
+    return starts
+
+
+def work_at_risk(c: Candidate, now: float, run_started: float | None = None) -> float:
     """Seconds of work that killing `c` throws away."""
     if c.idle:
         return 0.0
     if c.kind == "training":
-        since = max(c.started_at, c.last_commit_at) if c.last_commit_at is not None else c.started_at
-        return max(now - since, 0.0) * max(c.run_world_size, 1)  # one death restarts the whole run
+        # One death restarts the whole run from its last commit (or from its start).
+        start = c.started_at if run_started is None else run_started
+        since = max(start, c.last_commit_at) if c.last_commit_at is not None else start
+        return max(now - since, 0.0) * max(c.run_world_size, 1)
     return max(now - c.started_at, 0.0)
 
 
 def rank_for_killing(candidates: list[Candidate], now: float) -> list[Candidate]:
-    """Best victim first."""
-    return sorted(candidates, key=lambda c: (not c.idle, not c.retriable, work_at_risk(c, now), -c.started_at,
-                                             -c.pid))
+    """Best victim first. Workers of one run tie (they lose the same work): the biggest goes first."""
+    runs = _run_starts(candidates)
+
+    def key(c: Candidate):
+        group_start = runs.get(c.owner, c.started_at) if c.kind == "training" else c.started_at
+        return (not c.idle, not c.retriable, work_at_risk(c, now, runs.get(c.owner)), -group_start,
+                -c.memory_bytes, -c.started_at, -c.pid)
+
+    return sorted(candidates, key=key)
 
 
 def cooldown_over(cool: Cooldown, alive_pids: set[int], sample: MemorySample, now: float,
@@ -120,32 +137,51 @@ def judge(sample: MemorySample, candidates: list[Candidate], now: float, cfg: Po
 
 
 def select_victims(candidates: list[Candidate], must_free: int, now: float) -> list[Candidate]:
-    """Enough of the best victims to free `must_free` bytes at once, not one at a time."""
-    chosen, freed = [], 0
+    """Enough of the best victims to free `must_free` bytes at once, not one at a time.
+
+    Killing one worker of a training run restarts the whole run, so its other workers' memory
+    comes back too (the controller stops them): they are counted, not killed.
+    """
+    chosen, freed, runs_hit = [], 0, set()
     for c in rank_for_killing(candidates, now):
         if freed >= must_free and chosen:
             break
+        if c.kind == "training" and c.owner in runs_hit:
+            continue
         chosen.append(c)
-        freed += c.memory_bytes
+        if c.kind == "training":
+            runs_hit.add(c.owner)
+            freed += sum(o.memory_bytes for o in candidates if o.kind == "training" and o.owner == c.owner)
+        else:
+            freed += c.memory_bytes
     return chosen
+
+
+def expected_freed(victims: list[Candidate], candidates: list[Candidate]) -> int:
+    runs_hit = {v.owner for v in victims if v.kind == "training"}
+    picked = {v.pid for v in victims}
+    return sum(c.memory_bytes for c in candidates if c.pid in picked or (c.kind == "training" and c.owner in runs_hit))
 
 
 def build_report(sample: MemorySample, candidates: list[Candidate], victims: list[Candidate], now: float,
                  cfg: PolicyConfig, trigger: str, node_id: str, target: int) -> KillReport:
     picked = {c.pid for c in victims}
+    runs = _run_starts(candidates)
     considered = [
         ConsideredWorker(name=c.name, kind=c.kind, owner=c.owner, rank=c.rank, pid=c.pid,
                          memory_bytes=c.memory_bytes, resources=c.resources, age_s=round(max(now - c.started_at, 0), 3),
-                         work_at_risk_s=round(work_at_risk(c, now), 3), idle=c.idle, retriable=c.retriable,
+                         work_at_risk_s=round(work_at_risk(c, now, runs.get(c.owner)), 3), idle=c.idle, retriable=c.retriable,
                          selected=c.pid in picked)
         for c in rank_for_killing(candidates, now)
     ]
     over = f"{format_bytes(sample.counted_bytes)} of the workloads' limit {format_bytes(sample.limit_bytes)}"
     if victims:
-        freed = sum(v.memory_bytes for v in victims)
+        runs_hit = {v.owner for v in victims if v.kind == "training"}
+        freed = expected_freed(victims, candidates)
+        restarts = f"; run(s) {', '.join(sorted(runs_hit))} restart from their last checkpoint" if runs_hit else ""
         reason = (f"{over} ({'stalled at the limit' if sample.stalled else f'threshold {cfg.kill_at:.0%}'}); "
                   f"killing {', '.join(v.name for v in victims)} to free about {format_bytes(freed)} "
-                  f"and get below {format_bytes(target)}")
+                  f"and get below {format_bytes(target)}{restarts}")
     else:
         reason = f"{over}, but no worker of outlast holds memory to free; other processes use it"
     return KillReport(node_id=node_id, time=now, trigger=trigger, usage_bytes=sample.counted_bytes,

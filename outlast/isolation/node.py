@@ -1,0 +1,167 @@
+"""The node's resource isolation at run time: set-up, worker leaves, monitors, kills, undo.
+
+The agent owns one `NodeIsolation`. It polls `sources` with its sockets, calls `check()` on
+an event (and on its timer, the threshold monitor), and carries out the victims it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import psutil
+
+from outlast.isolation.config import IsolationConfig, cpu_count
+from outlast.isolation.detect import detect
+from outlast.isolation.errors import IsolationError
+from outlast.isolation.monitor import EventSource
+from outlast.isolation.policy import (
+    Action, Candidate, Cooldown, Decision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
+    render_report,
+)
+from outlast.isolation.reservations import Reservations, compute_reservations
+from outlast.protocol.messages import IsolationInfo, KillReport, Resources
+
+log = logging.getLogger("outlast.isolation")
+
+RECENT_KILLS = 20
+
+
+class NodeIsolation:
+    def __init__(self, driver, reservations: Reservations, node_id: str, policy: PolicyConfig,
+                 clock=time.time) -> None:
+        self.driver = driver
+        self.reservations = reservations
+        self.node_id = node_id
+        self.policy = policy
+        self.clock = clock
+        self.sources: list[EventSource] = []
+        self.cooldown: Cooldown | None = None
+        self.recent: deque[KillReport] = deque(maxlen=RECENT_KILLS)
+        self.kills = 0
+        self._armed_limit: int | None = None
+        self._doomed_leaves: set[str] = set()
+        self._last_reason = ""
+
+    @classmethod
+    def start(cls, config: IsolationConfig, node_id: str, driver=None) -> NodeIsolation:
+        """Validate, set up the layout, clean what a crashed agent left, arm the monitors."""
+        driver = driver or detect(node_id, config.cgroup_path)
+        driver.validate()  # raises with every problem before the first write
+        res = compute_reservations(psutil.virtual_memory().total, driver.starting_limit(), cpu_count(),
+                                   config.system_reserved_memory, config.system_reserved_cpu)
+        node = cls(driver, res, node_id, PolicyConfig(kill_at=config.kill_at, target=config.target))
+        try:
+            driver.setup(res)
+            for line in driver.cleanup_stale():
+                log.warning("%s", line)
+            node._arm()
+        except BaseException:
+            node.close()
+            raise
+        log.info("resource isolation on (cgroup v%d, %s): %s", driver.version, driver.root, res.reason)
+        return node
+
+    def _arm(self) -> None:
+        limit = self.driver.sample()["limit"]
+        if limit == self._armed_limit and self.sources:
+            return
+        for s in self.sources:
+            s.close()
+        try:
+            self.sources = self.driver.monitors(limit, self.policy.kill_at)
+        except OSError as e:
+            raise IsolationError(f"cannot arm the memory monitors on {self.driver.root}: {e}") from e
+        self._armed_limit = limit
+
+    # ---- leaves --------------------------------------------------------------------
+
+    def create_leaf(self, name: str, resources: Resources) -> list[str]:
+        try:
+            return self.driver.create_leaf(name, resources)
+        except FileExistsError:
+            self.driver.kill_leaf(name)  # a leftover of a reused name: never share a leaf
+            self.driver.remove_leaf(name)
+            return self.driver.create_leaf(name, resources)
+
+    def remove_leaf(self, name: str) -> None:
+        if not self.driver.remove_leaf(name):
+            self._doomed_leaves.add(name)  # a grandchild still exiting; try again on the timer
+
+    def kill_leaf(self, name: str) -> None:
+        self.driver.kill_leaf(name)
+
+    def leaf_memory(self, name: str) -> int:
+        return self.driver.leaf_memory(name)
+
+    def tidy(self) -> None:
+        for name in list(self._doomed_leaves):
+            if self.driver.remove_leaf(name):
+                self._doomed_leaves.discard(name)
+
+    # ---- judging -------------------------------------------------------------------------
+
+    def sample(self) -> tuple[MemorySample, dict]:
+        raw = self.driver.sample()
+        limit = raw["limit"] if raw["limit"] is not None else self.reservations.user_memory
+        return MemorySample(counted_bytes=int(raw["counted"]), limit_bytes=int(limit),
+                            node_total_bytes=self.reservations.total_memory, stalled=bool(raw["stalled"])), raw
+
+    def check(self, candidates: list[Candidate], alive_pids: set[int], trigger: str) -> Decision:
+        """Decide whether and whom to kill now. Limits are re-read at every call."""
+        now = self.clock()
+        sample, raw = self.sample()
+        if raw["limit"] != self._armed_limit:
+            self._arm()  # someone changed the limit: the v1 threshold follows it
+        if self.cooldown is not None:
+            over, why = cooldown_over(self.cooldown, alive_pids, sample, now, self.policy)
+            if not over:
+                return Decision(Action.WAIT, why)
+            self.cooldown = None
+        decision = judge(sample, candidates, now, self.policy, trigger, self.node_id)
+        if decision.action is Action.KILL:
+            assert decision.report is not None
+            self.cooldown = Cooldown(victims=frozenset(v.pid for v in decision.victims),
+                                     counted_at_kill=sample.counted_bytes,
+                                     expected_freed=expected_freed(decision.victims, candidates))
+            self.recent.append(decision.report)
+            self.kills += len(decision.victims)
+            log.warning("%s", render_report(decision.report))
+        elif decision.action is Action.WAIT and decision.reason != self._last_reason:
+            log.warning("memory: %s", decision.reason)
+        self._last_reason = decision.reason
+        return decision
+
+    def note_reaped(self, pid: int) -> None:
+        c = self.cooldown
+        if c is not None and pid in c.victims and c.reaped_at is None:
+            self.cooldown = Cooldown(c.victims, c.counted_at_kill, c.expected_freed, reaped_at=self.clock())
+
+    def drain(self, source: EventSource) -> str:
+        source.drain()
+        return f"kernel event: {source.name}"
+
+    # ---- status and stop ----------------------------------------------------------------------
+
+    def info(self) -> IsolationInfo:
+        sample, raw = self.sample()
+        r = self.reservations
+        return IsolationInfo(
+            cgroup_version=self.driver.version, root=self.driver.root, total_memory=r.total_memory,
+            system_reserved_memory=r.system_memory, user_limit=sample.limit_bytes, total_cpus=r.total_cpus,
+            system_reserved_cpus=r.system_cpus, system_memory=int(raw["system"] or 0),
+            user_memory=int(raw["user"] or 0), counted_memory=sample.counted_bytes,
+            monitors=[s.name for s in self.sources] + ["threshold (anon + shared memory)"], kills=self.kills,
+        )
+
+    def capacity(self) -> Resources:
+        r = self.reservations
+        return Resources(num_cpus=r.user_cpus, memory_bytes=r.user_memory)
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+        self.sources = []
+        for line in self.driver.teardown():
+            log.warning("undoing resource isolation: %s", line)

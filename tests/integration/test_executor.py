@@ -1,0 +1,74 @@
+"""`outlast.Executor` with real worker processes, without isolation (as on any machine)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+
+import pytest
+
+import outlast
+
+
+def square(x):
+    return x * x
+
+
+def fail(msg):
+    raise ValueError(msg)
+
+
+def die_first_times(marker_dir, times):
+    """SIGKILLs itself on its first `times` runs (counted by files), then answers."""
+    runs = len(os.listdir(marker_dir))
+    open(os.path.join(marker_dir, str(runs)), "w").close()
+    if runs < times:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return runs
+
+
+def whoami():
+    return os.getpid(), os.environ.get("OUTLAST_TASK_ID")
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with outlast.Executor(max_workers=2, max_retries=2) as executor:
+        yield executor
+
+
+def test_map_and_submit_run_in_worker_processes(ex):
+    assert list(ex.map(square, range(8))) == [x * x for x in range(8)]
+    pid, task_id = ex.submit(whoami).result(timeout=60)
+    assert pid != os.getpid() and task_id
+
+
+def test_an_exception_of_the_function_is_the_futures_answer(ex):
+    with pytest.raises(ValueError, match="bad input"):
+        ex.submit(fail, "bad input").result(timeout=60)
+
+
+def test_a_task_whose_process_dies_is_retried_on_max_retries(ex, tmp_path):
+    assert ex.submit(die_first_times, str(tmp_path), 2).result(timeout=60) == 2
+
+
+def test_when_max_retries_is_spent_the_future_says_how_the_process_died(ex, tmp_path):
+    with pytest.raises(outlast.TaskFailedError, match="SIGKILL") as e:
+        ex.submit(die_first_times, str(tmp_path), 10).result(timeout=60)
+    assert e.value.signal == signal.SIGKILL and "max_retries=2" in str(e.value)
+
+
+def test_shutdown_cancels_queued_tasks_on_request_and_refuses_new_ones(tmp_path):
+    executor = outlast.Executor(max_workers=1)
+    import time
+
+    futures = [executor.submit(time.sleep, 0.5) for _ in range(4)]
+    executor.shutdown(wait=True, cancel_futures=True)
+    assert any(f.cancelled() for f in futures) and futures[0].done()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        executor.submit(square, 2)
+
+
+def test_it_is_a_concurrent_futures_executor():
+    assert issubclass(outlast.Executor, cf.Executor)
