@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import cloudpickle
 import zmq
@@ -26,6 +26,9 @@ from outlast.train.backend import Backend
 from outlast.train.checkpoint import Checkpoint
 from outlast.train.config import RunConfig, ScalingConfig
 from outlast.train.result import Result
+
+if TYPE_CHECKING:
+    from outlast.isolation.config import IsolationConfig
 
 log = logging.getLogger("outlast.train")
 
@@ -45,7 +48,10 @@ class DataParallelTrainer:
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         backend: Backend | None = None,
+        isolation: "IsolationConfig | None" = None,
     ) -> None:
+        """`isolation`: resource isolation for the node that `fit()` starts when none is running
+        (a running node keeps its own settings)."""
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
@@ -55,6 +61,7 @@ class DataParallelTrainer:
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.backend = backend or self.backend_cls()
+        self.isolation = isolation
 
     def fit(self) -> Result:
         """Train to the end and return the result; raise `TrainingFailedError` if the run fails.
@@ -110,7 +117,10 @@ class DataParallelTrainer:
         try:
             address = find_running_agent(ctx)
             if address is None:
-                embedded, address = start_agent_process(list(self.backend.preload), embedded=True)
+                embedded, address = start_agent_process(list(self.backend.preload), embedded=True,
+                                                        extra_args=self.isolation.to_args() if self.isolation else [])
+            elif self.isolation is not None and self.isolation.enable_resource_isolation:
+                log.warning("an outlast node is already running at %s; its own isolation settings apply", address)
             link = AgentLink(connect_dealer(ctx, address), address,
                              alive=(lambda: embedded.poll() is None) if embedded else (lambda: True))
             controller = Controller(plan, link, ctx)

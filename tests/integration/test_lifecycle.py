@@ -176,3 +176,13 @@ def test_a_train_function_that_cannot_be_pickled_is_refused_before_anything_star
 def test_bad_configs_are_refused_with_the_field_named(bad):
     with pytest.raises(ValueError, match=r"(ScalingConfig|RunConfig|FailureConfig|CheckpointConfig)\."):
         bad()
+
+
+def test_isolation_settings_reach_the_node_that_fit_starts(storage_path, tmp_path):
+    from outlast.agent.discovery import AgentUnavailable
+    from outlast.isolation.config import IsolationConfig
+
+    bad = IsolationConfig(enable_resource_isolation=True, cgroup_path=str(tmp_path / "no-such-cgroup"))
+    with pytest.raises(AgentUnavailable, match="during start-up"):
+        Trainer(counting_loop, train_loop_config={"events": str(tmp_path / "e.jsonl"), "steps": 2},
+                run_config=RunConfig(name="iso", storage_path=storage_path), isolation=bad).fit()

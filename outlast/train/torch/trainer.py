@@ -18,9 +18,11 @@ class TorchTrainer(DataParallelTrainer):
         torch_config: TorchConfig | None = None,
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
+        isolation=None,
     ) -> None:
         scaling_config = scaling_config or ScalingConfig()
         super().__init__(
             train_loop_per_worker, train_loop_config=train_loop_config, scaling_config=scaling_config,
             run_config=run_config, backend=TorchBackend(torch_config, use_gpu=scaling_config.use_gpu),
+            isolation=isolation,
         )
