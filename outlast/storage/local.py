@@ -7,33 +7,38 @@ import hashlib
 import os
 import shutil
 import tempfile
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 
-_CHUNK = 1 << 20
+_CHUNK = 4 << 20
+_pool: ThreadPoolExecutor | None = None
 
 
-def copy_with_checksum(src: Path, dst: Path) -> tuple[int, str]:
-    """Copy one file, hashing it on the way, so the data is read once."""
+def _copy_pool() -> ThreadPoolExecutor:
+    # Created on first use, never at import: a process that forks workers must have no threads.
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="outlast-copy")
+    return _pool
+
+
+def sized_sha256(path: Path) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        while chunk := fin.read(_CHUNK):
-            digest.update(chunk)
-            fout.write(chunk)
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)  # releases the GIL: hashing runs beside the copies
             size += len(chunk)
     return size, digest.hexdigest()
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sized_sha256(path)[1]
 
 
 class LocalStorage:
@@ -48,18 +53,33 @@ class LocalStorage:
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
         target = self._p(dest)
-        entries: list[FileEntry] = []
+        # Each file is copied by the kernel (copy_file_range) while another thread hashes the
+        # source, and files go in parallel: the upload runs at the speed of hashing on every
+        # core, not of one read-hash-write loop. A file that changes meanwhile ends up with a
+        # checksum that does not match it, which a restore detects.
+        pool = _copy_pool()
+        jobs = []
         try:
             for dirpath, _dirnames, filenames in os.walk(local_dir):
                 rel_dir = Path(dirpath).relative_to(local_dir)
                 (target / rel_dir).mkdir(parents=True, exist_ok=True)
                 for name in sorted(filenames):
-                    rel = (rel_dir / name).as_posix()
-                    size, digest = copy_with_checksum(Path(dirpath) / name, target / rel)
-                    entries.append(FileEntry(path=rel, size=size, sha256=digest))
-                    fault_point("upload.mid")
+                    src, rel = Path(dirpath) / name, (rel_dir / name).as_posix()
+                    jobs.append((rel, pool.submit(shutil.copyfile, src, target / rel), pool.submit(sized_sha256, src)))
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
+        entries: list[FileEntry] = []
+        try:
+            for rel, copy, digest in jobs:
+                copy.result()
+                size, sha = digest.result()
+                entries.append(FileEntry(path=rel, size=size, sha256=sha))
+                fault_point("upload.mid")  # other files may still be on their way: a crash mid-upload
+        except OSError as e:
+            raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
+        finally:
+            # Never return while a copy still writes into the checkpoint directory.
+            futures.wait([f for _, copy, digest in jobs for f in (copy, digest)])
         return entries
 
     def write_atomic(self, path: str, data: bytes) -> None:
