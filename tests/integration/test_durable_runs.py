@@ -58,11 +58,19 @@ def _kill_after_checkpoint_9(storage_path, events) -> list[str]:
     """Run a driver until the checkpoint of step 9 is committed, SIGKILL it; return its arguments."""
     args = ["--name", "run", "--loop", "counting_loop", "--steps", "30", "--step-sleep", "0.05"]
     first = _driver(storage_path, events, *args)
-    wait_until(lambda: (Path(storage_path) / "run" / "checkpoint_001_000009" / ".outlast-manifest.json").exists(),
-               60, "the checkpoint of step 9")
+    # The run state, not only the manifest: between the two writes the state still names step 4.
+    wait_until(lambda: _latest_index(storage_path) >= 9, 60, "the run state to name the checkpoint of step 9")
     first.kill()
     first.wait()
     return args
+
+
+def _latest_index(storage_path) -> int:
+    try:
+        latest = _state(storage_path)["latest_checkpoint"]
+    except (FileNotFoundError, ValueError):
+        return -1
+    return int(latest.rsplit("_", 1)[1]) if latest else -1
 
 
 def _restored(events, attempt):
