@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from outlast.agent.procutil import pid_alive
 from outlast.protocol import messages as m
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, connect_dealer, encode
 
@@ -78,23 +79,13 @@ def find_running_agent(ctx: zmq.Context) -> str | None:
         request(ctx, address, m.Ping(), timeout_s=5.0)  # a wrong address must fail loudly, not start a node
         return address
     info = read_node_file()
-    if info is None or not _pid_alive(info.pid):
+    if info is None or not pid_alive(info.pid):
         return None
     try:
         request(ctx, info.address, m.Ping(), timeout_s=2.0)
     except AgentUnavailable:
         return None
     return info.address
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str] | None = None,

@@ -36,3 +36,14 @@ def decode_wait_status(status: int) -> tuple[int | None, int | None]:
     if os.WIFSIGNALED(status):
         return None, os.WTERMSIG(status)
     return os.waitstatus_to_exitcode(status), None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists (one we may not signal still does)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -93,24 +93,29 @@ def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
     return fn(config)
 
 
-def run_worker(req: m.ForkWorker) -> int:
+def _become_clean_process(env: dict[str, str], cwd: str, sys_path: list[str]) -> None:
+    """Leave the fork server behind: own session, default signals, the driver's environment."""
     os.setsid()
     die_with_parent()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     os.environ.clear()
-    os.environ.update(req.env)
+    os.environ.update(env)
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+
+
+def run_worker(req: m.ForkWorker) -> int:
+    _become_clean_process(req.env, req.cwd, req.sys_path)
     spec = req.spec
     os.environ.update({
         "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank),
         "LOCAL_WORLD_SIZE": str(spec.local_world_size), "NODE_RANK": str(spec.node_rank),
         "OUTLAST_ATTEMPT": str(req.attempt), "OUTLAST_ERROR_FILE": req.error_file,
     })
-    try:
-        os.chdir(req.cwd)
-    except OSError:
-        pass
-    sys.path[:0] = [p for p in req.sys_path if p not in sys.path]
 
     from outlast.train import _session
     from outlast.train.context import TrainContext
@@ -157,18 +162,8 @@ def run_worker(req: m.ForkWorker) -> int:
 
 def run_task(req: m.ForkTask) -> int:
     """An `outlast.Executor` task: call the function, send the outcome, exit."""
-    os.setsid()
-    die_with_parent()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    os.environ.clear()
-    os.environ.update(req.env)
+    _become_clean_process(req.env, req.cwd, req.sys_path)
     os.environ["OUTLAST_TASK_ID"] = req.task_id
-    try:
-        os.chdir(req.cwd)
-    except OSError:
-        pass
-    sys.path[:0] = [p for p in req.sys_path if p not in sys.path]
     ctx = zmq.Context()
     sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode())
     try:

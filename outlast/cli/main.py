@@ -21,6 +21,7 @@ from outlast.isolation.errors import IsolationError
 from outlast.isolation.policy import render_report
 from outlast.isolation.units import format_bytes
 from outlast.protocol import messages as m
+from outlast.agent.procutil import pid_alive
 
 
 def _default_preload() -> str:
@@ -91,9 +92,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     finally:
         ctx.term()
     deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline and _alive(info.pid):
+    while time.monotonic() < deadline and pid_alive(info.pid):
         time.sleep(0.05)
-    if _alive(info.pid):
+    if pid_alive(info.pid):
         _signal(info.pid, signal.SIGKILL)
         print(f"the node (pid {info.pid}) did not stop within {args.timeout:.0f} s; killed it")
     node_file_path().unlink(missing_ok=True)
@@ -145,16 +146,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             when = time.strftime("%H:%M:%S", time.localtime(report.time))
             print(f"[{when}] " + render_report(report).replace("\n", "\n  "))
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _signal(pid: int, sig: int) -> None:

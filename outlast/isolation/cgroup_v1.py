@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import signal
 
-from outlast.isolation.cgroup_v2 import PREFIX, _alive
+from outlast.agent.procutil import pid_alive
+from outlast.isolation.cgroup_v2 import PREFIX
 from outlast.isolation.errors import IsolationUnavailable
 from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, V1EventFd
@@ -118,7 +119,7 @@ class CgroupV1:
 
     def _owner_alive(self, h: _Hierarchy, tree: str | None = None) -> bool:
         tree = tree or h.root
-        return any(_alive(p) for p in self.fs.pids(os.path.join(tree, "system")))
+        return any(pid_alive(p) for p in self.fs.pids(os.path.join(tree, "system")))
 
     def cleanup_stale(self) -> list[str]:
         done = []

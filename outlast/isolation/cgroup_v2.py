@@ -17,6 +17,7 @@ from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, Inotify, PsiTrigger
 from outlast.isolation.reservations import Reservations
 from outlast.protocol.messages import Resources
+from outlast.agent.procutil import pid_alive
 
 CONTROLLERS = ("cpu", "memory")
 PREFIX = "outlast_"
@@ -123,7 +124,7 @@ class CgroupV2:
     # ---- what a crashed agent left ---------------------------------------------------------
 
     def _owner_alive(self, tree: str) -> bool:
-        return any(_alive(p) for p in self.fs.pids(os.path.join(tree, "system")))
+        return any(pid_alive(p) for p in self.fs.pids(os.path.join(tree, "system")))
 
     def cleanup_stale(self) -> list[str]:
         """Trees of agents that died without undoing: kill their workers, keep other processes, remove."""
@@ -216,16 +217,6 @@ class CgroupV2:
         except OSError:
             pass  # a kernel without PSI: the high counter and the threshold monitor still cover it
         return sources
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _sigkill(pid: int) -> None:
