@@ -67,9 +67,31 @@ def cmd_start(args: argparse.Namespace) -> int:
     except AgentUnavailable as e:
         print(f"could not start the node: {e}", file=sys.stderr)
         return 1
+    # Return once the fork server has its modules imported: a fit() right after this must not
+    # pay for them.
+    ready = _wait_for_fork_server(address, timeout_s=180.0)
     print(f"outlast node started at {address} (pid {proc.pid}); log: {log_path}")
+    if not ready:
+        print("its fork server is still importing its modules; `outlast status` shows when it is ready")
     print("Trainer.fit() on this machine now uses it; `outlast stop` stops it.")
     return 0
+
+
+def _wait_for_fork_server(address: str, timeout_s: float) -> bool:
+    ctx = zmq.Context()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                reply = request(ctx, address, m.StatusRequest(), timeout_s=5.0)
+            except AgentUnavailable:
+                return False
+            if isinstance(reply, m.StatusReply) and reply.zygote_ready:
+                return True
+            time.sleep(0.05)
+        return False
+    finally:
+        ctx.term()
 
 
 def _check_isolation(isolation) -> None:
