@@ -29,10 +29,10 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
-def _start_driver(storage_path, events, env=None):
+def _start_driver(storage_path, events, env=None, log=None):
+    out = open(log, "wb") if log else subprocess.DEVNULL
     return subprocess.Popen([sys.executable, "-m", "tests.integration.driver", storage_path, str(events)],
-                            cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=out)
 
 
 def _outlast(*args, env=None) -> subprocess.CompletedProcess:
@@ -58,13 +58,17 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_embedded_node(storage_pa
 
 
 def test_ctrl_c_in_the_driver_stops_the_workers_and_records_the_run_as_aborted(storage_path, tmp_path):
-    events = tmp_path / "events.jsonl"
-    driver = _start_driver(storage_path, events)
+    events, log = tmp_path / "events.jsonl", tmp_path / "driver.log"
+    driver = _start_driver(storage_path, events, log=log)
     try:
         wait_until(lambda: len(read_events(events)) == 2, 60, "both workers to start")
         tree = _descendants(driver.pid)
         driver.send_signal(signal.SIGINT)
-        assert driver.wait(timeout=30) != 0
+        try:
+            code = driver.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the driver ignored Ctrl+C; its log:\n{log.read_text()[-3000:]}") from None
+        assert code != 0
         assert not any(alive(p) for p in tree)
         state = json.loads((Path(storage_path) / "killed" / "run_state.json").read_text())
         assert state["status"] == "aborted" and state["attempts"][-1]["outcome"] == "aborted"
