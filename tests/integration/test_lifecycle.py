@@ -29,10 +29,18 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
+def _as_from_a_terminal() -> None:
+    # A driver started from a shell gets SIGINT with its default action and unblocked; do not let
+    # this test process's own signal state (inherited across exec) decide that for it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _start_driver(storage_path, events, env=None, log=None):
     out = open(log, "wb") if log else subprocess.DEVNULL
     return subprocess.Popen([sys.executable, "-m", "tests.integration.driver", storage_path, str(events)],
-                            cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=out)
+                            cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=out,
+                            preexec_fn=_as_from_a_terminal)
 
 
 def _outlast(*args, env=None) -> subprocess.CompletedProcess:
