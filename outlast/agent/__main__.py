@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--embedded", action="store_true", help="die with the parent process (a driver)")
     p.add_argument("--node-file", action="store_true", help="publish the address for drivers and the CLI")
     add_arguments(p)
+    p.add_argument("--preemption-watchers", default="",
+                   help="comma-separated clouds whose preemption notices drain this node: aws, gcp, azure")
+    p.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",
+                   help="a cloud's metadata server, when not the standard address")
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
@@ -43,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     # runs can save a checkpoint (OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, default 30 s).
     signal.signal(signal.SIGTERM, agent.request_stop if args.embedded else agent.request_graceful_stop)
     signal.signal(signal.SIGINT, agent.request_stop)
+    if args.preemption_watchers:
+        urls = dict(item.split("=", 1) for item in args.metadata_url if "=" in item)
+        agent.watch_cloud_notices([k for k in args.preemption_watchers.split(",") if k], urls)
     if args.node_file:
         write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id))
     if args.ready_fd is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -85,6 +86,8 @@ class Agent:
         self._stop = False
         self.draining: m.NodeDraining | None = None
         self._graceful_requested = False
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()  # from the cloud watchers' threads
+        self._watchers: list = []
         self._stop_at: float | None = None
         self._placements: dict[tuple[str, int, int, str], Placement] = {}
         # Before the fork server starts: the agent moves itself into system/, and the server
@@ -188,6 +191,23 @@ class Agent:
             self._stop = True
             self._reply(identity, m.ShutdownAck())
 
+    def watch_cloud_notices(self, kinds: list[str], base_urls: dict[str, str] | None = None) -> None:
+        """Drain this node when a cloud says it will take it away (opt-in, by cloud name)."""
+        from outlast.drain import detect_watchers
+
+        self._watchers = [w.start() for w in detect_watchers(kinds, self._notices.put, base_urls=base_urls)]
+
+    def _take_notices(self) -> None:
+        # The watchers run in their own threads; only this loop touches the sockets.
+        while True:
+            try:
+                notice = self._notices.get_nowait()
+            except queue.Empty:
+                return
+            if self.draining is None:
+                left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
+                self.drain("preemption", f"{notice.source}: {notice.reason}", max(0.0, left) if left else left)
+
     def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck:
         """Take no new workers, and tell every run with workers here, so each can save and move."""
         deadline = time.time() + deadline_remaining_s if deadline_remaining_s is not None else None
@@ -286,6 +306,7 @@ class Agent:
     # ---- timers ------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
+        self._take_notices()
         if self.guard is not None:
             self.guard.on_tick(now, self)
         for w in self.workers.values():
@@ -386,6 +407,8 @@ class Agent:
         self._reply(run.controller, msg)
 
     def close(self) -> None:
+        for watcher in self._watchers:
+            watcher.stop()
         for w in list(self.workers.values()):
             kill_tree(w.pid, signal.SIGKILL)
             if self.guard is not None and w.leaf:

@@ -55,6 +55,15 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.node_id:
         agent_args += ["--node-id", args.node_id]
     agent_args += isolation.to_args()
+    if args.preemption_watchers:
+        unknown = sorted(set(k for k in args.preemption_watchers.split(",") if k) - {"aws", "gcp", "azure"})
+        if unknown:
+            print(f"--preemption-watchers: unknown cloud {', '.join(unknown)}; choose among aws, gcp, azure",
+                  file=sys.stderr)
+            return 2
+        agent_args += ["--preemption-watchers", args.preemption_watchers]
+    for url in args.metadata_url:
+        agent_args += ["--metadata-url", url]
     if args.block:
         from outlast.agent.__main__ import main as agent_main
 
@@ -187,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--node-id", default=None)
     s.add_argument("--preload", default=None,
                    help="comma-separated modules the fork server imports once (default: torch, if installed)")
+    s.add_argument("--preemption-watchers", default="",
+                   help="drain this node when these clouds announce a preemption: aws, gcp, azure (comma-separated)")
+    s.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",
+                   help="a cloud's metadata server, when not at the standard address")
     add_arguments(s)
     s.set_defaults(func=cmd_start)
     t = sub.add_parser("stop", help="stop the node agent on this machine and its workers")

@@ -116,3 +116,26 @@ def test_sigterm_to_a_blocking_node_drains_it_before_it_stops(storage_path, tmp_
         assert agent.wait(timeout=15) == 0
     finally:
         agent.kill()
+
+
+def test_a_cloud_preemption_notice_drains_the_node(tmp_path):
+    from tests.integration.test_cloud_watchers import FakeImds
+
+    imds = FakeImds()
+    try:
+        started = _outlast("start", "--preload", "", "--preemption-watchers", "aws", "--metadata-url",
+                           f"aws={imds.url}")
+        assert started.returncode == 0, started.stderr
+        assert "draining" not in _outlast("status").stdout
+        deadline = time.gmtime(time.time() + 120)
+        imds.interruption = {"action": "terminate", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", deadline)}
+        wait_until(lambda: "draining: preemption (aws:" in _outlast("status").stdout, 30, "the node to drain")
+        assert "deadline in 1" in _outlast("status").stdout  # about 120 s away
+    finally:
+        _outlast("stop")
+        imds.close()
+
+
+def test_an_unknown_cloud_is_refused_at_start():
+    refused = _outlast("start", "--preload", "", "--preemption-watchers", "aws,oracle")
+    assert refused.returncode == 2 and "unknown cloud oracle" in refused.stderr
