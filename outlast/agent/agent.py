@@ -206,7 +206,7 @@ class Agent:
                 return
             if self.draining is None:
                 left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
-                self.drain("preemption", f"{notice.source}: {notice.reason}", max(0.0, left) if left else left)
+                self.drain("preemption", f"{notice.source}: {notice.reason}", None if left is None else max(0.0, left))
 
     def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck:
         """Take no new workers, and tell every run with workers here, so each can save and move."""

@@ -80,6 +80,19 @@ def counting_loop(config: dict) -> None:
     log_event(config, event="end")
 
 
+def _restore_torch(ckpt, model, opt, filename: str) -> int:
+    """Load model and optimizer from `ckpt` (if any); return the step to continue from."""
+    if ckpt is None:
+        return 0
+    import torch
+
+    with ckpt.as_directory() as d:
+        state = torch.load(os.path.join(d, filename))
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return state["step"] + 1
+
+
 def ddp_loop(config: dict) -> None:
     """A small torch model under DistributedDataParallel, checkpointed every `every` steps."""
     import torch
@@ -89,14 +102,8 @@ def ddp_loop(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    start = 0
     ckpt = train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            state = torch.load(os.path.join(d, "model.pt"))
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = state["step"] + 1
+    start = _restore_torch(ckpt, model, opt, "model.pt")
     log_event(config, event="start", restored_step=start - 1 if ckpt else None)
     gen = torch.Generator().manual_seed(1234 + train.get_context().get_world_rank())
     for step in range(start, config["steps"]):
@@ -157,14 +164,8 @@ def deterministic_ddp_loop(config: dict) -> None:
     torch.set_num_threads(1)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    start = 0
     ckpt = train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"))
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = state["step"] + 1
+    start = _restore_torch(ckpt, model, opt, "state.pt")
     for step in range(start, config["steps"]):
         for attempt, f_rank, offset, kind in config.get("faults", []):
             if (attempt, f_rank, start + offset) == (ctx.get_attempt(), rank, step):
