@@ -9,11 +9,12 @@ import signal
 import sys
 import uuid
 
-from outlast.agent.agent import Agent
-from outlast.agent.discovery import NodeFile, remove_node_file, write_node_file
+from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.agent.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
 from outlast.agent.procutil import die_with_parent
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
+from outlast.protocol.auth import AuthError, ClusterKey
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,23 +25,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preload", default="", help="comma-separated modules the fork server imports")
     p.add_argument("--ready-fd", type=int, default=None, help="write the address to this fd once listening")
     p.add_argument("--embedded", action="store_true", help="die with the parent process (a driver)")
+    p.add_argument("--die-with-parent", action="store_true", help="die with the parent process (tests)")
     p.add_argument("--node-file", action="store_true", help="publish the address for drivers and the CLI")
     add_arguments(p)
     p.add_argument("--preemption-watchers", default="",
                    help="comma-separated clouds whose preemption notices drain this node: aws, gcp, azure")
     p.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",
                    help="a cloud's metadata server, when not the standard address")
+    add_cluster_arguments(p)
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
-    if args.embedded:
+    if args.embedded or args.die_with_parent:
         die_with_parent()
     node_id = args.node_id or uuid.uuid4().hex[:8]
     try:
         isolation = config_from_args(args)
+        spec = spec_from_args(args)
         agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
-                      isolation=isolation)
-    except IsolationError as e:
+                      isolation=isolation, spec=spec)
+    except (IsolationError, AuthError, ValueError) as e:
         logging.error("%s", e)
         sys.exit(3)
     # A driver stops its embedded node at once; a standalone node drains first, so that its
@@ -61,6 +65,87 @@ def main(argv: list[str] | None = None) -> None:
         if args.node_file:
             remove_node_file(os.getpid())
     sys.exit(0)
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", dest="head_address", default=None, metavar="HOST:PORT",
+                   help="join the cluster whose head listens there (default: be a head)")
+    p.add_argument("--cluster-key", default=None, metavar="FILE",
+                   help="the cluster key file (default: $OUTLAST_HOME/cluster.key; a head creates it)")
+    p.add_argument("--node-ip", default=None, help="this node's address as other nodes reach it")
+    p.add_argument("--num-cpus", type=float, default=None, help="CPUs workloads may use (default: all)")
+    p.add_argument("--num-gpus", type=float, default=None, help="GPUs workloads may use (default: 0)")
+    p.add_argument("--memory", default=None, help="memory workloads may use, e.g. 16GiB (default: all)")
+    p.add_argument("--resources", default="", metavar="NAME=AMOUNT,...", help="custom resources, e.g. TPU=4")
+    p.add_argument("--labels", default="", metavar="KEY=VALUE,...", help="labels of this node")
+    p.add_argument("--failure-domain", default="",
+                   help="a TPU slice, a rack: draining one node of the domain drains all of it")
+    p.add_argument("--node-timeout", type=float, default=float(os.environ.get("OUTLAST_NODE_TIMEOUT_S", "5")),
+                   help="seconds of silence after which the head declares a node dead (OUTLAST_NODE_TIMEOUT_S)")
+
+
+def spec_from_args(args: argparse.Namespace) -> NodeSpec:
+    """Raises ValueError or AuthError with a message that says what to fix."""
+    from outlast.isolation.units import parse_bytes
+
+    resources = default_resources()
+    if args.num_cpus is not None:
+        resources["CPU"] = _non_negative("--num-cpus", args.num_cpus)
+    if args.num_gpus is not None:
+        resources["GPU"] = _non_negative("--num-gpus", args.num_gpus)
+    if args.memory is not None:
+        resources["memory"] = float(parse_bytes(args.memory, "--memory"))
+    for name, amount in _pairs("--resources", args.resources).items():
+        try:
+            resources[name] = _non_negative(f"--resources {name}", float(amount))
+        except ValueError:
+            raise ValueError(f"--resources {name}={amount}: the amount must be a number >= 0") from None
+    head = args.head_address
+    if head is not None and "://" not in head:
+        head = f"tcp://{head}"
+    key_file = args.cluster_key or os.environ.get("OUTLAST_CLUSTER_KEY") or str(cluster_key_path())
+    secret = os.environ.get("OUTLAST_CLUSTER_SECRET")
+    if secret:
+        key = ClusterKey(secret.encode())
+    elif head is None and not os.path.exists(key_file):
+        key = ClusterKey.generate()  # a new cluster: its head makes the key
+        key.save(key_file)
+        logging.info("wrote the cluster key to %s; other nodes and drivers need a copy", key_file)
+    else:
+        key = ClusterKey.load(key_file)
+    node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else _route_ip(head))
+    return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
+                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout)
+
+
+def _non_negative(flag: str, value: float) -> float:
+    if not value >= 0:
+        raise ValueError(f"{flag} must be >= 0, got {value}")
+    return float(value)
+
+
+def _pairs(flag: str, text: str) -> dict[str, str]:
+    out = {}
+    for item in (t for t in text.split(",") if t.strip()):
+        if "=" not in item:
+            raise ValueError(f"{flag}: {item!r} is not KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _route_ip(head: str | None) -> str:
+    """The local address that packets to the head leave from (loopback when there is no head)."""
+    import socket
+
+    # A head has no peer to route to yet: the default route's interface is what others reach.
+    host = head.split("://", 1)[-1].rsplit(":", 1)[0] if head else "192.0.2.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: this only asks the routing table
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
 
 
 if __name__ == "__main__":

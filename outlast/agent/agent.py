@@ -23,10 +23,12 @@ import socket as _socket
 import psutil
 import zmq
 
+from outlast.agent.membership import HeadRole, MemberLink, UnknownNode
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.procutil import kill_tree
 from outlast.isolation.config import IsolationConfig
 from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey, start_authenticator
 from outlast.protocol.transport import AGENT_REQUESTS, FROM_ZYGOTE, BadMessage, bind_router, encode
 
 log = logging.getLogger("outlast.agent")
@@ -46,6 +48,7 @@ class Worker:
     retriable: bool = True
     world_size: int = 1
     kill_report: m.KillReport | None = None  # set when outlast killed it for memory
+    demand: dict[str, float] = field(default_factory=dict)  # what it holds of the node's resources
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Placement:
     resources: m.Resources
     retriable: bool
     world_size: int
+    demand: dict[str, float]
 
 
 @dataclass
@@ -70,15 +74,34 @@ class Run:
     run_key: str = ""
 
 
+@dataclass(frozen=True)
+class NodeSpec:
+    """What this node offers the cluster and how it is reached."""
+
+    resources: dict[str, float]
+    labels: dict[str, str] = field(default_factory=dict)
+    failure_domain: str = ""
+    node_ip: str = "127.0.0.1"  # where its workers and agent are reached from other nodes
+    head_address: str | None = None  # None: this agent is the head
+    key: ClusterKey | None = None
+    node_timeout_s: float = 5.0
+
+
 class Agent:
     def __init__(self, node_id: str, host: str, port: int, preload: list[str], clock=time.monotonic,
-                 isolation: IsolationConfig | None = None) -> None:
+                 isolation: IsolationConfig | None = None, spec: NodeSpec | None = None) -> None:
         self.node_id = node_id
         self.clock = clock
         self.started_at = time.time()
         self.preload = preload
+        self.spec = spec or NodeSpec(resources=default_resources())
         self.ctx = zmq.Context()
-        self.sock, self.address = bind_router(self.ctx, host, port)
+        self._auth = start_authenticator(self.ctx, self.spec.key) if self.spec.key is not None else None
+        self.sock, bound = bind_router(self.ctx, host, port, key=self.spec.key)
+        # Bound to every interface, the agent is reached at the node's own address.
+        self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
+        self.head: HeadRole | None = None
+        self.member: MemberLink | None = None
         self.runs: dict[str, Run] = {}
         self.workers: dict[int, Worker] = {}
         self.zygote_ready = False
@@ -95,11 +118,33 @@ class Agent:
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
+            if self.spec.head_address is None:
+                self.head = HeadRole(self.spec.node_timeout_s)
+                self.head.refresh_self(self.me(), self.clock())
+            else:
+                self.member = MemberLink(self.ctx, self.spec.head_address, self.spec.key, node_id)
+                self.member.join(self.me())
             self._start_zygote()
         except BaseException:
             if self.guard:
                 self.guard.close()
+            if self.member is not None:
+                self.member.close()
+            if self._auth is not None:
+                self._auth.stop()
             raise
+
+    def me(self) -> m.NodeInfo:
+        """This node's entry in the head's table."""
+        used: dict[str, dict[str, float]] = {}
+        for w in self.workers.values():
+            held = used.setdefault(w.run_id, {})
+            for k, v in w.demand.items():
+                held[k] = held.get(k, 0.0) + v
+        return m.NodeInfo(node_id=self.node_id, address=self.address, host=self.spec.node_ip,
+                          resources=self.spec.resources, labels=self.spec.labels,
+                          failure_domain=self.spec.failure_domain, draining=self.draining, used=used,
+                          is_head=self.head is not None)
 
     # ---- fork server -----------------------------------------------------------
 
@@ -129,7 +174,8 @@ class Agent:
             self.workers[msg.pid] = Worker(
                 msg.run_id, msg.attempt, msg.rank, msg.pid, task_id=msg.task_id, started_at=time.time(),
                 leaf=p.leaf if p else None, resources=p.resources if p else m.Resources(),
-                retriable=p.retriable if p else True, world_size=p.world_size if p else 1)
+                retriable=p.retriable if p else True, world_size=p.world_size if p else 1,
+                demand=p.demand if p else {})
             run = self.runs.get(msg.run_id)
             if run is None or run.ended or (not msg.task_id and msg.attempt in run.stopped_attempts):
                 kill_tree(msg.pid, signal.SIGKILL)  # its attempt was stopped before it was born
@@ -169,7 +215,7 @@ class Agent:
                 run = self.runs[req.run_id] = Run(req.run_id, identity, req.timeout_s, now)
             run.last_heard, run.timeout_s, run.controller = now, req.timeout_s, identity
             run.last_commit_at = req.last_commit_at
-            self._reply(identity, m.Pong(node_id=self.node_id, pid=os.getpid()))
+            self._reply(identity, self._pong())
         elif isinstance(req, m.SpawnWorkers):
             self._spawn(identity, req, now)
         elif isinstance(req, m.SpawnTask):
@@ -182,11 +228,21 @@ class Agent:
         elif isinstance(req, m.EndRun):
             self._end_run(req.run_id, now)
         elif isinstance(req, m.Ping):
-            self._reply(identity, m.Pong(node_id=self.node_id, pid=os.getpid()))
+            self._reply(identity, self._pong())
         elif isinstance(req, m.StatusRequest):
             self._reply(identity, self.status())
         elif isinstance(req, m.DrainNode):
-            self._reply(identity, self.drain(req.reason, req.message, req.deadline_remaining_s))
+            self._reply(identity, self._on_drain_request(req))
+        elif isinstance(req, m.ListNodes):
+            self._reply(identity, m.NodeList(nodes=self._node_table()))
+        elif isinstance(req, (m.RegisterNode, m.NodeHeartbeat)):
+            if self.head is None:
+                log.warning("node %s sent a %s to a member agent; only the head keeps the node table",
+                            getattr(req, "node_id", "?"), type(req).__name__)
+            elif isinstance(req, m.RegisterNode):
+                self._reply(identity, self.head.on_register(identity, req, now))
+            else:
+                self._reply(identity, self.head.on_heartbeat(identity, req, now))
         elif isinstance(req, m.Shutdown):
             self._stop = True
             self._reply(identity, m.ShutdownAck())
@@ -208,18 +264,58 @@ class Agent:
                 left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
                 self.drain("preemption", f"{notice.source}: {notice.reason}", None if left is None else max(0.0, left))
 
+    def _pong(self) -> m.Pong:
+        return m.Pong(node_id=self.node_id, pid=os.getpid(),
+                      head_address=self.spec.head_address if self.member is not None else "")
+
+    def _node_table(self) -> list[m.NodeInfo]:
+        if self.head is None:
+            return [self.me()]
+        self.head.refresh_self(self.me(), self.clock())
+        return self.head.table.nodes()
+
+    def _on_drain_request(self, req: m.DrainNode) -> m.DrainAck | m.DrainRefused:
+        if self.head is None:
+            if req.node_id != self.node_id:
+                return m.DrainRefused(reason=f"this agent ({self.node_id}) is a member, not the head; send the "
+                                             f"drain to the head at {self.spec.head_address}")
+            return self.drain(req.reason, req.message, req.deadline_remaining_s)
+        try:
+            notice = self.head.drain(req)
+        except UnknownNode as e:
+            return m.DrainRefused(reason=str(e))
+        notified = 0
+        for node_id in notice.node_ids:
+            if node_id == self.node_id:
+                notified += self._apply_drain(notice)
+            elif node_id in self.head.members:
+                self._reply(self.head.members[node_id], notice)
+        return m.DrainAck(node_id=req.node_id, runs_notified=notified, node_ids=notice.node_ids)
+
     def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck:
         """Take no new workers, and tell every run with workers here, so each can save and move."""
         deadline = time.time() + deadline_remaining_s if deadline_remaining_s is not None else None
-        self.draining = m.NodeDraining(node_id=self.node_id, reason=reason, message=message,
-                                       deadline_unix_s=deadline)
+        notice = m.NodeDraining(node_id=self.node_id, reason=reason, message=message, deadline_unix_s=deadline,
+                                node_ids=[self.node_id])
+        if self.head is not None:  # the head drains the failure domain with it
+            notice = self.head.table.drain(self.node_id, reason, message, deadline).notice
+            for node_id in notice.node_ids:
+                if node_id != self.node_id and node_id in self.head.members:
+                    self._reply(self.head.members[node_id], notice)
+        runs = self._apply_drain(notice)
+        return m.DrainAck(node_id=self.node_id, runs_notified=runs, node_ids=notice.node_ids)
+
+    def _apply_drain(self, notice: m.NodeDraining) -> int:
+        """Stop taking workers here; tell every run with workers here. Returns how many runs were told."""
+        self.draining = notice
         runs = {w.run_id for w in self.workers.values()}
         for run_id in runs:
             if run_id in self.runs:
-                self._to_controller(self.runs[run_id], self.draining)
-        log.warning("node %s is draining (%s: %s, %s); told %d run(s)", self.node_id, reason, message,
-                    f"deadline in {deadline_remaining_s:.0f} s" if deadline is not None else "no deadline", len(runs))
-        return m.DrainAck(node_id=self.node_id, runs_notified=len(runs))
+                self._to_controller(self.runs[run_id], notice)
+        left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
+        log.warning("node %s is draining (%s: %s, %s); told %d run(s)", self.node_id, notice.reason, notice.message,
+                    f"deadline in {left:.0f} s" if left is not None else "no deadline", len(runs))
+        return len(runs)
 
     def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
         if self.draining is not None:
@@ -235,10 +331,11 @@ class Agent:
             self._kill_predecessors(run)
         for spec in req.workers:
             procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
-                                m.Resources(), True, spec.world_size)
+                                m.Resources(), True, spec.world_size, dict(req.resources))
             self.zconn.send_bytes(encode(m.ForkWorker(
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
-                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path, run_name=req.run_name,
+                payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
+                run_name=req.run_name,
                 restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
                 error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
                 cgroup_procs=procs,
@@ -249,16 +346,19 @@ class Agent:
         if run is None:
             run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
         run.controller, run.last_heard = identity, now
+        demand = {"CPU": req.resources.num_cpus}
+        if req.resources.memory_bytes:
+            demand["memory"] = float(req.resources.memory_bytes)
         procs = self._place((req.run_id, 0, -1, req.task_id), f"task-{req.task_id}", req.resources,
-                            req.retriable, 1)
+                            req.retriable, 1, demand)
         self.zconn.send_bytes(encode(m.ForkTask(
             run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
-            env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
+            env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
             error_file=os.path.join(self.error_dir, f"task-{req.task_id}.json"), cgroup_procs=procs,
         )))
 
     def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
-               world_size: int) -> list[str]:
+               world_size: int, demand: dict[str, float]) -> list[str]:
         """Create the worker's cgroup leaf (with isolation on); the child moves itself in."""
         procs: list[str] = []
         if self.guard is not None:
@@ -268,8 +368,12 @@ class Agent:
                 # Better a worker outside its leaf (charged to the system) than a node that stops.
                 log.error("could not create the cgroup leaf %s (%s); the worker runs without one", leaf, e)
                 leaf = None
-        self._placements[key] = Placement(leaf if procs else None, resources, retriable, world_size)
+        self._placements[key] = Placement(leaf if procs else None, resources, retriable, world_size, demand)
         return procs
+
+    def _child_env(self, env: dict[str, str]) -> dict[str, str]:
+        # A worker talks to its controller with the cluster key, like everyone else.
+        return {**env, **self.spec.key.env} if self.spec.key is not None else env
 
     def _kill_predecessors(self, run: Run) -> None:
         """A driver relaunched on the same run holds its lease now: its predecessor is dead, so
@@ -307,6 +411,13 @@ class Agent:
 
     def _tick(self, now: float) -> None:
         self._take_notices()
+        if self.head is not None:
+            self.head.expire(now)
+        if self.member is not None:
+            for order in self.member.receive():
+                if isinstance(order, m.NodeDraining) and self.draining is None:
+                    self._apply_drain(order)
+            self.member.heartbeat_if_due(now, self.me())
         if self.guard is not None:
             self.guard.on_tick(now, self)
         for w in self.workers.values():
@@ -342,8 +453,10 @@ class Agent:
             runs=sorted(self.runs), workers=infos, preload=self.preload, zygote_ready=self.zygote_ready,
             draining=self.draining,
             isolation=g.info() if g else None, recent_kills=g.recent_kills() if g else [],
-            capacity=g.capacity() if g else m.Resources(num_cpus=float(len(os.sched_getaffinity(0))),
-                                                         memory_bytes=psutil.virtual_memory().total),
+            capacity=g.capacity() if g else m.Resources(num_cpus=self.spec.resources.get("CPU", 0.0),
+                                                         memory_bytes=int(self.spec.resources.get("memory", 0))),
+            head_address=self.spec.head_address if self.member is not None else "",
+            nodes=self._node_table() if self.head is not None else [],
         )
 
     # ---- loop ------------------------------------------------------------------------------
@@ -352,6 +465,8 @@ class Agent:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.zconn.fileno(), zmq.POLLIN)
+        if self.member is not None:
+            poller.register(self.member.sock, zmq.POLLIN)
         sources = self.guard.sources_by_fd() if self.guard is not None else {}
         for fd in sources:
             poller.register(fd, zmq.POLLIN)
@@ -359,6 +474,8 @@ class Agent:
             for item, _ in poller.poll(timeout=100):
                 if item is self.sock:
                     self._drain_requests()
+                elif self.member is not None and item is self.member.sock:
+                    pass  # drain orders from the head: taken in _tick, right below
                 elif item in sources:
                     self.guard.on_event(sources[item], self)
                 else:
@@ -421,8 +538,17 @@ class Agent:
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)
+        if self.member is not None:
+            self.member.close()
+        if self._auth is not None:
+            self._auth.stop()
         self.ctx.term()
         try:
             os.rmdir(self.error_dir)
         except OSError:
             pass
+
+
+def default_resources() -> dict[str, float]:
+    """What a node offers when not told: its usable cores and its memory, no GPU."""
+    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": 0.0, "memory": float(psutil.virtual_memory().total)}

@@ -7,14 +7,17 @@ import select
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import zmq
 
 from outlast.agent.procutil import pid_alive
 from outlast.protocol import messages as m
-from outlast.protocol.transport import AGENT_EVENTS, BadMessage, connect_dealer, encode
+from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
+from outlast.protocol.transport import AGENT_EVENTS, BadMessage, tune, encode
 
 
 class NodeFile(msgspec.Struct):
@@ -33,6 +36,24 @@ def state_dir() -> Path:
 
 def node_file_path() -> Path:
     return state_dir() / "node.json"
+
+
+def cluster_key_path() -> Path:
+    return state_dir() / "cluster.key"
+
+
+def find_cluster_key() -> "ClusterKey | None":
+    """The key this machine's drivers and tools use: $OUTLAST_CLUSTER_SECRET, the file
+    $OUTLAST_CLUSTER_KEY, or the one `outlast start` wrote in $OUTLAST_HOME."""
+    secret = os.environ.get("OUTLAST_CLUSTER_SECRET")
+    if secret:
+        return ClusterKey(secret.encode())
+    path = os.environ.get("OUTLAST_CLUSTER_KEY")
+    if path:
+        return ClusterKey.load(path)  # named but missing: say so rather than fail to connect
+    if cluster_key_path().exists():
+        return ClusterKey.load(cluster_key_path())
+    return None
 
 
 def write_node_file(info: NodeFile) -> None:
@@ -56,13 +77,29 @@ def remove_node_file(owner_pid: int) -> None:
         node_file_path().unlink(missing_ok=True)
 
 
-def request(ctx: zmq.Context, address: str, msg: m.Msg, timeout_s: float = 2.0) -> m.AgentEvent:
-    """One request, one reply, or `AgentUnavailable`."""
-    sock = connect_dealer(ctx, address)
+def request(ctx: zmq.Context, address: str, msg: m.Msg, timeout_s: float = 2.0,
+            key: "ClusterKey | None | bool" = True) -> m.AgentEvent:
+    """One request, one reply, or `AgentUnavailable` (`key=True`: this machine's cluster key)."""
+    if key is True:
+        try:
+            key = find_cluster_key()
+        except AuthError as e:
+            raise AgentUnavailable(str(e)) from None
+    sock = tune(ctx.socket(zmq.DEALER))
     try:
+        if key:
+            key.connect_as_client(sock)
+            try:
+                connect_checked(sock, address, int(timeout_s * 1000))
+            except AuthError as e:
+                raise AgentUnavailable(str(e)) from None
+        else:
+            sock.connect(address)
         sock.send(encode(msg))
         if not sock.poll(int(timeout_s * 1000)):
-            raise AgentUnavailable(f"no answer from the node agent at {address} within {timeout_s:.0f} s")
+            hint = "" if key else ("; if it was started with a cluster key, give this machine a copy "
+                                   "(OUTLAST_CLUSTER_KEY=FILE)")
+            raise AgentUnavailable(f"no answer from the node agent at {address} within {timeout_s:.0f} s{hint}")
         try:
             return AGENT_EVENTS.decode(sock.recv())
         except BadMessage as e:
@@ -88,8 +125,52 @@ def find_running_agent(ctx: zmq.Context) -> str | None:
     return info.address
 
 
+def head_of(ctx: zmq.Context, address: str) -> str:
+    """The head of the cluster the agent at `address` belongs to (itself when it is the head)."""
+    pong = request(ctx, address, m.Ping(), timeout_s=5.0)
+    return pong.head_address if isinstance(pong, m.Pong) and pong.head_address else address
+
+
+@dataclass
+class ClusterAccess:
+    """What a driver needs to use a cluster: its head, its key, and the node it started, if any."""
+
+    head_address: str
+    key: ClusterKey
+    embedded: subprocess.Popen | None = None
+    authenticator: Any = None
+
+    def stop_authenticator(self) -> None:
+        """Before the context's term(): the authenticator's thread holds a socket on it."""
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
+
+
+def attach(ctx: zmq.Context, preload: list[str], extra_args: list[str] | None = None) -> ClusterAccess:
+    """Use the running cluster, or start an embedded node that dies with this process.
+
+    The context gets an authenticator for the cluster key, so sockets bound on it admit
+    only peers with the key.
+    """
+    address = find_running_agent(ctx)
+    if address is not None:
+        key = find_cluster_key()
+        if key is None:
+            raise AgentUnavailable(f"the node at {address} needs its cluster key: copy it from the head's "
+                                   f"$OUTLAST_HOME/cluster.key and set OUTLAST_CLUSTER_KEY=FILE")
+        access = ClusterAccess(head_of(ctx, address), key)
+    else:
+        key = ClusterKey.generate()  # a private cluster of one node: nobody else gets in
+        proc, address = start_agent_process(preload, embedded=True, extra_args=extra_args, env=key.env)
+        access = ClusterAccess(address, key, proc)
+    access.authenticator = start_authenticator(ctx, access.key)
+    return access
+
+
 def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str] | None = None,
-                        log_path: Path | None = None, timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+                        log_path: Path | None = None, timeout_s: float = 30.0,
+                        env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start `python -m outlast.agent` and return it with its address once it listens."""
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "outlast.agent", "--ready-fd", str(w), "--preload", ",".join(preload)]
@@ -100,7 +181,7 @@ def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str
     try:
         # Its own session: a Ctrl+C in the terminal reaches the driver, which tears down in order.
         proc = subprocess.Popen(cmd, pass_fds=[w], start_new_session=True, stdout=out, stderr=out,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, env={**os.environ, **env} if env else None)
     finally:
         os.close(w)
         if out:

@@ -21,6 +21,7 @@ import zmq
 
 from outlast.agent.procutil import die_with_parent
 from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import connect_dealer, encode
 from outlast.storage.base import Storage
 
@@ -114,7 +115,7 @@ def run_worker(req: m.ForkWorker) -> int:
     os.environ.update({
         "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank),
         "LOCAL_WORLD_SIZE": str(spec.local_world_size), "NODE_RANK": str(spec.node_rank),
-        "OUTLAST_ATTEMPT": str(req.attempt), "OUTLAST_ERROR_FILE": req.error_file,
+        "OUTLAST_ATTEMPT": str(req.attempt), "OUTLAST_ERROR_FILE": req.error_file, "OUTLAST_NODE_ID": req.node_id,
     })
 
     from outlast.train import _session
@@ -122,7 +123,7 @@ def run_worker(req: m.ForkWorker) -> int:
 
     ctx = zmq.Context()
     identity = f"{req.attempt}:{spec.rank}".encode()
-    sock = connect_dealer(ctx, req.controller_address, identity)
+    sock = connect_dealer(ctx, req.controller_address, identity, key=ClusterKey.from_env())
     phase = "setup"
     code = 1
     backend = None
@@ -165,7 +166,8 @@ def run_task(req: m.ForkTask) -> int:
     _become_clean_process(req.env, req.cwd, req.sys_path)
     os.environ["OUTLAST_TASK_ID"] = req.task_id
     ctx = zmq.Context()
-    sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode())
+    sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode(),
+                          key=ClusterKey.from_env())
     try:
         try:
             fn, args, kwargs = cloudpickle.loads(req.payload)

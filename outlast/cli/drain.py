@@ -1,8 +1,14 @@
-"""`outlast drain-node`: tell a node it will go away, so its runs save a checkpoint and move."""
+"""`outlast drain-node`: tell a node it will go away, so its runs save a checkpoint and move.
+
+The head keeps the node table, so the drain goes to it: the local agent's head, the local
+agent when it is the head, or whatever $OUTLAST_ADDRESS names (a head, or a member whose head
+is then asked). The head drains the node's whole failure domain with it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import zmq
@@ -26,26 +32,35 @@ def cmd_drain(args: argparse.Namespace) -> int:
         print("--deadline-remaining-seconds must be >= 0", file=sys.stderr)
         return 2
     ctx = zmq.Context()
+    head = None
     try:
         address = find_running_agent(ctx)
         if address is None:
             print("no outlast node is running on this machine (start one with `outlast start`)", file=sys.stderr)
             return 1
-        status = request(ctx, address, m.StatusRequest(), timeout_s=3.0)
-        assert isinstance(status, m.StatusReply)
-        if status.node_id != args.node_id:
-            print(f"no node {args.node_id!r} here: this machine's node is {status.node_id!r}", file=sys.stderr)
-            return 1
-        ack = request(ctx, address, m.DrainNode(node_id=args.node_id, reason=args.reason,
-                                                message=args.reason_message,
-                                                deadline_remaining_s=args.deadline_remaining_seconds), timeout_s=3.0)
+        pong = request(ctx, address, m.Ping(), timeout_s=5.0)
+        assert isinstance(pong, m.Pong)
+        head = pong.head_address or address
+        reply = request(ctx, head, m.DrainNode(node_id=args.node_id, reason=args.reason,
+                                               message=args.reason_message,
+                                               deadline_remaining_s=args.deadline_remaining_seconds), timeout_s=5.0)
     except AgentUnavailable as e:
-        print(str(e), file=sys.stderr)
+        where = f"the cluster's head at {head} (it keeps the node table): " if head else ""
+        print(f"could not drain {args.node_id}: {where}{e}", file=sys.stderr)
         return 1
     finally:
         ctx.term()
-    assert isinstance(ack, m.DrainAck)
+    if isinstance(reply, m.DrainRefused):
+        whose = "the node at $OUTLAST_ADDRESS" if os.environ.get("OUTLAST_ADDRESS") else "this machine's node"
+        print(f"the head refused to drain {args.node_id!r}: {reply.reason}; {whose} is {pong.node_id!r}",
+              file=sys.stderr)
+        return 1
+    assert isinstance(reply, m.DrainAck)
     deadline = (f"in {args.deadline_remaining_seconds:.0f} s" if args.deadline_remaining_seconds is not None
                 else "with no deadline")
-    print(f"node {ack.node_id} is draining {deadline}; {ack.runs_notified} run(s) told to save and move")
+    others = [i for i in reply.node_ids if i != reply.node_id]
+    domain = f"; with it, its failure domain: {', '.join(others)}" if others else ""
+    print(f"node {reply.node_id} is draining {deadline}{domain}")
+    print(f"drained: {', '.join(reply.node_ids or [reply.node_id])}; the runs with workers there are told to save "
+          "a checkpoint and move")
     return 0

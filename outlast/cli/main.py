@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import zmq
 
+from outlast.agent.__main__ import add_cluster_arguments
 from outlast.agent.discovery import (
-    AgentUnavailable, find_running_agent, node_file_path, read_node_file, request, start_agent_process, state_dir,
+    AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
+    start_agent_process, state_dir,
 )
 from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.runs import add_parser as add_runs_parser
@@ -21,6 +25,7 @@ from outlast.isolation.errors import IsolationError
 from outlast.isolation.policy import render_report
 from outlast.isolation.units import format_bytes
 from outlast.protocol import messages as m
+from outlast.protocol.auth import AuthError, ClusterKey
 from outlast.agent.procutil import pid_alive
 
 
@@ -34,11 +39,7 @@ def _default_preload() -> str:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    ctx = zmq.Context()
-    try:
-        running = find_running_agent(ctx)
-    finally:
-        ctx.term()
+    running = _agent_on_this_machine()
     if running is not None:
         info = read_node_file()
         print(f"an outlast node is already running at {running} (pid {info.pid if info else '?'}); "
@@ -64,6 +65,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         agent_args += ["--preemption-watchers", args.preemption_watchers]
     for url in args.metadata_url:
         agent_args += ["--metadata-url", url]
+    key_file = _key_file(args)
+    agent_args += _cluster_args(args, key_file)
     if args.block:
         from outlast.agent.__main__ import main as agent_main
 
@@ -71,28 +74,138 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 0
     log_path = state_dir() / "agent.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_start = log_path.stat().st_size if log_path.exists() else 0
     try:
-        proc, address = start_agent_process([], embedded=False, extra_args=agent_args, log_path=log_path)
+        # A member may wait for its head's handshake and answer (10 s each) before it listens.
+        proc, address = start_agent_process([], embedded=False, extra_args=agent_args, log_path=log_path,
+                                            timeout_s=60.0)
     except AgentUnavailable as e:
-        print(f"could not start the node: {e}", file=sys.stderr)
+        why = _start_errors(log_path, log_start)
+        joining = f"could not join the cluster whose head is at {args.head_address}" if args.head_address else ""
+        print(f"{joining or 'could not start the node'}: {why or e}", file=sys.stderr)
+        if why:
+            print(f"(the agent exited; its log: {log_path})", file=sys.stderr)
         return 1
+    key = ClusterKey.load(key_file) if key_file else ClusterKey.from_env()
+    local_key = _keep_key_for_local_tools(key_file, key)
     # Return once the fork server has its modules imported: a fit() right after this must not
     # pay for them.
-    ready = _wait_for_fork_server(address, timeout_s=180.0)
+    ready = _wait_for_fork_server(address, key, timeout_s=180.0)
     print(f"outlast node started at {address} (pid {proc.pid}); log: {log_path}")
     if not ready:
         print("its fork server is still importing its modules; `outlast status` shows when it is ready")
+    if args.head_address:
+        print(f"joined the cluster whose head is at {_head_of_new_member(address, key, args.head_address)}")
+    else:
+        _print_join_help(address, args.host, key_file)
+    if local_key:
+        print(local_key)
     print("Trainer.fit() on this machine now uses it; `outlast stop` stops it.")
     return 0
 
 
-def _wait_for_fork_server(address: str, timeout_s: float) -> bool:
+def _agent_on_this_machine() -> str | None:
+    """The agent `outlast start` published in $OUTLAST_HOME ($OUTLAST_ADDRESS may name another machine's)."""
+    info = read_node_file()
+    if info is None or not pid_alive(info.pid):
+        return None
+    ctx = zmq.Context()
+    try:
+        request(ctx, info.address, m.Ping(), timeout_s=2.0)
+    except AgentUnavailable:
+        return None
+    finally:
+        ctx.term()
+    return info.address
+
+
+def _key_file(args: argparse.Namespace) -> str | None:
+    """The key file the agent will use, absolute (None: the key is in $OUTLAST_CLUSTER_SECRET)."""
+    if os.environ.get("OUTLAST_CLUSTER_SECRET"):
+        return None
+    return os.path.abspath(args.cluster_key or os.environ.get("OUTLAST_CLUSTER_KEY") or cluster_key_path())
+
+
+def _cluster_args(args: argparse.Namespace, key_file: str | None) -> list[str]:
+    out = ["--node-timeout", str(args.node_timeout)]
+    if key_file is not None:
+        out += ["--cluster-key", key_file]
+    for flag, value in (("--address", args.head_address), ("--node-ip", args.node_ip),
+                        ("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus), ("--memory", args.memory),
+                        ("--resources", args.resources), ("--labels", args.labels),
+                        ("--failure-domain", args.failure_domain)):
+        if value not in (None, ""):
+            out += [flag, str(value)]
+    return out
+
+
+def _start_errors(log_path: Path, start: int) -> str:
+    """Why the agent exited during start-up: the errors it logged in this start's part of its log."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.split(" ERROR ", 1)[1] for line in lines if " ERROR " in line]
+    if errors:
+        return "; ".join(errors)
+    return "\n".join(lines[-5:])  # a crash: its traceback's last lines
+
+
+def _keep_key_for_local_tools(key_file: str | None, key: ClusterKey | None) -> str:
+    """Drivers and the CLI on this machine look for the key in $OUTLAST_HOME/cluster.key: put it there."""
+    local = cluster_key_path()
+    if key_file is None or key is None or os.path.abspath(key_file) == os.path.abspath(local):
+        return ""
+    replaced = local.exists()
+    if replaced:
+        try:
+            if ClusterKey.load(local).secret == key.secret:
+                return ""
+        except AuthError:
+            pass  # not a key: replace it
+    key.save(local)
+    return (f"copied the cluster key to {local}{' (replacing the key there)' if replaced else ''}, where drivers "
+            "and the CLI on this machine look for it")
+
+
+def _head_of_new_member(address: str, key: ClusterKey | None, given: str) -> str:
+    ctx = zmq.Context()
+    try:
+        pong = request(ctx, address, m.Ping(), timeout_s=5.0, key=key)
+        return pong.head_address if isinstance(pong, m.Pong) and pong.head_address else given
+    except AgentUnavailable:
+        return given
+    finally:
+        ctx.term()
+
+
+def _print_join_help(address: str, host: str, key_file: str | None) -> None:
+    where = address.split("://", 1)[-1]
+    key = key_file or "FILE (a file holding $OUTLAST_CLUSTER_SECRET)"
+    print(f"this node is the head of a new cluster; its key: {key}")
+    print("to add another machine, copy the key file there and run on it:")
+    print(f"  outlast start --address {where} --cluster-key {key}")
+    if _is_loopback(host):
+        print(f"note: this head listens on {host}, so only this machine can join it; to let other machines "
+              "join, `outlast stop` and start it again with `--host 0.0.0.0`")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _wait_for_fork_server(address: str, key: ClusterKey | None, timeout_s: float) -> bool:
     ctx = zmq.Context()
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                reply = request(ctx, address, m.StatusRequest(), timeout_s=5.0)
+                reply = request(ctx, address, m.StatusRequest(), timeout_s=5.0, key=key)
             except AgentUnavailable:
                 return False
             if isinstance(reply, m.StatusReply) and reply.zygote_ready:
@@ -141,12 +254,30 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("no outlast node is running on this machine (start one with `outlast start`)")
             return 1
         reply = request(ctx, address, m.StatusRequest(), timeout_s=3.0)
+        assert isinstance(reply, m.StatusReply)
+        _print_node(reply)
+        if not reply.head_address:
+            print(f"cluster: this node is its head; {_summary(reply.nodes)}")
+            print(render_nodes(reply.nodes, time.time()))
+            return 0
+        print(f"cluster: this node is a member; its head is at {reply.head_address}")
+        try:
+            table = request(ctx, reply.head_address, m.ListNodes(), timeout_s=3.0)
+        except AgentUnavailable as e:
+            print(f"the head does not answer, so its node table is unknown: {e}", file=sys.stderr)
+            return 1
+        assert isinstance(table, m.NodeList)
+        print(f"the head's node table (* this node): {_summary(table.nodes)}")
+        print(render_nodes(table.nodes, time.time(), this_node=reply.node_id))
+        return 0
     except AgentUnavailable as e:
         print(str(e), file=sys.stderr)
         return 1
     finally:
         ctx.term()
-    assert isinstance(reply, m.StatusReply)
+
+
+def _print_node(reply: m.StatusReply) -> None:
     up = time.time() - reply.started_at
     print(f"node {reply.node_id}  pid {reply.pid}  {reply.address}  up {up:.0f} s")
     print(f"fork server: {'ready' if reply.zygote_ready else 'starting'}, preloaded: "
@@ -176,7 +307,48 @@ def cmd_status(args: argparse.Namespace) -> int:
         for report in reply.recent_kills:
             when = time.strftime("%H:%M:%S", time.localtime(report.time))
             print(f"[{when}] " + render_report(report).replace("\n", "\n  "))
-    return 0
+
+
+def _summary(nodes: list[m.NodeInfo]) -> str:
+    counts = {state: sum(n.state == state for n in nodes) for state in ("alive", "draining", "dead")}
+    return f"{len(nodes)} node(s): " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+
+
+def render_nodes(nodes: list[m.NodeInfo], now_unix: float, this_node: str = "") -> str:
+    """The node table, one row per node, with a line under each draining or dead one saying why."""
+    header = ("NODE", "STATE", "ADDRESS", "RESOURCES", "DOMAIN", "LABELS", "RUNS")
+    rows = []
+    for n in nodes:
+        name = n.node_id + (" (head)" if n.is_head else "") + (" *" if n.node_id == this_node else "")
+        rows.append((name, n.state, n.address, _resources(n.resources), n.failure_domain or "-",
+                     ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-",
+                     ",".join(sorted(n.used)) or "-"))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip()]
+    for n, row in zip(nodes, rows):
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if n.state == "dead":
+            lines.append(f"      dead: silent since {time.strftime('%H:%M:%S', time.localtime(n.last_seen_unix))}")
+        elif n.draining is not None:
+            lines.append("      " + _draining(n.draining, now_unix))
+    return "\n".join(lines)
+
+
+def _draining(d: m.NodeDraining, now_unix: float) -> str:
+    if d.deadline_unix_s is None:
+        deadline = "no deadline"
+    elif d.deadline_unix_s >= now_unix:
+        deadline = f"deadline in {d.deadline_unix_s - now_unix:.0f} s"
+    else:
+        deadline = f"deadline passed {now_unix - d.deadline_unix_s:.0f} s ago"
+    why = f"{d.reason} ({d.message})" if d.message else d.reason
+    together = (f"; the drain of {d.node_id} took its failure domain: {', '.join(d.node_ids)}"
+                if len(d.node_ids) > 1 else "")
+    return f"draining: {why}, {deadline}{together}"
+
+
+def _resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k} {format_bytes(v) if k == 'memory' else f'{v:g}'}" for k, v in sorted(resources.items()))
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -201,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",
                    help="a cloud's metadata server, when not at the standard address")
     add_arguments(s)
+    add_cluster_arguments(s)  # the agent's own: --address, --cluster-key, --num-cpus, ...
     s.set_defaults(func=cmd_start)
     t = sub.add_parser("stop", help="stop the node agent on this machine and its workers")
     t.add_argument("--timeout", type=float, default=10.0)

@@ -63,7 +63,8 @@ def _when(t: float | None) -> str:
 
 
 def render(state: RunState, where: str) -> str:
-    lines = [f"run {state.name} at {where}", f"status: {state.status}" + (f" ({state.error})" if state.error else "")]
+    lines = [f"run {state.name} at {where}", f"status: {state.status}" + (f" ({state.error})" if state.error else "")
+             + (f" ({state.waiting_for})" if state.waiting_for else "")]
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(state.failure_counts.items())) or "none"
     lines.append(f"failures by kind: {counts}")
     lines.append("attempts:")

@@ -4,10 +4,32 @@ Every rank calls `report()` the same number of times, so report number i is the 
 logical checkpoint on every rank. A checkpoint at index i is whole once every rank
 has made at least i + 1 reports: each rank that had files for it sent them with its
 report i. The tracker only counts; the runtime writes the manifest.
+
+Lost ranks (`relax_collectives_on_preemption`). After `lose_ranks`, the tracker stops
+waiting for those ranks: checkpoint i is settled once every surviving rank has made
+i + 1 reports and no surviving rank's upload is still running. It is whole unless a
+lost rank held a shard of it that never arrived; then it has `missing_shards` and is
+never committed. Which ranks hold a shard of checkpoint i:
+
+(a) a rank that reported index i with a checkpoint directory (its files came with the
+    report, or its upload finished, failed, or was still running when it was lost:
+    the last of these is a missing shard);
+(b) a lost rank that never reported index i, when it contributed files to the most
+    recent earlier checkpoint this tracker saw whole, or, before any, to the restored
+    checkpoint whose contributing ranks seeded `shard_holders`. The tracker cannot
+    see what the rank would have written, so it assumes the same layout as last time;
+(c) with no such history, a lost rank that never reported index i when two or more
+    ranks contributed to checkpoint i: a sharded pattern, where every rank is assumed
+    to write a part. When one rank alone contributed, the pattern is the replicated
+    one (rank 0 saves), and a lost rank is assumed to hold nothing.
+
+Reports and uploads arriving from a rank after its loss are stragglers and are ignored:
+the decision about what that rank delivered was made when it was lost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from outlast.protocol.messages import FileEntry
@@ -22,30 +44,66 @@ class PendingCheckpoint:
     awaiting: set[int] = field(default_factory=set)  # ranks whose asynchronous upload is still running
     waiting: set[int] = field(default_factory=set)  # ranks blocked in report() until the commit
     errors: dict[int, str] = field(default_factory=dict)  # rank -> why its upload failed
+    # Lost ranks whose shard never arrived. Each also has an entry in `errors`, so a commit
+    # path that only refuses checkpoints with errors never commits one missing a shard.
+    missing_shards: list[int] = field(default_factory=list)
+
+    def missing_reason(self, node_of: Mapping[int, str] | None = None) -> str:
+        """Why this checkpoint is never committed; `node_of` (rank -> node id) names where the ranks were."""
+        nodes = sorted({node_of[r] for r in self.missing_shards if r in node_of}) if node_of else []
+        where = f"lost with node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}" if nodes \
+            else "lost before delivering them"
+        return f"checkpoint {self.checkpoint_dir} is missing the shards of ranks {self.missing_shards} ({where})"
+
+
+@dataclass(frozen=True)
+class LossOutcome:
+    """The checkpoints that losing ranks settled, oldest first, as `on_report` returns them."""
+
+    settled: list[PendingCheckpoint]
+
+    @property
+    def whole(self) -> list[PendingCheckpoint]:
+        return [p for p in self.settled if not p.missing_shards]
+
+    @property
+    def incomplete(self) -> list[PendingCheckpoint]:
+        return [p for p in self.settled if p.missing_shards]
 
 
 class CommitTracker:
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, shard_holders: Iterable[int] | None = None) -> None:
         self.world_size = world_size
         self.reports = [0] * world_size
+        self.lost: set[int] = set()
         self._pending: dict[int, PendingCheckpoint] = {}
-        # Rank 0's metrics of reports not yet made by every rank: a checkpoint's metrics are
-        # rank 0's, even when rank 0 had no files for it. Keys only grow, so the oldest is first.
-        self._rank0_metrics: dict[int, dict] = {}
-        self._early_uploads: dict[tuple[int, int], tuple[list[FileEntry], str | None]] = {}
+        # Ranks that contributed to the last whole checkpoint: rule (b) of the module docstring.
+        self._shard_holders: set[int] | None = set(shard_holders) if shard_holders is not None else None
+        # A checkpoint's metrics are the lead rank's, even when the lead had no files for it: rank 0,
+        # or after its loss the lowest surviving rank. Kept for reports not yet made by every
+        # surviving rank; keys only grow, so the oldest is first.
+        self._lead: int | None = 0
+        self._lead_metrics: dict[int, dict] = {}
+        self._early_uploads: dict[tuple[int, int], tuple[str, list[FileEntry], str | None]] = {}
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict,
         upload_pending: bool = False,
     ) -> list[PendingCheckpoint]:
-        """Record report `index` of `rank`; return the checkpoints that just became whole, oldest first."""
+        """Record report `index` of `rank`; return the checkpoints that just settled, oldest first.
+
+        Before any `lose_ranks` these are all whole; after, some may have `missing_shards`.
+        """
         if not 0 <= rank < self.world_size:
             raise ValueError(f"a report came from rank {rank}, outside the world of {self.world_size} ranks")
+        if rank in self.lost:
+            return []
         if index != self.reports[rank]:
             raise ValueError(f"rank {rank} sent report {index}, expected {self.reports[rank]}")
         self.reports[rank] = index + 1
-        if rank == 0 and self.world_size > 1:
-            self._rank0_metrics[index] = metrics
+        if rank == self._lead and self.world_size > 1:
+            # setdefault: after rank 0's loss, what rank 0 reported before it still wins.
+            self._lead_metrics.setdefault(index, metrics)
         if checkpoint_dir is not None:
             pending = self._pending.get(index)
             if pending is None:
@@ -56,7 +114,8 @@ class CommitTracker:
                 pending.files[rank] = list(files)
                 pending.waiting.add(rank)
             elif (rank, index) in self._early_uploads:
-                self._record_upload(pending, rank, *self._early_uploads.pop((rank, index)))
+                _, early_files, error = self._early_uploads.pop((rank, index))
+                self._record_upload(pending, rank, early_files, error)
             else:
                 pending.awaiting.add(rank)
         return self._ready()
@@ -64,13 +123,45 @@ class CommitTracker:
     def on_upload_done(
         self, rank: int, index: int, checkpoint_dir: str, files: list[FileEntry], error: str | None
     ) -> list[PendingCheckpoint]:
+        if rank in self.lost:
+            return []
         pending = self._pending.get(index)
         if pending is None or rank not in pending.awaiting:
-            self._early_uploads[(rank, index)] = (list(files), error)  # its Report is still on the way
+            self._early_uploads[(rank, index)] = (checkpoint_dir, list(files), error)  # its Report is on the way
             return []
         pending.awaiting.discard(rank)
         self._record_upload(pending, rank, files, error)
         return self._ready()
+
+    def lose_ranks(self, ranks: Iterable[int]) -> LossOutcome:
+        """Stop waiting for `ranks` (their node is gone); return the checkpoints that settled because of it."""
+        ranks = set(ranks)
+        outside = sorted(r for r in ranks if not 0 <= r < self.world_size)
+        if outside:
+            raise ValueError(f"cannot lose ranks {outside}, outside the world of {self.world_size} ranks")
+        new = ranks - self.lost
+        self.lost |= new
+        for (rank, index) in [k for k in self._early_uploads if k[0] in new]:
+            # Its upload finished but its Report never will arrive: the shard is there all the same.
+            checkpoint_dir, files, error = self._early_uploads.pop((rank, index))
+            pending = self._pending.get(index)
+            if pending is None:
+                pending = self._pending[index] = PendingCheckpoint(index, checkpoint_dir)
+            self._record_upload(pending, rank, files, error)
+        for pending in self._pending.values():
+            for rank in sorted(pending.awaiting & new):
+                pending.awaiting.discard(rank)
+                self._mark_missing(pending, rank, "lost while uploading its shard")
+        if self._lead in new:
+            self._lead = min(self._survivors(), default=None)
+        return LossOutcome(self._ready())
+
+    def waiting_for(self, index: int) -> list[int]:
+        """Surviving ranks that have not yet made report `index`."""
+        return [r for r, n in enumerate(self.reports) if n <= index and r not in self.lost]
+
+    def _survivors(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.lost]
 
     @staticmethod
     def _record_upload(pending: PendingCheckpoint, rank: int, files: list[FileEntry], error: str | None) -> None:
@@ -79,20 +170,36 @@ class CommitTracker:
         else:
             pending.files[rank] = list(files)
 
+    @staticmethod
+    def _mark_missing(pending: PendingCheckpoint, rank: int, why: str) -> None:
+        pending.missing_shards = sorted({*pending.missing_shards, rank})
+        pending.errors[rank] = why
+
+    def _holds_unreported_shard(self, pending: PendingCheckpoint, rank: int) -> bool:
+        """Rules (b) and (c) of the module docstring, for a lost rank that never reported this index."""
+        if self._shard_holders is not None:
+            return rank in self._shard_holders
+        contributors = set(pending.files) | set(pending.errors) | pending.awaiting
+        return len(contributors) >= 2
+
     def _ready(self) -> list[PendingCheckpoint]:
-        done_below = min(self.reports)
+        done_below = min((self.reports[r] for r in self._survivors()), default=float("inf"))
         out = []
         for i in sorted(self._pending):  # strictly in order: a later checkpoint never overtakes an earlier one
-            if i >= done_below or self._pending[i].awaiting:
+            pending = self._pending[i]
+            if i >= done_below or pending.awaiting:
                 break
+            unreported = [r for r in sorted(self.lost)
+                          if self.reports[r] <= i and r not in pending.files and r not in pending.errors]
+            for rank in [r for r in unreported if self._holds_unreported_shard(pending, r)]:
+                self._mark_missing(pending, rank, "lost before reporting its shard")
+            if not pending.missing_shards:
+                # Settled in order, so this is the history rule (b) needs for every later checkpoint.
+                self._shard_holders = set(pending.files) | set(pending.errors)
             out.append(self._pending.pop(i))
         for p in out:
-            p.metrics = self._rank0_metrics.get(p.index, p.metrics)
+            p.metrics = self._lead_metrics.get(p.index, p.metrics)
         oldest_kept = min([done_below, *self._pending])
-        while self._rank0_metrics and next(iter(self._rank0_metrics)) < oldest_kept:
-            del self._rank0_metrics[next(iter(self._rank0_metrics))]
+        while self._lead_metrics and next(iter(self._lead_metrics)) < oldest_kept:
+            del self._lead_metrics[next(iter(self._lead_metrics))]
         return out
-
-    def waiting_for(self, index: int) -> list[int]:
-        """Ranks that have not yet made report `index`."""
-        return [r for r, n in enumerate(self.reports) if n <= index]

@@ -105,6 +105,12 @@ class RunBook:
         self._save(now)
         return self.state.latest_checkpoint
 
+    def note_uncommitted(self, checkpoint_dir: str, reason: str, now: float) -> None:
+        """A checkpoint that could never be committed (a shard lost with its node): say why in the history."""
+        self.state.skipped_checkpoints.append(SkippedCheckpoint(checkpoint_dir=checkpoint_dir, reason=reason,
+                                                                time=now))
+        self._save(now)
+
     def _save(self, now: float | None = None) -> None:
         if now is not None:
             self.state.updated_at = now
@@ -123,6 +129,12 @@ class RunBook:
         self.state.status = "running"
         self._save(now)
         return number
+
+    def set_waiting(self, reason: str | None, now: float) -> None:
+        """Waiting for nodes to place the attempt on (reason), or placed again (None)."""
+        self.state.status = "waiting_for_capacity" if reason is not None else "running"
+        self.state.waiting_for = reason
+        self._save(now)
 
     def end_attempt(self, outcome: str, now: float) -> None:
         if self.state.attempts and self.state.attempts[-1].ended_at is None:

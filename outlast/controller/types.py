@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import zmq
-
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
-from outlast.protocol.transport import encode
 from outlast.storage.records import FailureRecord
 
 if TYPE_CHECKING:
@@ -20,13 +17,13 @@ if TYPE_CHECKING:
 class Timeouts:
     heartbeat_interval_s: float = 0.5
     driver_lost_after_s: float = 5.0  # the agent kills this run's workers after this silence
-    agent_lost_after_s: float = 15.0
     worker_start_s: float = 300.0  # fork, imports, backend set-up
     teardown_grace_s: float = 2.0  # SIGTERM, then SIGKILL after this
     finish_settle_s: float = 2.0  # wait for a finished rank's last messages
     collective_warn_s: float = 60.0
     collective_timeout_s: float = 1800.0
     capacity_s: float = 600.0  # how long an attempt waits for a node that takes its workers
+    node_lost_after_s: float = 5.0  # a node whose agent is silent this long is lost with its workers
 
 
 @dataclass(frozen=True)
@@ -48,6 +45,9 @@ class RunPlan:
     lease: "LeaseKeeper | None" = None
     max_preemption_failures: int = -1
     preemption_grace_s: float = 0.0
+    relax_collectives: bool = False  # on a preemption, go on with the surviving ranks
+    per_worker: dict[str, float] = field(default_factory=dict)
+    strategy: str = "PACK"
 
 
 @dataclass
@@ -63,12 +63,18 @@ class AttemptState:
     restore: str | None = None  # the checkpoint this attempt restores
     waiting_for_capacity_since: float | None = None
     respawn_at: float | None = None
+    placement: dict[int, str] = field(default_factory=dict)  # rank -> node id
+    lost: set[int] = field(default_factory=set)  # ranks gone with a preempted node, the run going on without them
+
+    def ranks_on(self, node_ids) -> list[int]:
+        return sorted(r for r, n in self.placement.items() if n in node_ids)
 
 
 @dataclass
 class Preemption:
     notice: m.NodeDraining
     ranks: list[int]
+    node_ids: list[str]
     decision_index: int
     noticed_at: float  # wall clock
     safe_after: float  # monotonic: tear down by then whatever happened
@@ -84,13 +90,3 @@ class Preemption:
         )
 
 
-class AgentLink:
-    """The controller's connection to a node agent (a DEALER socket)."""
-
-    def __init__(self, sock: zmq.Socket, address: str, alive: Callable[[], bool] = lambda: True) -> None:
-        self.sock = sock
-        self.address = address
-        self.alive = alive
-
-    def send(self, msg: m.Msg) -> None:
-        self.sock.send(encode(msg))

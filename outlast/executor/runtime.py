@@ -22,7 +22,7 @@ from typing import Any, Callable
 import cloudpickle
 import zmq
 
-from outlast.agent.discovery import find_running_agent, request, start_agent_process
+from outlast.agent.discovery import attach, request
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.policy import (
     RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
@@ -87,14 +87,13 @@ class Executor(cf.Executor):
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._ctx = zmq.Context()
         self._embedded = None
-        address = find_running_agent(self._ctx)
-        if address is None:
-            extra = isolation.to_args() if isolation else []
-            self._embedded, address = start_agent_process(list(preload or []), embedded=True, extra_args=extra)
-        elif isolation is not None and isolation.enable_resource_isolation:
-            log.warning("an outlast node is already running at %s; its own isolation settings apply", address)
-        self.address = address
-        reply = request(self._ctx, address, m.StatusRequest(), timeout_s=10.0)
+        access = attach(self._ctx, list(preload or []), isolation.to_args() if isolation else [])
+        self._access, self._embedded, self._key = access, access.embedded, access.key
+        if access.embedded is None and isolation is not None and isolation.enable_resource_isolation:
+            log.warning("an outlast node is already running at %s; its own isolation settings apply",
+                        access.head_address)
+        self.address = address = access.head_address
+        reply = request(self._ctx, address, m.StatusRequest(), timeout_s=10.0, key=self._key)
         assert isinstance(reply, m.StatusReply)
         self.max_workers = self._slots(reply.capacity, max_workers)
         self._window = float(self.max_workers)  # shrinks after memory kills, grows back on successes
@@ -149,8 +148,8 @@ class Executor(cf.Executor):
     # ---- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        agent = connect_dealer(self._ctx, self.address)
-        results, result_address = bind_router(self._ctx)
+        agent = connect_dealer(self._ctx, self.address, key=self._key)
+        results, result_address = bind_router(self._ctx, key=self._key)
         self._agent, self._result_address = agent, result_address
         poller = zmq.Poller()
         poller.register(agent, zmq.POLLIN)
@@ -184,6 +183,7 @@ class Executor(cf.Executor):
             agent.send(encode(m.EndRun(run_id=self.session)))
             agent.close(linger=1000)
             results.close(linger=0)
+            self._access.stop_authenticator()
             self._ctx.term()
             os.close(self._wake_r)
             os.close(self._wake_w)

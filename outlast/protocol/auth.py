@@ -20,6 +20,9 @@ from zmq.utils.monitor import recv_monitor_message
 log = logging.getLogger("outlast.protocol")
 
 
+SECRET_ENV = "OUTLAST_CLUSTER_SECRET"
+
+
 class AuthError(RuntimeError):
     """A peer refused our cluster key (or we have none for a cluster that needs one)."""
 
@@ -44,6 +47,17 @@ class ClusterKey:
         except FileNotFoundError:
             raise AuthError(f"no cluster key at {path}: copy it from the head node (it is written there at "
                             "`outlast start`), or pass --cluster-key") from None
+
+    @classmethod
+    def from_env(cls) -> "ClusterKey | None":
+        """The key a worker inherits from its agent ($OUTLAST_CLUSTER_SECRET)."""
+        secret = os.environ.get(SECRET_ENV)
+        return cls(secret.encode()) if secret else None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What to put in a child's environment so that `from_env` finds the key there."""
+        return {SECRET_ENV: self.secret.decode()}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         path = Path(path)

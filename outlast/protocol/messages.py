@@ -95,6 +95,7 @@ class Pong(Msg):
     node_id: str
     pid: int
     version: int = PROTOCOL_VERSION
+    head_address: str = ""  # the cluster's head; empty when this agent is the head
 
 
 class SpawnWorkers(Msg):
@@ -108,6 +109,7 @@ class SpawnWorkers(Msg):
     sys_path: list[str]
     run_name: str
     restore_checkpoint: str | None  # directory name under the run's directory
+    resources: dict[str, float] = {}  # what each of these workers holds on the node while it runs
     # Where the run lives ({storage_path}/{name}): a relaunched driver's run has the same key,
     # and the workers of its dead predecessor must not go on beside the new ones.
     run_key: str = ""
@@ -193,6 +195,8 @@ class NodeDraining(Msg):
     reason: str
     message: str
     deadline_unix_s: float | None
+    # Every node drained with it: a drain on one node of a failure domain drains the domain.
+    node_ids: list[str] = []
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -238,6 +242,8 @@ class StatusReply(Msg):
     recent_kills: list[KillReport] = []
     capacity: Resources | None = None  # what workloads may use on this node
     draining: NodeDraining | None = None
+    head_address: str = ""  # empty when this agent is the head
+    nodes: list["NodeInfo"] = []  # the node table (the head only)
 
 
 class DrainNode(Msg):
@@ -252,6 +258,52 @@ class DrainNode(Msg):
 class DrainAck(Msg):
     node_id: str
     runs_notified: int
+    node_ids: list[str] = []  # every node drained (the failure domain of node_id)
+
+
+class DrainRefused(Msg):
+    reason: str
+
+
+# ---- node agents <-> the head: the node table -------------------------------------
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as the head knows it."""
+
+    node_id: str
+    address: str  # its agent's socket, e.g. tcp://10.0.0.2:6380
+    host: str  # where its workers can be reached (torch.distributed's MASTER_ADDR when rank 0 runs there)
+    resources: dict[str, float]  # what workloads may use: {"CPU": 8, "GPU": 0, "memory": 3.2e10, ...}
+    labels: dict[str, str] = {}
+    failure_domain: str = ""  # a TPU slice, a rack: a drain on one node drains the domain
+    state: str = "alive"  # alive | draining | dead
+    draining: NodeDraining | None = None
+    used: dict[str, dict[str, float]] = {}  # run id -> resources its workers hold here
+    last_seen_unix: float = 0.0
+    is_head: bool = False
+
+
+class RegisterNode(Msg):
+    node: NodeInfo
+
+
+class NodeHeartbeat(Msg):
+    node_id: str
+    used: dict[str, dict[str, float]] = {}
+    draining: NodeDraining | None = None
+
+
+class HeartbeatAck(Msg):
+    known: bool  # False: the head does not know this node (it restarted); register again
+
+
+class ListNodes(Msg):
+    pass
+
+
+class NodeList(Msg):
+    nodes: list[NodeInfo]
 
 
 class SpawnRefused(Msg):
@@ -362,8 +414,12 @@ class CollectiveTimeout(Msg):
     waited_s: float
 
 
-AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask, DrainNode]
-AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck, SpawnRefused]
+AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,
+                     DrainNode, RegisterNode, NodeHeartbeat, ListNodes]
+AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck,
+                   SpawnRefused, DrainRefused, NodeList]
+# What the head sends a member agent over the member's own connection.
+HeadToMember = Union[HeartbeatAck, NodeDraining]
 WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice]
 

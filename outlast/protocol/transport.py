@@ -7,12 +7,15 @@ ZeroMQ does the framing and reconnection; this module only picks socket options
 from __future__ import annotations
 
 import logging
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 import zmq
 
 from outlast.protocol import messages as m
+
+if TYPE_CHECKING:
+    from outlast.protocol.auth import ClusterKey
 
 log = logging.getLogger("outlast.protocol")
 
@@ -66,18 +69,24 @@ WORKER_MESSAGES: Codec[m.WorkerMessage] = Codec(m.WorkerMessage)
 TO_WORKER: Codec[m.ControllerToWorker] = Codec(m.ControllerToWorker)
 TO_ZYGOTE: Codec[m.ToZygote] = Codec(m.ToZygote)
 FROM_ZYGOTE: Codec[m.FromZygote] = Codec(m.FromZygote)
+HEAD_TO_MEMBER: Codec[m.HeadToMember] = Codec(m.HeadToMember)
 
 
-def _tune(sock: zmq.Socket) -> zmq.Socket:
+def tune(sock: zmq.Socket) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, 2000)  # flush pending sends on close, but never hang forever
     sock.setsockopt(zmq.RECONNECT_IVL, 20)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
     return sock
 
 
-def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0) -> tuple[zmq.Socket, str]:
-    sock = _tune(ctx.socket(zmq.ROUTER))
+def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
+                key: "ClusterKey | None" = None) -> tuple[zmq.Socket, str]:
+    """With a cluster key the socket only talks to peers holding it (the context needs
+    `auth.start_authenticator`)."""
+    sock = tune(ctx.socket(zmq.ROUTER))
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a peer that went away must not raise on send
+    if key is not None:
+        key.serve(sock)
     if port:
         sock.bind(f"tcp://{host}:{port}")
     else:
@@ -86,9 +95,12 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0) -> tup
     return sock, address
 
 
-def connect_dealer(ctx: zmq.Context, address: str, identity: bytes | None = None) -> zmq.Socket:
-    sock = _tune(ctx.socket(zmq.DEALER))
+def connect_dealer(ctx: zmq.Context, address: str, identity: bytes | None = None,
+                   key: "ClusterKey | None" = None) -> zmq.Socket:
+    sock = tune(ctx.socket(zmq.DEALER))
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
+    if key is not None:
+        key.connect_as_client(sock)
     sock.connect(address)
     return sock

@@ -35,7 +35,12 @@ class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
     oom_report: str | None = None  # set when outlast killed the worker for memory: the kill report
 
     def describe(self) -> str:
-        where = f"rank {self.rank} (pid {self.pid}, node {self.node_id}, attempt {self.attempt})"
+        if self.exc_type in ("Preemption", "SpawnRefused"):  # about a node, not one process
+            return f"attempt {self.attempt}: {self.message}"
+        pid = f"pid {self.pid}, " if self.pid else ""
+        where = f"rank {self.rank} ({pid}node {self.node_id}, attempt {self.attempt})"
+        if self.exc_type == "NodeLost":
+            return f"{where} was lost with its node: {self.message}"
         if self.oom_report:
             return f"{where} was killed by outlast for memory (OOM kill):\n{self.oom_report}"
         if self.exc_type:
@@ -101,6 +106,7 @@ class RunState(msgspec.Struct, kw_only=True):
     skipped_checkpoints: list[SkippedCheckpoint] = []
     last_metrics: dict[str, Any] | None = None  # rank 0's last report
     error: str | None = None
+    waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
 
 
 class CorruptDocument(ValueError):

@@ -21,6 +21,7 @@ import zmq
 
 from outlast.faults import fault_point
 from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TO_WORKER, connect_dealer, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
@@ -74,6 +75,7 @@ class WorkerSession:
         self._uploader: ThreadPoolExecutor | None = None
         self._upload: Future | None = None
         self._upload_sock: zmq.Socket | None = None
+        self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
 
     # -- reports and checkpoints ------------------------------------------------
 
@@ -128,7 +130,8 @@ class WorkerSession:
                             checkpoint_dir=name, files=files, error=error)
         # A ZeroMQ socket belongs to one thread: the upload thread has its own.
         if self._upload_sock is None:
-            self._upload_sock = connect_dealer(zmq.Context.instance(), self._controller_address)
+            self._upload_sock = connect_dealer(zmq.Context.instance(), self._controller_address,
+                                               key=ClusterKey.from_env())
         self._upload_sock.send(encode(done))
 
     def wait_for_uploads(self) -> None:
@@ -174,7 +177,9 @@ class WorkerSession:
         seq = self._collectives
         self._collectives += 1
         rank = self.context.world_rank
-        payload = cloudpickle.dumps(obj) if (op == "broadcast" and rank == 0) else None
+        # With relaxed collectives any rank may be the source (the lowest that survives), so all send.
+        source = rank == 0 or self._relaxed
+        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) else None
         self._send(m.CollectiveRequest(attempt=self.context.attempt, rank=rank, seq=seq, op=op, payload=payload))
         reply = self._wait_for(
             lambda msg: isinstance(msg, (m.CollectiveReply, m.CollectiveTimeout)) and msg.seq == seq,

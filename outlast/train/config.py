@@ -13,6 +13,11 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 
 @dataclass
 class ScalingConfig:
+    """`resources_per_worker` (e.g. {"CPU": 4, "GPU": 1, "memory": 8e9}) is what each rank holds on
+    its node; nodes offer what `outlast start --num-cpus/--num-gpus/--memory/--resources` says.
+    `use_gpu` asks one GPU per worker. PACK fills a node before the next; SPREAD deals ranks
+    round-robin; STRICT_PACK needs one node; STRICT_SPREAD one node per rank."""
+
     num_workers: int = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
@@ -42,6 +47,9 @@ class FailureConfig:
     max_failures: int = 0
     max_preemption_failures: int = -1
     preemption_grace_s: float = 0.0
+    # On a preemption, report() and get_preemption_info() go on with the ranks that survive
+    # when the preempted ranks' node goes away (rank 0 included).
+    relax_collectives_on_preemption: bool = False
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)

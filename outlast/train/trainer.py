@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import cloudpickle
 import zmq
 
-from outlast.agent.discovery import find_running_agent, start_agent_process
+from outlast.agent.discovery import attach
 from outlast.agent.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
-from outlast.controller.runtime import AgentLink, Controller, RunPlan, Timeouts
+from outlast.controller.runtime import Cluster, Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
-from outlast.protocol.transport import connect_dealer
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend
@@ -111,32 +110,44 @@ class DataParallelTrainer:
             attempt_env=self._attempt_env, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
+            relax_collectives=rc.failure_config.relax_collectives_on_preemption,
+            per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
         )
         ctx = zmq.Context()
-        embedded = None
+        access = None
         try:
-            address = find_running_agent(ctx)
-            if address is None:
-                embedded, address = start_agent_process(list(self.backend.preload), embedded=True,
-                                                        extra_args=self.isolation.to_args() if self.isolation else [])
-            elif self.isolation is not None and self.isolation.enable_resource_isolation:
-                log.warning("an outlast node is already running at %s; its own isolation settings apply", address)
-            link = AgentLink(connect_dealer(ctx, address), address,
-                             alive=(lambda: embedded.poll() is None) if embedded else (lambda: True))
-            controller = Controller(plan, link, ctx)
+            access = attach(ctx, list(self.backend.preload), self.isolation.to_args() if self.isolation else [])
+            embedded = access.embedded
+            if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
+                log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
+                            access.head_address)
+            cluster = Cluster(ctx, access.head_address, access.key, time.monotonic,
+                              head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True),
+                              node_timeout_s=plan.timeouts.node_lost_after_s)
+            controller = Controller(plan, cluster, ctx, bind_host=_route_ip(access.head_address))
             try:
                 controller.run()
             finally:
-                link.sock.close(linger=500 if embedded is None else 0)
+                cluster.close(linger_ms=500 if embedded is None else 0)
         finally:
-            if embedded is not None:
-                _stop_embedded(embedded)
+            if access is not None:
+                if access.embedded is not None:
+                    _stop_embedded(access.embedded)
+                access.stop_authenticator()
             ctx.term()
 
+    def _per_worker(self) -> dict[str, float]:
+        # Without a request, ranks are placed by count alone: a laptop runs 4 workers on 2 cores.
+        sc = self.scaling_config
+        need = {"GPU": 1.0} if sc.use_gpu else {}
+        need.update({k: float(v) for k, v in (sc.resources_per_worker or {}).items()})
+        return {k: v for k, v in need.items() if v > 0}
+
     def _attempt_env(self, attempt: int) -> dict[str, str]:
+        # MASTER_ADDR is rank 0's node, which the controller knows once it has placed the ranks.
         if not self.backend.needs_rendezvous_port:
             return {}
-        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        return {"MASTER_PORT": str(_free_port())}
 
 
 Trainer = DataParallelTrainer
@@ -152,6 +163,16 @@ def _result(book: RunBook, storage, store: RunStore) -> Result:
         path=storage.uri(store.run_dir),
         best_checkpoints=[(Checkpoint(storage.uri(store.path(c.checkpoint_dir))), c.metrics) for c in ranked],
     )
+
+
+def _route_ip(address: str) -> str:
+    """The local address workers on other nodes reach this driver at: the one facing the head."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    if host.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # only asks the routing table
+        return s.getsockname()[0]
 
 
 def _free_port() -> int:
@@ -190,7 +211,7 @@ def _timeouts_from_env() -> Timeouts:
         collective_warn_s=float(env.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", defaults.collective_warn_s)),
         collective_timeout_s=float(env.get("OUTLAST_COLLECTIVE_TIMEOUT_S", defaults.collective_timeout_s)),
         capacity_s=float(env.get("OUTLAST_CAPACITY_TIMEOUT_S", defaults.capacity_s)),
-        agent_lost_after_s=float(env.get("OUTLAST_AGENT_TIMEOUT_S", defaults.agent_lost_after_s)),
+        node_lost_after_s=float(env.get("OUTLAST_NODE_TIMEOUT_S", defaults.node_lost_after_s)),
     )
 
 

@@ -235,3 +235,57 @@ def preemptible_loop(config: dict) -> None:
         train.report({"step": step}, checkpoint=checkpoint)
         log_event(config, event="step", step=step)
         time.sleep(config.get("step_sleep", 0.0))
+
+
+def relaxed_loop(config: dict) -> None:
+    """For relax_collectives_on_preemption: on a notice, the preempted ranks stop reporting (their node
+    is about to vanish) and the survivors save one checkpoint: the lowest survivor alone
+    (replicated), or every survivor its own shard (`sharded`)."""
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                start = json.load(f)["step"] + 1
+    log_event(config, event="start", restored_step=start - 1 if ckpt else None,
+              node_id=os.environ.get("OUTLAST_NODE_ID"))
+    sharded = config.get("sharded", False)
+    for step in range(start, config["steps"]):
+        train.collective.barrier()
+        info = train.get_preemption_info()
+        save = (step + 1) % config.get("every", 1000) == 0
+        if info is not None:
+            log_event(config, event="notice", step=step, node_ids=info.node_ids, ranks=info.ranks)
+            if rank in info.ranks:
+                time.sleep(3600)  # its node is going away; the test takes it
+            survivors = sorted(set(range(ctx.get_world_size())) - set(info.ranks))
+            save = sharded or rank == survivors[0]
+        checkpoint = None
+        if save and (sharded or info is not None or rank == 0):
+            d = tempfile.mkdtemp()
+            with open(os.path.join(d, f"shard_{rank}.json" if sharded else "state.json"), "w") as f:
+                json.dump({"step": step}, f)
+            if sharded and rank == (0 if info is None else min(set(range(ctx.get_world_size())) - set(info.ranks))):
+                with open(os.path.join(d, "state.json"), "w") as f:
+                    json.dump({"step": step}, f)
+            checkpoint = Checkpoint.from_directory(d)
+        try:
+            train.report({"step": step}, checkpoint=checkpoint)
+        except train.CheckpointCommitError as e:
+            log_event(config, event="commit_failed", step=step, error=str(e))
+            raise
+        log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
+        if info is not None:
+            log_event(config, event="saved", step=step)
+            time.sleep(3600)  # the controller restarts the run once the checkpoint is committed
+        time.sleep(config.get("step_sleep", 0.0))
+    log_event(config, event="end")
+
+
+def node_logging_loop(config: dict) -> None:
+    """`preemptible_loop`, also saying which node each rank runs on."""
+    log_event(config, event="placed", node_id=os.environ.get("OUTLAST_NODE_ID"),
+              local_rank=train.get_context().get_local_rank(), node_rank=train.get_context().get_node_rank())
+    preemptible_loop(config)

@@ -1,13 +1,27 @@
-"""The cluster key over real ZeroMQ sockets on loopback: right key in, wrong or no key out."""
+"""The cluster key over real ZeroMQ sockets on loopback: right key in, wrong or no key out.
+
+First bare sockets, then real agents: a member with the wrong key or none, a request with
+the wrong key, and malformed messages from a peer that does hold the key.
+"""
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
 import pytest
 import zmq
 
+from outlast.agent.discovery import AgentUnavailable, request
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, encode
+from outlast.protocol.transport import AGENT_EVENTS, AGENT_REQUESTS, encode
+from outlast.testing import LocalCluster
+from tests.integration.procs import wait_until
 
 
 @pytest.fixture
@@ -83,3 +97,97 @@ def test_a_missing_or_broken_key_file_says_what_to_do(tmp_path):
     (tmp_path / "bad.key").write_bytes(b"not a key")
     with pytest.raises(AuthError, match="not a valid cluster key"):
         ClusterKey.load(tmp_path / "bad.key")
+
+
+# ---- with real agents: joining, requests, malformed messages ------------------------------------
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def head():
+    """A one-node cluster (its head) whose key is in `head.key_file`; this process's env untouched."""
+    cluster = LocalCluster(num_nodes=1)
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def other_machine(tmp_path):
+    """Runs the CLI with its own OUTLAST_HOME, as on another machine; stops what it started."""
+    home = tmp_path / "other-machine"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OUTLAST_ADDRESS", "OUTLAST_CLUSTER_KEY", "OUTLAST_CLUSTER_SECRET")}
+    env["OUTLAST_HOME"] = str(home)
+
+    def outlast(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "outlast.cli.main", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=90, env=env)
+
+    outlast.home = home
+    yield outlast
+    if (home / "node.json").exists():
+        outlast("stop", "--timeout", "5")
+
+
+def _host_port(address: str) -> str:
+    return address.split("://", 1)[-1]
+
+
+def test_a_member_with_another_clusters_key_is_refused_with_a_clear_message(head, other_machine, tmp_path):
+    wrong = tmp_path / "fresh.key"
+    ClusterKey.generate().save(wrong)
+    started = other_machine("start", "--preload", "", "--address", _host_port(head.head_address),
+                            "--cluster-key", str(wrong))
+    assert started.returncode != 0
+    assert f"could not join the cluster whose head is at {_host_port(head.head_address)}" in started.stderr
+    assert "refused this cluster key" in started.stderr and "key file of the cluster's head" in started.stderr
+    assert not (other_machine.home / "node.json").exists()
+    assert [n.node_id for n in head.node_table()] == ["node-0"]
+
+
+def test_a_member_without_a_key_file_is_refused_and_told_where_to_get_one(head, other_machine):
+    started = other_machine("start", "--preload", "", "--address", _host_port(head.head_address))
+    assert started.returncode != 0
+    assert f"no cluster key at {other_machine.home / 'cluster.key'}" in started.stderr
+    assert "copy it from the head node" in started.stderr
+    assert [n.node_id for n in head.node_table()] == ["node-0"]
+
+
+def test_a_request_with_the_wrong_key_raises_agent_unavailable_saying_the_key_was_refused(
+        head, tmp_path, monkeypatch):
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(AgentUnavailable, match="refused this cluster key"):
+            request(ctx, head.head_address, m.Ping(), timeout_s=5.0, key=ClusterKey.generate())
+        # As a driver or the CLI finds it: the key file named by $OUTLAST_CLUSTER_KEY.
+        wrong = tmp_path / "fresh.key"
+        ClusterKey.generate().save(wrong)
+        monkeypatch.setenv("OUTLAST_CLUSTER_KEY", str(wrong))
+        with pytest.raises(AgentUnavailable, match="refused this cluster key"):
+            request(ctx, head.head_address, m.StatusRequest(), timeout_s=5.0)
+        monkeypatch.setenv("OUTLAST_CLUSTER_KEY", str(head.key_file))
+        assert isinstance(request(ctx, head.head_address, m.Ping(), timeout_s=5.0), m.Pong)
+    finally:
+        ctx.term()
+
+
+def test_malformed_messages_with_the_right_key_are_logged_and_dropped_and_the_agent_keeps_answering(head):
+    log = head.nodes["node-0"].log_path
+    ctx = zmq.Context()
+    sock = _client(ctx, ClusterKey.load(head.key_file))
+    try:
+        connect_checked(sock, head.head_address, 5000)
+        sock.send(random.Random(0).randbytes(64))
+        sock.send(msgspec.msgpack.encode({"type": "NoSuchMessage", "node_id": "x"}))
+        sock.send(encode(m.Pong(node_id="x", pid=1)))  # a real message, but no request
+        sock.send(encode(m.Ping()))
+        assert sock.poll(5000), "the agent stopped answering after malformed messages"
+        assert isinstance(AGENT_EVENTS.decode(sock.recv()), m.Pong)
+        assert not sock.poll(200)  # nothing answered the malformed ones
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    wait_until(lambda: log.read_text().count("dropped a malformed request") == 3, 10, "three log lines")
+    assert "NoSuchMessage" in log.read_text()

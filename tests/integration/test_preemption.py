@@ -92,7 +92,8 @@ def test_drain_node_refuses_an_unknown_node_id(node):
 
 
 def test_sigterm_to_a_blocking_node_drains_it_before_it_stops(storage_path, tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTLAST_AGENT_TIMEOUT_S", "3")
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "3")
+    monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "3")
     agent = subprocess.Popen([sys.executable, "-m", "outlast.cli.main", "start", "--block", "--preload", ""],
                              cwd=ROOT, env={**os.environ, "OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "20"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

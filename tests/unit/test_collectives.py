@@ -73,3 +73,68 @@ def test_a_completed_collective_is_never_overdue():
     t = tracker(world_size=1)
     assert t.arrive(0, 0, "barrier", None, now=0.0) is not None
     assert t.overdue(now=1000.0) == []
+
+
+# ---- lost ranks (relax_collectives_on_preemption) ----------------------------------------
+
+
+def test_a_barrier_completes_when_the_ranks_it_waits_for_are_lost():
+    t = tracker(world_size=3)
+    t.arrive(0, 0, "barrier", None, 0.0)
+    t.arrive(2, 0, "barrier", None, 0.0)
+    t.arrive(0, 1, "barrier", None, 0.0)
+    [done] = t.lose_ranks({1})
+    assert (done.seq, done.arrived) == (0, {0, 2})
+    assert t.arrive(2, 1, "barrier", None, 0.0).seq == 1  # afterwards only survivors are waited for
+
+
+def test_a_loss_completes_several_collectives_in_sequence_order():
+    t = tracker(world_size=2)
+    t.arrive(0, 4, "barrier", None, 0.0)
+    t.arrive(0, 3, "barrier", None, 0.0)
+    assert [p.seq for p in t.lose_ranks({1})] == [3, 4]
+
+
+def test_a_broadcast_whose_rank_zero_is_lost_carries_the_lowest_surviving_ranks_payload():
+    t = tracker(world_size=4)
+    t.arrive(3, 0, "broadcast", b"three", 0.0)
+    t.arrive(2, 0, "broadcast", b"two", 0.0)
+    assert t.lose_ranks({0}) == []
+    done = t.arrive(1, 0, "broadcast", b"one", 0.0)
+    assert done.payload == b"one"
+
+
+def test_a_broadcast_skips_a_lost_ranks_payload_when_rank_zero_is_lost_too():
+    t = tracker(world_size=3)
+    t.arrive(1, 0, "broadcast", b"one", 0.0)
+    t.arrive(2, 0, "broadcast", b"two", 0.0)
+    [done] = t.lose_ranks({0, 1})
+    assert done.payload == b"two"
+
+
+def test_rank_zeros_payload_wins_while_it_lives_and_once_it_arrived():
+    t = tracker(world_size=3)
+    t.arrive(1, 0, "broadcast", b"one", 0.0)
+    t.arrive(0, 0, "broadcast", b"zero", 0.0)
+    assert t.arrive(2, 0, "broadcast", b"two", 0.0).payload == b"zero"
+    t.arrive(0, 1, "broadcast", b"zero", 0.0)
+    t.arrive(1, 1, "broadcast", b"one", 0.0)
+    [done] = t.lose_ranks({0, 2})  # rank 0 spoke before its node went
+    assert done.payload == b"zero"
+
+
+def test_an_arrival_from_a_lost_rank_is_ignored():
+    t = tracker(world_size=2)
+    t.lose_ranks({1})
+    assert t.arrive(1, 0, "broadcast", b"late", 0.0) is None
+    assert t.arrive(1, 0, "barrier", None, 0.0) is None  # not even checked against the op
+    done = t.arrive(0, 0, "barrier", None, 0.0)
+    assert done.arrived == {0}
+
+
+def test_overdue_does_not_list_lost_ranks_as_missing():
+    t = tracker(world_size=4, warn=10.0, timeout=60.0)
+    t.arrive(0, 0, "barrier", None, now=0.0)
+    t.lose_ranks({3})
+    [w] = t.overdue(now=10.0)
+    assert w.missing == [1, 2]

@@ -100,3 +100,152 @@ def test_a_report_from_a_rank_outside_the_world_is_refused():
         tracker.on_report(2, 0, None, [], {})
     with pytest.raises(ValueError, match="outside the world"):
         tracker.on_report(-1, 0, None, [], {})
+
+
+# ---- lost ranks (relax_collectives_on_preemption) ----------------------------------------
+
+
+def test_a_replicated_checkpoint_commits_with_the_survivors_when_a_rank_is_lost_before_reporting():
+    t = CommitTracker(world_size=3)
+    t.on_report(0, 0, "c0", files("model.pt"), {"loss": 1.0})
+    t.on_report(2, 0, None, [], {})
+    outcome = t.lose_ranks({1})
+    [done] = outcome.settled
+    assert outcome.whole == [done] and outcome.incomplete == []
+    assert (done.checkpoint_dir, done.files, done.metrics, done.missing_shards) == \
+        ("c0", {0: files("model.pt")}, {"loss": 1.0}, [])
+
+
+def test_a_sharded_checkpoint_missing_a_lost_holders_shard_is_never_whole_and_says_whose():
+    t = CommitTracker(world_size=3)
+    t.on_report(0, 0, "c0", files("shard0"), {})
+    t.on_report(2, 0, "c0", files("shard2"), {})
+    [failed] = t.lose_ranks({1}).incomplete
+    assert failed.missing_shards == [1]
+    assert 1 in failed.errors  # a commit path that refuses errors refuses this one too
+    assert failed.waiting == {0, 2}  # they are blocked in report() and must be told
+    assert failed.missing_reason() == "checkpoint c0 is missing the shards of ranks [1] (lost before delivering them)"
+    assert failed.missing_reason({1: "n2"}) == "checkpoint c0 is missing the shards of ranks [1] (lost with node n2)"
+
+
+def test_losing_a_rank_that_already_delivered_its_shard_costs_nothing():
+    t = CommitTracker(world_size=3)
+    t.on_report(0, 0, "c0", files("shard0"), {})
+    t.on_report(1, 0, "c0", files("shard1"), {})
+    assert t.lose_ranks({1}).settled == []  # rank 2 has not reported yet
+    [done] = t.on_report(2, 0, "c0", files("shard2"), {})
+    assert done.missing_shards == [] and sorted(done.files) == [0, 1, 2]
+
+
+def test_the_decision_waits_for_the_survivors_then_uses_what_they_contributed():
+    t = CommitTracker(world_size=3)
+    t.on_report(0, 0, "c0", files("shard0"), {})
+    assert t.lose_ranks({1}).settled == []
+    assert t.waiting_for(0) == [2]
+    [failed] = t.on_report(2, 0, "c0", files("shard2"), {})  # now two contributors: sharded
+    assert failed.missing_shards == [1]
+
+
+def test_losing_rank_zero_of_a_sharded_checkpoint_fails_it_and_later_metrics_come_from_the_new_lead():
+    t = CommitTracker(world_size=3)
+    for r in range(3):
+        t.on_report(r, 0, "c0", files(f"s{r}"), {"from": r})
+    t.on_report(1, 1, "c1", files("s1"), {"from": 1})
+    t.on_report(2, 1, "c1", files("s2"), {"from": 2})
+    [failed] = t.lose_ranks({0}).settled
+    assert (failed.checkpoint_dir, failed.missing_shards) == ("c1", [0])
+    assert failed.waiting == {1, 2}
+    t.on_report(2, 2, None, [], {"from": 2})
+    [done] = t.on_report(1, 2, "c2-replicated", files("m"), {"from": 1})
+    assert done.metrics == {"from": 1}
+    assert done.missing_shards == [0]  # history: rank 0 held a shard of c0, so of c2 too
+
+
+def test_a_lost_rank_whose_asynchronous_upload_was_running_misses_its_shard():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "c0", files("shard0"), {})
+    t.on_report(1, 0, "c0", [], {}, upload_pending=True)
+    [failed] = t.lose_ranks({1}).settled
+    assert failed.missing_shards == [1]
+    assert t.on_upload_done(1, 0, "c0", files("shard1"), None) == []  # too late
+
+
+def test_an_upload_that_finished_before_the_lost_ranks_report_arrived_still_counts():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "c0", files("shard0"), {})
+    assert t.on_upload_done(1, 0, "c0", files("shard1"), None) == []  # its Report never arrives
+    [done] = t.lose_ranks({1}).settled
+    assert done.missing_shards == [] and done.files == {0: files("shard0"), 1: files("shard1")}
+
+
+def test_a_loss_settles_an_earlier_checkpoint_and_then_a_later_one():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "c0", files("m"), {"step": 0})
+    t.on_report(0, 1, "c1", files("m"), {"step": 1})
+    outcome = t.lose_ranks({1})
+    assert [(p.checkpoint_dir, p.metrics, p.missing_shards) for p in outcome.settled] == \
+        [("c0", {"step": 0}, []), ("c1", {"step": 1}, [])]
+    [done] = t.on_report(0, 2, "c2", files("m"), {})  # from now on rank 0 alone is waited for
+    assert done.index == 2
+
+
+def test_a_checkpoint_missing_a_shard_does_not_hold_back_the_next_one():
+    t = CommitTracker(world_size=2, shard_holders={0, 1})
+    t.on_report(0, 0, "c0", files("s0"), {})
+    t.on_report(0, 1, "c1", files("s0"), {})
+    [c0, c1] = t.lose_ranks({1}).settled
+    assert (c0.missing_shards, c1.missing_shards) == ([1], [1])
+
+
+def test_a_report_from_a_lost_rank_is_a_straggler_and_is_ignored():
+    t = CommitTracker(world_size=2)
+    t.lose_ranks({1})
+    assert t.on_report(1, 5, "c5", files("x"), {}) == []  # out of sequence too, yet no error
+    assert t.reports == [0, 0]
+    [done] = t.on_report(0, 0, "c0", files("m"), {})
+    assert done.files == {0: files("m")}
+
+
+def test_waiting_for_leaves_lost_ranks_out():
+    t = CommitTracker(world_size=3)
+    t.lose_ranks({1})
+    assert t.waiting_for(0) == [0, 2]
+
+
+def test_history_seeded_from_the_restored_manifest_decides_for_ranks_that_never_reported():
+    replicated = CommitTracker(world_size=2, shard_holders={0})
+    replicated.on_report(0, 0, "c0", files("m"), {})
+    assert replicated.lose_ranks({1}).settled[0].missing_shards == []
+    sharded = CommitTracker(world_size=2, shard_holders={0, 1})
+    sharded.on_report(0, 0, "c0", files("m"), {})
+    assert sharded.lose_ranks({1}).settled[0].missing_shards == [1]
+
+
+def test_history_of_a_whole_checkpoint_replaces_the_seed():
+    t = CommitTracker(world_size=3, shard_holders={0, 1, 2})
+    t.on_report(0, 0, "c0", files("m"), {})
+    t.on_report(1, 0, None, [], {})
+    [done] = t.on_report(2, 0, None, [], {})  # this run saves from rank 0 alone
+    assert done.missing_shards == []
+    t.on_report(0, 1, "c1", files("m"), {})
+    t.on_report(1, 1, None, [], {})
+    [done] = t.lose_ranks({2}).settled
+    assert done.missing_shards == []
+
+
+def test_losing_ranks_outside_the_world_is_refused_and_losing_twice_is_harmless():
+    t = CommitTracker(world_size=2)
+    with pytest.raises(ValueError, match="outside the world"):
+        t.lose_ranks({2})
+    assert t.lost == set()
+    t.lose_ranks({1})
+    assert t.lose_ranks({1}).settled == []
+
+
+def test_missing_reason_names_every_node_the_ranks_were_lost_with():
+    t = CommitTracker(world_size=4, shard_holders={0, 1, 2, 3})
+    t.on_report(0, 0, "c0", files("s0"), {})
+    t.on_report(1, 0, "c0", files("s1"), {})
+    [failed] = t.lose_ranks({2, 3}).settled
+    assert failed.missing_reason({2: "n2", 3: "n3"}) == \
+        "checkpoint c0 is missing the shards of ranks [2, 3] (lost with nodes n2, n3)"
