@@ -48,6 +48,7 @@ class LocalCluster:
         self._domains = list(failure_domains or [])
         self._tmp = tempfile.TemporaryDirectory(prefix="outlast-cluster-") if workdir is None else None
         self.workdir = Path(workdir or self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file = self.workdir / "cluster.key"
         self.nodes: dict[str, LocalNode] = {}
         self._saved_env: dict[str, str | None] = {}

@@ -130,6 +130,8 @@ class Controller:
         self._check_nodes(a, now)
         if self.state.is_terminal:
             return
+        if self.horizons.tick(now) is not None:
+            log.info("every rank sees get_preemption_info() from call #%d", self.horizons.decision_index)
         if self.state is State.PREEMPTING and a.preemption is not None and now >= a.preemption.safe_after:
             log.warning("the preemption deadline of attempt %d has passed; restarting from %s", a.number,
                         self.book.state.latest_checkpoint or "scratch")
@@ -161,7 +163,8 @@ class Controller:
             for rank in a.ranks_on({node_id}):
                 if rank in a.exited:
                     continue
-                gone = m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0, exit_code=None,
+                gone = m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=a.pids.get(rank, 0),
+                                      exit_code=None,
                                       signal=None, node_id=node_id, error=m.WorkerError(
                                           exc_type="NodeLost", message=why, traceback="", phase="train"))
                 self._on_worker_exited(gone)
@@ -351,6 +354,9 @@ class Controller:
                 break
         if isinstance(event, m.WorkerExited):
             self._on_worker_exited(event)
+        elif isinstance(event, m.WorkerStarted):
+            if self.attempt is not None and event.attempt == self.attempt.number and event.run_id == self.run_id:
+                self.attempt.pids[event.rank] = event.pid
         elif isinstance(event, m.NodeDraining):
             self._on_node_draining(event)
         elif isinstance(event, m.SpawnRefused):
@@ -373,12 +379,12 @@ class Controller:
         grace = self.plan.preemption_grace_s
         window = (notice.deadline_unix_s - now + grace) if notice.deadline_unix_s is not None else 120.0 + grace
         a.preemption = Preemption(notice=notice, ranks=ranks, node_ids=sorted(nodes & set(a.placement.values())),
-                                  decision_index=self.horizons.preempt(), noticed_at=now,
+                                  decision_index=self.horizons.preempt(self.clock()), noticed_at=now,
                                   safe_after=self.clock() + max(0.0, window),
                                   reports_at_notice=list(self.commits.reports))
-        log.warning("node %s is draining (%s: %s); ranks %s see get_preemption_info() from call #%d and have "
-                    "%.1f s to save a checkpoint", ", ".join(a.preemption.node_ids), notice.reason, notice.message,
-                    ranks, a.preemption.decision_index, max(0.0, window))
+        log.warning("node %s is draining (%s: %s); ranks %s of attempt %d are preempted, and every rank has %.1f s "
+                    "to save a checkpoint", ", ".join(a.preemption.node_ids), notice.reason, notice.message, ranks,
+                    a.number, max(0.0, window))
         self._fire(Event.PREEMPTION_NOTICE)
 
     def _tighten_deadline(self, a: AttemptState, notice: m.NodeDraining) -> None:
@@ -423,6 +429,7 @@ class Controller:
             a.failures.append(_failure_record(ev))
         log.warning("rank %d (on preempted node %s) is gone; ranks %s go on without it", ev.rank, ev.node_id,
                     sorted(set(range(self.plan.world_size)) - a.lost))
+        self.horizons.lose_rank(ev.rank)
         outcome = self.commits.lose_ranks({ev.rank})
         for pending in outcome.settled:
             self._commit(pending)
@@ -520,13 +527,16 @@ class Controller:
                     ranks=a.preemption.ranks, reason=n.reason, message=n.message,
                     deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None))
             else:
-                self._send_to_rank(msg.rank, m.PreemptionGrant(index=msg.index, horizon=answer.horizon))
+                self._send_to_rank(msg.rank, m.PreemptionGrant(index=msg.index, horizon=answer.horizon,
+                                                               valid_s=answer.valid_s))
         elif isinstance(msg, m.WorkerDone):
             a.done.add(msg.rank)
             if a.all_exited_ok_at is not None and a.done >= set(range(self.plan.world_size)):
                 self._fire(Event.ALL_FINISHED)
 
     def _on_report(self, msg: m.Report) -> None:
+        if msg.saw_preemption and self.attempt is not None:
+            self.attempt.jit_reports.add((msg.rank, msg.index))
         if msg.rank == 0:
             self.last_metrics = msg.metrics
         try:
@@ -558,19 +568,31 @@ class Controller:
         else:
             self._apply_retention()
             reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
-        for rank in sorted(pending.waiting):
-            self._send_to_rank(rank, reply)
         p = a.preemption
-        if self.state is not State.PREEMPTING or p is None:
-            return
-        if isinstance(reply, m.Committed) and all(pending.index >= p.reports_at_notice[r] for r in pending.files):
+        if self.state is State.PREEMPTING and p is not None and isinstance(reply, m.Committed) \
+                and self._saved_for_preemption(a, p, pending):
+            # The ranks stay blocked in that report() until the teardown reaches them: a step
+            # they took after it would be lost.
             log.info("checkpoint %s, saved after the preemption notice, is committed; restarting now",
                      pending.checkpoint_dir)
             self._fire(Event.PREEMPTION_SAFE)
-        elif pending.missing_shards:
+            return
+        for rank in sorted(pending.waiting):
+            self._send_to_rank(rank, reply)
+        if self.state is not State.PREEMPTING or p is None:
+            return
+        if pending.missing_shards:
             # Waiting longer cannot bring a lost shard back.
             log.warning("restarting from %s now", self.book.state.latest_checkpoint or "scratch")
             self._fire(Event.PREEMPTION_SAFE)
+
+    def _saved_for_preemption(self, a: AttemptState, p: Preemption, pending: PendingCheckpoint) -> bool:
+        """A loop that asks get_preemption_info() gets to save its just-in-time checkpoint: only one
+        saved after the notice reached it counts. A loop that never asks has its first checkpoint
+        reported after the notice count."""
+        if self.horizons.watched:
+            return all((r, pending.index) in a.jit_reports for r in pending.files)
+        return all(pending.index >= p.reports_at_notice[r] for r in pending.files)
 
     def _apply_retention(self) -> None:
         doomed = checkpoints_to_delete(self.book.state.checkpoints, self.plan.num_to_keep,

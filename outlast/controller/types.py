@@ -64,7 +64,9 @@ class AttemptState:
     waiting_for_capacity_since: float | None = None
     respawn_at: float | None = None
     placement: dict[int, str] = field(default_factory=dict)  # rank -> node id
+    pids: dict[int, int] = field(default_factory=dict)  # rank -> its process, as its agent reported it
     lost: set[int] = field(default_factory=set)  # ranks gone with a preempted node, the run going on without them
+    jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing a notice
 
     def ranks_on(self, node_ids) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)
@@ -75,7 +77,7 @@ class Preemption:
     notice: m.NodeDraining
     ranks: list[int]
     node_ids: list[str]
-    decision_index: int
+    decision_index: int | None  # None until every rank has said where it is (preemption.py)
     noticed_at: float  # wall clock
     safe_after: float  # monotonic: tear down by then whatever happened
     reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice

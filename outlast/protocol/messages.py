@@ -339,6 +339,7 @@ class Report(Msg):
     checkpoint_dir: str | None = None  # set by a rank that has files for this checkpoint
     files: list[FileEntry] = []
     upload_pending: bool = False  # the files follow in an UploadDone (asynchronous upload)
+    saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
 
 
 class UploadDone(Msg):
@@ -390,6 +391,7 @@ class CommitFailed(Msg):
 class PreemptionGrant(Msg):
     index: int
     horizon: int
+    valid_s: float = float("inf")  # the grant ends at the horizon or after this long, whichever is first
 
 
 class PreemptionNotice(Msg):

@@ -70,7 +70,8 @@ class WorkerSession:
         self._collectives = 0
         self._inbox: list[m.ControllerToWorker] = []
         self._preemption_calls = 0
-        self._horizon = 0  # calls below it answer None without asking anyone
+        self._horizon = 0  # calls below it answer None without asking anyone...
+        self._expires = 0.0  # ...until then (time.monotonic())
         self._preemption: PreemptionInfo | None = None
         self._uploader: ThreadPoolExecutor | None = None
         self._upload: Future | None = None
@@ -88,6 +89,8 @@ class WorkerSession:
         index = self._reports
         self._reports += 1
         attempt, rank = self.context.attempt, self.context.world_rank
+        # Whether this checkpoint is the loop's answer to a notice: the controller waits for that one.
+        saw = self._preemption is not None and self._preemption_calls > self._horizon
         if checkpoint is None:
             self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics))
             return
@@ -97,7 +100,7 @@ class WorkerSession:
             delete = True if delete_local_after_upload is None else delete_local_after_upload
             self.wait_for_uploads()  # one upload in flight at a time keeps local disk use bounded
             self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name,
-                                upload_pending=True))
+                                upload_pending=True, saw_preemption=saw))
             if self._uploader is None:
                 self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outlast-upload")
             self._upload = self._uploader.submit(self._upload_async, checkpoint.path, dest, index, name, delete)
@@ -107,7 +110,8 @@ class WorkerSession:
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         self._send(
-            m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name, files=files)
+            m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name, files=files,
+                     saw_preemption=saw)
         )
         reply = self._wait_for(
             lambda msg: isinstance(msg, (m.Committed, m.CommitFailed)) and msg.index == index,
@@ -153,7 +157,7 @@ class WorkerSession:
     def get_preemption_info(self) -> PreemptionInfo | None:
         index = self._preemption_calls
         self._preemption_calls = index + 1
-        if index < self._horizon:
+        if index < self._horizon and time.monotonic() < self._expires:
             return None
         if self._preemption is not None:
             return self._preemption
@@ -163,12 +167,12 @@ class WorkerSession:
             what=f"the answer to get_preemption_info() call #{index}",
         )
         if isinstance(reply, m.PreemptionGrant):
-            self._horizon = reply.horizon
+            self._horizon, self._expires = reply.horizon, time.monotonic() + reply.valid_s
             return None
         self._preemption = PreemptionInfo(node_ids=list(reply.node_ids), ranks=list(reply.ranks),
                                           deadline_ms=reply.deadline_unix_ms, reason=reply.reason,
                                           message=reply.message)
-        self._horizon = reply.decision_index
+        self._horizon, self._expires = reply.decision_index, float("inf")
         return self._preemption if index >= reply.decision_index else None
 
     # -- collectives ------------------------------------------------------------
