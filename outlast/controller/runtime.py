@@ -411,10 +411,8 @@ class Controller:
         elif failed:
             self._on_failure(_failure_record(ev))
         elif self.state is State.PREEMPTING:
-            log.warning("rank %d returned from the train function during a preemption; the run restarts from "
-                        "its latest checkpoint instead of ending", ev.rank)
-            if len(a.exited) == self.plan.world_size:
-                self._fire(Event.PREEMPTION_SAFE)
+            # The others go on saving; if every rank returns, the training is over and the run finishes.
+            log.warning("rank %d returned from the train function during a preemption", ev.rank)
         if self.state is State.RESTARTING and len(a.exited) == self.plan.world_size:
             self._settle_failed_attempt()
         elif self.state.has_live_workers and len(a.exited) == self.plan.world_size:
@@ -524,6 +522,7 @@ class Controller:
                 n = a.preemption.notice
                 self._send_to_rank(msg.rank, m.PreemptionNotice(
                     index=msg.index, decision_index=answer.decision_index, node_ids=a.preemption.node_ids,
+                    node_to_ranks={n: a.ranks_on({n}) for n in a.preemption.node_ids},
                     ranks=a.preemption.ranks, reason=n.reason, message=n.message,
                     deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None))
             else:

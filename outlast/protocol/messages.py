@@ -402,6 +402,7 @@ class PreemptionNotice(Msg):
     deadline_unix_ms: int | None
     reason: str
     message: str
+    node_to_ranks: dict[str, list[int]] = {}
 
 
 class CollectiveReply(Msg):

@@ -171,7 +171,8 @@ class WorkerSession:
             return None
         self._preemption = PreemptionInfo(node_ids=list(reply.node_ids), ranks=list(reply.ranks),
                                           deadline_ms=reply.deadline_unix_ms, reason=reply.reason,
-                                          message=reply.message)
+                                          message=reply.message,
+                                          preempted_node_to_ranks={k: list(v) for k, v in reply.node_to_ranks.items()})
         self._horizon, self._expires = reply.decision_index, float("inf")
         return self._preemption if index >= reply.decision_index else None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -19,3 +19,13 @@ class PreemptionInfo:
     deadline_ms: int | None
     reason: str
     message: str
+    preempted_node_to_ranks: dict[str, list[int]] = field(default_factory=dict)
+
+    # Ray Train's names for the same facts.
+    @property
+    def preempted_node_ids(self) -> list[str]:
+        return sorted(self.preempted_node_to_ranks or self.node_ids)
+
+    @property
+    def preempted_ranks(self) -> list[int]:
+        return sorted(self.ranks)

@@ -219,3 +219,42 @@ def test_entrypoint_resumes_after_driver_is_killed(tmp_path: Path, home: Path) -
     assert "done (loss" not in again.stdout, _explain(again)
     assert "finished at epoch 9" in again.stdout, _explain(again)
     assert len(_run_state(run_dir)["attempts"]) == 2
+
+
+def test_preemption_jit_checkpoint_moves_to_the_spare_node_drained_with_the_cli(tmp_path, monkeypatch):
+    from outlast.testing import LocalCluster
+
+    storage = tmp_path / "storage"
+    with LocalCluster(num_nodes=2) as cluster:
+        env = {**_env(tmp_path / "home"), "OUTLAST_ADDRESS": cluster.head_address,
+               "OUTLAST_CLUSTER_KEY": str(cluster.key_file)}
+        proc = subprocess.Popen(
+            [sys.executable, str(EXAMPLES / "preemption_jit_checkpoint.py"), "--storage_path", str(storage),
+             "--run_name", "jit", "--steps", "120", "--step_s", "0.05", "--checkpoint_every", "20"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            state_file = storage / "jit" / "run_state.json"
+            deadline = time.monotonic() + TIMEOUT_S
+            while not (state_file.exists() and json.loads(state_file.read_text())["latest_checkpoint"]):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+            busy = [n.node_id for n in cluster.node_table() if n.used]
+            assert len(busy) == 1
+            drained = subprocess.run([sys.executable, "-m", "outlast.cli.main", "drain-node", "--node-id", busy[0],
+                                      "--reason", "preemption", "--reason-message", "spot reclaim",
+                                      "--deadline-remaining-seconds", "30"],
+                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            assert drained.returncode == 0, drained.stderr
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, out
+        # Workers print to their node's log, as on a machine of their own.
+        worker_out = cluster.nodes[busy[0]].log_path.read_text()
+        assert f"nodes ['{busy[0]}'] (ranks [0, 1]) are being preempted; saving a checkpoint now" in worker_out
+        state = json.loads(state_file.read_text())
+        assert state["status"] == "finished" and state["failure_counts"] == {"preemption": 1}
+        jit = [c for c in state["checkpoints"] if c["metrics"].get("preempted")]
+        assert len(jit) == 1 and jit[0]["attempt"] == 1
+        assert state["attempts"][1]["restored_from"] == jit[0]["checkpoint_dir"]  # no step lost
+        assert not [n for n in cluster.node_table() if n.node_id == busy[0] and n.used]
