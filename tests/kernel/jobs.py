@@ -17,9 +17,12 @@ def touch(mib: int) -> bytearray:
     return buf
 
 
-def steady(mib: int, seconds: float) -> str:
+def steady(mib: int, seconds: float, release: str | None = None) -> str:
+    """Hold `mib` for `seconds`, or until the file `release` exists."""
     held = touch(mib)
-    time.sleep(seconds)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not (release and os.path.exists(release)):
+        time.sleep(0.05)
     return f"steady done ({len(held) // MiB} MiB)"
 
 

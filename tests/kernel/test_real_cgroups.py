@@ -124,18 +124,23 @@ def test_a_crashed_agents_tree_is_cleaned_up_by_the_next_agent(node):
     assert _status(address2, log).isolation is not None
 
 
-def test_a_memory_hog_task_is_killed_by_outlast_not_by_the_kernel(node):
+def test_a_memory_hog_task_is_killed_by_outlast_not_by_the_kernel(node, tmp_path):
     _, start = node
+    release = str(tmp_path / "release")
     _, address, log = start()
     oom_before = kernel_oom_kills()
     watch = PingWatch(address)
     try:
         with outlast.Executor(max_workers=2, num_cpus=0.25, max_oom_retries=1, oom_backoff_s=0.2) as ex:
-            steady = ex.submit(jobs.steady, 150, 6 * SLOW)
+            # The steady task runs until the hog is done with, however slow the machine.
+            steady = ex.submit(jobs.steady, 150, 300 * SLOW, release)
             time.sleep(2 * SLOW)  # the steady task is older: it has more work at risk
             hog = ex.submit(jobs.hog, 3000)
-            with pytest.raises(outlast.OutOfMemoryError) as e:
-                hog.result(timeout=120 * SLOW)
+            try:
+                with pytest.raises(outlast.OutOfMemoryError) as e:
+                    hog.result(timeout=120 * SLOW)
+            finally:
+                Path(release).touch()
             assert steady.result(timeout=60 * SLOW).startswith("steady done")
     finally:
         watch.stop()
