@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
-    if args.embedded or args.die_with_parent:
+    if args.embedded:
         die_with_parent()
     node_id = args.node_id or uuid.uuid4().hex[:8]
     try:
@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     # runs can save a checkpoint (OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, default 30 s).
     signal.signal(signal.SIGTERM, agent.request_stop if args.embedded else agent.request_graceful_stop)
     signal.signal(signal.SIGINT, agent.request_stop)
+    if args.die_with_parent:
+        # Not PR_SET_PDEATHSIG: that fires when the parent *thread* ends, and a test may start
+        # nodes from a thread that ends long before the test does.
+        agent.parent_pid = os.getppid()
     if args.preemption_watchers:
         urls = dict(item.split("=", 1) for item in args.metadata_url if "=" in item)
         agent.watch_cloud_notices([k for k in args.preemption_watchers.split(",") if k], urls)

@@ -102,6 +102,7 @@ class Agent:
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.head: HeadRole | None = None
         self.member: MemberLink | None = None
+        self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.runs: dict[str, Run] = {}
         self.workers: dict[int, Worker] = {}
         self.zygote_ready = False
@@ -410,6 +411,9 @@ class Agent:
     # ---- timers ------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.warning("the process that started this node (pid %d) is gone; stopping", self.parent_pid)
+            self._stop = True
         self._take_notices()
         if self.head is not None:
             self.head.expire(now)

@@ -137,6 +137,11 @@ class Controller:
                         self.book.state.latest_checkpoint or "scratch")
             self._fire(Event.PREEMPTION_SAFE)
             return
+        if self.state is State.PREEMPTING and a.preemption is not None and a.preemption.saved \
+                and self._room_elsewhere():
+            log.info("room for the run appeared; restarting from %s now", a.preemption.saved)
+            self._fire(Event.PREEMPTION_SAFE)
+            return
         if self.state is State.SCHEDULING and a.respawn_at is not None:
             if now >= a.respawn_at:
                 a.respawn_at = None
@@ -570,12 +575,17 @@ class Controller:
         p = a.preemption
         if self.state is State.PREEMPTING and p is not None and isinstance(reply, m.Committed) \
                 and self._saved_for_preemption(a, p, pending):
-            # The ranks stay blocked in that report() until the teardown reaches them: a step
-            # they took after it would be lost.
-            log.info("checkpoint %s, saved after the preemption notice, is committed; restarting now",
-                     pending.checkpoint_dir)
-            self._fire(Event.PREEMPTION_SAFE)
-            return
+            p.saved = pending.checkpoint_dir
+            if self._room_elsewhere():
+                # The ranks stay blocked in that report() until the teardown reaches them: a step
+                # they took after it would be lost.
+                log.info("checkpoint %s, saved after the preemption notice, is committed; restarting now",
+                         pending.checkpoint_dir)
+                self._fire(Event.PREEMPTION_SAFE)
+                return
+            log.warning("checkpoint %s, saved after the preemption notice, is committed, but no node that is not "
+                        "draining has room for the run; it trains on until the deadline or until room appears",
+                        pending.checkpoint_dir)
         for rank in sorted(pending.waiting):
             self._send_to_rank(rank, reply)
         if self.state is not State.PREEMPTING or p is None:
@@ -584,6 +594,10 @@ class Controller:
             # Waiting longer cannot bring a lost shard back.
             log.warning("restarting from %s now", self.book.state.latest_checkpoint or "scratch")
             self._fire(Event.PREEMPTION_SAFE)
+
+    def _room_elsewhere(self) -> bool:
+        return not isinstance(place(self.cluster.views(self.run_id), self.plan.world_size, self.plan.per_worker,
+                                    self.plan.strategy), NoCapacity)
 
     def _saved_for_preemption(self, a: AttemptState, p: Preemption, pending: PendingCheckpoint) -> bool:
         """A loop that asks get_preemption_info() gets to save its just-in-time checkpoint: only one

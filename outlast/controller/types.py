@@ -81,6 +81,7 @@ class Preemption:
     noticed_at: float  # wall clock
     safe_after: float  # monotonic: tear down by then whatever happened
     reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
+    saved: str | None = None  # the checkpoint committed for this notice, when the run could not move yet
 
     def as_failure(self, attempt: int) -> FailureRecord:
         n = self.notice

@@ -250,3 +250,27 @@ def test_a_sharded_checkpoint_missing_the_shard_of_a_preempted_rank_is_not_commi
     restored = {e["restored_step"] for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2}
     assert restored == {None}  # nothing whole was ever saved: from scratch
     assert _state(storage_path)["latest_checkpoint"] is None
+
+
+@pytest.mark.parametrize("cluster", [{"num_nodes": 2}], indirect=True)
+def test_a_run_waits_visibly_for_a_replacement_node_and_goes_on_when_one_joins(
+        cluster, storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "120")
+    events = tmp_path / "events.jsonl"
+    seen = {}
+
+    def lose_a_node_then_replace_it():
+        cluster.kill_node("node-1")
+        state_file = Path(storage_path) / "run" / "run_state.json"
+        wait_until(lambda: json.loads(state_file.read_text())["status"] == "waiting_for_capacity", 60,
+                   "the run to say it waits for capacity")
+        seen.update(json.loads(state_file.read_text()))
+        cluster.add_node("node-2")
+
+    replacer = _when(events, _at_step(8), lose_a_node_then_replace_it, "step 8")
+    result = _fit(node_logging_loop, storage_path, events, strategy="STRICT_SPREAD", steps=20, max_failures=1)
+    replacer.join()
+    assert result.metrics == {"step": 19}
+    assert "do not fit" in seen["waiting_for"] and "STRICT_SPREAD" in seen["waiting_for"]
+    assert set(_placed(events, 2).values()) == {"node-0", "node-2"}
+    assert _state(storage_path)["status"] == "finished" and _state(storage_path)["waiting_for"] is None

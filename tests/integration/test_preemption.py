@@ -34,7 +34,7 @@ def node():
     _outlast("stop")
 
 
-def _drain_when(events, step, node_id, deadline_s=20):
+def _drain_when(events, step, node_id, deadline_s=6):
     def run():
         wait_until(lambda: any(e.get("step", -1) >= step for e in read_events(events)), 60, f"step {step}")
         done = _outlast("drain-node", "--node-id", node_id, "--reason", "preemption", "--reason-message",
@@ -67,7 +67,7 @@ def test_a_drain_reaches_every_rank_on_the_same_call_and_the_jit_checkpoint_is_c
     assert len({e["call"] for e in notices}) == 1 and len({e["step"] for e in notices}) == 1
     n = notices[0]
     assert n["node_ids"] == [node] and n["ranks"] == [0, 1, 2] and n["reason"] == "preemption"
-    assert started + 15 < n["deadline_ms"] / 1000 < time.time() + 20
+    assert started + 5 < n["deadline_ms"] / 1000 < time.time() + 6
     state = json.loads((Path(storage_path) / "run" / "run_state.json").read_text())
     latest = Path(storage_path) / "run" / state["latest_checkpoint"]
     assert json.loads((latest / "state.json").read_text()) == {"step": n["step"]}  # no step lost
@@ -95,7 +95,7 @@ def test_sigterm_to_a_blocking_node_drains_it_before_it_stops(storage_path, tmp_
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "3")
     monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "3")
     agent = subprocess.Popen([sys.executable, "-m", "outlast.cli.main", "start", "--block", "--preload", ""],
-                             cwd=ROOT, env={**os.environ, "OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "20"},
+                             cwd=ROOT, env={**os.environ, "OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "6"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: _outlast("status").returncode == 0, 30, "the node to start")
@@ -113,8 +113,8 @@ def test_sigterm_to_a_blocking_node_drains_it_before_it_stops(storage_path, tmp_
         state = json.loads((Path(storage_path) / "run" / "run_state.json").read_text())
         latest = Path(storage_path) / "run" / state["latest_checkpoint"]
         assert json.loads((latest / "state.json").read_text()) == {"step": notices[0]["step"]}
-        # The node left once its workers were gone, well before its 20 s drain deadline.
-        assert agent.wait(timeout=15) == 0
+        # With nowhere to move, the workers trained on until the drain deadline; then the node left.
+        assert agent.wait(timeout=30) == 0
     finally:
         agent.kill()
 
