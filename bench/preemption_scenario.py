@@ -138,12 +138,18 @@ def run_variant(variant: str, args) -> dict:
             cluster.kill_node(node)  # the cloud takes the machine at the deadline
             drained["killed_t"] = time.time()
             log(f"killed {node} at the deadline")
-            time.sleep(2.0)
-            try:  # what a user sees in the run's history meanwhile (`outlast runs`)
-                state = json.load(open(os.path.join(work, "storage", "preempt", "run_state.json")))
-                drained["status_after_deadline"] = (state["status"], state.get("waiting_for"))
-            except (OSError, ValueError):
-                pass
+            # What a user sees in the run's history meanwhile (`outlast runs`), and how soon.
+            while time.time() < drained["killed_t"] + 30:
+                try:
+                    state = json.load(open(os.path.join(work, "storage", "preempt", "run_state.json")))
+                except (OSError, ValueError):
+                    state = {}
+                if state.get("status") not in (None, "running"):
+                    drained["status_after_deadline"] = {
+                        "status": state["status"], "waiting_for": state.get("waiting_for"),
+                        "seconds_after_the_node_went": time.time() - drained["killed_t"]}
+                    break
+                time.sleep(0.1)
 
         threading.Thread(target=drain_and_reclaim, daemon=True).start()
         trainer = TorchTrainer(
@@ -166,7 +172,7 @@ def run_variant(variant: str, args) -> dict:
         state = json.load(open(os.path.join(work, "storage", "preempt", "run_state.json")))
         out["run_state_status"] = state["status"]
         out["run_state_waiting_for"] = state.get("waiting_for")
-        out["run_state_2s_after_deadline"] = drained.get("status_after_deadline")
+        out["run_state_after_the_node_went"] = drained.get("status_after_deadline")
         out.update(figures(read_events(events), drained, spare_nodes=set(workers) - {drained.get("node")}))
     return out
 
@@ -227,7 +233,7 @@ def main() -> int:
         "drain_to_first_step_on_spare_s": s.get("drain_to_first_step_on_spare_s"),
         "steps_lost": s.get("steps_lost"),
         "no_spare": {k: results.get("nospare", {}).get(k) for k in (
-            "run_state_2s_after_deadline", "run_state_status", "fit", "error_message", "fit_end_t_after_drain_s")},
+            "run_state_after_the_node_went", "run_state_status", "fit", "error_message", "fit_end_t_after_drain_s")},
         "spare": s,
         "nospare": results.get("nospare"),
     }
