@@ -46,15 +46,20 @@ def _fault(config: dict, step: int, when: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _restored_start() -> tuple[int, Checkpoint | None]:
+    """The step to start at (after the restored checkpoint's `state.json` step), and that checkpoint."""
+    ckpt = train.get_checkpoint()
+    if ckpt is None:
+        return 0, None
+    with ckpt.as_directory() as d:
+        with open(os.path.join(d, "state.json")) as f:
+            return json.load(f)["step"] + 1, ckpt
+
+
 def counting_loop(config: dict) -> None:
     """No torch: a step counter checkpointed every `every` steps as a JSON file."""
     ctx = train.get_context()
-    start = 0
-    ckpt = train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            with open(os.path.join(d, "state.json")) as f:
-                start = json.load(f)["step"] + 1
+    start, ckpt = _restored_start()
     log_event(config, event="start", restored_step=start - 1 if ckpt else None)
     for step in range(start, config["steps"]):
         train.collective.barrier()  # keeps ranks in lock step, like a gradient all-reduce would
@@ -211,12 +216,7 @@ def data_loader_loop(config: dict) -> None:
 def preemptible_loop(config: dict) -> None:
     """Asks get_preemption_info() every step; on a notice, saves one just-in-time checkpoint and goes on."""
     ctx = train.get_context()
-    start = 0
-    ckpt = train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            with open(os.path.join(d, "state.json")) as f:
-                start = json.load(f)["step"] + 1
+    start, ckpt = _restored_start()
     log_event(config, event="start", restored_step=start - 1 if ckpt else None)
     saved = False
     for step in range(start, config["steps"]):
@@ -243,12 +243,7 @@ def relaxed_loop(config: dict) -> None:
     (replicated), or every survivor its own shard (`sharded`)."""
     ctx = train.get_context()
     rank = ctx.get_world_rank()
-    start = 0
-    ckpt = train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            with open(os.path.join(d, "state.json")) as f:
-                start = json.load(f)["step"] + 1
+    start, ckpt = _restored_start()
     log_event(config, event="start", restored_step=start - 1 if ckpt else None,
               node_id=os.environ.get("OUTLAST_NODE_ID"))
     sharded = config.get("sharded", False)

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from outlast.agent.procutil import pid_alive
 from tests.integration.jobs import counting_loop, log_event
 
 PREFIX = "ol-"  # namespace names: ol-<pid>-<tok>-<i>
@@ -77,21 +78,12 @@ def sweep_stale() -> None:
     """Remove the namespaces and bridges of earlier test processes that died without cleaning up."""
     for name in ip("netns", "list", check=False).stdout.split():
         match = re.fullmatch(rf"{PREFIX}(\d+)-([0-9a-f]+)-\d+", name)
-        if not match or _pid_alive(int(match.group(1))):
+        if not match or pid_alive(int(match.group(1))):
             continue
         _kill_pids(namespace_pids(name))  # what our agents left in there
         ip("netns", "del", name, check=False)
         ip("link", "del", f"olbr{match.group(2)}", check=False)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _used_subnets() -> set[str]:
