@@ -309,6 +309,8 @@ class Agent:
     def _apply_drain(self, notice: m.NodeDraining) -> int:
         """Stop taking workers here; tell every run with workers here. Returns how many runs were told."""
         self.draining = notice
+        if self.member is not None:
+            self.member.next_heartbeat = 0.0  # the head learns of it on this loop's next turn
         runs = {w.run_id for w in self.workers.values()}
         for run_id in runs:
             if run_id in self.runs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+import msgspec
 import zmq
 
 from outlast.controller.placement import NodeView
@@ -57,6 +58,7 @@ class Cluster:
         self._next_query = 0.0
         self._last_tick = clock()
         self._lost_here: dict[str, float] = {}  # node id -> when this driver lost it
+        self._drained_here: dict[str, m.NodeDraining] = {}  # drains this driver heard of from the nodes
 
     # ---- the node table -----------------------------------------------------------------
 
@@ -108,6 +110,24 @@ class Cluster:
             if isinstance(reply, m.NodeList):
                 self._query_sent, answered = None, True
                 self.nodes = {n.node_id: n for n in reply.nodes}
+                self._overlay_drains()
+
+    def note_draining(self, notice: m.NodeDraining) -> None:
+        """A node told this driver it is draining: no new work there, even before the head's table says so
+        (a node drains itself on SIGTERM and tells the head with its next heartbeat)."""
+        for node_id in set(notice.node_ids) | {notice.node_id}:
+            self._drained_here[node_id] = notice
+        self._overlay_drains()
+
+    def _overlay_drains(self) -> None:
+        for node_id, notice in list(self._drained_here.items()):
+            node = self.nodes.get(node_id)
+            if node is None:
+                continue
+            if node.state == "dead":  # a node that comes back later is a new start, not draining
+                del self._drained_here[node_id]
+            elif node.state == "alive":
+                self.nodes[node_id] = msgspec.structs.replace(node, state="draining", draining=notice)
 
     def views(self, run_id: str) -> list[NodeView]:
         """What each live node can give this run: its resources minus what other runs hold there."""

@@ -12,7 +12,6 @@ import logging
 import time
 import uuid
 
-import msgspec
 import zmq
 
 from outlast.controller.collectives import CollectiveTracker
@@ -370,9 +369,7 @@ class Controller:
     def _on_node_draining(self, notice: m.NodeDraining) -> None:
         a = self.attempt
         nodes = set(notice.node_ids) | {notice.node_id}
-        for node_id in nodes & set(self.cluster.nodes):  # no new work there, before the head's table says so
-            self.cluster.nodes[node_id] = msgspec.structs.replace(self.cluster.nodes[node_id], state="draining",
-                                                                  draining=notice)
+        self.cluster.note_draining(notice)
         if a is None or self.state not in (State.SCHEDULING, State.RUNNING):
             if a is not None and a.preemption is not None and self.state is State.PREEMPTING:
                 self._tighten_deadline(a, notice)

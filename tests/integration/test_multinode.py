@@ -274,3 +274,22 @@ def test_a_run_waits_visibly_for_a_replacement_node_and_goes_on_when_one_joins(
     assert "do not fit" in seen["waiting_for"] and "STRICT_SPREAD" in seen["waiting_for"]
     assert set(_placed(events, 2).values()) == {"node-0", "node-2"}
     assert _state(storage_path)["status"] == "finished" and _state(storage_path)["waiting_for"] is None
+
+
+def test_sigterm_to_a_member_agent_drains_it_and_the_run_moves_before_it_stops(storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    monkeypatch.setenv("OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "30")  # inherited by the nodes
+    with LocalCluster(num_nodes=3, node_timeout_s=2) as cluster:
+        events = tmp_path / "events.jsonl"
+        term = _when(events, _at_step(8), lambda: cluster.stop_node(_placed(events, 1)[1]), "step 8")
+        result = _fit(node_logging_loop, storage_path, events, strategy="SPREAD", steps=30)
+        term.join()
+        stopped = _placed(events, 1)[1]
+        assert result.metrics == {"step": 29}
+        notices = [e for e in read_events(events) if e["event"] == "notice"]
+        assert {e["rank"] for e in notices} == {0, 1} and notices[0]["reason"] == "shutdown"
+        assert notices[0]["node_ids"] == [stopped] and stopped not in _placed(events, 2).values()
+        assert {e["restored_step"] for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2} \
+            == {notices[0]["step"]}
+        # Its workers gone, the node left long before its 30 s drain deadline.
+        assert cluster.nodes[stopped].proc.wait(timeout=15) == 0
