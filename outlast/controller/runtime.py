@@ -250,8 +250,8 @@ class Controller:
         by_node: dict[str, list[m.WorkerSpec]] = {}
         for node, spec in placed.workers:
             by_node.setdefault(node.node_id, []).append(spec)
-        env = {**self.plan.env, **self.plan.attempt_env(a.number)}
-        if "MASTER_PORT" in env:  # torch.distributed meets at rank 0's node
+        env = dict(self.plan.env)
+        if self.plan.rendezvous:  # torch.distributed meets at rank 0's node
             env["MASTER_ADDR"] = self.cluster.nodes[a.placement[0]].host
         if self.plan.relax_collectives:
             env["OUTLAST_RELAX_COLLECTIVES"] = "1"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
@@ -40,7 +40,7 @@ class RunPlan:
     env: dict[str, str]
     cwd: str
     sys_path: list[str]
-    attempt_env: Callable[[int], dict[str, str]]  # per-attempt variables (e.g. a rendezvous port)
+    rendezvous: bool = False  # the backend meets at rank 0's node (MASTER_ADDR); rank 0 picks the port there
     timeouts: Timeouts = Timeouts()
     lease: "LeaseKeeper | None" = None
     max_preemption_failures: int = -1

@@ -9,12 +9,12 @@ class Backend:
     """The generic trainer's backend: nothing to set up.
 
     `preload` names the modules the fork server imports once, so forked workers start
-    with them already imported. `needs_rendezvous_port` asks the controller for a free
+    with them already imported. `needs_rendezvous` asks the controller for a free
     port per attempt (exported as MASTER_ADDR and MASTER_PORT).
     """
 
     preload: tuple[str, ...] = ()
-    needs_rendezvous_port = False
+    needs_rendezvous = False
 
     def on_start(self, context: TrainContext) -> None:
         pass

@@ -107,7 +107,7 @@ class DataParallelTrainer:
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
             env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
-            attempt_env=self._attempt_env, timeouts=_timeouts_from_env(), lease=lease,
+            rendezvous=self.backend.needs_rendezvous, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
@@ -143,11 +143,6 @@ class DataParallelTrainer:
         need.update({k: float(v) for k, v in (sc.resources_per_worker or {}).items()})
         return {k: v for k, v in need.items() if v > 0}
 
-    def _attempt_env(self, attempt: int) -> dict[str, str]:
-        # MASTER_ADDR is rank 0's node, which the controller knows once it has placed the ranks.
-        if not self.backend.needs_rendezvous_port:
-            return {}
-        return {"MASTER_PORT": str(_free_port())}
 
 
 Trainer = DataParallelTrainer
@@ -174,11 +169,6 @@ def _route_ip(address: str) -> str:
         s.connect((host, 9))  # only asks the routing table
         return s.getsockname()[0]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _main_file() -> str | None:

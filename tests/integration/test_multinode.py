@@ -293,3 +293,25 @@ def test_sigterm_to_a_member_agent_drains_it_and_the_run_moves_before_it_stops(s
             == {notices[0]["step"]}
         # Its workers gone, the node left long before its 30 s drain deadline.
         assert cluster.nodes[stopped].proc.wait(timeout=15) == 0
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("cluster", [{"num_nodes": 2}], indirect=True)
+def test_ddp_spans_nodes_and_a_killed_node_resumes_it_on_the_other(cluster, storage_path, tmp_path):
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.jobs import ddp_loop
+
+    events = tmp_path / "events.jsonl"
+    killer = _when(events, lambda evs: any(e["event"] == "step" and e["step"] >= 12 for e in evs),
+                   lambda: cluster.kill_node("node-1"), "step 12")
+    result = TorchTrainer(ddp_loop, train_loop_config={"events": str(events), "steps": 25, "every": 5},
+                          scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD"),
+                          run_config=RunConfig(name="run", storage_path=storage_path,
+                                               failure_config=FailureConfig(max_failures=1))).fit()
+    killer.join()
+    assert result.metrics["step"] == 24
+    starts = [e for e in read_events(events) if e["event"] == "start"]
+    committed = [e["step"] for e in read_events(events) if e["event"] == "step" and e["attempt"] == 1
+                 and e["checkpointed"]]
+    assert {e["restored_step"] for e in starts if e["attempt"] == 2} == {max(committed)}  # the last before the kill
+    assert _state(storage_path)["attempts"][0]["failures"][0]["exc_type"] == "NodeLost"

@@ -19,7 +19,7 @@ class TorchConfig:
 class TorchBackend(Backend):
     # DistributedDataParallel imports torch._dynamo (and sympy) on first use: seconds we pay once.
     preload = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
-    needs_rendezvous_port = True
+    needs_rendezvous = True
 
     def __init__(self, config: TorchConfig | None = None, use_gpu: bool = False) -> None:
         self.config = config or TorchConfig()
@@ -34,6 +34,12 @@ class TorchBackend(Backend):
             if not torch.cuda.is_available():
                 raise RuntimeError("ScalingConfig(use_gpu=True) but this worker sees no CUDA device")
             torch.cuda.set_device(context.local_rank % torch.cuda.device_count())
+        if "MASTER_PORT" not in os.environ:
+            # A port free on rank 0's node, which only rank 0 can tell; every rank learns it from rank 0.
+            from outlast.train import collective
+
+            os.environ["MASTER_PORT"] = str(collective.broadcast_from_rank_zero(
+                _free_port() if context.world_rank == 0 else None))
         # Loopback rendezvous on one node; gloo otherwise guesses an interface from the hostname.
         if os.environ.get("MASTER_ADDR") == "127.0.0.1":
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -47,3 +53,11 @@ class TorchBackend(Backend):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
