@@ -15,6 +15,7 @@ from outlast.agent.procutil import die_with_parent
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.protocol.auth import AuthError, ClusterKey
+from outlast.protocol.transport import route_ip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,16 +109,14 @@ def spec_from_args(args: argparse.Namespace) -> NodeSpec:
     if head is not None and "://" not in head:
         head = f"tcp://{head}"
     key_file = args.cluster_key or os.environ.get("OUTLAST_CLUSTER_KEY") or str(cluster_key_path())
-    secret = os.environ.get("OUTLAST_CLUSTER_SECRET")
-    if secret:
-        key = ClusterKey(secret.encode())
-    elif head is None and not os.path.exists(key_file):
+    key = ClusterKey.from_env()  # an embedded node's private key, from its driver
+    if key is None and head is None and not os.path.exists(key_file):
         key = ClusterKey.generate()  # a new cluster: its head makes the key
         key.save(key_file)
         logging.info("wrote the cluster key to %s; other nodes and drivers need a copy", key_file)
-    else:
+    elif key is None:
         key = ClusterKey.load(key_file)
-    node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else _route_ip(head))
+    node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
                     node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout)
 
@@ -138,18 +137,6 @@ def _pairs(flag: str, text: str) -> dict[str, str]:
     return out
 
 
-def _route_ip(head: str | None) -> str:
-    """The local address that packets to the head leave from (loopback when there is no head)."""
-    import socket
-
-    # A head has no peer to route to yet: the default route's interface is what others reach.
-    host = head.split("://", 1)[-1].rsplit(":", 1)[0] if head else "192.0.2.1"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))  # no packet is sent: this only asks the routing table
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
 
 
 if __name__ == "__main__":

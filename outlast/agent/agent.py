@@ -285,26 +285,30 @@ class Agent:
             notice = self.head.drain(req)
         except UnknownNode as e:
             return m.DrainRefused(reason=str(e))
+        return m.DrainAck(node_id=req.node_id, runs_notified=self._fan_out_drain(notice), node_ids=notice.node_ids)
+
+    def _fan_out_drain(self, notice: m.NodeDraining) -> int:
+        """The head tells every member drained with this notice, and drains itself if listed."""
+        assert self.head is not None
         notified = 0
         for node_id in notice.node_ids:
             if node_id == self.node_id:
                 notified += self._apply_drain(notice)
             elif node_id in self.head.members:
                 self._reply(self.head.members[node_id], notice)
-        return m.DrainAck(node_id=req.node_id, runs_notified=notified, node_ids=notice.node_ids)
+        return notified
 
     def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck:
         """Take no new workers, and tell every run with workers here, so each can save and move."""
+        if self.head is not None:  # the head drains the failure domain with it
+            notice = self.head.drain(m.DrainNode(node_id=self.node_id, reason=reason, message=message,
+                                                 deadline_remaining_s=deadline_remaining_s))
+            return m.DrainAck(node_id=self.node_id, runs_notified=self._fan_out_drain(notice),
+                              node_ids=notice.node_ids)
         deadline = time.time() + deadline_remaining_s if deadline_remaining_s is not None else None
         notice = m.NodeDraining(node_id=self.node_id, reason=reason, message=message, deadline_unix_s=deadline,
                                 node_ids=[self.node_id])
-        if self.head is not None:  # the head drains the failure domain with it
-            notice = self.head.table.drain(self.node_id, reason, message, deadline).notice
-            for node_id in notice.node_ids:
-                if node_id != self.node_id and node_id in self.head.members:
-                    self._reply(self.head.members[node_id], notice)
-        runs = self._apply_drain(notice)
-        return m.DrainAck(node_id=self.node_id, runs_notified=runs, node_ids=notice.node_ids)
+        return m.DrainAck(node_id=self.node_id, runs_notified=self._apply_drain(notice), node_ids=notice.node_ids)
 
     def _apply_drain(self, notice: m.NodeDraining) -> int:
         """Stop taking workers here; tell every run with workers here. Returns how many runs were told."""

@@ -45,9 +45,9 @@ def cluster_key_path() -> Path:
 def find_cluster_key() -> "ClusterKey | None":
     """The key this machine's drivers and tools use: $OUTLAST_CLUSTER_SECRET, the file
     $OUTLAST_CLUSTER_KEY, or the one `outlast start` wrote in $OUTLAST_HOME."""
-    secret = os.environ.get("OUTLAST_CLUSTER_SECRET")
-    if secret:
-        return ClusterKey(secret.encode())
+    key = ClusterKey.from_env()
+    if key is not None:
+        return key
     path = os.environ.get("OUTLAST_CLUSTER_KEY")
     if path:
         return ClusterKey.load(path)  # named but missing: say so rather than fail to connect

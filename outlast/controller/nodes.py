@@ -54,7 +54,7 @@ class Cluster:
         self.nodes: dict[str, m.NodeInfo] = {}
         self.links: dict[str, AgentLink] = {}
         self._query = connect_dealer(ctx, head_address, key=key)
-        self._query_sent = float("-inf")  # when the unanswered query went out
+        self._query_sent: float | None = None  # when the unanswered query went out
         self._next_query = 0.0
         self._last_tick = clock()
         self._lost_here: dict[str, float] = {}  # node id -> when this driver lost it

@@ -104,3 +104,17 @@ def connect_dealer(ctx: zmq.Context, address: str, identity: bytes | None = None
         key.connect_as_client(sock)
     sock.connect(address)
     return sock
+
+
+def route_ip(address: str | None) -> str:
+    """The local address that packets to `address` (tcp://host:port or host:port) leave from: where a
+    peer there reaches us. Without an address, the default route's; loopback when there is no route."""
+    import socket
+
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0] if address else "192.0.2.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: this only asks the routing table
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"

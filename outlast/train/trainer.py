@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.runtime import Cluster, Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
+from outlast.protocol.transport import route_ip
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend
@@ -124,7 +124,7 @@ class DataParallelTrainer:
             cluster = Cluster(ctx, access.head_address, access.key, time.monotonic,
                               head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True),
                               node_timeout_s=plan.timeouts.node_lost_after_s)
-            controller = Controller(plan, cluster, ctx, bind_host=_route_ip(access.head_address))
+            controller = Controller(plan, cluster, ctx, bind_host=route_ip(access.head_address))
             try:
                 controller.run()
             finally:
@@ -159,15 +159,6 @@ def _result(book: RunBook, storage, store: RunStore) -> Result:
         best_checkpoints=[(Checkpoint(storage.uri(store.path(c.checkpoint_dir))), c.metrics) for c in ranked],
     )
 
-
-def _route_ip(address: str) -> str:
-    """The local address workers on other nodes reach this driver at: the one facing the head."""
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
-    if host.startswith("127."):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))  # only asks the routing table
-        return s.getsockname()[0]
 
 
 
