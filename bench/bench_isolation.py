@@ -28,7 +28,7 @@ sys.path[:0] = [ROOT, BENCH]
 import zmq  # noqa: E402
 
 import outlast  # noqa: E402
-from outlast.agent.discovery import request  # noqa: E402
+from outlast.client.discovery import request  # noqa: E402
 from outlast.isolation.units import parse_bytes  # noqa: E402
 from outlast.protocol import messages as m  # noqa: E402
 from oversub_task import hungry  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.discovery import AgentUnavailable, request, start_agent_process
+from outlast.client.discovery import AgentUnavailable, request, start_agent_process
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 

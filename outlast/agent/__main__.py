@@ -10,8 +10,8 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
-from outlast.agent.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
-from outlast.agent.procutil import die_with_parent
+from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
+from outlast.procutil import die_with_parent
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.protocol.auth import AuthError, ClusterKey

@@ -25,7 +25,7 @@ import zmq
 
 from outlast.agent.membership import HeadRole, MemberLink, UnknownNode
 from outlast.agent.memory_guard import MemoryGuard
-from outlast.agent.procutil import kill_tree
+from outlast.procutil import kill_tree
 from outlast.isolation.config import IsolationConfig
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator

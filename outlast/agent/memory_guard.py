@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 
-from outlast.agent.procutil import kill_tree
+from outlast.procutil import kill_tree
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.node import NodeIsolation

@@ -18,9 +18,14 @@ from multiprocessing.connection import Connection
 
 import msgspec
 
-from outlast.agent.procutil import decode_wait_status, die_with_parent, kill_tree
+from outlast.procutil import decode_wait_status, die_with_parent, kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_ZYGOTE, encode
+
+# What a forked child runs, by module path: the agent sits below the training runtime and the
+# executor, and starts their code without importing it (each module has a `run(request) -> exit code`).
+WORKER_ENTRY = "outlast.train.worker_main"
+TASK_ENTRY = "outlast.executor.task_main"
 
 
 def preload(modules: list[str]) -> m.ZygoteReady:
@@ -99,9 +104,8 @@ class Zygote:
             os.close(self.wake_r)
             os.close(self.wake_w)
             self.conn.close()
-            from outlast.agent.worker_main import run_task, run_worker
-
-            code = run_task(req) if isinstance(req, m.ForkTask) else run_worker(req)
+            entry = importlib.import_module(TASK_ENTRY if isinstance(req, m.ForkTask) else WORKER_ENTRY)
+            code = entry.run(req)
         except BaseException:
             traceback.print_exc()
         finally:

@@ -13,7 +13,7 @@ import sys
 
 import zmq
 
-from outlast.agent.discovery import AgentUnavailable, find_running_agent, request
+from outlast.client.discovery import AgentUnavailable, find_running_agent, request
 from outlast.protocol import messages as m
 
 

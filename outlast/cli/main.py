@@ -14,7 +14,7 @@ from pathlib import Path
 import zmq
 
 from outlast.agent.__main__ import add_cluster_arguments
-from outlast.agent.discovery import (
+from outlast.client.discovery import (
     AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
     start_agent_process, state_dir,
 )
@@ -26,7 +26,7 @@ from outlast.isolation.policy import render_report
 from outlast.isolation.units import format_bytes
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey
-from outlast.agent.procutil import pid_alive
+from outlast.procutil import pid_alive
 
 
 def _default_preload() -> str:

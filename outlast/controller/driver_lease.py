@@ -9,7 +9,7 @@ import uuid
 
 from outlast.storage.lease import Lease, decide_takeover, holder_alive, this_process
 from outlast.storage.run_store import RunStore
-from outlast.train.errors import RunInUseError
+from outlast.errors import RunInUseError
 
 log = logging.getLogger("outlast.controller")
 

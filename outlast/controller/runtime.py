@@ -27,7 +27,7 @@ from outlast.controller.types import AttemptState, Preemption, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, encode
 from outlast.storage.records import CorruptDocument, FailureRecord
-from outlast.train.errors import PreemptionError, TrainingFailedError
+from outlast.errors import PreemptionError, TrainingFailedError
 
 __all__ = ["Cluster", "Controller", "RunPlan", "Timeouts"]
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import cloudpickle
 import zmq
 
-from outlast.agent.discovery import attach, request
+from outlast.client.discovery import attach, request
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.policy import (
     RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,

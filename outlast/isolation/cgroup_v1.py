@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-from outlast.agent.procutil import pid_alive
+from outlast.procutil import pid_alive
 from outlast.isolation.cgroup_v2 import PREFIX
 from outlast.isolation.errors import IsolationUnavailable
 from outlast.isolation.journal import CgroupFS, Journal

@@ -17,7 +17,7 @@ from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, Inotify, PsiTrigger
 from outlast.isolation.reservations import Reservations
 from outlast.protocol.messages import Resources
-from outlast.agent.procutil import pid_alive
+from outlast.procutil import pid_alive
 
 CONTROLLERS = ("cpu", "memory")
 PREFIX = "outlast_"

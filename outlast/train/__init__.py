@@ -12,7 +12,7 @@ from outlast.train._session import get_session
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
 from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from outlast.train.context import TrainContext
-from outlast.train.errors import (
+from outlast.errors import (
     CheckpointCommitError, CollectiveTimeoutError, PreemptionError, RunInUseError, TrainingFailedError,
 )
 from outlast.train.preemption import PreemptionInfo

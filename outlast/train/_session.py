@@ -29,7 +29,7 @@ from outlast.storage.restore import materialize
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
 from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
-from outlast.train.errors import CheckpointCommitError, CollectiveTimeoutError, NotInWorkerError
+from outlast.errors import CheckpointCommitError, CollectiveTimeoutError, NotInWorkerError
 
 log = logging.getLogger("outlast.worker")
 
@@ -234,7 +234,7 @@ class WorkerSession:
 
 
 def _default_cache() -> Path:
-    from outlast.agent.discovery import state_dir
+    from outlast.client.discovery import state_dir
 
     return state_dir() / "checkpoint_cache"
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import cloudpickle
 import zmq
 
-from outlast.agent.discovery import attach
-from outlast.agent.worker_main import WorkerPayload
+from outlast.client.discovery import attach
+from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.runtime import Cluster, Controller, RunPlan, Timeouts

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outlast.agent.procutil import pid_alive
+from outlast.procutil import pid_alive
 from tests.integration.jobs import counting_loop, log_event
 
 PREFIX = "ol-"  # namespace names: ol-<pid>-<tok>-<i>
@@ -238,7 +238,7 @@ class NetnsCluster:
         """The head's node table (a ListNodes request), as a list of NodeInfo."""
         import zmq
 
-        from outlast.agent.discovery import request
+        from outlast.client.discovery import request
         from outlast.protocol import messages as m
         from outlast.protocol.auth import ClusterKey
 

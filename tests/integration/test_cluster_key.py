@@ -16,7 +16,7 @@ import msgspec
 import pytest
 import zmq
 
-from outlast.agent.discovery import AgentUnavailable, request
+from outlast.client.discovery import AgentUnavailable, request
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
 from outlast.protocol.transport import AGENT_EVENTS, AGENT_REQUESTS, encode

@@ -17,7 +17,7 @@ from outlast.storage import open_storage
 from outlast.storage.restore import verify
 from outlast.storage.run_store import RunStore
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
-from outlast.train.errors import RunInUseError
+from outlast.errors import RunInUseError
 from tests.integration.jobs import counting_loop, read_events
 from tests.integration.procs import alive, wait_until
 

@@ -13,7 +13,7 @@ import pytest
 
 from outlast import train
 from outlast.train import RunConfig, ScalingConfig, Trainer, TrainingFailedError
-from outlast.train.errors import NotInWorkerError
+from outlast.errors import NotInWorkerError
 from tests.integration.jobs import collective_loop, counting_loop, read_events
 from tests.integration.procs import alive, wait_until
 
@@ -191,7 +191,7 @@ def test_bad_configs_are_refused_with_the_field_named(bad):
 
 
 def test_isolation_settings_reach_the_node_that_fit_starts(storage_path, tmp_path):
-    from outlast.agent.discovery import AgentUnavailable
+    from outlast.client.discovery import AgentUnavailable
     from outlast.isolation.config import IsolationConfig
 
     bad = IsolationConfig(enable_resource_isolation=True, cgroup_path=str(tmp_path / "no-such-cgroup"))

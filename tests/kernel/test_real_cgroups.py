@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 import outlast
-from outlast.agent.discovery import request
+from outlast.client.discovery import request
 from outlast.protocol import messages as m
 from tests.kernel import jobs
 from tests.kernel.cgroups import ScratchCgroup, kernel_oom_kills, start_agent

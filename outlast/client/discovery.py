@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from outlast.agent.procutil import pid_alive
+from outlast.procutil import pid_alive
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, tune, encode

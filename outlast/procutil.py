@@ -1,4 +1,7 @@
-"""Small process helpers shared by the agent, its fork server and the workers."""
+"""Small process helpers shared by the agent, its fork server, the workers and isolation.
+
+The bottom layer (docs/architecture.md): it imports nothing of outlast.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
+import traceback
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,3 +52,26 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def user_traceback(exc: BaseException, runtime_file: str) -> str:
+    """The traceback from the user's code down: the frames of `runtime_file` above it are noise."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == runtime_file:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def become_clean_process(env: dict[str, str], cwd: str, sys_path: list[str]) -> None:
+    """Leave the fork server behind: own session, default signals, the driver's environment."""
+    os.setsid()
+    die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]

@@ -1,4 +1,6 @@
-"""What a freshly forked worker does: become a clean process, run the train function.
+"""What a freshly forked training worker does: become a clean process, run the train function.
+
+The fork server runs it by module path (outlast/agent/zygote.py); the agent never imports it.
 
 On an exception the worker writes what happened to its error file before exiting,
 so the fork server can attach it to the exit it reports: the traceback reaches the
@@ -8,9 +10,6 @@ driver with the death, with no race between two channels.
 from __future__ import annotations
 
 import os
-import signal
-import sys
-import traceback
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,7 +18,7 @@ import cloudpickle
 import msgspec
 import zmq
 
-from outlast.agent.procutil import die_with_parent
+from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import connect_dealer, encode
@@ -38,16 +37,8 @@ class WorkerPayload:
     main_file: str | None = None  # the driver's script, for tracebacks of functions defined in it
 
 
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's code down: outlast's own frames above it are noise."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-
-
 def _write_error(path: str, exc: BaseException, phase: str) -> None:
-    err = m.WorkerError(exc_type=type(exc).__name__, message=str(exc), phase=phase, traceback=_user_traceback(exc))
+    err = m.WorkerError(exc_type=type(exc).__name__, message=str(exc), phase=phase, traceback=user_traceback(exc, __file__))
     try:
         with open(path, "wb") as f:
             f.write(msgspec.json.encode(err))
@@ -94,23 +85,8 @@ def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
     return fn(config)
 
 
-def _become_clean_process(env: dict[str, str], cwd: str, sys_path: list[str]) -> None:
-    """Leave the fork server behind: own session, default signals, the driver's environment."""
-    os.setsid()
-    die_with_parent()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        os.chdir(cwd)
-    except OSError:
-        pass
-    sys.path[:0] = [p for p in sys_path if p not in sys.path]
-
-
-def run_worker(req: m.ForkWorker) -> int:
-    _become_clean_process(req.env, req.cwd, req.sys_path)
+def run(req: m.ForkWorker) -> int:
+    become_clean_process(req.env, req.cwd, req.sys_path)
     spec = req.spec
     os.environ.update({
         "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank),
@@ -159,33 +135,3 @@ def run_worker(req: m.ForkWorker) -> int:
         sock.close(linger=2000)  # the last reports and WorkerDone must reach the controller
         ctx.term()
     return code
-
-
-def run_task(req: m.ForkTask) -> int:
-    """An `outlast.Executor` task: call the function, send the outcome, exit."""
-    _become_clean_process(req.env, req.cwd, req.sys_path)
-    os.environ["OUTLAST_TASK_ID"] = req.task_id
-    ctx = zmq.Context()
-    sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode(),
-                          key=ClusterKey.from_env())
-    try:
-        try:
-            fn, args, kwargs = cloudpickle.loads(req.payload)
-            value = fn(*args, **kwargs)
-            msg = m.TaskResult(task_id=req.task_id, ok=True, payload=cloudpickle.dumps(value))
-        except Exception as e:
-            err = m.WorkerError(exc_type=type(e).__name__, message=str(e), phase="task", traceback=_user_traceback(e))
-            try:
-                blob = cloudpickle.dumps(e)
-            except Exception:
-                blob = b""
-            msg = m.TaskResult(task_id=req.task_id, ok=False, payload=blob, error=err)
-        try:
-            sock.send(encode(msg))
-        except TypeError:
-            pass
-        return 0
-    finally:
-        sock.close(linger=5000)  # the result must reach the executor before the process ends
-        ctx.term()
-
