@@ -1,9 +1,11 @@
-"""The node agent: one per node, the supervisor of every worker on it.
+"""The node agent: one per node, the supervisor of every workload on it.
 
-It owns the fork server (and so learns of a worker's death at once), forwards every
-exit to the run's controller, tears attempts down on request (SIGTERM, then SIGKILL
-after a grace) and kills a run's workers when its controller falls silent.
-One thread, one poll loop: ZeroMQ for controllers and tools, a pipe to the fork server.
+This module is the dispatcher: one thread, one poll loop over the agent's socket
+(controllers, tools, member nodes), the pipe to the fork server, the head link of a
+member, and the memory monitors. Each input goes to the part that decides
+(`supervisor.Supervisor` for workloads and runs, the node role for the cluster, the
+memory guard for memory), and the effects that come back are carried out here.
+The processes and protocols are described in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,66 +14,24 @@ import logging
 import os
 import queue
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-import socket as _socket
 
 import psutil
 import zmq
 
-from outlast.agent.membership import HeadRole, MemberLink, UnknownNode
+from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
-from outlast.procutil import kill_tree
+from outlast.agent.roles import HeadNode, MemberNode, NodeRole
+from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
 from outlast.isolation.config import IsolationConfig
+from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, FROM_ZYGOTE, BadMessage, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
 
 log = logging.getLogger("outlast.agent")
-
-
-@dataclass
-class Worker:
-    run_id: str
-    attempt: int
-    rank: int
-    pid: int
-    kill_at: float | None = None  # SIGKILL deadline once a SIGTERM went out
-    task_id: str = ""
-    leaf: str | None = None  # its cgroup leaf, with isolation on
-    started_at: float = 0.0  # wall clock
-    resources: m.Resources = m.Resources()
-    retriable: bool = True
-    world_size: int = 1
-    kill_report: m.KillReport | None = None  # set when outlast killed it for memory
-    demand: dict[str, float] = field(default_factory=dict)  # what it holds of the node's resources
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What the agent knows of a worker before the fork server reports its pid."""
-
-    leaf: str | None
-    resources: m.Resources
-    retriable: bool
-    world_size: int
-    demand: dict[str, float]
-
-
-@dataclass
-class Run:
-    run_id: str
-    controller: bytes  # the controller's ZeroMQ identity on our socket
-    timeout_s: float
-    last_heard: float
-    stopped_attempts: set[int] = field(default_factory=set)
-    ended: bool = False
-    last_commit_at: float | None = None  # wall clock, from the controller's heartbeat
-    run_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,12 +60,8 @@ class Agent:
         self.sock, bound = bind_router(self.ctx, host, port, key=self.spec.key)
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
-        self.head: HeadRole | None = None
-        self.member: MemberLink | None = None
+        self.sup = Supervisor(node_id)
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
-        self.runs: dict[str, Run] = {}
-        self.workers: dict[int, Worker] = {}
-        self.zygote_ready = False
         self.error_dir = tempfile.mkdtemp(prefix=f"outlast-{node_id}-")
         self._stop = False
         self.draining: m.NodeDraining | None = None
@@ -113,140 +69,143 @@ class Agent:
         self._notices: queue.SimpleQueue = queue.SimpleQueue()  # from the cloud watchers' threads
         self._watchers: list = []
         self._stop_at: float | None = None
-        self._placements: dict[tuple[str, int, int, str], Placement] = {}
+        self.role: NodeRole | None = None
         # Before the fork server starts: the agent moves itself into system/, and the server
         # (its child) starts there too.
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
-            if self.spec.head_address is None:
-                self.head = HeadRole(self.spec.node_timeout_s)
-                self.head.refresh_self(self.me(), self.clock())
-            else:
-                self.member = MemberLink(self.ctx, self.spec.head_address, self.spec.key, node_id)
-                self.member.join(self.me())
-            self._start_zygote()
+            self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
+                MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
+            self.role.join(self.me())
+            self.forks = ForkServer(preload)
         except BaseException:
             if self.guard:
                 self.guard.close()
-            if self.member is not None:
-                self.member.close()
+            if self.role is not None:
+                self.role.close()
             if self._auth is not None:
                 self._auth.stop()
             raise
 
     def me(self) -> m.NodeInfo:
         """This node's entry in the head's table."""
-        used: dict[str, dict[str, float]] = {}
-        for w in self.workers.values():
-            held = used.setdefault(w.run_id, {})
-            for k, v in w.demand.items():
-                held[k] = held.get(k, 0.0) + v
         return m.NodeInfo(node_id=self.node_id, address=self.address, host=self.spec.node_ip,
                           resources=self.spec.resources, labels=self.spec.labels,
-                          failure_domain=self.spec.failure_domain, draining=self.draining, used=used,
-                          is_head=self.head is not None)
+                          failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
+                          is_head=self.role is not None and self.role.is_head)
 
-    # ---- fork server -----------------------------------------------------------
+    # ---- effects ---------------------------------------------------------------------------------
 
-    def _start_zygote(self) -> None:
-        ours, theirs = _socket.socketpair()
-        self.zygote = subprocess.Popen(
-            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload)],
-            pass_fds=[theirs.fileno()],
-        )
-        theirs.close()
-        self.zconn = Connection(ours.detach())
+    def apply(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                self._reply(e.to, e.msg)
+            elif isinstance(e, Kill):
+                kill_tree(e.pid, e.sig)
+            elif isinstance(e, ReleaseLeaf):
+                if self.guard is not None:
+                    self.guard.on_reaped(e.pid, e.leaf)
+            elif isinstance(e, Warn):
+                log.warning("%s", e.text)
 
-    def _on_zygote_message(self) -> None:
-        try:
-            data = self.zconn.recv_bytes()
-        except (EOFError, OSError):
-            log.error("the fork server died (exit %s); stopping the node", self.zygote.poll())
+    # ---- fork server --------------------------------------------------------------------------
+
+    def _on_fork_server(self) -> None:
+        msg = self.forks.receive()
+        if msg is None:
+            log.error("the fork server died (exit %s); stopping the node", self.forks.exit_status())
             self._stop = True
-            return
-        msg = FROM_ZYGOTE.decode(data)
-        if isinstance(msg, m.ZygoteReady):
-            self.zygote_ready = True
+        elif isinstance(msg, m.ZygoteReady):
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
         elif isinstance(msg, m.Forked):
-            p = self._placements.pop((msg.run_id, msg.attempt, msg.rank, msg.task_id), None)
-            self.workers[msg.pid] = Worker(
-                msg.run_id, msg.attempt, msg.rank, msg.pid, task_id=msg.task_id, started_at=time.time(),
-                leaf=p.leaf if p else None, resources=p.resources if p else m.Resources(),
-                retriable=p.retriable if p else True, world_size=p.world_size if p else 1,
-                demand=p.demand if p else {})
-            run = self.runs.get(msg.run_id)
-            if run is None or run.ended or (not msg.task_id and msg.attempt in run.stopped_attempts):
-                kill_tree(msg.pid, signal.SIGKILL)  # its attempt was stopped before it was born
-                return
-            if msg.task_id:
-                return
-            self._to_controller(run, m.WorkerStarted(run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank,
-                                                     pid=msg.pid))
+            self.apply(self.sup.on_forked(msg, time.time()))
         elif isinstance(msg, m.Reaped):
-            w = self.workers.pop(msg.pid, None)
-            report = w.kill_report if w else None
-            if self.guard is not None:
-                self.guard.on_reaped(msg.pid, w.leaf if w else None)
-            text = self.guard.render(report) if self.guard is not None and report is not None else None
-            run = self.runs.get(msg.run_id)
-            if run is not None and msg.task_id:
-                self._to_controller(run, m.TaskExited(
-                    run_id=msg.run_id, task_id=msg.task_id, pid=msg.pid, exit_code=msg.exit_code,
-                    signal=msg.signal, error=msg.error, node_id=self.node_id, kill_report=report, oom_report=text,
-                ))
-            elif run is not None:
-                self._to_controller(run, m.WorkerExited(
-                    run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank, pid=msg.pid, exit_code=msg.exit_code,
-                    signal=msg.signal, error=msg.error, node_id=self.node_id, kill_report=report, oom_report=text,
-                ))
-            if run is not None:
-                if run.ended and not self._workers_of(run.run_id):
-                    del self.runs[run.run_id]
+            self.apply(self.sup.on_reaped(msg))
 
-    # ---- requests -------------------------------------------------------------------
+    # ---- requests -------------------------------------------------------------------------------
 
     def _on_request(self, identity: bytes, req: m.AgentRequest) -> None:
         now = self.clock()
         if isinstance(req, m.RunHeartbeat):
-            run = self.runs.get(req.run_id)
-            if run is None:
-                run = self.runs[req.run_id] = Run(req.run_id, identity, req.timeout_s, now)
-            run.last_heard, run.timeout_s, run.controller = now, req.timeout_s, identity
-            run.last_commit_at = req.last_commit_at
+            self.sup.heartbeat(identity, req.run_id, req.timeout_s, req.last_commit_at, now)
             self._reply(identity, self._pong())
         elif isinstance(req, m.SpawnWorkers):
             self._spawn(identity, req, now)
         elif isinstance(req, m.SpawnTask):
             self._spawn_task(identity, req, now)
         elif isinstance(req, m.StopWorkers):
-            run = self.runs.get(req.run_id)
-            if run is not None:
-                run.stopped_attempts.add(req.attempt)
-            self._terminate([w for w in self._workers_of(req.run_id) if w.attempt == req.attempt], req.grace_s, now)
+            self.apply(self.sup.stop_attempt(req.run_id, req.attempt, req.grace_s, now))
         elif isinstance(req, m.EndRun):
-            self._end_run(req.run_id, now)
+            self.apply(self.sup.end_run(req.run_id, now))
         elif isinstance(req, m.Ping):
             self._reply(identity, self._pong())
         elif isinstance(req, m.StatusRequest):
             self._reply(identity, self.status())
         elif isinstance(req, m.DrainNode):
-            self._reply(identity, self._on_drain_request(req))
+            self._reply(identity, self.role.drain(req, self._apply_drain, self._reply))
         elif isinstance(req, m.ListNodes):
-            self._reply(identity, m.NodeList(nodes=self._node_table()))
+            self._reply(identity, m.NodeList(nodes=self.role.nodes(self.me(), now)))
         elif isinstance(req, (m.RegisterNode, m.NodeHeartbeat)):
-            if self.head is None:
-                log.warning("node %s sent a %s to a member agent; only the head keeps the node table",
-                            getattr(req, "node_id", "?"), type(req).__name__)
-            elif isinstance(req, m.RegisterNode):
-                self._reply(identity, self.head.on_register(identity, req, now))
-            else:
-                self._reply(identity, self.head.on_heartbeat(identity, req, now))
+            answer = self.role.on_peer(identity, req, now)
+            if answer is not None:
+                self._reply(identity, answer)
         elif isinstance(req, m.Shutdown):
             self._stop = True
             self._reply(identity, m.ShutdownAck())
+
+    def _pong(self) -> m.Pong:
+        return m.Pong(node_id=self.node_id, pid=os.getpid(), head_address=self.role.head_address)
+
+    def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
+        if self.draining is not None:
+            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=(
+                f"node {self.node_id} is draining ({self.draining.reason}: {self.draining.message})")))
+            return
+        self.apply(self.sup.admit(identity, req.run_id, now, req.run_key))
+        for spec in req.workers:
+            procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
+                                m.Resources(), True, spec.world_size, dict(req.resources))
+            self.forks.send(m.ForkWorker(
+                run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
+                payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
+                run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
+                error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
+                cgroup_procs=procs,
+            ))
+
+    def _spawn_task(self, identity: bytes, req: m.SpawnTask, now: float) -> None:
+        self.apply(self.sup.admit(identity, req.run_id, now))
+        demand = {"CPU": req.resources.num_cpus}
+        if req.resources.memory_bytes:
+            demand["memory"] = float(req.resources.memory_bytes)
+        procs = self._place((req.run_id, 0, -1, req.task_id), f"task-{req.task_id}", req.resources,
+                            req.retriable, 1, demand)
+        self.forks.send(m.ForkTask(
+            run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
+            env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
+            error_file=os.path.join(self.error_dir, f"task-{req.task_id}.json"), cgroup_procs=procs,
+        ))
+
+    def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
+               world_size: int, demand: dict[str, float]) -> list[str]:
+        """Create the workload's cgroup leaf (with isolation on); the child moves itself in."""
+        procs: list[str] = []
+        if self.guard is not None:
+            try:
+                procs = self.guard.create_leaf(leaf, resources)
+            except OSError as e:
+                # Better a worker outside its leaf (charged to the system) than a node that stops.
+                log.error("could not create the cgroup leaf %s (%s); the worker runs without one", leaf, e)
+        self.sup.expect(key, Placement(leaf if procs else None, resources, retriable, world_size, demand))
+        return procs
+
+    def _child_env(self, env: dict[str, str]) -> dict[str, str]:
+        # A worker talks to its controller with the cluster key, like everyone else.
+        return {**env, **self.spec.key.env} if self.spec.key is not None else env
+
+    # ---- drains ---------------------------------------------------------------------------------
 
     def watch_cloud_notices(self, kinds: list[str], base_urls: dict[str, str] | None = None) -> None:
         """Drain this node when a cloud says it will take it away (opt-in, by cloud name)."""
@@ -265,191 +224,47 @@ class Agent:
                 left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
                 self.drain("preemption", f"{notice.source}: {notice.reason}", None if left is None else max(0.0, left))
 
-    def _pong(self) -> m.Pong:
-        return m.Pong(node_id=self.node_id, pid=os.getpid(),
-                      head_address=self.spec.head_address if self.member is not None else "")
-
-    def _node_table(self) -> list[m.NodeInfo]:
-        if self.head is None:
-            return [self.me()]
-        self.head.refresh_self(self.me(), self.clock())
-        return self.head.table.nodes()
-
-    def _on_drain_request(self, req: m.DrainNode) -> m.DrainAck | m.DrainRefused:
-        if self.head is None:
-            if req.node_id != self.node_id:
-                return m.DrainRefused(reason=f"this agent ({self.node_id}) is a member, not the head; send the "
-                                             f"drain to the head at {self.spec.head_address}")
-            return self.drain(req.reason, req.message, req.deadline_remaining_s)
-        try:
-            notice = self.head.drain(req)
-        except UnknownNode as e:
-            return m.DrainRefused(reason=str(e))
-        return m.DrainAck(node_id=req.node_id, runs_notified=self._fan_out_drain(notice), node_ids=notice.node_ids)
-
-    def _fan_out_drain(self, notice: m.NodeDraining) -> int:
-        """The head tells every member drained with this notice, and drains itself if listed."""
-        assert self.head is not None
-        notified = 0
-        for node_id in notice.node_ids:
-            if node_id == self.node_id:
-                notified += self._apply_drain(notice)
-            elif node_id in self.head.members:
-                self._reply(self.head.members[node_id], notice)
-        return notified
-
-    def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck:
-        """Take no new workers, and tell every run with workers here, so each can save and move."""
-        if self.head is not None:  # the head drains the failure domain with it
-            notice = self.head.drain(m.DrainNode(node_id=self.node_id, reason=reason, message=message,
-                                                 deadline_remaining_s=deadline_remaining_s))
-            return m.DrainAck(node_id=self.node_id, runs_notified=self._fan_out_drain(notice),
-                              node_ids=notice.node_ids)
-        deadline = time.time() + deadline_remaining_s if deadline_remaining_s is not None else None
-        notice = m.NodeDraining(node_id=self.node_id, reason=reason, message=message, deadline_unix_s=deadline,
-                                node_ids=[self.node_id])
-        return m.DrainAck(node_id=self.node_id, runs_notified=self._apply_drain(notice), node_ids=notice.node_ids)
+    def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck | m.DrainRefused:
+        """Take no new workers, and tell every run with workers here, so each can save and move.
+        On the head, the node's failure domain drains with it."""
+        return self.role.drain(m.DrainNode(node_id=self.node_id, reason=reason, message=message,
+                                           deadline_remaining_s=deadline_remaining_s), self._apply_drain, self._reply)
 
     def _apply_drain(self, notice: m.NodeDraining) -> int:
         """Stop taking workers here; tell every run with workers here. Returns how many runs were told."""
         self.draining = notice
-        if self.member is not None:
-            self.member.next_heartbeat = 0.0  # the head learns of it on this loop's next turn
-        runs = {w.run_id for w in self.workers.values()}
-        for run_id in runs:
-            if run_id in self.runs:
-                self._to_controller(self.runs[run_id], notice)
+        self.role.drained_here()
+        runs = self.sup.runs_with_workloads()
+        for run in runs:
+            self._reply(run.controller, notice)
         left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
         log.warning("node %s is draining (%s: %s, %s); told %d run(s)", self.node_id, notice.reason, notice.message,
                     f"deadline in {left:.0f} s" if left is not None else "no deadline", len(runs))
         return len(runs)
 
-    def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
-        if self.draining is not None:
-            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=(
-                f"node {self.node_id} is draining ({self.draining.reason}: {self.draining.message})")))
-            return
-        run = self.runs.get(req.run_id)
-        if run is None:
-            run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
-        run.controller, run.last_heard = identity, now
-        if req.run_key:
-            run.run_key = req.run_key
-            self._kill_predecessors(run)
-        for spec in req.workers:
-            procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
-                                m.Resources(), True, spec.world_size, dict(req.resources))
-            self.zconn.send_bytes(encode(m.ForkWorker(
-                run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
-                payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
-                run_name=req.run_name,
-                restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
-                error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
-                cgroup_procs=procs,
-            )))
-
-    def _spawn_task(self, identity: bytes, req: m.SpawnTask, now: float) -> None:
-        run = self.runs.get(req.run_id)
-        if run is None:
-            run = self.runs[req.run_id] = Run(req.run_id, identity, 5.0, now)
-        run.controller, run.last_heard = identity, now
-        demand = {"CPU": req.resources.num_cpus}
-        if req.resources.memory_bytes:
-            demand["memory"] = float(req.resources.memory_bytes)
-        procs = self._place((req.run_id, 0, -1, req.task_id), f"task-{req.task_id}", req.resources,
-                            req.retriable, 1, demand)
-        self.zconn.send_bytes(encode(m.ForkTask(
-            run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
-            env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
-            error_file=os.path.join(self.error_dir, f"task-{req.task_id}.json"), cgroup_procs=procs,
-        )))
-
-    def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
-               world_size: int, demand: dict[str, float]) -> list[str]:
-        """Create the worker's cgroup leaf (with isolation on); the child moves itself in."""
-        procs: list[str] = []
-        if self.guard is not None:
-            try:
-                procs = self.guard.create_leaf(leaf, resources)
-            except OSError as e:
-                # Better a worker outside its leaf (charged to the system) than a node that stops.
-                log.error("could not create the cgroup leaf %s (%s); the worker runs without one", leaf, e)
-                leaf = None
-        self._placements[key] = Placement(leaf if procs else None, resources, retriable, world_size, demand)
-        return procs
-
-    def _child_env(self, env: dict[str, str]) -> dict[str, str]:
-        # A worker talks to its controller with the cluster key, like everyone else.
-        return {**env, **self.spec.key.env} if self.spec.key is not None else env
-
-    def _kill_predecessors(self, run: Run) -> None:
-        """A driver relaunched on the same run holds its lease now: its predecessor is dead, so
-        that one's workers go at once instead of after the heartbeat timeout."""
-        for old in list(self.runs.values()):
-            if old is run or old.run_key != run.run_key or old.ended:
-                continue
-            log.warning("run %s was relaunched by a new driver; killing the old driver's workers", run.run_key)
-            old.ended = True
-            for w in self._workers_of(old.run_id):
-                kill_tree(w.pid, signal.SIGKILL)
-                w.kill_at = float("inf")
-
-    def _end_run(self, run_id: str, now: float) -> None:
-        run = self.runs.get(run_id)
-        if run is None:
-            return
-        run.ended = True
-        workers = self._workers_of(run_id)
-        if workers:
-            self._terminate(workers, 1.0, now)
-        else:
-            del self.runs[run_id]
-
-    def _terminate(self, workers: list[Worker], grace_s: float, now: float) -> None:
-        for w in workers:
-            if w.kill_at is None:
-                kill_tree(w.pid, signal.SIGTERM)
-                w.kill_at = now + grace_s
-
-    def _workers_of(self, run_id: str) -> list[Worker]:
-        return [w for w in self.workers.values() if w.run_id == run_id]
-
-    # ---- timers ------------------------------------------------------------------------
+    # ---- timers ----------------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this node (pid %d) is gone; stopping", self.parent_pid)
             self._stop = True
         self._take_notices()
-        if self.head is not None:
-            self.head.expire(now)
-        if self.member is not None:
-            for order in self.member.receive():
-                if isinstance(order, m.NodeDraining) and self.draining is None:
-                    self._apply_drain(order)
-            self.member.heartbeat_if_due(now, self.me())
+        for order in self.role.tick(self.me(), now):
+            if self.draining is None:
+                self._apply_drain(order)
         if self.guard is not None:
-            self.guard.on_tick(now, self)
-        for w in self.workers.values():
-            if w.kill_at is not None and now >= w.kill_at:
-                kill_tree(w.pid, signal.SIGKILL)
-                w.kill_at = float("inf")
-        for run in list(self.runs.values()):
-            if not run.ended and now - run.last_heard > run.timeout_s:
-                log.warning("run %s: no heartbeat from its driver for %.1f s; killing its workers",
-                            run.run_id, now - run.last_heard)
-                run.ended = True
-                for w in self._workers_of(run.run_id):
-                    kill_tree(w.pid, signal.SIGKILL)
-                    w.kill_at = float("inf")
-                if not self._workers_of(run.run_id):
-                    del self.runs[run.run_id]
+            self._oom_kill(self.guard.on_tick(now, self.sup.memory_view()))
+        self.apply(self.sup.tick(now))
 
-    # ---- status ---------------------------------------------------------------------------
+    def _oom_kill(self, victims) -> None:
+        for v in victims:
+            self.apply(self.sup.oom_kill(v.pid, v.report))
+
+    # ---- status ---------------------------------------------------------------------------------
 
     def status(self) -> m.StatusReply:
         infos = []
-        for w in self.workers.values():
+        for w in self.sup.workloads.values():
             try:
                 rss = psutil.Process(w.pid).memory_info().rss
             except psutil.Error:
@@ -460,23 +275,23 @@ class Agent:
         g = self.guard
         return m.StatusReply(
             node_id=self.node_id, pid=os.getpid(), address=self.address, started_at=self.started_at,
-            runs=sorted(self.runs), workers=infos, preload=self.preload, zygote_ready=self.zygote_ready,
+            runs=sorted(self.sup.runs), workers=infos, preload=self.preload, zygote_ready=self.forks.ready,
             draining=self.draining,
             isolation=g.info() if g else None, recent_kills=g.recent_kills() if g else [],
             capacity=g.capacity() if g else m.Resources(num_cpus=self.spec.resources.get("CPU", 0.0),
                                                          memory_bytes=int(self.spec.resources.get("memory", 0))),
-            head_address=self.spec.head_address if self.member is not None else "",
-            nodes=self._node_table() if self.head is not None else [],
+            head_address=self.role.head_address,
+            nodes=self.role.nodes(self.me(), self.clock()) if self.role.is_head else [],
         )
 
-    # ---- loop ------------------------------------------------------------------------------
+    # ---- loop ----------------------------------------------------------------------------------
 
     def serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.zconn.fileno(), zmq.POLLIN)
-        if self.member is not None:
-            poller.register(self.member.sock, zmq.POLLIN)
+        poller.register(self.forks.fileno(), zmq.POLLIN)
+        if self.role.sock is not None:
+            poller.register(self.role.sock, zmq.POLLIN)  # drain orders from the head: taken in _tick
         sources = self.guard.sources_by_fd() if self.guard is not None else {}
         for fd in sources:
             poller.register(fd, zmq.POLLIN)
@@ -484,12 +299,10 @@ class Agent:
             for item, _ in poller.poll(timeout=100):
                 if item is self.sock:
                     self._drain_requests()
-                elif self.member is not None and item is self.member.sock:
-                    pass  # drain orders from the head: taken in _tick, right below
                 elif item in sources:
-                    self.guard.on_event(sources[item], self)
-                else:
-                    self._on_zygote_message()
+                    self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
+                elif item == self.forks.fileno():
+                    self._on_fork_server()
             if self.guard is not None and self.guard.sources_by_fd() != sources:
                 for fd in sources:
                     poller.unregister(fd)
@@ -513,7 +326,7 @@ class Agent:
             if self.draining is None:
                 self.drain("shutdown", "the node agent received SIGTERM", timeout)
             self._stop_at = now + timeout
-        if self._stop_at is not None and (now >= self._stop_at or not self.workers):
+        if self._stop_at is not None and (now >= self._stop_at or not self.sup.workloads):
             self._stop = True
 
     def _drain_requests(self) -> None:
@@ -530,26 +343,18 @@ class Agent:
     def _reply(self, identity: bytes, msg: m.Msg) -> None:
         self.sock.send_multipart([identity, encode(msg)])
 
-    def _to_controller(self, run: Run, msg: m.Msg) -> None:
-        self._reply(run.controller, msg)
-
     def close(self) -> None:
         for watcher in self._watchers:
             watcher.stop()
-        for w in list(self.workers.values()):
+        for w in list(self.sup.workloads.values()):
             kill_tree(w.pid, signal.SIGKILL)
             if self.guard is not None and w.leaf:
                 self.guard.kill_leaf(w.leaf)  # the whole leaf: a worker's children too
-        self.zconn.close()  # the fork server exits on EOF
-        try:
-            self.zygote.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.zygote.kill()
+        self.forks.close()
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)
-        if self.member is not None:
-            self.member.close()
+        self.role.close()
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()

@@ -1,24 +1,30 @@
-"""The agent's side of resource isolation: its worker table seen by the kill policy, kills done.
+"""The agent's side of resource isolation: a snapshot of its workloads judged by the kill policy.
 
-`NodeIsolation` knows cgroups and the policy; this module knows the agent's workers and
-runs, turns them into candidates, and kills the victims (whole leaves) it is given.
+`NodeIsolation` knows cgroups and the policy; this module turns the supervisor's view of
+the workloads into candidates, kills the victims' leaves, and names the victims.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
+from dataclasses import dataclass
 
-from outlast.procutil import kill_tree
+from outlast.agent.supervisor import WorkloadView
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, Candidate, render_report
+from outlast.isolation.policy import Action, Candidate
 from outlast.protocol import messages as m
 
 log = logging.getLogger("outlast.agent")
 
 THRESHOLD_INTERVAL_S = 0.25  # the threshold monitor: shared memory charged outside user/ sends no event
+
+
+@dataclass(frozen=True)
+class Victim:
+    pid: int
+    report: m.KillReport
 
 
 class MemoryGuard:
@@ -52,49 +58,40 @@ class MemoryGuard:
     def sources_by_fd(self) -> dict[int, EventSource]:
         return {s.fd: s for s in self.iso.sources}
 
-    def on_event(self, source: EventSource, agent) -> None:
-        self.check(agent, self.iso.drain(source))
+    def on_event(self, source: EventSource, view: list[WorkloadView]) -> list[Victim]:
+        return self.check(view, self.iso.drain(source))
 
-    def on_tick(self, now: float, agent) -> None:
+    def on_tick(self, now: float, view: list[WorkloadView]) -> list[Victim]:
         self.iso.tidy()
-        if now >= self._next_sample:
-            self._next_sample = now + THRESHOLD_INTERVAL_S
-            self.check(agent, "threshold monitor (anon + shared memory)")
+        if now < self._next_sample:
+            return []
+        self._next_sample = now + THRESHOLD_INTERVAL_S
+        return self.check(view, "threshold monitor (anon + shared memory)")
 
-    def check(self, agent, trigger: str) -> None:
-        candidates = self.candidates(agent)
-        decision = self.iso.check(candidates, set(agent.workers), trigger)
+    def check(self, view: list[WorkloadView], trigger: str) -> list[Victim]:
+        """Whom to kill for memory, judged on a snapshot of the workloads. The victims' leaves are
+        killed here (a worker's children too); the caller kills the workloads and keeps the report."""
+        decision = self.iso.check(self.candidates(view), {w.pid for w in view}, trigger)
         if decision.action is not Action.KILL:
-            return
+            return []
+        leaves = {w.pid: w.leaf for w in view}
+        victims = []
         for victim in decision.victims:
-            w = agent.workers.get(victim.pid)
-            if w is None:
+            if victim.pid not in leaves:
                 continue
-            w.kill_report = decision.report
-            if w.leaf:
-                self.iso.kill_leaf(w.leaf)
-            kill_tree(w.pid, signal.SIGKILL)
-            w.kill_at = float("inf")
+            if leaves[victim.pid]:
+                self.iso.kill_leaf(leaves[victim.pid])
+            victims.append(Victim(victim.pid, decision.report))
+        return victims
 
-    def candidates(self, agent) -> list[Candidate]:
-        out = []
-        for w in agent.workers.values():
-            if w.leaf is None or w.kill_report is not None:
-                continue
-            run = agent.runs.get(w.run_id)
-            idle = w.kill_at is not None or run is None or run.ended
-            out.append(Candidate(
-                name=w.leaf, kind="task" if w.task_id else "training", owner=w.task_id or w.run_id,
-                rank=None if w.task_id else w.rank, pid=w.pid, memory_bytes=self.iso.leaf_memory(w.leaf),
-                started_at=w.started_at, resources=w.resources, idle=idle, retriable=w.retriable,
-                run_world_size=w.world_size, last_commit_at=run.last_commit_at if run else None,
-            ))
-        return out
+    def candidates(self, view: list[WorkloadView]) -> list[Candidate]:
+        return [Candidate(
+            name=w.leaf, kind=w.kind, owner=w.owner, rank=w.rank, pid=w.pid, memory_bytes=self.iso.leaf_memory(w.leaf),
+            started_at=w.started_at, resources=w.resources, idle=w.idle, retriable=w.retriable,
+            run_world_size=w.world_size, last_commit_at=w.last_commit_at,
+        ) for w in view if w.leaf is not None and not w.already_killed]
 
     # ---- status and stop -----------------------------------------------------------------------
-
-    def render(self, report: m.KillReport) -> str:
-        return render_report(report)
 
     def info(self) -> m.IsolationInfo:
         return self.iso.info()
