@@ -1,4 +1,4 @@
-"""Resource isolation of a node (DESIGN.md section 5): cgroup v1/v2 drivers, monitors, the kill policy.
+"""Resource isolation of a node (docs/architecture.md, section 5): cgroup v1/v2 drivers, monitors, the kill policy.
 
 `policy.py` decides (pure); `cgroup_v1.py` / `cgroup_v2.py` write cgroups (the root is an
 argument); `node.py` puts them together for the agent.

@@ -1,4 +1,4 @@
-"""The node's cgroup v2 subtree (DESIGN.md section 5):
+"""The node's cgroup v2 subtree (docs/architecture.md, section 5):
 
     <cgroup-path>/outlast_<node_id>/    +cpu +memory for children
         system/      the agent and its fork server   memory.low, cpu.weight = W_sys
