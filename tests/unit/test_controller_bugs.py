@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-import zmq
-
-import outlast.train  # noqa: F401  (the controller imports the training API back: issue 8, layering)
-
-from outlast.controller.placement import NodeView
-from outlast.controller.preemption import Decision, HorizonBook
-from outlast.controller.runstate import RunBook
-from outlast.controller.runtime import Controller
+from outlast.controller.horizons import Decision, HorizonBook
 from outlast.controller.states import State
-from outlast.controller.types import RunPlan, Timeouts
 from outlast.protocol import messages as m
-from outlast.storage.run_store import RunStore
+from tests.fakes.controller import make, start
 from tests.fakes.storage import MemoryStorage
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8 (a): D is fixed at the stale 2^20 horizon")
+def decisions(answers):
+    return {a.rank: a.reply for a in answers if isinstance(a.reply, Decision)}
+
+
 def test_a_notice_mid_step_of_a_slow_loop_is_seen_at_the_next_call_of_every_rank():
     """2 s steps, one get_preemption_info() per step: the notice comes 0.3 s into a step, nobody asks
     during the collection window; the next call of each rank must be the decision index."""
@@ -30,54 +24,41 @@ def test_a_notice_mid_step_of_a_slow_loop_is_seen_at_the_next_call_of_every_rank
         t += 2.0
     book.preempt(now=t - 2.0 + 0.3)  # ranks are at call 5 next, in 1.7 s
     book.tick(now=t - 2.0 + 1.0)
-    answers = {rank: book.on_query(rank, 5, now=t) for rank in (0, 1)}
+    answers = {}
+    for rank in (0, 1):
+        answers.update(decisions(book.on_query(rank, 5, now=t)))
     assert answers == {0: Decision(5), 1: Decision(5)}
 
 
-class FakeLink:
-    def __init__(self, sock) -> None:
-        self.sock = sock
-        self.sent: list = []
-        self.last_reply = 0.0
+def test_a_notice_mid_step_of_a_10_s_loop_in_the_running_controller_reaches_both_ranks_at_the_next_call():
+    h = make()
+    placement = start(h)
+    for call in range(3):
+        for rank in (0, 1):
+            h.worker(m.PreemptionQuery(attempt=1, rank=rank, index=call))
+        h.step(dt=10.0)
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="spot", message="reclaimed",
+                                         deadline_unix_s=h.wall() + 60.0))
+    for _ in range(20):
+        h.step(dt=0.1)  # two seconds of ticks: no rank asks
+    for rank in (0, 1):
+        h.worker(m.PreemptionQuery(attempt=1, rank=rank, index=3))
+    notices = {r: [x for x in h.to_rank(r) if isinstance(x, m.PreemptionNotice)] for r in (0, 1)}
+    assert {r: [(x.index, x.decision_index) for x in n] for r, n in notices.items()} == {0: [(3, 3)], 1: [(3, 3)]}
 
-    def send(self, msg) -> None:
-        self.sent.append(msg)
 
-
-class FakeCluster:
-    key = None
-
-    def __init__(self, ctx, nodes) -> None:
-        self.nodes = {n: m.NodeInfo(node_id=n, address=f"tcp://{n}", host=n, resources={"CPU": 1.0})
-                      for n in nodes}
-        self.links: dict[str, FakeLink] = {}
-        self._ctx = ctx
-
-    def views(self, run_id):
-        return [NodeView(node_id=n, address=i.address, resources=dict(i.resources)) for n, i in self.nodes.items()]
-
-    def link(self, node_id):
-        if node_id not in self.links:
-            self.links[node_id] = FakeLink(self._ctx.socket(zmq.DEALER))
-        return self.links[node_id]
-
-    def refresh(self, timeout_s):
-        return True
-
-    def note_tick(self, now):
-        pass
-
-    def poll_table(self, now, interval_s=1.0):
-        pass
-
-    def lost_nodes(self, now, live):
-        return {}
-
-    def note_draining(self, notice):
-        pass
-
-    def describe(self):
-        return ", ".join(self.nodes)
+def test_ranks_that_return_during_a_preemption_finish_the_run_even_after_the_deadline():
+    h = make()
+    placement = start(h)
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="test", message="drain", deadline_unix_s=None))
+    assert h.state is State.PREEMPTING
+    h.worker(m.WorkerDone(attempt=1, rank=0, reports=0))
+    h.agent(placement[0], h.exited(0, placement[0]))
+    h.agent(placement[1], h.exited(1, placement[1]))  # rank 1's WorkerDone is still in flight
+    h.step(dt=10_000.0)  # past the preemption deadline and the settle time
+    h.step(dt=0.1)
+    assert h.state is State.FINISHED and h.core.closed
+    assert h.core.book.state.attempts[-1].outcome == "finished"
 
 
 class RefusingDeletes(MemoryStorage):
@@ -85,65 +66,15 @@ class RefusingDeletes(MemoryStorage):
         raise PermissionError(f"AccessDenied: s3:DeleteObject on {path}")
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-def controller(ctx, storage, nodes=("n1", "n2"), num_to_keep=None):
-    clock = [100.0]
-    book = RunBook.open(RunStore(storage, "run"), "exp", now=1.0)
-    plan = RunPlan(name="exp", book=book, world_size=2,
-                   workers=[m.WorkerSpec(rank=r, local_rank=0, local_world_size=1, node_rank=r, world_size=2)
-                            for r in range(2)],
-                   payload=b"", max_failures=0, num_to_keep=num_to_keep, score_attribute=None, score_order="max",
-                   env={}, cwd="/", sys_path=[], timeouts=Timeouts(), per_worker={"CPU": 1.0}, strategy="SPREAD")
-    c = Controller(plan, FakeCluster(ctx, nodes), ctx, clock=lambda: clock[0])
-    return c, clock
-
-
-def start(c):
-    from outlast.controller.states import Event
-    c._fire(Event.STARTED)
-    for rank in (0, 1):
-        c._on_worker_message(b"", m.WorkerHello(attempt=1, rank=rank, pid=10 + rank))
-    assert c.state is State.RUNNING
-
-
-def exited(c, rank, node):
-    return m.WorkerExited(run_id=c.run_id, attempt=1, rank=rank, pid=10 + rank, exit_code=0, signal=None,
-                          error=None, node_id=node)
-
-
-@pytest.mark.xfail(strict=True, reason="issue 8 (b): ALL_FINISHED fired in RESTARTING")
-def test_ranks_that_return_during_a_preemption_finish_the_run_even_after_the_deadline(ctx):
-    c, clock = controller(ctx, MemoryStorage())
-    start(c)
-    c._on_agent_event(None, m.NodeDraining(node_id="n1", reason="test", message="drain", deadline_unix_s=None))
-    assert c.state is State.PREEMPTING
-    c._on_worker_message(b"", m.WorkerDone(attempt=1, rank=0, reports=0))
-    c._on_agent_event(None, exited(c, 0, "n1"))
-    c._on_agent_event(None, exited(c, 1, "n2"))  # rank 1's WorkerDone is still in flight
-    clock[0] += 10_000.0  # past the preemption deadline and the settle time
-    c._tick(clock[0])
-    c._tick(clock[0] + 0.1)
-    assert c.state is State.FINISHED
-    assert c.book.state.attempts[-1].ended_at is not None
-
-
-@pytest.mark.xfail(strict=True, reason="issue 8 (c): a failing delete in retention escapes")
-def test_a_delete_refused_during_retention_still_commits_and_answers_the_ranks(ctx):
-    c, clock = controller(ctx, RefusingDeletes(), num_to_keep=1)
-    start(c)
-    sent: list = []
-    c._send_to_rank = lambda rank, msg: sent.append((rank, msg))
+def test_a_delete_refused_during_retention_still_commits_and_answers_the_ranks():
+    h = make(RefusingDeletes(), num_to_keep=1)
+    start(h)
     entry = m.FileEntry("model.pt", 1, "0" * 64)
     for index in (0, 1):
         for rank in (0, 1):
-            c._on_worker_message(b"", m.Report(attempt=1, rank=rank, index=index, metrics={},
-                                               checkpoint_dir=f"checkpoint_001_{index:06d}", files=[entry]))
-    committed = [(r, msg.index) for r, msg in sent if isinstance(msg, m.Committed)]
-    assert committed == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    assert c.book.state.latest_checkpoint == "checkpoint_001_000001"
+            h.worker(m.Report(attempt=1, rank=rank, index=index, metrics={},
+                              checkpoint_dir=f"checkpoint_001_{index:06d}", files=[entry]))
+    committed = {r: [x.index for x in h.to_rank(r) if isinstance(x, m.Committed)] for r in (0, 1)}
+    assert committed == {0: [0, 1], 1: [0, 1]}
+    assert h.core.book.state.latest_checkpoint == "checkpoint_001_000001"
+    assert [c.checkpoint_dir for c in h.core.book.state.checkpoints] == ["checkpoint_001_000001"]
