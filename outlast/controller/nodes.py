@@ -1,116 +1,37 @@
-"""The controller's connections to the cluster: the head's node table and one link per node.
+"""The controller's view of the cluster: the head's node table, drains heard of, lost nodes.
 
 Every agent that runs a worker of this run gets the run's heartbeats (it kills the
 run's workers when they stop) and answers them; a node whose answers stop for
 `node_timeout_s` is lost, whatever the head says, and so is one the head declares dead.
+Pure: the table and what nodes say come in as calls, with the time.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Callable
-
 import msgspec
-import zmq
 
 from outlast.controller.placement import NodeView
 from outlast.protocol import messages as m
-from outlast.protocol.auth import ClusterKey
-from outlast.protocol.transport import AGENT_EVENTS, BadMessage, connect_dealer, encode
-
-log = logging.getLogger("outlast.controller")
 
 LOST_NODE_QUARANTINE_S = 30.0
+STALL_S = 0.5  # a gap between ticks longer than this was the controller's own stall
 
 
-class AgentLink:
-    """The controller's connection to one node agent (a DEALER socket)."""
-
-    def __init__(self, sock: zmq.Socket, address: str, alive: Callable[[], bool] = lambda: True) -> None:
-        self.sock = sock
-        self.address = address
-        self.alive = alive
-        self.last_reply = 0.0  # monotonic
-
-    def send(self, msg: m.Msg) -> None:
-        # A node that went away must not block the controller once its queue is full.
-        try:
-            self.sock.send(encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-
-
-class Cluster:
-    """The head's node table as last read, and the links to the nodes this run uses."""
-
-    def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, clock,
-                 head_alive: Callable[[], bool] = lambda: True, node_timeout_s: float = 5.0) -> None:
-        self.ctx = ctx
-        self.key = key
-        self.clock = clock
-        self.head_address = head_address
+class NodeBook:
+    def __init__(self, node_timeout_s: float = 5.0) -> None:
         self.node_timeout_s = node_timeout_s
-        self._head_alive = head_alive
         self.nodes: dict[str, m.NodeInfo] = {}
-        self.links: dict[str, AgentLink] = {}
-        self._query = connect_dealer(ctx, head_address, key=key)
-        self._query_sent: float | None = None  # when the unanswered query went out
-        self._next_query = 0.0
-        self._last_tick = clock()
+        self.heard: dict[str, float] = {}  # linked node -> when its agent last said anything (monotonic)
+        self._gone: dict[str, str] = {}  # node -> why its agent is known to be gone
+        self._last_tick: float | None = None
         self._lost_here: dict[str, float] = {}  # node id -> when this driver lost it
         self._drained_here: dict[str, m.NodeDraining] = {}  # drains this driver heard of from the nodes
 
     # ---- the node table -----------------------------------------------------------------
 
-    def refresh(self, timeout_s: float) -> bool:
-        """Read the node table now (before placing an attempt); False if the head did not answer,
-        and the table stays as last read."""
-        start = self.clock()
-        self._send_query(start)
-        while (left := timeout_s - (self.clock() - start)) > 0 and self._query.poll(int(left * 1000)):
-            if self._take_answers():
-                return True
-        return False
-
-    def poll_table(self, now: float, interval_s: float = 1.0) -> None:
-        """Keep the table fresh in the background: drains and deaths the head saw."""
-        self._take_answers()
-        # A query the head never answered (it may be gone) is sent again after a while.
-        if now >= self._next_query and (self._query_sent is None or now - self._query_sent > 3.0):
-            self._send_query(now)
-            self._next_query = now + interval_s
-
-    def _send_query(self, now: float) -> None:
-        try:
-            self._query.send(encode(m.ListNodes()), zmq.NOBLOCK)
-            self._query_sent = now
-        except zmq.Again:
-            pass
-
-    def note_tick(self, now: float) -> None:
-        """While the controller itself was busy, no node was heard: that time is not their silence."""
-        stalled = now - self._last_tick
-        if stalled > 0.5:
-            for link in self.links.values():
-                link.last_reply += stalled
-        self._last_tick = now
-
-    def _take_answers(self) -> bool:
-        answered = False
-        while True:
-            try:
-                data = self._query.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return answered
-            try:
-                reply = AGENT_EVENTS.decode(data)
-            except BadMessage as e:
-                log.warning("dropped a malformed answer from the head: %s", e)
-                continue
-            if isinstance(reply, m.NodeList):
-                self._query_sent, answered = None, True
-                self.nodes = {n.node_id: n for n in reply.nodes}
-                self._overlay_drains()
+    def set_table(self, nodes: list[m.NodeInfo]) -> None:
+        self.nodes = {n.node_id: n for n in nodes}
+        self._overlay_drains()
 
     def note_draining(self, notice: m.NodeDraining) -> None:
         """A node told this driver it is draining: no new work there, even before the head's table says so
@@ -129,10 +50,9 @@ class Cluster:
             elif node.state == "alive":
                 self.nodes[node_id] = msgspec.structs.replace(node, state="draining", draining=notice)
 
-    def views(self, run_id: str) -> list[NodeView]:
+    def views(self, run_id: str, now: float) -> list[NodeView]:
         """What each live node can give this run: its resources minus what other runs hold there."""
         out = []
-        now = self.clock()
         for n in self.nodes.values():
             # A node this driver lost may look alive to the head (a partition between the two):
             # it gets no work until it has been out of sight for a while.
@@ -151,47 +71,44 @@ class Cluster:
         states = [f"{n.node_id} ({n.state})" for n in self.nodes.values()]
         return ", ".join(states) or "no nodes"
 
-    # ---- links to agents ----------------------------------------------------------------
+    # ---- nodes this run talks to --------------------------------------------------------
 
-    def link(self, node_id: str) -> AgentLink:
-        link = self.links.get(node_id)
-        if link is None:
-            address = self.nodes[node_id].address
-            alive = self._head_alive if address == self.head_address else (lambda: True)
-            link = self.links[node_id] = AgentLink(connect_dealer(self.ctx, address, key=self.key), address, alive)
-            link.last_reply = self.clock()
-        return link
+    def link(self, node_id: str, now: float) -> bool:
+        """Start hearing from a node; True if it is new to this run (it gets the run's heartbeat first)."""
+        if node_id in self.heard:
+            return False
+        self.heard[node_id] = now
+        return True
 
-    def head_link(self) -> AgentLink:
-        """The head as an agent (before the table is known: a cluster of one node starts here)."""
-        for node_id, n in self.nodes.items():
-            if n.address == self.head_address:
-                return self.link(node_id)
-        raise KeyError("the head is not in its own node table")
+    def note_heard(self, node_id: str, now: float) -> None:
+        if node_id in self.heard:
+            self.heard[node_id] = now
 
-    def lose(self, node_id: str) -> None:
-        """This driver lost the node: close its link and give it no work for a while."""
-        self._lost_here[node_id] = self.clock()
-        link = self.links.pop(node_id, None)
-        if link is not None:
-            link.sock.close(linger=0)
+    def note_gone(self, node_id: str, why: str) -> None:
+        self._gone[node_id] = why
+
+    def note_tick(self, now: float) -> None:
+        """While the controller itself was busy, no node was heard: that time is not their silence."""
+        if self._last_tick is not None and (stalled := now - self._last_tick) > STALL_S:
+            for node_id in self.heard:
+                self.heard[node_id] += stalled
+        self._last_tick = now
+
+    def lose(self, node_id: str, now: float) -> None:
+        """This driver lost the node: no messages to it, and no work for a while."""
+        self._lost_here[node_id] = now
+        self.heard.pop(node_id, None)
 
     def lost_nodes(self, now: float, nodes: set[str]) -> dict[str, str]:
         """Of `nodes`, those lost now, with why."""
         out = {}
-        for node_id in nodes:
-            info, link = self.nodes.get(node_id), self.links.get(node_id)
+        for node_id in sorted(nodes):
+            info, heard = self.nodes.get(node_id), self.heard.get(node_id)
+            address = info.address if info is not None else "?"
             if info is not None and info.state == "dead":
-                out[node_id] = f"the head declared node {node_id} ({info.address}) dead"
-            elif link is not None and not link.alive():
-                out[node_id] = f"the node agent at {link.address} exited"
-            elif link is not None and now - link.last_reply > self.node_timeout_s:
-                out[node_id] = (f"node {node_id} ({link.address}) stopped answering "
-                                f"(silent for {now - link.last_reply:.1f} s)")
+                out[node_id] = f"the head declared node {node_id} ({address}) dead"
+            elif node_id in self._gone:
+                out[node_id] = self._gone[node_id]
+            elif heard is not None and now - heard > self.node_timeout_s:
+                out[node_id] = f"node {node_id} ({address}) stopped answering (silent for {now - heard:.1f} s)"
         return out
-
-    def close(self, linger_ms: int) -> None:
-        for link in self.links.values():
-            link.sock.close(linger=linger_ms)
-        self.links.clear()
-        self._query.close(linger=0)

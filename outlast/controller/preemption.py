@@ -1,94 +1,91 @@
-"""The preemption answer without a barrier: horizons granted to each rank.
+"""One preemption of an attempt: the notice, its deadline, the checkpoint saved for it.
 
-Each worker counts its `get_preemption_info()` calls. A grant lets it answer None
-locally, with no message, for calls below a horizon H and for `valid_s` seconds,
-whichever ends first; then it asks again. So a notice reaches the training loop
-within about `valid_s` whatever the loop's call rate, and a burst of calls (a
-warm-up loop, a benchmark) cannot earn a grant that outlives the burst.
-
-A notice fixes D, the first call that returns it, the same on every rank. A rank may
-have answered None locally up to the horizon of its last grant, and no further; once
-it asks again, its position is known exactly. So after a notice the book answers
-each query with "ask again on the next call" (a hold) until every rank has asked
-once, or `collect_s` has passed, and then fixes
-
-    D = max over ranks of (the call it last asked at + 1, if it asked since the notice;
-                            else the horizon of its last grant)
-
-Every rank returns None before call D and the notice from D on, and no rank waits
-for another: a lost rank (relaxed collectives) is simply not waited for.
-Pure: time comes in as an argument.
+It answers the controller's one question, "restart now, or wait?", with a reason.
+The horizons that tell every rank the notice at the same call are in `horizons.py`.
+Pure: times come in as arguments (`now` monotonic, `wall` for records and deadlines).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from outlast.protocol import messages as m
+from outlast.storage.records import FailureRecord
+
+NO_DEADLINE_WINDOW_S = 120.0  # how long a notice without a deadline leaves the loop to save
+
 
 @dataclass(frozen=True)
-class Grant:
-    horizon: int  # calls with index < horizon may return None without asking...
-    valid_s: float  # ...for this long after the grant arrives
-
-
-@dataclass(frozen=True)
-class Decision:
-    decision_index: int  # calls with index >= decision_index return the notice
+class Verdict:
+    restart_now: bool
+    reason: str
 
 
 @dataclass
-class HorizonBook:
-    valid_s: float = 0.25
-    collect_s: float = 0.6  # a rank silent this long after a notice is bounded by its last grant
-    max_step: int = 1 << 20
-    decision_index: int | None = None
-    noticed_at: float | None = None
-    _outstanding: dict[int, int] = field(default_factory=dict)  # rank -> horizon of its last grant
-    _asked: dict[int, int] = field(default_factory=dict)  # rank -> index it asked at since the notice
-    _lost: set[int] = field(default_factory=set)
+class Preemption:
+    notice: m.NodeDraining
+    ranks: list[int]  # ranks on the draining nodes
+    node_ids: list[str]
+    noticed_at: float  # wall clock, for the history
+    deadline: float  # monotonic: restart by then whatever happened
+    reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
+    jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing it
 
-    def on_query(self, rank: int, index: int, now: float) -> Grant | Decision:
-        """Rank `rank` reached call `index` (its horizon, or its grant expired): extend, hold, or decide."""
-        if self.decision_index is not None:
-            return Decision(self.decision_index)
-        if self.noticed_at is None:
-            horizon = index + self.max_step
-            self._outstanding[rank] = horizon
-            return Grant(horizon, self.valid_s)
-        self._asked[rank] = index
-        self._outstanding[rank] = index + 1
-        if self._everyone_asked():
-            return Decision(self._decide())
-        return Grant(index + 1, float("inf"))  # a hold: ask again on the next call
+    @classmethod
+    def begin(cls, notice: m.NodeDraining, ranks: list[int], node_ids: list[str], reports: list[int],
+              now: float, wall: float, grace_s: float) -> "Preemption":
+        return cls(notice=notice, ranks=ranks, node_ids=node_ids, noticed_at=wall,
+                   deadline=now + window_s(notice, wall, grace_s), reports_at_notice=list(reports))
 
-    def preempt(self, now: float) -> int | None:
-        """A notice arrived: stop extending. Returns D when it is already known (no rank has a grant)."""
-        if self.noticed_at is None:
-            self.noticed_at = now
-        if self.decision_index is None and self._everyone_asked():
-            self._decide()
-        return self.decision_index
+    def tighten(self, notice: m.NodeDraining, now: float, wall: float, grace_s: float) -> float | None:
+        """A second drain while saving for the first: the ranks already told keep their answer, but the
+        attempt ends by the earlier deadline. Returns the new time left, if it is earlier."""
+        if notice.deadline_unix_s is None:
+            return None
+        deadline = now + window_s(notice, wall, grace_s)
+        if deadline >= self.deadline:
+            return None
+        self.deadline = deadline
+        return deadline - now
 
-    def tick(self, now: float) -> int | None:
-        """Fix D once the ranks that stay silent have had `collect_s` to ask; returns D when just fixed."""
-        if self.decision_index is None and self.noticed_at is not None and now - self.noticed_at >= self.collect_s:
-            return self._decide()
-        return None
+    def saved_by(self, index: int, ranks_with_files, watched: bool) -> bool:
+        """Whether checkpoint `index` is the loop's answer to this notice. A loop that asks
+        get_preemption_info() gets to save its just-in-time checkpoint: only one saved after the
+        notice reached it counts. A loop that never asks has its first checkpoint reported after the
+        notice count."""
+        if watched:
+            return all((r, index) in self.jit_reports for r in ranks_with_files)
+        return all(index >= self.reports_at_notice[r] for r in ranks_with_files)
 
-    @property
-    def watched(self) -> bool:
-        """Whether the loop asks get_preemption_info() at all (then it is waited for to save)."""
-        return bool(self._outstanding)
+    def decide(self, now: float, saved: str | None, room_elsewhere: bool) -> Verdict:
+        if now >= self.deadline:
+            return Verdict(True, "the preemption deadline has passed")
+        if saved is not None and room_elsewhere:
+            return Verdict(True, f"checkpoint {saved}, saved after the notice, is committed and the run has room "
+                                 "elsewhere")
+        if saved is not None:
+            return Verdict(False, f"checkpoint {saved} is committed, but no node that is not draining has room for "
+                                  f"the run; it trains on until the deadline ({self.deadline - now:.1f} s) or until "
+                                  "room appears")
+        return Verdict(False, f"waiting {self.deadline - now:.1f} s for the loop to save a checkpoint")
 
-    def lose_rank(self, rank: int) -> None:
-        self._lost.add(rank)
+    def as_failure(self, attempt: int) -> FailureRecord:
+        n = self.notice
+        when = f"deadline in {n.deadline_unix_s - self.noticed_at:.1f} s" if n.deadline_unix_s else "no deadline"
+        return FailureRecord(
+            attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
+            signal=None, time=self.noticed_at, exc_type="Preemption",
+            message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
+        )
 
-    def _everyone_asked(self) -> bool:
-        # A rank that never asked is at call 0 and has answered nothing: it need not be waited for.
-        return not set(self._outstanding) - set(self._asked) - self._lost
+    def notice_message(self, index: int, decision_index: int, node_to_ranks: dict[str, list[int]]) -> m.PreemptionNotice:
+        n = self.notice
+        return m.PreemptionNotice(
+            index=index, decision_index=decision_index, node_ids=self.node_ids, node_to_ranks=node_to_ranks,
+            ranks=self.ranks, reason=n.reason, message=n.message,
+            deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None)
 
-    def _decide(self) -> int:
-        bounds = [self._asked[r] + 1 if r in self._asked else h for r, h in self._outstanding.items()
-                  if r not in self._lost]
-        self.decision_index = max(bounds, default=0)
-        return self.decision_index
+
+def window_s(notice: m.NodeDraining, wall: float, grace_s: float) -> float:
+    left = notice.deadline_unix_s - wall if notice.deadline_unix_s is not None else NO_DEADLINE_WINDOW_S
+    return max(0.0, left + grace_s)

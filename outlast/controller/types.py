@@ -52,44 +52,21 @@ class RunPlan:
 
 @dataclass
 class AttemptState:
+    """What one attempt has seen so far; what it waits for is in the controller's state."""
+
     number: int
     started_at: float
     hello: set[int] = field(default_factory=set)
     exited: dict[int, m.WorkerExited] = field(default_factory=dict)
     failures: list[FailureRecord] = field(default_factory=list)
     done: set[int] = field(default_factory=set)
-    all_exited_ok_at: float | None = None
-    preemption: "Preemption | None" = None
     restore: str | None = None  # the checkpoint this attempt restores
-    waiting_for_capacity_since: float | None = None
-    respawn_at: float | None = None
     placement: dict[int, str] = field(default_factory=dict)  # rank -> node id
     pids: dict[int, int] = field(default_factory=dict)  # rank -> its process, as its agent reported it
     lost: set[int] = field(default_factory=set)  # ranks gone with a preempted node, the run going on without them
-    jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing a notice
 
     def ranks_on(self, node_ids) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)
 
-
-@dataclass
-class Preemption:
-    notice: m.NodeDraining
-    ranks: list[int]
-    node_ids: list[str]
-    decision_index: int | None  # None until every rank has said where it is (preemption.py)
-    noticed_at: float  # wall clock
-    safe_after: float  # monotonic: tear down by then whatever happened
-    reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
-    saved: str | None = None  # the checkpoint committed for this notice, when the run could not move yet
-
-    def as_failure(self, attempt: int) -> FailureRecord:
-        n = self.notice
-        when = f"deadline in {n.deadline_unix_s - self.noticed_at:.1f} s" if n.deadline_unix_s else "no deadline"
-        return FailureRecord(
-            attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
-            signal=None, time=self.noticed_at, exc_type="Preemption",
-            message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
-        )
-
-
+    def all_exited(self, world_size: int) -> bool:
+        return len(self.exited) == world_size

@@ -16,7 +16,8 @@ from outlast.client.discovery import attach
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
-from outlast.controller.runtime import Cluster, Controller, RunPlan, Timeouts
+from outlast.controller.agent_group import AgentGroup
+from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.transport import route_ip
 from outlast.storage import open_storage
@@ -121,14 +122,12 @@ class DataParallelTrainer:
             if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)
-            cluster = Cluster(ctx, access.head_address, access.key, time.monotonic,
-                              head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True),
-                              node_timeout_s=plan.timeouts.node_lost_after_s)
-            controller = Controller(plan, cluster, ctx, bind_host=route_ip(access.head_address))
+            group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
+                               head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True))
             try:
-                controller.run()
+                Controller(plan, group).run()
             finally:
-                cluster.close(linger_ms=500 if embedded is None else 0)
+                group.close(linger_ms=500 if embedded is None else 0)
         finally:
             if access is not None:
                 if access.embedded is not None:

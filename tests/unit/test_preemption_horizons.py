@@ -1,56 +1,82 @@
-from outlast.controller.preemption import Decision, Grant, HorizonBook
+from outlast.controller.horizons import Answer, Decision, Grant, HorizonBook
 
 
-def test_a_grant_is_bounded_by_calls_and_by_time():
+def test_a_grant_is_bounded_by_time_and_by_the_calls_the_rank_makes_in_that_time():
     book = HorizonBook(valid_s=0.25, max_step=1000)
-    assert book.on_query(rank=0, index=0, now=10.0) == Grant(1000, 0.25)
-    assert book.on_query(rank=0, index=7, now=10.3) == Grant(1007, 0.25)  # asked again when it expired
+    assert book.on_query(rank=0, index=0, now=10.0) == [Answer(0, 0, Grant(1, 0.25))]  # no rate known yet
+    assert book.on_query(rank=0, index=500, now=10.5) == [Answer(0, 500, Grant(750, 0.25))]  # 1000 calls/s
+    assert book.on_query(rank=0, index=750, now=10.5625) == [Answer(0, 750, Grant(1750, 0.25))]  # capped
+    assert book.on_query(rank=0, index=751, now=12.5625) == [Answer(0, 751, Grant(752, 0.25))]  # slow: one call
 
 
-def test_after_a_notice_ranks_are_held_until_every_rank_has_asked_then_all_get_one_d():
-    book = HorizonBook(max_step=1000)
-    book.on_query(0, 0, now=0.0)  # rank 0 may answer None up to call 999
-    book.on_query(1, 0, now=0.0)
-    assert book.preempt(now=1.0) is None  # both hold grants: D not known yet
-    assert book.on_query(0, 40, now=1.1) == Grant(41, float("inf"))  # hold: ask on the next call
-    assert book.on_query(0, 41, now=1.12) == Grant(42, float("inf"))
-    assert book.on_query(1, 39, now=1.15) == Decision(42)  # rank 0 may have answered None up to 41
-    assert book.on_query(0, 42, now=1.16) == Decision(42)
-    assert book.preempt(now=2.0) == 42  # a second notice changes nothing
+def test_slow_loops_get_d_at_the_notice_their_next_call():
+    book = HorizonBook()
+    for t, i in ((0.0, 0), (2.0, 1), (4.0, 2)):
+        book.on_query(0, i, now=t)
+        book.on_query(1, i, now=t + 0.01)
+    assert book.preempt(now=4.5) == []
+    assert book.decision_index == 3
+    assert book.on_query(1, 3, now=6.0) == [Answer(1, 3, Decision(3))]
 
 
-def test_a_silent_rank_is_bounded_by_its_last_grant_after_the_collect_time():
-    book = HorizonBook(max_step=100, collect_s=0.5)
+def test_fast_loops_get_d_at_the_notice_within_their_grant():
+    book = HorizonBook(valid_s=0.25)
     book.on_query(0, 0, now=0.0)
-    book.on_query(1, 5, now=0.0)  # rank 1: up to call 104
-    book.preempt(now=1.0)
-    book.on_query(0, 30, now=1.1)
-    assert book.tick(now=1.2) is None
-    assert book.tick(now=1.6) == 105
-    assert book.on_query(0, 31, now=1.7) == Decision(105)
+    book.on_query(0, 10, now=0.01)  # 1000 calls/s: grant up to 260
+    book.on_query(1, 0, now=0.0)
+    book.on_query(1, 10, now=0.01)
+    book.preempt(now=0.1)
+    assert book.decision_index == 260
+
+
+def test_a_burst_then_a_long_step_waits_for_the_ranks_next_call_and_parks_those_that_ask():
+    book = HorizonBook(valid_s=0.25, collect_s=0.5)
+    for r in (0, 1):
+        book.on_query(r, 0, now=0.0)
+        book.on_query(r, 10_000, now=0.1)  # a burst: a grant far ahead, expired by 0.35
+    book.preempt(now=5.0)
+    assert book.decision_index is None
+    assert book.on_query(0, 10_001, now=7.0) == []  # parked: rank 1 may be at 10_001 too
+    assert book.on_query(1, 10_001, now=7.01) == [Answer(0, 10_001, Decision(10_001)),
+                                                  Answer(1, 10_001, Decision(10_001))]
+
+
+def test_parked_ranks_fall_back_to_the_horizons_when_a_rank_stays_silent():
+    book = HorizonBook(valid_s=0.25, collect_s=0.5)
+    for r in (0, 1):
+        book.on_query(r, 0, now=0.0)
+        book.on_query(r, 100, now=0.1)
+    book.preempt(now=5.0)
+    assert book.on_query(0, 101, now=7.0) == []
+    assert book.tick(now=7.2) == []
+    (answer,) = book.tick(now=7.5)
+    assert answer == Answer(0, 101, Decision(100 + 250))
 
 
 def test_a_lost_rank_is_not_waited_for():
-    book = HorizonBook(max_step=100)
-    book.on_query(0, 0, now=0.0)
-    book.on_query(1, 0, now=0.0)
-    book.preempt(now=1.0)
-    book.lose_rank(1)
-    assert book.on_query(0, 12, now=1.1) == Decision(13)
+    book = HorizonBook(valid_s=0.25)
+    for r in (0, 1):
+        book.on_query(r, 0, now=0.0)
+        book.on_query(r, 100, now=0.1)
+    book.preempt(now=5.0)
+    assert book.on_query(0, 101, now=5.1) == []
+    assert book.lose_rank(1, now=5.2) == [Answer(0, 101, Decision(101))]
 
 
 def test_a_notice_before_any_query_is_seen_on_the_very_first_call():
     book = HorizonBook()
-    assert book.preempt(now=0.0) == 0
-    assert book.on_query(0, 0, now=0.0) == Decision(0)
+    assert book.preempt(now=0.0) == []
+    assert book.on_query(0, 0, now=0.0) == [Answer(0, 0, Decision(0))]
 
 
-def test_every_rank_sees_the_notice_on_the_same_call_in_a_simulated_run():
+def test_every_rank_sees_the_notice_on_the_same_call_soon_after_it_in_a_simulated_run():
     """Ranks at different rates, a burst of calls before the notice; each answers None below D and the
-    notice from D, and none ever answered None at or past D."""
+    notice from D, none ever answered None at or past D, and each sees it within half a second."""
     book = HorizonBook(valid_s=0.25, max_step=1 << 20)
-    rates = {0: 1000.0, 1: 400.0, 2: 50.0}
-    state = {r: {"horizon": 0, "expires": 0.0, "answered_none_up_to": -1, "seen": None} for r in rates}
+    rates = {0: 1000.0, 1: 1000.0, 2: 1000.0}
+    state = {r: {"horizon": 0, "expires": 0.0, "answered_none_up_to": -1, "seen": None, "seen_at": None}
+             for r in rates}
+    notice_at = 2.5
     for tick in range(6000):
         now = tick / 1000.0
         if tick == 2500:
@@ -65,14 +91,19 @@ def test_every_rank_sees_the_notice_on_the_same_call_in_a_simulated_run():
                     s["answered_none_up_to"] = i
                     i += 1
                     continue
-                answer = book.on_query(rank, i, now)
-                if isinstance(answer, Decision):
-                    s["seen"] = answer.decision_index
-                    break
-                s["horizon"], s["expires"] = answer.horizon, now + answer.valid_s
+                replies = [a.reply for a in book.on_query(rank, i, now) if a.rank == rank]
+                assert replies, "a rank in lockstep is never left parked"
+                if isinstance(replies[0], Decision):
+                    s["horizon"], s["expires"] = replies[0].decision_index, float("inf")
+                    if i >= replies[0].decision_index:
+                        s["seen"], s["seen_at"] = i, now
+                        break
+                else:
+                    s["horizon"], s["expires"] = replies[0].horizon, now + replies[0].valid_s
                 s["answered_none_up_to"] = i
                 i += 1
     seen = {s["seen"] for s in state.values()}
     assert len(seen) == 1 and None not in seen
     d = seen.pop()
     assert all(s["answered_none_up_to"] < d for s in state.values())
+    assert all(s["seen_at"] - notice_at <= 0.5 for s in state.values())

@@ -1,0 +1,160 @@
+"""The worker group over real node agents: ZeroMQ sockets to the head, the agents and the workers.
+
+Workers reach the controller on one ROUTER socket (identity "attempt:rank"); each node
+agent this run uses gets a DEALER link; the head answers node-table queries on another.
+This module only moves bytes: decoding, sending, noticing an embedded head that exited.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import zmq
+
+from outlast.controller import group as g
+from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey
+from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode
+
+log = logging.getLogger("outlast.controller")
+
+QUERY_RETRY_S = 3.0  # a table query the head never answered (it may be gone) is sent again after this
+
+
+class AgentGroup:
+    def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, bind_host: str = "127.0.0.1",
+                 head_alive: Callable[[], bool] = lambda: True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.key = key
+        self.head_address = head_address
+        self.clock = clock
+        self._head_alive = head_alive
+        self.sock, self.address = bind_router(ctx, bind_host, key=key)
+        self._query = connect_dealer(ctx, head_address, key=key)
+        self._query_sent: float | None = None
+        self._addresses: dict[str, str] = {}  # node id -> its agent's address, from the last table
+        self._links: dict[str, zmq.Socket] = {}
+        self._gone_told: set[str] = set()
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self._query, zmq.POLLIN)
+
+    def refresh(self, timeout_s: float) -> list[m.NodeInfo] | None:
+        """Read the node table now (before the run starts); None if the head did not answer."""
+        start = self.clock()
+        self._send_query(start)
+        while (left := timeout_s - (self.clock() - start)) > 0 and self._query.poll(int(left * 1000)):
+            for event in self._table_answers():
+                return event.nodes
+        return None
+
+    # ---- effects out --------------------------------------------------------------------
+
+    def perform(self, effect: g.Effect) -> None:
+        if isinstance(effect, g.ToRank):
+            self.sock.send_multipart([worker_identity(effect.attempt, effect.rank), encode(effect.msg)])
+        elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
+            self._send(effect.node_id, effect.msg)
+        elif isinstance(effect, g.QueryTable):
+            now = self.clock()
+            if self._query_sent is None or now - self._query_sent > QUERY_RETRY_S:
+                self._send_query(now)
+        elif isinstance(effect, g.ForgetNode):
+            link = self._links.pop(effect.node_id, None)
+            if link is not None:
+                self._poller.unregister(link)
+                link.close(linger=0)
+
+    def _send(self, node_id: str, msg: m.Msg) -> None:
+        link = self._links.get(node_id)
+        if link is None:
+            address = self._addresses.get(node_id)
+            if address is None:
+                log.warning("no address known for node %s; dropped a %s for it", node_id, type(msg).__name__)
+                return
+            link = self._links[node_id] = connect_dealer(self.ctx, address, key=self.key)
+            self._poller.register(link, zmq.POLLIN)
+        # A node that went away must not block the controller once its queue is full.
+        try:
+            link.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def _send_query(self, now: float) -> None:
+        try:
+            self._query.send(encode(m.ListNodes()), zmq.NOBLOCK)
+            self._query_sent = now
+        except zmq.Again:
+            pass
+
+    # ---- events in ----------------------------------------------------------------------
+
+    def events(self, timeout_s: float) -> list[g.InEvent]:
+        out: list[g.InEvent] = []
+        for sock, _ in self._poller.poll(timeout=int(timeout_s * 1000)):
+            if sock is self.sock:
+                out += self._worker_messages()
+            elif sock is self._query:
+                out += self._table_answers()
+            else:
+                out += self._agent_events(sock)
+        head = next((n for n, a in self._addresses.items() if a == self.head_address), None)
+        if head is not None and head not in self._gone_told and not self._head_alive():
+            self._gone_told.add(head)
+            out.append(g.AgentGone(head, f"the node agent at {self.head_address} exited"))
+        return out
+
+    def _worker_messages(self) -> list[g.InEvent]:
+        out: list[g.InEvent] = []
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                out.append(g.FromWorker(WORKER_MESSAGES.decode(frames[-1])))
+            except BadMessage as e:
+                log.warning("dropped a malformed message from a worker: %s", e)
+
+    def _agent_events(self, sock: zmq.Socket) -> list[g.InEvent]:
+        node_id = next((n for n, link in self._links.items() if link is sock), "")
+        out: list[g.InEvent] = []
+        while True:
+            try:
+                data = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                out.append(g.FromAgent(node_id, AGENT_EVENTS.decode(data)))
+            except BadMessage as e:
+                log.warning("dropped a malformed message from node %s: %s", node_id, e)
+
+    def _table_answers(self) -> list[g.NodeTable]:
+        out = []
+        while True:
+            try:
+                data = self._query.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                reply = AGENT_EVENTS.decode(data)
+            except BadMessage as e:
+                log.warning("dropped a malformed answer from the head: %s", e)
+                continue
+            if isinstance(reply, m.NodeList):
+                self._query_sent = None
+                self._addresses = {n.node_id: n.address for n in reply.nodes}
+                out.append(g.NodeTable(list(reply.nodes)))
+
+    def close(self, linger_ms: int = 0) -> None:
+        for link in self._links.values():
+            link.close(linger=linger_ms)
+        self._links.clear()
+        self._query.close(linger=0)
+        self.sock.close(linger=0)
+
+
+def worker_identity(attempt: int, rank: int) -> bytes:
+    return f"{attempt}:{rank}".encode()

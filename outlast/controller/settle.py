@@ -1,0 +1,68 @@
+"""How a failed or preempted attempt ends: which budget it draws on, and whether the run goes on.
+
+Called once every worker of the attempt has exited. Writes the verdict to the run's
+history and returns it; the core carries it out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from outlast.controller.policy import FailureDecision, decide_on_failure, pick_root_cause
+from outlast.controller.preemption import Preemption
+from outlast.controller.runstate import RunBook
+from outlast.storage.records import FailureRecord
+from outlast.errors import PreemptionError, TrainingFailedError
+
+log = logging.getLogger("outlast.controller")
+
+
+@dataclass(frozen=True)
+class Settled:
+    retry: bool
+    error: TrainingFailedError | None = None  # set when the run gives up
+
+
+def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], history: list[FailureRecord],
+                   preemption: Preemption | None, max_failures: int, max_preemption_failures: int,
+                   wall: float) -> Settled:
+    """`failures` are this attempt's, `history` every earlier attempt's (extended here, root causes first)."""
+    if preemption is not None:
+        return _settle_preempted(book, attempt, failures, history, preemption, max_preemption_failures, wall)
+    root = pick_root_cause(failures)
+    others = [f for f in failures if f is not root]
+    history += [root, *others]
+    also = "".join(f"\n  then {f.describe()}" for f in others)
+    corrupt = root.exc_type == "CorruptCheckpointError" and book.state.latest_checkpoint
+    if corrupt or root.exc_type == "SpawnRefused":
+        book.settle_failed_attempt(root, "corrupt_checkpoint" if corrupt else "placement", wall)
+        if corrupt:
+            fallback = book.skip_checkpoint(book.state.latest_checkpoint, root.message or "unreadable", wall)
+            log.warning("%s; restarting from %s instead (not counted against max_failures)", root.message,
+                        fallback or "scratch")
+        return Settled(retry=True)
+    decision = decide_on_failure(root, book.failures_this_launch("worker"), max_failures)
+    book.settle_failed_attempt(root, "worker", wall)
+    if root.traceback:
+        log.warning("rank %d failed:\n%s", root.rank, root.traceback.rstrip())
+    if decision.action is FailureDecision.RESTART:
+        log.warning("%s%s", decision.reason, also)
+        return Settled(retry=True)
+    causes = "\n".join(f"  attempt {f.attempt}: {f.describe()}" for f in history)
+    return Settled(retry=False, error=TrainingFailedError(
+        f"training failed: {decision.reason}\nfailures (root cause of each attempt first):\n{causes}", list(history)))
+
+
+def _settle_preempted(book: RunBook, attempt: int, failures: list[FailureRecord], history: list[FailureRecord],
+                      preemption: Preemption, max_preemption_failures: int, wall: float) -> Settled:
+    root = preemption.as_failure(attempt)
+    book.add_failure(root)
+    history += [root, *failures]
+    decision = decide_on_failure(root, book.failures_this_launch("preemption"), max_preemption_failures,
+                                 budget="max_preemption_failures")
+    book.settle_failed_attempt(root, "preemption", wall)
+    if decision.action is FailureDecision.RESTART:
+        log.warning("%s", decision.reason)
+        return Settled(retry=True)
+    return Settled(retry=False, error=PreemptionError(f"training stopped: {decision.reason}", list(history)))

@@ -1,0 +1,85 @@
+"""A controller core built in-process over fake storage, stepped by hand with a virtual clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import outlast.train  # noqa: F401  (the controller imports the training API's errors)
+from outlast.controller import group as g
+from outlast.controller.core import ControllerCore
+from outlast.controller.runstate import RunBook
+from outlast.controller.types import RunPlan, Timeouts
+from outlast.protocol import messages as m
+from outlast.storage.run_store import RunStore
+from tests.fakes.storage import MemoryStorage
+
+WALL_OFFSET = 1_700_000_000.0
+
+
+def node(node_id: str, cpus: float = 1.0) -> m.NodeInfo:
+    return m.NodeInfo(node_id=node_id, address=f"tcp://{node_id}:1", host=node_id, resources={"CPU": cpus})
+
+
+@dataclass
+class Harness:
+    core: ControllerCore
+    now: float = 100.0
+    effects: list[g.Effect] = field(default_factory=list)
+
+    def step(self, event: g.InEvent | None = None, dt: float = 0.0) -> list[g.Effect]:
+        self.now += dt
+        out = self.core.step(event or g.Tick(), self.now)
+        self.effects += out
+        return out
+
+    def wall(self) -> float:
+        return WALL_OFFSET + self.now
+
+    def worker(self, msg: m.WorkerMessage) -> list[g.Effect]:
+        return self.step(g.FromWorker(msg))
+
+    def agent(self, node_id: str, event: m.AgentEvent) -> list[g.Effect]:
+        return self.step(g.FromAgent(node_id, event))
+
+    def to_rank(self, rank: int) -> list[m.Msg]:
+        return [e.msg for e in self.effects if isinstance(e, g.ToRank) and e.rank == rank]
+
+    def spawned(self) -> dict[int, str]:
+        """rank -> node of the latest attempt's spawns."""
+        spawns = [e for e in self.effects if isinstance(e, g.Spawn)]
+        last = max((s.msg.attempt for s in spawns), default=0)
+        return {w.rank: s.node_id for s in spawns if s.msg.attempt == last for w in s.msg.workers}
+
+    def exited(self, rank: int, node_id: str, code: int = 0, attempt: int | None = None) -> m.WorkerExited:
+        return m.WorkerExited(run_id=self.core.run_id, attempt=attempt or self.core.attempt.number, rank=rank,
+                              pid=100 + rank, exit_code=code, signal=None, error=None, node_id=node_id)
+
+    @property
+    def state(self):
+        return self.core.state.kind
+
+
+def make(storage=None, world_size: int = 2, nodes=("n1", "n2", "n3"), strategy: str = "SPREAD",
+         timeouts: Timeouts = Timeouts(), **plan_kw) -> Harness:
+    storage = storage if storage is not None else MemoryStorage()
+    book = RunBook.open(RunStore(storage, "run"), "exp", now=WALL_OFFSET)
+    plan = RunPlan(name="exp", book=book, world_size=world_size,
+                   workers=[m.WorkerSpec(rank=r, local_rank=0, local_world_size=1, node_rank=r, world_size=world_size)
+                            for r in range(world_size)],
+                   payload=b"", max_failures=plan_kw.pop("max_failures", 0),
+                   num_to_keep=plan_kw.pop("num_to_keep", None), score_attribute=None, score_order="max",
+                   env={}, cwd="/", sys_path=[], timeouts=timeouts, per_worker={"CPU": 1.0}, strategy=strategy,
+                   **plan_kw)
+    h = Harness(core=None)  # type: ignore[arg-type]
+    h.core = ControllerCore(plan, "run1", "tcp://controller:1", wall=h.wall)
+    h.step(g.NodeTable([node(n) for n in nodes]))
+    h.step(g.Started())
+    return h
+
+
+def start(h: Harness) -> dict[int, str]:
+    """Every rank of the current attempt says hello; returns where each runs."""
+    placement = h.spawned()
+    for rank in placement:
+        h.worker(m.WorkerHello(attempt=h.core.attempt.number, rank=rank, pid=100 + rank))
+    return placement

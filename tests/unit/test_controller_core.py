@@ -1,0 +1,129 @@
+"""The controller core stepped in-process: events in, effects out, no processes."""
+
+from __future__ import annotations
+
+from outlast.controller import group as g
+from outlast.controller import states as st
+from outlast.controller.states import State
+from outlast.controller.types import Timeouts
+from outlast.protocol import messages as m
+from tests.fakes.controller import make, node, start
+
+ENTRY = m.FileEntry("model.pt", 1, "0" * 64)
+
+
+def report(h, rank, index, checkpoint=True, saw=False):
+    return h.worker(m.Report(attempt=h.core.attempt.number, rank=rank, index=index, metrics={"step": index},
+                             checkpoint_dir=f"checkpoint_{h.core.attempt.number:03d}_{index:06d}" if checkpoint else None,
+                             files=[ENTRY] if checkpoint else [], saw_preemption=saw))
+
+
+def finish_all(h, placement):
+    for rank, node_id in placement.items():
+        h.worker(m.WorkerDone(attempt=h.core.attempt.number, rank=rank, reports=0))
+        h.agent(node_id, h.exited(rank, node_id))
+
+
+def test_a_clean_run_finishes_closes_and_tells_its_nodes_the_run_ended():
+    h = make()
+    placement = start(h)
+    assert h.state is State.RUNNING and set(placement.values()) == {"n1", "n2"}
+    report(h, 0, 0)
+    report(h, 1, 0)
+    assert [type(x) for x in h.to_rank(0)] == [m.Committed]
+    finish_all(h, placement)
+    assert h.state is State.FINISHED and h.core.closed
+    assert {e.node_id for e in h.effects if isinstance(e, g.ToNode) and isinstance(e.msg, m.EndRun)} == {"n1", "n2"}
+    assert h.core.book.state.status == "finished"
+
+
+def test_a_failed_rank_restarts_only_after_every_worker_of_the_attempt_exited():
+    h = make(max_failures=1)
+    placement = start(h)
+    h.agent(placement[0], h.exited(0, placement[0], code=1))
+    assert h.state is State.RESTARTING
+    assert {e.node_id for e in h.effects if isinstance(e, g.StopRun)} == {"n1", "n2"}
+    h.step(dt=5.0)
+    assert h.core.attempt.number == 1  # rank 1 still lives
+    h.agent(placement[1], h.exited(1, placement[1], code=None))
+    assert h.core.attempt.number == 2 and h.state is State.PLACING
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))
+    assert h.state is State.SCHEDULING and len(h.spawned()) == 2
+
+
+def test_waiting_for_capacity_is_a_state_with_its_reason_and_ends_when_a_node_joins():
+    h = make(nodes=("n1",))
+    assert isinstance(h.core.state, st.WaitingForCapacity)
+    assert "do not fit" in h.core.state.reason
+    assert h.core.book.state.status == "waiting_for_capacity"
+    h.step(g.NodeTable([node("n1"), node("n2")]), dt=0.5)
+    h.step(dt=0.6)
+    assert h.state is State.SCHEDULING and h.core.book.state.status == "running"
+
+
+def test_waiting_for_capacity_gives_up_after_the_capacity_timeout_saying_what_to_do():
+    h = make(nodes=("n1",), timeouts=Timeouts(capacity_s=3.0))
+    for _ in range(50):
+        h.step(dt=0.1)
+    assert h.state is State.ERRORED and h.core.closed
+    assert "OUTLAST_CAPACITY_TIMEOUT_S" in str(h.core.error)
+
+
+def test_a_jit_checkpoint_with_room_elsewhere_restarts_at_once_and_keeps_the_ranks_blocked():
+    h = make()
+    placement = start(h)
+    for rank in (0, 1):
+        h.worker(m.PreemptionQuery(attempt=1, rank=rank, index=0))
+    h.step(dt=2.0)
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="spot", message="", deadline_unix_s=h.wall() + 20))
+    for rank in (0, 1):
+        h.worker(m.PreemptionQuery(attempt=1, rank=rank, index=1))
+        assert [x.decision_index for x in h.to_rank(rank) if isinstance(x, m.PreemptionNotice)] == [1]
+    report(h, 0, 0, saw=True)
+    report(h, 1, 0, saw=True)
+    assert h.state is State.RESTARTING
+    assert not [x for r in (0, 1) for x in h.to_rank(r) if isinstance(x, m.Committed)]
+    for rank, node_id in placement.items():
+        h.agent(node_id, h.exited(rank, node_id, code=None))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))
+    assert h.core.attempt.restore == "checkpoint_001_000000"
+    assert placement[0] not in set(h.spawned().values())
+    assert h.core.book.failures_this_launch("worker") == 0
+    assert h.core.book.failures_this_launch("preemption") == 1
+
+
+def test_saved_with_nowhere_to_go_is_a_state_that_trains_on_until_room_appears():
+    h = make(nodes=("n1", "n2"))
+    placement = start(h)
+    h.agent("n1", m.NodeDraining(node_id="n1", reason="spot", message="", deadline_unix_s=h.wall() + 600))
+    report(h, 0, 0)
+    report(h, 1, 0)  # a loop that never asks: its first checkpoint after the notice counts
+    assert isinstance(h.core.state, st.Saved) and h.core.state.checkpoint == "checkpoint_001_000000"
+    assert [type(x) for x in h.to_rank(0)] == [m.Committed]  # the loop trains on
+    h.step(g.NodeTable([node("n1"), node("n2"), node("n3")]), dt=1.0)
+    h.step(dt=0.1)
+    assert h.state is State.RESTARTING
+
+
+def test_an_interrupt_tears_down_through_the_one_event_path_and_a_drain_meanwhile_is_kept():
+    h = make()
+    placement = start(h)
+    h.step(g.Interrupted())
+    assert h.state is State.ABORTED and not h.core.closed
+    h.agent("n3", m.NodeDraining(node_id="n3", reason="spot", message="", deadline_unix_s=None))
+    assert h.core.nodes.nodes["n3"].state == "draining"
+    for rank, node_id in placement.items():
+        h.agent(node_id, h.exited(rank, node_id, code=None))
+    assert h.core.closed and h.core.book.state.status == "aborted"
+
+
+def test_a_silent_node_is_lost_with_its_ranks_and_counts_as_a_failure():
+    h = make(max_failures=0)
+    placement = start(h)
+    for _ in range(60):
+        h.step(g.FromAgent(placement[1], m.WorkerStarted(run_id=h.core.run_id, attempt=1, rank=1, pid=101)), dt=0.1)
+    assert h.state is State.RESTARTING  # rank 1 still lives
+    h.agent(placement[1], h.exited(1, placement[1], code=None))
+    assert h.state is State.ERRORED and h.core.closed
+    assert "stopped answering" in str(h.core.error)
+    assert any(isinstance(e, g.ForgetNode) and e.node_id == placement[0] for e in h.effects)
