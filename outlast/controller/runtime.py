@@ -16,6 +16,7 @@ import zmq
 
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
+from outlast.controller.file_merge import merge_and_note
 from outlast.controller.preemption import Decision as PreemptionDecision
 from outlast.controller.preemption import HorizonBook
 from outlast.controller.policy import FailureDecision, decide_on_failure, pick_root_cause
@@ -557,7 +558,7 @@ class Controller:
                 raise ValueError(pending.missing_reason(a.placement))
             if pending.errors:
                 raise ValueError("; ".join(f"rank {r}: {e}" for r, e in sorted(pending.errors.items())))
-            files = _merge_files(pending)
+            files = merge_and_note(pending.files, self.plan.duplicate_files, self.book, pending.checkpoint_dir)
             self.book.commit_checkpoint(pending.checkpoint_dir, a.number, pending.index, sorted(pending.files), files,
                                         pending.metrics, time.time())
         except (ValueError, OSError) as e:
@@ -655,18 +656,3 @@ def _failure_record(ev: m.WorkerExited) -> FailureRecord:
         traceback=err.traceback if err else None, phase=err.phase if err else None,
         oom_report=ev.oom_report,
     )
-
-
-def _merge_files(pending: PendingCheckpoint) -> list[m.FileEntry]:
-    """Files of all contributing ranks; two ranks may write one file only with the same bytes."""
-    merged: dict[str, tuple[int, m.FileEntry]] = {}
-    for rank in sorted(pending.files):
-        for entry in pending.files[rank]:
-            seen = merged.get(entry.path)
-            if seen is not None and seen[1].sha256 != entry.sha256:
-                raise ValueError(
-                    f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
-                    "save a replicated model from one rank only, or give each rank its own file names"
-                )
-            merged[entry.path] = (rank, entry)
-    return [e for _, e in sorted(merged.values(), key=lambda x: x[1].path)]
