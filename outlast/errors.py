@@ -20,6 +20,52 @@ class TrainingFailedError(RuntimeError):
         return (type(self), (self.args[0], self.failures))
 
 
+class WorkerFailure(RuntimeError):
+    """One rank's failure as an exception (`WorkerGroupError.worker_failures`); `record` has every detail."""
+
+    def __init__(self, record: FailureRecord) -> None:
+        super().__init__(record.describe())
+        self.record = record
+
+    def __reduce__(self):
+        return (type(self), (self.record,))
+
+
+class WorkerGroupError(TrainingFailedError):
+    """Training workers failed more often than `FailureConfig.max_failures` allows.
+
+    `worker_failures` maps each rank that failed in the last attempt to its failure.
+    """
+
+    def __init__(self, message: str, failures: list[FailureRecord] | None = None) -> None:
+        super().__init__(message, failures)
+        last = max((f.attempt for f in self.failures), default=None)
+        self.worker_failures: dict[int, Exception] = {
+            f.rank: WorkerFailure(f) for f in self.failures if f.attempt == last}
+
+
+class ControllerError(TrainingFailedError):
+    """The run stopped for a reason outside the training workers (no node answered, the run's lease
+    was lost, workers never started); `controller_failure` is that reason as an exception."""
+
+    def __init__(self, message: str, failures: list[FailureRecord] | None = None) -> None:
+        super().__init__(message, failures)
+        self.controller_failure: Exception = RuntimeError(message)
+
+
+def classify(error: TrainingFailedError) -> TrainingFailedError:
+    """The error `fit()` raises, with Ray's classes: a run whose last attempt ended with failed workers
+    raises `WorkerGroupError`, any other stop `ControllerError`. Subclasses pass through."""
+    if type(error) is not TrainingFailedError:
+        return error
+    last = max((f.attempt for f in error.failures), default=None)
+    in_last = [f for f in error.failures if f.attempt == last and f.exc_type not in ("Preemption", "SpawnRefused")]
+    cls = WorkerGroupError if in_last else ControllerError
+    new = cls(error.args[0], error.failures)
+    new.__cause__ = error.__cause__
+    return new
+
+
 class CollectiveTimeoutError(RuntimeError):
     """A barrier or broadcast waited longer than its timeout; names the ranks that never came."""
 

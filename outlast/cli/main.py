@@ -19,6 +19,7 @@ from outlast.client.discovery import (
     start_agent_process, state_dir,
 )
 from outlast.cli.drain import add_parser as add_drain_parser
+from outlast.cli.run_script import add_parser as add_run_script_parser
 from outlast.cli.runs import add_parser as add_runs_parser
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
@@ -382,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
     add_runs_parser(sub)
     add_drain_parser(sub)
+    add_run_script_parser(sub)
     return p
 
 

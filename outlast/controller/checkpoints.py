@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from outlast.controller.commit import PendingCheckpoint
+from outlast.controller.file_merge import merge_and_note
 from outlast.controller.retention import checkpoints_to_delete
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
@@ -27,14 +28,14 @@ class RetentionRule:
 
 
 def commit(book: RunBook, pending: PendingCheckpoint, attempt: int, placement: dict[int, str],
-           retention: RetentionRule, wall: float) -> m.Committed | m.CommitFailed:
+           retention: RetentionRule, duplicate_files: str, wall: float) -> m.Committed | m.CommitFailed:
     """Write the manifest of a settled checkpoint; the answer its blocked ranks get."""
     try:
         if pending.missing_shards:
             raise ValueError(pending.missing_reason(placement))
         if pending.errors:
             raise ValueError("; ".join(f"rank {r}: {e}" for r, e in sorted(pending.errors.items())))
-        files = merge_files(pending)
+        files = merge_and_note(pending.files, duplicate_files, book, pending.checkpoint_dir, wall)
         book.commit_checkpoint(pending.checkpoint_dir, attempt, pending.index, sorted(pending.files), files,
                                pending.metrics, wall)
     except (ValueError, OSError) as e:
@@ -101,18 +102,3 @@ def remove_uncommitted(book: RunBook) -> None:
         book.store.remove_uncommitted({c.checkpoint_dir for c in book.state.checkpoints})
     except OSError as e:
         log.warning("could not remove uncommitted checkpoint directories: %s", e)
-
-
-def merge_files(pending: PendingCheckpoint) -> list[m.FileEntry]:
-    """Files of all contributing ranks; two ranks may write one file only with the same bytes."""
-    merged: dict[str, tuple[int, m.FileEntry]] = {}
-    for rank in sorted(pending.files):
-        for entry in pending.files[rank]:
-            seen = merged.get(entry.path)
-            if seen is not None and seen[1].sha256 != entry.sha256:
-                raise ValueError(
-                    f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
-                    "save a replicated model from one rank only, or give each rank its own file names"
-                )
-            merged[entry.path] = (rank, entry)
-    return [e for _, e in sorted(merged.values(), key=lambda x: x[1].path)]

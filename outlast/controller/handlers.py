@@ -196,7 +196,8 @@ class Handlers:
     def _commit(self: "ControllerCore", pending: PendingCheckpoint) -> None:
         a = self.attempt
         assert a is not None
-        reply = checkpoints.commit(self.book, pending, a.number, a.placement, self.retention, self.wall())
+        reply = checkpoints.commit(self.book, pending, a.number, a.placement, self.retention,
+                                    self.plan.duplicate_files, self.wall())
         s = self.state
         if isinstance(s, st.Preempting) and isinstance(reply, m.Committed) \
                 and s.preemption.saved_by(pending.index, pending.files, self.horizons.watched):

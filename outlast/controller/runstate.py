@@ -10,7 +10,7 @@ import logging
 
 from outlast.faults import fault_point
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, RunState, SkippedCheckpoint,
+    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, RunState, SkippedCheckpoint,
     is_checkpoint_dir_name,
 )
 from outlast.storage.run_store import RunStore
@@ -110,6 +110,14 @@ class RunBook:
         self.state.skipped_checkpoints.append(SkippedCheckpoint(checkpoint_dir=checkpoint_dir, reason=reason,
                                                                 time=now))
         self._save(now)
+
+    def note_once(self, text: str, now: float) -> bool:
+        """Record `text` in the history unless it is there already; True when it is new."""
+        if any(n.text == text for n in self.state.notes):
+            return False
+        self.state.notes.append(Note(text=text, time=now))
+        self._save(now)
+        return True
 
     def _save(self, now: float | None = None) -> None:
         if now is not None:

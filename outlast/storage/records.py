@@ -93,6 +93,13 @@ class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     time: float
 
 
+class Note(msgspec.Struct, frozen=True, kw_only=True):
+    """Something the run did on the user's behalf that they should know (e.g. a dropped duplicate file)."""
+
+    text: str
+    time: float
+
+
 class RunState(msgspec.Struct, kw_only=True):
     version: int = SCHEMA_VERSION
     name: str
@@ -107,6 +114,7 @@ class RunState(msgspec.Struct, kw_only=True):
     last_metrics: dict[str, Any] | None = None  # rank 0's last report
     error: str | None = None
     waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
+    notes: list[Note] = []
 
 
 class CorruptDocument(ValueError):

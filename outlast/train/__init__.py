@@ -1,6 +1,7 @@
 """outlast's training API, with the names and shapes of Ray Train (V2).
 
-A Ray Train script ports by changing `ray.train` to `outlast.train` in its imports.
+docs/ray-parity.md says, name by name, what is the same as in Ray Train, what differs and
+what is not supported; `outlast run script.py` runs a Ray Train script unchanged.
 """
 
 from __future__ import annotations
@@ -8,12 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from outlast.train import collective
+from outlast.train import unsupported as _unsupported
 from outlast.train._session import get_session
-from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
+from outlast.train.checkpoint import (
+    Checkpoint, CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpoint, ReportedCheckpointStatus,
+)
 from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from outlast.train.context import TrainContext
+from outlast.train.data import TRAIN_DATASET_KEY, DataConfig, get_dataset_shard
 from outlast.errors import (
-    CheckpointCommitError, CollectiveTimeoutError, PreemptionError, RunInUseError, TrainingFailedError,
+    CheckpointCommitError, CollectiveTimeoutError, ControllerError, PreemptionError, RunInUseError,
+    TrainingFailedError, WorkerGroupError,
 )
 from outlast.train.preemption import PreemptionInfo
 from outlast.train.result import Result
@@ -23,8 +29,11 @@ from outlast.train.trainer import DataParallelTrainer, Trainer
 def report(
     metrics: dict[str, Any],
     checkpoint: Checkpoint | None = None,
+    checkpoint_dir_name: str | None = None,
     checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
     delete_local_checkpoint_after_upload: bool | None = None,
+    checkpoint_upload_fn: Any = None,
+    validation: Any = False,
 ) -> None:
     """Report metrics, and optionally a checkpoint, from every rank.
 
@@ -33,8 +42,29 @@ def report(
     then on a failure restores it. With ASYNC it returns at once and the files upload in
     the background; keep the directory until then (it is deleted after the upload
     unless `delete_local_checkpoint_after_upload=False`).
+
+    outlast names checkpoint directories itself (checkpoint_AAA_IIIIII, which its recovery relies
+    on); `checkpoint_dir_name` is kept in the checkpoint's metadata (`get_metadata()`).
     """
-    get_session("report").report(metrics, checkpoint, checkpoint_upload_mode, delete_local_checkpoint_after_upload)
+    if checkpoint_upload_fn is not None:
+        raise ValueError("report(checkpoint_upload_fn=...) is not supported: outlast uploads the checkpoint's files "
+                         "to RunConfig(storage_path=...) itself, with retries, and verifies them on restore")
+    if validation:
+        raise ValueError("report(validation=...) is not supported: validate in the train function and report the "
+                         "validation metrics with the checkpoint")
+    get_session("report").report(metrics, checkpoint, checkpoint_upload_mode, delete_local_checkpoint_after_upload,
+                                 checkpoint_dir_name)
+
+
+def get_all_reported_checkpoints(
+    consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+    timeout_s: float | None = None,
+) -> list[ReportedCheckpoint]:
+    """The run's committed checkpoints that are still kept (CheckpointConfig.num_to_keep), in report
+    order, with their metrics. A checkpoint reported with ASYNC whose commit is still on its way
+    may be missing."""
+    CheckpointConsistencyMode(consistency_mode)
+    return get_session("get_all_reported_checkpoints").get_all_reported_checkpoints()
 
 
 def get_checkpoint() -> Checkpoint | None:
@@ -53,9 +83,18 @@ def get_context() -> TrainContext:
     return get_session("get_context").context
 
 
+def __getattr__(name: str):
+    # Ray Train names outlast does not offer fail with what to do instead (an ImportError, which
+    # `from ... import` passes on as it is); any other name is an ordinary missing attribute.
+    raise _unsupported.refuse(__name__, _unsupported.TRAIN, name)
+
+
 __all__ = [
-    "Checkpoint", "CheckpointCommitError", "CheckpointUploadMode", "collective", "CheckpointConfig", "CollectiveTimeoutError", "DataParallelTrainer",
-    "FailureConfig", "PreemptionError", "PreemptionInfo", "Result", "RunInUseError", "RunConfig", "ScalingConfig",
-    "TrainContext", "Trainer", "TrainingFailedError",
-    "get_checkpoint", "get_context", "get_preemption_info", "report",
+    "Checkpoint", "CheckpointCommitError", "CheckpointConsistencyMode", "CheckpointUploadMode", "collective",
+    "CheckpointConfig", "CollectiveTimeoutError", "ControllerError", "DataConfig", "DataParallelTrainer",
+    "FailureConfig", "PreemptionError", "PreemptionInfo", "ReportedCheckpoint", "ReportedCheckpointStatus", "Result",
+    "RunInUseError", "RunConfig", "ScalingConfig", "TRAIN_DATASET_KEY", "TrainContext", "Trainer",
+    "TrainingFailedError", "WorkerGroupError",
+    "get_all_reported_checkpoints", "get_checkpoint", "get_context", "get_dataset_shard", "get_preemption_info",
+    "report",
 ]

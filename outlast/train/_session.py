@@ -26,7 +26,8 @@ from outlast.protocol.transport import TO_WORKER, connect_dealer, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
 from outlast.storage.restore import materialize
-from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode
+from outlast.storage.run_store import RunStore
+from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
 from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
 from outlast.errors import CheckpointCommitError, CollectiveTimeoutError, NotInWorkerError
@@ -82,9 +83,16 @@ class WorkerSession:
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
-               delete_local_after_upload: bool | None = None) -> None:
+               delete_local_after_upload: bool | None = None, dir_name: str | None = None) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
+        if dir_name is not None:
+            if not isinstance(dir_name, str) or not dir_name or "/" in dir_name:
+                raise ValueError(f"report(checkpoint_dir_name=...) must be a name without '/', got {dir_name!r}")
+            if checkpoint is not None:
+                # outlast's own directory name is what its recovery finds checkpoints by; the name asked
+                # for travels with the checkpoint's files.
+                checkpoint.update_metadata({"checkpoint_dir_name": dir_name})
         upload_mode = CheckpointUploadMode(upload_mode)
         index = self._reports
         self._reports += 1
@@ -202,13 +210,34 @@ class WorkerSession:
 
     # -- end of the train function ------------------------------------------------
 
-    def done(self) -> None:
+    def get_all_reported_checkpoints(self) -> list[ReportedCheckpoint]:
+        """The run's committed checkpoints that are still kept, in report order, with their metrics."""
+        self.wait_for_uploads()
+        state = RunStore(self._storage, self._run_dir).load_state()
+        records = sorted(state.checkpoints, key=lambda c: c.seq) if state is not None else []
+        return [ReportedCheckpoint(Checkpoint(self._storage.uri(f"{self._run_dir}/{c.checkpoint_dir}")),
+                                   dict(c.metrics)) for c in records]
+
+    def done(self, return_value: Any = None) -> None:
+        if return_value is not None and self.context.world_rank == 0:
+            self._save_return_value(return_value)
         self.wait_for_uploads()
         if self._uploader is not None:
             self._uploader.shutdown()
         if self._upload_sock is not None:
             self._upload_sock.close(linger=2000)  # its last UploadDone must get out before we exit
         self._send(m.WorkerDone(attempt=self.context.attempt, rank=self.context.world_rank, reports=self._reports))
+
+    def _save_return_value(self, value: Any) -> None:
+        from outlast.train.result import RETURN_VALUE_NAME
+
+        try:
+            data = cloudpickle.dumps(value)
+        except Exception as e:
+            log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
+                        "None", e)
+            return
+        self._storage.write_atomic(f"{self._run_dir}/{RETURN_VALUE_NAME}", data)
 
     # -- plumbing ---------------------------------------------------------------
 

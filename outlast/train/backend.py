@@ -21,3 +21,23 @@ class Backend:
 
     def on_shutdown(self) -> None:
         pass
+
+
+class WithDatasets(Backend):
+    """A trainer's backend plus its datasets: each worker cuts its shard before the train function starts."""
+
+    def __init__(self, inner: Backend, datasets: dict, config) -> None:
+        self.inner = inner
+        self.datasets = datasets
+        self.config = config
+        self.preload = inner.preload
+        self.needs_rendezvous = inner.needs_rendezvous
+
+    def on_start(self, context: TrainContext) -> None:
+        from outlast.train.data import install_shards
+
+        install_shards(self.datasets, self.config, context.world_rank, context.world_size)
+        self.inner.on_start(context)
+
+    def on_shutdown(self) -> None:
+        self.inner.on_shutdown()

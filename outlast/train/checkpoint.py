@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from outlast.storage.records import MANIFEST_NAME
+
+METADATA_NAME = ".metadata.json"  # where Ray keeps a checkpoint's metadata, so a directory reads the same on both
 
 
 class Checkpoint:
@@ -50,6 +55,38 @@ class Checkpoint:
             shutil.copytree(self.path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST_NAME))
         return str(target)
 
+    def get_metadata(self) -> dict[str, Any]:
+        """The dict saved with `set_metadata`, in the checkpoint's own files ({} without one)."""
+        try:
+            if "://" in self.path:
+                from outlast.storage import open_storage
+
+                data = open_storage(self.path).read_bytes(METADATA_NAME)
+            else:
+                data = (Path(self.path) / METADATA_NAME).read_bytes()
+        except FileNotFoundError:
+            return {}
+        return json.loads(data)
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Save `metadata` (JSON) with the checkpoint's files; call it before `report()`."""
+        self._write_metadata(metadata)
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        self._write_metadata({**self.get_metadata(), **metadata})
+
+    def _write_metadata(self, metadata: dict[str, Any]) -> None:
+        if not isinstance(metadata, dict):
+            raise TypeError(f"Checkpoint metadata must be a dict, got {type(metadata).__name__}")
+        if "://" in self.path or (Path(self.path) / MANIFEST_NAME).exists():
+            raise ValueError(f"{self.path} is a committed checkpoint, which does not change (its files are checked "
+                             "against its manifest on restore): set metadata on the directory before report()")
+        try:
+            data = json.dumps(metadata)
+        except TypeError as e:
+            raise TypeError(f"Checkpoint metadata must be JSON-serializable: {e}") from None
+        (Path(self.path) / METADATA_NAME).write_text(data)
+
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.path!r})"
 
@@ -66,3 +103,22 @@ class CheckpointUploadMode(enum.Enum):
 
     SYNC = "SYNC"
     ASYNC = "ASYNC"
+
+
+class CheckpointConsistencyMode(enum.Enum):
+    """What `get_all_reported_checkpoints()` waits for. outlast has no validation step, so both mean
+    the checkpoints committed when the call is made."""
+
+    COMMITTED = "COMMITTED"
+    VALIDATED = "VALIDATED"
+
+
+class ReportedCheckpointStatus(enum.Enum):
+    COMMITTED = "COMMITTED"
+
+
+@dataclass
+class ReportedCheckpoint:
+    checkpoint: Checkpoint
+    metrics: dict[str, Any]
+    status: ReportedCheckpointStatus = ReportedCheckpointStatus.COMMITTED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -22,9 +23,22 @@ class ScalingConfig:
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
+    # Asks each rank a sliver of the custom resource "accelerator_type:<type>", which a node offers
+    # with `outlast start --resources accelerator_type:A100=1` (the resource name Ray uses).
+    accelerator_type: str | None = None
+    label_selector: dict[str, str] | list[dict[str, str]] | None = None
 
     def __post_init__(self) -> None:
         _check_int("ScalingConfig.num_workers", self.num_workers, 1)
+        if self.label_selector:
+            raise ValueError(
+                "ScalingConfig(label_selector=...) is not supported: outlast places ranks by resources. Start the "
+                "nodes you mean with `outlast start --resources NAME=N` and ask for that resource with "
+                "ScalingConfig(resources_per_worker={NAME: 1})")
+        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
+                                                  or not self.accelerator_type):
+            raise ValueError(f"ScalingConfig.accelerator_type must be a non-empty string such as 'A100', "
+                             f"got {self.accelerator_type!r}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(
                 f"ScalingConfig.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
@@ -62,13 +76,19 @@ class FailureConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Which committed checkpoints to keep. The latest is always kept."""
+    """Which committed checkpoints to keep (the latest always is), and what to do when ranks write one
+    file with different contents: keep the lowest rank's copy and say so ("keep_lowest_rank"), or
+    refuse the checkpoint ("fail")."""
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    duplicate_files: str = "keep_lowest_rank"
 
     def __post_init__(self) -> None:
+        if self.duplicate_files not in ("keep_lowest_rank", "fail"):
+            raise ValueError(f"CheckpointConfig.duplicate_files must be 'keep_lowest_rank' or 'fail', "
+                             f"got {self.duplicate_files!r}")
         if self.num_to_keep is not None:
             _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1)
         if self.checkpoint_score_order not in ("max", "min"):
@@ -77,14 +97,44 @@ class CheckpointConfig:
             )
 
 
+_RUNTIME_ENV_KEYS = ("env_vars",)
+
+
 @dataclass
 class RunConfig:
+    """`worker_runtime_env` may set `env_vars` for the workers; the workers otherwise run with the
+    driver's environment, working directory and import path, on the packages installed on their node."""
+
     name: str | None = None
     storage_path: str | os.PathLike[str] | None = None
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    storage_filesystem: Any = None
+    callbacks: list[Any] | None = None
+    worker_runtime_env: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.storage_filesystem is not None:
+            raise ValueError(
+                "RunConfig(storage_filesystem=...) is not supported: give storage_path as a URL that fsspec "
+                "understands (s3://bucket/prefix, gs://..., a local path), with credentials and endpoint the usual "
+                "way for that store (AWS_ENDPOINT_URL for S3-compatible servers)")
+        if self.callbacks:
+            raise ValueError(
+                "RunConfig(callbacks=...) is not supported: outlast calls no code in the driver during a run. Log "
+                "from the train function on rank 0, or read Result.metrics_dataframe and the run's history "
+                "({storage_path}/{name}/run_state.json) after fit()")
+        env = self.worker_runtime_env or {}
+        if not isinstance(env, dict) or set(env) - set(_RUNTIME_ENV_KEYS):
+            extra = sorted(set(env) - set(_RUNTIME_ENV_KEYS)) if isinstance(env, dict) else env
+            raise ValueError(
+                f"RunConfig(worker_runtime_env=...) takes only {{'env_vars': {{...}}}}, got {extra!r}: outlast "
+                "workers run in the driver's working directory with its import path, on the packages installed on "
+                "their node (install them there; `outlast start` from the environment that has them)")
+        env_vars = env.get("env_vars") or {}
+        if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in env_vars.items()):
+            raise ValueError(f"RunConfig.worker_runtime_env['env_vars'] must map names to strings, got {env_vars!r}")
         if self.failure_config is None:
             self.failure_config = FailureConfig()
         if self.checkpoint_config is None:

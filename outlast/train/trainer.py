@@ -22,10 +22,11 @@ from outlast.protocol import messages as m
 from outlast.protocol.transport import route_ip
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
-from outlast.train.backend import Backend
-from outlast.train.checkpoint import Checkpoint
+from outlast.train.backend import Backend, WithDatasets
 from outlast.train.config import RunConfig, ScalingConfig
-from outlast.train.result import Result
+from outlast.train.data import DataConfig, to_source
+from outlast.errors import TrainingFailedError, classify
+from outlast.train.result import Result, build_result
 
 if TYPE_CHECKING:
     from outlast.isolation.config import IsolationConfig
@@ -49,9 +50,22 @@ class DataParallelTrainer:
         run_config: RunConfig | None = None,
         backend: Backend | None = None,
         isolation: "IsolationConfig | None" = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Any = None,
+        validation_config: Any = None,
     ) -> None:
         """`isolation`: resource isolation for the node that `fit()` starts when none is running
-        (a running node keeps its own settings)."""
+        (a running node keeps its own settings). `datasets`: read in each worker with
+        `get_dataset_shard(name)`, split between the ranks as `dataset_config` says."""
+        if resume_from_checkpoint is not None:
+            raise ValueError("resume_from_checkpoint is not supported: a run continues from its own latest checkpoint "
+                             "when started again with the same RunConfig(name, storage_path); to start from another "
+                             "checkpoint, load it in the train function (pass its path in train_loop_config)")
+        if validation_config is not None:
+            raise ValueError("validation_config is not supported: validate in the train function and report the "
+                             "validation metrics with the checkpoint")
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
@@ -61,7 +75,14 @@ class DataParallelTrainer:
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.backend = backend or self.backend_cls()
+        if datasets:
+            if not isinstance(datasets, dict):
+                raise TypeError(f"datasets must be a dict of name -> dataset, got {type(datasets).__name__}")
+            for name, data in datasets.items():
+                to_source(name, data)  # refuses what a worker could not read, before anything starts
+            self.backend = WithDatasets(self.backend, datasets, dataset_config or DataConfig())
         self.isolation = isolation
+        self.metadata = metadata
 
     def fit(self) -> Result:
         """Train to the end and return the result; raise `TrainingFailedError` if the run fails.
@@ -87,12 +108,15 @@ class DataParallelTrainer:
             if book.state.status == "finished":
                 log.info("run %s already finished; returning its result (choose another RunConfig(name=...) "
                          "to train again)", storage.uri(name))
-                return _result(book, storage, store)
+                return _result(book, storage, store, rc)
             if book.close_dead_drivers_attempt(time.time(), lease.previous.renewed_at if lease.previous else None):
                 log.info("resuming run %s after its driver died, from %s", storage.uri(name),
                          book.state.latest_checkpoint or "scratch")
-            self._run(book, payload, name, lease)
-            return _result(book, storage, store)
+            try:
+                self._run(book, payload, name, lease)
+            except TrainingFailedError as e:
+                raise classify(e) from e.__cause__
+            return _result(book, storage, store, rc)
         finally:
             lease.release()
 
@@ -107,12 +131,13 @@ class DataParallelTrainer:
             num_to_keep=rc.checkpoint_config.num_to_keep,
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
-            env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
+            env={**os.environ, **((rc.worker_runtime_env or {}).get("env_vars") or {})}, cwd=os.getcwd(), sys_path=_importable_paths(),
             rendezvous=self.backend.needs_rendezvous, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
+            duplicate_files=rc.checkpoint_config.duplicate_files,
         )
         ctx = zmq.Context()
         access = None
@@ -139,6 +164,8 @@ class DataParallelTrainer:
         # Without a request, ranks are placed by count alone: a laptop runs 4 workers on 2 cores.
         sc = self.scaling_config
         need = {"GPU": 1.0} if sc.use_gpu else {}
+        if sc.accelerator_type:
+            need[f"accelerator_type:{sc.accelerator_type}"] = 0.001
         need.update({k: float(v) for k, v in (sc.resources_per_worker or {}).items()})
         return {k: v for k, v in need.items() if v > 0}
 
@@ -147,16 +174,10 @@ class DataParallelTrainer:
 Trainer = DataParallelTrainer
 
 
-def _result(book: RunBook, storage, store: RunStore) -> Result:
-    latest = book.state.latest_checkpoint
-    ranked = sorted(book.state.checkpoints, key=lambda c: c.seq)
-    local = storage.local_path(store.path(latest)) if latest else None
-    return Result(
-        metrics=book.state.last_metrics,
-        checkpoint=Checkpoint(local if local is not None else storage.uri(store.path(latest))) if latest else None,
-        path=storage.uri(store.run_dir),
-        best_checkpoints=[(Checkpoint(storage.uri(store.path(c.checkpoint_dir))), c.metrics) for c in ranked],
-    )
+def _result(book: RunBook, storage, store: RunStore, rc: RunConfig) -> Result:
+    cc = rc.checkpoint_config
+    return build_result(book.state, storage, store, cc.num_to_keep, cc.checkpoint_score_attribute,
+                        cc.checkpoint_score_order)
 
 
 

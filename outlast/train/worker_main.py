@@ -119,10 +119,10 @@ def run(req: m.ForkWorker) -> int:
         sock.send(encode(m.WorkerHello(attempt=req.attempt, rank=spec.rank, pid=os.getpid())))
         backend.on_start(context)
         phase = "train"
-        _call_train_fn(payload.train_fn, payload.train_loop_config)
+        returned = _call_train_fn(payload.train_fn, payload.train_loop_config)
         phase = "shutdown"
         backend.on_shutdown()
-        session.done()
+        session.done(returned)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

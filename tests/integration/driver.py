@@ -28,4 +28,4 @@ if __name__ == "__main__":
                      scaling_config=ScalingConfig(num_workers=args.workers),
                      run_config=RunConfig(name=args.name, storage_path=args.storage,
                                           failure_config=FailureConfig(max_failures=args.max_failures))).fit()
-    print(json.dumps(result.metrics))
+    print(json.dumps(result.last_metrics))

@@ -36,6 +36,6 @@ def test_a_run_with_random_faults_ends_with_the_same_weights_as_one_without(stor
     _, clean = _train(storage_path, tmp_path, "clean", [])
     result, chaotic = _train(storage_path, tmp_path, "chaos", faults)
     assert len(clean) == 1 and chaotic == clean
-    assert result.metrics == {"step": 39}
+    assert result.last_metrics == {"step": 39}
     state = json.loads((Path(storage_path) / "chaos" / "run_state.json").read_text())
     assert state["failure_counts"]["worker"] == 6 and len(state["attempts"]) == 7

@@ -115,7 +115,7 @@ def test_relaunching_a_finished_run_returns_its_result_without_training_again(st
     first = _fit(storage_path, events)
     seen = len(read_events(events))
     again = _fit(storage_path, events)
-    assert again.metrics == first.metrics == {"step": 11}
+    assert again.last_metrics == first.last_metrics == {"step": 11}
     assert again.checkpoint == first.checkpoint
     assert len(read_events(events)) == seen
 
@@ -201,7 +201,7 @@ def test_a_corrupted_run_state_is_set_aside_and_rebuilt_from_the_manifests(stora
 def test_asynchronous_uploads_commit_and_clean_up_their_local_directories(storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
     result = _fit(storage_path, events, upload_mode="ASYNC")
-    assert result.metrics == {"step": 11}
+    assert result.last_metrics == {"step": 11}
     assert Path(result.checkpoint.path).name == "checkpoint_001_000009"
     assert_every_checkpoint_whole(storage_path)
     assert [c["checkpoint_dir"] for c in _state(storage_path)["checkpoints"]] == [

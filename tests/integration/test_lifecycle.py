@@ -114,7 +114,7 @@ def test_fit_uses_a_running_node_instead_of_starting_one(storage_path, tmp_path)
         result = Trainer(counting_loop, train_loop_config={"events": events, "steps": 6},
                          scaling_config=ScalingConfig(num_workers=2),
                          run_config=RunConfig(name="run", storage_path=storage_path)).fit()
-        assert result.metrics == {"step": 5}
+        assert result.last_metrics == {"step": 5}
         import psutil
 
         fork_server = psutil.Process(node_pid).children()[0].pid

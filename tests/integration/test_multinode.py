@@ -93,7 +93,7 @@ def test_a_killed_node_restarts_the_run_on_the_remaining_nodes(cluster, storage_
     killer = _when(events, _at_step(12), lambda: cluster.kill_node(_placed(events, 1)[1]), "step 12")
     result = _fit(node_logging_loop, storage_path, events, strategy="SPREAD", steps=30, max_failures=1)
     killer.join()
-    assert result.metrics == {"step": 29}
+    assert result.last_metrics == {"step": 29}
     lost = _placed(events, 1)[1]
     assert lost not in _placed(events, 2).values()
     failure = _state(storage_path)["attempts"][0]["failures"][0]
@@ -112,7 +112,7 @@ def test_a_drain_of_the_node_of_some_ranks_tells_every_rank_and_moves_them(clust
     drainer = _when(events, _at_step(10), drain, "step 10")
     result = _fit(node_logging_loop, storage_path, events, strategy="SPREAD", steps=40)
     drainer.join()
-    assert result.metrics == {"step": 39}
+    assert result.last_metrics == {"step": 39}
     notices = [e for e in read_events(events) if e["event"] == "notice"]
     assert sorted(e["rank"] for e in notices) == [0, 1] and len({e["step"] for e in notices}) == 1
     assert notices[0]["node_ids"] == [drained["node"]] and notices[0]["ranks"] == [1]
@@ -127,7 +127,7 @@ def test_a_drain_of_every_rank_moves_the_run_to_the_spare_node(cluster, storage_
     drainer = _when(events, _at_step(10), lambda: cluster.drain_node("node-0", deadline_s=20), "step 10")
     result = _fit(node_logging_loop, storage_path, events, steps=40)
     drainer.join()
-    assert result.metrics == {"step": 39}
+    assert result.last_metrics == {"step": 39}
     assert set(_placed(events, 1).values()) == {"node-0"} and set(_placed(events, 2).values()) == {"node-1"}
     notices = [e for e in read_events(events) if e["event"] == "notice"]
     assert notices[0]["ranks"] == [0, 1]
@@ -143,7 +143,7 @@ def test_two_drains_in_a_row_with_staggered_deadlines_lose_no_step(cluster, stor
     result = _fit(node_logging_loop, storage_path, events, steps=40)
     first.join()
     second.join()
-    assert result.metrics == {"step": 39}
+    assert result.last_metrics == {"step": 39}
     assert [set(_placed(events, a).values()) for a in (1, 2, 3)] == [{"node-0"}, {"node-1"}, {"node-2"}]
     notices = {e["attempt"]: e["step"] for e in read_events(events) if e["event"] == "notice"}
     restored = {e["attempt"]: e["restored_step"] for e in read_events(events) if e["event"] == "start"}
@@ -156,7 +156,7 @@ def test_a_drain_without_a_deadline_still_moves_the_run(cluster, storage_path, t
     drainer = _when(events, _at_step(5), lambda: cluster.drain_node("node-0", reason="maintenance"), "step 5")
     result = _fit(node_logging_loop, storage_path, events, steps=20)
     drainer.join()
-    assert result.metrics == {"step": 19}
+    assert result.last_metrics == {"step": 19}
     notices = [e for e in read_events(events) if e["event"] == "notice"]
     assert notices and all(e["deadline_ms"] is None and e["reason"] == "maintenance" for e in notices)
     assert set(_placed(events, 2).values()) == {"node-1"}
@@ -171,7 +171,7 @@ def test_a_drain_on_one_node_of_a_failure_domain_drains_the_domain(cluster, stor
                     "step 5")
     result = _fit(node_logging_loop, storage_path, events, num_workers=3, strategy="SPREAD", steps=20)
     drainer.join()
-    assert result.metrics == {"step": 19}
+    assert result.last_metrics == {"step": 19}
     assert ack["a"].node_ids == ["node-1", "node-2"]
     notices = [e for e in read_events(events) if e["event"] == "notice"]
     assert notices[0]["node_ids"] == ["node-1", "node-2"]
@@ -218,7 +218,7 @@ def test_rank_0_preempted_with_relaxed_collectives_the_survivor_commits_the_chec
     result = _relaxed_fit(storage_path, events)
     drainer.join()
     killer.join()
-    assert result.metrics["step"] == 39
+    assert result.last_metrics["step"] == 39
     notice = next(e for e in read_events(events) if e["event"] == "notice" and e["rank"] == 1)
     assert notice["ranks"] == [0]
     # Rank 1 alone saved the just-in-time checkpoint, committed without rank 0's report.
@@ -242,7 +242,7 @@ def test_a_sharded_checkpoint_missing_the_shard_of_a_preempted_rank_is_not_commi
     result = _relaxed_fit(storage_path, events, sharded=True)
     drainer.join()
     killer.join()
-    assert result.metrics["step"] == 39
+    assert result.last_metrics["step"] == 39
     skipped = _state(storage_path)["skipped_checkpoints"]
     assert len(skipped) == 1 and "missing the shards of ranks [0] (lost with node" in skipped[0]["reason"]
     # The survivors waiting in report() were told why (the teardown may take them before they log it).
@@ -271,7 +271,7 @@ def test_a_run_waits_visibly_for_a_replacement_node_and_goes_on_when_one_joins(
     replacer = _when(events, _at_step(8), lose_a_node_then_replace_it, "step 8")
     result = _fit(node_logging_loop, storage_path, events, strategy="STRICT_SPREAD", steps=20, max_failures=1)
     replacer.join()
-    assert result.metrics == {"step": 19}
+    assert result.last_metrics == {"step": 19}
     assert "do not fit" in seen["waiting_for"] and "STRICT_SPREAD" in seen["waiting_for"]
     assert set(_placed(events, 2).values()) == {"node-0", "node-2"}
     assert _state(storage_path)["status"] == "finished" and _state(storage_path)["waiting_for"] is None
@@ -286,7 +286,7 @@ def test_sigterm_to_a_member_agent_drains_it_and_the_run_moves_before_it_stops(s
         result = _fit(node_logging_loop, storage_path, events, strategy="SPREAD", steps=30)
         term.join()
         stopped = _placed(events, 1)[1]
-        assert result.metrics == {"step": 29}
+        assert result.last_metrics == {"step": 29}
         notices = [e for e in read_events(events) if e["event"] == "notice"]
         assert {e["rank"] for e in notices} == {0, 1} and notices[0]["reason"] == "shutdown"
         assert notices[0]["node_ids"] == [stopped] and stopped not in _placed(events, 2).values()
@@ -310,7 +310,7 @@ def test_ddp_spans_nodes_and_a_killed_node_resumes_it_on_the_other(cluster, stor
                           run_config=RunConfig(name="run", storage_path=storage_path,
                                                failure_config=FailureConfig(max_failures=1))).fit()
     killer.join()
-    assert result.metrics["step"] == 24
+    assert result.last_metrics["step"] == 24
     starts = [e for e in read_events(events) if e["event"] == "start"]
     committed = [e["step"] for e in read_events(events) if e["event"] == "step" and e["attempt"] == 1
                  and e["checkpointed"]]

@@ -129,7 +129,7 @@ def test_a_node_cut_off_the_network_is_declared_dead_and_the_run_restarts_on_the
         f"the cut node's workers {cutter.victim_pids} still run 15 s after the cut\n{logs}"
     assert cutter.agent_alive_after_workers, "the cut node's agent exited instead of just killing its workers"
 
-    assert result.metrics["step"] == steps - 1
+    assert result.last_metrics["step"] == steps - 1
     evs = read_events(events)
     where = cluster.node_of_netns()
     second = {e["rank"]: where.get(e["netns"], "?") for e in evs if e["event"] == "where" and e["attempt"] == 2}

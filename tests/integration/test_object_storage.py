@@ -54,7 +54,7 @@ def test_a_run_on_s3_restores_from_a_checkpoint_in_the_bucket(s3, tmp_path):
     events = tmp_path / "events.jsonl"
     fault = {"rank": 1, "step": 7, "when": "before_report", "kind": "kill"}
     result = _fit("s3://runs/experiments", events, fault=fault)
-    assert result.metrics == {"step": 11}
+    assert result.last_metrics == {"step": 11}
     assert result.path == "s3://runs/experiments/run"
     assert result.checkpoint.path == "s3://runs/experiments/run/checkpoint_002_000004"
     restored = {e["restored_step"] for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2}
@@ -90,7 +90,7 @@ def test_an_s3_outage_during_training_is_ridden_out_by_upload_retries(s3, tmp_pa
     t.start()
     result = _fit("s3://runs/outage", events, steps=20, step_sleep=0.05)
     t.join()
-    assert result.metrics == {"step": 19}
+    assert result.last_metrics == {"step": 19}
     state = RunStore(open_storage("s3://runs/outage"), "run").load_state()
     assert [c.report_index for c in state.checkpoints] == [4, 9, 14, 19]
 

@@ -187,7 +187,7 @@ def test_a_training_worker_killed_for_memory_restarts_its_run_and_the_history_sa
         run_config=RunConfig(name="oomrun", storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=1)),
     ).fit()
-    assert result.metrics == {"step": 2, "restored": True}
+    assert result.last_metrics == {"step": 2, "restored": True}
     state = json.loads((storage / "oomrun" / "run_state.json").read_text())
     failures = [f for a in state["attempts"] for f in a["failures"]]
     oom = [f for f in failures if f.get("oom_report")]

@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"outlast.errors", "outlast.client"},
     {"outlast.agent", "outlast.controller", "outlast.executor"},
     {"outlast.train"},
+    {"outlast.compat"},
     {"outlast.cli", "outlast.testing", "outlast.sim", "outlast"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}

@@ -10,10 +10,16 @@ from outlast.train.context import TrainContext
 
 @dataclass
 class TorchConfig:
-    """`backend`: 'gloo' or 'nccl' (default: nccl with GPUs, gloo without)."""
+    """`backend`: 'gloo' or 'nccl' (default: nccl with GPUs, gloo without). `init_method`: how the
+    ranks meet, 'env' (MASTER_ADDR/MASTER_PORT) or 'tcp' (tcp://MASTER_ADDR:MASTER_PORT)."""
 
     backend: str | None = None
+    init_method: str = "env"
     timeout_s: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.init_method not in ("env", "tcp"):
+            raise ValueError(f"TorchConfig.init_method must be 'env' or 'tcp', got {self.init_method!r}")
 
 
 class TorchBackend(Backend):
@@ -43,8 +49,10 @@ class TorchBackend(Backend):
         # Loopback rendezvous on one node; gloo otherwise guesses an interface from the hostname.
         if os.environ.get("MASTER_ADDR") == "127.0.0.1":
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        init = "env://" if self.config.init_method == "env" else \
+            f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         dist.init_process_group(
-            backend=backend, init_method="env://", rank=context.world_rank, world_size=context.world_size,
+            backend=backend, init_method=init, rank=context.world_rank, world_size=context.world_size,
             timeout=timedelta(seconds=self.config.timeout_s),
         )
 

@@ -17,6 +17,44 @@ def get_device():
     return torch.device("cpu")
 
 
+def get_devices() -> list:
+    """This worker's devices: one per worker in outlast (`[get_device()]`)."""
+    return [get_device()]
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seed torch, Python and numpy, and ask torch for deterministic algorithms (which may be slower).
+
+    Results can still differ across machines, library versions and numbers of workers.
+    """
+    import os
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    # cuBLAS refuses deterministic mode without a fixed workspace.
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+
+
+def _deprecated_amp(name: str):
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"outlast.train.torch.{name}() is not supported (Ray deprecated it too): use "
+                           "torch.autocast and torch.amp.GradScaler in the train function")
+    refuse.__name__ = name
+    return refuse
+
+
+accelerate = _deprecated_amp("accelerate")
+prepare_optimizer = _deprecated_amp("prepare_optimizer")
+backward = _deprecated_amp("backward")
+
+
 def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | None = "ddp",
                   parallel_strategy_kwargs: dict[str, Any] | None = None):
     """Move `model` to this worker's device and wrap it in DistributedDataParallel."""
@@ -36,8 +74,14 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
     return DistributedDataParallel(model, **kwargs)
 
 
-def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_device: bool = True):
-    """Give each rank its own shard of `data_loader` (a DistributedSampler) and move batches to the device."""
+def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_device: bool = True,
+                        auto_transfer: bool = True):
+    """Give each rank its own shard of `data_loader` (a DistributedSampler) and move batches to the device.
+
+    The result reads like the DataLoader it wraps (`.dataset`, `.batch_size`, `.sampler`, `len()`).
+    `auto_transfer` (copying the next batch to the GPU on a side stream) is accepted and ignored:
+    batches move to the device as they are read.
+    """
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
@@ -61,6 +105,12 @@ class _DeviceLoader:
         self.loader = loader
         self.device = device
         self.sampler = getattr(loader, "sampler", None)
+
+    def __getattr__(self, name: str):
+        # Everything else a DataLoader has (dataset, batch_size, num_workers, ...) is the wrapped loader's.
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -1,0 +1,1 @@
+"""Running Ray Train scripts on outlast: the `ray` alias of `outlast run`, the parity table."""

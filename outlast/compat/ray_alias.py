@@ -1,0 +1,221 @@
+"""`import ray` inside `outlast run`: Ray Train's modules resolve to outlast's.
+
+A meta-path finder, installed only in the process `outlast run` starts (and in that run's
+workers, when the train function arrives referring to `ray`), answers for `ray` and its
+submodules. A process that does not go through `outlast run` imports the real Ray, if it
+has one: nothing here is installed on import.
+
+- `ray.train`, `ray.train.v2.api.*` and the other modules of `TRAIN_MODULES` are
+  `outlast.train`; `ray.train.torch` and `ray.train.v2.torch.*` are `outlast.train.torch`.
+- `ray.init()`, `ray.shutdown()` and `ray.is_initialized()` are accepted: outlast starts
+  its own node for `fit()`, so a script that only trains needs nothing from them.
+- `ray.data.from_items/from_numpy/from_pandas/from_torch/from_huggingface` keep the data
+  in memory for `TorchTrainer(datasets=...)` and `get_dataset_shard()`.
+- Any other Ray name or module stops the script at once (`UnsupportedRayAPI`, which an
+  `except Exception` does not swallow), naming the call and the script's line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import types
+from typing import Any
+
+log = logging.getLogger("outlast.compat")
+
+RAY_VERSION = "2.60.0"  # the Ray release whose API docs/ray-parity.md compares with
+
+TRAIN_MODULES = (
+    "ray.train.v2", "ray.train.v2.api", "ray.train.v2.api.data_parallel_trainer", "ray.train.v2.api.config",
+    "ray.train.v2.api.context", "ray.train.v2.api.exceptions", "ray.train.v2.api.preemption",
+    "ray.train.v2.api.report_config", "ray.train.v2.api.reported_checkpoint", "ray.train.v2.api.result",
+    "ray.train.v2.api.train_fn_utils", "ray.train.data_parallel_trainer", "ray.train.context", "ray.train.trainer",
+)
+TORCH_MODULES = ("ray.train.v2.torch", "ray.train.v2.torch.torch_trainer", "ray.train.v2.torch.train_loop_utils",
+                 "ray.train.torch.torch_trainer", "ray.train.torch.config", "ray.train.torch.train_loop_utils")
+_DATA_BUILDERS = ("from_items", "from_numpy", "from_pandas", "from_torch", "from_huggingface")
+
+
+class UnsupportedRayAPI(BaseException):
+    """A Ray API outlast does not offer was used under `outlast run`. A BaseException, so that a script's
+    `except Exception` does not carry on past it."""
+
+
+def _script_line() -> str:
+    """Where the user's code is: the first frame outside outlast and the import machinery."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(here) and not name.startswith("<frozen") and "importlib" not in name:
+            return f"{name}, line {frame.f_lineno}"
+        frame = frame.f_back
+    return "an unknown line"
+
+
+def stop(what: str, instead: str = "") -> UnsupportedRayAPI:
+    advice = instead or ("outlast runs Ray Train scripts (ray.train, ray.train.torch) and nothing else of Ray; "
+                         "see docs/ray-parity.md")
+    return UnsupportedRayAPI(f"{what} at {_script_line()} is not supported under `outlast run`: {advice}")
+
+
+class ShimModule(types.ModuleType):
+    """A module that stands in for one of Ray's, handing out the names of `target` (an outlast module).
+
+    Pickled by name: the worker that unpickles it installs the alias too (the train function reaches
+    the workers referring to `ray`).
+    """
+
+    def __init__(self, name: str, target: str | None = None, advice: str = "") -> None:
+        super().__init__(name)
+        self.__path__ = []  # a package, so that `import ray.x.y` asks the finder for the rest
+        self._target = target
+        self._advice = advice
+
+    def __reduce__(self):
+        return (_module_in_worker, (self.__name__,))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_target", "_advice"):
+            raise AttributeError(name)
+        if self._target is not None:
+            try:
+                return getattr(importlib.import_module(self._target), name)
+            except ImportError as e:  # a Ray name outlast knows and does not offer: its message says why
+                raise stop(f"{self.__name__}.{name}", str(e).split(": ", 1)[-1]) from None
+            except AttributeError:
+                pass
+        raise stop(f"{self.__name__}.{name}", self._advice)
+
+
+def _module_in_worker(name: str) -> types.ModuleType:
+    install()
+    return importlib.import_module(name)
+
+
+def _init(*args: Any, **kwargs: Any) -> None:
+    global _initialized
+    if not _initialized:
+        log.info("ray.init() accepted and ignored: outlast starts (or finds) its own node when fit() runs")
+    _initialized = True
+
+
+def _shutdown(*args: Any, **kwargs: Any) -> None:
+    global _initialized
+    _initialized = False
+
+
+_initialized = False
+
+
+def _ray_module() -> ShimModule:
+    ray = ShimModule("ray")
+    ray.__version__ = RAY_VERSION
+    ray.init = _init
+    ray.shutdown = _shutdown
+    ray.is_initialized = lambda: _initialized
+    return ray
+
+
+class InMemoryDataset:
+    """What `ray.data.from_*` returns under `outlast run`: the data as given, for `datasets=`."""
+
+    def __init__(self, data: Any, builder: str) -> None:
+        self.data = data
+        self.builder = builder
+
+    def count(self) -> int:
+        return len(self.data)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("data", "builder"):
+            raise AttributeError(name)
+        raise stop(f"ray.data.{self.builder}(...).{name}",
+                   "outlast passes in-memory datasets to TorchTrainer(datasets=...) as they are; transform the data "
+                   "before, or in the train function on what get_dataset_shard() gives")
+
+
+def _data_module() -> ShimModule:
+    data = ShimModule("ray.data", advice=(
+        "outlast runs no Ray Data pipeline: read the data into memory (numpy, pandas, a torch Dataset, a Hugging "
+        "Face dataset) and pass it to TorchTrainer(datasets=...), or build a DataLoader in the train function; "
+        f"ray.data.{'/'.join(_DATA_BUILDERS)} are accepted"))
+
+    def builder(name: str):
+        def build(source: Any, *args: Any, **kwargs: Any) -> InMemoryDataset:
+            if args or kwargs:
+                raise stop(f"ray.data.{name}(..., {', '.join([*map(repr, args), *kwargs])})",
+                           "outlast takes the data alone")
+            return InMemoryDataset(source, name)
+        build.__name__ = name
+        return build
+
+    for name in _DATA_BUILDERS:
+        setattr(data, name, builder(name))
+    data.Dataset = InMemoryDataset  # for type hints such as `-> ray.data.Dataset`
+    return data
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def create_module(self, spec):
+        return self.make()
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class _RefusingLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise stop(f"import {spec.name}")
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class RayAliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != "ray" and not fullname.startswith("ray."):
+            return None
+        make = _aliases().get(fullname)
+        loader = _AliasLoader(make) if make is not None else _RefusingLoader()
+        return importlib.machinery.ModuleSpec(fullname, loader, is_package=True)
+
+
+def _aliases() -> dict[str, Any]:
+    table: dict[str, Any] = {"ray": _ray_module, "ray.data": _data_module}
+    for target, names in (("outlast.train", ("ray.train", *TRAIN_MODULES)),
+                          ("outlast.train.torch", ("ray.train.torch", *TORCH_MODULES))):
+        table.update({name: (lambda name=name, target=target: ShimModule(name, target)) for name in names})
+    return table
+
+
+_finder: RayAliasFinder | None = None
+
+
+def install() -> None:
+    """Make `ray` outlast's in this process (a no-op when already so). Refuses if Ray is already imported."""
+    global _finder
+    if _finder is not None:
+        return
+    real = sys.modules.get("ray")
+    if real is not None and not isinstance(real, ShimModule):
+        raise RuntimeError("Ray is already imported in this process; `outlast run` must start the script itself")
+    _finder = RayAliasFinder()
+    sys.meta_path.insert(0, _finder)
+
+
+def uninstall() -> None:
+    global _finder
+    if _finder is not None:
+        sys.meta_path.remove(_finder)
+        _finder = None
+    for name in [n for n in sys.modules if n == "ray" or n.startswith("ray.")]:
+        del sys.modules[name]

@@ -1,0 +1,134 @@
+"""One checkpoint's files from all the ranks that wrote some, as the manifest lists them.
+
+Two ranks may write the same file. With the same bytes there is nothing to decide. With
+different bytes (Ray's tutorial saves `model.pt` on every rank, and BatchNorm's running
+statistics differ per rank) the policy decides:
+
+- KEEP_LOWEST_RANK (the default): keep one rank's copy whole, and say so once (a warning
+  and a note in the run's history, with the files and ranks). The ranks upload into one
+  directory, so what storage holds is the copy of whichever rank wrote last: the manifest
+  lists that copy, checked against the ranks' checksums (rank 0's when it matches, the
+  lowest matching rank otherwise). Bytes that match no rank's copy (two uploads torn into
+  each other) are refused, and the previous checkpoint stays the latest.
+- FAIL: refuse the checkpoint (`CheckpointConfig(duplicate_files="fail")`).
+
+`merge_files` and `settle` decide and have no effects; `merge_and_note` reads the stored
+checksums, logs and records the decision.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from outlast.protocol.messages import FileEntry
+
+if TYPE_CHECKING:
+    from outlast.controller.runstate import RunBook
+
+log = logging.getLogger("outlast.controller")
+
+
+class DuplicateFiles(enum.Enum):
+    KEEP_LOWEST_RANK = "keep_lowest_rank"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """`path` was written with different contents by `ranks` (sorted); `kept` is the rank whose copy stays."""
+
+    path: str
+    ranks: tuple[int, ...]
+    entries: tuple[FileEntry, ...]  # one per rank of `ranks`
+    kept: int
+
+
+@dataclass(frozen=True)
+class MergedFiles:
+    files: list[FileEntry]
+    conflicts: list[Conflict]
+
+    def describe(self) -> str:
+        """The conflicts in words, without the checkpoint's name: the same ranks writing the same files
+        at every checkpoint read the same, so the history records it once."""
+        parts = [f"{c.path!r} (ranks {', '.join(map(str, c.ranks))})" for c in self.conflicts]
+        return (f"ranks wrote different contents to the same checkpoint file{'s' if len(parts) > 1 else ''} "
+                f"{', '.join(parts)}; each checkpoint keeps one rank's whole copy (its manifest names the ranks "
+                "and checksums) and drops the others. Save replicated state from rank 0 only, or "
+                "give each rank its own file names; CheckpointConfig(duplicate_files='fail') refuses such a "
+                "checkpoint instead")
+
+
+def merge_files(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateFiles) -> MergedFiles:
+    """The union of every rank's files, one entry per path, the lowest rank's copy for now (`settle`
+    picks the copy storage holds). Raises ValueError under FAIL on a conflict."""
+    chosen: dict[str, tuple[int, FileEntry]] = {}
+    writers: dict[str, list[tuple[int, FileEntry]]] = {}
+    for rank in sorted(files_by_rank):
+        for entry in files_by_rank[rank]:
+            seen = chosen.get(entry.path)
+            if seen is None:
+                chosen[entry.path] = (rank, entry)
+                writers[entry.path] = [(rank, entry)]
+                continue
+            if any(e.sha256 == entry.sha256 for _, e in writers[entry.path]):
+                continue
+            if policy is DuplicateFiles.FAIL:
+                raise ValueError(
+                    f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
+                    "save a replicated model from one rank only, or give each rank its own file names "
+                    "(CheckpointConfig(duplicate_files='keep_lowest_rank') keeps the lowest rank's copy)"
+                )
+            writers[entry.path].append((rank, entry))
+    conflicts = [Conflict(path, tuple(r for r, _ in w), tuple(e for _, e in w), kept=w[0][0])
+                 for path, w in sorted(writers.items()) if len(w) > 1]
+    return MergedFiles([e for _, e in sorted(chosen.values(), key=lambda x: x[1].path)], conflicts)
+
+
+def settle(merged: MergedFiles, stored: Mapping[str, str | None]) -> MergedFiles:
+    """Each conflicting file's entry becomes the copy that storage holds (`stored`: path -> its sha256).
+
+    Raises ValueError when the stored bytes match no rank's copy.
+    """
+    conflicts, replace = [], {}
+    for c in merged.conflicts:
+        match = [(r, e) for r, e in zip(c.ranks, c.entries) if e.sha256 == stored.get(c.path)]
+        if not match:
+            raise ValueError(f"ranks {', '.join(map(str, c.ranks))} wrote {c.path!r} with different contents at "
+                             "the same time and the stored file matches none of them; save replicated state "
+                             "from rank 0 only, or give each rank its own file names")
+        rank, entry = match[0]
+        conflicts.append(Conflict(c.path, c.ranks, c.entries, kept=rank))
+        replace[c.path] = entry
+    return MergedFiles([replace.get(e.path, e) for e in merged.files], conflicts)
+
+
+def merge_and_note(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateFiles | str,
+                   book: "RunBook", checkpoint_dir: str, wall: float) -> list[FileEntry]:
+    """`merge_files` and `settle`, then say what was dropped: a warning and a note in the run's history, once."""
+    merged = merge_files(files_by_rank, DuplicateFiles(policy))
+    if not merged.conflicts:
+        return merged.files
+    storage = book.store.storage
+    merged = settle(merged, {c.path: _stored_sha256(storage, book.store.path(checkpoint_dir, c.path))
+                             for c in merged.conflicts})
+    kept = ", ".join(f"{c.path!r} from rank {c.kept}" for c in merged.conflicts)
+    if book.note_once(merged.describe(), wall):
+        log.warning("checkpoint %s: %s (this one kept %s)", checkpoint_dir, merged.describe(), kept)
+    else:
+        log.debug("checkpoint %s kept %s", checkpoint_dir, kept)
+    return merged.files
+
+
+def _stored_sha256(storage, path: str) -> str | None:
+    try:
+        local = storage.local_path(path)
+        data = local.read_bytes() if local is not None and local.exists() else storage.read_bytes(path)
+    except (FileNotFoundError, OSError):
+        return None
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,94 @@
+"""The `ray` alias of `outlast run`, each case in a fresh interpreter (the alias is per process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_script(tmp_path: Path, body: str, *, through_outlast: bool = True) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    cmd = [sys.executable, "-m", "outlast.cli.main", "run", str(script)] if through_outlast \
+        else [sys.executable, str(script)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_ray_train_names_are_outlasts_and_init_shutdown_are_accepted(tmp_path):
+    proc = run_script(tmp_path, """
+        import ray
+        import ray.train
+        import ray.train.torch
+        from ray.train import Checkpoint, ScalingConfig
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+        from ray.train.v2.torch.torch_trainer import TorchTrainer
+        import outlast.train, outlast.train.torch
+        ray.init(num_cpus=3, address="auto")
+        assert ray.is_initialized()
+        assert ray.train.report is outlast.train.report and Checkpoint is outlast.train.Checkpoint
+        assert DataParallelTrainer is outlast.train.DataParallelTrainer
+        assert TorchTrainer is ray.train.torch.TorchTrainer is outlast.train.torch.TorchTrainer
+        assert ScalingConfig is outlast.train.ScalingConfig
+        assert not hasattr(outlast.train, "v2")  # outlast's own modules are left as they are
+        ray.shutdown()
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_any_other_ray_api_stops_at_once_naming_the_call_and_line_past_except_exception(tmp_path):
+    proc = run_script(tmp_path, """
+        import ray
+        try:
+            @ray.remote
+            def f():
+                pass
+        except Exception:
+            print("swallowed")
+        print("went on")
+    """)
+    assert proc.returncode == 2 and "swallowed" not in proc.stdout and "went on" not in proc.stdout
+    assert f"outlast run: ray.remote at {tmp_path / 'script.py'}, line 4 is not supported" in proc.stderr
+
+
+def test_importing_another_ray_module_stops_at_its_import_line(tmp_path):
+    proc = run_script(tmp_path, """
+        import ray.train
+
+        import ray.tune
+    """)
+    assert proc.returncode == 2
+    assert f"import ray.tune at {tmp_path / 'script.py'}, line 4 is not supported" in proc.stderr
+
+
+def test_a_ray_train_name_outlast_lacks_stops_with_the_outlast_way(tmp_path):
+    proc = run_script(tmp_path, "from ray.train import SyncConfig\n")
+    assert proc.returncode == 2
+    assert "ray.train.SyncConfig at" in proc.stderr and "storage_path" in proc.stderr
+
+
+def test_ray_data_keeps_in_memory_datasets_and_stops_at_a_pipeline(tmp_path):
+    proc = run_script(tmp_path, """
+        import ray.data
+        ds = ray.data.from_items([{"x": 1}, {"x": 2}])
+        assert ds.count() == 2
+        ds.map_batches(lambda b: b)
+    """)
+    assert proc.returncode == 2
+    assert "ray.data.from_items(...).map_batches at" in proc.stderr and "line 5" in proc.stderr
+
+
+def test_a_process_outside_outlast_run_sees_no_alias(tmp_path):
+    proc = run_script(tmp_path, """
+        import importlib.util, sys
+        import outlast.train, outlast.train.torch, outlast.compat.ray_alias, outlast.cli.main
+        assert not any(type(f).__name__ == "RayAliasFinder" for f in sys.meta_path)
+        spec = importlib.util.find_spec("ray")
+        assert spec is None or "site-packages" in (spec.origin or ""), spec
+        print("ok")
+    """, through_outlast=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

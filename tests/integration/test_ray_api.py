@@ -1,0 +1,83 @@
+"""The Ray Train names outlast offers, in real gloo workers, with Ray's semantics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from outlast.train import (
+    CheckpointConfig, RunConfig, ScalingConfig, TrainingFailedError, WorkerGroupError, DataConfig, Result,
+)
+from tests.integration.jobs import read_events
+
+
+@pytest.mark.torch
+def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_it(storage_path, tmp_path):
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.ray_api_jobs import every_name_loop
+
+    events = tmp_path / "events.jsonl"
+    result = TorchTrainer(
+        every_name_loop, train_loop_config={"events": str(events)},
+        scaling_config=ScalingConfig(num_workers=2),
+        datasets={"train": {"x": np.arange(10)}, "validation": [{"v": i} for i in range(5)]},
+        dataset_config=DataConfig(datasets_to_split=["train"]),
+        run_config=RunConfig(name="ray_api", storage_path=storage_path, checkpoint_config=CheckpointConfig(
+            num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min")),
+    ).fit()
+
+    by_rank = {e["rank"]: e for e in read_events(events)}
+    assert by_rank[0]["seen"] == [0, 1, 2, 3, 4] and by_rank[1]["seen"] == [5, 6, 7, 8, 9]
+    assert by_rank[0]["whole"] == by_rank[1]["whole"] == 5
+    assert by_rank[0]["loader"] == ["TensorDataset", 4, 2]
+    assert by_rank[0]["devices"] == ["cpu"] and by_rank[0]["deterministic"] is True
+    # The kept checkpoints (epochs 1 and 2: the best two on loss; epoch 2 is also the latest), in report
+    # order, each with its metadata and the directory name asked for.
+    assert by_rank[1]["reported"] == [[1, {"epoch": 1, "checkpoint_dir_name": "epoch_1"}],
+                                      [2, {"epoch": 2, "checkpoint_dir_name": "epoch_2"}]]
+
+    # Ray V2: metrics of the latest checkpoint, best checkpoints best last, rank 0's return value.
+    assert result.metrics == {"loss": 2.0, "epoch": 2}
+    assert [m["epoch"] for _, m in result.best_checkpoints] == [2, 1]
+    assert result.get_best_checkpoint("loss", "min").get_metadata()["epoch"] == 1
+    assert list(result.metrics_dataframe["loss"]) == [2.0, 1.0]
+    assert result.return_value == {"rank": 0, "seen": 5}
+    assert Result.from_path(result.path).metrics == result.metrics
+
+    # Both ranks wrote model.pt with different bytes: the run went on, keeping one whole copy,
+    # and its history says so once.
+    state = json.loads((tmp_path / "storage" / "ray_api" / "run_state.json").read_text())
+    (note,) = state["notes"]
+    assert "'model.pt' (ranks 0, 1)" in note["text"]
+    import torch
+
+    kept = torch.load(f"{result.checkpoint.path}/model.pt")
+    assert "1.running_mean" in kept
+
+
+@pytest.mark.torch
+def test_strict_duplicate_files_refuse_the_checkpoint(storage_path, tmp_path):
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.ray_api_jobs import every_name_loop
+
+    with pytest.raises(TrainingFailedError, match="both wrote 'model.pt' with different contents"):
+        TorchTrainer(
+            every_name_loop, train_loop_config={"events": str(tmp_path / "e.jsonl")},
+            scaling_config=ScalingConfig(num_workers=2),
+            datasets={"train": {"x": np.arange(10)}, "validation": [{"v": 1}]},
+            run_config=RunConfig(name="strict", storage_path=storage_path,
+                                 checkpoint_config=CheckpointConfig(duplicate_files="fail")),
+        ).fit()
+
+
+@pytest.mark.torch
+def test_a_failing_loop_raises_worker_group_error_with_each_ranks_failure(storage_path):
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.ray_api_jobs import failing_loop
+
+    with pytest.raises(WorkerGroupError) as info:
+        TorchTrainer(failing_loop, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name="fails", storage_path=storage_path)).fit()
+    assert "the loop's own error" in str(info.value.worker_failures[0])
