@@ -7,7 +7,7 @@ import logging
 import msgspec
 
 from outlast.storage import records as r
-from outlast.storage.base import Storage
+from outlast.storage.base import Storage, StorageError
 from outlast.storage.lease import Lease
 
 LEASE_NAME = "driver_lease.json"
@@ -22,6 +22,19 @@ class RunStore:
 
     def path(self, *parts: str) -> str:
         return "/".join((self.run_dir, *parts))
+
+    def check_writable(self) -> None:
+        """Raise `StorageError` saying what to change when the run's directory cannot be written."""
+        probe = self.path(".outlast-write-check")
+        try:
+            self.storage.write_atomic(probe, b"")
+            self.storage.delete(probe)
+        except OSError as e:
+            raise StorageError(
+                f"cannot write the run's directory {self.storage.uri(self.run_dir)}: "
+                f"{e.strerror or e}. RunConfig(storage_path=...) (or $OUTLAST_STORAGE_PATH) must name a "
+                "directory you can write, or a URL your credentials can write"
+            ) from e
 
     def load_state(self) -> r.RunState | None:
         try:

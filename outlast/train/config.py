@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ class ScalingConfig:
 
     def __post_init__(self) -> None:
         _check_int("ScalingConfig.num_workers", self.num_workers, 1)
+        if not isinstance(self.use_gpu, bool):
+            raise ValueError(f"ScalingConfig.use_gpu must be True or False, got {self.use_gpu!r}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(
                 f"ScalingConfig.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
@@ -55,8 +58,8 @@ class FailureConfig:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
         _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures, -1)
         if isinstance(self.preemption_grace_s, bool) or not isinstance(self.preemption_grace_s, (int, float)) \
-                or not self.preemption_grace_s >= 0:
-            raise ValueError(f"FailureConfig.preemption_grace_s must be a number of seconds >= 0, "
+                or not 0 <= self.preemption_grace_s < math.inf:
+            raise ValueError(f"FailureConfig.preemption_grace_s must be a finite number of seconds >= 0, "
                              f"got {self.preemption_grace_s!r}")
 
 
@@ -89,5 +92,20 @@ class RunConfig:
             self.failure_config = FailureConfig()
         if self.checkpoint_config is None:
             self.checkpoint_config = CheckpointConfig()
-        if self.name is not None and (not isinstance(self.name, str) or not self.name or "/" in self.name):
-            raise ValueError(f"RunConfig.name must be a non-empty string without '/', got {self.name!r}")
+        _check_config("RunConfig.failure_config", self.failure_config, FailureConfig)
+        _check_config("RunConfig.checkpoint_config", self.checkpoint_config, CheckpointConfig)
+        # "." and ".." would put the run's files in storage_path itself or above it.
+        if self.name is not None and (not isinstance(self.name, str) or self.name in ("", ".", "..")
+                                      or "/" in self.name or "\0" in self.name):
+            raise ValueError(f"RunConfig.name must be a non-empty string without '/', other than '.' and '..', "
+                             f"got {self.name!r}")
+        if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
+            raise ValueError(f"RunConfig.storage_path must be a path or a URL string, got {self.storage_path!r}")
+
+
+def _check_config(name: str, value: object, cls: type) -> None:
+    if isinstance(value, dict):
+        raise TypeError(f"{name} must be a {cls.__name__}, got a dict: write {name.split('.')[-1]}="
+                        f"{cls.__name__}(**{value!r})")
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")

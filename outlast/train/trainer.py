@@ -74,6 +74,7 @@ class DataParallelTrainer:
         name = rc.name or time.strftime("outlast_train_%Y-%m-%d_%H-%M-%S")
         storage = open_storage(rc.storage_path or os.environ.get("OUTLAST_STORAGE_PATH") or DEFAULT_STORAGE)
         store = RunStore(storage, name)
+        store.check_writable()
         try:
             payload = cloudpickle.dumps(WorkerPayload(self.train_fn, self.train_loop_config, self.backend,
                                                       storage, name, main_file=_main_file()))
