@@ -21,8 +21,9 @@ import zmq
 
 from outlast.agent.procutil import die_with_parent
 from outlast.protocol import messages as m
-from outlast.protocol.auth import ClusterKey
+from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer, encode
+from outlast.runenv import worker_env
 from outlast.storage.base import Storage
 
 
@@ -95,13 +96,15 @@ def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
 
 
 def _become_clean_process(env: dict[str, str], cwd: str, sys_path: list[str]) -> None:
-    """Leave the fork server behind: own session, default signals, the driver's environment."""
+    """Leave the fork server behind: own session, default signals, the node's environment with
+    what the run carries."""
     os.setsid()
     die_with_parent()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    node_env = worker_env(os.environ, env)
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update(node_env)
     try:
         os.chdir(cwd)
     except OSError:
@@ -123,7 +126,7 @@ def run_worker(req: m.ForkWorker) -> int:
 
     ctx = zmq.Context()
     identity = f"{req.attempt}:{spec.rank}".encode()
-    sock = connect_dealer(ctx, req.controller_address, identity, key=ClusterKey.from_env())
+    sock = connect_dealer(ctx, req.controller_address, identity, key=worker_key())
     phase = "setup"
     code = 1
     backend = None
@@ -167,7 +170,7 @@ def run_task(req: m.ForkTask) -> int:
     os.environ["OUTLAST_TASK_ID"] = req.task_id
     ctx = zmq.Context()
     sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode(),
-                          key=ClusterKey.from_env())
+                          key=worker_key())
     try:
         try:
             fn, args, kwargs = cloudpickle.loads(req.payload)

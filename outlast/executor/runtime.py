@@ -30,7 +30,9 @@ from outlast.executor.policy import (
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.units import parse_bytes
 from outlast.protocol import messages as m
+from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode
+from outlast.runenv import carried_env
 from outlast.storage.records import signal_name
 
 log = logging.getLogger("outlast.executor")
@@ -89,6 +91,9 @@ class Executor(cf.Executor):
         self._embedded = None
         access = attach(self._ctx, list(preload or []), isolation.to_args() if isolation else [])
         self._access, self._embedded, self._key = access, access.embedded, access.key
+        # Tasks get the node's environment, the driver's outlast settings and this executor's own
+        # credential: never the cluster key.
+        self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key)}
         if access.embedded is None and isolation is not None and isolation.enable_resource_isolation:
             log.warning("an outlast node is already running at %s; its own isolation settings apply",
                         access.head_address)
@@ -221,7 +226,7 @@ class Executor(cf.Executor):
                 running += 1
                 self._agent.send(encode(m.SpawnTask(
                     run_id=self.session, task_id=task.id, controller_address=self._result_address,
-                    payload=task.payload, env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
+                    payload=task.payload, env=self._task_env, cwd=os.getcwd(), sys_path=_importable_paths(),
                     resources=self.resources,
                 )))
             self._queue.extendleft(reversed(waiting))

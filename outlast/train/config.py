@@ -6,6 +6,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from outlast.runenv import check_runtime_env
+
 
 def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -86,6 +88,8 @@ class RunConfig:
     storage_path: str | os.PathLike[str] | None = None
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # {"env_vars": {...}}: variables every worker gets on top of its node's environment.
+    worker_runtime_env: dict | None = None
 
     def __post_init__(self) -> None:
         if self.failure_config is None:
@@ -99,6 +103,7 @@ class RunConfig:
                                       or "/" in self.name or "\0" in self.name):
             raise ValueError(f"RunConfig.name must be a non-empty string without '/', other than '.' and '..', "
                              f"got {self.name!r}")
+        check_runtime_env(self.worker_runtime_env)
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise ValueError(f"RunConfig.storage_path must be a path or a URL string, got {self.storage_path!r}")
 

@@ -18,7 +18,9 @@ from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.runtime import Cluster, Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
+from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import route_ip
+from outlast.runenv import carried_env
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend
@@ -107,7 +109,7 @@ class DataParallelTrainer:
             num_to_keep=rc.checkpoint_config.num_to_keep,
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
-            env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
+            env=carried_env(os.environ, rc.worker_runtime_env), cwd=os.getcwd(), sys_path=_importable_paths(),
             rendezvous=self.backend.needs_rendezvous, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
@@ -119,6 +121,7 @@ class DataParallelTrainer:
         try:
             access = attach(ctx, list(self.backend.preload), self.isolation.to_args() if self.isolation else [])
             embedded = access.embedded
+            plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
             if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)

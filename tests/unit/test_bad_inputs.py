@@ -33,6 +33,19 @@ def cli(*argv: str) -> None:
         raise CliRefused(err.getvalue())
 
 
+def cli_in(tmp: Path, mode: int, *argv: str) -> None:
+    """The CLI with $OUTLAST_HOME at a directory of this mode."""
+    home = tmp / "home"
+    home.mkdir()
+    os.chmod(home, mode)
+    saved = os.environ.get("OUTLAST_HOME")
+    os.environ["OUTLAST_HOME"] = str(home)
+    try:
+        cli(*argv)
+    finally:
+        os.environ["OUTLAST_HOME"] = saved or ""
+
+
 def storage_under(tmp: Path, make) -> None:
     RunStore(open_storage(make(tmp)), "run").check_writable()
 
@@ -67,6 +80,18 @@ CATALOGUE = [
      r"RunConfig\.checkpoint_config must be a CheckpointConfig"),
     ("failure_config a number", lambda t: RunConfig(failure_config=3), TypeError,
      r"RunConfig\.failure_config must be a FailureConfig, got int"),
+    ("worker_runtime_env a list", lambda t: RunConfig(worker_runtime_env=["A=1"]), TypeError,
+     r'RunConfig\.worker_runtime_env must be a dict like \{"env_vars": \{"NAME": "value"\}\}'),
+    ("worker_runtime_env pip", lambda t: RunConfig(worker_runtime_env={"pip": ["torch"]}), ValueError,
+     r"fields outlast does not support: 'pip'; only 'env_vars' is"),
+    ("env_vars value a number", lambda t: RunConfig(worker_runtime_env={"env_vars": {"N": 3}}), TypeError,
+     r"\[\"env_vars\"\]\['N'\] must be a string, got 3; write str\(value\)"),
+    ("env_vars name with =", lambda t: RunConfig(worker_runtime_env={"env_vars": {"A=B": "1"}}), ValueError,
+     r"invalid variable name 'A=B'"),
+    ("env_vars sets the cluster secret", lambda t: RunConfig(worker_runtime_env={"env_vars": {
+        "OUTLAST_CLUSTER_SECRET": "x"}}), ValueError, r"may not set OUTLAST_CLUSTER_SECRET: it belongs to the node"),
+    ("state dir open to all", lambda t: cli_in(t, 0o777, "status"), CliRefused,
+     r"state directory .* is not private: its mode is 0777.*Fix: `chmod 755 "),
     ("use_gpu a string", lambda t: ScalingConfig(use_gpu="yes"), ValueError, r"ScalingConfig\.use_gpu must be True or False"),
     ("use_gpu 1", lambda t: ScalingConfig(use_gpu=1), ValueError, r"ScalingConfig\.use_gpu"),
     ("num_workers 0", lambda t: ScalingConfig(num_workers=0), ValueError, r"ScalingConfig\.num_workers must be an integer >= 1"),
