@@ -63,7 +63,8 @@ def user_traceback(exc: BaseException, runtime_file: str) -> str:
 
 
 def become_clean_process(env: dict[str, str], cwd: str, sys_path: list[str]) -> None:
-    """Leave the fork server behind: own session, default signals, the driver's environment."""
+    """Leave the fork server behind: own session, default signals, `env` as the whole environment
+    (`runenv.worker_env`: the node's own with what the run carries)."""
     os.setsid()
     die_with_parent()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

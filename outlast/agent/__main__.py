@@ -12,6 +12,7 @@ import uuid
 from outlast.agent.agent import Agent, NodeSpec, default_resources
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
+from outlast.identity import this_process
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.protocol.auth import AuthError, ClusterKey
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         urls = dict(item.split("=", 1) for item in args.metadata_url if "=" in item)
         agent.watch_cloud_notices([k for k in args.preemption_watchers.split(",") if k], urls)
     if args.node_file:
-        write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id))
+        write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id, process=this_process()))
     if args.ready_fd is not None:
         os.write(args.ready_fd, (agent.address + "\n").encode())
         os.close(args.ready_fd)

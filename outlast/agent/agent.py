@@ -202,8 +202,8 @@ class Agent:
         return procs
 
     def _child_env(self, env: dict[str, str]) -> dict[str, str]:
-        # A worker talks to its controller with the cluster key, like everyone else.
-        return {**env, **self.spec.key.env} if self.spec.key is not None else env
+        # A worker reaches its controller with its run's own credential, in `env`: never the cluster key.
+        return env
 
     # ---- drains ---------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ is then asked). The head drains the node's whole failure domain with it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -28,8 +29,10 @@ def add_parser(sub) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    if args.deadline_remaining_seconds is not None and args.deadline_remaining_seconds < 0:
-        print("--deadline-remaining-seconds must be >= 0", file=sys.stderr)
+    deadline_s = args.deadline_remaining_seconds
+    if deadline_s is not None and not 0 <= deadline_s < math.inf:
+        print(f"--deadline-remaining-seconds must be a finite number of seconds >= 0, got {deadline_s}; "
+              "leave it out for a drain with no deadline", file=sys.stderr)
         return 2
     ctx = zmq.Context()
     head = None

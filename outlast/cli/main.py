@@ -28,6 +28,8 @@ from outlast.isolation.units import format_bytes
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey
 from outlast.procutil import pid_alive
+from outlast.identity import still_running
+from outlast.statedir import UnsafeStateError
 
 
 def _default_preload() -> str:
@@ -229,6 +231,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if info is None:
         print("no outlast node is running on this machine", file=sys.stderr)
         return 1
+    ours, why = still_running(info.process, info.pid)
+    if not ours:  # the agent died without removing its file: its pid may be anyone's now
+        node_file_path().unlink(missing_ok=True)
+        print(f"no outlast node is running on this machine: {node_file_path()} was stale ({why}); "
+              "removed it and signalled nothing", file=sys.stderr)
+        return 1
     ctx = zmq.Context()
     try:
         request(ctx, info.address, m.Shutdown(), timeout_s=3.0)
@@ -237,9 +245,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     finally:
         ctx.term()
     deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline and pid_alive(info.pid):
+    while time.monotonic() < deadline and still_running(info.process, info.pid)[0]:
         time.sleep(0.05)
-    if pid_alive(info.pid):
+    if still_running(info.process, info.pid)[0]:
         _signal(info.pid, signal.SIGKILL)
         print(f"the node (pid {info.pid}) did not stop within {args.timeout:.0f} s; killed it")
     node_file_path().unlink(missing_ok=True)
@@ -391,7 +399,11 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if getattr(args, "preload", "") is None:
         args.preload = _default_preload()
-    sys.exit(args.func(args))
+    try:
+        sys.exit(args.func(args))
+    except UnsafeStateError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -15,23 +15,22 @@ import msgspec
 import zmq
 
 from outlast.procutil import pid_alive
+from outlast.identity import ProcessIdentity
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, tune, encode
+from outlast.statedir import state_dir
 
 
 class NodeFile(msgspec.Struct):
     address: str
     pid: int
     node_id: str
+    process: ProcessIdentity | None = None  # to tell the agent from whoever has its pid later
 
 
 class AgentUnavailable(RuntimeError):
     pass
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("OUTLAST_HOME") or f"/tmp/outlast-{os.getuid()}")
 
 
 def node_file_path() -> Path:

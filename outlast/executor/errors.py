@@ -25,7 +25,8 @@ class OutOfMemoryError(RuntimeError):
 
 
 class TaskFailedError(RuntimeError):
-    """The task's process died (not for memory) more often than `max_retries` allows."""
+    """The task's process died (not for memory) more often than `max_retries` allows, or its result
+    could not be unpickled in the process that submitted it."""
 
     def __init__(self, message: str, exit_code: int | None = None, signal: int | None = None) -> None:
         super().__init__(message)

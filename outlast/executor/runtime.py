@@ -30,7 +30,11 @@ from outlast.executor.policy import (
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.units import parse_bytes
 from outlast.protocol import messages as m
-from outlast.protocol.transport import AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode
+from outlast.protocol.run_credential import issue
+from outlast.protocol.transport import (
+    AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode, route_ip,
+)
+from outlast.runenv import carried_env
 from outlast.storage.records import signal_name
 
 log = logging.getLogger("outlast.executor")
@@ -89,6 +93,9 @@ class Executor(cf.Executor):
         self._embedded = None
         access = attach(self._ctx, list(preload or []), isolation.to_args() if isolation else [])
         self._access, self._embedded, self._key = access, access.embedded, access.key
+        # Tasks get the node's environment, the driver's outlast settings and this executor's own
+        # credential: never the cluster key.
+        self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key)}
         if access.embedded is None and isolation is not None and isolation.enable_resource_isolation:
             log.warning("an outlast node is already running at %s; its own isolation settings apply",
                         access.head_address)
@@ -149,7 +156,8 @@ class Executor(cf.Executor):
 
     def _loop(self) -> None:
         agent = connect_dealer(self._ctx, self.address, key=self._key)
-        results, result_address = bind_router(self._ctx, key=self._key)
+        # Where the node that runs the tasks reaches us: loopback only when it is on this machine.
+        results, result_address = bind_router(self._ctx, route_ip(self.address), key=self._key)
         self._agent, self._result_address = agent, result_address
         poller = zmq.Poller()
         poller.register(agent, zmq.POLLIN)
@@ -204,6 +212,9 @@ class Executor(cf.Executor):
                 handle(codec.decode(frames[-1]))
             except BadMessage as e:
                 log.warning("dropped a malformed message: %s", e)
+            except Exception:
+                # One bad message must not end the loop: every other future would hang.
+                log.exception("could not handle a message; the executor goes on")
 
     def _admit(self, now: float) -> None:
         with self._lock:
@@ -221,7 +232,7 @@ class Executor(cf.Executor):
                 running += 1
                 self._agent.send(encode(m.SpawnTask(
                     run_id=self.session, task_id=task.id, controller_address=self._result_address,
-                    payload=task.payload, env=dict(os.environ), cwd=os.getcwd(), sys_path=_importable_paths(),
+                    payload=task.payload, env=self._task_env, cwd=os.getcwd(), sys_path=_importable_paths(),
                     resources=self.resources,
                 )))
             self._queue.extendleft(reversed(waiting))
@@ -232,7 +243,14 @@ class Executor(cf.Executor):
             return
         if msg.ok:
             self._window = window_after_success(self._window, self.max_workers)
-            self._settle(task, value=cloudpickle.loads(msg.payload))
+            try:
+                value = cloudpickle.loads(msg.payload)
+            except Exception as e:
+                self._settle(task, error=TaskFailedError(
+                    f"task {task.id} finished, but its result cannot be unpickled here: {type(e).__name__}: {e}. "
+                    "Return something this process can import (plain data, or classes of an importable module)"))
+                return
+            self._settle(task, value=value)
             return
         outcome = on_failure(task.failures + 1, self.retry, raised=True)
         if outcome.verdict is Verdict.RETRY:

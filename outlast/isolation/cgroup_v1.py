@@ -13,6 +13,7 @@ import os
 import signal
 
 from outlast.procutil import pid_alive
+from outlast.faults import fault_point
 from outlast.isolation.cgroup_v2 import PREFIX
 from outlast.isolation.errors import IsolationUnavailable
 from outlast.isolation.journal import CgroupFS, Journal
@@ -33,6 +34,7 @@ class _Hierarchy:
         self.user = os.path.join(self.root, "user")
         self.workers = os.path.join(self.user, "workers")
         self.non_outlast = os.path.join(self.user, "non-outlast")
+        self.at_root = self.base == os.path.normpath(mount)
 
     def dirs(self) -> tuple[str, ...]:
         return self.root, self.system, self.user, self.workers, self.non_outlast
@@ -100,9 +102,14 @@ class CgroupV1:
         for h in (self.mem, self.cpu):
             for path in h.dirs():
                 j.mkdir(path)
-            foreign = [p for p in fs.pids(h.base) if p not in self.self_pids]
-            j.move(foreign, h.base, h.non_outlast)
+            # v1 has no rule against processes beside child cgroups, so nothing has to leave the
+            # base; below the root, its processes share the node and go under user/ (and back
+            # on stop). At the root they are the whole machine (init, kernel threads): untouched.
+            if not h.at_root:
+                foreign = [p for p in fs.pids(h.base) if p not in self.self_pids]
+                j.move(foreign, h.base, h.non_outlast)
             j.move(self.self_pids, h.base, h.system)
+        fault_point("isolation.setup.mid")
         j.set_value(os.path.join(self.mem.user, "memory.limit_in_bytes"), str(res.user_memory))
         # Stall, don't kill: outlast's monitor picks the victims by its policy.
         j.write(os.path.join(self.mem.user, "memory.oom_control"), "1", "0")
@@ -166,7 +173,10 @@ class CgroupV1:
     # ---- memory ----------------------------------------------------------------------------
 
     def sample(self) -> dict[str, int | bool | None]:
-        user_stat, root_stat = self.fs.stat(self.mem.user), self.fs.stat(self.mem.root)
+        try:
+            user_stat, root_stat = self.fs.read_stat(self.mem.user), self.fs.read_stat(self.mem.root)
+        except OSError as e:
+            return {"unreadable": f"cannot read memory.stat under {self.mem.root}: {e}"}
         limit = self.fs.read_int(os.path.join(self.mem.user, "memory.limit_in_bytes"))
         oom = self._oom_control(self.mem.user)
         return {
@@ -177,6 +187,21 @@ class CgroupV1:
             "stalled": oom.get("under_oom", 0) == 1,
             "kernel_oom_kills": self.kernel_oom_kills(),
         }
+
+    def release_to_kernel(self) -> str | None:
+        """user/ is stalled at its limit and holds no outlast worker to kill: let the kernel's OOM
+        killer act there again (until `hold_from_kernel`). Returns what was done, or None."""
+        path = os.path.join(self.mem.user, "memory.oom_control")
+        if self._oom_control(self.mem.user).get("oom_kill_disable", 1) == 0:
+            return None
+        self.fs.write(path, "0")
+        return (f"{self.mem.user} is at its memory limit and holds no outlast worker to kill (only other "
+                "processes); handed it back to the kernel's OOM killer until outlast has workers there again")
+
+    def hold_from_kernel(self) -> None:
+        """Workers are back: outlast chooses the victims again."""
+        if self._oom_control(self.mem.user).get("oom_kill_disable", 0) == 0:
+            self.fs.write(os.path.join(self.mem.user, "memory.oom_control"), "1")
 
     def _oom_control(self, path: str) -> dict[str, int]:
         try:

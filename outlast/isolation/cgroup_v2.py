@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
+from outlast.faults import fault_point
 from outlast.isolation.errors import IsolationUnavailable
 from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, Inotify, PsiTrigger
@@ -102,6 +103,7 @@ class CgroupV2:
             inside = origin is not None and (origin == self.base or origin.startswith(self.base + "/")) \
                 and not origin.startswith(self.root) and fs.exists(origin)
             j.move([pid], origin if inside else self.base, self.system)
+        fault_point("isolation.setup.mid")
         # Top-down: a controller can be handed on only once the parent has it.
         for path in (self.base, self.root, self.user, self.workers):
             self._enable(path)
@@ -190,7 +192,10 @@ class CgroupV2:
     # ---- memory ----------------------------------------------------------------------------
 
     def sample(self) -> dict[str, int | bool | None]:
-        user_stat, root_stat = self.fs.stat(self.user), self.fs.stat(self.root)
+        try:
+            user_stat, root_stat = self.fs.read_stat(self.user), self.fs.read_stat(self.root)
+        except OSError as e:
+            return {"unreadable": f"cannot read memory.stat under {self.root}: {e}"}
         return {
             "limit": self.fs.read_int(os.path.join(self.user, "memory.high")),
             # Shared memory is charged to whoever touched it first, system or user: count all of it.

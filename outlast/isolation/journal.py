@@ -7,9 +7,12 @@ the kernel on a temporary directory (interface files appear on mkdir, moves are 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import time
 from dataclasses import dataclass, field
+
+log = logging.getLogger("outlast.isolation")
 
 
 class CgroupFS:
@@ -54,15 +57,22 @@ class CgroupFS:
             return []
 
     def move(self, pid: int, cgroup_dir: str) -> bool:
-        """Move a process; False if it is gone already."""
+        """Move a process; False if it is gone already or the kernel will not move it."""
+        return self.try_move(pid, cgroup_dir) == "moved"
+
+    def try_move(self, pid: int, cgroup_dir: str) -> str:
+        """"moved", "gone" (it exited), or "refused": EINVAL, which the kernel answers for a
+        kernel thread, or for a real-time task a v1 cpu cgroup without an RT budget cannot take."""
         try:
             self.write(os.path.join(cgroup_dir, "cgroup.procs"), str(pid))
-            return True
+            return "moved"
         except ProcessLookupError:
-            return False
+            return "gone"
         except OSError as e:
             if e.errno == errno.ESRCH:
-                return False
+                return "gone"
+            if e.errno == errno.EINVAL:
+                return "refused"
             raise
 
     def v2_cgroup_of(self, pid: int, mount: str) -> str | None:
@@ -77,15 +87,19 @@ class CgroupFS:
         return None
 
     def stat(self, cgroup_dir: str) -> dict[str, int]:
-        """memory.stat as a dict; empty if unreadable."""
-        out = {}
+        """memory.stat as a dict; empty if unreadable (a worker's leaf that is gone)."""
         try:
-            for line in self.read(os.path.join(cgroup_dir, "memory.stat")).splitlines():
-                key, _, value = line.partition(" ")
-                if value.strip().isdigit():
-                    out[key] = int(value)
+            return self.read_stat(cgroup_dir)
         except OSError:
-            pass
+            return {}
+
+    def read_stat(self, cgroup_dir: str) -> dict[str, int]:
+        """memory.stat as a dict; raises OSError when it cannot be read."""
+        out = {}
+        for line in self.read(os.path.join(cgroup_dir, "memory.stat")).splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                out[key] = int(value)
         return out
 
     def read_int(self, path: str, default: int | None = None) -> int | None:
@@ -130,6 +144,7 @@ class Journal:
 
     fs: CgroupFS
     entries: list[tuple] = field(default_factory=list)
+    refused: list[int] = field(default_factory=list)  # processes the kernel would not move
 
     def mkdir(self, path: str) -> None:
         self.fs.mkdir(path)
@@ -146,9 +161,17 @@ class Journal:
         self.write(path, value, old.split()[0] if old else None)
 
     def move(self, pids: list[int], src: str, dst: str) -> None:
-        moved = [p for p in pids if self.fs.move(p, dst)]
+        outcomes = {p: self.fs.try_move(p, dst) for p in pids}
+        moved = [p for p, o in outcomes.items() if o == "moved"]
         if moved:
             self.entries.append(("move", moved, src))
+        refused = [p for p, o in outcomes.items() if o == "refused"]
+        if refused:
+            self.refused += refused
+            log.info("left %d process%s in %s: the kernel will not move %s (kernel threads, or real-time tasks a "
+                     "v1 cpu cgroup cannot take): pids %s", len(refused), "" if len(refused) == 1 else "es", src,
+                     "it" if len(refused) == 1 else "them", " ".join(map(str, refused[:20])) +
+                     (" ..." if len(refused) > 20 else ""))
 
     def undo(self) -> list[str]:
         errors = []

@@ -43,6 +43,8 @@ class NodeIsolation:
         self._armed_limit: int | None = None
         self._doomed_leaves: set[str] = set()
         self._last_reason = ""
+        self._last_unreadable: str | None = None
+        self._released_to_kernel = False
 
     @classmethod
     def start(cls, config: IsolationConfig, node_id: str, driver=None) -> NodeIsolation:
@@ -57,14 +59,19 @@ class NodeIsolation:
             for line in driver.cleanup_stale():
                 log.warning("%s", line)
             node._arm()
-        except BaseException:
-            node.close()
-            raise
+        except BaseException as e:
+            left = driver.teardown()
+            for s in node.sources:
+                s.close()
+            node.sources = []
+            if isinstance(e, (KeyboardInterrupt, SystemExit, IsolationError)) and not left:
+                raise
+            raise IsolationError(setup_failed(driver.root, e, left)) from e
         log.info("resource isolation on (cgroup v%d, %s): %s", driver.version, driver.root, res.reason)
         return node
 
     def _arm(self) -> None:
-        limit = self.driver.sample()["limit"]
+        limit = self.driver.sample().get("limit")
         if limit == self._armed_limit and self.sources:
             return
         for s in self.sources:
@@ -104,6 +111,16 @@ class NodeIsolation:
 
     def sample(self) -> tuple[MemorySample, dict]:
         raw = self.driver.sample()
+        if "unreadable" in raw:
+            # Fail closed: memory that cannot be read counts as a full node, never as an empty one.
+            if raw["unreadable"] != self._last_unreadable:
+                log.error("memory monitor: %s; counting the node as full until it can be read", raw["unreadable"])
+            self._last_unreadable = raw["unreadable"]
+            limit = self._armed_limit or self.reservations.user_memory
+            raw = {"limit": self._armed_limit, "counted": limit, "user": 0, "system": 0, "stalled": False,
+                   "unreadable": raw["unreadable"]}
+        else:
+            self._last_unreadable = None
         limit = raw["limit"] if raw["limit"] is not None else self.reservations.user_memory
         return MemorySample(counted_bytes=int(raw["counted"]), limit_bytes=int(limit),
                             node_total_bytes=self.reservations.total_memory, stalled=bool(raw["stalled"])), raw
@@ -131,7 +148,23 @@ class NodeIsolation:
         elif decision.action is Action.WAIT and decision.reason != self._last_reason:
             log.warning("memory: %s", decision.reason)
         self._last_reason = decision.reason
+        self._kernel_way_out(sample, candidates)
         return decision
+
+    def _kernel_way_out(self, sample: MemorySample, candidates: list[Candidate]) -> None:
+        """v1 stalls user/ at its limit for outlast to choose; with no outlast worker there, nobody
+        would ever choose, and the other processes would stall forever: the kernel decides then."""
+        release = getattr(self.driver, "release_to_kernel", None)
+        if release is None:
+            return
+        if sample.stalled and not candidates and not self._released_to_kernel:
+            said = release()
+            self._released_to_kernel = True
+            if said:
+                log.warning("memory: %s", said)
+        elif candidates and self._released_to_kernel:
+            self.driver.hold_from_kernel()
+            self._released_to_kernel = False
 
     def note_reaped(self, pid: int) -> None:
         c = self.cooldown
@@ -165,3 +198,12 @@ class NodeIsolation:
         self.sources = []
         for line in self.driver.teardown():
             log.warning("undoing resource isolation: %s", line)
+
+
+def setup_failed(root: str, error: BaseException, left: list[str]) -> str:
+    """One paragraph: what failed, what was undone, what to do."""
+    undone = ("everything it had changed was undone" if not left else
+              "undoing it left: " + "; ".join(left) + f" (remove {root} by hand once it is empty)")
+    return (f"resource isolation could not be set up in {root}: {type(error).__name__}: {error}. The node did "
+            f"not start; {undone}. Pass --cgroup-path naming a cgroup delegated to this user (or run as root), "
+            "or start without --enable-resource-isolation.")

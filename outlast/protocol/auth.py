@@ -17,6 +17,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
+from outlast.statedir import UnsafeStateError, check_secret_file, write_secret_file
+
 log = logging.getLogger("outlast.protocol")
 
 
@@ -43,7 +45,10 @@ class ClusterKey:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "ClusterKey":
         try:
+            check_secret_file(Path(path))
             return cls(Path(path).read_bytes().strip())
+        except UnsafeStateError as e:
+            raise AuthError(str(e)) from None
         except FileNotFoundError:
             raise AuthError(f"no cluster key at {path}: copy it from the head node (it is written there at "
                             "`outlast start`), or pass --cluster-key") from None
@@ -60,11 +65,7 @@ class ClusterKey:
         return {SECRET_ENV: self.secret.decode()}
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a secret: owner only
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.secret + b"\n")
+        write_secret_file(Path(path), self.secret + b"\n")
 
     def serve(self, sock: zmq.Socket) -> None:
         """Make `sock` (before bind) a CURVE server."""
@@ -87,12 +88,18 @@ def start_authenticator(ctx: zmq.Context, key: ClusterKey) -> ThreadAuthenticato
     return auth
 
 
+def admit(auth: ThreadAuthenticator, public: bytes) -> None:
+    """Admit one more client key on the sockets of `auth`'s context (a run's own credential)."""
+    auth.credentials_providers["*"].others.add(public)
+
+
 class _OnlyKey:
     def __init__(self, public: bytes) -> None:
         self.public = public
+        self.others: set[bytes] = set()
 
     def callback(self, domain: str, key: bytes) -> bool:
-        allowed = key == self.public
+        allowed = key == self.public or key in self.others
         if not allowed:
             log.warning("refused a connection with the wrong cluster key")
         return allowed

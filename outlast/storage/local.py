@@ -37,6 +37,34 @@ def sized_sha256(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def copy_durably(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree_dirs(top: Path, dirs: set[Path]) -> None:
+    """fsync `dirs` and every directory between them and `top`, and `top`'s parent (which holds it)."""
+    todo = {top, top.parent}
+    for d in dirs:
+        while d != top and top in d.parents:
+            todo.add(d)
+            d = d.parent
+    for d in sorted(todo, key=lambda p: len(p.parts), reverse=True):  # deepest first
+        fsync_dir(d)
+
+
 def sha256_file(path: Path) -> str:
     return sized_sha256(path)[1]
 
@@ -65,7 +93,7 @@ class LocalStorage:
                 (target / rel_dir).mkdir(parents=True, exist_ok=True)
                 for name in sorted(filenames):
                     src, rel = Path(dirpath) / name, (rel_dir / name).as_posix()
-                    jobs.append((rel, pool.submit(shutil.copyfile, src, target / rel), pool.submit(sized_sha256, src)))
+                    jobs.append((rel, pool.submit(copy_durably, src, target / rel), pool.submit(sized_sha256, src)))
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         entries: list[FileEntry] = []
@@ -80,6 +108,11 @@ class LocalStorage:
         finally:
             # Never return while a copy still writes into the checkpoint directory.
             futures.wait([f for _, copy, digest in jobs for f in (copy, digest)])
+        try:
+            # The manifest, written next, must never name a file a power loss could take back.
+            fsync_tree_dirs(target, {(target / rel).parent for rel, _, _ in jobs})
+        except OSError as e:
+            raise StorageError(f"could not make the checkpoint files in {target} durable: {e}") from e
         return entries
 
     def write_atomic(self, path: str, data: bytes) -> None:
@@ -92,6 +125,7 @@ class LocalStorage:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
+            fsync_dir(target.parent)  # the rename itself must survive a power loss
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

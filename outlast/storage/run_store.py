@@ -7,7 +7,8 @@ import logging
 import msgspec
 
 from outlast.storage import records as r
-from outlast.storage.base import Storage
+from outlast.storage.base import Storage, StorageError
+from outlast.storage.conditional import conditional
 from outlast.storage.lease import Lease
 
 LEASE_NAME = "driver_lease.json"
@@ -19,9 +20,24 @@ class RunStore:
     def __init__(self, storage: Storage, run_dir: str) -> None:
         self.storage = storage
         self.run_dir = run_dir
+        self.fenced: str | None = None  # why this driver may no longer write the run
+        self._cas = None
 
     def path(self, *parts: str) -> str:
         return "/".join((self.run_dir, *parts))
+
+    def check_writable(self) -> None:
+        """Raise `StorageError` saying what to change when the run's directory cannot be written."""
+        probe = self.path(".outlast-write-check")
+        try:
+            self.storage.write_atomic(probe, b"")
+            self.storage.delete(probe)
+        except OSError as e:
+            raise StorageError(
+                f"cannot write the run's directory {self.storage.uri(self.run_dir)}: "
+                f"{e.strerror or e}. RunConfig(storage_path=...) (or $OUTLAST_STORAGE_PATH) must name a "
+                "directory you can write, or a URL your credentials can write"
+            ) from e
 
     def load_state(self) -> r.RunState | None:
         try:
@@ -32,15 +48,21 @@ class RunStore:
 
     def set_aside_state(self, now: float) -> str:
         """Move an unreadable run-state document out of the way, keeping it for inspection."""
+        if not self._may_write("the unreadable run state aside"):
+            return ""
         name = f"{r.RUN_STATE_NAME}.corrupt-{int(now)}"
         self.storage.write_atomic(self.path(name), self.storage.read_bytes(self.path(r.RUN_STATE_NAME)))
         self.storage.delete(self.path(r.RUN_STATE_NAME))
         return self.storage.uri(self.path(name))
 
     def save_state(self, state: r.RunState) -> None:
+        if not self._may_write("the run state"):
+            return
         self.storage.write_atomic(self.path(r.RUN_STATE_NAME), r.encode(state))
 
     def write_manifest(self, manifest: r.Manifest) -> None:
+        if not self._may_write(f"the manifest of {manifest.checkpoint_dir}"):
+            raise StorageError(f"not committing {manifest.checkpoint_dir}: {self.fenced}")
         self.storage.write_atomic(self.path(manifest.checkpoint_dir, r.MANIFEST_NAME), r.encode(manifest))
 
     def read_manifest(self, checkpoint_dir: str) -> r.Manifest | None:
@@ -56,7 +78,9 @@ class RunStore:
         Call only while no worker of this run is alive: an upload in flight has no
         manifest yet either.
         """
-        removed = []
+        removed: list[str] = []
+        if not self._may_write("(removing) uncommitted checkpoints"):
+            return removed
         for name in self.storage.list_dirs(self.run_dir):
             if not r.is_checkpoint_dir_name(name) or name in committed:
                 continue
@@ -71,21 +95,40 @@ class RunStore:
 
     def delete_checkpoint(self, checkpoint_dir: str) -> None:
         # The manifest goes first: a half-deleted directory must not look committed.
+        if not self._may_write(f"(deleting) {checkpoint_dir}"):
+            return
         self.storage.delete(self.path(checkpoint_dir, r.MANIFEST_NAME))
         self.storage.delete(self.path(checkpoint_dir))
 
-    def read_lease(self) -> Lease | None:
-        """The current lease; an unreadable one counts as none (a crash mid-write cannot lock a run)."""
+    def read_lease(self) -> tuple[Lease | None, str | None]:
+        """The current lease and its version on storage (for `write_lease_if`). An unreadable lease
+        counts as none (a crash mid-write cannot lock a run), but keeps its version."""
+        current = self._conditional().read_versioned(self.path(LEASE_NAME))
+        if current is None:
+            return None, None
         try:
-            return msgspec.json.decode(self.storage.read_bytes(self.path(LEASE_NAME)), type=Lease)
-        except FileNotFoundError:
-            return None
+            return msgspec.json.decode(current.data, type=Lease), current.version
         except (msgspec.DecodeError, msgspec.ValidationError):
             log.warning("ignoring an unreadable driver lease at %s", self.storage.uri(self.path(LEASE_NAME)))
-            return None
+            return None, current.version
 
-    def write_lease(self, lease: Lease) -> None:
-        self.storage.write_atomic(self.path(LEASE_NAME), msgspec.json.encode(lease))
+    def write_lease_if(self, lease: Lease, expected: str | None) -> str | None:
+        """Write the lease only if it is still at version `expected` (None: absent); its new
+        version, or None when another driver wrote it first."""
+        return self._conditional().write_if(self.path(LEASE_NAME), msgspec.json.encode(lease), expected)
 
-    def delete_lease(self) -> None:
-        self.storage.delete(self.path(LEASE_NAME))
+    def _conditional(self):
+        if self._cas is None:
+            self._cas = conditional(self.storage)
+        return self._cas
+
+    def fence(self, reason: str) -> None:
+        """From now on write nothing to the run: another driver holds it."""
+        if self.fenced is None:
+            log.error("writing nothing more to run %s: %s", self.storage.uri(self.run_dir), reason)
+        self.fenced = reason
+
+    def _may_write(self, what: str) -> bool:
+        if self.fenced is not None:
+            log.info("not writing %s of run %s: this driver lost its lease", what, self.run_dir)
+        return self.fenced is None

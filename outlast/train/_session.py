@@ -21,7 +21,7 @@ import zmq
 
 from outlast.faults import fault_point
 from outlast.protocol import messages as m
-from outlast.protocol.auth import ClusterKey
+from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import TO_WORKER, connect_dealer, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
@@ -143,7 +143,7 @@ class WorkerSession:
         # A ZeroMQ socket belongs to one thread: the upload thread has its own.
         if self._upload_sock is None:
             self._upload_sock = connect_dealer(zmq.Context.instance(), self._controller_address,
-                                               key=ClusterKey.from_env())
+                                               key=worker_key())
         self._upload_sock.send(encode(done))
 
     def wait_for_uploads(self) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from outlast.runenv import check_runtime_env
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -39,6 +42,8 @@ class ScalingConfig:
                                                   or not self.accelerator_type):
             raise ValueError(f"ScalingConfig.accelerator_type must be a non-empty string such as 'A100', "
                              f"got {self.accelerator_type!r}")
+        if not isinstance(self.use_gpu, bool):
+            raise ValueError(f"ScalingConfig.use_gpu must be True or False, got {self.use_gpu!r}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(
                 f"ScalingConfig.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
@@ -69,8 +74,8 @@ class FailureConfig:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
         _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures, -1)
         if isinstance(self.preemption_grace_s, bool) or not isinstance(self.preemption_grace_s, (int, float)) \
-                or not self.preemption_grace_s >= 0:
-            raise ValueError(f"FailureConfig.preemption_grace_s must be a number of seconds >= 0, "
+                or not 0 <= self.preemption_grace_s < math.inf:
+            raise ValueError(f"FailureConfig.preemption_grace_s must be a finite number of seconds >= 0, "
                              f"got {self.preemption_grace_s!r}")
 
 
@@ -97,7 +102,6 @@ class CheckpointConfig:
             )
 
 
-_RUNTIME_ENV_KEYS = ("env_vars",)
 
 
 @dataclass
@@ -124,20 +128,25 @@ class RunConfig:
                 "RunConfig(callbacks=...) is not supported: outlast calls no code in the driver during a run. Log "
                 "from the train function on rank 0, or read Result.metrics_dataframe and the run's history "
                 "({storage_path}/{name}/run_state.json) after fit()")
-        env = self.worker_runtime_env or {}
-        if not isinstance(env, dict) or set(env) - set(_RUNTIME_ENV_KEYS):
-            extra = sorted(set(env) - set(_RUNTIME_ENV_KEYS)) if isinstance(env, dict) else env
-            raise ValueError(
-                f"RunConfig(worker_runtime_env=...) takes only {{'env_vars': {{...}}}}, got {extra!r}: outlast "
-                "workers run in the driver's working directory with its import path, on the packages installed on "
-                "their node (install them there; `outlast start` from the environment that has them)")
-        env_vars = env.get("env_vars") or {}
-        if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                     for k, v in env_vars.items()):
-            raise ValueError(f"RunConfig.worker_runtime_env['env_vars'] must map names to strings, got {env_vars!r}")
         if self.failure_config is None:
             self.failure_config = FailureConfig()
         if self.checkpoint_config is None:
             self.checkpoint_config = CheckpointConfig()
-        if self.name is not None and (not isinstance(self.name, str) or not self.name or "/" in self.name):
-            raise ValueError(f"RunConfig.name must be a non-empty string without '/', got {self.name!r}")
+        _check_config("RunConfig.failure_config", self.failure_config, FailureConfig)
+        _check_config("RunConfig.checkpoint_config", self.checkpoint_config, CheckpointConfig)
+        # "." and ".." would put the run's files in storage_path itself or above it.
+        if self.name is not None and (not isinstance(self.name, str) or self.name in ("", ".", "..")
+                                      or "/" in self.name or "\0" in self.name):
+            raise ValueError(f"RunConfig.name must be a non-empty string without '/', other than '.' and '..', "
+                             f"got {self.name!r}")
+        check_runtime_env(self.worker_runtime_env)
+        if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
+            raise ValueError(f"RunConfig.storage_path must be a path or a URL string, got {self.storage_path!r}")
+
+
+def _check_config(name: str, value: object, cls: type) -> None:
+    if isinstance(value, dict):
+        raise TypeError(f"{name} must be a {cls.__name__}, got a dict: write {name.split('.')[-1]}="
+                        f"{cls.__name__}(**{value!r})")
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")

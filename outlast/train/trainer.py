@@ -19,7 +19,9 @@ from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
+from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import route_ip
+from outlast.runenv import carried_env
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
@@ -96,6 +98,7 @@ class DataParallelTrainer:
         name = rc.name or time.strftime("outlast_train_%Y-%m-%d_%H-%M-%S")
         storage = open_storage(rc.storage_path or os.environ.get("OUTLAST_STORAGE_PATH") or DEFAULT_STORAGE)
         store = RunStore(storage, name)
+        store.check_writable()
         try:
             payload = cloudpickle.dumps(WorkerPayload(self.train_fn, self.train_loop_config, self.backend,
                                                       storage, name, main_file=_main_file()))
@@ -131,7 +134,7 @@ class DataParallelTrainer:
             num_to_keep=rc.checkpoint_config.num_to_keep,
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
-            env={**os.environ, **((rc.worker_runtime_env or {}).get("env_vars") or {})}, cwd=os.getcwd(), sys_path=_importable_paths(),
+            env=carried_env(os.environ, rc.worker_runtime_env), cwd=os.getcwd(), sys_path=_importable_paths(),
             rendezvous=self.backend.needs_rendezvous, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
@@ -144,6 +147,7 @@ class DataParallelTrainer:
         try:
             access = attach(ctx, list(self.backend.preload), self.isolation.to_args() if self.isolation else [])
             embedded = access.embedded
+            plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
             if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)

@@ -20,8 +20,9 @@ import zmq
 
 from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
-from outlast.protocol.auth import ClusterKey
+from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer, encode
+from outlast.runenv import worker_env
 from outlast.storage.base import Storage
 
 
@@ -86,7 +87,7 @@ def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
 
 
 def run(req: m.ForkWorker) -> int:
-    become_clean_process(req.env, req.cwd, req.sys_path)
+    become_clean_process(worker_env(os.environ, req.env), req.cwd, req.sys_path)
     spec = req.spec
     os.environ.update({
         "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank),
@@ -99,7 +100,7 @@ def run(req: m.ForkWorker) -> int:
 
     ctx = zmq.Context()
     identity = f"{req.attempt}:{spec.rank}".encode()
-    sock = connect_dealer(ctx, req.controller_address, identity, key=ClusterKey.from_env())
+    sock = connect_dealer(ctx, req.controller_address, identity, key=worker_key())
     phase = "setup"
     code = 1
     backend = None

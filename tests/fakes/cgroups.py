@@ -32,6 +32,7 @@ class FakeCgroupFS(CgroupFS):
         """`files_for(path)` -> the interface files a new cgroup at `path` gets."""
         self.files_for = files_for
         self.fail_write: str | None = None  # a path suffix whose next write raises EACCES
+        self.unmovable: set[int] = set()  # pids a move refuses with EINVAL, as kernel threads
         self.writes: list[tuple[str, str]] = []
 
     def make(self, path: str, procs: list[int] | None = None, **values: str) -> None:
@@ -54,6 +55,8 @@ class FakeCgroupFS(CgroupFS):
             raise PermissionError(errno.EACCES, "permission denied (fault injected)", path)
         self.writes.append((path, value))
         name = os.path.basename(path)
+        if name == "cgroup.procs" and int(value) in self.unmovable:
+            raise OSError(errno.EINVAL, "Invalid argument", path)
         if name == "cgroup.procs":
             pid = value.strip()
             for dirpath, _, files in os.walk(self._top(path)):

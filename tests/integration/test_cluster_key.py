@@ -95,6 +95,7 @@ def test_a_missing_or_broken_key_file_says_what_to_do(tmp_path):
     with pytest.raises(AuthError, match="copy it from the head node"):
         ClusterKey.load(tmp_path / "nope.key")
     (tmp_path / "bad.key").write_bytes(b"not a key")
+    (tmp_path / "bad.key").chmod(0o600)  # private, or it is refused before it is read
     with pytest.raises(AuthError, match="not a valid cluster key"):
         ClusterKey.load(tmp_path / "bad.key")
 

@@ -1,0 +1,74 @@
+"""Who a process is and which machine this is, beyond what a pid or a hostname says.
+
+A pid is reused after its process dies, and two machines can share a hostname: a record that
+names a process keeps its start time and command line, and one that names a host keeps the
+machine id and the boot id.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import msgspec
+import psutil
+
+
+class ProcessIdentity(msgspec.Struct, frozen=True):
+    pid: int
+    started_at: float  # psutil's create_time: seconds since the epoch, to 10 ms
+    cmdline: list[str]
+
+
+def this_process() -> ProcessIdentity:
+    me = psutil.Process()
+    return ProcessIdentity(pid=me.pid, started_at=me.create_time(), cmdline=me.cmdline())
+
+
+def same_process(recorded: ProcessIdentity, running: ProcessIdentity | None) -> tuple[bool, str]:
+    """Pure: is `running` (what the pid is now; None: no such process) the process `recorded` names?"""
+    if running is None:
+        return False, f"no process has pid {recorded.pid} any more"
+    if abs(running.started_at - recorded.started_at) > 0.05:
+        return False, (f"pid {recorded.pid} is another process now (started at {running.started_at:.2f}, "
+                       f"not {recorded.started_at:.2f})")
+    if running.cmdline != recorded.cmdline:
+        return False, f"pid {recorded.pid} now runs {' '.join(running.cmdline)[:200]!r}"
+    return True, f"pid {recorded.pid} is still the process that was recorded"
+
+
+def still_running(recorded: ProcessIdentity | None, pid: int) -> tuple[bool, str]:
+    """Is pid `pid` still the process `recorded` names (None: nothing was recorded, so no)?"""
+    if recorded is None:
+        return False, f"nothing records which process pid {pid} was (an older outlast wrote it)"
+    return same_process(recorded, identify(pid))
+
+
+def identify(pid: int) -> ProcessIdentity | None:
+    """What pid `pid` is now, or None if it does not exist (or vanished while we looked)."""
+    try:
+        p = psutil.Process(pid)
+        return ProcessIdentity(pid=pid, started_at=p.create_time(), cmdline=p.cmdline())
+    except psutil.NoSuchProcess:
+        return None
+
+
+def host_id(root: Path = Path("/")) -> str:
+    """Where a pid means the same process: this machine (machine id), this boot (boot id, random at
+    every boot, so two machines cloned from one image still differ) and this pid namespace (two
+    containers on one kernel share the boot id but not their pids)."""
+    machine = _read(root / "etc/machine-id") or _read(root / "var/lib/dbus/machine-id") or socket.gethostname()
+    boot = _read(root / "proc/sys/kernel/random/boot_id")
+    try:
+        pid_ns = os.readlink(root / "proc/self/ns/pid")
+    except OSError:
+        pid_ns = ""
+    return f"{machine}/{boot}/{pid_ns}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""

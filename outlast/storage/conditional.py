@@ -1,0 +1,198 @@
+"""Compare-and-swap on storage: write a small document only if it is still the version we read.
+
+Each store does it its own way: a file system under a POSIX lock (which NFS keeps too), S3
+with conditional PUTs (If-None-Match: * to create, If-Match: ETag to replace), GCS with
+generation preconditions (ifGenerationMatch). The driver lease is built on this alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+from outlast.storage.base import StorageError
+
+
+class Versioned(NamedTuple):
+    data: bytes
+    version: str  # opaque: whatever the store compares (a digest, an ETag, a generation)
+
+
+class ConditionalStore(Protocol):
+    def read_versioned(self, path: str) -> Versioned | None:
+        """The document and its version, read together; None when it does not exist."""
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
+        """Write only if the document is still at version `expected` (None: only if it does not
+        exist), and return the new version; None when another writer got there first.
+        `StorageError` when storage fails."""
+
+
+def conditional(storage) -> ConditionalStore:
+    from outlast.storage.local import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        return LocalConditional(storage.root)
+    protocol = getattr(storage, "protocol", None)
+    if protocol in ("s3", "s3a"):
+        return S3Conditional(storage)
+    if protocol in ("gs", "gcs"):
+        return GCSConditional(storage)
+    if hasattr(storage, "read_versioned"):  # a store that does it itself (the tests' fakes)
+        return storage
+    raise StorageError(f"storage {storage.uri('')} has no compare-and-swap, which the driver lease needs; "
+                       "use a file system, s3:// or gs://")
+
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+def _thread_lock(key: str) -> threading.Lock:
+    with _thread_locks_guard:
+        return _thread_locks.setdefault(key, threading.Lock())
+
+
+class LocalConditional:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @contextlib.contextmanager
+    def _locked(self, target: Path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = target.parent / f".{target.name}.lock"
+        with _thread_lock(str(lock_path)):
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                # Between processes here; on NFS the client turns it into a lock its server keeps,
+                # between machines. Between threads of one process: the lock above.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        try:
+            data = (self.root / path).read_bytes()
+        except FileNotFoundError:
+            return None
+        return Versioned(data, hashlib.sha256(data).hexdigest())
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
+        from outlast.storage.local import LocalStorage
+
+        target = self.root / path
+        try:
+            with self._locked(target):
+                current = self.read_versioned(path)
+                if (current.version if current else None) != expected:
+                    return None
+                LocalStorage(self.root).write_atomic(path, data)
+                return hashlib.sha256(data).hexdigest()
+        except OSError as e:
+            raise StorageError(f"could not write {target}: {e}") from e
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """An S3 or GCS answer that means 'someone else wrote it first' (412, or 409 for a race)."""
+    text = f"{type(e).__name__} {e}"
+    code = getattr(e, "code", None) or getattr(e, "status", None)
+    return code in (409, 412) or any(s in text for s in (
+        "PreconditionFailed", "Precondition Failed", "pre-conditions you specified did not hold",
+        "ConditionalRequestConflict"))
+
+
+class S3Conditional:
+    def __init__(self, storage) -> None:
+        self.storage = storage
+
+    def _bucket_key(self, path: str) -> tuple[str, str]:
+        bucket, key, _ = self.storage.fs.split_path(self.storage._p(path))
+        return bucket, key
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        from fsspec.asyn import sync
+
+        fs = self.storage.fs
+        bucket, key = self._bucket_key(path)
+
+        async def get():
+            # One GET returns the body and the ETag of that same body.
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+            async with resp["Body"] as body:
+                return Versioned(await body.read(), resp["ETag"])
+
+        try:
+            return sync(fs.loop, get)
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise StorageError(f"could not read {self.storage.uri(path)}: {e}") from e
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
+        from fsspec.asyn import sync
+
+        fs = self.storage.fs
+        bucket, key = self._bucket_key(path)
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        try:
+            return sync(fs.loop, fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+        except Exception as e:
+            if _precondition_failed(e):
+                return None
+            raise StorageError(f"could not write {self.storage.uri(path)}: {e}") from e
+
+
+def gcs_upload_params(name: str, expected: str | None) -> dict[str, str | int]:
+    """The JSON API's media upload with its precondition: generation 0 means 'does not exist'."""
+    return {"uploadType": "media", "name": name, "ifGenerationMatch": 0 if expected is None else int(expected)}
+
+
+class GCSConditional:
+    def __init__(self, storage, call=None) -> None:
+        self.storage = storage
+        # (method, url, *url_args, **params) -> (headers, body), raising as gcsfs does (404:
+        # FileNotFoundError; 412: an error whose `code` is 412). gcsfs's own by default.
+        self._call = call
+
+    def _do(self, method: str, url: str, *args, **kw):
+        if self._call is not None:
+            return self._call(method, url, *args, **kw)
+        from fsspec.asyn import sync
+
+        fs = self.storage.fs
+        return sync(fs.loop, fs._call, method, url, *args, **kw)
+
+    def _bucket_key(self, path: str) -> tuple[str, str]:
+        full = self.storage._p(path)
+        bucket, _, key = full.partition("/")
+        return bucket, key
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        bucket, key = self._bucket_key(path)
+        try:
+            headers, body = self._do("GET", "https://storage.googleapis.com/storage/v1/b/{}/o/{}",
+                                             bucket, key, alt="media")
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise StorageError(f"could not read {self.storage.uri(path)}: {e}") from e
+        # The generation of the bytes returned, from the same response.
+        return Versioned(body, str(headers["x-goog-generation"]))
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
+        bucket, key = self._bucket_key(path)
+        try:
+            _headers, body = self._do("POST", "https://storage.googleapis.com/upload/storage/v1/b/{}/o",
+                                               bucket, data=data, **gcs_upload_params(key, expected))
+            return str(json.loads(body)["generation"])
+        except Exception as e:
+            if _precondition_failed(e):
+                return None
+            raise StorageError(f"could not write {self.storage.uri(path)}: {e}") from e

@@ -1,0 +1,64 @@
+"""The driver lease on a real S3-protocol server: conditional PUTs decide who drives a run."""
+
+from __future__ import annotations
+
+import threading
+
+import outlast.train  # noqa: F401  (first: the training API and the controller import each other)
+from outlast.controller.driver_lease import LeaseKeeper
+from outlast.storage import open_storage
+from outlast.storage.conditional import conditional
+from outlast.storage.run_store import RunStore
+from outlast.errors import RunInUseError
+from tests.integration.test_object_storage import s3  # noqa: F401  (the fixture)
+
+
+def test_s3_creates_only_what_is_absent_and_replaces_only_the_version_read(s3):  # noqa: F811
+    cas = conditional(open_storage("s3://runs/cas"))
+    assert cas.read_versioned("doc") is None
+    first = cas.write_if("doc", b"one", None)
+    assert first is not None
+    assert cas.write_if("doc", b"two", None) is None
+    assert cas.read_versioned("doc") == ("one".encode(), first)
+    second = cas.write_if("doc", b"three", first)
+    assert second is not None and cas.write_if("doc", b"four", first) is None
+    assert cas.read_versioned("doc").data == b"three"
+
+
+def test_of_drivers_racing_for_a_run_on_s3_exactly_one_wins(s3):  # noqa: F811
+    outcomes: list[str] = []
+    start = threading.Barrier(4)
+
+    def race():
+        k = LeaseKeeper(RunStore(open_storage("s3://runs/race"), "run"), ttl_s=10.0)
+        start.wait()
+        try:
+            k.acquire(wait_s=0)
+            outcomes.append("won")
+        except RunInUseError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=race) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused"] * 3 + ["won"]
+
+
+def test_a_driver_whose_lease_was_taken_on_s3_finds_out_and_writes_nothing(s3):  # noqa: F811
+    t = [0.0]
+    clock = lambda: t[0]  # noqa: E731
+
+    def sleep(s):
+        t[0] += s
+
+    old = LeaseKeeper(RunStore(open_storage("s3://runs/takeover"), "run"), ttl_s=5.0, clock=clock, sleep=sleep,
+                      host="machine-a/boot/ns")
+    old.acquire()
+    new = LeaseKeeper(RunStore(open_storage("s3://runs/takeover"), "run"), ttl_s=5.0, clock=clock, sleep=sleep,
+                      host="machine-b/boot/ns")
+    new.acquire()  # watched 5 s of its own clock without a renewal
+    assert old.renew_if_due(t[0] + 100) is not None
+    assert old.store.fenced is not None
+    assert new.renew_if_due(t[0] + 100) is None

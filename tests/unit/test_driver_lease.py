@@ -1,0 +1,108 @@
+"""The driver lease on storage's own compare-and-swap: one winner, hosts told apart by identity,
+expiry judged by the reader's own clock, and a driver that lost the lease writes nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+import outlast.train  # noqa: F401  (first: the training API and the controller import each other)
+from outlast.controller.driver_lease import LeaseKeeper
+from outlast.storage import open_storage
+from outlast.storage.records import RunState
+from outlast.storage.run_store import RunStore
+from outlast.errors import RunInUseError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.on_sleep = None
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+        if self.on_sleep:
+            self.on_sleep()
+
+
+def keeper(tmp_path, host: str, clock: Clock, wall=lambda: 1.7e9, alive=lambda lease: True) -> LeaseKeeper:
+    return LeaseKeeper(RunStore(open_storage(tmp_path), "run"), ttl_s=10.0, clock=clock, wall=wall,
+                       sleep=clock.sleep, alive=alive, host=host)
+
+
+def test_of_drivers_racing_for_a_free_run_exactly_one_wins(tmp_path):
+    outcomes: list[str] = []
+    start = threading.Barrier(8)
+
+    def race():
+        k = LeaseKeeper(RunStore(open_storage(tmp_path), "run"), ttl_s=10.0)
+        start.wait()
+        try:
+            k.acquire(wait_s=0)
+            outcomes.append("won")
+        except RunInUseError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused"] * 7 + ["won"]
+
+
+def test_a_live_driver_on_another_machine_with_the_same_hostname_keeps_its_run(tmp_path):
+    clock = Clock()
+    holder = keeper(tmp_path, "machine-a/boot-1/pid:[1]", clock, wall=lambda: 0.0)  # its clock is decades off
+    holder.acquire()
+    newcomer = keeper(tmp_path, "machine-b/boot-7/pid:[1]", clock, alive=lambda lease: False)
+    clock.on_sleep = lambda: holder.renew_if_due(clock())
+    with pytest.raises(RunInUseError, match="renewed its lease just now"):
+        newcomer.acquire()
+
+
+def test_a_lease_unrenewed_for_a_ttl_of_the_readers_own_clock_is_taken_and_the_old_driver_writes_nothing(tmp_path):
+    clock = Clock()
+    old = keeper(tmp_path, "machine-a/boot-1/pid:[1]", clock, wall=lambda: 4e9)  # its clock far ahead
+    old.acquire()
+    old.store.save_state(RunState(name="run", status="running", created_at=1, updated_at=1))
+    new = keeper(tmp_path, "machine-b/boot-7/pid:[1]", clock)
+    new.acquire()  # the old one is stalled: no renewal while the newcomer watches for 10 s
+    assert clock() >= 1010.0
+    (tmp_path / "run" / "checkpoint_002_000001").mkdir()  # the new driver's upload in flight
+    lost = old.renew_if_due(clock() + 100)
+    assert lost is not None and "took over this run's lease" in lost
+    old.store.save_state(RunState(name="run", status="errored", created_at=1, updated_at=2))
+    assert old.store.remove_uncommitted(set()) == []
+    assert json.loads((tmp_path / "run" / "run_state.json").read_text())["status"] == "running"
+    assert (tmp_path / "run" / "checkpoint_002_000001").is_dir()
+    assert new.renew_if_due(clock() + 100) is None  # the new driver keeps its lease
+
+
+def test_a_dead_driver_on_this_host_is_taken_over_at_once(tmp_path):
+    clock = Clock()
+    keeper(tmp_path, "here", clock).acquire()
+    keeper(tmp_path, "here", clock, alive=lambda lease: False).acquire()
+    assert clock() == 1000.0
+
+
+def test_a_live_driver_on_this_host_is_refused_at_once_naming_it(tmp_path):
+    clock = Clock()
+    keeper(tmp_path, "here", clock).acquire()
+    with pytest.raises(RunInUseError, match=r"is being driven by pid \d+ on .*, alive"):
+        keeper(tmp_path, "here", clock).acquire()
+
+
+def test_a_released_lease_is_taken_at_once_from_any_host(tmp_path):
+    clock = Clock()
+    first = keeper(tmp_path, "a", clock)
+    first.acquire()
+    first.release()
+    second = keeper(tmp_path, "b", clock)
+    second.acquire()
+    assert clock() == 1000.0 and second.previous is None
