@@ -467,6 +467,7 @@ class Agent:
                                                          memory_bytes=int(self.spec.resources.get("memory", 0))),
             head_address=self.spec.head_address if self.member is not None else "",
             nodes=self._node_table() if self.head is not None else [],
+            run_commits={r.run_id: r.last_commit_at for r in self.runs.values() if r.last_commit_at is not None},
         )
 
     # ---- loop ------------------------------------------------------------------------------
