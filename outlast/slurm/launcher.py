@@ -54,6 +54,7 @@ class Draining:
     node_ids: set[str]
     deadline: float | None  # wall clock; None: Slurm named none
     why: str
+    had_workers: bool  # the run had workers on the job's nodes when the drain went out
 
 
 @dataclass
@@ -205,7 +206,8 @@ class Job:
         log.warning("drained %s (%s; deadline %s)", ", ".join(order.node_ids), order.message,
                     f"in {order.deadline_s:.1f} s" if order.deadline_s is not None else "none")
         if self.draining is None:
-            self.draining = Draining(since=now, node_ids=set(order.node_ids), deadline=deadline, why=order.message)
+            self.draining = Draining(since=now, node_ids=set(order.node_ids), deadline=deadline, why=order.message,
+                                     had_workers=self._workers_running())
         else:
             self.draining.node_ids |= set(order.node_ids)
             if deadline is not None:
@@ -214,8 +216,14 @@ class Job:
     def _ready_to_requeue(self, now: float) -> bool:
         d = self.draining
         assert d is not None
-        if policy.committed_since(self._commit_times(), d.since):
+        statuses = self._statuses()
+        if policy.committed_since([t for s in statuses for t in s.run_commits.values()], d.since):
             log.info("the checkpoint asked for at the drain is committed")
+            return True
+        if d.had_workers and not any(s.workers for s in statuses):
+            # The run ended its attempt (the checkpoint it saved for the drain is committed, or it
+            # had none to save) and, with every node draining, waits for capacity: only a requeue brings it.
+            log.info("the run stopped its workers for the drain")
             return True
         if d.deadline is not None and now >= d.deadline - self.options.requeue_margin_s:
             log.warning("no checkpoint committed since the drain, and Slurm's deadline is near: requeueing; the "
@@ -229,7 +237,7 @@ class Job:
         for node in sorted(self.draining.node_ids):
             try:  # a deadline of now: the controller ends the attempt as preempted without waiting on
                 request(self.ctx, self.head_address, m.DrainNode(
-                    node_id=node, reason="preemption", message=f"{self.draining.why}; checkpoint committed, requeued",
+                    node_id=node, reason="preemption", message=f"{self.draining.why}; requeued",
                     deadline_remaining_s=0.0), timeout_s=5.0, key=self.key)
             except AgentUnavailable as e:
                 log.error("could not end the drain of %s: %s", node, e)
@@ -264,9 +272,6 @@ class Job:
             if isinstance(reply, m.StatusReply):
                 out.append(reply)
         return out
-
-    def _commit_times(self) -> list[float]:
-        return [t for s in self._statuses() for t in s.run_commits.values()]
 
     def _workers_running(self) -> bool:
         return any(s.workers for s in self._statuses())
