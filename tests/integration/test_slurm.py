@@ -102,12 +102,17 @@ def _submit(slurm: LocalSlurm, tmp_path: Path, *sbatch_args: str, steps: int = S
 def _resumed_with_no_step_lost(state: RunState) -> None:
     """The attempt after the preemption restored the checkpoint saved for it, and the run trained to the end."""
     assert state.status == "finished"
-    assert state.last_metrics["step"] == STEPS - 1
+    assert _last_step(state) == STEPS - 1
     jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
     assert jit, f"no just-in-time checkpoint in {[c.metrics for c in state.checkpoints]}"
     assert any(a.restored_from == jit[0].checkpoint_dir for a in state.attempts), state.attempts
     before = [c for c in state.checkpoints if c.attempt == jit[0].attempt]
     assert max(c.metrics["step"] for c in before) == jit[0].metrics["step"]  # nothing newer was thrown away
+
+
+def _last_step(state: RunState) -> int:
+    """The example checkpoints every 10 steps and at its last step."""
+    return max(c.metrics["step"] for c in state.checkpoints)
 
 
 def _preemptions(state: RunState) -> list[str]:
@@ -142,16 +147,23 @@ def test_preempted_by_a_high_partition_job_it_saves_a_jit_checkpoint_is_requeued
 
 
 def test_at_its_time_limit_it_checkpoints_on_the_signal_and_resumes_after_the_requeue(slurm, tmp_path):
-    job = _submit(slurm, tmp_path, "--time=1", "--signal=B:USR1@55", steps=STEPS * 10)
+    job = _submit(slurm, tmp_path, "--time=1", "--signal=B:USR1@55", steps=STEPS * 100)
     wait_until(lambda: job.info().restarts == 1, 120, lambda: f"the requeue at the time limit; output:\n{job.output()}")
-    # Room to finish on the next start, without another signal.
-    slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=10"])
-    job.wait_done(restarts=1)
+    slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=10"])  # no second signal while we look
+
+    def resumed_and_trained():
+        s = job.state()
+        jit = [c for c in s.checkpoints if c.metrics.get("preempted")]
+        return jit and any(a.restored_from == jit[0].checkpoint_dir for a in s.attempts) and \
+            any(c.attempt > jit[0].attempt for c in s.checkpoints)
+    wait_until(resumed_and_trained, 90, lambda: f"a checkpoint after the resume; output:\n{job.output()}")
     state = job.state()
-    assert state.status == "finished" and state.last_metrics["step"] == STEPS * 10 - 1
-    jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
-    assert jit and any(a.restored_from == jit[0].checkpoint_dir for a in state.attempts)
+    jit = [c for c in state.checkpoints if c.metrics.get("preempted")][0]
+    assert max(c.metrics["step"] for c in state.checkpoints if c.attempt == jit.attempt) == jit.metrics["step"]
+    assert min(c.metrics["step"] for c in state.checkpoints if c.attempt > jit.attempt) > jit.metrics["step"]
     assert any("got SIGUSR1: its time limit is near" in m for m in _preemptions(state)), _preemptions(state)
+    slurm._slurm(["scancel", job.id])
+    job.wait_done(restarts=1, timeout_s=60)
 
 
 def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_job_moves(slurm, tmp_path):
@@ -192,7 +204,7 @@ def test_killed_with_scancel_signal_kill_and_requeued_by_hand_it_resumes_from_th
     slurm._slurm(["scontrol", "requeue", job.id])
     job.wait_done(restarts=1)
     state = job.state()
-    assert state.status == "finished" and state.last_metrics["step"] == STEPS * 2 - 1
+    assert state.status == "finished" and _last_step(state) == STEPS * 2 - 1
     resumed = [a for a in state.attempts if a.restored_from is not None]
     assert resumed and resumed[0].restored_from == latest
     assert not _preemptions(state)  # a kill is not a preemption
