@@ -282,6 +282,7 @@ class Agent:
                                                          memory_bytes=int(self.spec.resources.get("memory", 0))),
             head_address=self.role.head_address,
             nodes=self.role.nodes(self.me(), self.clock()) if self.role.is_head else [],
+            run_commits={r.run_id: r.last_commit_at for r in self.sup.runs.values() if r.last_commit_at is not None},
         )
 
     # ---- loop ----------------------------------------------------------------------------------

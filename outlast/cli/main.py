@@ -21,6 +21,7 @@ from outlast.client.discovery import (
 from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.run_script import add_parser as add_run_script_parser
 from outlast.cli.runs import add_parser as add_runs_parser
+from outlast.cli.slurm import add_parser as add_slurm_parser
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.policy import render_report
@@ -392,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs_parser(sub)
     add_drain_parser(sub)
     add_run_script_parser(sub)
+    add_slurm_parser(sub)
     return p
 
 

@@ -244,6 +244,7 @@ class StatusReply(Msg):
     draining: NodeDraining | None = None
     head_address: str = ""  # empty when this agent is the head
     nodes: list["NodeInfo"] = []  # the node table (the head only)
+    run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
 
 
 class DrainNode(Msg):

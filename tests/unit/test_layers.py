@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"outlast.protocol", "outlast.faults"},
     {"outlast.storage", "outlast.isolation", "outlast.cluster", "outlast.drain"},
     {"outlast.errors", "outlast.client"},
-    {"outlast.agent", "outlast.controller", "outlast.executor"},
+    {"outlast.agent", "outlast.controller", "outlast.executor", "outlast.slurm"},
     {"outlast.train"},
     {"outlast.compat"},
     {"outlast.cli", "outlast.testing", "outlast.sim", "outlast"},

@@ -1,0 +1,59 @@
+"""`outlast slurm [options] -- CMD ...`: run CMD as the driver of an outlast cluster made of this Slurm job.
+
+The form follows `srun` and `torchrun`: options of ours, then `--`, then the command as it
+would be typed alone, so nothing in it needs quoting and any program can be the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("slurm", help="inside a Slurm job: make its nodes a cluster and run a driver on it",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--failure-domain-feature", default="", metavar="PREFIX",
+                   help="a node's Slurm feature starting with PREFIX (e.g. rack_) is its failure domain")
+    p.add_argument("--preload", default=None,
+                   help="comma-separated modules every node's fork server imports (default: torch, if installed)")
+    p.add_argument("--join-timeout", type=float, default=180.0, help="seconds to wait for every node to join")
+    p.add_argument("--node-poll-interval", type=float, default=1.0,
+                   help="seconds between looks at `scontrol show node` for drains by an administrator")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...: the driver, e.g. -- python train.py")
+    p.set_defaults(func=cmd_slurm)
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from outlast.slurm.allocation import SlurmEnvError, allocation_from_env
+    from outlast.slurm.launcher import Options, run
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("outlast slurm: give the driver's command after --, e.g. `outlast slurm -- python train.py`",
+              file=sys.stderr)
+        return 2
+    try:
+        alloc = allocation_from_env(os.environ)
+    except SlurmEnvError as e:
+        print(f"outlast slurm: {e}", file=sys.stderr)
+        return 2
+    if not (args.node_poll_interval > 0 and args.join_timeout > 0):
+        print("outlast slurm: --node-poll-interval and --join-timeout must be > 0", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-slurm %(levelname)s %(message)s")
+    preload = args.preload if args.preload is not None else _default_preload()
+    return run(alloc, Options(command=command, failure_domain_feature=args.failure_domain_feature, preload=preload,
+                              join_timeout_s=args.join_timeout, poll_interval_s=args.node_poll_interval))
+
+
+def _default_preload() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return ""
+    from outlast.train.torch.backend import TorchBackend
+
+    return ",".join(TorchBackend.preload)

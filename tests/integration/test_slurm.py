@@ -1,0 +1,210 @@
+"""outlast on a real Slurm: the guide's just-in-time example as an sbatch job on 2 of 3 local nodes.
+
+A local Slurm 22.05 cluster (scripts/slurm-cluster: three slurmd on this host, partitions low
+and high) runs for the whole module. Each test submits examples/slurm/preemption_jit_checkpoint.sbatch,
+acts on the job as Slurm or an administrator would, and reads the run's history from storage.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from outlast.slurm.allocation import expand_hostlist
+from outlast.slurm.local_cluster import PROGRAMS, Layout, LocalSlurm
+from outlast.slurm.scontrol import job_info
+from outlast.storage import open_storage
+from outlast.storage.records import RunState
+from outlast.storage.run_store import RunStore
+
+ROOT = Path(__file__).resolve().parents[2]
+SBATCH = ROOT / "examples" / "slurm" / "preemption_jit_checkpoint.sbatch"
+STEPS = 100
+
+pytestmark = pytest.mark.torch
+
+
+def _installed() -> bool:
+    return all(shutil.which(p) for p in PROGRAMS)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if not _installed():
+        subprocess.run([str(ROOT / "scripts" / "setup-slurm")], check=False)
+    if not _installed():
+        pytest.skip("Slurm 22.05 (slurmctld slurmd slurm-client munge) could not be installed here "
+                    "(needs root and apt-get): run ./scripts/setup-slurm as root")
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster runs its daemons as root")
+    # Ports of their own, so that a cluster someone started with scripts/slurm-cluster can run beside it.
+    cluster = LocalSlurm(Layout(root=tmp_path_factory.mktemp("slurm"), ctld_port=16917, first_node_port=17101))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def wait_until(predicate, timeout_s: float, what) -> None:
+    """`what`: a description, or a function giving one (called only on a timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what() if callable(what) else what}")
+        time.sleep(0.3)
+
+
+class Job:
+    def __init__(self, slurm: LocalSlurm, job_id: str, storage: Path, out: Path) -> None:
+        self.slurm, self.id, self.storage, self.out = slurm, job_id, storage, out
+
+    def info(self):
+        return job_info(self.slurm._slurm(["scontrol", "show", "job", "-o", self.id]))
+
+    def state(self) -> RunState | None:
+        return RunStore(open_storage(str(self.storage)), f"jit-{self.id}").load_state()
+
+    def checkpoints(self) -> int:
+        s = self.state()
+        return len(s.checkpoints) if s else 0
+
+    def wait_done(self, restarts: int, timeout_s: float = 150.0) -> None:
+        def done():
+            i = self.info()
+            return i.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and i.restarts == restarts
+        wait_until(done, timeout_s, lambda: f"job {self.id} to end after {restarts} requeue(s); its output:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.out.read_text() if self.out.exists() else "(none)"
+
+
+def _env(slurm: LocalSlurm) -> dict[str, str]:
+    return {**os.environ, **slurm.layout.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "OUTLAST_EXAMPLES": str(ROOT / "examples")}
+
+
+def _submit(slurm: LocalSlurm, tmp_path: Path, *sbatch_args: str, steps: int = STEPS) -> Job:
+    storage = tmp_path / "storage"
+    out = tmp_path / "job.out"
+    done = subprocess.run(["sbatch", "--parsable", "-o", str(out), "--chdir", str(ROOT), *sbatch_args, str(SBATCH),
+                           str(storage), "--steps", str(steps), "--step_s", "0.05", "--checkpoint_every", "10"],
+                          env=_env(slurm), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return Job(slurm, done.stdout.strip().split(";")[0], storage, out)
+
+
+def _resumed_with_no_step_lost(state: RunState) -> None:
+    """The attempt after the preemption restored the checkpoint saved for it, and the run trained to the end."""
+    assert state.status == "finished"
+    assert _last_step(state) == STEPS - 1
+    jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
+    assert jit, f"no just-in-time checkpoint in {[c.metrics for c in state.checkpoints]}"
+    assert any(a.restored_from == jit[0].checkpoint_dir for a in state.attempts), state.attempts
+    before = [c for c in state.checkpoints if c.attempt == jit[0].attempt]
+    assert max(c.metrics["step"] for c in before) == jit[0].metrics["step"]  # nothing newer was thrown away
+
+
+def _last_step(state: RunState) -> int:
+    """The example checkpoints every 10 steps and at its last step."""
+    return max(c.metrics["step"] for c in state.checkpoints)
+
+
+def _preemptions(state: RunState) -> list[str]:
+    return [f.message or "" for a in state.attempts for f in a.failures if f.exc_type == "Preemption"]
+
+
+def _job_processes(job_id: str) -> list[psutil.Process]:
+    """Processes of the job's own (its driver, agents, workers): they carry its id in their environment."""
+    out = []
+    for p in psutil.process_iter(["name"]):
+        try:
+            if p.info["name"] != "slurmstepd" and p.environ().get("SLURM_JOB_ID") == job_id:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def test_preempted_by_a_high_partition_job_it_saves_a_jit_checkpoint_is_requeued_and_resumes(slurm, tmp_path):
+    job = _submit(slurm, tmp_path)
+    wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "-o", str(tmp_path / "high.out"),
+                           "--wrap", "echo high ran"], env=_env(slurm), capture_output=True, text=True, timeout=30)
+    assert high.returncode == 0, high.stderr
+    job.wait_done(restarts=1)
+    assert (tmp_path / "high.out").read_text().strip() == "high ran"
+    state = job.state()
+    _resumed_with_no_step_lost(state)
+    assert any(f"Slurm job {job.id} (restart 0) got SIGUSR1: preempted" in m for m in _preemptions(state)), \
+        _preemptions(state)
+    assert job.info().state == "COMPLETED"
+
+
+def test_at_its_time_limit_it_checkpoints_on_the_signal_and_resumes_after_the_requeue(slurm, tmp_path):
+    job = _submit(slurm, tmp_path, "--time=1", "--signal=B:USR1@55", steps=STEPS * 100)
+    wait_until(lambda: job.info().restarts == 1, 120, lambda: f"the requeue at the time limit; output:\n{job.output()}")
+    slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=10"])  # no second signal while we look
+
+    def resumed_and_trained():
+        s = job.state()
+        jit = [c for c in s.checkpoints if c.metrics.get("preempted")]
+        return jit and any(a.restored_from == jit[0].checkpoint_dir for a in s.attempts) and \
+            any(c.attempt > jit[0].attempt for c in s.checkpoints)
+    wait_until(resumed_and_trained, 90, lambda: f"a checkpoint after the resume; output:\n{job.output()}")
+    state = job.state()
+    jit = [c for c in state.checkpoints if c.metrics.get("preempted")][0]
+    assert max(c.metrics["step"] for c in state.checkpoints if c.attempt == jit.attempt) == jit.metrics["step"]
+    assert min(c.metrics["step"] for c in state.checkpoints if c.attempt > jit.attempt) > jit.metrics["step"]
+    assert any("got SIGUSR1: its time limit is near" in m for m in _preemptions(state)), _preemptions(state)
+    slurm._slurm(["scancel", job.id])
+    job.wait_done(restarts=1, timeout_s=60)
+
+
+def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_job_moves(slurm, tmp_path):
+    job = _submit(slurm, tmp_path)
+    wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+    node = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split("BatchHost=")[1].split()[0]
+    slurm._slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=disk swap"])
+    try:
+        job.wait_done(restarts=1)
+        state = job.state()
+        _resumed_with_no_step_lost(state)
+        assert any(f"node {node} drained by an administrator (disk swap)" in m and "maintenance" in m
+                   for m in _preemptions(state)), _preemptions(state)
+        after = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split(" NodeList=")[1].split()[0]
+        assert node not in expand_hostlist(after), (node, after)
+    finally:
+        slurm._slurm(["scontrol", "update", f"nodename={node}", "state=resume"])
+
+
+def test_scancel_ends_the_job_without_a_requeue_and_leaves_no_process(slurm, tmp_path):
+    job = _submit(slurm, tmp_path, steps=STEPS * 20)
+    wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+    assert _job_processes(job.id)
+    slurm._slurm(["scancel", job.id])
+    job.wait_done(restarts=0, timeout_s=60)
+    assert job.info().state == "CANCELLED"
+    wait_until(lambda: not _job_processes(job.id), 30, "the job's processes to end")
+    time.sleep(3)  # a requeue would show by now
+    assert job.info().restarts == 0 and job.info().state == "CANCELLED"
+
+
+def test_killed_with_scancel_signal_kill_and_requeued_by_hand_it_resumes_from_the_last_commit(slurm, tmp_path):
+    job = _submit(slurm, tmp_path, steps=STEPS * 2)
+    wait_until(lambda: job.checkpoints() >= 3, 90, lambda: f"three checkpoints; output:\n{job.output()}")
+    slurm._slurm(["scancel", "--signal=KILL", "--full", job.id])
+    wait_until(lambda: job.info().state not in ("RUNNING", "COMPLETING"), 60, "the killed job to end")
+    latest = job.state().latest_checkpoint
+    slurm._slurm(["scontrol", "requeue", job.id])
+    job.wait_done(restarts=1)
+    state = job.state()
+    assert state.status == "finished" and _last_step(state) == STEPS * 2 - 1
+    resumed = [a for a in state.attempts if a.restored_from is not None]
+    assert resumed and resumed[0].restored_from == latest
+    assert not _preemptions(state)  # a kill is not a preemption
