@@ -663,7 +663,7 @@ def _merge_files(pending: PendingCheckpoint) -> list[m.FileEntry]:
     for rank in sorted(pending.files):
         for entry in pending.files[rank]:
             seen = merged.get(entry.path)
-            if seen is not None and seen[1].sha256 != entry.sha256:
+            if seen is not None and seen[1].checksum != entry.checksum:
                 raise ValueError(
                     f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
                     "save a replicated model from one rank only, or give each rank its own file names"
