@@ -13,6 +13,7 @@ Prints one JSON document on stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import shutil
 import json
 import os
 import subprocess
@@ -25,7 +26,11 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path[:0] = [ROOT, BENCH]
 
+import psutil  # noqa: E402
 import zmq  # noqa: E402
+
+import harness  # noqa: E402
+import proctree  # noqa: E402
 
 import outlast  # noqa: E402
 from outlast.client.discovery import request  # noqa: E402
@@ -183,12 +188,18 @@ ray.shutdown()
 """
 
 
-def run_ray(args, over: int, seconds: float, n_tasks: int, slots: int, deadline_s: float) -> dict:
+def run_ray(args, over: int, seconds: float, n_tasks: int, slots: int, deadline_s: float,
+            errors: list[str]) -> dict:
     cg = ScratchCgroup(args.node_mem)
     oom0 = kernel_oom_kills()
     script = RAY_SCRIPT % {"bench": BENCH, "conc": slots * over, "mib": args.task_mib, "seconds": seconds,
                            "n": n_tasks, "timeout": deadline_s}
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=BENCH)  # its workers import the task by name
+    # A private RAY_TMPDIR marks every process this Ray starts: those, and only those, are
+    # stopped afterwards (`ray stop --force` would stop every Ray on the machine).
+    private = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=BENCH,  # its workers import the task by name
+               RAY_TMPDIR=private)
+    before, since = set(psutil.pids()), time.time()
     try:
         p = subprocess.run([RAY_PY, "-c", script], capture_output=True, text=True, preexec_fn=cg.launcher(),
                            timeout=deadline_s + 120, env=env)
@@ -199,16 +210,19 @@ def run_ray(args, over: int, seconds: float, n_tasks: int, slots: int, deadline_
         lost = int(p.returncode != 0 and not out)
         if not out:
             log(f"  ray failed: {p.stderr[-600:]}")
+            errors.append(f"ray, {over}x: no result (exit {p.returncode}): {p.stderr[-300:]}")
     except subprocess.TimeoutExpired:
         res, oom_killed, lost = {"seconds": None, "failed": n_tasks}, 0, 1
-    subprocess.run([os.path.join(BENCH, ".ray-venv", "bin", "ray"), "stop", "--force"], capture_output=True)
+    finally:
+        proctree.kill_all(harness.ours("RAY_TMPDIR", private, before, since))
+        shutil.rmtree(private, ignore_errors=True)
     cg.remove()
     return {"seconds": round(res["seconds"], 2) if res["seconds"] else None,
             "kernel_oom_kills": kernel_oom_kills() - oom0, "tasks_killed": oom_killed,
             "tasks_failed": res["failed"], "agent_worst_ping_s": None, "lost_nodes": lost}
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--node-mem", default="4GiB")
     p.add_argument("--task-mib", type=int, default=1024)
@@ -225,7 +239,7 @@ def main() -> None:
     args.node_mem = parse_bytes(args.node_mem)
     # What fits at once next to the system's reservation, with room for each task's Python.
     slots = max(int((args.node_mem - RESERVED) // ((args.task_mib + 160) * MiB)), 1)
-    results = []
+    results, errors = [], []
     for kind in args.kinds:
         seconds = args.short_s if kind == "short" else args.long_s
         for over in args.over:
@@ -239,15 +253,21 @@ def main() -> None:
                 log(f"{kind} tasks ({seconds} s), {over}x oversubscription, {mode}: {n_tasks} tasks, "
                     f"{slots} fit at once, ideal {ideal:.1f} s")
                 deadline = max(60.0, args.deadline_x * ideal)
-                cell = run_ray(args, over, seconds, n_tasks, slots, deadline) if mode == "ray" else \
-                    run_outlast(mode, args, over, seconds, n_tasks, slots, deadline)
+                try:
+                    cell = run_ray(args, over, seconds, n_tasks, slots, deadline, errors) if mode == "ray" else \
+                        run_outlast(mode, args, over, seconds, n_tasks, slots, deadline)
+                except Exception as e:  # the harness failed, not the system measured: say so and go on
+                    errors.append(f"{kind} {over}x {mode}: {type(e).__name__}: {e}")
+                    continue
                 cell.update(kind=kind, over=over, mode=mode, tasks=n_tasks, ideal_s=round(ideal, 2),
                             vs_ideal=round(cell["seconds"] / ideal, 3) if cell["seconds"] else None)
                 log(f"  -> {cell}")
                 results.append(cell)
     print(json.dumps({"node_memory": args.node_mem, "task_mib": args.task_mib, "slots": slots,
-                      "reserved": RESERVED, "cpus": os.cpu_count(), "results": results}, indent=2))
+                      "reserved": RESERVED, "cpus": os.cpu_count(), "load": harness.load(),
+                      "results": results, "errors": errors}, indent=2))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -74,8 +74,13 @@ def main() -> int:
         "outlast": ours,
         "ray": ray,
     }
+    # A scenario that failed, or came back without its figures, fails the benchmark.
+    ran = [name for name in ("outlast", "ray") if args.only in (None, name)]
+    errors = [f"{name}: {got.get('error', 'no figures')}" for name, got in (("outlast", ours), ("ray", ray))
+              if name in ran and (got.get("error") or got.get("drain_to_first_step_on_spare_s") is None)]
+    doc["errors"] = errors
     print(json.dumps(doc, indent=1, default=str))
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ checksums, logs and records the decision.
 from __future__ import annotations
 
 import enum
-import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from outlast.protocol.messages import FileEntry
+from outlast.storage.checksum import hash_file, new_hasher
 
 if TYPE_CHECKING:
     from outlast.controller.runstate import RunBook
@@ -76,7 +76,7 @@ def merge_files(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateF
                 chosen[entry.path] = (rank, entry)
                 writers[entry.path] = [(rank, entry)]
                 continue
-            if any(e.sha256 == entry.sha256 for _, e in writers[entry.path]):
+            if any(e.checksum == entry.checksum for _, e in writers[entry.path]):
                 continue
             if policy is DuplicateFiles.FAIL:
                 raise ValueError(
@@ -90,14 +90,15 @@ def merge_files(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateF
     return MergedFiles([e for _, e in sorted(chosen.values(), key=lambda x: x[1].path)], conflicts)
 
 
-def settle(merged: MergedFiles, stored: Mapping[str, str | None]) -> MergedFiles:
-    """Each conflicting file's entry becomes the copy that storage holds (`stored`: path -> its sha256).
+def settle(merged: MergedFiles, stored: Mapping[str, tuple[str, str] | None]) -> MergedFiles:
+    """Each conflicting file's entry becomes the copy that storage holds (`stored`: path -> its
+    (algorithm, digest), in the algorithm of the ranks' entries).
 
     Raises ValueError when the stored bytes match no rank's copy.
     """
     conflicts, replace = [], {}
     for c in merged.conflicts:
-        match = [(r, e) for r, e in zip(c.ranks, c.entries) if e.sha256 == stored.get(c.path)]
+        match = [(r, e) for r, e in zip(c.ranks, c.entries) if e.checksum == stored.get(c.path)]
         if not match:
             raise ValueError(f"ranks {', '.join(map(str, c.ranks))} wrote {c.path!r} with different contents at "
                              "the same time and the stored file matches none of them; save replicated state "
@@ -115,7 +116,8 @@ def merge_and_note(files_by_rank: Mapping[int, list[FileEntry]], policy: Duplica
     if not merged.conflicts:
         return merged.files
     storage = book.store.storage
-    merged = settle(merged, {c.path: _stored_sha256(storage, book.store.path(checkpoint_dir, c.path))
+    merged = settle(merged, {c.path: _stored_checksum(storage, book.store.path(checkpoint_dir, c.path),
+                                                      c.entries[0].checksum[0])
                              for c in merged.conflicts})
     kept = ", ".join(f"{c.path!r} from rank {c.kept}" for c in merged.conflicts)
     if book.note_once(merged.describe(), wall):
@@ -125,10 +127,13 @@ def merge_and_note(files_by_rank: Mapping[int, list[FileEntry]], policy: Duplica
     return merged.files
 
 
-def _stored_sha256(storage, path: str) -> str | None:
+def _stored_checksum(storage, path: str, algorithm: str) -> tuple[str, str] | None:
     try:
         local = storage.local_path(path)
-        data = local.read_bytes() if local is not None and local.exists() else storage.read_bytes(path)
+        if local is not None and local.exists():
+            return algorithm, hash_file(local, algorithm)[1]
+        digest = new_hasher(algorithm)
+        digest.update(storage.read_bytes(path))
     except (FileNotFoundError, OSError):
         return None
-    return hashlib.sha256(data).hexdigest()
+    return algorithm, digest.hexdigest()

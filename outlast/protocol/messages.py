@@ -21,10 +21,20 @@ class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 # ---- shared records -----------------------------------------------------------
 
 
-class FileEntry(msgspec.Struct, frozen=True):
+class FileEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     path: str  # relative to the checkpoint directory, '/'-separated
     size: int
-    sha256: str
+    sha256: str | None = None  # what manifests of version 1 carry
+    xxh3_128: str | None = None  # what outlast writes now
+
+    @property
+    def checksum(self) -> tuple[str, str]:
+        """(algorithm, hex digest); xxh3_128 when the entry has it."""
+        if self.xxh3_128 is not None:
+            return "xxh3_128", self.xxh3_128
+        if self.sha256 is not None:
+            return "sha256", self.sha256
+        raise ValueError(f"manifest entry {self.path!r} has no checksum")
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,8 +17,11 @@ class StorageError(OSError):
 
 
 class Storage(Protocol):
-    def upload_dir(self, local_dir: Path, dest: str) -> list[FileEntry]:
-        """Copy every file under `local_dir` to `dest/`, returning sizes and checksums."""
+    def upload_dir(self, local_dir: Path, dest: str, move: bool = False) -> list[FileEntry]:
+        """Copy every file under `local_dir` to `dest/`, returning sizes and checksums.
+
+        `move`: the caller will delete `local_dir` afterwards, so its files may be linked
+        into place where storage is the same file system."""
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace `path` with `data` so that a reader sees the old or the new bytes, never a mix."""

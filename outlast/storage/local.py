@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -14,32 +13,52 @@ from pathlib import Path
 from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
+from outlast.storage.checksum import ALGORITHM, copy_file, hash_file
 
-_CHUNK = 4 << 20
 _pool: ThreadPoolExecutor | None = None
 
 
-def _copy_pool() -> ThreadPoolExecutor:
+def io_pool() -> ThreadPoolExecutor:
     # Created on first use, never at import: a process that forks workers must have no threads.
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="outlast-copy")
+        _pool = ThreadPoolExecutor(max_workers=max(8, 2 * (os.cpu_count() or 1)), thread_name_prefix="outlast-io")
     return _pool
 
 
-def sized_sha256(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)  # releases the GIL: hashing runs beside the copies
-            size += len(chunk)
-    return size, digest.hexdigest()
+def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
+    """('/'-separated relative paths of every file, of every directory) under `local_dir`."""
+    files, dirs = [], []
+    for dirpath, dirnames, filenames in os.walk(local_dir):
+        rel_dir = Path(dirpath).relative_to(local_dir)
+        dirs.extend((rel_dir / d).as_posix() for d in dirnames)
+        files.extend((rel_dir / name).as_posix() for name in sorted(filenames))
+    return files, dirs
 
 
-def copy_durably(src: Path, dst: Path) -> None:
-    shutil.copyfile(src, dst)
-    fd = os.open(dst, os.O_RDONLY)
+def _move_or_copy(src: Path, dst: Path, move: bool) -> None:
+    if move:
+        # A hard link, not a rename: the source stays whole until the caller deletes it, so
+        # a retried upload finds every file again. No bytes move at all.
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(dst)  # a retry's earlier link or partial copy
+            os.link(src, dst)
+            return
+        except OSError:
+            pass  # another file system (EXDEV) or one without hard links: copy
+    copy_file(src, dst)
+
+
+def _place_and_hash(src: Path, dst: Path, move: bool) -> tuple[int, str]:
+    _move_or_copy(src, dst, move)
+    sized = hash_file(dst, ALGORITHM)
+    fsync_file(dst)
+    return sized
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -65,10 +84,6 @@ def fsync_tree_dirs(top: Path, dirs: set[Path]) -> None:
         fsync_dir(d)
 
 
-def sha256_file(path: Path) -> str:
-    return sized_sha256(path)[1]
-
-
 class LocalStorage:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
@@ -76,41 +91,43 @@ class LocalStorage:
     def _p(self, path: str) -> Path:
         return self.root / path if path else self.root
 
-    def upload_dir(self, local_dir: Path, dest: str) -> list[FileEntry]:
+    def upload_dir(self, local_dir: Path, dest: str, move: bool = False) -> list[FileEntry]:
+        """Copy (or with `move`, link where the file system allows) every file under
+        `local_dir` into `dest/`, files in parallel, each with its size and xxh3-128.
+
+        The checksum is taken of the file as it lies in storage, after its copy, from the
+        page cache: at tens of GB/s it costs less than the copy, and it is what a restore
+        will compare with. A file changed meanwhile at the source is caught by that compare.
+        """
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
         target = self._p(dest)
-        # Each file is copied by the kernel (copy_file_range) while another thread hashes the
-        # source, and files go in parallel: the upload runs at the speed of hashing on every
-        # core, not of one read-hash-write loop. A file that changes meanwhile ends up with a
-        # checksum that does not match it, which a restore detects.
-        pool = _copy_pool()
+        pool = io_pool()
         jobs = []
         try:
-            for dirpath, _dirnames, filenames in os.walk(local_dir):
-                rel_dir = Path(dirpath).relative_to(local_dir)
-                (target / rel_dir).mkdir(parents=True, exist_ok=True)
-                for name in sorted(filenames):
-                    src, rel = Path(dirpath) / name, (rel_dir / name).as_posix()
-                    jobs.append((rel, pool.submit(copy_durably, src, target / rel), pool.submit(sized_sha256, src)))
+            files, dirs = walk_files(local_dir)
+            target.mkdir(parents=True, exist_ok=True)
+            for rel in dirs:
+                (target / rel).mkdir(parents=True, exist_ok=True)
+            for rel in files:
+                jobs.append((rel, pool.submit(_place_and_hash, local_dir / rel, target / rel, move)))
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         entries: list[FileEntry] = []
         try:
-            for rel, copy, digest in jobs:
-                copy.result()
-                size, sha = digest.result()
-                entries.append(FileEntry(path=rel, size=size, sha256=sha))
+            for rel, job in jobs:
+                size, digest = job.result()
+                entries.append(FileEntry(path=rel, size=size, xxh3_128=digest))
                 fault_point("upload.mid")  # other files may still be on their way: a crash mid-upload
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         finally:
             # Never return while a copy still writes into the checkpoint directory.
-            futures.wait([f for _, copy, digest in jobs for f in (copy, digest)])
+            futures.wait([job for _, job in jobs])
         try:
             # The manifest, written next, must never name a file a power loss could take back.
-            fsync_tree_dirs(target, {(target / rel).parent for rel, _, _ in jobs})
+            fsync_tree_dirs(target, {(target / rel).parent for rel, _ in jobs})
         except OSError as e:
             raise StorageError(f"could not make the checkpoint files in {target} durable: {e}") from e
         return entries
@@ -152,7 +169,18 @@ class LocalStorage:
                 target.unlink()
 
     def download_dir(self, path: str, local_dir: Path) -> None:
-        shutil.copytree(self._p(path), local_dir, dirs_exist_ok=True)
+        source = self._p(path)
+        if not source.is_dir():
+            raise FileNotFoundError(f"{source} does not exist")
+        files, dirs = walk_files(source)
+        for rel in ["", *dirs]:
+            (Path(local_dir) / rel).mkdir(parents=True, exist_ok=True)
+        jobs = [io_pool().submit(copy_file, source / rel, Path(local_dir) / rel) for rel in files]
+        try:
+            for job in jobs:
+                job.result()
+        finally:
+            futures.wait(jobs)
 
     def local_path(self, path: str) -> Path | None:
         return self._p(path)

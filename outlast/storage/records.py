@@ -16,6 +16,8 @@ from outlast.protocol.messages import FileEntry
 MANIFEST_NAME = ".outlast-manifest.json"
 RUN_STATE_NAME = "run_state.json"
 SCHEMA_VERSION = 1
+# Manifests: 1 had sha256 for every file; 2 has xxh3_128. A restore reads both.
+MANIFEST_VERSION = 2
 
 
 class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,7 +60,7 @@ def signal_name(signum: int) -> str:
 
 
 class Manifest(msgspec.Struct, kw_only=True):
-    version: int = SCHEMA_VERSION
+    version: int = MANIFEST_VERSION
     checkpoint_dir: str
     seq: int
     attempt: int
@@ -132,14 +134,15 @@ class _Versioned(msgspec.Struct):
 def decode(data: bytes, kind: type, where: str) -> Any:
     # The version first: a newer schema may have changed fields, and the user should be told
     # to upgrade rather than that the file is corrupt.
+    newest = MANIFEST_VERSION if kind is Manifest else SCHEMA_VERSION
     try:
         version = msgspec.json.decode(data, type=_Versioned).version
     except (msgspec.DecodeError, msgspec.ValidationError):
-        version = SCHEMA_VERSION
-    if version > SCHEMA_VERSION:
+        version = newest
+    if version > newest:
         raise CorruptDocument(
             f"{where} has schema version {version}, newer than this outlast understands "
-            f"({SCHEMA_VERSION}); upgrade outlast to read it"
+            f"({newest}); upgrade outlast to read it"
         )
     try:
         return msgspec.json.decode(data, type=kind)

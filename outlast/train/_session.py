@@ -38,14 +38,16 @@ _WAIT_LOG_INTERVAL_S = float(os.environ.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S"
 _UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))
 
 
-def _upload_with_retries(storage: Storage, local_dir: str, dest: str) -> list[m.FileEntry]:
+def _upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False) -> list[m.FileEntry]:
     """A storage hiccup costs a retry with backoff, not the checkpoint."""
     retry = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
         wait=tenacity.wait_exponential(multiplier=0.2, max=5), reraise=True,
         before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest, state.outcome.exception()),
     )
-    return retry(storage.upload_dir, Path(local_dir), dest)
+    # `move`: the caller deletes the local files after the upload anyway, so storage on the
+    # same file system may rename them into place instead of copying.
+    return retry(storage.upload_dir, Path(local_dir), dest, move=move)
 
 
 class WorkerSession:
@@ -113,7 +115,7 @@ class WorkerSession:
                 self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outlast-upload")
             self._upload = self._uploader.submit(self._upload_async, checkpoint.path, dest, index, name, delete)
             return
-        files = _upload_with_retries(self._storage, checkpoint.path, dest)
+        files = _upload_with_retries(self._storage, checkpoint.path, dest, move=bool(delete_local_after_upload))
         fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
@@ -132,7 +134,7 @@ class WorkerSession:
     def _upload_async(self, local_dir: str, dest: str, index: int, name: str, delete: bool) -> None:
         files, error = [], None
         try:
-            files = _upload_with_retries(self._storage, local_dir, dest)
+            files = _upload_with_retries(self._storage, local_dir, dest, move=delete)
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
             log.error("rank %d could not upload checkpoint %s: %s", self.context.world_rank, name, error)

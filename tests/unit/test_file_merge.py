@@ -37,15 +37,15 @@ def test_keep_names_every_rank_with_another_copy_and_keeps_rank_zeros_for_now():
 
 
 def test_settle_lists_the_copy_storage_holds_and_names_its_rank():
-    merged = settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")]}, KEEP), {"m": "b" * 64})
+    merged = settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")]}, KEEP), {"m": ("sha256", "b" * 64)})
     assert merged.files == [f("m", "b")] and merged.conflicts[0].kept == 1
-    merged = settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")], 2: [f("m", "a")]}, KEEP), {"m": "a" * 64})
+    merged = settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")], 2: [f("m", "a")]}, KEEP), {"m": ("sha256", "a" * 64)})
     assert merged.files == [f("m", "a")] and merged.conflicts[0].kept == 0
 
 
 def test_settle_refuses_stored_bytes_that_match_no_rank():
     with pytest.raises(ValueError, match="matches none of them"):
-        settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")]}, KEEP), {"m": "e" * 64})
+        settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")]}, KEEP), {"m": ("sha256", "e" * 64)})
 
 
 def test_the_description_leaves_out_the_checkpoint_so_repeats_read_the_same():

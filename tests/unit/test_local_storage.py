@@ -1,10 +1,10 @@
-import hashlib
 import os
 
 import pytest
+import xxhash
 
 from outlast.storage.base import StorageError
-from outlast.storage.local import LocalStorage, sha256_file
+from outlast.storage.local import LocalStorage
 
 
 @pytest.fixture
@@ -22,13 +22,16 @@ def src(tmp_path):
     return d
 
 
-def test_upload_dir_copies_nested_files_and_reports_sizes_and_sha256_that_match_hashlib(store, src):
-    entries = store.upload_dir(src, "run/ckpt")
+@pytest.mark.parametrize("move", [False, True])
+def test_upload_dir_copies_nested_files_and_reports_sizes_and_xxh3_that_match_the_library(store, src, move):
+    originals = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    entries = store.upload_dir(src, "run/ckpt", move=move)
     assert sorted(e.path for e in entries) == ["model.pt", "sub/deeper/x.bin", "sub/opt.pt"]
     for e in entries:
-        original = (src / e.path).read_bytes()
+        original = originals[e.path]
         assert e.size == len(original)
-        assert e.sha256 == hashlib.sha256(original).hexdigest()
+        assert e.checksum == ("xxh3_128", xxhash.xxh3_128(original).hexdigest())
+        assert e.sha256 is None
         assert store.read_bytes(f"run/ckpt/{e.path}") == original
 
 
@@ -36,11 +39,6 @@ def test_upload_dir_recreates_empty_subdirectories(store, src):
     (src / "empty").mkdir()
     store.upload_dir(src, "c")
     assert store.list_dirs("c") == ["empty", "sub"]
-
-
-def test_sha256_file_matches_hashlib(src):
-    path = src / "sub" / "deeper" / "x.bin"
-    assert sha256_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_upload_from_a_missing_directory_raises_storage_error_naming_it(store, tmp_path):
@@ -130,3 +128,24 @@ def test_delete_of_a_symlinked_directory_removes_the_link_not_the_target(store, 
 def test_uri_and_local_path_point_under_the_root(store):
     assert store.local_path("a/b") == store.root / "a" / "b"
     assert store.uri("a") == str(store.root / "a")
+
+
+def test_a_move_upload_on_the_same_file_system_copies_no_bytes_and_keeps_the_source_for_a_retry(store, src):
+    first = store.upload_dir(src, "c", move=True)
+    placed = store.local_path("c/sub/deeper/x.bin")
+    assert placed.stat().st_ino == (src / "sub" / "deeper" / "x.bin").stat().st_ino
+    assert store.upload_dir(src, "c", move=True) == first  # a retry finds every file again
+
+
+def test_a_plain_upload_is_a_copy_that_later_writes_to_the_source_do_not_reach(store, src):
+    store.upload_dir(src, "c")
+    (src / "model.pt").write_bytes(b"changed")
+    assert store.read_bytes("c/model.pt") == b"weights" * 1000
+
+
+def test_download_dir_copies_a_tree_and_a_missing_one_raises_file_not_found(store, src, tmp_path):
+    store.upload_dir(src, "c")
+    store.download_dir("c", tmp_path / "out")
+    assert (tmp_path / "out" / "sub" / "deeper" / "x.bin").read_bytes() == (src / "sub" / "deeper" / "x.bin").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        store.download_dir("missing", tmp_path / "out2")

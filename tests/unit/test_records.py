@@ -8,7 +8,7 @@ from outlast.storage import records as r
 
 def manifest() -> r.Manifest:
     return r.Manifest(checkpoint_dir="checkpoint_001_000002", seq=3, attempt=1, report_index=2,
-                      committed_at=12.5, ranks=[0, 1], files=[FileEntry("a/b.pt", 10, "ab" * 32)],
+                      committed_at=12.5, ranks=[0, 1], files=[FileEntry("a/b.pt", 10, xxh3_128="ab" * 16)],
                       metrics={"loss": 0.25, "tags": ["x"]})
 
 
@@ -26,7 +26,7 @@ def run_state() -> r.RunState:
 @pytest.mark.parametrize("doc", [manifest(), run_state()], ids=["manifest", "run_state"])
 def test_a_document_survives_a_round_trip_through_json(doc):
     data = r.encode(doc)
-    assert json.loads(data)["version"] == r.SCHEMA_VERSION
+    assert json.loads(data)["version"] == (r.MANIFEST_VERSION if isinstance(doc, r.Manifest) else r.SCHEMA_VERSION)
     assert r.decode(data, type(doc), "somewhere") == doc
 
 
@@ -46,9 +46,35 @@ def test_a_corrupt_document_is_a_value_error():
 
 def test_a_newer_schema_version_is_refused_naming_the_path_and_the_version():
     doc = json.loads(r.encode(manifest()))
-    doc["version"] = r.SCHEMA_VERSION + 1
-    with pytest.raises(r.CorruptDocument, match=r"/m\.json has schema version 2, newer than this outlast"):
+    doc["version"] = r.MANIFEST_VERSION + 1
+    with pytest.raises(r.CorruptDocument, match=r"/m\.json has schema version 3, newer than this outlast"):
         r.decode(json.dumps(doc).encode(), r.Manifest, "/m.json")
+
+
+# What outlast wrote before manifests had version 2: sha256 for every file.
+VERSION_1_MANIFEST = b"""{
+  "version": 1, "checkpoint_dir": "checkpoint_001_000002", "seq": 3, "attempt": 1, "report_index": 2,
+  "committed_at": 12.5, "ranks": [0],
+  "files": [{"path": "model.pt", "size": 5,
+             "sha256": "f572d396fae9206628714fb2ce00f72e94f2258f2b5ad4a4d5f1b4a8c2b0b2f1"}],
+  "metrics": {}
+}"""
+
+
+def test_a_version_1_manifest_still_decodes_with_its_sha256_checksums():
+    got = r.decode(VERSION_1_MANIFEST, r.Manifest, "/old.json")
+    assert got.version == 1
+    assert got.files[0].checksum == ("sha256", "f572d396fae9206628714fb2ce00f72e94f2258f2b5ad4a4d5f1b4a8c2b0b2f1")
+
+
+def test_a_new_manifest_writes_xxh3_and_no_empty_sha256_field():
+    doc = json.loads(r.encode(manifest()))
+    assert doc["files"] == [{"path": "a/b.pt", "size": 10, "xxh3_128": "ab" * 16}]
+
+
+def test_an_entry_without_any_checksum_says_which_file():
+    with pytest.raises(ValueError, match="'x.pt' has no checksum"):
+        FileEntry("x.pt", 1).checksum
 
 
 def test_a_newer_schema_with_changed_fields_is_still_reported_as_newer():
@@ -68,7 +94,7 @@ def test_unknown_fields_are_ignored_so_additions_stay_readable():
 def test_a_document_without_a_version_reads_as_the_current_version():
     doc = json.loads(r.encode(manifest()))
     del doc["version"]
-    assert r.decode(json.dumps(doc).encode(), r.Manifest, "m").version == r.SCHEMA_VERSION
+    assert r.decode(json.dumps(doc).encode(), r.Manifest, "m").version == r.MANIFEST_VERSION
 
 
 def test_checkpoint_dir_name_pads_attempt_and_index():

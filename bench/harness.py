@@ -1,0 +1,81 @@
+"""What every benchmark here shares: repeated figures as median and range, the machine's
+load beside them, and finding (to stop) only the processes a benchmark started itself."""
+import json
+import os
+import platform
+import statistics
+import time
+
+import psutil
+
+
+def summary(values):
+    """Median and range of repeated measurements; None when none succeeded."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def summarize_runs(runs):
+    """A list of {figure: value} dicts (one per repeat) as {figure: summary}."""
+    keys = sorted({k for r in runs for k in r})
+    return {k: summary([r.get(k) for r in runs]) for k in keys}
+
+
+def median_of(fig):
+    return fig["median"] if isinstance(fig, dict) else fig
+
+
+def ratio(num, den):
+    num, den = median_of(num), median_of(den)
+    if num is None or den is None or den <= 0 or num < 0:
+        return None
+    return num / den
+
+
+def load():
+    """The load average (1, 5, 15 min) now: other work on a shared machine moves every figure."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine(versions):
+    return {"nproc": os.cpu_count(), "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "versions": versions}
+
+
+def ours(var, value, before=(), since=0.0):
+    """Processes whose environment carries `var=value`, the private state directory this
+    benchmark gave everything it started (and that they pass on to their children)."""
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["create_time"]):
+        if p.pid == me or p.pid in before or (p.info["create_time"] or 0) < since - 1:
+            continue
+        try:
+            if p.environ().get(var) == value:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def interleaved(names, repeat):
+    """(repeat index, name) pairs alternating the order each round, so that neither side
+    always runs first (the page cache, a neighbour's burst of work)."""
+    for i in range(repeat):
+        for name in (names if i % 2 == 0 else list(reversed(names))):
+            yield i, name
+
+
+def write_json(doc, path):
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+
+
+def stamp():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,64 @@
+"""File checksums: xxh3-128 for what outlast writes, sha256 for what older versions wrote.
+
+xxh3 hashes at tens of GB/s on one core (sha256: about 1.3), so checking every byte of
+a checkpoint costs less than reading it from the page cache. It is not a cryptographic
+hash: it detects a corrupted or truncated file, not a forged one, which is what the
+manifest asks of it (the storage's own access control keeps forgers out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from pathlib import Path
+
+import xxhash
+
+ALGORITHM = "xxh3_128"
+ALGORITHMS = ("xxh3_128", "sha256")
+_CHUNK = 4 << 20
+
+
+def new_hasher(algorithm: str):
+    if algorithm == "xxh3_128":
+        return xxhash.xxh3_128()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown checksum algorithm {algorithm!r}; this outlast knows {', '.join(ALGORITHMS)}")
+
+
+def hash_file(path: str | os.PathLike[str], algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """(size, hex digest) of the file at `path`."""
+    digest = new_hasher(algorithm)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size and algorithm == "xxh3_128":
+            # Hashed straight from the page cache: no copy into a buffer of ours.
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                digest.update(view)
+                return len(view), digest.hexdigest()
+        size = 0
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """Copy in the kernel (copy_file_range): a reflink on file systems that share extents
+    (XFS, Btrfs), a copy without user-space buffers elsewhere."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        left = os.fstat(fin.fileno()).st_size
+        try:
+            while left > 0:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), left)
+                if n == 0:
+                    break
+                left -= n
+            return
+        except OSError:
+            pass  # EXDEV, ENOSYS, EINVAL on older kernels or odd file systems: plain copy below
+    import shutil
+
+    shutil.copyfile(src, dst)

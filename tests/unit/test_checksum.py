@@ -1,0 +1,28 @@
+import hashlib
+import os
+
+import pytest
+import xxhash
+
+from outlast.storage.checksum import copy_file, hash_file, new_hasher
+
+
+@pytest.mark.parametrize("size", [0, 1, 4 << 20, (4 << 20) + 7])
+def test_hash_file_gives_the_size_and_the_libraries_digest(tmp_path, size):
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    assert hash_file(tmp_path / "f") == (size, xxhash.xxh3_128(data).hexdigest())
+    assert hash_file(tmp_path / "f", "sha256") == (size, hashlib.sha256(data).hexdigest())
+
+
+def test_an_unknown_algorithm_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown checksum algorithm 'md5'; this outlast knows xxh3_128, sha256"):
+        new_hasher("md5")
+
+
+def test_copy_file_copies_every_byte_and_replaces_an_older_target(tmp_path):
+    data = os.urandom((3 << 20) + 11)
+    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "dst").write_bytes(b"x" * (8 << 20))
+    copy_file(tmp_path / "src", tmp_path / "dst")
+    assert (tmp_path / "dst").read_bytes() == data
