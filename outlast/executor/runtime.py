@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import math
 import os
 import sys
 import threading
@@ -76,8 +77,8 @@ class Executor(cf.Executor):
                  isolation: IsolationConfig | None = None, preload: list[str] | None = None) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
-        if num_cpus <= 0:
-            raise ValueError(f"num_cpus must be positive, got {num_cpus}")
+        if isinstance(num_cpus, bool) or not isinstance(num_cpus, (int, float)) or not 0 < num_cpus < math.inf:
+            raise ValueError(f"num_cpus must be a positive finite number, got {num_cpus!r}")
         self.resources = m.Resources(num_cpus=float(num_cpus),
                                      memory_bytes=parse_bytes(memory, "memory") if memory is not None else 0)
         self.retry = RetryConfig(max_retries=max_retries, max_oom_retries=max_oom_retries,
