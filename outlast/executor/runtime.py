@@ -97,6 +97,12 @@ class Executor(cf.Executor):
         # Tasks get the node's environment, the driver's outlast settings and this executor's own
         # credential: never the cluster key.
         self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key)}
+        if access.embedded is not None and not (isolation and isolation.enable_resource_isolation):
+            # Said out loud: a user who expected the isolated node they started may be looking at
+            # tasks that nothing protects from each other's memory.
+            log.warning("no outlast node is running on this machine: started one for this executor, without "
+                        "resource isolation (`outlast start --enable-resource-isolation`, or "
+                        "Executor(isolation=IsolationConfig(enable_resource_isolation=True)))")
         if access.embedded is None and isolation is not None and isolation.enable_resource_isolation:
             log.warning("an outlast node is already running at %s; its own isolation settings apply",
                         access.head_address)
