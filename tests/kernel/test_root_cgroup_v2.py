@@ -87,3 +87,16 @@ def test_a_failure_in_the_middle_of_set_up_leaves_the_tree_as_it_was_and_says_wh
     assert "Traceback" not in log, log
     assert "resource isolation could not be set up in" in log and "everything it had changed was undone" in log
     assert tree() == before
+
+
+def test_the_kernel_refuses_to_move_a_kernel_thread_and_outlast_reads_that_as_left_in_place(tmp_path):
+    from outlast.isolation.journal import CgroupFS
+
+    leaf = os.path.join(MOUNT, "outlast-test-kthread")
+    os.mkdir(leaf)
+    try:
+        assert Path("/proc/2/comm").read_text().strip() == "kthreadd"
+        assert CgroupFS().try_move(2, leaf) == "refused"
+        assert where(2) == "/"
+    finally:
+        os.rmdir(leaf)
