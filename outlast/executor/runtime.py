@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import math
 import os
 import sys
 import threading
@@ -76,8 +77,8 @@ class Executor(cf.Executor):
                  isolation: IsolationConfig | None = None, preload: list[str] | None = None) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
-        if num_cpus <= 0:
-            raise ValueError(f"num_cpus must be positive, got {num_cpus}")
+        if isinstance(num_cpus, bool) or not isinstance(num_cpus, (int, float)) or not 0 < num_cpus < math.inf:
+            raise ValueError(f"num_cpus must be a positive finite number, got {num_cpus!r}")
         self.resources = m.Resources(num_cpus=float(num_cpus),
                                      memory_bytes=parse_bytes(memory, "memory") if memory is not None else 0)
         self.retry = RetryConfig(max_retries=max_retries, max_oom_retries=max_oom_retries,
@@ -96,6 +97,12 @@ class Executor(cf.Executor):
         # Tasks get the node's environment, the driver's outlast settings and this executor's own
         # credential: never the cluster key.
         self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key)}
+        if access.embedded is not None and not (isolation and isolation.enable_resource_isolation):
+            # Said out loud: a user who expected the isolated node they started may be looking at
+            # tasks that nothing protects from each other's memory.
+            log.warning("no outlast node is running on this machine: started one for this executor, without "
+                        "resource isolation (`outlast start --enable-resource-isolation`, or "
+                        "Executor(isolation=IsolationConfig(enable_resource_isolation=True)))")
         if access.embedded is None and isolation is not None and isolation.enable_resource_isolation:
             log.warning("an outlast node is already running at %s; its own isolation settings apply",
                         access.head_address)

@@ -138,9 +138,11 @@ class CgroupV1:
                 workers = os.path.join(tree, "user", "workers")
                 for leaf in self.fs.listdir(workers):
                     _kill_all(self.fs, os.path.join(workers, leaf))
+                # Its other processes share this node now, or at a hierarchy's root go back to it.
+                home = h.non_outlast if self.fs.exists(h.non_outlast) and not h.at_root else h.base
                 for sub in ("system", "user/non-outlast"):
                     for pid in self.fs.pids(os.path.join(tree, sub)):
-                        self.fs.move(pid, h.non_outlast if self.fs.exists(h.non_outlast) else h.base)
+                        self.fs.move(pid, home)
                 left = self.fs.remove_tree(tree)
                 done.append(f"removed {tree} left by an agent that is gone" +
                             (f" (could not remove {', '.join(left)})" if left else ""))

@@ -11,12 +11,15 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from outlast.storage.base import StorageError
+
+log = logging.getLogger("outlast.storage")
 
 
 class Versioned(NamedTuple):
@@ -46,8 +49,7 @@ def conditional(storage) -> ConditionalStore:
         return GCSConditional(storage)
     if hasattr(storage, "read_versioned"):  # a store that does it itself (the tests' fakes)
         return storage
-    raise StorageError(f"storage {storage.uri('')} has no compare-and-swap, which the driver lease needs; "
-                       "use a file system, s3:// or gs://")
+    return WriteThenCheck(storage)
 
 
 _thread_locks: dict[str, threading.Lock] = {}
@@ -97,6 +99,32 @@ class LocalConditional:
                 return hashlib.sha256(data).hexdigest()
         except OSError as e:
             raise StorageError(f"could not write {target}: {e}") from e
+
+
+class WriteThenCheck:
+    """For a store outlast has no compare-and-swap for: compare, write, read back. Two writers
+    racing within one round trip can both succeed, so this says so once."""
+
+    def __init__(self, storage) -> None:
+        self.storage = storage
+        log.warning("storage %s: outlast has no compare-and-swap for it (it has for file systems, s3:// and "
+                    "gs://); two drivers started on one run at the same moment might both drive it",
+                    storage.uri(""))
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        try:
+            data = self.storage.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        return Versioned(data, hashlib.sha256(data).hexdigest())
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
+        current = self.read_versioned(path)
+        if (current.version if current else None) != expected:
+            return None
+        self.storage.write_atomic(path, data)
+        after = self.read_versioned(path)
+        return after.version if after is not None and after.data == data else None
 
 
 def _precondition_failed(e: BaseException) -> bool:

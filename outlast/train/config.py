@@ -49,9 +49,16 @@ class ScalingConfig:
                 f"ScalingConfig.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
                 f"got {self.placement_strategy!r}"
             )
+        if self.resources_per_worker is not None and not isinstance(self.resources_per_worker, dict):
+            raise ValueError(f'ScalingConfig.resources_per_worker must be a dict like {{"CPU": 2, "GPU": 1}}, '
+                             f"got {self.resources_per_worker!r}")
         for key, amount in (self.resources_per_worker or {}).items():
-            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount >= 0:
-                raise ValueError(f"ScalingConfig.resources_per_worker[{key!r}] must be a number >= 0, got {amount!r}")
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"ScalingConfig.resources_per_worker has a resource name {key!r}; names are strings "
+                                 "such as 'CPU', 'GPU', 'memory'")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < math.inf:
+                raise ValueError(f"ScalingConfig.resources_per_worker[{key!r}] must be a finite number >= 0, "
+                                 f"got {amount!r}")
 
 
 @dataclass
@@ -73,6 +80,9 @@ class FailureConfig:
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
         _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures, -1)
+        if not isinstance(self.relax_collectives_on_preemption, bool):
+            raise ValueError(f"FailureConfig.relax_collectives_on_preemption must be True or False, "
+                             f"got {self.relax_collectives_on_preemption!r}")
         if isinstance(self.preemption_grace_s, bool) or not isinstance(self.preemption_grace_s, (int, float)) \
                 or not 0 <= self.preemption_grace_s < math.inf:
             raise ValueError(f"FailureConfig.preemption_grace_s must be a finite number of seconds >= 0, "
@@ -96,6 +106,9 @@ class CheckpointConfig:
                              f"got {self.duplicate_files!r}")
         if self.num_to_keep is not None:
             _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1)
+        if self.checkpoint_score_attribute is not None and not isinstance(self.checkpoint_score_attribute, str):
+            raise ValueError(f"CheckpointConfig.checkpoint_score_attribute must be the name of a reported metric, "
+                             f"got {self.checkpoint_score_attribute!r}")
         if self.checkpoint_score_order not in ("max", "min"):
             raise ValueError(
                 f"CheckpointConfig.checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}"

@@ -72,6 +72,11 @@ class DataParallelTrainer:
             raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
             raise TypeError(f"train_loop_config must be a dict, got {type(train_loop_config).__name__}")
+        for name, value, cls in (("scaling_config", scaling_config, ScalingConfig),
+                                 ("run_config", run_config, RunConfig)):
+            if value is not None and not isinstance(value, cls):
+                how = f"{cls.__name__}(**{value!r})" if isinstance(value, dict) else f"a {cls.__name__}"
+                raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}: write {name}={how}")
         self.train_fn = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()

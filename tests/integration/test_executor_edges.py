@@ -63,3 +63,10 @@ def test_an_executor_on_a_machine_that_is_not_the_head_gets_its_results(tmp_path
         assert done.stdout.strip().splitlines()[-1] == "[0, 1, 4, 9, 16]"
     finally:
         cluster.shutdown()
+
+
+def test_an_executor_that_starts_its_own_node_without_isolation_says_so(caplog):
+    with caplog.at_level("WARNING", logger="outlast.executor"):
+        with outlast.Executor(max_workers=1) as ex:
+            assert ex.submit(square, 3).result(timeout=120) == 9
+    assert any("started one for this executor, without resource isolation" in r.message for r in caplog.records)

@@ -6,8 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 import outlast
 from outlast.protocol.auth import AuthError, connect_checked
 from outlast.protocol.run_credential import CREDENTIAL_ENV, RunCredential

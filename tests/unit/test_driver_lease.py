@@ -106,3 +106,15 @@ def test_a_released_lease_is_taken_at_once_from_any_host(tmp_path):
     second = keeper(tmp_path, "b", clock)
     second.acquire()
     assert clock() == 1000.0 and second.previous is None
+
+
+def test_a_store_without_compare_and_swap_still_gets_one_driver_and_a_warning(caplog):
+    from outlast.storage.conditional import conditional
+    from tests.fakes.storage import MemoryStorage
+
+    with caplog.at_level("WARNING", logger="outlast.storage"):
+        cas = conditional(MemoryStorage())
+    assert any("no compare-and-swap" in r.message for r in caplog.records)
+    first = cas.write_if("run/lease", b"a", None)
+    assert first is not None and cas.write_if("run/lease", b"b", None) is None
+    assert cas.write_if("run/lease", b"c", first) is not None and cas.read_versioned("run/lease").data == b"c"

@@ -4,7 +4,6 @@ and directory is fsynced before `upload_dir` returns, and `write_atomic`'s renam
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 

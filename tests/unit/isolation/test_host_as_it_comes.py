@@ -127,3 +127,16 @@ def test_v1_stalled_by_other_processes_alone_is_handed_to_the_kernel_and_taken_b
     n.check([task("a", 11, 1 * GiB)], {11}, "threshold")
     assert fs.writes[-1] == (oom, "1")
     d.teardown()
+
+
+def test_at_the_root_what_a_dead_agent_left_goes_back_to_the_root_not_under_user(at_root):
+    fs, mounts = at_root
+    stale = f"{mounts['cpu']}/outlast_gone"
+    for sub in ("", "/system", "/user", "/user/workers", "/user/non-outlast"):
+        fs.make(stale + sub)
+    fs.make(stale + "/user/non-outlast", procs=[OTHER])
+    d = driver(at_root)
+    d.setup(RES)
+    d.cleanup_stale()
+    assert OTHER in fs.pids(mounts["cpu"]) and not os.path.exists(stale)
+    d.teardown()
