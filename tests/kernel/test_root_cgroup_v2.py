@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from outlast.agent.discovery import AgentUnavailable, start_agent_process
+from outlast.client.discovery import AgentUnavailable, start_agent_process
 from outlast.isolation.detect import parse_mounts
 
 MOUNT = parse_mounts(Path("/proc/self/mounts").read_text())[0] or "/sys/fs/cgroup"
