@@ -75,6 +75,10 @@ class CommitTracker:
     def __init__(self, world_size: int, shard_holders: Iterable[int] | None = None) -> None:
         self.world_size = world_size
         self.reports = [0] * world_size
+        # How many surviving ranks have made each number of reports, and the least of those numbers:
+        # counts only grow, so the least moves forward and each report costs O(1), not O(ranks).
+        self._made: dict[int, int] = {0: world_size} if world_size else {}
+        self._least = 0 if world_size else float("inf")
         self.lost: set[int] = set()
         self._pending: dict[int, PendingCheckpoint] = {}
         # Ranks that contributed to the last whole checkpoint: rule (b) of the module docstring.
@@ -101,6 +105,7 @@ class CommitTracker:
         if index != self.reports[rank]:
             raise ValueError(f"rank {rank} sent report {index}, expected {self.reports[rank]}")
         self.reports[rank] = index + 1
+        self._count_report(index)
         if rank == self._lead and self.world_size > 1:
             # setdefault: after rank 0's loss, what rank 0 reported before it still wins.
             self._lead_metrics.setdefault(index, metrics)
@@ -141,6 +146,9 @@ class CommitTracker:
             raise ValueError(f"cannot lose ranks {outside}, outside the world of {self.world_size} ranks")
         new = ranks - self.lost
         self.lost |= new
+        for rank in new:
+            self._made[self.reports[rank]] -= 1
+        self._advance_least()
         for (rank, index) in [k for k in self._early_uploads if k[0] in new]:
             # Its upload finished but its Report never will arrive: the shard is there all the same.
             checkpoint_dir, files, error = self._early_uploads.pop((rank, index))
@@ -159,6 +167,18 @@ class CommitTracker:
     def waiting_for(self, index: int) -> list[int]:
         """Surviving ranks that have not yet made report `index`."""
         return [r for r, n in enumerate(self.reports) if n <= index and r not in self.lost]
+
+    def _count_report(self, made_before: int) -> None:
+        self._made[made_before] -= 1
+        self._made[made_before + 1] = self._made.get(made_before + 1, 0) + 1
+        self._advance_least()
+
+    def _advance_least(self) -> None:
+        while self._made and self._made.get(self._least, 0) == 0:
+            self._made.pop(self._least, None)
+            self._least += 1
+        if not self._made:
+            self._least = float("inf")
 
     def _survivors(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.lost]
@@ -183,7 +203,7 @@ class CommitTracker:
         return len(contributors) >= 2
 
     def _ready(self) -> list[PendingCheckpoint]:
-        done_below = min((self.reports[r] for r in self._survivors()), default=float("inf"))
+        done_below = self._least
         out = []
         for i in sorted(self._pending):  # strictly in order: a later checkpoint never overtakes an earlier one
             pending = self._pending[i]

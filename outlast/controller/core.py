@@ -26,6 +26,7 @@ from outlast.controller.group import (
 from outlast.controller.horizons import Answer, Decision, HorizonBook
 from outlast.controller.nodes import NodeBook
 from outlast.controller.placement import NoCapacity, place
+from outlast.controller.policy import is_symptom, is_users_error
 from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event, State
@@ -39,6 +40,7 @@ log = logging.getLogger("outlast.controller")
 TABLE_POLL_S = 1.0
 CAPACITY_RETRY_S = 1.0
 TEARDOWN_EXTRA_S = 5.0
+NODE_CHECK_S = 0.1
 
 
 class ControllerCore(Handlers):
@@ -63,6 +65,7 @@ class ControllerCore(Handlers):
         self._now = 0.0
         self._next_heartbeat = float("-inf")
         self._next_query = float("-inf")
+        self._next_node_check = float("-inf")
 
     # ---- the one entry point ----------------------------------------------------------
 
@@ -80,7 +83,7 @@ class ControllerCore(Handlers):
             self._on_worker_message(event.msg)
         elif isinstance(event, FromAgent):
             self.nodes.note_heard(event.node_id, now)
-            self._on_agent_event(event.event)
+            self._on_agent_event(event.node_id, event.event)
         elif isinstance(event, NodeTable):
             self.nodes.set_table(event.nodes)
             if isinstance(self.state, st.Placing):
@@ -111,7 +114,8 @@ class ControllerCore(Handlers):
         for overdue in self.collectives.overdue(now):
             self._on_overdue_collective(overdue)
         a = self.attempt
-        if a is not None:
+        if a is not None and now >= self._next_node_check:  # O(ranks): not on every message
+            self._next_node_check = now + NODE_CHECK_S
             self._check_nodes(a, now)
         if self.state.kind.is_terminal:
             self._close_if_stopped(now)
@@ -231,7 +235,8 @@ class ControllerCore(Handlers):
         if not isinstance(s, st.Restarting) or a is None or not a.all_exited(self.plan.world_size):
             return
         p = self.plan
-        settled = settle_attempt(self.book, a.number, a.failures, self.failures, s.preemption, p.max_failures,
+        preemption = s.preemption or self._preempted_by_drain(a)
+        settled = settle_attempt(self.book, a.number, a.failures, self.failures, preemption, p.max_failures,
                                  p.max_preemption_failures, self.wall())
         if settled.retry:
             self._go(Event.RETRY, st.Placing(place_by=self._now))
@@ -240,6 +245,19 @@ class ControllerCore(Handlers):
         self.error = settled.error
         self._go(Event.GIVE_UP, st.Errored(error=settled.error, stop_by=self._now))
         self._close_if_stopped(self._now)
+
+    def _preempted_by_drain(self, a: AttemptState) -> Preemption | None:
+        """An attempt that failed because a drained node went away (a deadline of 0 s, or a notice that came
+        after the failure it caused) was preempted: it draws on the preemption budget, not max_failures.
+        Only when every failure is on a drained node or a symptom of one: a cause elsewhere is not the drain's."""
+        drained = {n: d for n in sorted(set(a.placement.values())) if (d := self.nodes.drain_of(n)) is not None}
+        if not drained or not a.failures:
+            return None
+        if not all(is_symptom(f) or (f.node_id in drained and not is_users_error(f)) for f in a.failures):
+            return None
+        notice = next(iter(drained.values()))
+        return Preemption.begin(notice, a.placement, sorted(drained), self.commits.reports, self._now, self.wall(),
+                                self.plan.preemption_grace_s)
 
     def _give_up(self, reason: str) -> None:
         self.error = TrainingFailedError(f"training failed: {reason}", list(self.failures))
@@ -310,8 +328,7 @@ class ControllerCore(Handlers):
         for ans in answers:
             if isinstance(ans.reply, Decision):
                 assert p is not None and a is not None, "a preemption decision without a preemption"
-                msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index,
-                                              {n: a.ranks_on({n}) for n in p.node_ids})
+                msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)
             else:
                 msg = m.PreemptionGrant(index=ans.index, horizon=ans.reply.horizon, valid_s=ans.reply.valid_s)
             self._send_to_rank(ans.rank, msg)

@@ -31,7 +31,7 @@ _PREEMPTED = (State.PREEMPTING, State.SAVED)
 class Handlers:
     # ---- agents ----------------------------------------------------------------------
 
-    def _on_agent_event(self: "ControllerCore", event: m.AgentEvent) -> None:
+    def _on_agent_event(self: "ControllerCore", node_id: str, event: m.AgentEvent) -> None:
         a = self.attempt
         if isinstance(event, m.WorkerExited):
             self._on_worker_exited(event)
@@ -41,7 +41,7 @@ class Handlers:
         elif isinstance(event, m.NodeDraining):
             self._on_node_draining(event)
         elif isinstance(event, m.SpawnRefused):
-            self._on_spawn_refused(event)
+            self._on_spawn_refused(node_id, event)
 
     def _on_node_draining(self: "ControllerCore", notice: m.NodeDraining) -> None:
         a, s, now = self.attempt, self.state, self._now
@@ -56,11 +56,11 @@ class Handlers:
             return
         if a is None or s.kind not in (State.SCHEDULING, State.RUNNING):
             return  # between attempts: the next placement avoids the draining nodes
-        ranks = [r for r in a.ranks_on(nodes) if r not in a.exited]
-        if not ranks:
+        p = Preemption.begin(notice, a.placement, sorted(nodes & set(a.placement.values())), self.commits.reports,
+                             now, self.wall(), grace, exited=a.exited)
+        if not p.ranks:
             return
-        p = Preemption.begin(notice, ranks, sorted(nodes & set(a.placement.values())), self.commits.reports,
-                             now, self.wall(), grace)
+        ranks = p.ranks
         log.warning("node %s is draining (%s: %s); ranks %s of attempt %d are preempted, and every rank has %.1f s "
                     "to save a checkpoint", ", ".join(p.node_ids), notice.reason, notice.message, ranks,
                     a.number, p.deadline - now)
@@ -69,18 +69,19 @@ class Handlers:
             self.horizons.lose_rank(rank, now)
         self._answer(self.horizons.preempt(now))
 
-    def _on_spawn_refused(self: "ControllerCore", refused: m.SpawnRefused) -> None:
+    def _on_spawn_refused(self: "ControllerCore", node_id: str, refused: m.SpawnRefused) -> None:
         """A node turned the workers away (it began draining after we placed them): place again."""
         a = self.attempt
-        if a is None or refused.attempt != a.number or self.state.kind is not State.SCHEDULING:
+        if a is None or refused.attempt != a.number:
             return
-        log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
-        self._on_failure(FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
-                                       time=self.wall(), exc_type="SpawnRefused", message=refused.reason))
-        for rank in range(self.plan.world_size):
-            if rank not in a.hello:  # those never started; the others report their exit
-                a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
-                                                         exit_code=None, signal=None, error=None, node_id=""))
+        if self.state.kind is State.SCHEDULING:
+            log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
+            self._on_failure(FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
+                                           time=self.wall(), exc_type="SpawnRefused", message=refused.reason))
+        # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
+        for rank in a.ranks_on({node_id}):
+            a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
+                                                     exit_code=None, signal=None, error=None, node_id=node_id))
         self._settle_if_all_exited()
 
     def _check_nodes(self: "ControllerCore", a: AttemptState, now: float) -> None:
@@ -150,7 +151,9 @@ class Handlers:
         """The first failure ends the attempt; the cause is judged once every worker has exited."""
         assert self.attempt is not None
         self.attempt.failures.append(record)
-        self.book.add_failure(record)
+        # The first failure is written at once; the rest (often every rank's exit in the teardown)
+        # with the attempt's settlement, not one run-state write each.
+        self.book.add_failure(record, save=self.state.kind.has_live_workers)
         if self.state.kind.has_live_workers:
             self._restart(Event.WORKER_FAILED, self._preemption())
 

@@ -26,11 +26,17 @@ class NodeBook:
         self._last_tick: float | None = None
         self._lost_here: dict[str, float] = {}  # node id -> when this driver lost it
         self._drained_here: dict[str, m.NodeDraining] = {}  # drains this driver heard of from the nodes
+        self._drains: dict[str, m.NodeDraining] = {}  # every drain seen, kept after the node is gone
 
     # ---- the node table -----------------------------------------------------------------
 
     def set_table(self, nodes: list[m.NodeInfo]) -> None:
         self.nodes = {n.node_id: n for n in nodes}
+        for n in nodes:
+            if n.draining is not None:
+                self._drains.setdefault(n.node_id, n.draining)
+            elif n.state == "alive":  # back after a death: a new start
+                self._drains.pop(n.node_id, None)
         self._overlay_drains()
 
     def note_draining(self, notice: m.NodeDraining) -> None:
@@ -38,7 +44,12 @@ class NodeBook:
         (a node drains itself on SIGTERM and tells the head with its next heartbeat)."""
         for node_id in set(notice.node_ids) | {notice.node_id}:
             self._drained_here[node_id] = notice
+            self._drains.setdefault(node_id, notice)
         self._overlay_drains()
+
+    def drain_of(self, node_id: str) -> m.NodeDraining | None:
+        """The drain notice of a node, if it was ever drained (and has not come back since)."""
+        return self._drains.get(node_id)
 
     def _overlay_drains(self) -> None:
         for node_id, notice in list(self._drained_here.items()):

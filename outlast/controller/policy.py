@@ -48,6 +48,20 @@ def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures
 _PEER_LOSS_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe", "/gloo/", "nccl")
 
 
+_NOT_THE_USERS = ("NodeLost", "SpawnRefused")
+
+
+def is_symptom(f: FailureRecord) -> bool:
+    """A peer's death seen from a survivor, or our own SIGTERM of a teardown."""
+    text = f"{f.exc_type or ''} {f.message or ''}".lower()
+    return any(marker in text for marker in _PEER_LOSS_MARKERS) or f.signal == 15
+
+
+def is_users_error(f: FailureRecord) -> bool:
+    """An exception raised by the train function itself (not a peer's death, not a lost node)."""
+    return bool(f.exc_type) and f.exc_type not in _NOT_THE_USERS and not is_symptom(f)
+
+
 def pick_root_cause(failures: list[FailureRecord]) -> FailureRecord:
     """The failure that most likely started it, from all the failures of one attempt.
 

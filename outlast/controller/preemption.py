@@ -29,13 +29,21 @@ class Preemption:
     noticed_at: float  # wall clock, for the history
     deadline: float  # monotonic: restart by then whatever happened
     reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
+    node_to_ranks: dict[str, list[int]] = field(default_factory=dict)  # the draining nodes' ranks
     jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing it
 
     @classmethod
-    def begin(cls, notice: m.NodeDraining, ranks: list[int], node_ids: list[str], reports: list[int],
-              now: float, wall: float, grace_s: float) -> "Preemption":
+    def begin(cls, notice: m.NodeDraining, placement: dict[int, str], node_ids: list[str], reports: list[int],
+              now: float, wall: float, grace_s: float, exited=()) -> "Preemption":
+        """`placement`: rank -> node of the attempt; ranks in `exited` are gone already."""
+        node_to_ranks: dict[str, list[int]] = {n: [] for n in node_ids}
+        for rank, node in sorted(placement.items()):
+            if node in node_to_ranks:
+                node_to_ranks[node].append(rank)
+        ranks = sorted(r for rs in node_to_ranks.values() for r in rs if r not in exited)
         return cls(notice=notice, ranks=ranks, node_ids=node_ids, noticed_at=wall,
-                   deadline=now + window_s(notice, wall, grace_s), reports_at_notice=list(reports))
+                   deadline=now + window_s(notice, wall, grace_s), reports_at_notice=list(reports),
+                   node_to_ranks=node_to_ranks)
 
     def tighten(self, notice: m.NodeDraining, now: float, wall: float, grace_s: float) -> float | None:
         """A second drain while saving for the first: the ranks already told keep their answer, but the
@@ -78,10 +86,10 @@ class Preemption:
             message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
         )
 
-    def notice_message(self, index: int, decision_index: int, node_to_ranks: dict[str, list[int]]) -> m.PreemptionNotice:
+    def notice_message(self, index: int, decision_index: int) -> m.PreemptionNotice:
         n = self.notice
         return m.PreemptionNotice(
-            index=index, decision_index=decision_index, node_ids=self.node_ids, node_to_ranks=node_to_ranks,
+            index=index, decision_index=decision_index, node_ids=self.node_ids, node_to_ranks=self.node_to_ranks,
             ranks=self.ranks, reason=n.reason, message=n.message,
             deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None)
 

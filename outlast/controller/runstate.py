@@ -150,10 +150,12 @@ class RunBook:
             self.state.attempts[-1].outcome = outcome
         self._save(now)
 
-    def add_failure(self, record: FailureRecord) -> None:
+    def add_failure(self, record: FailureRecord, save: bool = True) -> None:
+        """`save=False`: kept for the next write (the attempt's settlement), as for the exits of a teardown."""
         if self.state.attempts:
             self.state.attempts[-1].failures.append(record)
-        self._save(record.time)
+        if save:
+            self._save(record.time)
 
     def settle_failed_attempt(self, root: FailureRecord, count_as: str, now: float) -> None:
         """End the current attempt as failed, its root cause first, charged to the budget `count_as`."""

@@ -284,3 +284,42 @@ def node_logging_loop(config: dict) -> None:
     log_event(config, event="placed", node_id=os.environ.get("OUTLAST_NODE_ID"),
               local_rank=train.get_context().get_local_rank(), node_rank=train.get_context().get_node_rank())
     preemptible_loop(config)
+
+
+def ddp_slow_preemptible_loop(config: dict) -> None:
+    """The guide's just-in-time pattern in a DDP loop whose steps are long (`step_s`): every step asks
+    get_preemption_info(); the first notice makes rank 0 save model and step; each call is logged."""
+    import torch
+
+    from outlast.train.torch import prepare_model
+
+    ctx = train.get_context()
+    log_event(config, event="placed", node_id=os.environ.get("OUTLAST_NODE_ID"))
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = train.get_checkpoint()
+    start = _restore_torch(ckpt, model, opt, "model.pt")
+    log_event(config, event="start", restored_step=start - 1 if ckpt else None)
+    saved, call = False, 0
+    for step in range(start, config["steps"]):
+        began = time.monotonic()
+        loss = model(torch.ones(2, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()  # the gradient all-reduce keeps the ranks in lock step
+        opt.step()
+        time.sleep(max(0.0, config["step_s"] - (time.monotonic() - began)))
+        info = train.get_preemption_info()
+        log_event(config, event="call", step=step, call=call, notice=info is not None)
+        call += 1
+        checkpoint = None
+        if info is not None and not saved:
+            saved = True
+            log_event(config, event="notice", step=step, node_ids=info.node_ids, ranks=info.ranks)
+            if ctx.get_world_rank() == 0:
+                d = tempfile.mkdtemp()
+                torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+                           os.path.join(d, "model.pt"))
+                checkpoint = Checkpoint.from_directory(d)
+        train.report({"step": step}, checkpoint=checkpoint)
+        log_event(config, event="step", step=step)

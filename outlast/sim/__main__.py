@@ -1,0 +1,76 @@
+"""`python -m outlast.sim --seeds N [--start K] [--jobs J]`: run N schedules, print one JSON line, exit 1 on a
+violation (printing each failing seed's trace). `--seed S` replays one schedule and prints its trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from outlast.sim.run import quiet, run_seed
+from outlast.sim.schedule import draw
+
+
+def _run_range(bounds: tuple[int, int]) -> list[tuple[int, list[str], str, dict[str, int]]]:
+    quiet()
+    out = []
+    for seed in range(*bounds):
+        o = run_seed(seed)
+        out.append((seed, o.violations, o.status, o.facts))
+    return out
+
+
+def run_many(start: int, count: int, jobs: int) -> dict:
+    began = time.perf_counter()
+    chunk = max(1, min(500, count // (jobs * 4) or 1))
+    ranges = [(s, min(s + chunk, start + count)) for s in range(start, start + count, chunk)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            results = [r for part in pool.map(_run_range, ranges) for r in part]
+    else:
+        results = [r for part in map(_run_range, ranges) for r in part]
+    elapsed = time.perf_counter() - began
+    failing = [(seed, v) for seed, v, _, _ in results if v]
+    statuses: dict[str, int] = {}
+    totals: dict[str, int] = {}
+    for _, _, status, facts in results:
+        statuses[status] = statuses.get(status, 0) + 1
+        for k, v in facts.items():
+            totals[k] = totals.get(k, 0) + v
+    return {"schedules": len(results), "violations": sum(len(v) for _, v in failing),
+            "failing_seeds": [seed for seed, _ in failing][:50], "schedules_per_s": round(len(results) / elapsed, 1),
+            "elapsed_s": round(elapsed, 2), "jobs": jobs, "outcomes": statuses, "totals": totals,
+            "first_violation": failing[0][1][0] if failing else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m outlast.sim", description=__doc__)
+    p.add_argument("--seeds", type=int, help="how many schedules to run")
+    p.add_argument("--start", type=int, default=0, help="the first seed")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes to run them in")
+    p.add_argument("--seed", type=int, help="replay one schedule, printing its trace")
+    args = p.parse_args(argv)
+    if args.seed is not None:
+        quiet()
+        o = run_seed(args.seed, trace=True)
+        print(f"schedule: {draw(args.seed)}")
+        print("\n".join(o.trace))
+        print(json.dumps({"seed": o.seed, "status": o.status, "virtual_s": round(o.virtual_s, 3),
+                          "violations": o.violations}))
+        return 1 if o.violations else 0
+    if args.seeds is None:
+        p.error("give --seeds N (run N schedules) or --seed S (replay one)")
+    summary = run_many(args.start, args.seeds, max(1, args.jobs))
+    print(json.dumps(summary))
+    if summary["violations"]:
+        for seed in summary["failing_seeds"][:3]:
+            print(f"--- seed {seed} fails; replay with: python -m outlast.sim --seed {seed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

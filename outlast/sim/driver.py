@@ -1,0 +1,170 @@
+"""A simulated driver: the real controller core, stepped on the virtual clock, behind a simulated worker group.
+
+Every event reaches the core through `deliver`, one at a time, in the order its channel
+delivered it. A storage operation's latency keeps the driver busy: events that arrive
+meanwhile wait, as they would in the socket buffers of a driver blocked on storage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from outlast.controller import group as g
+from outlast.controller.core import ControllerCore
+from outlast.controller.runstate import RunBook
+from outlast.controller.types import RunPlan, Timeouts
+from outlast.protocol import messages as m
+from outlast.sim.cluster import node_table
+from outlast.sim.workers import Gang
+from outlast.sim.world import Channel
+from outlast.storage.run_store import RunStore
+
+if TYPE_CHECKING:
+    from outlast.sim.run import Sim
+
+TICK_S = 0.5
+TIMEOUTS = Timeouts(heartbeat_interval_s=1.0, driver_lost_after_s=5.0, worker_start_s=60.0, teardown_grace_s=1.0,
+                    finish_settle_s=2.0, capacity_s=60.0, node_lost_after_s=5.0)
+
+
+class SimDriver:
+    def __init__(self, sim: "Sim", generation: int) -> None:
+        self.sim = sim
+        self.generation = generation
+        self.alive = True
+        self.busy_until = 0.0
+        self._gangs: dict[int, Gang] = {}
+        self._to_node: dict[str, Channel] = {}
+        self._from_node: dict[str, Channel] = {}
+        self._to_rank: dict[tuple[int, int], Channel] = {}
+        self._from_rank: dict[tuple[int, int], Channel] = {}
+        self._head = Channel(sim.world, sim.schedule.max_delay_s)
+        self._forgotten: set[str] = set()  # nodes whose link the core closed: what they send is lost
+        self.core: ControllerCore | None = None
+
+    def launch(self, last_seen: float | None) -> bool:
+        """Open the run as `fit()` does; False if it had already finished."""
+        sim, s = self.sim, self.sim.schedule
+        book = RunBook.open(RunStore(sim.storage, "run"), "exp", sim.wall())
+        if book.state.status == "finished":
+            return False
+        book.close_dead_drivers_attempt(sim.wall(), last_seen)
+        plan = RunPlan(
+            name="exp", book=book, world_size=s.loop.world_size,
+            workers=[m.WorkerSpec(rank=r, local_rank=r, local_world_size=s.loop.world_size, node_rank=0,
+                                  world_size=s.loop.world_size) for r in range(s.loop.world_size)],
+            payload=b"", max_failures=s.max_failures, num_to_keep=s.num_to_keep, score_attribute=None,
+            score_order="max", env={}, cwd="/", sys_path=[], timeouts=TIMEOUTS, max_preemption_failures=-1,
+            per_worker={"CPU": 1.0}, strategy=s.strategy)
+        self.core = ControllerCore(plan, f"driver{self.generation}", f"sim://driver{self.generation}", sim.wall)
+        sim.storage.take_spent()
+        self.deliver(g.NodeTable(node_table(sim.nodes, sim.world.now)))
+        self.deliver(g.Started())
+        sim.world.after(TICK_S, self._tick)
+        return True
+
+    def die(self) -> None:
+        self.alive = False
+        for ch in [*self._to_node.values(), *self._from_node.values(), *self._to_rank.values(),
+                   *self._from_rank.values(), self._head]:
+            ch.open = False
+
+    # ---- events in ------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        if self.alive and self.core is not None and not self.core.closed:
+            self.deliver(g.Tick())
+            self.sim.world.after(TICK_S, self._tick)
+
+    def deliver(self, event: g.InEvent) -> None:
+        world = self.sim.world
+        if not self.alive or self.core is None or self.core.closed:
+            return
+        if world.now < self.busy_until:
+            world.at(self.busy_until, self.deliver, event)
+            return
+        if world.tracing:
+            world.note(f"driver{self.generation} <- {_describe(event)}")
+        try:
+            effects = self.core.step(event, world.now)
+        except Exception as e:  # noqa: BLE001 - an escape is what the simulator looks for
+            self.sim.observer.escaped(self, event, e)
+            self.die()
+            return
+        spent = self.sim.storage.take_spent()
+        self.busy_until = world.now + spent
+        self.sim.observer.after_step(self, event, effects)
+        for effect in effects:
+            if world.tracing and not isinstance(effect, (g.ToNode, g.QueryTable)):
+                world.note(f"driver{self.generation} -> {_describe_effect(effect)}")
+            self.perform(effect)
+        if self.core.closed:
+            self.sim.driver_closed(self)
+
+    def from_node(self, node_id: str, event: m.AgentEvent) -> None:
+        if node_id in self._forgotten:
+            return
+        ch = self._from_node.get(node_id)
+        if ch is None:
+            ch = self._from_node[node_id] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
+        ch.send(self.deliver, g.FromAgent(node_id, event))
+
+    def worker_channel(self, attempt: int, rank: int):
+        ch = self._from_rank[(attempt, rank)] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
+        return lambda msg: ch.send(self.deliver, g.FromWorker(msg))
+
+    def gang(self, attempt: int) -> Gang:
+        if attempt not in self._gangs:
+            self._gangs[attempt] = Gang(self.sim.schedule.loop.world_size)
+        return self._gangs[attempt]
+
+    # ---- effects out ----------------------------------------------------------------------
+
+    def perform(self, effect: g.Effect) -> None:
+        sim = self.sim
+        if isinstance(effect, g.ToRank):
+            key = (effect.attempt, effect.rank)
+            ch = self._to_rank.get(key)
+            if ch is None:
+                ch = self._to_rank[key] = Channel(sim.world, sim.schedule.max_delay_s)
+            w = sim.rank_of(self, effect.attempt, effect.rank)
+            if w is not None:
+                ch.send(w.on_message, effect.msg)
+        elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
+            node = sim.node(effect.node_id)
+            ch = self._to_node.get(effect.node_id)
+            if ch is None:
+                ch = self._to_node[effect.node_id] = Channel(sim.world, sim.schedule.max_delay_s)
+            self._forgotten.discard(effect.node_id)
+            if node is not None:
+                ch.send(node.on_request, self, effect.msg)
+        elif isinstance(effect, g.QueryTable):
+            self._head.send(lambda: self._head.send(self._table_answer))
+        elif isinstance(effect, g.ForgetNode):
+            self._forgotten.add(effect.node_id)
+            for chans in (self._to_node, self._from_node):
+                ch = chans.pop(effect.node_id, None)
+                if ch is not None:
+                    ch.open = False
+
+    def _table_answer(self) -> None:
+        self.deliver(g.NodeTable(node_table(self.sim.nodes, self.sim.world.now)))
+
+
+def _describe(event: g.InEvent) -> str:
+    if isinstance(event, g.FromWorker):
+        return f"worker {event.msg!r}"
+    if isinstance(event, g.FromAgent):
+        return f"agent {event.node_id} {event.event!r}"
+    if isinstance(event, g.NodeTable):
+        return "table " + ", ".join(f"{n.node_id}:{n.state}" for n in event.nodes)
+    return type(event).__name__
+
+
+def _describe_effect(effect: g.Effect) -> str:
+    if isinstance(effect, g.Spawn):
+        return (f"spawn attempt {effect.msg.attempt} ranks {[w.rank for w in effect.msg.workers]} on {effect.node_id}"
+                f" restoring {effect.msg.restore_checkpoint}")
+    if isinstance(effect, g.ToRank):
+        return f"rank {effect.rank} of attempt {effect.attempt}: {effect.msg!r}"
+    return repr(effect)

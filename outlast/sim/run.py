@@ -1,0 +1,158 @@
+"""One schedule, run from its seed to the end of the run, with its faults injected on time."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from outlast.controller.runstate import RunBook
+from outlast.protocol import messages as m
+from outlast.sim.cluster import SimNode
+from outlast.sim.driver import SimDriver
+from outlast.sim.invariants import Observer
+from outlast.sim.schedule import Fault, Schedule, draw
+from outlast.sim.storage import SimStorage
+from outlast.sim.workers import SimRank
+from outlast.sim.world import World
+from outlast.storage.run_store import RunStore
+
+WALL0 = 1_800_000_000.0
+RELAUNCH_AFTER_S = 12.0  # a new driver takes the run once the dead one's lease (10 s) has expired
+
+
+@dataclass(frozen=True)
+class Outcome:
+    seed: int
+    violations: list[str]
+    status: str
+    virtual_s: float
+    trace: list[str]
+    facts: dict[str, int]
+
+
+class Sim:
+    def __init__(self, schedule: Schedule, trace: bool = False) -> None:
+        self.schedule = schedule
+        self.world = World(random.Random(schedule.seed ^ 0x5EED), trace=trace)
+        self.storage = SimStorage(lambda: self.world.now)
+        self.storage.latency_s = schedule.storage_latency_s
+        self.storage.refuse_deletes = schedule.refuse_deletes
+        self.storage_faults = any(f.kind == "storage_fail" for f in schedule.faults)
+        self.nodes = [SimNode(self, f"n{i}", schedule.cpus_per_node) for i in range(schedule.nodes)]
+        self.observer = Observer(self)
+        self.drained_at: dict[str, float] = {}
+        self.driver: SimDriver | None = None
+        self.generations = 0
+        self.closed = False
+        loop = schedule.loop
+        self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
+            + 12 * schedule.storage_latency_s
+
+    def wall(self) -> float:
+        return WALL0 + self.world.now
+
+    def node(self, node_id: str) -> SimNode | None:
+        return next((n for n in self.nodes if n.node_id == node_id), None)
+
+    def rank_of(self, driver: SimDriver, attempt: int, rank: int) -> SimRank | None:
+        assert driver.core is not None
+        return self.observer.live.get((driver.core.run_id, attempt, rank))
+
+    # ---- the run ---------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        s = self.schedule
+        for node in self.nodes:
+            node.start()
+        self._launch(None)
+        for fault in s.faults:
+            self.world.at(fault.at, self._inject, fault)
+        limit = 300.0 + 3 * s.nominal_s * (1 + len(s.faults)) + 200.0 * len(s.faults)
+        self.world.run_until(limit, lambda: self.closed or bool(self.observer.violations))
+        if not self.observer.violations:
+            self.observer.at_end(self.closed, limit)
+        book = self.final_book()
+        ob = self.observer
+        facts = {"preempted_attempts": len(ob.noticed), "ranks_told": sum(len(v) for v in ob.first_notice.values()),
+                 "durable_checkpoints": len(ob.durable), "driver_launches": self.generations,
+                 "attempts": len(book.state.attempts) if book else 0}
+        return Outcome(s.seed, list(ob.violations), book.state.status if book else "?", self.world.now,
+                       self.world.trace, facts)
+
+    def _launch(self, last_seen: float | None) -> None:
+        self.generations += 1
+        self.driver = SimDriver(self, self.generations)
+        self.world.note(f"driver{self.generations} launched")
+        try:
+            launched = self.driver.launch(last_seen)
+        except OSError as e:  # fit() raises before its run starts; the user launches it again
+            self.world.note(f"driver{self.generations} could not open the run: {e}")
+            self.driver.die()
+            self.world.after(RELAUNCH_AFTER_S, self._launch, last_seen)
+            return
+        if not launched:
+            self.closed = True
+
+    def driver_closed(self, driver: SimDriver) -> None:
+        if driver is self.driver:
+            self.closed = True
+
+    def final_book(self) -> RunBook | None:
+        self.storage.failing.clear()
+        try:
+            return RunBook.open(RunStore(self.storage, "run"), "exp", self.wall())
+        except OSError:
+            return None
+
+    # ---- faults ----------------------------------------------------------------------------
+
+    def _inject(self, f: Fault) -> None:
+        if self.closed:
+            return
+        self.world.note(f"FAULT {f}")
+        live_nodes = [n for n in self.nodes if n.alive]
+        if f.kind == "kill_worker":
+            if any(n.kill_worker(f.target % self.schedule.loop.world_size) for n in live_nodes):
+                self.observer.harm += 1
+        elif f.kind == "lose_node":
+            node = self.nodes[f.target % len(self.nodes)]
+            if node.alive:  # with workers, or placed on before the head declares it dead
+                self.observer.harm += 1
+            node.die()
+        elif f.kind in ("drain", "drain_empty"):
+            candidates = [n for n in live_nodes if not n.workers] if f.kind == "drain_empty" else live_nodes
+            if candidates:
+                self._drain(candidates[f.target % len(candidates)], f.deadline_s)
+        elif f.kind == "driver_death":
+            if self.driver is not None and self.driver.alive:
+                self.driver.die()
+                died = self.wall()
+                self.world.after(RELAUNCH_AFTER_S, self._launch, died)
+        elif f.kind == "storage_fail":
+            self.storage.failing.append((self.world.now, self.world.now + f.duration_s))
+
+    def _drain(self, node: SimNode, deadline_s: float | None) -> None:
+        self.drained_at.setdefault(node.node_id, self.world.now)
+        deadline = self.wall() + deadline_s if deadline_s is not None else None
+        node.drain(m.NodeDraining(node_id=node.node_id, reason="spot", message="simulated preemption",
+                                  deadline_unix_s=deadline, node_ids=[node.node_id]))
+        if deadline_s is not None:
+            self.world.after(deadline_s, node.die)
+            if self.world.rng.random() < 0.5:  # the cloud replaces the preempted node, some time later
+                self.world.after(deadline_s + self.world.rng.uniform(5.0, 40.0), self._add_node)
+
+    def _add_node(self) -> None:
+        node = SimNode(self, f"n{len(self.nodes)}", self.schedule.cpus_per_node)
+        self.nodes.append(node)
+        node.start()
+        self.world.note(f"node {node.node_id} joined")
+
+
+def run_seed(seed: int, trace: bool = False) -> Outcome:
+    return Sim(draw(seed), trace=trace).run()
+
+
+def quiet() -> None:
+    """The controller logs what a run does; thousands of simulated runs would drown the result."""
+    logging.getLogger("outlast").setLevel(logging.CRITICAL + 1)

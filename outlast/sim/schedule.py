@@ -1,0 +1,86 @@
+"""A schedule: the loop the workers run, the cluster, the settings, and the faults, all drawn from a seed."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    world_size: int
+    step_s: float
+    steps: int
+    asks: bool  # calls get_preemption_info() once per step
+    jit: bool  # saves a checkpoint the first time it returns a notice (the guide's pattern)
+    return_on_notice: bool  # ... and then returns from the train function
+    report_every: int  # steps per report()
+    checkpoint_every: int  # reports per checkpoint
+    sharded: bool  # every rank writes files (else rank 0 alone)
+    done_lost: bool  # rank 0's last message (WorkerDone) never arrives: the process exited before it left
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail
+    target: int = 0  # a rank, or a node's index
+    deadline_s: float | None = None  # drains
+    duration_s: float = 0.0  # storage_fail
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    loop: LoopSpec
+    nodes: int
+    cpus_per_node: int
+    strategy: str
+    max_failures: int
+    num_to_keep: int | None
+    max_delay_s: float
+    storage_latency_s: float
+    refuse_deletes: bool
+    faults: list[Fault] = field(default_factory=list)
+
+    @property
+    def nominal_s(self) -> float:
+        return self.loop.steps * self.loop.step_s
+
+
+KINDS = ["kill_worker", "lose_node", "drain", "drain", "drain", "drain_empty", "driver_death", "storage_fail",
+         "double_drain"]
+
+
+def draw(seed: int) -> Schedule:
+    rng = random.Random(seed)
+    world = rng.choice([1, 1, 2, 2, 2, 3, 4])
+    step_s = math.exp(rng.uniform(math.log(0.001), math.log(60.0)))
+    steps = max(3, min(12, int(30.0 / step_s)))
+    asks = rng.random() < 0.75
+    loop = LoopSpec(world_size=world, step_s=step_s, steps=steps, asks=asks, jit=asks and rng.random() < 0.8,
+                    return_on_notice=asks and rng.random() < 0.25, report_every=rng.choice([1, 1, 2]),
+                    checkpoint_every=rng.choice([1, 2, 3, 5]), sharded=rng.random() < 0.5,
+                    done_lost=rng.random() < 0.15)
+    cpus = rng.choice([1, 1, 1, 2])
+    nodes = math.ceil(world / cpus) + rng.choice([0, 1, 1, 2, 3])
+    nominal = steps * step_s
+    faults = []
+    for _ in range(rng.choice([0, 1, 1, 2, 2, 3])):
+        kind = rng.choice(KINDS)
+        at = rng.uniform(0.0, nominal * 1.2 + 0.5)
+        deadline = rng.choice([None, 0.0, rng.uniform(0.5, 30.0), rng.uniform(10.0, 120.0)])
+        if kind == "double_drain":
+            gap = rng.uniform(0.0, 2.0)
+            faults.append(Fault(at, "drain", rng.randrange(nodes), deadline))
+            faults.append(Fault(at + gap, "drain", rng.randrange(nodes), rng.choice([None, rng.uniform(0.0, 30.0)])))
+            continue
+        faults.append(Fault(at, kind, target=rng.randrange(max(world, nodes)), deadline_s=deadline,
+                            duration_s=rng.uniform(0.1, 20.0)))
+    return Schedule(
+        seed=seed, loop=loop, nodes=nodes, cpus_per_node=cpus, strategy=rng.choice(["SPREAD", "PACK"]),
+        max_failures=rng.choice([-1, -1, 3, 10]), num_to_keep=rng.choice([None, 1, 2]),
+        max_delay_s=rng.choice([0.0, 0.002, 0.02, 0.1]), storage_latency_s=rng.choice([0.0, 0.0, 0.01, 0.5]),
+        refuse_deletes=rng.random() < 0.15, faults=sorted(faults, key=lambda f: f.at),
+    )

@@ -1,0 +1,233 @@
+"""Simulated training workers: the loop as a generator, the worker session's protocol by hand.
+
+A rank's loop yields what it waits for: ("sleep", s), ("barrier", step) for the step's
+allreduce (ranks of an attempt move in lockstep, as DDP does), or ("reply", predicate) for
+an answer from the controller. `get_preemption_info()` and `report()` speak the same
+protocol as `outlast/train/_session.py`: horizons granted by the controller, and a report
+with files that blocks until the checkpoint is committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Callable, Generator
+
+from outlast.protocol import messages as m
+from outlast.storage.records import CorruptDocument, checkpoint_dir_name
+from outlast.storage.run_store import RunStore
+
+if TYPE_CHECKING:
+    from outlast.sim.cluster import SimNode
+    from outlast.sim.run import Sim
+
+PEER_LOSS = "RuntimeError", "[/gloo/transport/tcp/pair.cc] Connection closed by peer"
+
+
+class WorkerFailed(Exception):
+    def __init__(self, exc_type: str, message: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+
+
+class Gang:
+    """The ranks of one attempt on one driver: an allreduce completes when every rank has reached it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.arrived: dict[int, list["SimRank"]] = {}
+        self.broken = False
+
+    def arrive(self, rank: "SimRank", step: int) -> None:
+        if self.broken:
+            rank.fail_later(*PEER_LOSS)
+            return
+        waiting = self.arrived.setdefault(step, [])
+        waiting.append(rank)
+        if len(waiting) == self.size:
+            del self.arrived[step]
+            for r in waiting:
+                r.resume(None)
+
+    def break_(self) -> None:
+        """A rank died: its peers' collectives fail (gloo reports the closed connection)."""
+        if self.broken:
+            return
+        self.broken = True
+        for waiting in self.arrived.values():
+            for r in waiting:
+                r.fail_later(*PEER_LOSS)
+        self.arrived.clear()
+
+
+class SimRank:
+    def __init__(self, sim: "Sim", node: "SimNode", spawn: m.SpawnWorkers, spec: m.WorkerSpec, gang: Gang,
+                 to_controller) -> None:
+        self.sim, self.node, self.spawn, self.gang = sim, node, spawn, gang
+        self.rank, self.attempt, self.run_id = spec.rank, spawn.attempt, spawn.run_id
+        self.to_controller = to_controller  # Channel.send-like: (fn, *args)
+        self.alive = True
+        self.loop = sim.schedule.loop
+        self._gen: Generator | None = None
+        self._waiting: Callable[[m.Msg], bool] | None = None
+        self._inbox: list[m.Msg] = []
+        self.calls = 0
+        self.horizon, self.expires = 0, 0.0
+        self.notice: m.PreemptionNotice | None = None
+        self.reports = 0
+
+    # ---- running the generator ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._send(m.WorkerHello(attempt=self.attempt, rank=self.rank, pid=0))
+        self._gen = self._main()
+        self.resume(None)
+
+    def resume(self, value) -> None:
+        if not self.alive or self._gen is None:
+            return
+        try:
+            req = self._gen.send(value)
+        except StopIteration:
+            if not (self.loop.done_lost and self.rank == 0):
+                self._send(m.WorkerDone(attempt=self.attempt, rank=self.rank, reports=self.reports))
+            self.node.worker_exited(self, 0, None, None)
+            return
+        except WorkerFailed as e:
+            self.node.worker_exited(self, 1, None, m.WorkerError(exc_type=e.exc_type, message=str(e),
+                                                                  traceback="", phase="train"))
+            return
+        kind, arg = req
+        if kind == "sleep":
+            self.sim.world.after(arg, self.resume, None)
+        elif kind == "barrier":
+            self.gang.arrive(self, arg)
+        else:
+            self._waiting = arg
+            self._check_inbox()
+
+    def fail_later(self, exc_type: str, message: str) -> None:
+        def fail() -> None:
+            if self.alive and self._gen is not None:
+                try:
+                    self._gen.throw(WorkerFailed(exc_type, message))
+                except (WorkerFailed, StopIteration):
+                    pass
+                self.node.worker_exited(self, 1, None, m.WorkerError(exc_type=exc_type, message=message,
+                                                                      traceback="", phase="train"))
+        self.sim.world.after(0.01, fail)
+
+    def kill(self) -> None:
+        self.alive = False
+        if self._gen is not None:
+            self._gen.close()
+        self.gang.break_()
+
+    def on_message(self, msg: m.Msg) -> None:
+        if self.alive:
+            self._inbox.append(msg)
+            self._check_inbox()
+
+    def _check_inbox(self) -> None:
+        if self._waiting is None:
+            return
+        for i, msg in enumerate(self._inbox):
+            if self._waiting(msg):
+                del self._inbox[i]
+                self._waiting = None
+                self.resume(msg)
+                return
+
+    def _send(self, msg: m.WorkerMessage) -> None:
+        self.to_controller(msg)
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def _main(self) -> Generator:
+        loop, rng = self.loop, self.sim.world.rng
+        step = self._restore()
+        saved_on_notice = False
+        while step < loop.steps:
+            yield "sleep", loop.step_s * rng.uniform(0.9, 1.1)
+            yield "barrier", step
+            info = (yield from self._get_preemption_info()) if loop.asks else None
+            if info is not None and loop.jit and not saved_on_notice:
+                yield from self._report(step, checkpoint=True)
+                saved_on_notice = True
+                if loop.return_on_notice:
+                    return
+            elif (step + 1) % loop.report_every == 0:
+                every = loop.report_every * loop.checkpoint_every
+                yield from self._report(step, checkpoint=(step + 1) % every == 0)
+            step += 1
+
+    def _restore(self) -> int:
+        name = self.spawn.restore_checkpoint
+        if name is None:
+            return 0
+        store = RunStore(self.sim.storage, "run")
+        try:
+            manifest = store.read_manifest(name)
+        except (OSError, CorruptDocument) as e:
+            raise WorkerFailed(type(e).__name__, f"could not read checkpoint {name}: {e}") from None
+        finally:
+            self.sim.storage.take_spent()
+        if manifest is None:
+            raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} has no manifest")
+        self.sim.observer.restored(self, name, int(manifest.metrics.get("step", -1)))
+        return int(manifest.metrics.get("step", -1)) + 1
+
+    def _get_preemption_info(self) -> Generator:
+        index = self.calls
+        self.calls += 1
+        now = self.sim.world.now
+        if index < self.horizon and now < self.expires:
+            self.sim.observer.preemption_answer(self, index, None)
+            return None
+        if self.notice is None:
+            self._send(m.PreemptionQuery(attempt=self.attempt, rank=self.rank, index=index))
+            reply = yield "reply", lambda msg: isinstance(msg, (m.PreemptionGrant, m.PreemptionNotice)) \
+                and msg.index == index
+            now = self.sim.world.now
+            if isinstance(reply, m.PreemptionGrant):
+                self.horizon, self.expires = reply.horizon, now + reply.valid_s
+                self.sim.observer.preemption_answer(self, index, None)
+                return None
+            self.notice = reply
+            self.horizon, self.expires = reply.decision_index, float("inf")
+            if index < reply.decision_index:
+                self.sim.observer.preemption_answer(self, index, None)
+                return None
+        self.sim.observer.preemption_answer(self, index, self.notice)
+        return self.notice
+
+    def _report(self, step: int, checkpoint: bool) -> Generator:
+        index = self.reports
+        self.reports += 1
+        metrics = {"step": step}
+        name = checkpoint_dir_name(self.attempt, index)
+        has_files = checkpoint and (self.loop.sharded or self.rank == 0)
+        if not has_files:
+            self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics,
+                                saw_preemption=self._saw()))
+            self.sim.observer.report_returned(self, index, name if checkpoint else None)
+            return
+        data = f"{self.rank}:{step}".encode()
+        path = f"rank_{self.rank}.bin"
+        try:
+            self.sim.storage.write_atomic(f"run/{name}/{path}", data)
+        except OSError as e:
+            raise WorkerFailed("OSError", f"upload of {name} failed: {e}") from None
+        finally:
+            spent = self.sim.storage.take_spent()
+        if spent:
+            yield "sleep", spent
+        entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics, checkpoint_dir=name,
+                            files=[entry], saw_preemption=self._saw()))
+        reply = yield "reply", lambda msg: isinstance(msg, (m.Committed, m.CommitFailed)) and msg.index == index
+        if isinstance(reply, m.CommitFailed):
+            raise WorkerFailed("CheckpointCommitError", f"checkpoint {name} was not committed: {reply.reason}")
+        self.sim.observer.report_returned(self, index, name)
+
+    def _saw(self) -> bool:
+        return self.notice is not None and self.calls > self.horizon

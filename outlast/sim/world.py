@@ -1,0 +1,61 @@
+"""The simulator's virtual time: one queue of timed callbacks, and FIFO channels with delays."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import Any, Callable
+
+
+class World:
+    def __init__(self, rng: random.Random, trace: bool = False) -> None:
+        self.rng = rng
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Callable[..., Any], tuple]] = []
+        self._seq = 0
+        self.tracing = trace
+        self.trace: list[str] = []
+
+    def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (max(t, self.now), self._seq, fn, args))
+
+    def after(self, dt: float, fn: Callable[..., Any], *args: Any) -> None:
+        self.at(self.now + dt, fn, *args)
+
+    def run_until(self, t_end: float, stop: Callable[[], bool]) -> None:
+        q, pop = self._queue, heapq.heappop
+        while q and not stop():
+            if q[0][0] > t_end:
+                break
+            t, _, fn, args = pop(q)
+            self.now = t
+            fn(*args)
+
+    def note(self, what: str) -> None:
+        """Call only as `if world.tracing: world.note(...)` where building the text costs."""
+        if self.tracing:
+            self.trace.append(f"{self.now:10.4f} {what}")
+
+
+class Channel:
+    """One connection: messages arrive in the order sent, each after a delay of at most `max_delay_s`
+    (ZeroMQ over TCP keeps order per connection and loses nothing while both ends live)."""
+
+    def __init__(self, world: World, max_delay_s: float) -> None:
+        self.world = world
+        self.max_delay_s = max_delay_s
+        self._last = 0.0
+        self.open = True
+
+    def send(self, fn: Callable[..., Any], *args: Any) -> None:
+        if not self.open:
+            return
+        w = self.world
+        t = max(self._last, w.now + w.rng.random() * self.max_delay_s)
+        self._last = t
+        w.at(t, self._deliver, fn, args)
+
+    def _deliver(self, fn, args) -> None:
+        if self.open:
+            fn(*args)

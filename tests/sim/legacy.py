@@ -1,0 +1,134 @@
+"""The controller as it was before each bug the simulator guards against, put back for one test.
+
+Each `reinject_*` patches one piece of the real controller to its old behaviour, so a
+regression seed can show that the simulator catches that bug (and that the fix holds).
+"""
+
+from __future__ import annotations
+
+from outlast.controller import checkpoints, core, handlers, horizons
+from outlast.controller import states as st
+from outlast.controller.horizons import Answer, Decision, Grant
+from outlast.controller.retention import checkpoints_to_delete
+from outlast.protocol import messages as m
+
+
+class LegacyHorizonBook(horizons.HorizonBook):
+    """Issue 8 (a): grants 2^20 calls ahead; D fixed collect_s after the notice from the stale horizons."""
+
+    def __init__(self) -> None:
+        super().__init__(collect_s=0.6)
+        self._asked: dict[int, int] = {}
+        self._outstanding: dict[int, int] = {}
+
+    def on_query(self, rank, index, now):
+        if self.decision_index is not None:
+            return [Answer(rank, index, Decision(self.decision_index))]
+        if self.noticed_at is None:
+            self._outstanding[rank] = index + self.max_step
+            self._granted[rank] = horizons._Granted(index, index + self.max_step, now)
+            return [Answer(rank, index, Grant(index + self.max_step, self.valid_s))]
+        self._asked[rank] = index
+        self._outstanding[rank] = index + 1
+        if not set(self._outstanding) - set(self._asked) - self._lost:
+            return [Answer(rank, index, Decision(self._old_decide()))]
+        return [Answer(rank, index, Grant(index + 1, float("inf")))]
+
+    def preempt(self, now):
+        if self.noticed_at is None:
+            self.noticed_at = now
+        if self.decision_index is None and not set(self._outstanding) - set(self._asked) - self._lost:
+            self._old_decide()
+        return []
+
+    def tick(self, now):
+        if self.decision_index is None and self.noticed_at is not None and now - self.noticed_at >= self.collect_s:
+            self._old_decide()
+        return []
+
+    def lose_rank(self, rank, now):
+        self._lost.add(rank)
+        return []
+
+    def _old_decide(self) -> int:
+        bounds = [self._asked[r] + 1 if r in self._asked else h for r, h in self._outstanding.items()
+                  if r not in self._lost]
+        self.decision_index = max(bounds, default=0)
+        return self.decision_index
+
+
+def _old_retention(book, rule) -> None:
+    """Issue 8 (c): a refused delete escapes."""
+    doomed = checkpoints_to_delete(book.state.checkpoints, rule.num_to_keep, rule.score_attribute, rule.score_order)
+    if doomed:
+        book.forget_checkpoints({c.checkpoint_dir for c in doomed})
+        for c in doomed:
+            book.store.delete_checkpoint(c.checkpoint_dir)
+
+
+def _old_spawn_refused(self, node_id, refused) -> None:
+    """Ranks that had not said hello, on any node, were taken for never started."""
+    a = self.attempt
+    if a is None or refused.attempt != a.number or self.state.kind is not st.State.SCHEDULING:
+        return
+    self._on_failure(handlers.FailureRecord(
+        attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=self.wall(),
+        exc_type="SpawnRefused", message=refused.reason))
+    for rank in range(self.plan.world_size):
+        if rank not in a.hello:
+            a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
+                                                     exit_code=None, signal=None, error=None, node_id=""))
+    self._settle_if_all_exited()
+
+
+def _first_fix_spawn_refused(self, node_id, refused) -> None:
+    """The first fix of the above: a refusal that arrives after another one ended the attempt was dropped."""
+    a = self.attempt
+    if a is None or refused.attempt != a.number or self.state.kind is not st.State.SCHEDULING:
+        return
+    self._on_failure(handlers.FailureRecord(
+        attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=self.wall(),
+        exc_type="SpawnRefused", message=refused.reason))
+    for rank in a.ranks_on({node_id}):
+        a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
+                                                 exit_code=None, signal=None, error=None, node_id=node_id))
+    self._settle_if_all_exited()
+
+
+def _old_finishing(monkeypatch) -> None:
+    """Issue 8 (b): ranks that all returned during a preemption left the run in PREEMPTING, with a timer
+    that fired ALL_FINISHED whatever the state had become by then."""
+    real_exited, real_timers = handlers.Handlers._on_worker_exited, core.ControllerCore._timers
+
+    def on_worker_exited(self, ev):
+        before = self.state
+        real_exited(self, ev)
+        if isinstance(before, (st.Preempting, st.Saved)) and isinstance(self.state, st.Finishing):
+            self.state = before
+            self.legacy_exited_ok_at = self._now
+
+    def timers(self, now):
+        real_timers(self, now)
+        at = getattr(self, "legacy_exited_ok_at", None)
+        if at is not None and not self.closed and now - at > self.plan.timeouts.finish_settle_s:
+            self._finish()
+
+    monkeypatch.setattr(handlers.Handlers, "_on_worker_exited", on_worker_exited)
+    monkeypatch.setattr(core.ControllerCore, "_timers", timers)
+
+
+def reinject(bug: str, monkeypatch) -> None:
+    if bug == "a":
+        monkeypatch.setattr(core, "HorizonBook", LegacyHorizonBook)
+    elif bug == "b":
+        _old_finishing(monkeypatch)
+    elif bug == "c":
+        monkeypatch.setattr(checkpoints, "apply_retention", _old_retention)
+    elif bug == "drain_deadline_charged":
+        monkeypatch.setattr(core.ControllerCore, "_preempted_by_drain", lambda self, a: None)
+    elif bug == "refusal_takes_other_nodes":
+        monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _old_spawn_refused)
+    elif bug == "second_refusal_dropped":
+        monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _first_fix_spawn_refused)
+    else:
+        raise ValueError(bug)
