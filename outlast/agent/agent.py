@@ -14,17 +14,19 @@ import logging
 import os
 import queue
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 
 import psutil
 import zmq
 
+from outlast.agent import workdir
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
+from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.client.liveness import host_id
 from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
@@ -62,7 +64,7 @@ class Agent:
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.sup = Supervisor(node_id)
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
-        self.error_dir = tempfile.mkdtemp(prefix=f"outlast-{node_id}-")
+        self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self._stop = False
         self.draining: m.NodeDraining | None = None
         self._graceful_requested = False
@@ -70,6 +72,9 @@ class Agent:
         self._watchers: list = []
         self._stop_at: float | None = None
         self.role: NodeRole | None = None
+        self.fork_restarts = RestartPolicy()
+        self._fork_restart_at: float | None = None
+        self._poller = zmq.Poller()
         # Before the fork server starts: the agent moves itself into system/, and the server
         # (its child) starts there too.
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
@@ -93,7 +98,8 @@ class Agent:
         return m.NodeInfo(node_id=self.node_id, address=self.address, host=self.spec.node_ip,
                           resources=self.spec.resources, labels=self.spec.labels,
                           failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
-                          is_head=self.role is not None and self.role.is_head)
+                          is_head=self.role is not None and self.role.is_head, agent_pid=os.getpid(),
+                          host_id=host_id())
 
     # ---- effects ---------------------------------------------------------------------------------
 
@@ -102,7 +108,8 @@ class Agent:
             if isinstance(e, Send):
                 self._reply(e.to, e.msg)
             elif isinstance(e, Kill):
-                kill_tree(e.pid, e.sig)
+                if e.pid > 0:  # never 0 or -1: those name our own group or everyone
+                    kill_tree(e.pid, e.sig)
             elif isinstance(e, ReleaseLeaf):
                 if self.guard is not None:
                     self.guard.on_reaped(e.pid, e.leaf)
@@ -114,8 +121,7 @@ class Agent:
     def _on_fork_server(self) -> None:
         msg = self.forks.receive()
         if msg is None:
-            log.error("the fork server died (exit %s); stopping the node", self.forks.exit_status())
-            self._stop = True
+            self._fork_server_died()
         elif isinstance(msg, m.ZygoteReady):
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
@@ -123,6 +129,31 @@ class Agent:
             self.apply(self.sup.on_forked(msg, time.time()))
         elif isinstance(msg, m.Reaped):
             self.apply(self.sup.on_reaped(msg))
+
+    def _fork_server_died(self) -> None:
+        """Its workloads died with it: report them lost (their runs restart them), then start a new
+        one (it imports the preloaded modules again), later if it keeps dying, or stop the node."""
+        pid = self.forks.proc.pid
+        self._poller.unregister(self.forks.fileno())
+        how = describe_exit(self.forks.reap())
+        self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
+                                     "its workers died with it"))
+        decision = self.fork_restarts.on_death(self.clock(), how)
+        if isinstance(decision, GiveUp):
+            log.error("%s; stopping the node", decision.reason)
+            self._stop = True
+        else:
+            log.warning("%s", decision.reason)
+            self._fork_restart_at = decision.at
+
+    def _restart_fork_server_if_due(self, now: float) -> None:
+        if self._fork_restart_at is None or now < self._fork_restart_at:
+            return
+        self._fork_restart_at = None
+        self.forks.start()
+        self.fork_restarts.restarted(now)
+        self._poller.register(self.forks.fileno(), zmq.POLLIN)
+        log.info("started the fork server again (pid %d)", self.forks.proc.pid)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -171,7 +202,7 @@ class Agent:
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
                 payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
                 run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
-                error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
+                error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
                 cgroup_procs=procs,
             ))
 
@@ -185,7 +216,7 @@ class Agent:
         self.forks.send(m.ForkTask(
             run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
             env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
-            error_file=os.path.join(self.error_dir, f"task-{req.task_id}.json"), cgroup_procs=procs,
+            error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
         ))
 
     def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
@@ -287,7 +318,7 @@ class Agent:
     # ---- loop ----------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.forks.fileno(), zmq.POLLIN)
         if self.role.sock is not None:
@@ -301,7 +332,7 @@ class Agent:
                     self._drain_requests()
                 elif item in sources:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
-                elif item == self.forks.fileno():
+                elif self.forks.up and item == self.forks.fileno():
                     self._on_fork_server()
             if self.guard is not None and self.guard.sources_by_fd() != sources:
                 for fd in sources:
@@ -309,6 +340,7 @@ class Agent:
                 sources = self.guard.sources_by_fd()
                 for fd in sources:
                     poller.register(fd, zmq.POLLIN)
+            self._restart_fork_server_if_due(self.clock())
             self._tick(self.clock())
             self._graceful_step(self.clock())
         self.close()
@@ -358,10 +390,7 @@ class Agent:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
-        try:
-            os.rmdir(self.error_dir)
-        except OSError:
-            pass
+        workdir.release(self.workdir)
 
 
 def default_resources() -> dict[str, float]:

@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 
 import zmq
 
+from outlast.client.liveness import agent_gone
 from outlast.cluster.nodetable import NodeTable, UnknownNode
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked
@@ -104,6 +105,10 @@ class HeadNode:
         for node in self.table.expire(now):
             log.warning("node %s (%s) stopped answering for more than %.1f s: declared dead", node.node_id,
                         node.address, self.table.node_timeout_s)
+        for node in self.table.nodes():
+            why = agent_gone(node) if node.state != "dead" and node.node_id != self.node_id else None
+            if why and self.table.declare_dead(node.node_id) is not None:
+                log.warning("%s: declared dead", why)
         return []
 
     def drained_here(self) -> None:

@@ -13,6 +13,7 @@ from typing import Callable
 import msgspec
 import zmq
 
+from outlast.client.liveness import agent_gone, mark_gone_dead
 from outlast.controller.placement import NodeView
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -57,7 +58,8 @@ class Cluster:
         self._query_sent: float | None = None  # when the unanswered query went out
         self._next_query = 0.0
         self._last_tick = clock()
-        self._lost_here: dict[str, float] = {}  # node id -> when this driver lost it
+        # (node id, agent pid) -> when this driver lost it: an agent started again is not that node
+        self._lost_here: dict[tuple[str, int], float] = {}
         self._drained_here: dict[str, m.NodeDraining] = {}  # drains this driver heard of from the nodes
 
     # ---- the node table -----------------------------------------------------------------
@@ -109,7 +111,7 @@ class Cluster:
                 continue
             if isinstance(reply, m.NodeList):
                 self._query_sent, answered = None, True
-                self.nodes = {n.node_id: n for n in reply.nodes}
+                self.nodes = {n.node_id: mark_gone_dead(n) for n in reply.nodes}
                 self._overlay_drains()
 
     def note_draining(self, notice: m.NodeDraining) -> None:
@@ -136,7 +138,8 @@ class Cluster:
         for n in self.nodes.values():
             # A node this driver lost may look alive to the head (a partition between the two):
             # it gets no work until it has been out of sight for a while.
-            if n.state == "dead" or now - self._lost_here.get(n.node_id, float("-inf")) < LOST_NODE_QUARANTINE_S:
+            lost_at = self._lost_here.get((n.node_id, n.agent_pid), float("-inf"))
+            if n.state == "dead" or now - lost_at < LOST_NODE_QUARANTINE_S:
                 continue
             free = dict(n.resources)
             for other, held in n.used.items():
@@ -171,7 +174,8 @@ class Cluster:
 
     def lose(self, node_id: str) -> None:
         """This driver lost the node: close its link and give it no work for a while."""
-        self._lost_here[node_id] = self.clock()
+        info = self.nodes.get(node_id)
+        self._lost_here[(node_id, info.agent_pid if info else 0)] = self.clock()
         link = self.links.pop(node_id, None)
         if link is not None:
             link.sock.close(linger=0)
@@ -181,7 +185,9 @@ class Cluster:
         out = {}
         for node_id in nodes:
             info, link = self.nodes.get(node_id), self.links.get(node_id)
-            if info is not None and info.state == "dead":
+            if info is not None and (gone := agent_gone(info)):
+                out[node_id] = gone
+            elif info is not None and info.state == "dead":
                 out[node_id] = f"the head declared node {node_id} ({info.address}) dead"
             elif link is not None and not link.alive():
                 out[node_id] = f"the node agent at {link.address} exited"
