@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,10 +20,12 @@ import psutil
 import zmq
 
 from outlast.agent import workdir
+from outlast.agent.drain_sources import DrainSources
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
+from outlast.agent.status import node_status
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
 from outlast.client.liveness import host_id
 from outlast.isolation.config import IsolationConfig
@@ -67,10 +68,7 @@ class Agent:
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self._stop = False
         self.draining: m.NodeDraining | None = None
-        self._graceful_requested = False
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()  # from the cloud watchers' threads
-        self._watchers: list = []
-        self._stop_at: float | None = None
+        self.sources = DrainSources()
         self.role: NodeRole | None = None
         self.fork_restarts = RestartPolicy()
         self._fork_restart_at: float | None = None
@@ -85,6 +83,7 @@ class Agent:
             self.role.join(self.me())
             self.forks = ForkServer(preload)
         except BaseException:
+            workdir.release(self.workdir)
             if self.guard:
                 self.guard.close()
             if self.role is not None:
@@ -240,20 +239,7 @@ class Agent:
 
     def watch_cloud_notices(self, kinds: list[str], base_urls: dict[str, str] | None = None) -> None:
         """Drain this node when a cloud says it will take it away (opt-in, by cloud name)."""
-        from outlast.drain import detect_watchers
-
-        self._watchers = [w.start() for w in detect_watchers(kinds, self._notices.put, base_urls=base_urls)]
-
-    def _take_notices(self) -> None:
-        # The watchers run in their own threads; only this loop touches the sockets.
-        while True:
-            try:
-                notice = self._notices.get_nowait()
-            except queue.Empty:
-                return
-            if self.draining is None:
-                left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
-                self.drain("preemption", f"{notice.source}: {notice.reason}", None if left is None else max(0.0, left))
+        self.sources.watch_clouds(kinds, base_urls)
 
     def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck | m.DrainRefused:
         """Take no new workers, and tell every run with workers here, so each can save and move.
@@ -279,7 +265,11 @@ class Agent:
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this node (pid %d) is gone; stopping", self.parent_pid)
             self._stop = True
-        self._take_notices()
+        for order in self.sources.take(now):
+            if self.draining is None:
+                self.drain(order.reason, order.message, order.deadline_remaining_s)
+        if self.sources.stop_at is not None and (now >= self.sources.stop_at or not self.sup.workloads):
+            self._stop = True  # after a SIGTERM: drained, or out of time
         for order in self.role.tick(self.me(), now):
             if self.draining is None:
                 self._apply_drain(order)
@@ -294,26 +284,7 @@ class Agent:
     # ---- status ---------------------------------------------------------------------------------
 
     def status(self) -> m.StatusReply:
-        infos = []
-        for w in self.sup.workloads.values():
-            try:
-                rss = psutil.Process(w.pid).memory_info().rss
-            except psutil.Error:
-                rss = 0
-            mem = self.guard.leaf_memory(w.leaf) if self.guard is not None and w.leaf else 0
-            infos.append(m.WorkerInfo(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid, rss_bytes=rss,
-                                      task_id=w.task_id, memory_bytes=mem, resources=w.resources))
-        g = self.guard
-        return m.StatusReply(
-            node_id=self.node_id, pid=os.getpid(), address=self.address, started_at=self.started_at,
-            runs=sorted(self.sup.runs), workers=infos, preload=self.preload, zygote_ready=self.forks.ready,
-            draining=self.draining,
-            isolation=g.info() if g else None, recent_kills=g.recent_kills() if g else [],
-            capacity=g.capacity() if g else m.Resources(num_cpus=self.spec.resources.get("CPU", 0.0),
-                                                         memory_bytes=int(self.spec.resources.get("memory", 0))),
-            head_address=self.role.head_address,
-            nodes=self.role.nodes(self.me(), self.clock()) if self.role.is_head else [],
-        )
+        return node_status(self)
 
     # ---- loop ----------------------------------------------------------------------------------
 
@@ -342,7 +313,6 @@ class Agent:
                     poller.register(fd, zmq.POLLIN)
             self._restart_fork_server_if_due(self.clock())
             self._tick(self.clock())
-            self._graceful_step(self.clock())
         self.close()
 
     def request_stop(self, *_args) -> None:
@@ -350,16 +320,7 @@ class Agent:
 
     def request_graceful_stop(self, *_args) -> None:
         """SIGTERM: drain with a deadline, then stop (a signal handler only sets a flag)."""
-        self._graceful_requested = True
-
-    def _graceful_step(self, now: float) -> None:
-        if self._graceful_requested and self._stop_at is None:
-            timeout = float(os.environ.get("OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "30"))
-            if self.draining is None:
-                self.drain("shutdown", "the node agent received SIGTERM", timeout)
-            self._stop_at = now + timeout
-        if self._stop_at is not None and (now >= self._stop_at or not self.sup.workloads):
-            self._stop = True
+        self.sources.request_graceful_stop()
 
     def _drain_requests(self) -> None:
         while True:
@@ -376,8 +337,7 @@ class Agent:
         self.sock.send_multipart([identity, encode(msg)])
 
     def close(self) -> None:
-        for watcher in self._watchers:
-            watcher.stop()
+        self.sources.close()
         for w in list(self.sup.workloads.values()):
             kill_tree(w.pid, signal.SIGKILL)
             if self.guard is not None and w.leaf:

@@ -164,9 +164,16 @@ class MemberNode:
         return m.DrainAck(node_id=self.node_id, runs_notified=apply_here(notice), node_ids=notice.node_ids)
 
     def tick(self, me: m.NodeInfo, now: float) -> list[m.NodeDraining]:
-        orders = [o for o in self.receive() if isinstance(o, m.NodeDraining)]
+        received = self.receive()
+        if any(isinstance(o, m.HeartbeatAck) and not o.known for o in received):
+            # The head restarted (its table is new) or declared this node dead: register again.
+            log.warning("the head at %s does not know this node; registering again", self.head_address)
+            try:
+                self.sock.send(encode(m.RegisterNode(node=me)), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         self._heartbeat_if_due(now, me)
-        return orders
+        return [o for o in received if isinstance(o, m.NodeDraining)]
 
     def drained_here(self) -> None:
         self.next_heartbeat = 0.0  # the head learns of it on the loop's next turn

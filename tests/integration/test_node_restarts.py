@@ -111,3 +111,12 @@ def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_
     (lost,) = [f for f in _failures(state) if f["exc_type"] == "NodeLost"]
     assert lost["node_id"] == victim and f"node agent of node {victim}" in lost["message"] and "is gone" in lost["message"]
     assert state["failure_counts"]["worker"] == 1
+
+
+def test_a_restarted_head_takes_its_members_back(monkeypatch):
+    with LocalCluster(num_nodes=2, node_timeout_s=300) as cluster:
+        cluster.kill_node("node-0")
+        cluster.restart_node("node-0")  # a new head: its table starts empty
+        wait_until(lambda: {n.node_id: n.state for n in cluster.node_table()} == {"node-0": "alive",
+                                                                                   "node-1": "alive"},
+                   60, "the member to register with the restarted head")
