@@ -32,6 +32,7 @@ class LocalNode:
     address: str
     proc: subprocess.Popen
     log_path: Path
+    args: list[str]
 
 
 class LocalCluster:
@@ -84,13 +85,29 @@ class LocalCluster:
             args += ["--num-cpus", str(self.cpus_per_node)]
         if domain:
             args += ["--failure-domain", domain]
+        self._start(node_id, args + (extra_args or []))
+        return node_id
+
+    def restart_node(self, node_id: str) -> str:
+        """Start a node's agent again after it died (as its supervisor would): same id, same
+        arguments, same state directory; it cleans what its predecessor left and rejoins.
+        Returns its (new) address."""
+        node = self.nodes[node_id]
+        if node.proc.poll() is None:
+            raise ValueError(f"node {node_id}'s agent (pid {node.proc.pid}) still runs; kill_node() it first")
+        # On its old port, as a supervisor restarts a node with a fixed address: drivers, members and
+        # the head keep their addresses for it.
+        port = node.address.rsplit(":", 1)[1]
+        args = [a for i, a in enumerate(node.args) if a != "--port" and (i == 0 or node.args[i - 1] != "--port")]
+        return self._start(node_id, args + ["--port", port]).address
+
+    def _start(self, node_id: str, args: list[str]) -> LocalNode:
         log_path = self.workdir / f"{node_id}.log"
         # Each node keeps its own state (checkpoint cache, node file) as a machine would.
         env = {"OUTLAST_HOME": str(self.workdir / node_id)}
-        proc, address = start_agent_process(self.preload, embedded=False, extra_args=args + (extra_args or []),
-                                            log_path=log_path, env=env)
-        self.nodes[node_id] = LocalNode(node_id, address, proc, log_path)
-        return node_id
+        proc, address = start_agent_process(self.preload, embedded=False, extra_args=args, log_path=log_path, env=env)
+        node = self.nodes[node_id] = LocalNode(node_id, address, proc, log_path, args)
+        return node
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         """Until every node's fork server has its modules imported."""

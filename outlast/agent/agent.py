@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 
 import psutil
 import zmq
 
+from outlast.agent import workdir
+from outlast.agent.drain_sources import DrainSources
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
+from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
+from outlast.agent.status import node_status
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.client.liveness import host_id
 from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
@@ -62,14 +65,14 @@ class Agent:
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.sup = Supervisor(node_id)
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
-        self.error_dir = tempfile.mkdtemp(prefix=f"outlast-{node_id}-")
+        self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self._stop = False
         self.draining: m.NodeDraining | None = None
-        self._graceful_requested = False
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()  # from the cloud watchers' threads
-        self._watchers: list = []
-        self._stop_at: float | None = None
+        self.sources = DrainSources()
         self.role: NodeRole | None = None
+        self.fork_restarts = RestartPolicy()
+        self._fork_restart_at: float | None = None
+        self._poller = zmq.Poller()
         # Before the fork server starts: the agent moves itself into system/, and the server
         # (its child) starts there too.
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
@@ -80,6 +83,7 @@ class Agent:
             self.role.join(self.me())
             self.forks = ForkServer(preload)
         except BaseException:
+            workdir.release(self.workdir)
             if self.guard:
                 self.guard.close()
             if self.role is not None:
@@ -93,7 +97,8 @@ class Agent:
         return m.NodeInfo(node_id=self.node_id, address=self.address, host=self.spec.node_ip,
                           resources=self.spec.resources, labels=self.spec.labels,
                           failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
-                          is_head=self.role is not None and self.role.is_head)
+                          is_head=self.role is not None and self.role.is_head, agent_pid=os.getpid(),
+                          host_id=host_id())
 
     # ---- effects ---------------------------------------------------------------------------------
 
@@ -102,7 +107,8 @@ class Agent:
             if isinstance(e, Send):
                 self._reply(e.to, e.msg)
             elif isinstance(e, Kill):
-                kill_tree(e.pid, e.sig)
+                if e.pid > 0:  # never 0 or -1: those name our own group or everyone
+                    kill_tree(e.pid, e.sig)
             elif isinstance(e, ReleaseLeaf):
                 if self.guard is not None:
                     self.guard.on_reaped(e.pid, e.leaf)
@@ -114,8 +120,7 @@ class Agent:
     def _on_fork_server(self) -> None:
         msg = self.forks.receive()
         if msg is None:
-            log.error("the fork server died (exit %s); stopping the node", self.forks.exit_status())
-            self._stop = True
+            self._fork_server_died()
         elif isinstance(msg, m.ZygoteReady):
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
@@ -123,6 +128,31 @@ class Agent:
             self.apply(self.sup.on_forked(msg, time.time()))
         elif isinstance(msg, m.Reaped):
             self.apply(self.sup.on_reaped(msg))
+
+    def _fork_server_died(self) -> None:
+        """Its workloads died with it: report them lost (their runs restart them), then start a new
+        one (it imports the preloaded modules again), later if it keeps dying, or stop the node."""
+        pid = self.forks.proc.pid
+        self._poller.unregister(self.forks.fileno())
+        how = describe_exit(self.forks.reap())
+        self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
+                                     "its workers died with it"))
+        decision = self.fork_restarts.on_death(self.clock(), how)
+        if isinstance(decision, GiveUp):
+            log.error("%s; stopping the node", decision.reason)
+            self._stop = True
+        else:
+            log.warning("%s", decision.reason)
+            self._fork_restart_at = decision.at
+
+    def _restart_fork_server_if_due(self, now: float) -> None:
+        if self._fork_restart_at is None or now < self._fork_restart_at:
+            return
+        self._fork_restart_at = None
+        self.forks.start()
+        self.fork_restarts.restarted(now)
+        self._poller.register(self.forks.fileno(), zmq.POLLIN)
+        log.info("started the fork server again (pid %d)", self.forks.proc.pid)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -171,7 +201,7 @@ class Agent:
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
                 payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
                 run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
-                error_file=os.path.join(self.error_dir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
+                error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
                 cgroup_procs=procs,
             ))
 
@@ -185,7 +215,7 @@ class Agent:
         self.forks.send(m.ForkTask(
             run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
             env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
-            error_file=os.path.join(self.error_dir, f"task-{req.task_id}.json"), cgroup_procs=procs,
+            error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
         ))
 
     def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
@@ -209,20 +239,7 @@ class Agent:
 
     def watch_cloud_notices(self, kinds: list[str], base_urls: dict[str, str] | None = None) -> None:
         """Drain this node when a cloud says it will take it away (opt-in, by cloud name)."""
-        from outlast.drain import detect_watchers
-
-        self._watchers = [w.start() for w in detect_watchers(kinds, self._notices.put, base_urls=base_urls)]
-
-    def _take_notices(self) -> None:
-        # The watchers run in their own threads; only this loop touches the sockets.
-        while True:
-            try:
-                notice = self._notices.get_nowait()
-            except queue.Empty:
-                return
-            if self.draining is None:
-                left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
-                self.drain("preemption", f"{notice.source}: {notice.reason}", None if left is None else max(0.0, left))
+        self.sources.watch_clouds(kinds, base_urls)
 
     def drain(self, reason: str, message: str, deadline_remaining_s: float | None) -> m.DrainAck | m.DrainRefused:
         """Take no new workers, and tell every run with workers here, so each can save and move.
@@ -248,7 +265,11 @@ class Agent:
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.warning("the process that started this node (pid %d) is gone; stopping", self.parent_pid)
             self._stop = True
-        self._take_notices()
+        for order in self.sources.take(now):
+            if self.draining is None:
+                self.drain(order.reason, order.message, order.deadline_remaining_s)
+        if self.sources.stop_at is not None and (now >= self.sources.stop_at or not self.sup.workloads):
+            self._stop = True  # after a SIGTERM: drained, or out of time
         for order in self.role.tick(self.me(), now):
             if self.draining is None:
                 self._apply_drain(order)
@@ -263,32 +284,12 @@ class Agent:
     # ---- status ---------------------------------------------------------------------------------
 
     def status(self) -> m.StatusReply:
-        infos = []
-        for w in self.sup.workloads.values():
-            try:
-                rss = psutil.Process(w.pid).memory_info().rss
-            except psutil.Error:
-                rss = 0
-            mem = self.guard.leaf_memory(w.leaf) if self.guard is not None and w.leaf else 0
-            infos.append(m.WorkerInfo(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid, rss_bytes=rss,
-                                      task_id=w.task_id, memory_bytes=mem, resources=w.resources))
-        g = self.guard
-        return m.StatusReply(
-            node_id=self.node_id, pid=os.getpid(), address=self.address, started_at=self.started_at,
-            runs=sorted(self.sup.runs), workers=infos, preload=self.preload, zygote_ready=self.forks.ready,
-            draining=self.draining,
-            isolation=g.info() if g else None, recent_kills=g.recent_kills() if g else [],
-            capacity=g.capacity() if g else m.Resources(num_cpus=self.spec.resources.get("CPU", 0.0),
-                                                         memory_bytes=int(self.spec.resources.get("memory", 0))),
-            head_address=self.role.head_address,
-            nodes=self.role.nodes(self.me(), self.clock()) if self.role.is_head else [],
-            run_commits={r.run_id: r.last_commit_at for r in self.sup.runs.values() if r.last_commit_at is not None},
-        )
+        return node_status(self)
 
     # ---- loop ----------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.forks.fileno(), zmq.POLLIN)
         if self.role.sock is not None:
@@ -302,7 +303,7 @@ class Agent:
                     self._drain_requests()
                 elif item in sources:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
-                elif item == self.forks.fileno():
+                elif self.forks.up and item == self.forks.fileno():
                     self._on_fork_server()
             if self.guard is not None and self.guard.sources_by_fd() != sources:
                 for fd in sources:
@@ -310,8 +311,8 @@ class Agent:
                 sources = self.guard.sources_by_fd()
                 for fd in sources:
                     poller.register(fd, zmq.POLLIN)
+            self._restart_fork_server_if_due(self.clock())
             self._tick(self.clock())
-            self._graceful_step(self.clock())
         self.close()
 
     def request_stop(self, *_args) -> None:
@@ -319,16 +320,7 @@ class Agent:
 
     def request_graceful_stop(self, *_args) -> None:
         """SIGTERM: drain with a deadline, then stop (a signal handler only sets a flag)."""
-        self._graceful_requested = True
-
-    def _graceful_step(self, now: float) -> None:
-        if self._graceful_requested and self._stop_at is None:
-            timeout = float(os.environ.get("OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "30"))
-            if self.draining is None:
-                self.drain("shutdown", "the node agent received SIGTERM", timeout)
-            self._stop_at = now + timeout
-        if self._stop_at is not None and (now >= self._stop_at or not self.sup.workloads):
-            self._stop = True
+        self.sources.request_graceful_stop()
 
     def _drain_requests(self) -> None:
         while True:
@@ -345,8 +337,7 @@ class Agent:
         self.sock.send_multipart([identity, encode(msg)])
 
     def close(self) -> None:
-        for watcher in self._watchers:
-            watcher.stop()
+        self.sources.close()
         for w in list(self.sup.workloads.values()):
             kill_tree(w.pid, signal.SIGKILL)
             if self.guard is not None and w.leaf:
@@ -359,10 +350,7 @@ class Agent:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.term()
-        try:
-            os.rmdir(self.error_dir)
-        except OSError:
-            pass
+        workdir.release(self.workdir)
 
 
 def default_resources() -> dict[str, float]:

@@ -1,4 +1,8 @@
-"""The agent's handle on its fork server (outlast/agent/zygote.py): the process and the pipe to it."""
+"""The agent's handle on its fork server (outlast/agent/zygote.py): the process and the pipe to it.
+
+A server that died is started again by the agent (`start`); what is asked of it in between
+waits here and goes to the new server, which reads it once its modules are imported.
+"""
 
 from __future__ import annotations
 
@@ -15,27 +19,46 @@ class ForkServer:
     def __init__(self, preload: list[str]) -> None:
         self.preload = preload
         self.ready = False
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.starts = 0
+        self._waiting: list[m.ForkWorker | m.ForkTask] = []
+        self.start()
+
+    @property
+    def up(self) -> bool:
+        return self.conn is not None
+
+    def start(self) -> None:
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(preload)],
+            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload)],
             pass_fds=[theirs.fileno()],
         )
         theirs.close()
         self.conn = Connection(ours.detach())
+        self.ready = False
+        self.starts += 1
+        waiting, self._waiting = self._waiting, []
+        for msg in waiting:
+            self.send(msg)
 
     def fileno(self) -> int:
+        assert self.conn is not None
         return self.conn.fileno()
 
-    def send(self, msg: m.ForkWorker | m.ForkTask) -> bool:
-        """False when the server is gone (its death reaches the poll loop as an end of file)."""
+    def send(self, msg: m.ForkWorker | m.ForkTask) -> None:
+        if self.conn is None:
+            self._waiting.append(msg)
+            return
         try:
             self.conn.send_bytes(encode(msg))
         except OSError:
-            return False
-        return True
+            pass  # it died: the poll loop reads the end of file and reports the fork lost
 
     def receive(self) -> m.FromZygote | None:
         """The server's next report, or None once it died."""
+        assert self.conn is not None
         try:
             data = self.conn.recv_bytes()
         except (EOFError, OSError):
@@ -45,15 +68,22 @@ class ForkServer:
             self.ready = True
         return msg
 
-    def exit_status(self, timeout_s: float = 1.0) -> int | None:
-        """Its exit code (negative: the signal), waiting a little for the process to be reaped."""
+    def reap(self, timeout_s: float = 1.0) -> int | None:
+        """After an end of file: close the pipe, and return the exit code (negative: the signal)."""
+        assert self.conn is not None and self.proc is not None
+        self.conn.close()
+        self.conn, self.ready = None, False
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return None
+            self.proc.kill()  # half dead (its pipe closed): it is ours, so it goes
+            return self.proc.wait()
 
     def close(self) -> None:
-        self.conn.close()  # the server exits on EOF
+        if self.conn is not None:
+            self.conn.close()  # the server exits on EOF
+        if self.proc is None:
+            return
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

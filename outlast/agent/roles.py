@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 
 import zmq
 
+from outlast.client.liveness import agent_gone
 from outlast.cluster.nodetable import NodeTable, UnknownNode
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked
@@ -104,6 +105,10 @@ class HeadNode:
         for node in self.table.expire(now):
             log.warning("node %s (%s) stopped answering for more than %.1f s: declared dead", node.node_id,
                         node.address, self.table.node_timeout_s)
+        for node in self.table.nodes():
+            why = agent_gone(node) if node.state != "dead" and node.node_id != self.node_id else None
+            if why and self.table.declare_dead(node.node_id) is not None:
+                log.warning("%s: declared dead", why)
         return []
 
     def drained_here(self) -> None:
@@ -159,9 +164,16 @@ class MemberNode:
         return m.DrainAck(node_id=self.node_id, runs_notified=apply_here(notice), node_ids=notice.node_ids)
 
     def tick(self, me: m.NodeInfo, now: float) -> list[m.NodeDraining]:
-        orders = [o for o in self.receive() if isinstance(o, m.NodeDraining)]
+        received = self.receive()
+        if any(isinstance(o, m.HeartbeatAck) and not o.known for o in received):
+            # The head restarted (its table is new) or declared this node dead: register again.
+            log.warning("the head at %s does not know this node; registering again", self.head_address)
+            try:
+                self.sock.send(encode(m.RegisterNode(node=me)), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         self._heartbeat_if_due(now, me)
-        return orders
+        return [o for o in received if isinstance(o, m.NodeDraining)]
 
     def drained_here(self) -> None:
         self.next_heartbeat = 0.0  # the head learns of it on the loop's next turn

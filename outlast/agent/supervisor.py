@@ -194,15 +194,19 @@ class Supervisor:
 
     def lose_all(self, why: str) -> list[Effect]:
         """The fork server died and its workloads with it (they die with their parent): nobody will
-        reap them, so each is reported lost now, as a failure its run restarts from."""
+        reap them, so each is reported lost now, as a failure its run restarts from. So is each fork
+        it was asked for and never reported: without a report its controller would wait for it."""
+        error = m.WorkerError(exc_type="ForkServerDied", message=why, traceback="", phase="node")
         effects: list[Effect] = []
         for w in list(self.workloads.values()):
             del self.workloads[w.pid]
-            error = m.WorkerError(exc_type="ForkServerDied", message=why, traceback="", phase="node")
             effects += [Kill(w.pid, signal.SIGKILL, why), ReleaseLeaf(w.pid, w.leaf)]
             effects += self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid, None, signal.SIGKILL, error,
                                          w.kill_report)
-        self._placements.clear()  # forks the dead server never made: their attempts fail by the reports above
+        for (run_id, attempt, rank, task_id), p in list(self._placements.items()):
+            effects.append(ReleaseLeaf(0, p.leaf))
+            effects += self._report_exit(run_id, attempt, rank, task_id, 0, None, None, error, None)
+        self._placements.clear()
         return effects
 
     def oom_kill(self, pid: int, report: m.KillReport) -> list[Effect]:

@@ -67,6 +67,14 @@ class NodeTable:
                 dead.append(self._nodes[node_id])
         return dead
 
+    def declare_dead(self, node_id: str) -> NodeInfo | None:
+        """A node known to be gone without waiting for its silence; returns it if it was not dead yet."""
+        node = self._nodes.get(node_id)
+        if node is None or node.state == "dead":
+            return None
+        self._nodes[node_id] = msgspec.structs.replace(node, state="dead", used={})
+        return self._nodes[node_id]
+
     def drain(self, node_id: str, reason: str, message: str, deadline_unix_s: float | None) -> DrainOrder:
         """Mark `node_id` and its failure domain as draining; raise `UnknownNode` for a wrong id."""
         node = self._nodes.get(node_id)

@@ -2,7 +2,8 @@
 
 Workers reach the controller on one ROUTER socket (identity "attempt:rank"); each node
 agent this run uses gets a DEALER link; the head answers node-table queries on another.
-This module only moves bytes: decoding, sending, noticing an embedded head that exited.
+This module only moves bytes: decoding, sending, and noticing (outlast/client/liveness.py) a
+node whose agent process is gone from this machine, at once rather than after its silence.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Callable
 
 import zmq
 
+from outlast.client.liveness import agent_gone, mark_gone_dead
 from outlast.controller import group as g
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -25,18 +27,18 @@ QUERY_RETRY_S = 3.0  # a table query the head never answered (it may be gone) is
 
 class AgentGroup:
     def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, bind_host: str = "127.0.0.1",
-                 head_alive: Callable[[], bool] = lambda: True, clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
         self.key = key
         self.head_address = head_address
         self.clock = clock
-        self._head_alive = head_alive
         self.sock, self.address = bind_router(ctx, bind_host, key=key)
         self._query = connect_dealer(ctx, head_address, key=key)
         self._query_sent: float | None = None
+        self._table: list[m.NodeInfo] = []  # the last table the head sent
         self._addresses: dict[str, str] = {}  # node id -> its agent's address, from the last table
         self._links: dict[str, zmq.Socket] = {}
-        self._gone_told: set[str] = set()
+        self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) already reported gone
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         self._poller.register(self._query, zmq.POLLIN)
@@ -100,10 +102,10 @@ class AgentGroup:
                 out += self._table_answers()
             else:
                 out += self._agent_events(sock)
-        head = next((n for n, a in self._addresses.items() if a == self.head_address), None)
-        if head is not None and head not in self._gone_told and not self._head_alive():
-            self._gone_told.add(head)
-            out.append(g.AgentGone(head, f"the node agent at {self.head_address} exited"))
+        for node in self._table:
+            if (node.node_id, node.agent_pid) not in self._gone_told and (why := agent_gone(node)):
+                self._gone_told.add((node.node_id, node.agent_pid))
+                out.append(g.AgentGone(node.node_id, why))
         return out
 
     def _worker_messages(self) -> list[g.InEvent]:
@@ -145,8 +147,10 @@ class AgentGroup:
                 continue
             if isinstance(reply, m.NodeList):
                 self._query_sent = None
-                self._addresses = {n.node_id: n.address for n in reply.nodes}
-                out.append(g.NodeTable(list(reply.nodes)))
+                # A node whose agent is gone from this machine is never shown alive.
+                self._table = [mark_gone_dead(n) for n in reply.nodes]
+                self._addresses = {n.node_id: n.address for n in self._table}
+                out.append(g.NodeTable(list(self._table)))
 
     def close(self, linger_ms: int = 0) -> None:
         for link in self._links.values():

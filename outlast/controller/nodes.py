@@ -24,7 +24,8 @@ class NodeBook:
         self.heard: dict[str, float] = {}  # linked node -> when its agent last said anything (monotonic)
         self._gone: dict[str, str] = {}  # node -> why its agent is known to be gone
         self._last_tick: float | None = None
-        self._lost_here: dict[str, float] = {}  # node id -> when this driver lost it
+        # (node id, agent pid) -> when this driver lost it: an agent started again is not that node
+        self._lost_here: dict[tuple[str, int], float] = {}
         self._drained_here: dict[str, m.NodeDraining] = {}  # drains this driver heard of from the nodes
         self._drains: dict[str, m.NodeDraining] = {}  # every drain seen, kept after the node is gone
 
@@ -67,7 +68,8 @@ class NodeBook:
         for n in self.nodes.values():
             # A node this driver lost may look alive to the head (a partition between the two):
             # it gets no work until it has been out of sight for a while.
-            if n.state == "dead" or now - self._lost_here.get(n.node_id, float("-inf")) < LOST_NODE_QUARANTINE_S:
+            lost_at = self._lost_here.get((n.node_id, n.agent_pid), float("-inf"))
+            if n.state == "dead" or now - lost_at < LOST_NODE_QUARANTINE_S:
                 continue
             free = dict(n.resources)
             for other, held in n.used.items():
@@ -107,7 +109,8 @@ class NodeBook:
 
     def lose(self, node_id: str, now: float) -> None:
         """This driver lost the node: no messages to it, and no work for a while."""
-        self._lost_here[node_id] = now
+        info = self.nodes.get(node_id)
+        self._lost_here[(node_id, info.agent_pid if info else 0)] = now
         self.heard.pop(node_id, None)
 
     def lost_nodes(self, now: float, nodes: set[str]) -> dict[str, str]:

@@ -293,6 +293,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     used: dict[str, dict[str, float]] = {}  # run id -> resources its workers hold here
     last_seen_unix: float = 0.0
     is_head: bool = False
+    agent_pid: int = 0  # with host_id: a process on the same host sees at once when the agent is gone
+    host_id: str = ""  # boot id and pid namespace (outlast/client/liveness.py)
 
 
 class RegisterNode(Msg):

@@ -25,6 +25,7 @@ from outlast.runenv import carried_env
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
+from outlast.train.embedded import EmbeddedNode
 from outlast.train.config import RunConfig, ScalingConfig
 from outlast.train.data import DataConfig, to_source
 from outlast.errors import TrainingFailedError, classify
@@ -148,24 +149,26 @@ class DataParallelTrainer:
             duplicate_files=rc.checkpoint_config.duplicate_files,
         )
         ctx = zmq.Context()
-        access = None
+        access = embedded = None
         try:
-            access = attach(ctx, list(self.backend.preload), self.isolation.to_args() if self.isolation else [])
-            embedded = access.embedded
-            plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
-            if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
+            preload, node_args = list(self.backend.preload), self.isolation.to_args() if self.isolation else []
+            access = attach(ctx, preload, node_args)
+            if access.embedded is not None:
+                embedded = EmbeddedNode(access.embedded, access.head_address, access.key, preload, node_args)
+            elif self.isolation is not None and self.isolation.enable_resource_isolation:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)
-            group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
-                               head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True))
+            plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
+            # The node's liveness comes from its table entry (its agent's pid, on this machine).
+            group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address))
             try:
                 Controller(plan, group).run()
             finally:
                 group.close(linger_ms=500 if embedded is None else 0)
         finally:
+            if embedded is not None:
+                embedded.stop()
             if access is not None:
-                if access.embedded is not None:
-                    _stop_embedded(access.embedded)
                 access.stop_authenticator()
             ctx.term()
 
@@ -223,15 +226,6 @@ def _timeouts_from_env() -> Timeouts:
         capacity_s=float(env.get("OUTLAST_CAPACITY_TIMEOUT_S", defaults.capacity_s)),
         node_lost_after_s=float(env.get("OUTLAST_NODE_TIMEOUT_S", defaults.node_lost_after_s)),
     )
-
-
-def _stop_embedded(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except Exception:
-        proc.kill()
-        proc.wait()
 
 
 def _ensure_logging() -> None:

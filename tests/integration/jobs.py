@@ -150,11 +150,21 @@ def collective_loop(config: dict) -> None:
     log_event(config, event="barrier")
 
 
+def _kill(kind: str) -> None:
+    """SIGKILL this worker ("kill"), its fork server ("forkserver": the worker's parent) or its node
+    agent ("agent": the fork server's parent); the worker dies with the fork server either way."""
+    import psutil
+
+    pid = {"kill": os.getpid(), "forkserver": os.getppid()}.get(kind) or psutil.Process(os.getppid()).ppid()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(60)  # the kernel's signal to a fork server's children arrives in a moment
+
+
 def deterministic_ddp_loop(config: dict) -> None:
     """Training as a pure function of (restored state, step): a restart redoes steps bit for bit.
 
     `config["faults"]` lists [attempt, rank, offset, kind]: in that attempt, that rank dies `offset`
-    steps after the step it started from.
+    steps after the step it started from (kind: "raise", "kill", "forkserver", "agent").
     At the end rank 0 logs a digest of the weights.
     """
     import hashlib
@@ -176,7 +186,7 @@ def deterministic_ddp_loop(config: dict) -> None:
             if (attempt, f_rank, start + offset) == (ctx.get_attempt(), rank, step):
                 if kind == "raise":
                     raise RuntimeError(f"chaos at step {step}")
-                os.kill(os.getpid(), signal.SIGKILL)
+                _kill(kind)
         g = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.randn(16, 8, generator=g)
         loss = ((model(x) - torch.sin(x.sum(dim=1, keepdim=True))) ** 2).mean()

@@ -29,10 +29,12 @@ def _train(storage_path, tmp_path, name, faults):
 @pytest.mark.torch
 def test_a_run_with_random_faults_ends_with_the_same_weights_as_one_without(storage_path, tmp_path):
     rng = random.Random(20261129)
-    # Attempts 1 to 6 each fail a random number of steps after their start (kills and exceptions,
-    # on either rank), often between two checkpoints, so that steps are redone after a restore.
-    faults = [[attempt, rng.randrange(2), rng.randrange(1, 7), rng.choice(["kill", "raise"])]
+    # Attempts 1 to 6 each fail a random number of steps after their start (on either rank: a
+    # SIGKILL of the worker, an exception, a SIGKILL of its fork server or of the node agent the
+    # driver started), often between two checkpoints, so that steps are redone after a restore.
+    faults = [[attempt, rng.randrange(2), rng.randrange(1, 7), rng.choice(["kill", "raise", "forkserver", "agent"])]
               for attempt in range(1, 7)]
+    assert {f[3] for f in faults} == {"kill", "raise", "forkserver", "agent"}  # this seed draws every kind
     _, clean = _train(storage_path, tmp_path, "clean", [])
     result, chaotic = _train(storage_path, tmp_path, "chaos", faults)
     assert len(clean) == 1 and chaotic == clean

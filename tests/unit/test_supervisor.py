@@ -155,7 +155,8 @@ def test_a_dead_fork_server_reports_every_workload_lost_as_a_failure():
     effects = sup.lose_all("the fork server died (exit -9)")
     assert sorted(kills(effects)) == [(7, signal.SIGKILL), (101, signal.SIGKILL), (102, signal.SIGKILL)]
     msgs = sent(effects)
-    assert sorted(type(x).__name__ for x in msgs) == ["TaskExited", "WorkerExited", "WorkerExited"]
+    assert sorted(type(x).__name__ for x in msgs) == ["TaskExited", "WorkerExited", "WorkerExited", "WorkerExited"]
+    assert sorted((x.rank, x.pid) for x in msgs if isinstance(x, m.WorkerExited)) == [(0, 101), (1, 102), (2, 0)]
     assert all(x.error is not None and x.error.exc_type == "ForkServerDied" and "exit -9" in x.error.message
                for x in msgs)
     assert sup.workloads == {} and sup.usage() == {}

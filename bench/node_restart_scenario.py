@@ -1,0 +1,85 @@
+"""One training run on an embedded node in which rank 1 kills, once, at step --kill-step:
+itself ("worker"), its fork server ("forkserver") or its node agent ("agent").
+
+    python bench/node_restart_scenario.py --kill worker|forkserver|agent --events FILE --storage DIR
+
+Workers append JSON lines to --events; bench_node_restarts.py turns them into figures.
+"""
+import argparse
+import json
+import os
+import signal
+import tempfile
+import time
+
+
+def emit(path, **event):
+    with open(path, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def loop(config):
+    import psutil
+    import torch
+
+    from outlast import train
+    from outlast.train import Checkpoint
+    from outlast.train.torch import prepare_model
+
+    torch.set_num_threads(1)
+    ctx = train.get_context()
+    rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        start = state["step"] + 1
+    model = prepare_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(start, config["steps"]):
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        time.sleep(config["step_s"])
+        checkpoint = None
+        if rank == 0 and (step + 1) % config["every"] == 0:
+            d = tempfile.mkdtemp()
+            torch.save({"model": model.module.state_dict(), "step": step}, os.path.join(d, "state.pt"))
+            checkpoint = Checkpoint.from_directory(d)
+        train.report({"step": step}, checkpoint=checkpoint)
+        emit(config["events"], ev="step", rank=rank, attempt=attempt, step=step, t=time.time())
+        if attempt == 1 and rank == 1 and step == config["kill_step"]:
+            kind = config["kill"]
+            pid = {"worker": os.getpid(), "forkserver": os.getppid()}.get(kind) or psutil.Process(os.getppid()).ppid()
+            emit(config["events"], ev="kill", kind=kind, pid=pid, t=time.time())
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(60)  # dies with its fork server
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--kill", choices=["worker", "forkserver", "agent"], required=True)
+    p.add_argument("--events", required=True)
+    p.add_argument("--storage", required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--kill-step", type=int, default=12)
+    p.add_argument("--step-s", type=float, default=0.05)
+    a = p.parse_args()
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig
+    from outlast.train.torch import TorchTrainer
+
+    TorchTrainer(loop, train_loop_config={"events": a.events, "steps": a.steps, "kill_step": a.kill_step,
+                                          "kill": a.kill, "every": 5, "step_s": a.step_s},
+                 scaling_config=ScalingConfig(num_workers=2),
+                 run_config=RunConfig(name="run", storage_path=a.storage,
+                                      failure_config=FailureConfig(max_failures=1))).fit()
+
+
+if __name__ == "__main__":
+    main()

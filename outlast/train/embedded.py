@@ -1,0 +1,93 @@
+"""The node a driver starts for itself when no cluster runs here, started again when it dies.
+
+The node's agent is outlast's own process: an OOM kill of it, a bug, or a mistaken `kill` must
+cost the run one restart, not the run. A watcher thread waits on the agent (reaping it at
+once, so the controller sees the pid gone on its next tick: outlast/client/liveness.py) and
+starts a new one on the same address, with a new node id: the controller counts the old node
+lost (one failure of the run, its history saying what died and how) and places the next
+attempt on the new one. A node that keeps dying soon after its start is given up on, with
+the reason in the log; the run then waits for capacity and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+
+from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
+from outlast.client.discovery import AgentUnavailable, start_agent_process
+from outlast.client.liveness import note_exit
+from outlast.protocol.auth import ClusterKey
+
+log = logging.getLogger("outlast.train")
+
+
+class EmbeddedNode:
+    def __init__(self, proc: subprocess.Popen, address: str, key: ClusterKey, preload: list[str],
+                 extra_args: list[str]) -> None:
+        self.proc = proc
+        self.address = address
+        self._args = [*extra_args, "--port", address.rsplit(":", 1)[1]]
+        self._key = key
+        self._preload = preload
+        self._policy = RestartPolicy(what="the embedded node agent")
+        self._stopping = threading.Event()
+        self.restarts: list[str] = []  # what happened, one line per death
+        # Started from a thread, the agent dies with that thread (PR_SET_PDEATHSIG): this one lives
+        # until stop(), so a restarted agent lives as long as the driver.
+        self._thread = threading.Thread(target=self._watch, name="outlast-embedded-node", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            proc = self.proc
+            how = describe_exit(_wait_unreaped(proc))
+            if self._stopping.is_set():
+                proc.wait()
+                return
+            decision = self._policy.on_death(time.monotonic(), how)
+            # Said before the pid is reaped: the controller, seeing it gone, finds how it went.
+            note_exit(proc.pid, f"the embedded node agent died ({how}); " + (
+                decision.reason if isinstance(decision, GiveUp) else "the driver restarts it"))
+            proc.wait()
+            if isinstance(decision, GiveUp):
+                log.error("%s", decision.reason)
+                return
+            if decision.at > time.monotonic() and self._stopping.wait(decision.at - time.monotonic()):
+                return
+            try:
+                self.proc, _ = start_agent_process(self._preload, embedded=True, extra_args=self._args,
+                                                   env=self._key.env)
+            except AgentUnavailable as e:
+                log.error("the embedded node agent died (%s) and could not be started again: %s", how, e)
+                return
+            self._policy.restarted(time.monotonic())
+            self.restarts.append(f"the embedded node agent (pid {proc.pid}) died ({how}); the driver restarted it "
+                                 f"(pid {self.proc.pid}) at {self.address}")
+            log.warning("%s", self.restarts[-1])
+
+    def stop(self) -> None:
+        self._stopping.set()
+        proc = self.proc
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._thread.join(timeout=5)
+
+
+def _wait_unreaped(proc: subprocess.Popen) -> int | None:
+    """Wait for the child to end but leave it to be reaped (its pid stays taken until then);
+    returns its exit code as Popen gives it (negative: the signal)."""
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.wait()
+    if info is None:
+        return None
+    return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status

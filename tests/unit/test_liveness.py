@@ -1,0 +1,61 @@
+"""A node whose agent process is gone from this machine is lost at once, and never shown alive."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import msgspec
+
+from outlast.agent.roles import HeadNode
+from outlast.client.liveness import agent_gone, host_id, mark_gone_dead, note_exit
+from outlast.protocol import messages as m
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _node(node_id: str, pid: int, host: str | None = None) -> m.NodeInfo:
+    return m.NodeInfo(node_id=node_id, address=f"tcp://127.0.0.1:{1000 + len(node_id)}", host="127.0.0.1",
+                      resources={"CPU": 1.0}, agent_pid=pid, host_id=host_id() if host is None else host)
+
+
+def test_a_live_agent_on_this_machine_is_not_gone():
+    assert host_id()
+    assert agent_gone(_node("n1", os.getpid())) is None
+
+
+def test_a_dead_agent_on_this_machine_is_gone_and_says_how_if_its_parent_said():
+    pid = _dead_pid()
+    assert "pid %d) is gone from this machine" % pid in agent_gone(_node("n1", pid))
+    note_exit(pid, "killed by SIGKILL")
+    assert agent_gone(_node("n1", pid)).endswith("is gone: killed by SIGKILL")
+
+
+def test_an_agent_elsewhere_or_of_an_older_version_is_left_to_heartbeats():
+    pid = _dead_pid()
+    assert agent_gone(_node("n1", pid, host="another-boot/4026531836")) is None
+    assert agent_gone(_node("n1", 0)) is None
+    assert agent_gone(_node("n1", pid, host="")) is None
+
+
+def test_a_table_entry_of_a_gone_agent_reads_dead():
+    node = msgspec.structs.replace(_node("n1", _dead_pid()), used={"r": {"CPU": 1.0}})
+    assert mark_gone_dead(node).state == "dead" and mark_gone_dead(node).used == {}
+    alive = _node("n2", os.getpid())
+    assert mark_gone_dead(alive) is alive
+
+
+def test_the_head_declares_a_member_dead_as_soon_as_its_agent_is_gone():
+    head = HeadNode("head", node_timeout_s=60.0)
+    me = _node("head", os.getpid())
+    head.join(me)
+    head.on_peer(b"m1", m.RegisterNode(node=_node("m1", _dead_pid())), now=0.0)
+    head.on_peer(b"m2", m.RegisterNode(node=_node("m2", os.getpid())), now=0.0)
+    head.tick(me, now=1.0)  # long before the 60 s heartbeat timeout
+    states = {n.node_id: n.state for n in head.nodes(me, 1.0)}
+    assert states == {"head": "alive", "m1": "dead", "m2": "alive"}
