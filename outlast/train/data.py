@@ -77,6 +77,8 @@ def to_source(name: str, data: Any) -> _Source:
     """Check a dataset handed to a trainer and say how to read it; refuse what outlast cannot."""
     import numpy as np
 
+    if getattr(type(data), "__outlast_dataset__", False):  # ray.data.from_*(...) under `outlast run`
+        data = data.data
     kind = f"{type(data).__module__}.{type(data).__qualname__}"
     if kind.startswith("ray.data"):
         raise TypeError(f"datasets[{name!r}] is a Ray Data dataset ({kind}), which outlast does not run: {_UNSUPPORTED}")
