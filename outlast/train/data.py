@@ -164,8 +164,10 @@ class DataShard:
             if collate_fn is not None:
                 yield collate_fn(_to_numpy(batch))
                 continue
+            # Columns of text or objects stay numpy arrays: torch has no tensor for them.
             batch = default_collate(batch) if isinstance(batch, list) else \
-                {k: torch.as_tensor(v) for k, v in batch.items()}
+                {k: torch.as_tensor(v) if getattr(v, "dtype", None) is not None and v.dtype.kind in "biufc" else v
+                 for k, v in batch.items()}
             yield _to_torch(batch, dtypes, device)
 
     def iter_rows(self) -> Iterator[Any]:
