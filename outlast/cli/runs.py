@@ -83,4 +83,7 @@ def render(state: RunState, where: str) -> str:
         lines.append(f"  {c.checkpoint_dir}  {_when(c.committed_at)}  {metrics}{mark}")
     for s in state.skipped_checkpoints:
         lines.append(f"  skipped {s.checkpoint_dir} at {_when(s.time)}: {s.reason}")
+    if state.notes:
+        lines.append("notes:")
+        lines += [f"  {_when(n.time)}  {n.text}" for n in state.notes]
     return "\n".join(lines)

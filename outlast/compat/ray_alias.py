@@ -98,6 +98,36 @@ def _module_in_worker(name: str) -> types.ModuleType:
     return importlib.import_module(name)
 
 
+def active() -> bool:
+    return _finder is not None
+
+
+class _InstallFirst:
+    """Unpickled before the train function it travels with: the worker installs the alias before the
+    function's module (which may `import ray.train` at its top) is imported."""
+
+    def __reduce__(self):
+        return (_install_marker, ())
+
+
+def _install_marker() -> None:
+    install()
+
+
+def _carried(_marker: None, fn: Any) -> Any:
+    return fn
+
+
+class carry:
+    """`fn`, pickled so that a worker installs the alias before unpickling it."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __reduce__(self):
+        return (_carried, (_InstallFirst(), self.fn))
+
+
 def _init(*args: Any, **kwargs: Any) -> None:
     global _initialized
     if not _initialized:
@@ -124,6 +154,8 @@ def _ray_module() -> ShimModule:
 
 class InMemoryDataset:
     """What `ray.data.from_*` returns under `outlast run`: the data as given, for `datasets=`."""
+
+    __outlast_dataset__ = True  # outlast.train.data reads `.data` of it
 
     def __init__(self, data: Any, builder: str) -> None:
         self.data = data

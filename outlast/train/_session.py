@@ -239,7 +239,12 @@ class WorkerSession:
             log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
                         "None", e)
             return
-        self._storage.write_atomic(f"{self._run_dir}/{RETURN_VALUE_NAME}", data)
+        try:
+            self._storage.write_atomic(f"{self._run_dir}/{RETURN_VALUE_NAME}", data)
+        except (OSError, StorageError) as e:
+            # The training is done and committed: losing the return value must not fail the run.
+            log.warning("could not store the train function's return value (%s); Result.return_value will be None",
+                        e)
 
     # -- plumbing ---------------------------------------------------------------
 

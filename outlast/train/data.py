@@ -77,6 +77,8 @@ def to_source(name: str, data: Any) -> _Source:
     """Check a dataset handed to a trainer and say how to read it; refuse what outlast cannot."""
     import numpy as np
 
+    if getattr(type(data), "__outlast_dataset__", False):  # ray.data.from_*(...) under `outlast run`
+        data = data.data
     kind = f"{type(data).__module__}.{type(data).__qualname__}"
     if kind.startswith("ray.data"):
         raise TypeError(f"datasets[{name!r}] is a Ray Data dataset ({kind}), which outlast does not run: {_UNSUPPORTED}")
@@ -162,8 +164,10 @@ class DataShard:
             if collate_fn is not None:
                 yield collate_fn(_to_numpy(batch))
                 continue
+            # Columns of text or objects stay numpy arrays: torch has no tensor for them.
             batch = default_collate(batch) if isinstance(batch, list) else \
-                {k: torch.as_tensor(v) for k, v in batch.items()}
+                {k: torch.as_tensor(v) if getattr(v, "dtype", None) is not None and v.dtype.kind in "biufc" else v
+                 for k, v in batch.items()}
             yield _to_torch(batch, dtypes, device)
 
     def iter_rows(self) -> Iterator[Any]:

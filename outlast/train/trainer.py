@@ -106,8 +106,8 @@ class DataParallelTrainer:
         store = RunStore(storage, name)
         store.check_writable()
         try:
-            payload = cloudpickle.dumps(WorkerPayload(self.train_fn, self.train_loop_config, self.backend,
-                                                      storage, name, main_file=_main_file()))
+            payload = cloudpickle.dumps(WorkerPayload(_with_ray_alias(self.train_fn), self.train_loop_config,
+                                                      self.backend, storage, name, main_file=_main_file()))
         except Exception as e:
             raise TypeError(f"the train function or its config cannot be pickled to send to workers: {e}") from e
         lease = LeaseKeeper(store, ttl_s=float(os.environ.get("OUTLAST_DRIVER_LEASE_S", "10")))
@@ -192,6 +192,12 @@ def _result(book: RunBook, storage, store: RunStore, rc: RunConfig) -> Result:
                         cc.checkpoint_score_order)
 
 
+
+
+def _with_ray_alias(fn: Callable[..., Any]) -> Any:
+    """Under `outlast run` the workers need `ray` to be outlast's before they import the function's module."""
+    alias = sys.modules.get("outlast.compat.ray_alias")
+    return alias.carry(fn) if alias is not None and alias.active() else fn
 
 
 def _main_file() -> str | None:

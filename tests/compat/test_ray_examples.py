@@ -124,3 +124,19 @@ def test_after_the_mechanical_rename(name, case, examples, tmp_path):
         assert proc.returncode != 0 and "No module named 'ray'" in proc.stderr, proc.stderr[-3000:]
         return
     _check(proc, case, tmp_path, f"python {renamed}")
+
+
+@pytest.mark.torch
+def test_the_fashion_mnist_examples_own_function_on_cpu_imported_from_its_module(examples, tmp_path):
+    # Its __main__ asks for GPUs; its train_fashion_mnist(use_gpu=False) runs the same code on CPUs. The
+    # train function lives in the example's module, which imports ray.train at its top in every worker.
+    driver = tmp_path / "drive.py"
+    driver.write_text(f"import sys\nsys.path.insert(0, {str(examples)!r})\n"
+                      "from torch_fashion_mnist_example import train_fashion_mnist\n"
+                      "train_fashion_mnist(num_workers=2, use_gpu=False)\n")
+    env = {**_env(tmp_path), "OUTLAST_SHIM_DATASET_SIZE": "32", "HOME": str(tmp_path)}  # its FileLock is in ~
+    proc = subprocess.run([sys.executable, "-m", "outlast.cli.main", "run", str(driver)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    _check(proc, Case(), tmp_path, "outlast run drive.py (train_fashion_mnist on CPU)")
+    (run,) = _finished_runs(tmp_path)
+    assert set(run["last_metrics"]) == {"loss", "accuracy"}

@@ -45,6 +45,7 @@ def every_name_loop(config):
             "loader": [type(loader.dataset).__name__, loader.batch_size, len(loader)],
             "reported": [[r.metrics["epoch"], r.checkpoint.get_metadata()] for r in reported],
             "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "env": os.environ.get("RAYCOMPAT_ENV"),
         }) + "\n")
     return {"rank": rank, "seen": len(seen)}
 

@@ -92,3 +92,28 @@ def test_a_process_outside_outlast_run_sees_no_alias(tmp_path):
         print("ok")
     """, through_outlast=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_ray_docs_style_script_with_ray_data_items_trains_on_its_shards(tmp_path):
+    storage = tmp_path / "storage"
+    proc = run_script(tmp_path, f"""
+        import ray
+        import ray.data
+        import ray.train
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        def train_fn(config):
+            shard = ray.train.get_dataset_shard("train")
+            xs = [int(x) for batch in shard.iter_torch_batches(batch_size=2) for x in batch["x"]]
+            ray.train.report({{"xs": xs, "rank": ray.train.get_context().get_world_rank()}})
+            return xs
+
+        ray.init()
+        result = TorchTrainer(train_fn, scaling_config=ScalingConfig(num_workers=2),
+                              datasets={{"train": ray.data.from_items([{{"x": i}} for i in range(6)])}},
+                              run_config=RunConfig(name="docs", storage_path={str(storage)!r})).fit()
+        print("returned", result.return_value)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "returned [0, 1, 2]" in proc.stdout

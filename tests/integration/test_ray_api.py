@@ -15,7 +15,7 @@ from tests.integration.jobs import read_events
 
 @pytest.mark.torch
 def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_it(storage_path, tmp_path):
-    from outlast.train.torch import TorchTrainer
+    from outlast.train.torch import TorchConfig, TorchTrainer
     from tests.integration.ray_api_jobs import every_name_loop
 
     events = tmp_path / "events.jsonl"
@@ -24,8 +24,10 @@ def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_i
         scaling_config=ScalingConfig(num_workers=2),
         datasets={"train": {"x": np.arange(10)}, "validation": [{"v": i} for i in range(5)]},
         dataset_config=DataConfig(datasets_to_split=["train"]),
+        torch_config=TorchConfig(init_method="tcp"),
         run_config=RunConfig(name="ray_api", storage_path=storage_path, checkpoint_config=CheckpointConfig(
-            num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min")),
+            num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
+            worker_runtime_env={"env_vars": {"RAYCOMPAT_ENV": "from runtime env"}}),
     ).fit()
 
     by_rank = {e["rank"]: e for e in read_events(events)}
@@ -33,6 +35,7 @@ def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_i
     assert by_rank[0]["whole"] == by_rank[1]["whole"] == 5
     assert by_rank[0]["loader"] == ["TensorDataset", 4, 2]
     assert by_rank[0]["devices"] == ["cpu"] and by_rank[0]["deterministic"] is True
+    assert by_rank[0]["env"] == by_rank[1]["env"] == "from runtime env"  # and DDP met over tcp://
     # The kept checkpoints (epochs 1 and 2: the best two on loss; epoch 2 is also the latest), in report
     # order, each with its metadata and the directory name asked for.
     assert by_rank[1]["reported"] == [[1, {"epoch": 1, "checkpoint_dir_name": "epoch_1"}],

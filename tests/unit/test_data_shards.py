@@ -48,25 +48,14 @@ def test_rows_arrays_and_lists_are_read_with_ray_data_column_names():
         to_source("train", [{"a": 1}, {"b": 2}])
 
 
-def test_a_hugging_face_style_dataset_is_read_by_columns():
-    class Columnar:  # the two methods of datasets.Dataset the shard uses
-        column_names = ["text", "label"]
-
-        def __init__(self):
-            self.cols = {"text": ["a", "b", "c", "d"], "label": [0, 1, 0, 1]}
-
-        def __len__(self):
-            return 4
-
-        def with_format(self, kind):
-            assert kind == "numpy"
-            return self
-
-        def __getitem__(self, idx):
-            return {k: [v[i] for i in idx] for k, v in self.cols.items()}
-
-    (batch,) = list(shard(Columnar(), rank=1, world=2).iter_batches(batch_size=10))
+def test_a_hugging_face_dataset_is_read_by_columns_text_staying_numpy():
+    import datasets  # installed with outlast[test]
+    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [0, 1, 0, 1], "emb": [[1.0, 2.0]] * 4})
+    (batch,) = list(shard(ds, rank=1, world=2).iter_batches(batch_size=10))
     assert batch["text"].tolist() == ["c", "d"] and batch["label"].tolist() == [0, 1]
+    (tb,) = list(shard(ds, rank=1, world=2).iter_torch_batches(batch_size=10, device="cpu"))
+    assert tb["emb"].shape == (2, 2) and tb["label"].dtype == torch.int64 and tb["text"].tolist() == ["c", "d"]
+    assert next(iter(shard(ds).iter_rows()))["text"] == "a"
 
 
 def test_drop_last_and_a_seeded_local_shuffle_differ_per_epoch_but_repeat_across_runs():

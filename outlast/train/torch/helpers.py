@@ -61,7 +61,9 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    device = get_device()
+    import torch
+
+    device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
     if move_to_device:
         model = model.to(device)
     if parallel_strategy is None or not dist.is_initialized() or dist.get_world_size() == 1:

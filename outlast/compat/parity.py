@@ -1,0 +1,305 @@
+"""docs/ray-parity.md: every public name and argument of `ray.train` and `ray.train.torch`,
+against outlast's, generated from both APIs.
+
+Ray's side is read from the source files of its wheel with `ast` (`ray_api.py`): the table
+needs no Ray installation, which would pull in several hundred megabytes of dependencies
+(pyarrow, pandas, grpc) for what the source files say exactly. outlast's side is imported
+and inspected. What signatures cannot show (semantics) is written down in NOTES below, and
+where outlast refuses an argument, the error quoted is produced by calling outlast.
+
+    python -m outlast.compat.parity [--check]   # write docs/ray-parity.md, or fail if it is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from outlast.compat.ray_alias import RAY_VERSION
+from outlast.compat.ray_api import ApiName, Param, ray_train_api
+
+DOC = Path(__file__).parents[2] / "docs" / "ray-parity.md"
+MODULES = {"ray.train": "outlast.train", "ray.train.torch": "outlast.train.torch"}
+
+SAME, DIFFERS, UNSUPPORTED, DEPRECATED = "same", "differs", "not supported", "deprecated in Ray"
+
+
+@dataclass(frozen=True)
+class Note:
+    status: str
+    text: str
+    probe: Callable[[], Any] | None = None  # raises the error a user gets; its message is quoted
+
+
+def _train():
+    return importlib.import_module("outlast.train")
+
+
+def _torch():
+    return importlib.import_module("outlast.train.torch")
+
+
+_OUTLAST_URL = "give storage paths as URLs (s3://bucket/prefix, gs://...)"
+NOTES: dict[str, Note] = {
+    "report.checkpoint_dir_name": Note(DIFFERS, "outlast names the directory checkpoint_AAA_IIIIII (its recovery finds "
+                                                "checkpoints by that name); the name given is kept in the checkpoint's "
+                                                "metadata, `get_metadata()['checkpoint_dir_name']`"),
+    "report.checkpoint_upload_fn": Note(UNSUPPORTED, "", lambda: _train().report({}, checkpoint_upload_fn=print)),
+    "report.validation": Note(UNSUPPORTED, "", lambda: _train().report({}, validation=True)),
+    "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, in report order; a checkpoint "
+                                                  "reported with ASYNC whose commit is on its way may be missing"),
+    "get_all_reported_checkpoints.consistency_mode": Note(DIFFERS, "outlast has no validation: COMMITTED and VALIDATED "
+                                                                   "both give the committed checkpoints"),
+    "get_all_reported_checkpoints.timeout_s": Note(DIFFERS, "accepted; the call reads the run's history and does not wait"),
+    "get_dataset_shard": Note(DIFFERS, "the dataset given to the trainer, in memory (torch Dataset, Hugging Face "
+                                       "datasets.Dataset, numpy/torch arrays, dict of columns, pandas DataFrame, list "
+                                       "of rows), cut into equal contiguous shards; the shard offers iter_torch_batches, "
+                                       "iter_batches, iter_rows and count, not Ray Data's other methods"),
+    "Checkpoint.filesystem": Note(UNSUPPORTED, f"{_OUTLAST_URL}: Checkpoint('s3://bucket/run/checkpoint_001_000004')"),
+    "Checkpoint.set_metadata": Note(DIFFERS, "refused on a committed checkpoint (its files are checked against its "
+                                             "manifest): set metadata before report()"),
+    "Checkpoint.update_metadata": Note(DIFFERS, "refused on a committed checkpoint, as set_metadata"),
+    "CheckpointConfig": Note(DIFFERS, "outlast adds `duplicate_files`: ranks writing one file with different contents "
+                                      "keep one whole copy ('keep_lowest_rank', the default) or fail the checkpoint "
+                                      "('fail'); Ray keeps one copy without a word"),
+    "CheckpointUploadMode.NO_UPLOAD": Note(UNSUPPORTED, "outlast uploads every reported checkpoint itself"),
+    "DataConfig.execution_options": Note(UNSUPPORTED, "", lambda: _train().DataConfig(execution_options={})),
+    "DataConfig.enable_shard_locality": Note(DIFFERS, "accepted; shards are cut in memory, with no locality to keep"),
+    "DataConfig.configure": Note(UNSUPPORTED, "Ray Data's ingest; outlast cuts the shards itself"),
+    "DataConfig.default_ingest_options": Note(UNSUPPORTED, "Ray Data's ingest; outlast cuts the shards itself"),
+    "FailureConfig.controller_failure_limit": Note(UNSUPPORTED, "the driver is outlast's controller: run the script "
+                                                               "again with the same RunConfig(name, storage_path) and "
+                                                               "the run continues from its latest checkpoint"),
+    "Result": Note(DIFFERS, "outlast adds `last_metrics`, rank 0's last report (with a checkpoint or without)"),
+    "Result.metrics": Note(SAME, "the metrics reported with the latest checkpoint, None without one"),
+    "Result.best_checkpoints": Note(SAME, "the kept checkpoints ordered by checkpoint_score_attribute, the best last "
+                                          "(report order without one), at most num_to_keep"),
+    "Result.error": Note(SAME, "fit() raises the error; a Result from fit() has none"),
+    "Result.metrics_dataframe": Note(DIFFERS, "built from best_checkpoints when read; needs pandas"),
+    "Result.filesystem": Note(DIFFERS, "an fsspec file system, not a pyarrow one"),
+    "Result.from_path.storage_filesystem": Note(UNSUPPORTED, "",
+                                                lambda: _train().Result.from_path("/tmp/run", storage_filesystem=1)),
+    "Result.return_value": Note(SAME, "rank 0's return value, kept on storage: None unless the run finished"),
+    "RunConfig.storage_filesystem": Note(UNSUPPORTED, "", lambda: _train().RunConfig(storage_filesystem=object())),
+    "RunConfig.callbacks": Note(UNSUPPORTED, "", lambda: _train().RunConfig(callbacks=[print])),
+    "RunConfig.worker_runtime_env": Note(DIFFERS, "only env_vars", lambda: _train().RunConfig(
+        worker_runtime_env={"pip": ["x"]})),
+    "RunConfig.logging_config": Note(UNSUPPORTED, "outlast logs through Python's logging ('outlast' logger)"),
+    "RunConfig.storage_context": Note(UNSUPPORTED, "Ray's storage internals; the run lives at {storage_path}/{name}"),
+    "ScalingConfig.num_workers": Note(DIFFERS, "an int; Ray's (min, max) for elastic training is not supported",
+                                      lambda: _train().ScalingConfig(num_workers=(1, 2))),
+    "ScalingConfig.trainer_resources": Note(UNSUPPORTED, "the driver runs where fit() is called and reserves nothing"),
+    "ScalingConfig.accelerator_type": Note(DIFFERS, "asks each rank 0.001 of the resource 'accelerator_type:<type>', "
+                                                    "which a node offers with `outlast start --resources "
+                                                    "accelerator_type:A100=1`"),
+    "ScalingConfig.label_selector": Note(UNSUPPORTED, "", lambda: _train().ScalingConfig(label_selector={"a": "b"})),
+    "ScalingConfig.use_tpu": Note(UNSUPPORTED, "outlast trains with torch.distributed on CPUs and CUDA GPUs"),
+    "ScalingConfig.topology": Note(UNSUPPORTED, "outlast trains with torch.distributed on CPUs and CUDA GPUs"),
+    "ScalingConfig.elastic_resize_monitor_interval_s": Note(UNSUPPORTED, "outlast runs a fixed number of workers"),
+    "TrainContext.get_storage": Note(UNSUPPORTED, "get_storage_path() gives where the run lives"),
+    "TrainingFailedError": Note(DIFFERS, "outlast's takes (message, failures): `failures` lists every failure (rank, "
+                                         "pid, node, exit code or signal, traceback), root cause first"),
+    "WorkerGroupError": Note(DIFFERS, "a TrainingFailedError whose last attempt ended with failed workers; "
+                                      "worker_failures maps each rank to a WorkerFailure (its `record` has the details)"),
+    "ControllerError": Note(DIFFERS, "any other stop (no node answered, the run's lease lost, workers never started)"),
+    "PreemptionError": Note(DIFFERS, "a TrainingFailedError carrying the preemptions among its failures"),
+    "PreemptionError.preemption_info": Note(UNSUPPORTED, "the preemptions are among the error's `failures` "
+                                                         "(exc_type 'Preemption', with the node and deadline)"),
+    "PreemptionError.drain_timed_out": Note(UNSUPPORTED, "the run's history says whether the deadline passed"),
+    "WorkerGroupError.error_message": Note(DIFFERS, "the constructor takes (message, failures); str(error) is the "
+                                                    "message"),
+    "WorkerGroupError.worker_failures": Note(DIFFERS, "an attribute of the raised error; the constructor takes "
+                                                      "(message, failures)"),
+    "ControllerError.controller_failure": Note(DIFFERS, "an attribute of the raised error; the constructor takes "
+                                                        "(message, failures)"),
+    "ReportedCheckpointStatus": Note(DIFFERS, "outlast has no validation: every reported checkpoint is COMMITTED"),
+    "TorchTrainer": Note(DIFFERS, "outlast adds `isolation` (resource isolation of the node fit() starts)"),
+    "TorchTrainer.validation_config": Note(UNSUPPORTED, "", lambda: _torch().TorchTrainer(print, validation_config=1)),
+    "TorchTrainer.resume_from_checkpoint": Note(UNSUPPORTED, "", lambda: _torch().TorchTrainer(
+        print, resume_from_checkpoint=1)),
+    "TorchTrainer.metadata": Note(DIFFERS, "accepted and not used (deprecated in Ray)"),
+    "TorchConfig.backend_cls": Note(UNSUPPORTED, "Ray's backend internals"),
+    "TorchConfig.framework": Note(UNSUPPORTED, "Ray's backend internals"),
+    "TorchConfig.to_dict": Note(UNSUPPORTED, "Ray's backend internals"),
+    "TorchConfig.train_func_context": Note(UNSUPPORTED, "Ray's backend internals"),
+    "prepare_data_loader": Note(SAME, "what it returns reads like the DataLoader it wraps (dataset, batch_size, "
+                                      "sampler, len)"),
+    "prepare_data_loader.auto_transfer": Note(DIFFERS, "accepted; batches move to the device as they are read, "
+                                                       "without a side stream"),
+    "get_devices": Note(SAME, "one device per worker"),
+}
+
+
+def _error(probe: Callable[[], Any]) -> str:
+    try:
+        probe()
+    except BaseException as e:  # the probe exists to raise
+        return f"{type(e).__name__}: {e}"
+    raise AssertionError(f"{probe} raised nothing: NOTES is out of date")
+
+
+@dataclass
+class Row:
+    name: str
+    status: str
+    text: str
+
+
+def _signature(obj: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+
+
+def _default_matches(ray_default: str | None, ours: Any) -> bool:
+    """Whether outlast accepts every call Ray accepts, with the same meaning when the argument is left out."""
+    import ast
+    import dataclasses
+
+    if ray_default is None:
+        return True  # required on Ray: any default of outlast's takes the same calls
+    if ours is inspect.Parameter.empty:
+        return False
+    if ours is dataclasses._HAS_DEFAULT_FACTORY and ray_default == "None":
+        return True  # a fresh default value where Ray has None, which outlast reads the same way
+    try:
+        return ast.literal_eval(ray_default) == ours
+    except (ValueError, SyntaxError):
+        # A name such as CheckpointUploadMode.SYNC: compare its last part with outlast's value.
+        return ray_default.rsplit(".", 1)[-1] == str(ours).rsplit(".", 1)[-1]
+
+
+def _note(key: str) -> Note | None:
+    return NOTES.get(key)
+
+
+def _with_note(key: str, status: str, text: str) -> Row:
+    note = _note(key)
+    if note is None:
+        return Row(key, status, text)
+    parts = [note.text] if note.text else []
+    if note.probe is not None:
+        parts.append(f"`{_error(note.probe)}`")
+    return Row(key, note.status, "; ".join(p for p in [*parts, text if status != SAME else ""] if p))
+
+
+def _param_rows(owner: str, params: list[Param], target: Any) -> list[Row]:
+    sig = _signature(target)
+    ours = sig.parameters if sig is not None else {}
+    rows = []
+    for p in params:
+        key = f"{owner}.{p.name}"
+        if p.default == "_DEPRECATED":
+            rows.append(Row(key, DEPRECATED, "deprecated in Ray " + RAY_VERSION + ("; outlast does not take it"
+                                                                                    if p.name not in ours else "")))
+        elif p.name not in ours and hasattr(target, p.name):
+            rows.append(_with_note(key, DIFFERS, "computed by outlast, not a constructor argument"))
+        elif p.name not in ours:
+            rows.append(_with_note(key, UNSUPPORTED, f"`TypeError: unexpected keyword argument '{p.name}'`"))
+        elif _default_matches(p.default, ours[p.name].default):
+            rows.append(_with_note(key, SAME, ""))
+        else:
+            ray_default = "required" if p.default is None else f"`{p.default}`"
+            our_default = "required" if ours[p.name].default is inspect.Parameter.empty \
+                else f"`{ours[p.name].default!r}`"
+            rows.append(_with_note(key, DIFFERS, f"default {our_default} (Ray: {ray_default})"))
+    return rows
+
+
+def _compare(module: str, api: ApiName) -> list[Row]:
+    target_module = importlib.import_module(MODULES[module])
+    try:
+        obj = getattr(target_module, api.name)
+    except ImportError as e:
+        return [Row(api.name, DEPRECATED if api.deprecated else UNSUPPORTED, f"`ImportError: {e}`")]
+    except AttributeError:
+        return [_with_note(api.name, UNSUPPORTED, f"`ImportError: cannot import name '{api.name}'`")]
+    if api.deprecated:
+        return [Row(api.name, DEPRECATED, "deprecated in Ray " + RAY_VERSION)]
+    if api.kind == "constant":
+        same = repr(obj) == api.value or str(obj) == api.value
+        return [_with_note(api.name, SAME if same else DIFFERS, "" if same else f"`{obj!r}` (Ray: `{api.value}`)")]
+    rows = [_with_note(api.name, SAME, "")]
+    if api.kind == "enum":
+        for member in api.members:
+            key = f"{api.name}.{member.name}"
+            rows.append(_with_note(key, SAME, "") if hasattr(obj, member.name)
+                        else _with_note(key, UNSUPPORTED, f"`AttributeError: {member.name}`"))
+        return rows
+    rows += _param_rows(api.name, api.params, obj)
+    for member in api.members:
+        key = f"{api.name}.{member.name}"
+        if member.deprecated:
+            rows.append(Row(key, DEPRECATED, "deprecated in Ray " + RAY_VERSION))
+            continue
+        ours = inspect.getattr_static(obj, member.name, None)
+        if ours is None:
+            rows.append(_with_note(key, UNSUPPORTED, f"`AttributeError: {member.name}`"))
+            continue
+        rows.append(_with_note(key, SAME, ""))
+        if member.kind == "method":
+            rows += _param_rows(key, member.params, getattr(obj, member.name))
+    # A name whose arguments differ differs itself.
+    if rows[0].status == SAME and any(r.status in (DIFFERS, UNSUPPORTED) for r in rows[1:]):
+        rows[0] = Row(rows[0].name, DIFFERS, rows[0].text or "see its arguments")
+    return rows
+
+
+def render(api: dict[str, list[ApiName]]) -> str:
+    out = [
+        f"# Ray Train {RAY_VERSION} and outlast, name by name",
+        "",
+        "Generated by `python -m outlast.compat.parity` from Ray's source (the wheel of Ray "
+        f"{RAY_VERSION}, read with `ast`) and outlast's code; `tests/compat/test_parity.py` fails when "
+        "this file is stale. Every public name of `ray.train` and `ray.train.torch` (their `__all__`, Ray "
+        "Train V2), each argument, method and property: **same**, **differs** (how), **not supported** (why, "
+        "and the error a user gets), or **deprecated in Ray**. Under `outlast run` an unsupported name stops "
+        "the script with the same message and the script's line.",
+        "",
+    ]
+    totals: dict[str, int] = {}
+    for module, names in api.items():
+        out += [f"## `{module}` → `{MODULES[module]}`", "", "| name | status | notes |", "|---|---|---|"]
+        for name in names:
+            for i, row in enumerate(_compare(module, name)):
+                label = f"`{row.name}`" if i == 0 else f"&nbsp;&nbsp;`{row.name}`"
+                text = row.text.replace("|", "\\|").replace("\n", " ")
+                out.append(f"| {label} | {row.status} | {text} |")
+                if i == 0:
+                    totals[f"{module} {row.status}"] = totals.get(f"{module} {row.status}", 0) + 1
+        out.append("")
+    out += ["## Totals (names, not arguments)", ""]
+    out += [f"- `{k.split()[0]}`: {v} {k.split(' ', 1)[1]}" for k, v in sorted(totals.items())]
+    return "\n".join(out) + "\n"
+
+
+def generate(root: Path | None = None) -> str:
+    from outlast.compat.ray_source import ray_source
+
+    return render(ray_train_api(root or ray_source()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m outlast.compat.parity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help=f"fail if {DOC.name} differs from what would be generated")
+    args = p.parse_args(argv)
+    text = generate()
+    if args.check:
+        if not DOC.exists() or DOC.read_text() != text:
+            print(f"{DOC} is stale: run `python -m outlast.compat.parity`", file=sys.stderr)
+            return 1
+        return 0
+    DOC.parent.mkdir(exist_ok=True)
+    DOC.write_text(text)
+    print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
