@@ -43,7 +43,8 @@ class UploadEstimate:
     def estimate(self, now: float) -> Estimate:
         if not self._pending:
             return Estimate(0.0, 0, "no upload in flight")
-        per_rank: dict[int, tuple[float, int]] = {}  # rank -> (seconds left, bytes left); a rank's uploads go one after another
+        # rank -> (seconds left, bytes left): one rank's uploads go one after another
+        per_rank: dict[int, tuple[float, int]] = {}
         unknown = []
         for (rank, index), up in sorted(self._pending.items()):
             if up.bandwidth_bps <= 0:

@@ -111,4 +111,6 @@ class Uploads:
         if self._pool is not None:
             self._pool.shutdown()
         if self._sock is not None:
-            self._sock.close(linger=2000)  # its last UploadDone must get out before we exit
+            # Its last UploadDone must get out before we exit, even while a loaded machine slows
+            # the handshake of this new socket; a worker that is done has nothing else to wait for.
+            self._sock.close(linger=10000)
