@@ -79,3 +79,29 @@ def write_json(doc, path):
 
 def stamp():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def start_moto(workdir, python):
+    """A moto S3 server on a free loopback port: (process, endpoint URL)."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    moto = os.path.join(os.path.dirname(python), "moto_server")
+    with open(os.path.join(workdir, "moto.log"), "w") as out:
+        proc = subprocess.Popen([moto, "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        if proc.poll() is not None:
+            break  # e.g. the port was taken meanwhile: never talk to someone else's server
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"moto_server did not come up, see {workdir}/moto.log")

@@ -353,6 +353,8 @@ class Report(Msg):
     files: list[FileEntry] = []
     upload_pending: bool = False  # the files follow in an UploadDone (asynchronous upload)
     saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
+    upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
+    upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
 
 
 class UploadDone(Msg):

@@ -7,23 +7,14 @@ import os
 import shutil
 import tempfile
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
+from outlast.storage import priority
 from outlast.storage.checksum import ALGORITHM, copy_file, hash_file
-
-_pool: ThreadPoolExecutor | None = None
-
-
-def io_pool() -> ThreadPoolExecutor:
-    # Created on first use, never at import: a process that forks workers must have no threads.
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(8, 2 * (os.cpu_count() or 1)), thread_name_prefix="outlast-io")
-    return _pool
+from outlast.storage.priority import io_pool
 
 
 def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
@@ -103,7 +94,6 @@ class LocalStorage:
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
         target = self._p(dest)
-        pool = io_pool()
         jobs = []
         try:
             files, dirs = walk_files(local_dir)
@@ -111,7 +101,7 @@ class LocalStorage:
             for rel in dirs:
                 (target / rel).mkdir(parents=True, exist_ok=True)
             for rel in files:
-                jobs.append((rel, pool.submit(_place_and_hash, local_dir / rel, target / rel, move)))
+                jobs.append((rel, priority.submit(_place_and_hash, local_dir / rel, target / rel, move)))
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         entries: list[FileEntry] = []

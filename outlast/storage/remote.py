@@ -15,7 +15,9 @@ from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 from outlast.storage.checksum import ALGORITHM, hash_file
-from outlast.storage.local import io_pool, walk_files
+from outlast.storage import priority
+from outlast.storage.local import walk_files
+from outlast.storage.priority import io_pool
 
 _RANGE = 32 << 20  # a file over twice this size is fetched in ranges of it, in parallel
 
@@ -59,12 +61,12 @@ class RemoteStorage:
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
-        fs, pool = self.fs, io_pool()
+        fs = self.fs
         jobs = []
         for rel in walk_files(local_dir)[0]:
             src = local_dir / rel
-            jobs.append((rel, src, pool.submit(fs.put_file, str(src), self._p(f"{dest}/{rel}")),
-                         pool.submit(hash_file, src, ALGORITHM)))
+            jobs.append((rel, src, priority.submit(fs.put_file, str(src), self._p(f"{dest}/{rel}")),
+                         priority.submit(hash_file, src, ALGORITHM)))
         entries = []
         try:
             for rel, src, put, digest in jobs:

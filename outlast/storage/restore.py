@@ -18,7 +18,7 @@ from pathlib import Path
 
 from outlast.storage.base import Storage
 from outlast.storage.checksum import hash_file
-from outlast.storage.local import io_pool
+from outlast.storage.priority import io_pool
 from outlast.storage.records import CorruptDocument, Manifest
 from outlast.storage.run_store import RunStore
 

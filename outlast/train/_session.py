@@ -11,22 +11,21 @@ import logging
 import os
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
-import tenacity
 import zmq
 
 from outlast.faults import fault_point
 from outlast.protocol import messages as m
-from outlast.protocol.run_credential import worker_key
-from outlast.protocol.transport import TO_WORKER, connect_dealer, encode
+from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
 from outlast.storage.restore import materialize
 from outlast.storage.run_store import RunStore
+from outlast.train._uploads import Uploads, dir_bytes
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
 from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
@@ -35,19 +34,6 @@ from outlast.errors import CheckpointCommitError, CollectiveTimeoutError, NotInW
 log = logging.getLogger("outlast.worker")
 
 _WAIT_LOG_INTERVAL_S = float(os.environ.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", "60"))
-_UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))
-
-
-def _upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False) -> list[m.FileEntry]:
-    """A storage hiccup costs a retry with backoff, not the checkpoint."""
-    retry = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
-        wait=tenacity.wait_exponential(multiplier=0.2, max=5), reraise=True,
-        before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest, state.outcome.exception()),
-    )
-    # `move`: the caller deletes the local files after the upload anyway, so storage on the
-    # same file system may rename them into place instead of copying.
-    return retry(storage.upload_dir, Path(local_dir), dest, move=move)
 
 
 class WorkerSession:
@@ -76,16 +62,17 @@ class WorkerSession:
         self._horizon = 0  # calls below it answer None without asking anyone...
         self._expires = 0.0  # ...until then (time.monotonic())
         self._preemption: PreemptionInfo | None = None
-        self._uploader: ThreadPoolExecutor | None = None
-        self._upload: Future | None = None
-        self._upload_sock: zmq.Socket | None = None
+        self._uploads = Uploads(storage, controller_address, context.attempt, context.world_rank)
         self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
 
     # -- reports and checkpoints ------------------------------------------------
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
                upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
-               delete_local_after_upload: bool | None = None, dir_name: str | None = None) -> None:
+               delete_local_after_upload: bool | None = None, dir_name: str | None = None,
+               write: Callable[[Path], None] | None = None) -> None:
+        """`write(dir)`: a staged save; the files are written into a directory of outlast's,
+        off the training thread, then uploaded (ASYNC)."""
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
         if dir_name is not None:
@@ -101,27 +88,29 @@ class WorkerSession:
         attempt, rank = self.context.attempt, self.context.world_rank
         # Whether this checkpoint is the loop's answer to a notice: the controller waits for that one.
         saw = self._preemption is not None and self._preemption_calls > self._horizon
-        if checkpoint is None:
+        if checkpoint is None and write is None:
             self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics))
             return
         name = checkpoint_dir_name(attempt, index)
         dest = f"{self._run_dir}/{name}"
-        if upload_mode is CheckpointUploadMode.ASYNC:
-            delete = True if delete_local_after_upload is None else delete_local_after_upload
-            self.wait_for_uploads()  # one upload in flight at a time keeps local disk use bounded
+        nbytes = dir_bytes(checkpoint.path) if checkpoint is not None else 0
+        if write is not None or upload_mode is CheckpointUploadMode.ASYNC:
+            delete = True if delete_local_after_upload is None or write is not None else delete_local_after_upload
+            if not saw:
+                self._uploads.wait()  # before the Report: one upload in flight at a time
             self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name,
-                                upload_pending=True, saw_preemption=saw))
-            if self._uploader is None:
-                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outlast-upload")
-            self._upload = self._uploader.submit(self._upload_async, checkpoint.path, dest, index, name, delete)
+                                upload_pending=True, saw_preemption=saw, upload_bytes=nbytes,
+                                upload_bandwidth_bps=self._uploads.bandwidth_bps))
+            self._uploads.start(index, name, dest, delete, urgent=saw,
+                                local_dir=checkpoint.path if checkpoint is not None else None, write=write)
             return
-        files = _upload_with_retries(self._storage, checkpoint.path, dest, move=bool(delete_local_after_upload))
+        files = self._uploads.upload(checkpoint.path, dest, move=bool(delete_local_after_upload), urgent=saw)
         fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         self._send(
             m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name, files=files,
-                     saw_preemption=saw)
+                     saw_preemption=saw, upload_bytes=nbytes, upload_bandwidth_bps=self._uploads.bandwidth_bps)
         )
         reply = self._wait_for(
             lambda msg: isinstance(msg, (m.Committed, m.CommitFailed)) and msg.index == index,
@@ -131,27 +120,8 @@ class WorkerSession:
             raise CheckpointCommitError(f"checkpoint {name} was not committed: {reply.reason}")
         fault_point("report.after_commit")
 
-    def _upload_async(self, local_dir: str, dest: str, index: int, name: str, delete: bool) -> None:
-        files, error = [], None
-        try:
-            files = _upload_with_retries(self._storage, local_dir, dest, move=delete)
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-            log.error("rank %d could not upload checkpoint %s: %s", self.context.world_rank, name, error)
-        if delete and error is None:
-            shutil.rmtree(local_dir, ignore_errors=True)
-        done = m.UploadDone(attempt=self.context.attempt, rank=self.context.world_rank, index=index,
-                            checkpoint_dir=name, files=files, error=error)
-        # A ZeroMQ socket belongs to one thread: the upload thread has its own.
-        if self._upload_sock is None:
-            self._upload_sock = connect_dealer(zmq.Context.instance(), self._controller_address,
-                                               key=worker_key())
-        self._upload_sock.send(encode(done))
-
     def wait_for_uploads(self) -> None:
-        if self._upload is not None:
-            self._upload.result()
-            self._upload = None
+        self._uploads.wait()
 
     def get_checkpoint(self) -> Checkpoint | None:
         """The checkpoint to restore, fetched to this node once and checked against its manifest."""
@@ -223,11 +193,7 @@ class WorkerSession:
     def done(self, return_value: Any = None) -> None:
         if return_value is not None and self.context.world_rank == 0:
             self._save_return_value(return_value)
-        self.wait_for_uploads()
-        if self._uploader is not None:
-            self._uploader.shutdown()
-        if self._upload_sock is not None:
-            self._upload_sock.close(linger=2000)  # its last UploadDone must get out before we exit
+        self._uploads.close()
         self._send(m.WorkerDone(attempt=self.context.attempt, rank=self.context.world_rank, reports=self._reports))
 
     def _save_return_value(self, value: Any) -> None:

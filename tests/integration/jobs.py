@@ -333,3 +333,43 @@ def ddp_slow_preemptible_loop(config: dict) -> None:
                 checkpoint = Checkpoint.from_directory(d)
         train.report({"step": step}, checkpoint=checkpoint)
         log_event(config, event="step", step=step)
+
+
+def save_async_loop(config: dict) -> None:
+    """A tensor counter saved with `outlast.train.torch.save_async` every `every` steps. Right
+    after each save the loop overwrites the tensor in place: the checkpoint must hold the
+    value of the step it was saved at, not what the loop did next."""
+    import torch
+
+    from outlast.train.torch import save_async
+
+    ctx = train.get_context()
+    state = {"weights": torch.zeros(1000), "step": -1}
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "model.pt"))
+    log_event(config, event="start", restored_step=state["step"] if ckpt else None,
+              restored_weights=float(state["weights"][0]) if ckpt else None)
+    for step in range(state["step"] + 1, config["steps"]):
+        train.collective.barrier()
+        if config.get("committed_before") == step and ctx.get_attempt() == 1:
+            _await_a_manifest(config["run_dir"])  # the fault below is meant to find a checkpoint to restore
+        _fault(config, step, "before_report")
+        state["weights"].fill_(float(step))
+        state["step"] = step
+        if (step + 1) % config.get("every", 5) == 0 and ctx.get_world_rank() == 0:
+            save_async(state, {"step": step}, filename="model.pt")
+            state["weights"].fill_(-1.0)  # the loop goes on changing the tensors at once
+        else:
+            train.report({"step": step})
+
+
+def _await_a_manifest(run_dir: str, timeout: float = 120.0) -> None:
+    import glob
+
+    deadline = time.monotonic() + timeout
+    while not glob.glob(os.path.join(run_dir, "checkpoint_*", ".outlast-manifest.json")):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no checkpoint of {run_dir} was committed in {timeout:.0f} s")
+        time.sleep(0.01)

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -146,6 +147,7 @@ def test_a_plain_upload_is_a_copy_that_later_writes_to_the_source_do_not_reach(s
 def test_download_dir_copies_a_tree_and_a_missing_one_raises_file_not_found(store, src, tmp_path):
     store.upload_dir(src, "c")
     store.download_dir("c", tmp_path / "out")
-    assert (tmp_path / "out" / "sub" / "deeper" / "x.bin").read_bytes() == (src / "sub" / "deeper" / "x.bin").read_bytes()
+    deeper = Path("sub") / "deeper" / "x.bin"
+    assert (tmp_path / "out" / deeper).read_bytes() == (src / deeper).read_bytes()
     with pytest.raises(FileNotFoundError):
         store.download_dir("missing", tmp_path / "out2")

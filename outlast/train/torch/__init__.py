@@ -6,6 +6,7 @@ Importing this module does not import torch in the driver; the workers import it
 
 from outlast.train import unsupported as _unsupported
 from outlast.train.torch.backend import TorchBackend, TorchConfig
+from outlast.train.torch.checkpoint import save_async
 from outlast.train.torch.helpers import (
     accelerate, backward, enable_reproducibility, get_device, get_devices, prepare_data_loader, prepare_model,
     prepare_optimizer,
@@ -14,7 +15,7 @@ from outlast.train.torch.trainer import TorchTrainer
 
 __all__ = [
     "TorchBackend", "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
-    "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer",
+    "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer", "save_async",
 ]
 
 

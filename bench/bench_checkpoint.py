@@ -1,0 +1,197 @@
+"""Checkpoint benchmark: moving checkpoint bytes, outlast against the plain floor, Ray 2.60
+and torch.distributed.checkpoint, on the same trees in the same run.
+
+    python3 bench/bench_checkpoint.py [--repeat 5] [--parts local,s3] [--big] [--out FILE]
+
+Trees of incompressible bytes: "one" (one file) and "many" (4 MB files), 0.5 GB on a
+local file system, 128 MB on S3 (a moto server on loopback, in-process Python: far slower
+than a real store, so the ratios matter, not the MB/s); --big adds a 4 GB one-file tree
+locally. Each measurement is a fresh process (bench/checkpoint_probe.py); the methods
+are interleaved run by run and the load average is kept with every run.
+
+Figures per tree and method (median, min, max over --repeat): save_s (to the files being
+in storage; outlast: before the manifest, a few ms), blocked_s (what a training loop waits
+for: all of save_s, except async_save / save_async, which return after staging a copy in
+memory), save_MBps, restore_s (outlast: every file checked against the manifest; on a file
+system the checkpoint is read in place). Ratios: outlast / ray and outlast / floor for
+throughput (> 1: outlast faster), ray / outlast for blocked time.
+One JSON document on stdout (and --out); exits 1 if any measurement failed.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+OUTLAST_PY = os.path.join(ROOT, ".venv", "bin", "python")
+RAY_PY = os.path.join(BENCH, ".ray-venv", "bin", "python")
+PROBE = os.path.join(BENCH, "checkpoint_probe.py")
+
+try:
+    import psutil  # noqa: F401
+except ImportError:
+    os.execv(OUTLAST_PY, [OUTLAST_PY, os.path.abspath(__file__), *sys.argv[1:]])
+
+import harness  # noqa: E402
+
+MB = 2**20
+LOCAL_SAVE = ["copy", "outlast", "outlast_move", "ray", "dcp", "dcp_async", "save_async",
+              "torchsave+outlast", "torchsave+ray"]
+S3_SAVE = ["fsspec", "outlast", "ray"]
+NO_RESTORE = {"dcp_async", "outlast_move", "torchsave+outlast", "torchsave+ray"}  # same restore as another row
+FLOOR = {"local": "copy", "s3": "fsspec"}
+
+
+def log(msg):
+    print(f"[checkpoint {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def make_tree(path, total_mb, file_mb):
+    os.makedirs(path)
+    for i in range(max(total_mb // file_mb, 1)):
+        with open(os.path.join(path, f"part-{i:04d}.bin"), "wb") as f:
+            for _ in range(file_mb):
+                f.write(os.urandom(MB))
+
+
+def probe(method, op, src, dest, into, env, workdir, errors):
+    python = RAY_PY if method.endswith("ray") else OUTLAST_PY
+    logfile = os.path.join(workdir, "probe.log")
+    try:
+        r = subprocess.run([python, PROBE, "--method", method, "--op", op, "--src", src, "--dest", dest,
+                            "--into", into], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        with open(logfile, "a") as f:
+            f.write(f"== {method} {op} {dest}\n{r.stdout}{r.stderr}")
+        if r.returncode != 0:
+            raise RuntimeError(f"exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, RuntimeError) as e:
+        errors.append(f"{method} {op} -> {dest}: {e}, see {logfile}")
+        return None
+
+
+def remove(dest, env):
+    if "://" not in dest:
+        shutil.rmtree(dest, ignore_errors=True)
+        return
+    subprocess.run([OUTLAST_PY, "-c", "import fsspec, sys; fs, p = fsspec.core.url_to_fs(sys.argv[1]); "
+                    "fs.rm(p, recursive=True) if fs.exists(p) else None", dest], env=env, timeout=120, check=False)
+
+
+def run_case(where, tree, src, methods, base, args, workdir, env, errors):
+    runs = {m: [] for m in methods}
+    for i, method in harness.interleaved(methods, args.repeat):
+        tag = f"{tree}-{method.replace('+', '_')}-{i}"
+        dest, into = f"{base}/{tag}", os.path.join(workdir, "restored", tag)
+        os.sync()  # the previous run's writeback must not land in this one's time
+        load = harness.load()
+        saved = probe(method, "save", src, dest, into, env, workdir, errors)
+        if saved is None:
+            continue
+        fig = {"save_s": saved["s"], "blocked_s": saved["blocked_s"], "save_MBps": saved["bytes"] / saved["s"] / 1e6,
+               "load1": load[0]}
+        if method not in NO_RESTORE:
+            restored = probe(method, "restore", src, dest, into, env, workdir, errors)
+            if restored is not None:
+                fig.update(restore_s=restored["s"], restore_MBps=restored["bytes"] / restored["s"] / 1e6)
+        runs[method].append(fig)
+        log(f"{where} {tag}: " + json.dumps({k: round(v, 3) for k, v in fig.items()}))
+        remove(dest, env)
+        shutil.rmtree(into, ignore_errors=True)
+    return {m: harness.summarize_runs(r) for m, r in runs.items()}
+
+
+def ratios(where, by_method):
+    out = {}
+    floor, ours, ray = by_method.get(FLOOR[where], {}), by_method.get("outlast", {}), by_method.get("ray", {})
+    for key in ("save_MBps", "restore_MBps"):
+        out[f"outlast_over_ray.{key}"] = harness.ratio(ours.get(key), ray.get(key))
+        out[f"outlast_over_floor.{key}"] = harness.ratio(ours.get(key), floor.get(key))
+        out[f"ray_over_floor.{key}"] = harness.ratio(ray.get(key), floor.get(key))
+    if where == "local":
+        move = by_method.get("outlast_move", {})
+        out["outlast_move_over_ray.save_MBps"] = harness.ratio(move.get("save_MBps"), ray.get("save_MBps"))
+        ray_loop = by_method.get("torchsave+ray", {}).get("blocked_s")
+        for m in ("save_async", "dcp_async", "dcp", "torchsave+outlast"):
+            out[f"loop_blocked.ray_pattern_over.{m}"] = harness.ratio(ray_loop, by_method.get(m, {}).get("blocked_s"))
+    return out
+
+
+def versions():
+    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in %r}))")
+    out = {}
+    for py, pkgs in ((OUTLAST_PY, ["outlast", "torch", "xxhash", "fsspec", "s3fs", "moto"]),
+                     (RAY_PY, ["ray", "torch", "pyarrow"])):
+        try:
+            r = subprocess.run([py, "-c", code % pkgs], capture_output=True, text=True, timeout=120, check=True)
+            out.update({("ray venv " + k if py == RAY_PY else k): v for k, v in json.loads(r.stdout).items()})
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            out[py] = f"unknown ({e})"
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--parts", default="local,s3")
+    p.add_argument("--local-mb", type=int, default=512)
+    p.add_argument("--s3-mb", type=int, default=128)
+    p.add_argument("--big", action="store_true", help="also a 4 GB one-file tree, locally")
+    p.add_argument("--out")
+    args = p.parse_args()
+    parts = set(args.parts.split(","))
+    if not os.path.exists(RAY_PY):
+        subprocess.run(["bash", os.path.join(BENCH, "setup_ray_venv.sh")], check=True, stdout=sys.stderr)
+    workdir = tempfile.mkdtemp(prefix="outlast-ckpt-bench-", dir=os.environ.get("BENCH_DIR"))
+    log(f"trees and logs in {workdir}")
+    started, load_before, errors, figures = time.time(), harness.load(), [], {}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               RAY_USAGE_STATS_ENABLED="0")
+    cases = []
+    if "local" in parts:
+        cases += [("local", "one", args.local_mb, args.local_mb), ("local", "many", args.local_mb, 4)]
+        if args.big:
+            cases.append(("local", "one_4GB", 4096, 4096))
+    if "s3" in parts:
+        cases += [("s3", "one", args.s3_mb, args.s3_mb), ("s3", "many", args.s3_mb, 4)]
+    moto = None
+    try:
+        for where, tree, total, file_mb in cases:
+            src = os.path.join(workdir, f"src-{where}-{tree}")
+            make_tree(src, total, file_mb)
+            if where == "s3" and moto is None:
+                moto, url = harness.start_moto(workdir, OUTLAST_PY)
+                env.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                           AWS_DEFAULT_REGION="us-east-1")
+                subprocess.run([OUTLAST_PY, "-c", "import boto3; boto3.client('s3').create_bucket(Bucket='bench')"],
+                               env=env, check=True, timeout=60)
+            base = os.path.join(workdir, "storage", "run") if where == "local" else "s3://bench/run"
+            methods = LOCAL_SAVE if where == "local" else S3_SAVE
+            by_method = run_case(where, tree, src, methods, base, args, workdir, env, errors)
+            figures[f"{where}.{tree}"] = {"MB": total * MB / 1e6, "files": max(total // file_mb, 1),
+                                          "methods": by_method, "ratios": ratios(where, by_method)}
+            shutil.rmtree(src, ignore_errors=True)
+    finally:
+        if moto is not None:
+            moto.kill()
+            moto.wait()
+    doc = {"benchmark": "bench_checkpoint", "date": harness.stamp(), "figures": figures,
+           "machine": harness.machine(versions()),
+           "load": {"before": load_before, "after": harness.load(),
+                    "note": "a shared 2-core machine under other engineers' tests; load1 is kept with every run"},
+           "settings": {"repeat": args.repeat, "local_mb": args.local_mb, "s3_mb": args.s3_mb, "big": args.big,
+                        "restore": "right after each save (page cache warm for every method alike)"},
+           "wall_s": round(time.time() - started, 1), "errors": errors, "logs": workdir}
+    print(json.dumps(doc, indent=2))
+    harness.write_json(doc, args.out)
+    shutil.rmtree(os.path.join(workdir, "storage"), ignore_errors=True)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
