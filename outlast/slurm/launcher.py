@@ -186,7 +186,8 @@ class Job:
         except SlurmCommandError as e:
             log.warning("%s; trying again", e)
             return
-        for order in policy.on_node_states(states, self.alloc.nodes, self.drained_by_slurm, self.alloc.job_id, now):
+        for order in policy.on_node_states(states, self.alloc.nodes, self.drained_by_slurm, self.alloc.job_id,
+                                           self.alloc.restart_count, now):
             self.drained_by_slurm.update(order.node_ids)
             self._drain(order)
 
