@@ -165,6 +165,7 @@ class Job:
             time.sleep(0.1)
 
     def _preempted(self, sig: signal.Signals) -> None:
+        log.warning("got %s from Slurm: draining every node of the job", sig.name)
         try:
             job = self.slurm.show_job(self.alloc.job_id)
             grace = self.slurm.grace_s(job.partition) if job.preempt_time is not None else 0.0
