@@ -59,18 +59,18 @@ def ray_script(d: Path) -> str:
     bin_ = RAY_PY.parent
     return f"""#!/bin/bash
 #SBATCH -N 2 --requeue --open-mode=append
-export PATH={bin_}:$PATH RAY_TMPDIR={d}/ray-tmp-$SLURM_RESTART_COUNT
+export PATH={bin_}:$PATH RAY_TMPDIR=/tmp/rb-$SLURM_JOB_ID-$SLURM_RESTART_COUNT RAY_TRAIN_V2_ENABLED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
 mkdir -p $RAY_TMPDIR
 nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
-port=$((16380 + SLURM_RESTART_COUNT))
-head_ip=127.0.0.1
+port=$((9379 + SLURM_RESTART_COUNT))  # below Ray's worker ports (10002-19999)
+head_ip=$(hostname -I | cut -d" " -f1)
 srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" --overlap ray start --head --node-ip-address=$head_ip --port=$port \\
     --num-cpus=1 --temp-dir=$RAY_TMPDIR --block &
-until ray status --address=$head_ip:$port >/dev/null 2>&1; do sleep 1; done
+for _ in $(seq 120); do ray status --address=$head_ip:$port >/dev/null 2>&1 && break; sleep 1; done
 for node in "${{nodes[@]:1}}"; do
   srun --nodes=1 --ntasks=1 -w "$node" --overlap ray start --address=$head_ip:$port --num-cpus=1 --block &
 done
-until [ "$(ray status --address=$head_ip:$port 2>/dev/null | grep -c node_)" -ge 2 ]; do sleep 1; done
+for _ in $(seq 120); do [ "$(ray status --address=$head_ip:$port 2>/dev/null | grep -c node_)" -ge 2 ] && break; sleep 1; done
 python {BENCH / 'slurm_train.py'} --framework ray --address $head_ip:$port \\
     --storage {d / 'storage'} --name run --events {d / 'events.jsonl'}
 """
