@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import zmq
 
-from outlast.client.discovery import AgentUnavailable, read_node_file, request
+from outlast.client.discovery import AgentUnavailable, NodeFile, request
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.slurm import policy
@@ -99,12 +100,13 @@ class Job:
         return argv
 
     def _wait_head_address(self) -> str:
-        os.environ["OUTLAST_HOME"] = str(self.private / self.alloc.nodes[0])  # where the head's node file is
+        node_file = self.private / self.alloc.nodes[0] / "node.json"  # the head publishes its address there
         deadline = time.monotonic() + self.options.join_timeout_s
         while time.monotonic() < deadline:
-            info = read_node_file()
-            if info is not None:
-                return info.address
+            try:
+                return msgspec.json.decode(node_file.read_bytes(), type=NodeFile).address
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                pass  # not there yet, or half written
             if self.agents[self.alloc.nodes[0]].poll() is not None:
                 raise RuntimeError(f"the head agent's step on {self.alloc.nodes[0]} exited with code "
                                    f"{self.agents[self.alloc.nodes[0]].returncode}; its output is above")
@@ -165,6 +167,7 @@ class Job:
             time.sleep(0.1)
 
     def _preempted(self, sig: signal.Signals) -> None:
+        log.warning("got %s from Slurm: draining every node of the job", sig.name)
         try:
             job = self.slurm.show_job(self.alloc.job_id)
             grace = self.slurm.grace_s(job.partition) if job.preempt_time is not None else 0.0
@@ -186,7 +189,8 @@ class Job:
         except SlurmCommandError as e:
             log.warning("%s; trying again", e)
             return
-        for order in policy.on_node_states(states, self.alloc.nodes, self.drained_by_slurm, self.alloc.job_id, now):
+        for order in policy.on_node_states(states, self.alloc.nodes, self.drained_by_slurm, self.alloc.job_id,
+                                           self.alloc.restart_count, now):
             self.drained_by_slurm.update(order.node_ids)
             self._drain(order)
 

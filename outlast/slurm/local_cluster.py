@@ -91,6 +91,8 @@ JobCompLoc={r}/log/jobcomp.txt
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
+# Look at pending jobs every 2 s, not every 60: a requeued job starts as soon as it may.
+SchedulerParameters=sched_interval=2,bf_interval=2
 # Partition priority preempts by requeueing; the user's --signal goes out at preemption, not
 # only at the time limit (a SlurmctldParameters flag: SchedulerParameters ignores it).
 PreemptType=preempt/partition_prio

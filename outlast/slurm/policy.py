@@ -49,12 +49,13 @@ def on_signal(sig: signal.Signals, job: JobInfo, grace_s: float, nodes: list[str
 
 
 def on_node_states(states: list[NodeState], job_nodes: list[str], already: set[str], job_id: str,
-                   now: float) -> list[DrainOrder]:
+                   restart_count: int, now: float) -> list[DrainOrder]:
     """One order per node of the job that Slurm shows draining and that was not drained before."""
     mine = set(job_nodes) - already
     return [
         DrainOrder(node_ids=[s.name], reason="maintenance",
-                   message=f"Slurm job {job_id}: node {s.name} drained by an administrator ({s.reason or 'no reason'})",
+                   message=f"Slurm job {job_id} (restart {restart_count}): node {s.name} drained by an "
+                           f"administrator ({s.reason or 'no reason'})",
                    deadline_s=deadline_from_reason(s.reason, s.reason_set_at, now), requeue=True)
         for s in states if s.name in mine and s.draining
     ]

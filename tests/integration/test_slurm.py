@@ -1,7 +1,7 @@
 """outlast on a real Slurm: the guide's just-in-time example as an sbatch job on 2 of 3 local nodes.
 
 A local Slurm 22.05 cluster (scripts/slurm-cluster: three slurmd on this host, partitions low
-and high) runs for the whole module. Each test submits examples/slurm/preemption_jit_checkpoint.sbatch,
+and high) runs for the whole session. Each test submits examples/slurm/preemption_jit_checkpoint.sbatch,
 acts on the job as Slurm or an administrator would, and reads the run's history from storage.
 """
 
@@ -35,7 +35,7 @@ def _installed() -> bool:
     return all(shutil.which(p) for p in PROGRAMS)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     if not _installed():
         subprocess.run([str(ROOT / "scripts" / "setup-slurm")], check=False)
@@ -78,7 +78,8 @@ class Job:
         def done():
             i = self.info()
             return i.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and i.restarts == restarts
-        wait_until(done, timeout_s, lambda: f"job {self.id} to end after {restarts} requeue(s); its output:\n{self.output()}")
+        wait_until(done, timeout_s,
+                   lambda: f"job {self.id} to end after {restarts} requeue(s); its output:\n{self.output()}")
 
     def output(self) -> str:
         return self.out.read_text() if self.out.exists() else "(none)"
@@ -175,7 +176,8 @@ def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_j
         job.wait_done(restarts=1)
         state = job.state()
         _resumed_with_no_step_lost(state)
-        assert any(f"node {node} drained by an administrator (disk swap)" in m and "maintenance" in m
+        drained = f"Slurm job {job.id} (restart 0): node {node} drained by an administrator (disk swap)"
+        assert any(drained in m and "maintenance" in m
                    for m in _preemptions(state)), _preemptions(state)
         after = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split(" NodeList=")[1].split()[0]
         assert node not in expand_hostlist(after), (node, after)

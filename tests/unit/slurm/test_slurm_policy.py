@@ -44,10 +44,10 @@ def node(name, states, reason="", set_at=None) -> NodeState:
 def test_a_node_of_the_job_drained_by_slurm_is_drained_once_for_maintenance():
     states = [node("n1", {"ALLOCATED"}), node("n2", {"ALLOCATED", "DRAIN"}, "disk swap"),
               node("n3", {"IDLE", "DRAIN"}, "not ours")]
-    (order,) = on_node_states(states, ["n1", "n2"], set(), "42", NOW)
+    (order,) = on_node_states(states, ["n1", "n2"], set(), "42", 3, NOW)
     assert order.node_ids == ["n2"] and order.reason == "maintenance" and order.deadline_s is None
-    assert "disk swap" in order.message and "Slurm job 42" in order.message
-    assert on_node_states(states, ["n1", "n2"], {"n2"}, "42", NOW) == []
+    assert "disk swap" in order.message and "Slurm job 42 (restart 3)" in order.message
+    assert on_node_states(states, ["n1", "n2"], {"n2"}, "42", 3, NOW) == []
 
 
 def test_a_deadline_in_the_reason_counts_from_when_it_was_set():
