@@ -51,8 +51,9 @@ NOTES: dict[str, Note] = {
                                                 "metadata, `get_metadata()['checkpoint_dir_name']`"),
     "report.checkpoint_upload_fn": Note(UNSUPPORTED, "", lambda: _train().report({}, checkpoint_upload_fn=print)),
     "report.validation": Note(UNSUPPORTED, "", lambda: _train().report({}, validation=True)),
-    "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, in report order; a checkpoint "
-                                                  "reported with ASYNC whose commit is on its way may be missing"),
+    "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, ordered as Ray orders them "
+                                                  "(by score, the best last); a checkpoint reported with ASYNC whose "
+                                                  "commit is on its way may be missing"),
     "get_all_reported_checkpoints.consistency_mode": Note(DIFFERS, "outlast has no validation: COMMITTED and VALIDATED "
                                                                    "both give the committed checkpoints"),
     "get_all_reported_checkpoints.timeout_s": Note(DIFFERS, "accepted; the call reads the run's history and does not wait"),
