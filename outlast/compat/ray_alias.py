@@ -118,14 +118,17 @@ def _carried(_marker: None, fn: Any) -> Any:
     return fn
 
 
-class carry:
-    """`fn`, pickled so that a worker installs the alias before unpickling it."""
-
+class _Carried:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
 
     def __reduce__(self):
         return (_carried, (_InstallFirst(), self.fn))
+
+
+def carry(fn: Any) -> Any:
+    """`fn`, pickled so that a worker installs the alias before unpickling it (and gets `fn` back)."""
+    return _Carried(fn)
 
 
 def _init(*args: Any, **kwargs: Any) -> None:
