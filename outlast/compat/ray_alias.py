@@ -83,6 +83,8 @@ class ShimModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_target", "_advice"):
             raise AttributeError(name)
+        if f"{self.__name__}.{name}" in _aliases():  # `from ray import train`: a submodule not imported yet
+            return importlib.import_module(f"{self.__name__}.{name}")
         if self._target is not None:
             try:
                 return getattr(importlib.import_module(self._target), name)
