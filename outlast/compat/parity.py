@@ -51,8 +51,9 @@ NOTES: dict[str, Note] = {
                                                 "metadata, `get_metadata()['checkpoint_dir_name']`"),
     "report.checkpoint_upload_fn": Note(UNSUPPORTED, "", lambda: _train().report({}, checkpoint_upload_fn=print)),
     "report.validation": Note(UNSUPPORTED, "", lambda: _train().report({}, validation=True)),
-    "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, in report order; a checkpoint "
-                                                  "reported with ASYNC whose commit is on its way may be missing"),
+    "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, ordered as Ray orders them "
+                                                  "(by score, the best last); a checkpoint reported with ASYNC whose "
+                                                  "commit is on its way may be missing"),
     "get_all_reported_checkpoints.consistency_mode": Note(DIFFERS, "outlast has no validation: COMMITTED and VALIDATED "
                                                                    "both give the committed checkpoints"),
     "get_all_reported_checkpoints.timeout_s": Note(DIFFERS, "accepted; the call reads the run's history and does not wait"),
@@ -65,7 +66,7 @@ NOTES: dict[str, Note] = {
                                              "manifest): set metadata before report()"),
     "Checkpoint.update_metadata": Note(DIFFERS, "refused on a committed checkpoint, as set_metadata"),
     "CheckpointConfig": Note(DIFFERS, "outlast adds `duplicate_files`: ranks writing one file with different contents "
-                                      "keep one whole copy ('keep_lowest_rank', the default) or fail the checkpoint "
+                                      "keep one whole copy ('keep_one', the default) or fail the checkpoint "
                                       "('fail'); Ray keeps one copy without a word"),
     "CheckpointUploadMode.NO_UPLOAD": Note(UNSUPPORTED, "outlast uploads every reported checkpoint itself"),
     "DataConfig.execution_options": Note(UNSUPPORTED, "", lambda: _train().DataConfig(execution_options={})),

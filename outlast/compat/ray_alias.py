@@ -83,6 +83,8 @@ class ShimModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_target", "_advice"):
             raise AttributeError(name)
+        if f"{self.__name__}.{name}" in _aliases():  # `from ray import train`: a submodule not imported yet
+            return importlib.import_module(f"{self.__name__}.{name}")
         if self._target is not None:
             try:
                 return getattr(importlib.import_module(self._target), name)
@@ -118,14 +120,17 @@ def _carried(_marker: None, fn: Any) -> Any:
     return fn
 
 
-class carry:
-    """`fn`, pickled so that a worker installs the alias before unpickling it."""
-
+class _Carried:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
 
     def __reduce__(self):
         return (_carried, (_InstallFirst(), self.fn))
+
+
+def carry(fn: Any) -> Any:
+    """`fn`, pickled so that a worker installs the alias before unpickling it (and gets `fn` back)."""
+    return _Carried(fn)
 
 
 def _init(*args: Any, **kwargs: Any) -> None:

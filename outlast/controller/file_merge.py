@@ -4,7 +4,7 @@ Two ranks may write the same file. With the same bytes there is nothing to decid
 different bytes (Ray's tutorial saves `model.pt` on every rank, and BatchNorm's running
 statistics differ per rank) the policy decides:
 
-- KEEP_LOWEST_RANK (the default): keep one rank's copy whole, and say so once (a warning
+- KEEP_ONE (the default): keep one rank's copy whole, and say so once (a warning
   and a note in the run's history, with the files and ranks). The ranks upload into one
   directory, so what storage holds is the copy of whichever rank wrote last: the manifest
   lists that copy, checked against the ranks' checksums (rank 0's when it matches, the
@@ -34,7 +34,7 @@ log = logging.getLogger("outlast.controller")
 
 
 class DuplicateFiles(enum.Enum):
-    KEEP_LOWEST_RANK = "keep_lowest_rank"
+    KEEP_ONE = "keep_one"
     FAIL = "fail"
 
 
@@ -82,7 +82,7 @@ def merge_files(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateF
                 raise ValueError(
                     f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
                     "save a replicated model from one rank only, or give each rank its own file names "
-                    "(CheckpointConfig(duplicate_files='keep_lowest_rank') keeps the lowest rank's copy)"
+                    "(CheckpointConfig(duplicate_files='keep_one') keeps one whole copy and says so)"
                 )
             writers[entry.path].append((rank, entry))
     conflicts = [Conflict(path, tuple(r for r, _ in w), tuple(e for _, e in w), kept=w[0][0])

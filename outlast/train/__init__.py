@@ -60,9 +60,9 @@ def get_all_reported_checkpoints(
     consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
     timeout_s: float | None = None,
 ) -> list[ReportedCheckpoint]:
-    """The run's committed checkpoints that are still kept (CheckpointConfig.num_to_keep), in report
-    order, with their metrics. A checkpoint reported with ASYNC whose commit is still on its way
-    may be missing."""
+    """The run's committed checkpoints that are still kept (CheckpointConfig.num_to_keep), with their
+    metrics, ordered by checkpoint_score_attribute with the best last (report order without one), as
+    Ray orders them. A checkpoint reported with ASYNC whose commit is still on its way may be missing."""
     CheckpointConsistencyMode(consistency_mode)
     return get_session("get_all_reported_checkpoints").get_all_reported_checkpoints()
 

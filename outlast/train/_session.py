@@ -183,10 +183,15 @@ class WorkerSession:
     # -- end of the train function ------------------------------------------------
 
     def get_all_reported_checkpoints(self) -> list[ReportedCheckpoint]:
-        """The run's committed checkpoints that are still kept, in report order, with their metrics."""
+        """The run's committed checkpoints that are still kept, with their metrics, ordered as Ray orders
+        them: by CheckpointConfig's score, the best last (report order without a score)."""
+        from outlast.train.result import rank_checkpoints
+
         self.wait_for_uploads()
         state = RunStore(self._storage, self._run_dir).load_state()
-        records = sorted(state.checkpoints, key=lambda c: c.seq) if state is not None else []
+        order, _, attribute = os.environ.get("OUTLAST_CHECKPOINT_SCORE", "").partition(":")
+        records = rank_checkpoints(state.checkpoints if state is not None else [], None, attribute or None,
+                                   order or "max")
         return [ReportedCheckpoint(Checkpoint(self._storage.uri(f"{self._run_dir}/{c.checkpoint_dir}")),
                                    dict(c.metrics)) for c in records]
 

@@ -140,7 +140,8 @@ class DataParallelTrainer:
             num_to_keep=rc.checkpoint_config.num_to_keep,
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
-            env=carried_env(os.environ, rc.worker_runtime_env), cwd=os.getcwd(), sys_path=_importable_paths(),
+            env={**carried_env(os.environ, rc.worker_runtime_env), **_checkpoint_order(rc)},
+            cwd=os.getcwd(), sys_path=_importable_paths(),
             rendezvous=self.backend.needs_rendezvous, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
@@ -192,6 +193,14 @@ def _result(book: RunBook, storage, store: RunStore, rc: RunConfig) -> Result:
                         cc.checkpoint_score_order)
 
 
+
+
+def _checkpoint_order(rc: RunConfig) -> dict[str, str]:
+    """How workers order get_all_reported_checkpoints(), as the Result orders best_checkpoints."""
+    cc = rc.checkpoint_config
+    if cc.checkpoint_score_attribute is None:
+        return {}
+    return {"OUTLAST_CHECKPOINT_SCORE": f"{cc.checkpoint_score_order}:{cc.checkpoint_score_attribute}"}
 
 
 def _with_ray_alias(fn: Callable[..., Any]) -> Any:

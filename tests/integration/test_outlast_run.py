@@ -20,9 +20,13 @@ def run_script(tmp_path: Path, body: str, *, through_outlast: bool = True) -> su
 
 def test_ray_train_names_are_outlasts_and_init_shutdown_are_accepted(tmp_path):
     proc = run_script(tmp_path, """
+        import outlast.train, outlast.train.torch
         import ray
         import ray.train
         import ray.train.torch
+        from ray import train
+        from ray.train import torch as ray_torch
+        assert train.report is outlast.train.report and ray_torch.prepare_model is outlast.train.torch.prepare_model
         from ray.train import Checkpoint, ScalingConfig
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
         from ray.train.v2.torch.torch_trainer import TorchTrainer
@@ -63,6 +67,8 @@ def test_importing_another_ray_module_stops_at_its_import_line(tmp_path):
     """)
     assert proc.returncode == 2
     assert f"import ray.tune at {tmp_path / 'script.py'}, line 4 is not supported" in proc.stderr
+    proc = run_script(tmp_path, "from ray import tune\n")
+    assert proc.returncode == 2 and "line 1 is not supported" in proc.stderr
 
 
 def test_a_ray_train_name_outlast_lacks_stops_with_the_outlast_way(tmp_path):

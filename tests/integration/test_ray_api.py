@@ -36,10 +36,10 @@ def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_i
     assert by_rank[0]["loader"] == ["TensorDataset", 4, 2]
     assert by_rank[0]["devices"] == ["cpu"] and by_rank[0]["deterministic"] is True
     assert by_rank[0]["env"] == by_rank[1]["env"] == "from runtime env"  # and DDP met over tcp://
-    # The kept checkpoints (epochs 1 and 2: the best two on loss; epoch 2 is also the latest), in report
-    # order, each with its metadata and the directory name asked for.
-    assert by_rank[1]["reported"] == [[1, {"epoch": 1, "checkpoint_dir_name": "epoch_1"}],
-                                      [2, {"epoch": 2, "checkpoint_dir_name": "epoch_2"}]]
+    # The kept checkpoints (epochs 1 and 2: the best two on loss; epoch 2 is also the latest), ordered as
+    # Ray 2.60 orders them (by score, the best last), each with its metadata and the directory name asked for.
+    assert by_rank[1]["reported"] == [[2, {"epoch": 2, "checkpoint_dir_name": "epoch_2"}],
+                                      [1, {"epoch": 1, "checkpoint_dir_name": "epoch_1"}]]
 
     # Ray V2: metrics of the latest checkpoint, best checkpoints best last, rank 0's return value.
     assert result.metrics == {"loss": 2.0, "epoch": 2}

@@ -6,7 +6,7 @@ from outlast.protocol.messages import FileEntry
 from outlast.storage.run_store import RunStore
 from tests.fakes.storage import MemoryStorage
 
-KEEP, FAIL = DuplicateFiles.KEEP_LOWEST_RANK, DuplicateFiles.FAIL
+KEEP, FAIL = DuplicateFiles.KEEP_ONE, DuplicateFiles.FAIL
 
 
 def f(path, sha):
@@ -24,7 +24,7 @@ def test_the_same_bytes_from_several_ranks_are_no_conflict():
 
 
 def test_fail_refuses_different_bytes_naming_the_file_ranks_and_the_setting():
-    with pytest.raises(ValueError, match=r"ranks 0 and 1 both wrote 'model.pt'.*duplicate_files='keep_lowest_rank'"):
+    with pytest.raises(ValueError, match=r"ranks 0 and 1 both wrote 'model.pt'.*duplicate_files='keep_one'"):
         merge_files({0: [f("model.pt", "a")], 1: [f("model.pt", "b")]}, FAIL)
 
 
@@ -65,7 +65,7 @@ def test_merge_and_note_records_the_conflict_in_the_history_once(caplog):
     for ckpt in ("checkpoint_001_000000", "checkpoint_001_000001"):
         mem.write_atomic(f"run/{ckpt}/model.pt", data)
         files = merge_and_note({0: [FileEntry("model.pt", 9, sha)], 1: [FileEntry("model.pt", 9, "f" * 64)]},
-                               "keep_lowest_rank", book, ckpt, wall=2.0)
+                               "keep_one", book, ckpt, wall=2.0)
         assert files == [FileEntry("model.pt", 9, sha)]
     assert len(book.state.notes) == 1 and "'model.pt' (ranks 0, 1)" in book.state.notes[0].text
     assert sum("model.pt" in r.getMessage() for r in caplog.records) == 1

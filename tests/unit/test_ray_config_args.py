@@ -38,8 +38,8 @@ def test_callbacks_and_storage_filesystem_are_refused_with_the_outlast_way():
 
 
 def test_duplicate_files_is_one_of_two_policies():
-    assert CheckpointConfig().duplicate_files == "keep_lowest_rank"
-    with pytest.raises(ValueError, match="'keep_lowest_rank' or 'fail'"):
+    assert CheckpointConfig().duplicate_files == "keep_one"
+    with pytest.raises(ValueError, match="'keep_one' or 'fail'"):
         CheckpointConfig(duplicate_files="rank0")
 
 
