@@ -29,7 +29,8 @@ def check_runtime_env(value: object, name: str = "RunConfig.worker_runtime_env")
     unknown = sorted(set(value) - set(_KNOWN_FIELDS))
     if unknown:
         raise ValueError(f"{name} has fields outlast does not support: {', '.join(map(repr, unknown))}; "
-                         f"only 'env_vars' is (install packages on the nodes themselves)")
+                         "only 'env_vars' is: workers run in the driver's working directory with its import path, "
+                         "on the packages installed on their node (install packages there)")
     env_vars = value.get("env_vars", {})
     if not isinstance(env_vars, dict):
         raise TypeError(f'{name}["env_vars"] must be a dict of names to strings, got {type(env_vars).__name__}')

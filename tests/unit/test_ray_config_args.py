@@ -23,7 +23,7 @@ def test_label_selector_is_refused_naming_resources_as_the_way():
 
 def test_run_config_takes_env_vars_and_refuses_the_rest_of_a_runtime_env():
     assert RunConfig(worker_runtime_env={"env_vars": {"A": "1"}}).worker_runtime_env == {"env_vars": {"A": "1"}}
-    with pytest.raises(ValueError, match=r"does not support: 'pip', 'working_dir'.*install packages on the nodes"):
+    with pytest.raises(ValueError, match=r"does not support: 'pip', 'working_dir'.*packages installed on their node"):
         RunConfig(worker_runtime_env={"pip": ["x"], "working_dir": "."})
     with pytest.raises(TypeError, match=r"\['A'\] must be a string"):
         RunConfig(worker_runtime_env={"env_vars": {"A": 1}})
