@@ -17,12 +17,12 @@ from tests.integration.procs import wait_until
 
 
 @pytest.fixture
-def cluster(request, monkeypatch):
+def cluster(request, monkeypatch, tmp_path):
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "3")
     params = getattr(request, "param", {})
     with LocalCluster(num_nodes=params.get("num_nodes", 3), node_timeout_s=2,
-                      failure_domains=params.get("failure_domains")) as c:
+                      failure_domains=params.get("failure_domains"), workdir=tmp_path / "cl") as c:
         yield c
 
 
