@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from outlast.client.discovery import start_agent_process
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.jobs import deterministic_ddp_loop, node_logging_loop, read_events
@@ -120,3 +121,19 @@ def test_a_restarted_head_takes_its_members_back(monkeypatch):
         wait_until(lambda: {n.node_id: n.state for n in cluster.node_table()} == {"node-0": "alive",
                                                                                    "node-1": "alive"},
                    60, "the member to register with the restarted head")
+
+
+def test_a_fork_server_that_keeps_dying_is_backed_off_then_given_up_with_the_reason(tmp_path):
+    log_path = tmp_path / "agent.log"
+    proc, _ = start_agent_process(["tests.integration.dies_on_import"], embedded=False, log_path=log_path,
+                                  extra_args=["--die-with-parent"])
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = log_path.read_text()
+    assert code == 0  # it stopped itself, saying why
+    assert log.count("started the fork server again") == 4
+    assert "restarting it in 1 s" in log and "restarting it in 2 s" in log and "restarting it in 4 s" in log
+    assert "died 4 times in a row" in log and "exit code 7" in log and "stopping the node" in log
