@@ -81,7 +81,7 @@ class NodeBook:
         return out
 
     def describe(self) -> str:
-        states = [f"{n.node_id} ({n.state})" for n in self.nodes.values()]
+        states = [f"{n.node_id} ({mark_gone_dead(n).state})" for n in self.nodes.values()]  # a dead head's last table
         return ", ".join(states) or "no nodes"
 
     # ---- nodes this run talks to --------------------------------------------------------

@@ -35,7 +35,6 @@ class EmbeddedNode:
         self._preload = preload
         self._policy = RestartPolicy(what="the embedded node agent")
         self._stopping = threading.Event()
-        self.restarts: list[str] = []  # what happened, one line per death
         # Started from a thread, the agent dies with that thread (PR_SET_PDEATHSIG): this one lives
         # until stop(), so a restarted agent lives as long as the driver.
         self._thread = threading.Thread(target=self._watch, name="outlast-embedded-node", daemon=True)
@@ -64,10 +63,13 @@ class EmbeddedNode:
             except AgentUnavailable as e:
                 log.error("the embedded node agent died (%s) and could not be started again: %s", how, e)
                 return
+            if self._stopping.is_set():  # fit() ended while the new node started
+                self.proc.terminate()
+                self.proc.wait()
+                return
             self._policy.restarted(time.monotonic())
-            self.restarts.append(f"the embedded node agent (pid {proc.pid}) died ({how}); the driver restarted it "
-                                 f"(pid {self.proc.pid}) at {self.address}")
-            log.warning("%s", self.restarts[-1])
+            log.warning("the embedded node agent (pid %d) died (%s); the driver restarted it (pid %d) at %s",
+                        proc.pid, how, self.proc.pid, self.address)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from outlast.client.discovery import start_agent_process
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.jobs import deterministic_ddp_loop, node_logging_loop, read_events
@@ -73,8 +74,9 @@ def test_a_killed_embedded_node_agent_is_restarted_by_its_driver(storage_path, t
                             for msg in messages)
 
 
+@pytest.mark.parametrize("victim_rank", [1, 0], ids=["member", "head"])
 def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_restarted(
-        storage_path, tmp_path, monkeypatch):
+        storage_path, tmp_path, monkeypatch, victim_rank):
     # Heartbeat timeouts far beyond what the test waits: the loss is seen from the process table.
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "300")
     monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "300")
@@ -84,13 +86,14 @@ def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_
         def kill_then_restart():
             wait_until(lambda: any(e["event"] == "step" and e["step"] >= 6 for e in read_events(events)), 120,
                        "step 6")
-            victim = seen["victim"] = _placed(events, 1)[1]
+            victim = seen["victim"] = _placed(events, 1)[victim_rank]
             cluster.kill_node(victim)
             state_file = Path(storage_path) / "run" / "run_state.json"
             wait_until(lambda: json.loads(state_file.read_text())["status"] == "waiting_for_capacity", 60,
                        "the run to wait for the lost node (long before any heartbeat timeout)")
             seen["waiting_for"] = json.loads(state_file.read_text())["waiting_for"]
-            seen["table"] = {n.node_id: n.state for n in cluster.node_table()}
+            if victim_rank == 1:  # a dead head has no table to show
+                seen["table"] = {n.node_id: n.state for n in cluster.node_table()}
             cluster.restart_node(victim)
             seen["log"] = cluster.nodes[victim].log_path.read_text()
 
@@ -103,7 +106,8 @@ def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_
         helper.join()
     victim = seen["victim"]
     assert result.metrics == {"step": 19}
-    assert seen["table"][victim] == "dead"  # the head's table: never "alive" once its agent is gone
+    if victim_rank == 1:
+        assert seen["table"][victim] == "dead"  # the head's table: never "alive" once its agent is gone
     assert f"agents/{victim}: left by an agent (pid" in seen["log"]  # the restarted agent cleaned up
     assert "on the 1 usable node(s)" in seen["waiting_for"]
     assert set(_placed(events, 2).values()) == set(_placed(events, 1).values())  # the restarted node is used
@@ -120,3 +124,19 @@ def test_a_restarted_head_takes_its_members_back(monkeypatch):
         wait_until(lambda: {n.node_id: n.state for n in cluster.node_table()} == {"node-0": "alive",
                                                                                    "node-1": "alive"},
                    60, "the member to register with the restarted head")
+
+
+def test_a_fork_server_that_keeps_dying_is_backed_off_then_given_up_with_the_reason(tmp_path):
+    log_path = tmp_path / "agent.log"
+    proc, _ = start_agent_process(["tests.integration.dies_on_import"], embedded=False, log_path=log_path,
+                                  extra_args=["--die-with-parent"])
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = log_path.read_text()
+    assert code == 0  # it stopped itself, saying why
+    assert log.count("started the fork server again") == 4
+    assert "restarting it in 1 s" in log and "restarting it in 2 s" in log and "restarting it in 4 s" in log
+    assert "died 4 times in a row" in log and "exit code 7" in log and "stopping the node" in log

@@ -59,3 +59,43 @@ def test_the_head_declares_a_member_dead_as_soon_as_its_agent_is_gone():
     head.tick(me, now=1.0)  # long before the 60 s heartbeat timeout
     states = {n.node_id: n.state for n in head.nodes(me, 1.0)}
     assert states == {"head": "alive", "m1": "dead", "m2": "alive"}
+
+
+def test_the_drivers_view_never_calls_a_node_with_a_gone_agent_alive_even_from_a_table_read_before():
+    import zmq
+
+    from outlast.controller.nodes import Cluster
+
+    ctx = zmq.Context()
+    try:
+        cluster = Cluster(ctx, "tcp://127.0.0.1:9", None, clock=lambda: 0.0)
+        head = msgspec.structs.replace(_node("head", os.getpid()), is_head=True)
+        cluster.nodes = {"head": head}  # as last read, while its agent lived
+        assert cluster.describe() == "head (alive)"
+        cluster.nodes = {"head": msgspec.structs.replace(head, agent_pid=_dead_pid())}
+        assert cluster.describe() == "head (dead)"
+        assert cluster.lost_nodes(0.0, {"head"})["head"].startswith("the node agent of node head")
+        cluster.close(linger_ms=0)
+    finally:
+        ctx.term()
+
+
+def test_a_lost_node_gets_no_work_until_a_new_agent_is_behind_its_id():
+    import zmq
+
+    from outlast.controller.nodes import Cluster
+
+    ctx = zmq.Context()
+    try:
+        now = [100.0]
+        cluster = Cluster(ctx, "tcp://127.0.0.1:9", None, clock=lambda: now[0])
+        old = _node("n1", os.getpid())
+        cluster.nodes = {"n1": old}
+        cluster.lose("n1")
+        now[0] += 1.0
+        assert cluster.views("r") == []  # the same agent: maybe a partition, kept out for a while
+        cluster.nodes = {"n1": msgspec.structs.replace(old, agent_pid=os.getppid())}  # started again
+        assert [v.node_id for v in cluster.views("r")] == ["n1"]
+        cluster.close(linger_ms=0)
+    finally:
+        ctx.term()
