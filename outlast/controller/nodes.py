@@ -81,7 +81,8 @@ class NodeBook:
         return out
 
     def describe(self) -> str:
-        states = [f"{n.node_id} ({mark_gone_dead(n).state})" for n in self.nodes.values()]  # a dead head's last table
+        # A node whose agent is known gone is dead, even in the last table a dead head sent.
+        states = [f"{n.node_id} ({'dead' if n.node_id in self._gone else n.state})" for n in self.nodes.values()]
         return ", ".join(states) or "no nodes"
 
     # ---- nodes this run talks to --------------------------------------------------------

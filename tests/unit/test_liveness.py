@@ -10,6 +10,7 @@ import msgspec
 
 from outlast.agent.roles import HeadNode
 from outlast.client.liveness import agent_gone, host_id, mark_gone_dead, note_exit
+from outlast.controller.nodes import NodeBook
 from outlast.protocol import messages as m
 
 
@@ -62,40 +63,59 @@ def test_the_head_declares_a_member_dead_as_soon_as_its_agent_is_gone():
 
 
 def test_the_drivers_view_never_calls_a_node_with_a_gone_agent_alive_even_from_a_table_read_before():
+    book = NodeBook()
+    head = msgspec.structs.replace(_node("head", os.getpid()), is_head=True)
+    book.set_table([head])  # as last read, while its agent lived
+    assert book.describe() == "head (alive)"
+    book.note_gone("head", agent_gone(msgspec.structs.replace(head, agent_pid=_dead_pid())))
+    assert book.describe() == "head (dead)"
+    assert book.lost_nodes(0.0, {"head"})["head"].startswith("the node agent of node head")
+
+
+def test_the_worker_group_reports_a_node_whose_agent_is_gone_once_and_shows_it_dead():
+    import threading
+
     import zmq
 
-    from outlast.controller.nodes import Cluster
+    from outlast.controller.agent_group import AgentGroup
+    from outlast.controller.group import AgentGone
+    from outlast.protocol.transport import bind_router, encode
 
     ctx = zmq.Context()
+    head_sock, head_address = bind_router(ctx)
+    group = AgentGroup(ctx, head_address, None)
     try:
-        cluster = Cluster(ctx, "tcp://127.0.0.1:9", None, clock=lambda: 0.0)
-        head = msgspec.structs.replace(_node("head", os.getpid()), is_head=True)
-        cluster.nodes = {"head": head}  # as last read, while its agent lived
-        assert cluster.describe() == "head (alive)"
-        cluster.nodes = {"head": msgspec.structs.replace(head, agent_pid=_dead_pid())}
-        assert cluster.describe() == "head (dead)"
-        assert cluster.lost_nodes(0.0, {"head"})["head"].startswith("the node agent of node head")
-        cluster.close(linger_ms=0)
+        gone, alive = _node("gone", _dead_pid()), _node("alive", os.getpid())
+        stop = threading.Event()
+
+        def serve_table():  # the head's one answer: a table naming both nodes
+            while not stop.is_set():
+                if head_sock.poll(10):
+                    identity, _ = head_sock.recv_multipart()
+                    head_sock.send_multipart([identity, encode(m.NodeList(nodes=[gone, alive]))])
+
+        server = threading.Thread(target=serve_table)
+        server.start()
+        try:
+            nodes = group.refresh(timeout_s=10.0)
+        finally:
+            stop.set()
+            server.join()
+        assert {n.node_id: n.state for n in nodes} == {"gone": "dead", "alive": "alive"}
+        first = [e for e in group.events(0.0) if isinstance(e, AgentGone)]
+        assert [e.node_id for e in first] == ["gone"] and "is gone" in first[0].why
+        assert not [e for e in group.events(0.0) if isinstance(e, AgentGone)]  # said once
     finally:
+        group.close()
+        head_sock.close(linger=0)
         ctx.term()
 
 
 def test_a_lost_node_gets_no_work_until_a_new_agent_is_behind_its_id():
-    import zmq
-
-    from outlast.controller.nodes import Cluster
-
-    ctx = zmq.Context()
-    try:
-        now = [100.0]
-        cluster = Cluster(ctx, "tcp://127.0.0.1:9", None, clock=lambda: now[0])
-        old = _node("n1", os.getpid())
-        cluster.nodes = {"n1": old}
-        cluster.lose("n1")
-        now[0] += 1.0
-        assert cluster.views("r") == []  # the same agent: maybe a partition, kept out for a while
-        cluster.nodes = {"n1": msgspec.structs.replace(old, agent_pid=os.getppid())}  # started again
-        assert [v.node_id for v in cluster.views("r")] == ["n1"]
-        cluster.close(linger_ms=0)
-    finally:
-        ctx.term()
+    book = NodeBook()
+    old = _node("n1", os.getpid())
+    book.set_table([old])
+    book.lose("n1", 100.0)
+    assert book.views("r", 101.0) == []  # the same agent: maybe a partition, kept out for a while
+    book.set_table([msgspec.structs.replace(old, agent_pid=os.getppid())])  # started again
+    assert [v.node_id for v in book.views("r", 101.0)] == ["n1"]
