@@ -66,8 +66,9 @@ NOTES: dict[str, Note] = {
                                              "manifest): set metadata before report()"),
     "Checkpoint.update_metadata": Note(DIFFERS, "refused on a committed checkpoint, as set_metadata"),
     "CheckpointConfig": Note(DIFFERS, "outlast adds `duplicate_files`: ranks writing one file with different contents "
-                                      "keep one whole copy ('keep_one', the default) or fail the checkpoint "
-                                      "('fail'); Ray keeps one copy without a word"),
+                                      "keep rank 0's copy ('keep_rank0', the default; storage never lets another "
+                                      "rank replace it) or fail the checkpoint ('fail'); Ray keeps one copy "
+                                      "without a word"),
     "CheckpointUploadMode.NO_UPLOAD": Note(UNSUPPORTED, "outlast uploads every reported checkpoint itself"),
     "DataConfig.execution_options": Note(UNSUPPORTED, "", lambda: _train().DataConfig(execution_options={})),
     "DataConfig.enable_shard_locality": Note(DIFFERS, "accepted; shards are cut in memory, with no locality to keep"),

@@ -4,12 +4,14 @@ Two ranks may write the same file. With the same bytes there is nothing to decid
 different bytes (Ray's tutorial saves `model.pt` on every rank, and BatchNorm's running
 statistics differ per rank) the policy decides:
 
-- KEEP_ONE (the default): keep one rank's copy whole, and say so once (a warning
-  and a note in the run's history, with the files and ranks). The ranks upload into one
-  directory, so what storage holds is the copy of whichever rank wrote last: the manifest
-  lists that copy, checked against the ranks' checksums (rank 0's when it matches, the
-  lowest matching rank otherwise). Bytes that match no rank's copy (two uploads torn into
-  each other) are refused, and the previous checkpoint stays the latest.
+- KEEP_RANK0 (the default, "keep_rank0"; "keep_one" is its former name): keep rank 0's copy,
+  the rank the DDP convention trusts, and say so once (a warning and a note in the run's
+  history, with the files and ranks). Storage guarantees it whatever the order of the uploads
+  into the shared directory: rank 0 replaces a file atomically, every other rank only creates
+  one that is absent (`Storage.upload_dir(replace=...)`). Of a file rank 0 did not write, the
+  copy kept is the first one stored. The manifest lists the copy storage holds, checked
+  against the ranks' checksums; bytes that match no rank's copy are refused, and the previous
+  checkpoint stays the latest.
 - FAIL: refuse the checkpoint (`CheckpointConfig(duplicate_files="fail")`).
 
 `merge_files` and `settle` decide and have no effects; `merge_and_note` reads the stored
@@ -34,8 +36,12 @@ log = logging.getLogger("outlast.controller")
 
 
 class DuplicateFiles(enum.Enum):
-    KEEP_ONE = "keep_one"
+    KEEP_RANK0 = "keep_rank0"
     FAIL = "fail"
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.KEEP_RANK0 if value == "keep_one" else None  # the former name, for configs that say it
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,8 @@ class MergedFiles:
         at every checkpoint read the same, so the history records it once."""
         parts = [f"{c.path!r} (ranks {', '.join(map(str, c.ranks))})" for c in self.conflicts]
         return (f"ranks wrote different contents to the same checkpoint file{'s' if len(parts) > 1 else ''} "
-                f"{', '.join(parts)}; each checkpoint keeps one rank's whole copy (its manifest names the ranks "
-                "and checksums) and drops the others. Save replicated state from rank 0 only, or "
+                f"{', '.join(parts)}; each checkpoint keeps rank 0's copy (of a file rank 0 did not write, the first "
+                "copy stored) and drops the others. Save replicated state from rank 0 only, or "
                 "give each rank its own file names; CheckpointConfig(duplicate_files='fail') refuses such a "
                 "checkpoint instead")
 
@@ -82,7 +88,7 @@ def merge_files(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateF
                 raise ValueError(
                     f"ranks {seen[0]} and {rank} both wrote {entry.path!r} with different contents; "
                     "save a replicated model from one rank only, or give each rank its own file names "
-                    "(CheckpointConfig(duplicate_files='keep_one') keeps one whole copy and says so)"
+                    "(CheckpointConfig(duplicate_files='keep_rank0') keeps rank 0's copy and says so)"
                 )
             writers[entry.path].append((rank, entry))
     conflicts = [Conflict(path, tuple(r for r, _ in w), tuple(e for _, e in w), kept=w[0][0])

@@ -48,7 +48,7 @@ class RunPlan:
     relax_collectives: bool = False  # on a preemption, go on with the surviving ranks
     per_worker: dict[str, float] = field(default_factory=dict)
     strategy: str = "PACK"
-    duplicate_files: str = "keep_one"  # file_merge.DuplicateFiles: ranks writing one file differently
+    duplicate_files: str = "keep_rank0"  # file_merge.DuplicateFiles: ranks writing one file differently
 
 
 @dataclass

@@ -17,11 +17,16 @@ class StorageError(OSError):
 
 
 class Storage(Protocol):
-    def upload_dir(self, local_dir: Path, dest: str, move: bool = False) -> list[FileEntry]:
-        """Copy every file under `local_dir` to `dest/`, returning sizes and checksums.
+    def upload_dir(self, local_dir: Path, dest: str, move: bool = False, replace: bool = True) -> list[FileEntry]:
+        """Copy every file under `local_dir` to `dest/`, returning sizes and checksums (of
+        `local_dir`'s copies, whether stored or not).
 
         `move`: the caller will delete `local_dir` afterwards, so its files may be linked
-        into place where storage is the same file system."""
+        into place where storage is the same file system.
+        `replace`: each file replaces one already at its place, atomically (a reader sees one
+        whole copy). False: a file is created only if none is there, and one that is stays as
+        it is, whichever writer comes last; several ranks share a checkpoint directory, and
+        only rank 0 replaces."""
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace `path` with `data` so that a reader sees the old or the new bytes, never a mix."""

@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import uuid
 from concurrent import futures
 from pathlib import Path
 
@@ -27,22 +28,54 @@ def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
     return files, dirs
 
 
-def _move_or_copy(src: Path, dst: Path, move: bool) -> None:
-    if move:
-        # A hard link, not a rename: the source stays whole until the caller deletes it, so
-        # a retried upload finds every file again. No bytes move at all.
+def _place(src: Path, dst: Path, move: bool, replace: bool) -> bool:
+    """Put `src`'s bytes at `dst` whole, through a temporary name beside it; False when `replace`
+    is off and `dst` already exists (it is left as it is).
+
+    `replace` renames over `dst` atomically. Without it `dst` is created only if absent: a hard
+    link from the temporary name fails with EEXIST when another writer got there first, so of
+    ranks racing on one file, a rank that does not replace never overwrites one that does."""
+    if not replace and os.path.lexists(dst):
+        return False  # the common case of a file another rank wrote: no bytes copied for nothing
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        linked = False
+        if move:
+            # A hard link, not a rename: the source stays whole until the caller deletes it, so
+            # a retried upload finds every file again. No bytes move at all.
+            with contextlib.suppress(OSError):  # another file system (EXDEV), or no hard links
+                os.link(src, tmp)
+                linked = True
+        if not linked:
+            copy_file(src, tmp)
+        if replace:
+            os.replace(tmp, dst)
+            return True
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(dst)  # a retry's earlier link or partial copy
-            os.link(src, dst)
-            return
+            os.link(tmp, dst)
+        except FileExistsError:
+            return False
         except OSError:
-            pass  # another file system (EXDEV) or one without hard links: copy
-    copy_file(src, dst)
+            return _create_exclusive(src, dst)  # a file system without hard links
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
-def _place_and_hash(src: Path, dst: Path, move: bool) -> tuple[int, str]:
-    _move_or_copy(src, dst, move)
+def _create_exclusive(src: Path, dst: Path) -> bool:
+    try:
+        with open(dst, "xb") as out, open(src, "rb") as source:  # O_EXCL: only if absent
+            shutil.copyfileobj(source, out, 4 << 20)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _place_and_hash(src: Path, dst: Path, move: bool, replace: bool) -> tuple[int, str]:
+    """(size, xxh3) of this copy: the stored file's when placed, the source's when another's was kept."""
+    if not _place(src, dst, move, replace):
+        return hash_file(src, ALGORITHM)
     sized = hash_file(dst, ALGORITHM)
     fsync_file(dst)
     return sized
@@ -82,9 +115,10 @@ class LocalStorage:
     def _p(self, path: str) -> Path:
         return self.root / path if path else self.root
 
-    def upload_dir(self, local_dir: Path, dest: str, move: bool = False) -> list[FileEntry]:
+    def upload_dir(self, local_dir: Path, dest: str, move: bool = False, replace: bool = True) -> list[FileEntry]:
         """Copy (or with `move`, link where the file system allows) every file under
         `local_dir` into `dest/`, files in parallel, each with its size and xxh3-128.
+        `replace=False`: a file already in `dest/` is kept (see `Storage.upload_dir`).
 
         The checksum is taken of the file as it lies in storage, after its copy, from the
         page cache: at tens of GB/s it costs less than the copy, and it is what a restore
@@ -101,7 +135,7 @@ class LocalStorage:
             for rel in dirs:
                 (target / rel).mkdir(parents=True, exist_ok=True)
             for rel in files:
-                jobs.append((rel, priority.submit(_place_and_hash, local_dir / rel, target / rel, move)))
+                jobs.append((rel, priority.submit(_place_and_hash, local_dir / rel, target / rel, move, replace)))
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         entries: list[FileEntry] = []

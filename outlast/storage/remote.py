@@ -15,6 +15,7 @@ from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 from outlast.storage.checksum import ALGORITHM, hash_file
+from outlast.storage.conditional import _precondition_failed
 from outlast.storage import priority
 from outlast.storage.local import walk_files
 from outlast.storage.priority import io_pool
@@ -54,10 +55,11 @@ class RemoteStorage:
     def _p(self, path: str) -> str:
         return f"{self.root}/{path}" if path else self.root
 
-    def upload_dir(self, local_dir: Path, dest: str, move: bool = False) -> list[FileEntry]:
+    def upload_dir(self, local_dir: Path, dest: str, move: bool = False, replace: bool = True) -> list[FileEntry]:
         """Files in parallel, each a multipart upload with parts in parallel once it is large
         (s3fs's put_file); each file's xxh3 is taken from the page cache beside its upload.
-        A restore compares the downloaded bytes with it."""
+        A restore compares the downloaded bytes with it. A PUT replaces an object whole;
+        `replace=False` makes it conditional (see `_create`)."""
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
@@ -65,7 +67,7 @@ class RemoteStorage:
         jobs = []
         for rel in walk_files(local_dir)[0]:
             src = local_dir / rel
-            jobs.append((rel, src, priority.submit(fs.put_file, str(src), self._p(f"{dest}/{rel}")),
+            jobs.append((rel, src, priority.submit(fs.put_file if replace else self._create, str(src), self._p(f"{dest}/{rel}")),
                          priority.submit(hash_file, src, ALGORITHM)))
         entries = []
         try:
@@ -80,6 +82,21 @@ class RemoteStorage:
         finally:
             futures.wait([f for *_, put, digest in jobs for f in (put, digest)])
         return entries
+
+    def _create(self, src: str, key: str) -> None:
+        """Upload `src` only if no object is at `key`. On S3 a conditional PUT (If-None-Match: *, on
+        the multipart upload's completion for a large file): of two writers, the later one is
+        refused by the server. Other stores: look, then put, which two writers within one round
+        trip can both pass; the manifest then lists the copy stored, checked against the ranks'."""
+        if self.protocol in ("s3", "s3a"):
+            try:
+                self.fs.put_file(src, key, mode="create")
+            except Exception as e:
+                if not isinstance(e, FileExistsError) and not _precondition_failed(e):
+                    raise
+            return
+        if not self.fs.exists(key):
+            self.fs.put_file(src, key)
 
     def download_dir(self, path: str, local_dir: Path) -> None:
         """Files in parallel; a large file in ranges fetched in parallel into their places."""

@@ -39,7 +39,8 @@ def dir_bytes(path: str | os.PathLike[str]) -> int:
     return sum(e.stat().st_size for e in Path(path).rglob("*") if e.is_file())
 
 
-def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False) -> list[m.FileEntry]:
+def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False,
+                        replace: bool = True) -> list[m.FileEntry]:
     """A storage hiccup costs a retry with backoff, not the checkpoint."""
     retry = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
@@ -48,7 +49,7 @@ def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool 
     )
     # `move`: the caller deletes the local files after the upload anyway, so storage on the
     # same file system may link them into place instead of copying.
-    return retry(storage.upload_dir, Path(local_dir), dest, move=move)
+    return retry(storage.upload_dir, Path(local_dir), dest, move=move, replace=replace)
 
 
 class Uploads:
@@ -66,7 +67,9 @@ class Uploads:
         """In the calling thread; timed for the bandwidth figure."""
         nbytes, started = dir_bytes(local_dir), time.monotonic()
         with priority.urgent() if urgent else nullcontext():
-            files = upload_with_retries(self._storage, local_dir, dest, move=move)
+            # Ranks share the checkpoint directory. Where two write one file, storage keeps rank 0's
+            # copy whatever the order: rank 0 replaces, the others only create what is absent.
+            files = upload_with_retries(self._storage, local_dir, dest, move=move, replace=self._rank == 0)
         elapsed = time.monotonic() - started
         if nbytes and elapsed > 0:
             self.bandwidth_bps = nbytes / elapsed

@@ -92,17 +92,19 @@ class FailureConfig:
 @dataclass
 class CheckpointConfig:
     """Which committed checkpoints to keep (the latest always is), and what to do when ranks write one
-    file with different contents: keep one whole copy, the one storage holds, and say so ("keep_one"), or
-    refuse the checkpoint ("fail")."""
+    file with different contents: keep rank 0's copy and say so ("keep_rank0"; "keep_one" is accepted as
+    its former name), or refuse the checkpoint ("fail")."""
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
-    duplicate_files: str = "keep_one"
+    duplicate_files: str = "keep_rank0"
 
     def __post_init__(self) -> None:
-        if self.duplicate_files not in ("keep_one", "fail"):
-            raise ValueError(f"CheckpointConfig.duplicate_files must be 'keep_one' or 'fail', "
+        if self.duplicate_files == "keep_one":
+            self.duplicate_files = "keep_rank0"
+        if self.duplicate_files not in ("keep_rank0", "fail"):
+            raise ValueError(f"CheckpointConfig.duplicate_files must be 'keep_rank0' (rank 0's copy) or 'fail', "
                              f"got {self.duplicate_files!r}")
         if self.num_to_keep is not None:
             _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1)

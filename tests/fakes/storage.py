@@ -28,7 +28,7 @@ class MemoryStorage:
             found.update("/".join(parts[: i + 1]) for i in range(len(parts)))
         return found
 
-    def upload_dir(self, local_dir: Path, dest: str, move: bool = False) -> list[FileEntry]:
+    def upload_dir(self, local_dir: Path, dest: str, move: bool = False, replace: bool = True) -> list[FileEntry]:
         self.ops.append(("upload", dest))
         self.make_dir(dest)
         return []

@@ -6,7 +6,7 @@ from outlast.protocol.messages import FileEntry
 from outlast.storage.run_store import RunStore
 from tests.fakes.storage import MemoryStorage
 
-KEEP, FAIL = DuplicateFiles.KEEP_ONE, DuplicateFiles.FAIL
+KEEP, FAIL = DuplicateFiles.KEEP_RANK0, DuplicateFiles.FAIL
 
 
 def f(path, sha):
@@ -24,7 +24,7 @@ def test_the_same_bytes_from_several_ranks_are_no_conflict():
 
 
 def test_fail_refuses_different_bytes_naming_the_file_ranks_and_the_setting():
-    with pytest.raises(ValueError, match=r"ranks 0 and 1 both wrote 'model.pt'.*duplicate_files='keep_one'"):
+    with pytest.raises(ValueError, match=r"ranks 0 and 1 both wrote 'model.pt'.*duplicate_files='keep_rank0'"):
         merge_files({0: [f("model.pt", "a")], 1: [f("model.pt", "b")]}, FAIL)
 
 
@@ -48,11 +48,18 @@ def test_settle_refuses_stored_bytes_that_match_no_rank():
         settle(merge_files({0: [f("m", "a")], 1: [f("m", "b")]}, KEEP), {"m": ("sha256", "e" * 64)})
 
 
+def test_keep_one_is_the_former_name_of_keep_rank0():
+    assert DuplicateFiles("keep_one") is DuplicateFiles("keep_rank0") is KEEP
+    with pytest.raises(ValueError):
+        DuplicateFiles("rank0")
+
+
 def test_the_description_leaves_out_the_checkpoint_so_repeats_read_the_same():
     one = merge_files({0: [f("m", "a")], 1: [f("m", "b")]}, KEEP)
     two = merge_files({0: [f("m", "c")], 1: [f("m", "d")]}, KEEP)
     assert one.describe() == two.describe()
     assert "'m' (ranks 0, 1)" in one.describe() and "duplicate_files='fail'" in one.describe()
+    assert "keeps rank 0's copy" in one.describe()
 
 
 def test_merge_and_note_records_the_conflict_in_the_history_once(caplog):
@@ -65,7 +72,7 @@ def test_merge_and_note_records_the_conflict_in_the_history_once(caplog):
     for ckpt in ("checkpoint_001_000000", "checkpoint_001_000001"):
         mem.write_atomic(f"run/{ckpt}/model.pt", data)
         files = merge_and_note({0: [FileEntry("model.pt", 9, sha)], 1: [FileEntry("model.pt", 9, "f" * 64)]},
-                               "keep_one", book, ckpt, wall=2.0)
+                               "keep_rank0", book, ckpt, wall=2.0)
         assert files == [FileEntry("model.pt", 9, sha)]
     assert len(book.state.notes) == 1 and "'model.pt' (ranks 0, 1)" in book.state.notes[0].text
     assert sum("model.pt" in r.getMessage() for r in caplog.records) == 1

@@ -38,8 +38,9 @@ def test_callbacks_and_storage_filesystem_are_refused_with_the_outlast_way():
 
 
 def test_duplicate_files_is_one_of_two_policies():
-    assert CheckpointConfig().duplicate_files == "keep_one"
-    with pytest.raises(ValueError, match="'keep_one' or 'fail'"):
+    assert CheckpointConfig().duplicate_files == "keep_rank0"
+    assert CheckpointConfig(duplicate_files="keep_one").duplicate_files == "keep_rank0"  # its former name
+    with pytest.raises(ValueError, match=r"'keep_rank0' \(rank 0's copy\) or 'fail'"):
         CheckpointConfig(duplicate_files="rank0")
 
 
