@@ -1,7 +1,7 @@
 """Core-runtime benchmark: outlast vs Ray Train V2 on the same script.
 
     python3 bench/bench_core.py [--only ray|outlast] [--modes startup report kill]
-                                [--repeat N] [--no-memory] [--out bench/results/core.json]
+                                [--where cold cluster] [--repeat N] [--no-memory] [--out bench/results/core.json]
 
 Runs bench/core_scenario.py for each framework, cold (the framework starts
 its own node inside fit()) and against a running cluster/agent, the two
@@ -265,7 +265,7 @@ def timing_runs(frameworks, modes, args, workdir, errors):
         if figs:
             runs.setdefault(row, {}).setdefault(f"{mode}.{where}", []).append(figs)
 
-    for where in ("cold", "cluster"):
+    for where in args.where:
         for _, fw in harness.interleaved(frameworks, args.repeat):
             rows = [fw] + (["ray_fast_poll"] if fw == "ray" and "report" in modes else [])
             cluster = where == "cluster"
@@ -303,6 +303,8 @@ def main():
     p.add_argument("--only", choices=sorted(FW))
     p.add_argument("--modes", nargs="+", default=["startup", "report", "kill"],
                    choices=["startup", "report", "kill"])
+    p.add_argument("--where", nargs="+", default=["cold", "cluster"], choices=["cold", "cluster"],
+                   help="cold: fit() starts the framework; cluster: against a running node/cluster")
     p.add_argument("--repeat", type=int, default=5, help="runs per figure (medians of fewer than 5 say little)")
     p.add_argument("--reports-ray", type=int, default=5,
                    help="back-to-back reports timed on Ray (about 2 s each at its default poll)")
@@ -352,7 +354,7 @@ def main():
         "machine": harness.machine({fw: versions(fw) for fw in frameworks}),
         "load": {"before": load_before, "after": harness.load(),
                  "note": "a shared machine: each figure carries load1, the 1-min load average at each run"},
-        "settings": {"repeat": args.repeat, "modes": args.modes, "ray_fast_poll_s": FAST_POLL_S,
+        "settings": {"repeat": args.repeat, "modes": args.modes, "where": args.where, "ray_fast_poll_s": FAST_POLL_S,
                      "reports_ray": args.reports_ray, "reports_outlast": args.reports_outlast,
                      "memory_in_separate_runs": not args.no_memory},
         "wall_s": round(time.time() - started, 1),
