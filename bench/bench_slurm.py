@@ -134,7 +134,10 @@ def scenario(slurm: LocalSlurm, framework: str, warm_steps: int) -> dict:
                     any(a["ev"] == "attempt_start" and a["restored_from"] is not None and a["t"] > t0 and
                         a["t"] <= e["t"] for a in read_events(events))]
         if not wait(lambda: bool(resumed()), 300, f"{framework} to resume after the requeue"):
-            result["error"] = "did not resume"
+            state = slurm._slurm(["scontrol", "show", "job", "-o", job], check=False) or ""
+            fields = dict(f.split("=", 1) for f in state.split() if "=" in f)
+            result["error"] = (f"did not resume: the job is {fields.get('JobState', '?')} after "
+                               f"{fields.get('Restarts', '?')} requeue(s)")
             return result
         evs = read_events(events)
         starts = [a for a in evs if a["ev"] == "attempt_start" and a["restored_from"] is not None and a["t"] > t0]

@@ -196,6 +196,7 @@ class Job:
 
     def _drain(self, order: DrainOrder) -> None:
         now = time.time()
+        had_workers = self.draining.had_workers if self.draining else self._workers_running()
         for node in order.node_ids:
             try:
                 reply = request(self.ctx, self.head_address, m.DrainNode(
@@ -211,7 +212,7 @@ class Job:
                     f"in {order.deadline_s:.1f} s" if order.deadline_s is not None else "none")
         if self.draining is None:
             self.draining = Draining(since=now, node_ids=set(order.node_ids), deadline=deadline, why=order.message,
-                                     had_workers=self._workers_running())
+                                     had_workers=had_workers)
         else:
             self.draining.node_ids |= set(order.node_ids)
             if deadline is not None:
