@@ -73,6 +73,7 @@ class Job:
     drained_by_slurm: set[str] = field(default_factory=set)
     draining: Draining | None = None
     next_node_poll: float = 0.0
+    requeue_at_exit: bool = False
 
     # ---- start -----------------------------------------------------------------------------
 
@@ -237,7 +238,7 @@ class Job:
         return False
 
     def _requeue(self) -> int:
-        """Let the run record the preemption and stop its workers, stop the driver, requeue."""
+        """Let the run record the preemption and stop its workers; requeue once all is stopped."""
         assert self.draining is not None
         for node in sorted(self.draining.node_ids):
             try:  # a deadline of now: the controller ends the attempt as preempted without waiting on
@@ -249,13 +250,7 @@ class Job:
         end = time.monotonic() + 10.0
         while time.monotonic() < end and self._workers_running():
             time.sleep(0.1)
-        self.stop_driver()
-        try:
-            self.slurm.requeue(self.alloc.job_id)
-        except SlurmCommandError as e:
-            log.error("%s: the job is not requeued (was it submitted with --no-requeue?)", e)
-            return 1
-        log.info("requeued Slurm job %s; its next start resumes the run", self.alloc.job_id)
+        self.requeue_at_exit = True  # after the teardown: a requeue ends this start of the job at once
         return 0
 
     # ---- the agents' view ------------------------------------------------------------------
@@ -322,12 +317,9 @@ class Job:
 
 
 def private_dir(job_id: str) -> Path:
-    """Mode 0700, for this job only: the cluster key and the agents' state."""
-    base = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
-    path = base / f"outlast-{os.getuid()}-slurm-job-{job_id}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
+    """Mode 0700, for this start of this job only: the cluster key and the agents' state. A new one at
+    every start: a requeued job's earlier start may have been killed before it cleaned up."""
+    return Path(tempfile.mkdtemp(prefix=f"outlast-slurm-job-{job_id}-"))
 
 
 def run(alloc: Allocation, options: Options) -> int:
@@ -341,9 +333,17 @@ def run(alloc: Allocation, options: Options) -> int:
         job.start_agents()
         job.wait_joined()
         job.start_driver()
-        return job.supervise()
+        code = job.supervise()
     except (RuntimeError, SlurmCommandError) as e:
         log.error("%s", e)
-        return 1
+        code = 1
     finally:
         job.teardown()
+    if job.requeue_at_exit:
+        try:
+            job.slurm.requeue(alloc.job_id)
+        except SlurmCommandError as e:
+            log.error("%s: the job is not requeued (was it submitted with --no-requeue?)", e)
+            return 1
+        log.info("requeued Slurm job %s; its next start resumes the run", alloc.job_id)
+    return code
