@@ -265,6 +265,8 @@ class Job:
     def _statuses(self) -> list[m.StatusReply]:
         out = []
         for node in self._node_table():
+            if node.state == "dead":  # a failed node (--no-kill): do not wait on it at every turn
+                continue
             try:
                 reply = request(self.ctx, node.address, m.StatusRequest(), timeout_s=2.0, key=self.key)
             except AgentUnavailable:
@@ -294,6 +296,8 @@ class Job:
     def teardown(self) -> None:
         self.stop_driver()
         for node in self._node_table():
+            if node.state == "dead":
+                continue
             try:
                 request(self.ctx, node.address, m.Shutdown(), timeout_s=2.0, key=self.key)
             except AgentUnavailable:
