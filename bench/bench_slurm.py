@@ -16,7 +16,8 @@ job's submission:
   Slurm requeues it; Ray Train resumes from storage with the same RunConfig(name).
 
 Also: first step after the requeue, steps lost (steps trained before the preemption that the
-resumed run trains again). One JSON document on stdout; progress on stderr.
+resumed run trains again); and, outlast only, the same from `scontrol update nodename=X
+state=drain` on the job's batch host. One JSON document on stdout; progress on stderr.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def jit_commit_time(storage: Path) -> float | None:
     return min(times) if times else None
 
 
-def scenario(slurm: LocalSlurm, framework: str, warm_steps: int) -> dict:
+def scenario(slurm: LocalSlurm, framework: str, warm_steps: int, trigger: str = "preempt") -> dict:
     d = Path(tempfile.mkdtemp(prefix=f"bench-slurm-{framework}-"))
     script = d / "job.sbatch"
     script.write_text(outlast_script(d) if framework == "outlast" else ray_script(d))
@@ -125,16 +126,24 @@ def scenario(slurm: LocalSlurm, framework: str, warm_steps: int) -> dict:
             result["error"] = "did not train"
             return result
         t0 = time.time()
-        high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 1"],
-                              env=env, capture_output=True, text=True, check=True).stdout.strip()
-        log(f"{framework}: job {job} preempted by high job {high}")
+        if trigger == "drain":
+            drained = slurm._slurm(["scontrol", "show", "job", "-o", job]).split("BatchHost=")[1].split()[0]
+            slurm._slurm(["scontrol", "update", f"nodename={drained}", "state=drain", "reason=bench"])
+            log(f"{framework}: job {job}: node {drained} drained by scontrol")
+        else:
+            high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "-o", "/dev/null", "--wrap",
+                                   "sleep 1"], env=env, capture_output=True, text=True, check=True).stdout.strip()
+            log(f"{framework}: job {job} preempted by high job {high}")
 
         def resumed():
             return [e for e in read_events(events) if e["ev"] == "step" and e["t"] > t0 and
                     any(a["ev"] == "attempt_start" and a["restored_from"] is not None and a["t"] > t0 and
                         a["t"] <= e["t"] for a in read_events(events))]
         if not wait(lambda: bool(resumed()), 300, f"{framework} to resume after the requeue"):
-            result["error"] = "did not resume"
+            state = slurm._slurm(["scontrol", "show", "job", "-o", job], check=False) or ""
+            fields = dict(f.split("=", 1) for f in state.split() if "=" in f)
+            result["error"] = (f"did not resume: the job is {fields.get('JobState', '?')} after "
+                               f"{fields.get('Restarts', '?')} requeue(s)")
             return result
         evs = read_events(events)
         starts = [a for a in evs if a["ev"] == "attempt_start" and a["restored_from"] is not None and a["t"] > t0]
@@ -160,6 +169,9 @@ def scenario(slurm: LocalSlurm, framework: str, warm_steps: int) -> dict:
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True)
         wait(lambda: job not in slurm.jobs(), 60, f"job {job} to end")
+        if trigger == "drain":
+            slurm._slurm(["scontrol", "update", f"nodename={','.join(slurm.layout.node_names)}", "state=resume"],
+                         check=False)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -178,6 +190,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--frameworks", default="outlast,ray")
     p.add_argument("--warm-steps", type=int, default=30)
+    p.add_argument("--drain-repeats", type=int, default=2,
+                   help="outlast only: a node of the job drained with scontrol (Ray's recipe does not watch Slurm's "
+                        "node states: its job trains on until the node goes)")
     args = p.parse_args()
     frameworks = [f for f in args.frameworks.split(",") if f]
     if "ray" in frameworks and not RAY_PY.exists():
@@ -194,12 +209,18 @@ def main() -> None:
                 log(f"{f}, repetition {i + 1}/{args.repeats}")
                 runs[f].append(scenario(slurm, f, args.warm_steps))
                 log(json.dumps(runs[f][-1]))
+        drains = []
+        for i in range(args.drain_repeats):
+            log(f"outlast, node drained by scontrol, repetition {i + 1}/{args.drain_repeats}")
+            drains.append(scenario(slurm, "outlast", args.warm_steps, trigger="drain"))
+            log(json.dumps(drains[-1]))
     finally:
         if started:
             slurm.stop()
     result = {"machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
               "slurm": "22.05, local: 3 nodes on this host, low partition GraceTime=30, preempt_send_user_signal",
-              "runs": runs, "summary": {f: summary(r) for f, r in runs.items()}}
+              "runs": runs, "summary": {f: summary(r) for f, r in runs.items()},
+              "outlast_node_drained_by_scontrol": {"runs": drains, "summary": summary(drains) if drains else None}}
     if "outlast" in runs and "ray" in runs:
         o, r = result["summary"]["outlast"], result["summary"]["ray"]
         result["ratio_ray_over_outlast"] = {

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from outlast.slurm.allocation import SlurmEnvError, allocation_from_env
+    from outlast.slurm.allocation import SlurmEnvError, allocation_from_env, not_on_first_node
     from outlast.slurm.launcher import Options, run
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -39,6 +39,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         alloc = allocation_from_env(os.environ)
     except SlurmEnvError as e:
         print(f"outlast slurm: {e}", file=sys.stderr)
+        return 2
+    why = not_on_first_node(os.environ, alloc)
+    if why:
+        print(f"outlast slurm: {why}", file=sys.stderr)
         return 2
     if not (args.node_poll_interval > 0 and args.join_timeout > 0):
         print("outlast slurm: --node-poll-interval and --join-timeout must be > 0", file=sys.stderr)

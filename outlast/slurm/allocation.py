@@ -104,3 +104,15 @@ def gpus_on_node(env: Mapping[str, str]) -> int:
         if ids:
             return len(ids)
     return 0
+
+
+def not_on_first_node(env: Mapping[str, str], alloc: Allocation) -> str | None:
+    """Why `outlast slurm` cannot run here (None: it can). The head agent publishes its address in a
+    directory of the first node, so the launcher runs there: a batch script does, an `salloc` shell
+    on a login node does not."""
+    here = env.get("SLURMD_NODENAME", "")
+    if here == alloc.nodes[0]:
+        return None
+    where = f"on node {here}" if here else "outside the job's nodes (an salloc shell on a login node?)"
+    return (f"this runs {where}, but the job's first node is {alloc.nodes[0]}: run `outlast slurm` from the batch "
+            f"script, or from a shell on {alloc.nodes[0]} (`srun --nodes=1 --pty -w {alloc.nodes[0]} bash`)")

@@ -73,6 +73,7 @@ class Job:
     drained_by_slurm: set[str] = field(default_factory=set)
     draining: Draining | None = None
     next_node_poll: float = 0.0
+    requeue_at_exit: bool = False
 
     # ---- start -----------------------------------------------------------------------------
 
@@ -196,6 +197,7 @@ class Job:
 
     def _drain(self, order: DrainOrder) -> None:
         now = time.time()
+        had_workers = self.draining.had_workers if self.draining else self._workers_running()
         for node in order.node_ids:
             try:
                 reply = request(self.ctx, self.head_address, m.DrainNode(
@@ -211,7 +213,7 @@ class Job:
                     f"in {order.deadline_s:.1f} s" if order.deadline_s is not None else "none")
         if self.draining is None:
             self.draining = Draining(since=now, node_ids=set(order.node_ids), deadline=deadline, why=order.message,
-                                     had_workers=self._workers_running())
+                                     had_workers=had_workers)
         else:
             self.draining.node_ids |= set(order.node_ids)
             if deadline is not None:
@@ -236,7 +238,7 @@ class Job:
         return False
 
     def _requeue(self) -> int:
-        """Let the run record the preemption and stop its workers, stop the driver, requeue."""
+        """Let the run record the preemption and stop its workers; requeue once all is stopped."""
         assert self.draining is not None
         for node in sorted(self.draining.node_ids):
             try:  # a deadline of now: the controller ends the attempt as preempted without waiting on
@@ -248,13 +250,7 @@ class Job:
         end = time.monotonic() + 10.0
         while time.monotonic() < end and self._workers_running():
             time.sleep(0.1)
-        self.stop_driver()
-        try:
-            self.slurm.requeue(self.alloc.job_id)
-        except SlurmCommandError as e:
-            log.error("%s: the job is not requeued (was it submitted with --no-requeue?)", e)
-            return 1
-        log.info("requeued Slurm job %s; its next start resumes the run", self.alloc.job_id)
+        self.requeue_at_exit = True  # after the teardown: a requeue ends this start of the job at once
         return 0
 
     # ---- the agents' view ------------------------------------------------------------------
@@ -269,6 +265,8 @@ class Job:
     def _statuses(self) -> list[m.StatusReply]:
         out = []
         for node in self._node_table():
+            if node.state == "dead":  # a failed node (--no-kill): do not wait on it at every turn
+                continue
             try:
                 reply = request(self.ctx, node.address, m.StatusRequest(), timeout_s=2.0, key=self.key)
             except AgentUnavailable:
@@ -298,6 +296,8 @@ class Job:
     def teardown(self) -> None:
         self.stop_driver()
         for node in self._node_table():
+            if node.state == "dead":
+                continue
             try:
                 request(self.ctx, node.address, m.Shutdown(), timeout_s=2.0, key=self.key)
             except AgentUnavailable:
@@ -321,12 +321,9 @@ class Job:
 
 
 def private_dir(job_id: str) -> Path:
-    """Mode 0700, for this job only: the cluster key and the agents' state."""
-    base = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
-    path = base / f"outlast-{os.getuid()}-slurm-job-{job_id}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
+    """Mode 0700, for this start of this job only: the cluster key and the agents' state. A new one at
+    every start: a requeued job's earlier start may have been killed before it cleaned up."""
+    return Path(tempfile.mkdtemp(prefix=f"outlast-slurm-job-{job_id}-"))
 
 
 def run(alloc: Allocation, options: Options) -> int:
@@ -340,9 +337,17 @@ def run(alloc: Allocation, options: Options) -> int:
         job.start_agents()
         job.wait_joined()
         job.start_driver()
-        return job.supervise()
+        code = job.supervise()
     except (RuntimeError, SlurmCommandError) as e:
         log.error("%s", e)
-        return 1
+        code = 1
     finally:
         job.teardown()
+    if job.requeue_at_exit:
+        try:
+            job.slurm.requeue(alloc.job_id)
+        except SlurmCommandError as e:
+            log.error("%s: the job is not requeued (was it submitted with --no-requeue?)", e)
+            return 1
+        log.info("requeued Slurm job %s; its next start resumes the run", alloc.job_id)
+    return code

@@ -53,6 +53,23 @@ class Layout:
         return {"SLURM_CONF": str(self.conf)}
 
 
+def free_port_block(count: int, low: int = 21000, high: int = 30000) -> int:
+    """The first of `count` consecutive free TCP ports, below the kernel's ephemeral range and above
+    Ray's worker ports, so that clusters of several test sessions on one machine do not collide."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(low, high - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports between {low} and {high}")
+
+
 def default_root() -> Path:
     return Path(os.environ.get("OUTLAST_SLURM_DIR") or f"/tmp/outlast-slurm-{os.getuid()}")
 

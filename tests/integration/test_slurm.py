@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from outlast.slurm.allocation import expand_hostlist
-from outlast.slurm.local_cluster import PROGRAMS, Layout, LocalSlurm
+from outlast.slurm.local_cluster import PROGRAMS, Layout, LocalSlurm, free_port_block
 from outlast.slurm.scontrol import job_info
 from outlast.storage import open_storage
 from outlast.storage.records import RunState
@@ -44,8 +44,9 @@ def slurm(tmp_path_factory):
                     "(needs root and apt-get): run ./scripts/setup-slurm as root")
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster runs its daemons as root")
-    # Ports of their own, so that a cluster someone started with scripts/slurm-cluster can run beside it.
-    cluster = LocalSlurm(Layout(root=tmp_path_factory.mktemp("slurm"), ctld_port=16917, first_node_port=17101))
+    # Ports of its own, so that other clusters (scripts/slurm-cluster, another session's) can run beside it.
+    base = free_port_block(4)
+    cluster = LocalSlurm(Layout(root=tmp_path_factory.mktemp("slurm"), ctld_port=base, first_node_port=base + 1))
     cluster.start()
     yield cluster
     cluster.stop()
@@ -120,12 +121,15 @@ def _preemptions(state: RunState) -> list[str]:
     return [f.message or "" for a in state.attempts for f in a.failures if f.exc_type == "Preemption"]
 
 
-def _job_processes(job_id: str) -> list[psutil.Process]:
-    """Processes of the job's own (its driver, agents, workers): they carry its id in their environment."""
+def _job_processes(slurm: LocalSlurm, job_id: str) -> list[psutil.Process]:
+    """Processes of the job's own (its driver, agents, workers): they carry its id and its cluster's
+    configuration in their environment (another Slurm on this machine may have a job of the same id)."""
     out = []
     for p in psutil.process_iter(["name"]):
         try:
-            if p.info["name"] != "slurmstepd" and p.environ().get("SLURM_JOB_ID") == job_id:
+            env = p.environ()
+            if p.info["name"] != "slurmstepd" and env.get("SLURM_JOB_ID") == job_id and \
+                    env.get("SLURM_CONF") == slurm.layout.env["SLURM_CONF"]:
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -188,11 +192,11 @@ def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_j
 def test_scancel_ends_the_job_without_a_requeue_and_leaves_no_process(slurm, tmp_path):
     job = _submit(slurm, tmp_path, steps=STEPS * 20)
     wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
-    assert _job_processes(job.id)
+    assert _job_processes(slurm, job.id)
     slurm._slurm(["scancel", job.id])
     job.wait_done(restarts=0, timeout_s=60)
     assert job.info().state == "CANCELLED"
-    wait_until(lambda: not _job_processes(job.id), 30, "the job's processes to end")
+    wait_until(lambda: not _job_processes(slurm, job.id), 30, "the job's processes to end")
     time.sleep(3)  # a requeue would show by now
     assert job.info().restarts == 0 and job.info().state == "CANCELLED"
 

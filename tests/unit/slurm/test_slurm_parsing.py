@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from outlast.slurm.allocation import SlurmEnvError, allocation_from_env, expand_counts, expand_hostlist, gpus_on_node
+from outlast.slurm.allocation import (
+    SlurmEnvError, allocation_from_env, expand_counts, expand_hostlist, gpus_on_node, not_on_first_node,
+)
 from outlast.slurm.scontrol import job_info, node_states, parse_record, parse_time, partition_grace_s
 
 NODE_LINE = (
@@ -92,3 +94,10 @@ def test_a_job_record_gives_its_deadlines_and_restarts():
 def test_partition_grace_time():
     assert partition_grace_s("PartitionName=low AllowGroups=ALL GraceTime=30 Hidden=NO") == 30.0
     assert partition_grace_s("PartitionName=high GraceTime=0") == 0.0
+
+
+def test_it_runs_on_the_first_node_of_the_job_and_says_where_to_go_otherwise():
+    alloc = allocation_from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert not_on_first_node({"SLURMD_NODENAME": "n1"}, alloc) is None
+    assert "on node n2" in not_on_first_node({"SLURMD_NODENAME": "n2"}, alloc)
+    assert "srun --nodes=1 --pty -w n1 bash" in not_on_first_node({}, alloc)
