@@ -127,3 +127,40 @@ def test_a_silent_node_is_lost_with_its_ranks_and_counts_as_a_failure():
     assert h.state is State.ERRORED and h.core.closed
     assert "stopped answering" in str(h.core.error)
     assert any(isinstance(e, g.ForgetNode) and e.node_id == placement[0] for e in h.effects)
+
+
+def test_a_drained_node_that_goes_away_at_once_preempts_the_attempt_instead_of_drawing_on_max_failures():
+    h = make(max_failures=0)
+    placement = start(h)
+    peer_loss = m.WorkerError(exc_type="RuntimeError", message="[/gloo/...] Connection closed by peer", traceback="",
+                              phase="train")
+    h.agent(placement[1], m.WorkerExited(run_id="run1", attempt=1, rank=1, pid=101, exit_code=1, signal=None,
+                                         error=peer_loss, node_id=placement[1]))
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="spot", message="", deadline_unix_s=h.wall()))
+    for _ in range(60):  # rank 0 went with its node: lost once silent
+        h.step(g.FromAgent(placement[1], m.Pong(node_id=placement[1], pid=1)), dt=0.1)
+    assert h.core.attempt.number == 2
+    assert h.core.book.state.failure_counts == {"preemption": 1}
+
+
+def test_a_users_error_is_not_blamed_on_a_drain_heard_after_it():
+    h = make(max_failures=0)
+    placement = start(h)
+    raised = m.WorkerError(exc_type="ValueError", message="bad batch", traceback="", phase="train")
+    h.agent(placement[1], m.WorkerExited(run_id="run1", attempt=1, rank=1, pid=101, exit_code=1, signal=None,
+                                         error=raised, node_id=placement[1]))
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="spot", message="", deadline_unix_s=None))
+    h.agent(placement[0], h.exited(0, placement[0], code=None))
+    assert h.state is State.ERRORED and "bad batch" in str(h.core.error)
+    assert h.core.book.state.failure_counts == {"worker": 1}
+
+
+def test_a_refusal_after_another_refusal_ended_the_attempt_still_counts_its_ranks_as_never_started():
+    h = make(world_size=3, nodes=("n1", "n2", "n3"))
+    placement = h.spawned()
+    h.agent(placement[0], m.SpawnRefused(run_id="run1", attempt=1, reason="draining"))
+    assert h.state is State.RESTARTING and h.core.attempt.number == 1
+    h.agent(placement[1], m.SpawnRefused(run_id="run1", attempt=1, reason="draining"))
+    assert h.core.attempt.number == 1  # rank 2 was spawned and lives until it exits
+    h.agent(placement[2], h.exited(2, placement[2], code=None))
+    assert h.core.attempt.number == 2
