@@ -32,15 +32,14 @@ REGRESSIONS = [
     # found by the simulator: a drained node going away at once (deadline 0 s, or a notice that came after the
     # failure it caused) was charged to max_failures
     ("drain_deadline_charged", 415),
-    ("drain_deadline_charged", 444),
+    ("drain_deadline_charged", 1044),
     # found by the simulator: a node refusing a spawn made every rank that had not said hello yet, on any node,
     # count as never started, and the next attempt started beside them
     ("refusal_takes_other_nodes", 516),
     ("refusal_takes_other_nodes", 838),
     # found by the simulator in the first fix of the above: a second refusal, arriving once the first had
     # ended the attempt, was dropped, and the attempt waited forever for ranks that never started
-    ("second_refusal_dropped", 3473),
-    ("second_refusal_dropped", 6979),
+    ("second_refusal_dropped", 12877),
 ]
 
 

@@ -164,3 +164,27 @@ def test_a_refusal_after_another_refusal_ended_the_attempt_still_counts_its_rank
     assert h.core.attempt.number == 1  # rank 2 was spawned and lives until it exits
     h.agent(placement[2], h.exited(2, placement[2], code=None))
     assert h.core.attempt.number == 2
+
+
+def test_a_new_attempt_places_on_a_table_newer_than_the_step_that_began_it():
+    h = make(max_failures=1)
+    placement = start(h)
+    h.agent(placement[0], h.exited(0, placement[0], code=1))
+    h.agent(placement[1], h.exited(1, placement[1], code=None))
+    assert h.state is State.PLACING and h.core.attempt.number == 2
+    h.step(dt=30.0)  # the first event after a step that spent long on storage: the table it has is old
+    assert h.state is State.PLACING
+    dead = m.NodeInfo(node_id="n1", address="tcp://n1:1", host="n1", resources={"CPU": 1.0}, state="dead")
+    h.step(g.NodeTable([dead, node("n2"), node("n3")]))
+    assert h.state is State.SCHEDULING and set(h.spawned().values()) == {"n2", "n3"}
+
+
+def test_without_an_answer_from_the_head_a_new_attempt_places_on_the_last_table_after_a_second():
+    h = make(max_failures=1)
+    placement = start(h)
+    h.agent(placement[0], h.exited(0, placement[0], code=1))
+    h.agent(placement[1], h.exited(1, placement[1], code=None))
+    h.step(dt=0.5)
+    assert h.state is State.PLACING
+    h.step(dt=1.1)
+    assert h.state is State.SCHEDULING
