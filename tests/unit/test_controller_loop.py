@@ -9,7 +9,7 @@ import outlast.train  # noqa: F401  (the controller imports the training API's e
 from outlast.controller import group as g
 from outlast.controller.runtime import Controller
 from outlast.protocol import messages as m
-from outlast.train.errors import TrainingFailedError
+from outlast.train import TrainingFailedError
 from tests.fakes.controller import WALL_OFFSET, make_plan, node
 from tests.fakes.worker_group import FakeWorkerGroup
 
