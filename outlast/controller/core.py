@@ -38,6 +38,7 @@ from outlast.errors import TrainingFailedError
 log = logging.getLogger("outlast.controller")
 
 TABLE_POLL_S = 1.0
+TABLE_WAIT_S = 1.0  # how long a new attempt waits for a fresh node table before placing on the last one
 CAPACITY_RETRY_S = 1.0
 TEARDOWN_EXTRA_S = 5.0
 NODE_CHECK_S = 0.1
@@ -71,6 +72,10 @@ class ControllerCore(Handlers):
 
     def step(self, event: InEvent, now: float) -> list[Effect]:
         self._now = now
+        if isinstance(self.state, st.Placing) and self.state.place_by is None:
+            # The wait for a fresh table counts from after the step that asked for it: that step may
+            # have spent long on storage, and a table older than the stall is no table to place on.
+            self.state = st.Placing(place_by=now + TABLE_WAIT_S)
         if not self.closed:
             self._on(event, now)
             if not self.closed:
@@ -91,7 +96,7 @@ class ControllerCore(Handlers):
         elif isinstance(event, AgentGone):
             self.nodes.note_gone(event.node_id, event.why)
         elif isinstance(event, Started):
-            self._go(Event.STARTED, st.Placing(place_by=now))
+            self._go(Event.STARTED, st.Placing(place_by=None))
             self._enter_placing(now)
         elif isinstance(event, LeaseLost):
             if not self.state.kind.is_terminal:
@@ -124,7 +129,7 @@ class ControllerCore(Handlers):
             return
         self._answer(self.horizons.tick(now))
         s = self.state
-        if isinstance(s, st.Placing) and now >= s.place_by:
+        if isinstance(s, st.Placing) and s.place_by is not None and now >= s.place_by:
             self._place(now)
         elif isinstance(s, st.WaitingForCapacity) and now >= s.retry_at:
             self._place(now)
@@ -170,7 +175,6 @@ class ControllerCore(Handlers):
             log.info("starting attempt %d of run %s%s", number, self.plan.name,
                      f", restoring {restore}" if restore else " from scratch")
         if number > 1:  # place on what the head knows now, if it answers within a second
-            self.state = st.Placing(place_by=now + 1.0)
             self._out.append(QueryTable())
         else:
             self._place(now)
@@ -239,7 +243,7 @@ class ControllerCore(Handlers):
         settled = settle_attempt(self.book, a.number, a.failures, self.failures, preemption, p.max_failures,
                                  p.max_preemption_failures, self.wall())
         if settled.retry:
-            self._go(Event.RETRY, st.Placing(place_by=self._now))
+            self._go(Event.RETRY, st.Placing(place_by=None))
             self._enter_placing(self._now)
             return
         self.error = settled.error

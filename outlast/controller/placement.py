@@ -74,14 +74,12 @@ def place(nodes: list[NodeView], num_workers: int, per_worker: dict[str, float],
             f"{len(usable)} usable node(s) with {strategy}" + (f" ({draining} draining)" if draining else "")
         )
     # Group by node in first-use order so that ranks on a node are consecutive.
-    order: list[str] = []
+    counts: dict[str, int] = {}  # dicts keep first-use order
     for n in chosen:
-        if n.node_id not in order:
-            order.append(n.node_id)
+        counts[n.node_id] = counts.get(n.node_id, 0) + 1
     by_id = {n.node_id: n for n in usable}
-    counts = {nid: sum(1 for n in chosen if n.node_id == nid) for nid in order}
     workers, rank = [], 0
-    for node_rank, nid in enumerate(order):
+    for node_rank, nid in enumerate(counts):
         for local_rank in range(counts[nid]):
             workers.append((by_id[nid], WorkerSpec(rank=rank, local_rank=local_rank, local_world_size=counts[nid],
                                                    node_rank=node_rank, world_size=num_workers)))

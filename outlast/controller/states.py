@@ -108,7 +108,7 @@ class Initializing:
 @dataclass(frozen=True)
 class Placing:
     kind: ClassVar[State] = State.PLACING
-    place_by: float  # place on the table as it is by then, even if the head has not answered
+    place_by: float | None  # place on the table as it is by then, even if the head has not answered
 
 
 @dataclass(frozen=True)

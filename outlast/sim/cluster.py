@@ -97,7 +97,8 @@ class SimNode:
             self._terminate(w, signal=9)  # a relaunched driver's run: the old driver's workers go first
         gang = driver.gang(msg.attempt)
         for spec in msg.workers:
-            w = SimRank(self.sim, self, msg, spec, gang, driver.worker_channel(msg.attempt, spec.rank))
+            w = SimRank(self.sim, self, msg, spec, gang, driver.worker_channel(msg.attempt, spec.rank),
+                        driver.worker_channel(msg.attempt, spec.rank, uploads=True))
             self.workers[(msg.run_id, msg.attempt, spec.rank)] = w
             self.sim.observer.worker_started(w)
             driver.from_node(self.node_id, m.WorkerStarted(run_id=msg.run_id, attempt=msg.attempt, rank=spec.rank,

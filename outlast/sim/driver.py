@@ -37,7 +37,7 @@ class SimDriver:
         self._to_node: dict[str, Channel] = {}
         self._from_node: dict[str, Channel] = {}
         self._to_rank: dict[tuple[int, int], Channel] = {}
-        self._from_rank: dict[tuple[int, int], Channel] = {}
+        self._from_rank: dict[tuple[int, int, bool], Channel] = {}
         self._head = Channel(sim.world, sim.schedule.max_delay_s)
         self._forgotten: set[str] = set()  # nodes whose link the core closed: what they send is lost
         self.core: ControllerCore | None = None
@@ -109,8 +109,9 @@ class SimDriver:
             ch = self._from_node[node_id] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
         ch.send(self.deliver, g.FromAgent(node_id, event))
 
-    def worker_channel(self, attempt: int, rank: int):
-        ch = self._from_rank[(attempt, rank)] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
+    def worker_channel(self, attempt: int, rank: int, uploads: bool = False):
+        """A rank's socket to the controller (the upload thread has one of its own: no order between them)."""
+        ch = self._from_rank[(attempt, rank, uploads)] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
         return lambda msg: ch.send(self.deliver, g.FromWorker(msg))
 
     def gang(self, attempt: int) -> Gang:

@@ -19,6 +19,7 @@ class LoopSpec:
     checkpoint_every: int  # reports per checkpoint
     sharded: bool  # every rank writes files (else rank 0 alone)
     done_lost: bool  # rank 0's last message (WorkerDone) never arrives: the process exited before it left
+    async_upload: bool  # report(upload_mode=ASYNC): the files follow on the upload thread's own socket
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def draw(seed: int) -> Schedule:
     loop = LoopSpec(world_size=world, step_s=step_s, steps=steps, asks=asks, jit=asks and rng.random() < 0.8,
                     return_on_notice=asks and rng.random() < 0.25, report_every=rng.choice([1, 1, 2]),
                     checkpoint_every=rng.choice([1, 2, 3, 5]), sharded=rng.random() < 0.5,
-                    done_lost=rng.random() < 0.15)
+                    done_lost=rng.random() < 0.15, async_upload=rng.random() < 0.2)
     cpus = rng.choice([1, 1, 1, 2])
     nodes = math.ceil(world / cpus) + rng.choice([0, 1, 1, 2, 3])
     nominal = steps * step_s

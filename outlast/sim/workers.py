@@ -61,10 +61,12 @@ class Gang:
 
 class SimRank:
     def __init__(self, sim: "Sim", node: "SimNode", spawn: m.SpawnWorkers, spec: m.WorkerSpec, gang: Gang,
-                 to_controller) -> None:
+                 to_controller, uploads_to_controller) -> None:
         self.sim, self.node, self.spawn, self.gang = sim, node, spawn, gang
         self.rank, self.attempt, self.run_id = spec.rank, spawn.attempt, spawn.run_id
-        self.to_controller = to_controller  # Channel.send-like: (fn, *args)
+        self.to_controller = to_controller  # the session's socket
+        self.uploads_to_controller = uploads_to_controller  # the upload thread's own socket
+        self._upload_done_at = 0.0
         self.alive = True
         self.loop = sim.schedule.loop
         self._gen: Generator | None = None
@@ -213,6 +215,16 @@ class SimRank:
             return
         data = f"{self.rank}:{step}".encode()
         path = f"rank_{self.rank}.bin"
+        if self.loop.async_upload:
+            # One upload in flight at a time (wait_for_uploads); report() returns before it is done.
+            if (wait := self._upload_done_at - self.sim.world.now) > 0:
+                yield "sleep", wait
+            self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics,
+                                checkpoint_dir=name, upload_pending=True, saw_preemption=self._saw()))
+            took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
+            self._upload_done_at = self.sim.world.now + took
+            self.sim.world.after(took, self._upload_done, index, name, path, data)
+            return
         try:
             self.sim.storage.write_atomic(f"run/{name}/{path}", data)
         except OSError as e:
@@ -228,6 +240,20 @@ class SimRank:
         if isinstance(reply, m.CommitFailed):
             raise WorkerFailed("CheckpointCommitError", f"checkpoint {name} was not committed: {reply.reason}")
         self.sim.observer.report_returned(self, index, name)
+
+    def _upload_done(self, index: int, name: str, path: str, data: bytes) -> None:
+        if not self.alive:
+            return
+        files, error = [], None
+        try:
+            self.sim.storage.write_atomic(f"run/{name}/{path}", data)
+            files = [m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())]
+        except OSError as e:
+            error = f"OSError: {e}"
+        finally:
+            self.sim.storage.take_spent()
+        self.uploads_to_controller(m.UploadDone(attempt=self.attempt, rank=self.rank, index=index, checkpoint_dir=name,
+                                                files=files, error=error))
 
     def _saw(self) -> bool:
         return self.notice is not None and self.calls > self.horizon

@@ -59,19 +59,23 @@ class Harness:
         return self.core.state.kind
 
 
-def make(storage=None, world_size: int = 2, nodes=("n1", "n2", "n3"), strategy: str = "SPREAD",
-         timeouts: Timeouts = Timeouts(), **plan_kw) -> Harness:
+def make_plan(storage=None, world_size: int = 2, strategy: str = "SPREAD", timeouts: Timeouts = Timeouts(),
+              **plan_kw) -> RunPlan:
     storage = storage if storage is not None else MemoryStorage()
     book = RunBook.open(RunStore(storage, "run"), "exp", now=WALL_OFFSET)
-    plan = RunPlan(name="exp", book=book, world_size=world_size,
-                   workers=[m.WorkerSpec(rank=r, local_rank=0, local_world_size=1, node_rank=r, world_size=world_size)
-                            for r in range(world_size)],
+    return RunPlan(name="exp", book=book, world_size=world_size,
+                   workers=[m.WorkerSpec(rank=r, local_rank=0, local_world_size=1, node_rank=r,
+                                         world_size=world_size) for r in range(world_size)],
                    payload=b"", max_failures=plan_kw.pop("max_failures", 0),
                    num_to_keep=plan_kw.pop("num_to_keep", None), score_attribute=None, score_order="max",
                    env={}, cwd="/", sys_path=[], timeouts=timeouts, per_worker={"CPU": 1.0}, strategy=strategy,
                    **plan_kw)
+
+
+def make(storage=None, nodes=("n1", "n2", "n3"), **plan_kw) -> Harness:
+    """A core over in-memory storage, given the node table and started."""
     h = Harness(core=None)  # type: ignore[arg-type]
-    h.core = ControllerCore(plan, "run1", "tcp://controller:1", wall=h.wall)
+    h.core = ControllerCore(make_plan(storage, **plan_kw), "run1", "tcp://controller:1", wall=h.wall)
     h.step(g.NodeTable([node(n) for n in nodes]))
     h.step(g.Started())
     return h

@@ -57,6 +57,34 @@ class LegacyHorizonBook(horizons.HorizonBook):
         return self.decision_index
 
 
+class TrustingHorizonBook(horizons.HorizonBook):
+    """The first fix of issue 8 (a): a live grant of n > 1 calls bounds its rank, so D was fixed at the
+    notice from it; a loop that slowed down after that grant (a report() waiting on an upload) took
+    its old rate's worth of calls, at its new rate, to reach D."""
+
+    def on_query(self, rank, index, now):
+        if self.decision_index is not None or self.noticed_at is None:
+            return super().on_query(rank, index, now)
+        if self._asked_since is None:
+            self._asked_since = now
+        self._parked[rank] = index
+        return self._decide_if_exact_at(now)
+
+    def preempt(self, now):
+        if self.noticed_at is None:
+            self.noticed_at = now
+        return self._decide_if_exact_at(now)
+
+    def tick(self, now):
+        if self.decision_index is None and self._asked_since is not None and now - self._asked_since >= 0.5:
+            return self._decide()
+        return self._decide_if_exact_at(now) if self.noticed_at is not None else []
+
+    def _decide_if_exact_at(self, now):
+        expired = [r for r in self._inexact() if now - self._granted[r].at > self.valid_s]
+        return [] if self.decision_index is not None or expired else self._decide()
+
+
 def _old_retention(book, rule) -> None:
     """Issue 8 (c): a refused delete escapes."""
     doomed = checkpoints_to_delete(book.state.checkpoints, rule.num_to_keep, rule.score_attribute, rule.score_order)
@@ -120,6 +148,8 @@ def _old_finishing(monkeypatch) -> None:
 def reinject(bug: str, monkeypatch) -> None:
     if bug == "a":
         monkeypatch.setattr(core, "HorizonBook", LegacyHorizonBook)
+    elif bug == "live_grants_trusted":
+        monkeypatch.setattr(core, "HorizonBook", TrustingHorizonBook)
     elif bug == "b":
         _old_finishing(monkeypatch)
     elif bug == "c":

@@ -127,3 +127,64 @@ def test_a_silent_node_is_lost_with_its_ranks_and_counts_as_a_failure():
     assert h.state is State.ERRORED and h.core.closed
     assert "stopped answering" in str(h.core.error)
     assert any(isinstance(e, g.ForgetNode) and e.node_id == placement[0] for e in h.effects)
+
+
+def test_a_drained_node_that_goes_away_at_once_preempts_the_attempt_instead_of_drawing_on_max_failures():
+    h = make(max_failures=0)
+    placement = start(h)
+    peer_loss = m.WorkerError(exc_type="RuntimeError", message="[/gloo/...] Connection closed by peer", traceback="",
+                              phase="train")
+    h.agent(placement[1], m.WorkerExited(run_id="run1", attempt=1, rank=1, pid=101, exit_code=1, signal=None,
+                                         error=peer_loss, node_id=placement[1]))
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="spot", message="", deadline_unix_s=h.wall()))
+    for _ in range(60):  # rank 0 went with its node: lost once silent
+        h.step(g.FromAgent(placement[1], m.Pong(node_id=placement[1], pid=1)), dt=0.1)
+    assert h.core.attempt.number == 2
+    assert h.core.book.state.failure_counts == {"preemption": 1}
+
+
+def test_a_users_error_is_not_blamed_on_a_drain_heard_after_it():
+    h = make(max_failures=0)
+    placement = start(h)
+    raised = m.WorkerError(exc_type="ValueError", message="bad batch", traceback="", phase="train")
+    h.agent(placement[1], m.WorkerExited(run_id="run1", attempt=1, rank=1, pid=101, exit_code=1, signal=None,
+                                         error=raised, node_id=placement[1]))
+    h.agent(placement[0], m.NodeDraining(node_id=placement[0], reason="spot", message="", deadline_unix_s=None))
+    h.agent(placement[0], h.exited(0, placement[0], code=None))
+    assert h.state is State.ERRORED and "bad batch" in str(h.core.error)
+    assert h.core.book.state.failure_counts == {"worker": 1}
+
+
+def test_a_refusal_after_another_refusal_ended_the_attempt_still_counts_its_ranks_as_never_started():
+    h = make(world_size=3, nodes=("n1", "n2", "n3"))
+    placement = h.spawned()
+    h.agent(placement[0], m.SpawnRefused(run_id="run1", attempt=1, reason="draining"))
+    assert h.state is State.RESTARTING and h.core.attempt.number == 1
+    h.agent(placement[1], m.SpawnRefused(run_id="run1", attempt=1, reason="draining"))
+    assert h.core.attempt.number == 1  # rank 2 was spawned and lives until it exits
+    h.agent(placement[2], h.exited(2, placement[2], code=None))
+    assert h.core.attempt.number == 2
+
+
+def test_a_new_attempt_places_on_a_table_newer_than_the_step_that_began_it():
+    h = make(max_failures=1)
+    placement = start(h)
+    h.agent(placement[0], h.exited(0, placement[0], code=1))
+    h.agent(placement[1], h.exited(1, placement[1], code=None))
+    assert h.state is State.PLACING and h.core.attempt.number == 2
+    h.step(dt=30.0)  # the first event after a step that spent long on storage: the table it has is old
+    assert h.state is State.PLACING
+    dead = m.NodeInfo(node_id="n1", address="tcp://n1:1", host="n1", resources={"CPU": 1.0}, state="dead")
+    h.step(g.NodeTable([dead, node("n2"), node("n3")]))
+    assert h.state is State.SCHEDULING and set(h.spawned().values()) == {"n2", "n3"}
+
+
+def test_without_an_answer_from_the_head_a_new_attempt_places_on_the_last_table_after_a_second():
+    h = make(max_failures=1)
+    placement = start(h)
+    h.agent(placement[0], h.exited(0, placement[0], code=1))
+    h.agent(placement[1], h.exited(1, placement[1], code=None))
+    h.step(dt=0.5)
+    assert h.state is State.PLACING
+    h.step(dt=1.1)
+    assert h.state is State.SCHEDULING

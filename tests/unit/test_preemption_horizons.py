@@ -19,37 +19,38 @@ def test_slow_loops_get_d_at_the_notice_their_next_call():
     assert book.on_query(1, 3, now=6.0) == [Answer(1, 3, Decision(3))]
 
 
-def test_fast_loops_get_d_at_the_notice_within_their_grant():
+def test_fast_loops_are_held_while_a_peer_has_a_live_grant_then_get_the_next_call():
     book = HorizonBook(valid_s=0.25)
-    book.on_query(0, 0, now=0.0)
-    book.on_query(0, 10, now=0.01)  # 1000 calls/s: grant up to 260
-    book.on_query(1, 0, now=0.0)
-    book.on_query(1, 10, now=0.01)
-    book.preempt(now=0.1)
-    assert book.decision_index == 260
+    for r in (0, 1):
+        book.on_query(r, 0, now=0.0)
+        book.on_query(r, 10, now=0.01)  # 1000 calls/s: grant up to 260, until 0.26
+    assert book.preempt(now=0.1) == [] and book.decision_index is None  # a fast loop may have slowed since
+    assert book.on_query(0, 200, now=0.2) == [Answer(0, 200, Grant(201, float("inf")))]  # rank 1's grant is live
+    assert book.on_query(1, 201, now=0.21) == [Answer(1, 201, Decision(201))]  # rank 0 asks at 201 next
+    assert book.on_query(0, 201, now=0.21) == [Answer(0, 201, Decision(201))]
 
 
 def test_a_burst_then_a_long_step_waits_for_the_ranks_next_call_and_parks_those_that_ask():
-    book = HorizonBook(valid_s=0.25, collect_s=0.5)
+    book = HorizonBook(valid_s=0.25)
     for r in (0, 1):
         book.on_query(r, 0, now=0.0)
         book.on_query(r, 10_000, now=0.1)  # a burst: a grant far ahead, expired by 0.35
     book.preempt(now=5.0)
     assert book.decision_index is None
-    assert book.on_query(0, 10_001, now=7.0) == []  # parked: rank 1 may be at 10_001 too
+    assert book.on_query(0, 10_001, now=7.0) == []  # parked: rank 1 asks at its next call, maybe 10_001 too
     assert book.on_query(1, 10_001, now=7.01) == [Answer(0, 10_001, Decision(10_001)),
                                                   Answer(1, 10_001, Decision(10_001))]
 
 
-def test_parked_ranks_fall_back_to_the_horizons_when_a_rank_stays_silent():
-    book = HorizonBook(valid_s=0.25, collect_s=0.5)
+def test_ranks_that_asked_fall_back_to_the_horizons_when_a_rank_stays_silent():
+    book = HorizonBook(valid_s=0.25, collect_s=1.0)
     for r in (0, 1):
         book.on_query(r, 0, now=0.0)
         book.on_query(r, 100, now=0.1)
     book.preempt(now=5.0)
     assert book.on_query(0, 101, now=7.0) == []
-    assert book.tick(now=7.2) == []
-    (answer,) = book.tick(now=7.5)
+    assert book.tick(now=7.5) == []
+    (answer,) = book.tick(now=8.0)
     assert answer == Answer(0, 101, Decision(100 + 250))
 
 
