@@ -9,12 +9,17 @@ import time
 from outlast.storage import open_storage
 from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, RunState, signal_name
 from outlast.storage.run_store import RunStore
+from outlast.cli.worker_logs import show_logs
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("runs", help="list the runs under a storage path, or show one run's history")
     p.add_argument("storage_path", help="a directory or URL (s3://bucket/prefix, ...)")
     p.add_argument("name", nargs="?", help="the run to show in detail")
+    p.add_argument("--logs", type=int, default=None, metavar="RANK",
+                   help="with NAME: the last lines rank RANK wrote to stdout and stderr (its latest attempt)")
+    p.add_argument("--attempt", type=int, default=None, help="with --logs: this attempt instead of the latest")
+    p.add_argument("--lines", type=int, default=100, help="with --logs: how many of the last lines (default 100)")
     p.set_defaults(func=cmd_runs)
 
 
@@ -24,6 +29,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2
+    if args.logs is not None and not args.name:
+        print("--logs RANK needs the run's NAME: outlast runs STORAGE_PATH NAME --logs RANK", file=sys.stderr)
+        return 2
+    if args.name and args.logs is not None:
+        return show_logs(RunStore(storage, args.name), args.logs, args.attempt, args.lines)
     if args.name:
         return _show(RunStore(storage, args.name))
     names = [n for n in storage.list_dirs("") if storage.exists(f"{n}/{RUN_STATE_NAME}")]

@@ -123,6 +123,7 @@ class SpawnWorkers(Msg):
     # Where the run lives ({storage_path}/{name}): a relaunched driver's run has the same key,
     # and the workers of its dead predecessor must not go on beside the new ones.
     run_key: str = ""
+    forward_output: bool = True  # send the workers' output lines to the controller (`WorkerOutput`)
 
 
 class StopWorkers(Msg):
@@ -148,6 +149,21 @@ class WorkerStarted(Msg):
     attempt: int
     rank: int
     pid: int
+    output_file: str = ""  # the rank's stdout and stderr, kept on its node
+
+
+class WorkerOutput(Msg):
+    """Lines a rank wrote to stdout or stderr, in the order it wrote them (docs/architecture.md, worker output).
+
+    `seq` numbers the first line among every line the rank wrote; a gap before it is lines
+    not forwarded (skipped by a node that fell behind, or lost on the way), counted by the driver."""
+
+    run_id: str
+    attempt: int
+    rank: int
+    node_id: str
+    seq: int
+    lines: list[str]
 
 
 class WorkerExited(Msg):
@@ -431,7 +447,7 @@ class CollectiveTimeout(Msg):
 AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,
                      DrainNode, RegisterNode, NodeHeartbeat, ListNodes]
 AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck,
-                   SpawnRefused, DrainRefused, NodeList]
+                   SpawnRefused, DrainRefused, NodeList, WorkerOutput]
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
 WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone]
@@ -455,6 +471,7 @@ class ForkWorker(Msg):
     node_id: str
     error_file: str
     cgroup_procs: list[str] = []  # the child writes its pid here first thing: its own cgroup leaf
+    output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
 
 
 class ForkTask(Msg):
@@ -481,6 +498,7 @@ class Forked(Msg):
     rank: int
     pid: int
     task_id: str = ""
+    output_file: str = ""
 
 
 class Reaped(Msg):

@@ -17,6 +17,7 @@ from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
+from outlast.controller.output import OutputPrinter
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
@@ -140,7 +141,7 @@ class DataParallelTrainer:
             preemption_grace_s=rc.failure_config.preemption_grace_s,
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
-            duplicate_files=rc.checkpoint_config.duplicate_files,
+            duplicate_files=rc.checkpoint_config.duplicate_files, forward_output=rc.worker_output != "off",
         )
         ctx = zmq.Context()
         access = None
@@ -151,12 +152,16 @@ class DataParallelTrainer:
             if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)
+            printer = OutputPrinter(prefixed=rc.worker_output == "prefixed") if plan.forward_output else None
             group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
-                               head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True))
+                               head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True),
+                               output=printer)
             try:
                 Controller(plan, group).run()
             finally:
                 group.close(linger_ms=500 if embedded is None else 0)
+                if printer is not None:
+                    printer.close()
         finally:
             if access is not None:
                 if access.embedded is not None:
