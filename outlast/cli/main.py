@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ipaddress
 import os
 import signal
@@ -22,6 +21,7 @@ from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.run_script import add_parser as add_run_script_parser
 from outlast.cli.runs import add_parser as add_runs_parser
 from outlast.cli.slurm import add_parser as add_slurm_parser
+from outlast.client.preload import default_preload
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.policy import render_report
@@ -34,12 +34,7 @@ from outlast.statedir import UnsafeStateError
 
 
 def _default_preload() -> str:
-    # With torch installed, a node is most useful with it (and what DDP pulls in) already imported.
-    if importlib.util.find_spec("torch") is not None:
-        from outlast.train.torch.backend import TorchBackend
-
-        return ",".join(TorchBackend.preload)
-    return ""
+    return ",".join(default_preload())
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -377,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     s.add_argument("--node-id", default=None)
     s.add_argument("--preload", default=None,
-                   help="comma-separated modules the fork server imports once (default: torch, if installed)")
+                   help="comma-separated modules the fork server imports once (default: $OUTLAST_PRELOAD, else torch "
+                        "and what DDP imports, if torch is installed)")
     s.add_argument("--preemption-watchers", default="",
                    help="drain this node when these clouds announce a preemption: aws, gcp, azure (comma-separated)")
     s.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",

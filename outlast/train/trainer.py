@@ -13,6 +13,7 @@ import cloudpickle
 import zmq
 
 from outlast.client.discovery import attach
+from outlast.client.preload import with_default
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
@@ -146,7 +147,7 @@ class DataParallelTrainer:
         ctx = zmq.Context()
         access = None
         try:
-            access = attach(ctx, list(self.backend.preload), self.isolation.to_args() if self.isolation else [])
+            access = attach(ctx, with_default(self.backend.preload), self.isolation.to_args() if self.isolation else [])
             embedded = access.embedded
             plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
             if embedded is None and self.isolation is not None and self.isolation.enable_resource_isolation:
