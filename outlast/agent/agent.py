@@ -67,6 +67,7 @@ class Agent:
         self.error_dir = tempfile.mkdtemp(prefix=f"outlast-{node_id}-")
         self.log_dir = state_dir() / "logs"  # each rank's output, per run and attempt
         self.output = OutputTails(node_id)
+        self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
         self._graceful_requested = False
@@ -276,9 +277,14 @@ class Agent:
         if self.guard is not None:
             self._oom_kill(self.guard.on_tick(now, self.sup.memory_view()))
         self.apply(self.sup.tick(now))
+        if self.metrics is not None:
+            self.metrics.refresh(now, self.sup.workloads.values(), self.forks.ready, self.guard,
+                                 self.output.skipped_lines)
 
     def _oom_kill(self, victims) -> None:
         for v in victims:
+            if self.metrics is not None:
+                self.metrics.on_kill(v.report)
             self.apply(self.sup.oom_kill(v.pid, v.report))
 
     # ---- status ---------------------------------------------------------------------------------
@@ -304,6 +310,7 @@ class Agent:
             head_address=self.role.head_address,
             nodes=self.role.nodes(self.me(), self.clock()) if self.role.is_head else [],
             run_commits={r.run_id: r.last_commit_at for r in self.sup.runs.values() if r.last_commit_at is not None},
+            metrics_url=self.metrics.url if self.metrics is not None else "",
         )
 
     # ---- loop ----------------------------------------------------------------------------------
@@ -375,6 +382,8 @@ class Agent:
                 self.guard.kill_leaf(w.leaf)  # the whole leaf: a worker's children too
         self.forks.close()
         self.output.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)

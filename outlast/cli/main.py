@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.__main__ import add_cluster_arguments
+from outlast.agent.__main__ import add_cluster_arguments, add_metrics_arguments, metrics_args
 from outlast.client.discovery import (
     AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
     start_agent_process, state_dir,
@@ -54,7 +54,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     agent_args = ["--node-file", "--host", args.host, "--port", str(args.port), "--preload", args.preload]
     if args.node_id:
         agent_args += ["--node-id", args.node_id]
-    agent_args += isolation.to_args()
+    agent_args += isolation.to_args() + metrics_args(args)
     if args.preemption_watchers:
         unknown = sorted(set(k for k in args.preemption_watchers.split(",") if k) - {"aws", "gcp", "azure"})
         if unknown:
@@ -288,6 +288,7 @@ def _print_node(reply: m.StatusReply) -> None:
     print(f"fork server: {'ready' if reply.zygote_ready else 'starting'}, preloaded: "
           f"{', '.join(reply.preload) or 'nothing'}")
     print(f"runs: {len(reply.runs)}  workers: {len(reply.workers)}")
+    print(f"metrics: {reply.metrics_url or 'off (outlast start --metrics-port PORT turns them on)'}")
     if reply.draining is not None:
         d = reply.draining
         left = f"deadline in {d.deadline_unix_s - time.time():.0f} s" if d.deadline_unix_s else "no deadline"
@@ -380,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a cloud's metadata server, when not at the standard address")
     add_arguments(s)
     add_cluster_arguments(s)  # the agent's own: --address, --cluster-key, --num-cpus, ...
+    add_metrics_arguments(s)
     s.set_defaults(func=cmd_start)
     t = sub.add_parser("stop", help="stop the node agent on this machine and its workers")
     t.add_argument("--timeout", type=float, default=10.0)

@@ -271,6 +271,7 @@ class StatusReply(Msg):
     head_address: str = ""  # empty when this agent is the head
     nodes: list["NodeInfo"] = []  # the node table (the head only)
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
+    metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
 
 
 class DrainNode(Msg):

@@ -18,7 +18,9 @@ from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
+from outlast.controller.metrics import DriverMetrics
 from outlast.controller.output import OutputPrinter
+from outlast.metrics import DRIVER_PORT_VAR, endpoint_from_env
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
@@ -158,7 +160,7 @@ class DataParallelTrainer:
                                head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True),
                                output=printer)
             try:
-                Controller(plan, group).run()
+                Controller(plan, group, watchers=_watchers(name)).run()
             finally:
                 group.close(linger_ms=500 if embedded is None else 0)
                 if printer is not None:
@@ -179,6 +181,18 @@ class DataParallelTrainer:
         need.update({k: float(v) for k, v in (sc.resources_per_worker or {}).items()})
         return {k: v for k, v in need.items() if v > 0}
 
+
+
+def _watchers(name: str) -> list:
+    """What looks at the controller's loop besides the controller: the metrics, when asked for."""
+    where = endpoint_from_env(DRIVER_PORT_VAR)
+    if where is None:
+        return []
+    first = DriverMetrics.serving() is None
+    metrics = DriverMetrics.shared(where)
+    if first:
+        log.info("serving the driver's metrics at %s", metrics.url)
+    return [metrics.for_run(name)]
 
 
 Trainer = DataParallelTrainer
