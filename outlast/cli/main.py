@@ -19,6 +19,7 @@ from outlast.client.discovery import (
 )
 from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.run_script import add_parser as add_run_script_parser
+from outlast.cli.documents import StatusDocument, to_json
 from outlast.cli.runs import add_parser as add_runs_parser
 from outlast.cli.slurm import add_parser as add_slurm_parser
 from outlast.client.preload import default_preload
@@ -260,6 +261,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             return 1
         reply = request(ctx, address, m.StatusRequest(), timeout_s=3.0)
         assert isinstance(reply, m.StatusReply)
+        if args.json:
+            return _print_status_json(ctx, reply)
         _print_node(reply)
         if not reply.head_address:
             print(f"cluster: this node is its head; {_summary(reply.nodes)}")
@@ -280,6 +283,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     finally:
         ctx.term()
+
+
+def _print_status_json(ctx: zmq.Context, reply: m.StatusReply) -> int:
+    nodes, answered = reply.nodes, True
+    if reply.head_address:
+        try:
+            table = request(ctx, reply.head_address, m.ListNodes(), timeout_s=3.0)
+            nodes = table.nodes if isinstance(table, m.NodeList) else []
+        except AgentUnavailable:
+            nodes, answered = [], False
+    print(to_json(StatusDocument(node=reply, role="member" if reply.head_address else "head",
+                                 head_address=reply.head_address, nodes=nodes, head_answered=answered)))
+    return 0 if answered else 1
 
 
 def _print_node(reply: m.StatusReply) -> None:
@@ -387,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=float, default=10.0)
     t.set_defaults(func=cmd_stop)
     st = sub.add_parser("status", help="show the node, its runs and workers")
+    st.add_argument("--json", action="store_true",
+                    help="print one JSON document (schema: docs/schemas/status.v1.json, docs/json.md)")
     st.set_defaults(func=cmd_status)
     add_runs_parser(sub)
     add_drain_parser(sub)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from outlast.cli.documents import LogsDocument, to_json
 from outlast.storage.records import CorruptDocument, OutputFile, RunState
 from outlast.storage.run_store import RunStore
 
@@ -41,7 +42,7 @@ def last_lines(path: str, n: int) -> list[str]:
     return lines[-n:] if n > 0 else []
 
 
-def show_logs(store: RunStore, rank: int, attempt: int | None, n: int) -> int:
+def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: bool = False) -> int:
     try:
         state = store.load_state()
     except CorruptDocument as e:
@@ -65,6 +66,10 @@ def show_logs(store: RunStore, rank: int, attempt: int | None, n: int) -> int:
         print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which cannot "
               f"be read here ({e.strerror}): run this command on that node", file=sys.stderr)
         return 1
+    if as_json:
+        print(to_json(LogsDocument(run=state.name, rank=rank, attempt=number, node_id=out.node_id, path=out.path,
+                                   lines=lines)))
+        return 0
     print(f"rank {rank}, attempt {number}, node {out.node_id}: the last {len(lines)} line(s) of {out.path}",
           file=sys.stderr)
     for line in lines:
