@@ -88,20 +88,25 @@ class RunMetrics:
         self._failures_seen: dict[str, int] | None = None
         self._kind: State | None = None
         self._notice_at: float | None = None
+        self._seq = -1  # the newest commit counted
         for series in (d.steps, d.report_latency, d.commit_latency, d.commits, d.checkpoint_bytes, d.attempts,
                        d.restores, d.preemptions, d.notice_to_commit):
             series.labels(name)  # shown at zero from the start
 
     def observe(self, event: Any, effects: list[g.Effect], core: "ControllerCore", start: float, end: float) -> None:
-        if self._failures_seen is None:  # a resumed run's earlier failures are history, not news
-            self._failures_seen = dict(core.book.state.failure_counts)
+        history = core.book.state
+        if self._failures_seen is None:  # a resumed run's earlier failures and commits are history, not news
+            self._failures_seen = dict(history.failure_counts)
+            self._seq = max((c.seq for c in history.checkpoints), default=-1)
         if isinstance(event, g.FromWorker):
             self._on_worker(event.msg, start)
         for effect in effects:
             if isinstance(effect, g.Spawn):
                 self._on_spawn(effect.msg)
-            elif isinstance(effect, g.ToRank) and isinstance(effect.msg, m.Committed):
-                self._on_committed(effect.attempt, effect.msg.index, start, end)
+        for c in history.checkpoints:  # the history, not the ranks' answers: a restart may cut those short
+            if c.seq > self._seq:
+                self._seq = c.seq
+                self._on_committed(c.attempt, c.report_index, start, end)
         for kind, count in core.book.state.failure_counts.items():
             new = count - self._failures_seen.get(kind, 0)
             if new > 0:
@@ -133,17 +138,16 @@ class RunMetrics:
         self._pending = {k: v for k, v in self._pending.items() if k[0] >= msg.attempt}
 
     def _on_committed(self, attempt: int, index: int, start: float, end: float) -> None:
-        pending = self._pending.pop((attempt, index), None)
-        if pending is None:
-            return  # told to the other ranks of the same commit
-        first, size = pending
-        waited = max(end - first, 0.0)
-        self.d.report_latency.labels(self.name).observe(waited)
-        self.d.commit_latency.labels(self.name).observe(max(end - start, 0.0))
         self.d.commits.labels(self.name).inc()
-        self.d.checkpoint_bytes.labels(self.name).inc(size)
-        if waited > 0:
-            self.d.upload_rate.labels(self.name).set(size / waited)
+        self.d.commit_latency.labels(self.name).observe(max(end - start, 0.0))
+        pending = self._pending.pop((attempt, index), None)
+        if pending is not None:  # its reports were seen (not so for one reported before a relaunch)
+            first, size = pending
+            waited = max(end - first, 0.0)
+            self.d.report_latency.labels(self.name).observe(waited)
+            self.d.checkpoint_bytes.labels(self.name).inc(size)
+            if waited > 0:
+                self.d.upload_rate.labels(self.name).set(size / waited)
         if self._notice_at is not None:
             self.d.notice_to_commit.labels(self.name).observe(max(end - self._notice_at, 0.0))
             self._notice_at = None

@@ -370,6 +370,17 @@ class Report(Msg):
     saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
 
 
+class RestoreProgress(Msg):
+    """A rank fetching the checkpoint it restores: bytes on disk so far (the driver's progress line)."""
+
+    attempt: int
+    rank: int
+    checkpoint_dir: str
+    fetched_bytes: int
+    total_bytes: int
+    finished: bool = False
+
+
 class UploadDone(Msg):
     """An asynchronous upload finished (or gave up); it may overtake its Report."""
 
@@ -451,7 +462,7 @@ AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, 
                    SpawnRefused, DrainRefused, NodeList, WorkerOutput]
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
-WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone]
+WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice]
 
 

@@ -20,6 +20,7 @@ from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
 from outlast.controller.metrics import DriverMetrics
 from outlast.controller.output import OutputPrinter
+from outlast.controller.progress import ProgressLine, lease_line
 from outlast.metrics import DRIVER_PORT_VAR, endpoint_from_env
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
@@ -109,7 +110,11 @@ class DataParallelTrainer:
         except Exception as e:
             raise TypeError(f"the train function or its config cannot be pickled to send to workers: {e}") from e
         lease = LeaseKeeper(store, ttl_s=float(os.environ.get("OUTLAST_DRIVER_LEASE_S", "10")))
-        lease.acquire()
+        progress = ProgressLine(capacity_s=_timeouts_from_env().capacity_s)
+        try:
+            lease.acquire(on_wait=lambda why, left: progress.show(("lease", lease_line(why, left)), time.monotonic()))
+        finally:
+            progress.close()
         try:
             book = RunBook.open(store, name, time.time())
             if book.state.status == "finished":
@@ -120,14 +125,14 @@ class DataParallelTrainer:
                 log.info("resuming run %s after its driver died, from %s", storage.uri(name),
                          book.state.latest_checkpoint or "scratch")
             try:
-                self._run(book, payload, name, lease)
+                self._run(book, payload, name, lease, progress)
             except TrainingFailedError as e:
                 raise classify(e) from e.__cause__
             return _result(book, storage, store, rc)
         finally:
             lease.release()
 
-    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper) -> None:
+    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper, progress: ProgressLine) -> None:
         rc = self.run_config
         n = self.scaling_config.num_workers
         plan = RunPlan(
@@ -160,8 +165,9 @@ class DataParallelTrainer:
                                head_alive=(lambda: embedded.poll() is None) if embedded else (lambda: True),
                                output=printer)
             try:
-                Controller(plan, group, watchers=_watchers(name)).run()
+                Controller(plan, group, watchers=[progress, *_watchers(name)]).run()
             finally:
+                progress.close()
                 group.close(linger_ms=500 if embedded is None else 0)
                 if printer is not None:
                     printer.close()
