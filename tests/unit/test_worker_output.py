@@ -148,3 +148,15 @@ def test_last_lines_reads_back_from_the_end(tmp_path):
     f.write_text("".join(f"line {i}\n" for i in range(100_000)))
     assert last_lines(str(f), 3) == ["line 99997", "line 99998", "line 99999"]
     assert last_lines(str(f), 0) == []
+
+
+def test_run_config_takes_the_three_output_modes_and_refuses_others():
+    import pytest
+
+    from outlast.train import RunConfig
+
+    for mode in ("prefixed", "plain", "off"):
+        assert RunConfig(worker_output=mode).worker_output == mode
+    assert RunConfig().worker_output == "prefixed"
+    with pytest.raises(ValueError, match="worker_output must be one of 'prefixed', 'plain', 'off'"):
+        RunConfig(worker_output="loud")
