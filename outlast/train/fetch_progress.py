@@ -23,10 +23,11 @@ QUIET_S = 1.0
 EVERY_S = 0.5
 
 
-def _fetched(cache_root: Path, name: str, pid: int) -> int:
-    """Bytes on disk in this process's partial download of `name` (outlast/storage/restore.py)."""
+def _fetched(cache_root: Path, name: str) -> int:
+    """Bytes on disk in the partial downloads of `name` on this node (outlast/storage/restore.py): the
+    ranks of a node share one download, and the others wait for it."""
     total = 0
-    for partial in cache_root.glob(f"*/.{name}.partial-{pid}"):
+    for partial in cache_root.glob(f"*/.{name}.partial-*"):
         for root, _dirs, files in os.walk(partial):
             for f in files:
                 try:
@@ -66,10 +67,8 @@ def _report(store: RunStore, name: str, cache_root: Path, address: str, attempt:
     total = sum(f.size for f in manifest.files) if manifest is not None else 0
     ctx = zmq.Context()
     sock = connect_dealer(ctx, address, f"{attempt}:{rank}:fetch".encode(), key=worker_key())
-    pid = os.getpid()
-
     def send(finished: bool) -> None:
-        done = total if finished else _fetched(cache_root, name, pid)
+        done = total if finished else _fetched(cache_root, name)
         sock.send(encode(m.RestoreProgress(attempt=attempt, rank=rank, checkpoint_dir=name, fetched_bytes=done,
                                            total_bytes=total, finished=finished)), zmq.NOBLOCK)
 

@@ -10,10 +10,11 @@ import pytest
 
 from outlast.controller.metrics import DriverMetrics
 from outlast.testing import LocalCluster
-from outlast.train import RunConfig, ScalingConfig, Trainer, TrainingFailedError
-from tests.integration.jobs import node_logging_loop
+from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer, TrainingFailedError
+from tests.integration.jobs import counting_loop, node_logging_loop
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_multinode import _at_step, _fit, _placed, _when
+from tests.integration.test_object_storage import s3  # noqa: F401  (a fixture)
 
 
 def _progress(caplog) -> list[str]:
@@ -47,3 +48,18 @@ def test_missing_capacity_is_shown_with_what_is_missing(tmp_path, caplog, monkey
     lines = _progress(caplog)
     assert lines and lines[0].startswith("waiting for capacity: ") and "CPU" in lines[0]
     assert "gives up in" in lines[0]
+
+
+def test_a_restore_fetched_from_object_storage_shows_its_bytes(s3, tmp_path, caplog):
+    """A 128 MiB checkpoint on a loopback S3 server takes seconds to fetch: long enough to be shown."""
+    events = tmp_path / "events.jsonl"
+    with caplog.at_level(logging.INFO):
+        result = Trainer(counting_loop,
+                         train_loop_config={"events": str(events), "steps": 8, "every": 5, "pad_bytes": 128 << 20,
+                                            "fault": {"rank": 1, "step": 6, "when": "before_report", "kind": "kill"}},
+                         scaling_config=ScalingConfig(num_workers=2),
+                         run_config=RunConfig(name="fetched", storage_path="s3://runs/progress",
+                                              failure_config=FailureConfig(max_failures=1))).fit()
+    assert result.last_metrics == {"step": 7}
+    lines = [line for line in _progress(caplog) if line.startswith("restoring checkpoint_001_000004: ")]
+    assert lines and all(" of 128.0 MiB fetched (" in line for line in lines)
