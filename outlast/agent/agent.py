@@ -23,7 +23,7 @@ import zmq
 
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
-from outlast.agent.output import OutputTails, output_path
+from outlast.agent.output import OutputTails, output_path, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
 from outlast.isolation.config import IsolationConfig
@@ -152,6 +152,8 @@ class Agent:
             self._reply(identity, self.status())
         elif isinstance(req, m.DrainNode):
             self._reply(identity, self.role.drain(req, self._apply_drain, self._reply))
+        elif isinstance(req, m.ReadOutput):
+            self._reply(identity, read_output(self.log_dir, req))
         elif isinstance(req, m.ListNodes):
             self._reply(identity, m.NodeList(nodes=self.role.nodes(self.me(), now)))
         elif isinstance(req, (m.RegisterNode, m.NodeHeartbeat)):

@@ -28,6 +28,31 @@ def output_path(log_dir: Path, run_name: str, run_id: str, attempt: int, rank: i
     return log_dir / f"{run_name}-{run_id}" / f"attempt{attempt}-rank{rank}.log"
 
 
+def last_lines(path: str, n: int) -> list[str]:
+    """The last `n` lines of a file, read backwards from its end in blocks."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        data, pos = b"", end
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(READ_BYTES, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[-n:] if n > 0 else []
+
+
+def read_output(log_dir: Path, req: m.ReadOutput) -> m.OutputLines:
+    """Answer `ReadOutput`, for a file under this node's log directory only."""
+    path = os.path.realpath(req.path)
+    if os.path.commonpath([path, os.path.realpath(log_dir)]) != os.path.realpath(log_dir):
+        return m.OutputLines(path=req.path, lines=[], error=f"{req.path} is not an output file of this node")
+    try:
+        return m.OutputLines(path=req.path, lines=last_lines(path, max(0, min(req.lines, 100_000))))
+    except OSError as e:
+        return m.OutputLines(path=req.path, lines=[], error=f"cannot read {req.path}: {e.strerror}")
+
+
 def redirect_to(path: str) -> None:
     """In a freshly forked worker: stdout and stderr (fd 1 and 2, C code's too) append to `path`.
 

@@ -1,20 +1,23 @@
 """`outlast runs STORAGE NAME --logs RANK`: a rank's last lines, from the file its node kept.
 
-The run's history names each rank's output file per attempt (node and path); the file is read
-where it is, so this works after the rank, its driver and its node's agent are gone, on the
-node itself or wherever its log directory is shared.
+The run's history names each rank's output file per attempt (node and path). The file is read
+where it is when this machine can (the node itself, a shared log directory): that works after
+the rank, its driver and its node's agent are gone. Otherwise its node's agent is asked for the
+lines, through the cluster this machine belongs to.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
+import zmq
+
+from outlast.agent.output import last_lines
 from outlast.cli.documents import LogsDocument, to_json
+from outlast.client.discovery import AgentUnavailable, find_running_agent, request
+from outlast.protocol import messages as m
 from outlast.storage.records import CorruptDocument, OutputFile, RunState
 from outlast.storage.run_store import RunStore
-
-BLOCK = 64 << 10
 
 
 def find_output(state: RunState, rank: int, attempt: int | None) -> tuple[int, OutputFile] | None:
@@ -28,18 +31,25 @@ def find_output(state: RunState, rank: int, attempt: int | None) -> tuple[int, O
     return None
 
 
-def last_lines(path: str, n: int) -> list[str]:
-    """The last `n` lines of a file, read backwards from its end in blocks."""
-    with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        data, pos = b"", end
-        while pos > 0 and data.count(b"\n") <= n:
-            step = min(BLOCK, pos)
-            pos -= step
-            f.seek(pos)
-            data = f.read(step) + data
-    lines = data.decode("utf-8", "replace").splitlines()
-    return lines[-n:] if n > 0 else []
+def _from_its_node(out: OutputFile, n: int) -> list[str]:
+    """Ask the node that kept the file, through this machine's cluster (its head's node table)."""
+    ctx = zmq.Context()
+    try:
+        here = find_running_agent(ctx)
+        if here is None:
+            raise AgentUnavailable("no outlast node runs on this machine to reach the cluster through")
+        pong = request(ctx, here, m.Ping(), timeout_s=3.0)
+        head = (pong.head_address or here) if isinstance(pong, m.Pong) else here
+        table = request(ctx, head, m.ListNodes(), timeout_s=3.0)
+        node = next((x for x in getattr(table, "nodes", []) if x.node_id == out.node_id), None)
+        if node is None or node.state == "dead":
+            raise AgentUnavailable(f"node {out.node_id} is not in the cluster's table, or is dead")
+        reply = request(ctx, node.address, m.ReadOutput(path=out.path, lines=n), timeout_s=10.0)
+        if not isinstance(reply, m.OutputLines) or reply.error:
+            raise AgentUnavailable(getattr(reply, "error", "") or f"node {out.node_id} did not send the lines")
+        return reply.lines
+    finally:
+        ctx.destroy(linger=0)
 
 
 def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: bool = False) -> int:
@@ -63,9 +73,13 @@ def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: 
     try:
         lines = last_lines(out.path, n)
     except OSError as e:
-        print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which cannot "
-              f"be read here ({e.strerror}): run this command on that node", file=sys.stderr)
-        return 1
+        try:
+            lines = _from_its_node(out, n)
+        except AgentUnavailable as why:
+            print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which "
+                  f"cannot be read here ({e.strerror}) nor asked of its node ({why}): run this command on that node",
+                  file=sys.stderr)
+            return 1
     if as_json:
         print(to_json(LogsDocument(run=state.name, rank=rank, attempt=number, node_id=out.node_id, path=out.path,
                                    lines=lines)))

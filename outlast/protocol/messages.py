@@ -330,6 +330,19 @@ class ListNodes(Msg):
     pass
 
 
+class ReadOutput(Msg):
+    """`outlast runs --logs` from another machine: the last lines of a rank's output file on this node."""
+
+    path: str
+    lines: int
+
+
+class OutputLines(Msg):
+    path: str
+    lines: list[str]
+    error: str = ""  # set, and no lines, when the file cannot be read (or is not one of the node's)
+
+
 class NodeList(Msg):
     nodes: list[NodeInfo]
 
@@ -457,9 +470,9 @@ class CollectiveTimeout(Msg):
 
 
 AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,
-                     DrainNode, RegisterNode, NodeHeartbeat, ListNodes]
+                     DrainNode, RegisterNode, NodeHeartbeat, ListNodes, ReadOutput]
 AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck,
-                   SpawnRefused, DrainRefused, NodeList, WorkerOutput]
+                   SpawnRefused, DrainRefused, NodeList, WorkerOutput, OutputLines]
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
 WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress]

@@ -13,6 +13,9 @@ import time
 import pytest
 
 from outlast.cli.main import main as cli_main
+from outlast.cli.worker_logs import _from_its_node, find_output
+from outlast.storage import open_storage
+from outlast.storage.run_store import RunStore
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer, TrainingFailedError, get_context
 
@@ -94,3 +97,7 @@ def test_a_killed_ranks_last_lines_are_in_outlast_runs_logs(cluster, tmp_path, c
     assert "rank 1, attempt 1, node node-" in got.err
     assert _cli(["runs", str(tmp_path), "dying", "--logs", "7"]) == 1
     assert "names no output file of rank 7" in capsys.readouterr().err
+    # From a machine that cannot read the file: its node's agent sends the lines.
+    state = RunStore(open_storage(str(tmp_path)), "dying").load_state()
+    _attempt, out = find_output(state, 1, None)
+    assert _from_its_node(out, 2) == ["rank 1 step 49", "rank 1's last words"]

@@ -7,8 +7,8 @@ import io
 import os
 
 from outlast.agent import output as out
-from outlast.agent.output import OutputTails, output_path
-from outlast.cli.worker_logs import find_output, last_lines
+from outlast.agent.output import OutputTails, last_lines, output_path, read_output
+from outlast.cli.worker_logs import find_output
 from outlast.controller.output import OutputPrinter
 from outlast.protocol import messages as m
 from outlast.storage.records import AttemptRecord, OutputFile, RunState
@@ -160,3 +160,16 @@ def test_run_config_takes_the_three_output_modes_and_refuses_others():
     assert RunConfig().worker_output == "prefixed"
     with pytest.raises(ValueError, match="worker_output must be one of 'prefixed', 'plain', 'off'"):
         RunConfig(worker_output="loud")
+
+
+def test_a_node_reads_out_its_own_output_files_and_nothing_else(tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "run-x").mkdir(parents=True)
+    (logs / "run-x" / "attempt1-rank0.log").write_text("a\nb\nc\n")
+    (tmp_path / "secret").write_text("no\n")
+    reply = read_output(logs, m.ReadOutput(path=str(logs / "run-x" / "attempt1-rank0.log"), lines=2))
+    assert reply.lines == ["b", "c"] and reply.error == ""
+    refused = read_output(logs, m.ReadOutput(path=str(logs / ".." / "secret"), lines=2))
+    assert refused.lines == [] and "is not an output file of this node" in refused.error
+    missing = read_output(logs, m.ReadOutput(path=str(logs / "run-x" / "gone.log"), lines=2))
+    assert missing.lines == [] and "cannot read" in missing.error
