@@ -77,7 +77,9 @@ class OutputPrinter:
             text = "".join(f"{head}{line}\n" for head, lines in batch for line in lines)
             try:
                 out = self._stream()
-                out.write(text)
+                # On a terminal, over the progress line (outlast/controller/progress.py) if one is shown:
+                # it is drawn again under these lines at its next redraw.
+                out.write(("\r\x1b[K" + text) if out.isatty() else text)
                 out.flush()
             except (OSError, ValueError):
                 pass  # a closed terminal: the lines stay in the ranks' log files

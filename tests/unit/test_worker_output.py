@@ -173,3 +173,17 @@ def test_a_node_reads_out_its_own_output_files_and_nothing_else(tmp_path):
     assert refused.lines == [] and "is not an output file of this node" in refused.error
     missing = read_output(logs, m.ReadOutput(path=str(logs / "run-x" / "gone.log"), lines=2))
     assert missing.lines == [] and "cannot read" in missing.error
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_lines_are_written_over_a_progress_line():
+    term = _Terminal()
+    term.write("waiting for capacity: ...")  # a progress line, no newline
+    p = OutputPrinter(stream=lambda: term)
+    p(_msg(0, ["hello"]))
+    p.close()
+    assert term.getvalue() == "waiting for capacity: ...\r\x1b[K[rank 1 node-2 a3] hello\n"
