@@ -80,7 +80,6 @@ class _Tail:
     rank: int
     path: str
     fd: int
-    forward: bool
     offset: int = 0
     seq: int = 0  # lines read so far, skipped ones included
     partial: bytes = b""
@@ -100,8 +99,10 @@ class OutputTails:
         self.finish(run_id, attempt, rank)  # a spawn sent again for the same rank starts over
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._tails[(run_id, attempt, rank)] = _Tail(run_id, attempt, rank, str(path), fd, forward,
-                                                     offset=os.fstat(fd).st_size)
+        if not forward:  # RunConfig(worker_output="off"): kept in the file, never read here
+            os.close(fd)
+            return str(path)
+        self._tails[(run_id, attempt, rank)] = _Tail(run_id, attempt, rank, str(path), fd, offset=os.fstat(fd).st_size)
         return str(path)
 
     def read_all(self) -> list[m.WorkerOutput]:
@@ -170,12 +171,10 @@ class OutputTails:
             return None
         return self._message(t, [p.decode("utf-8", "replace") for p in pieces], skipped)
 
-    def _message(self, t: _Tail, lines: list[str], skipped: int) -> m.WorkerOutput | None:
+    def _message(self, t: _Tail, lines: list[str], skipped: int) -> m.WorkerOutput:
         t.seq += skipped
         seq = t.seq
         t.seq += len(lines)
-        if not t.forward:
-            return None
         return m.WorkerOutput(run_id=t.run_id, attempt=t.attempt, rank=t.rank, node_id=self.node_id, seq=seq,
                               lines=lines)
 

@@ -68,10 +68,10 @@ def test_a_line_longer_than_the_limit_is_sent_in_pieces(tmp_path, monkeypatch):
     assert msg.lines == ["x" * 25]
 
 
-def test_output_not_forwarded_is_still_read_and_numbered(tmp_path):
+def test_output_not_forwarded_is_kept_in_its_file_and_never_read(tmp_path):
     tails, path = _tails(tmp_path, forward=False)
     _append(path, "a\nb\n")
-    assert tails.read_all() == []
+    assert tails.read_all() == [] and tails.finish("run", 1, 0) == []
     assert os.path.getsize(path) == 4
 
 
