@@ -1,7 +1,8 @@
 """A restore being fetched, told to the driver while it goes on (its progress line,
 outlast/controller/progress.py): a thread of the worker watches the bytes the download has put
 on disk so far and sends `RestoreProgress` on a connection of its own (a ZeroMQ socket belongs
-to one thread), never touching the fetch itself. Quiet for fetches shorter than `QUIET_S`.
+to one thread), never touching the fetch itself: a first report as the fetch starts, one every
+`EVERY_S`, a last one when it is done.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from outlast.protocol.transport import connect_dealer, encode
 from outlast.storage.base import Storage
 from outlast.storage.run_store import RunStore
 
-QUIET_S = 1.0
 EVERY_S = 0.5
 
 
@@ -58,8 +58,6 @@ def reporting_fetch(storage: Storage, run_dir: str, name: str, cache_root: Path,
 
 def _report(store: RunStore, name: str, cache_root: Path, address: str, attempt: int, rank: int,
             stop: threading.Event) -> None:
-    if stop.wait(QUIET_S):
-        return
     try:
         manifest = store.read_manifest(name)
     except Exception:  # the fetch itself will say what is wrong with it
@@ -67,15 +65,16 @@ def _report(store: RunStore, name: str, cache_root: Path, address: str, attempt:
     total = sum(f.size for f in manifest.files) if manifest is not None else 0
     ctx = zmq.Context()
     sock = connect_dealer(ctx, address, f"{attempt}:{rank}:fetch".encode(), key=worker_key())
+
     def send(finished: bool) -> None:
         done = total if finished else _fetched(cache_root, name)
         sock.send(encode(m.RestoreProgress(attempt=attempt, rank=rank, checkpoint_dir=name, fetched_bytes=done,
                                            total_bytes=total, finished=finished)), zmq.NOBLOCK)
 
     try:
-        while not stop.is_set():
+        send(False)  # before anything else, however fast the fetch: the driver sees it begin and end
+        while not stop.wait(EVERY_S):
             send(False)
-            stop.wait(EVERY_S)
         send(True)
     except zmq.ZMQError:
         pass

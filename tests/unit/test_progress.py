@@ -92,7 +92,6 @@ def test_a_relaunched_driver_is_told_how_long_the_previous_lease_has_left(tmp_pa
 
 
 def test_the_worker_side_reporter_sends_the_bytes_on_disk_then_finished(tmp_path, monkeypatch):
-    monkeypatch.setattr(fetch_progress, "QUIET_S", 0.0)
     monkeypatch.setattr(fetch_progress, "EVERY_S", 0.05)
     store = RunStore(open_storage(tmp_path / "storage"), "run")
     files = [m.FileEntry(path="w.bin", size=3000)]
