@@ -22,6 +22,7 @@ from pathlib import Path
 import zmq
 
 from outlast.client.discovery import AgentUnavailable, request, start_agent_process
+from outlast.client.preload import default_preload
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 
@@ -40,10 +41,11 @@ class LocalCluster:
                  failure_domains: list[str] | None = None, node_timeout_s: float = 3.0,
                  workdir: str | os.PathLike[str] | None = None) -> None:
         """`failure_domains[i]`: the failure domain of node i ("" for none). `preload`: modules every
-        node's fork server imports (e.g. ["torch"]), so that workers start warm."""
+        node's fork server imports, so that workers start warm (default: the same as `outlast start`'s,
+        `outlast.client.preload.default_preload()`)."""
         if num_nodes < 1:
             raise ValueError(f"LocalCluster needs at least one node, got num_nodes={num_nodes}")
-        self.preload = list(preload or [])
+        self.preload = default_preload() if preload is None else list(preload)
         self.cpus_per_node = cpus_per_node
         self.node_timeout_s = node_timeout_s
         self._domains = list(failure_domains or [])

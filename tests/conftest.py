@@ -11,6 +11,9 @@ def _isolated_outlast_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("outlast_home")
     monkeypatch.setenv("OUTLAST_HOME", str(home))
     monkeypatch.delenv("OUTLAST_ADDRESS", raising=False)
+    # Nodes the tests start preload nothing unless a test asks (outlast/client/preload.py): most
+    # test loops never import torch, and a fork server importing it costs seconds of a shared CPU.
+    monkeypatch.setenv("OUTLAST_PRELOAD", "")
     yield home
 
 

@@ -15,6 +15,7 @@ from outlast.procutil import die_with_parent
 from outlast.identity import this_process
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
+from outlast.metrics import DEFAULT_HOST, HOST_VAR, NODE_PORT_VAR, MetricsError, endpoint
 from outlast.protocol.auth import AuthError, ClusterKey
 from outlast.protocol.transport import route_ip
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",
                    help="a cloud's metadata server, when not the standard address")
     add_cluster_arguments(p)
+    add_metrics_arguments(p)
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
@@ -44,11 +46,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         isolation = config_from_args(args)
         spec = spec_from_args(args)
+        where = endpoint(args.metrics_port, args.metrics_host)
         agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
                       isolation=isolation, spec=spec)
-    except (IsolationError, AuthError, ValueError) as e:
+    except (IsolationError, AuthError, ValueError, MetricsError) as e:
         logging.error("%s", e)
         sys.exit(3)
+    if where is not None:
+        try:
+            from outlast.agent.metrics import NodeMetrics
+
+            agent.metrics = NodeMetrics(node_id, where)
+        except MetricsError as e:
+            logging.error("%s", e)
+            agent.close()
+            sys.exit(3)
+        logging.info("serving the node's metrics at %s", agent.metrics.url)
     # A driver stops its embedded node at once; a standalone node drains first, so that its
     # runs can save a checkpoint (OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, default 30 s).
     signal.signal(signal.SIGTERM, agent.request_stop if args.embedded else agent.request_graceful_stop)
@@ -88,6 +101,19 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
                    help="a TPU slice, a rack: draining one node of the domain drains all of it")
     p.add_argument("--node-timeout", type=float, default=float(os.environ.get("OUTLAST_NODE_TIMEOUT_S", "5")),
                    help="seconds of silence after which the head declares a node dead (OUTLAST_NODE_TIMEOUT_S)")
+
+
+def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", default=os.environ.get(NODE_PORT_VAR) or None, metavar="PORT",
+                   help=f"serve the node's Prometheus metrics on this port, 0 for any free one (${NODE_PORT_VAR}; "
+                        "default: off)")
+    p.add_argument("--metrics-host", default=os.environ.get(HOST_VAR) or None, metavar="HOST",
+                   help=f"the address the metrics listen on (${HOST_VAR}; default: {DEFAULT_HOST}, loopback only)")
+
+
+def metrics_args(args: argparse.Namespace) -> list[str]:
+    out = ["--metrics-port", str(args.metrics_port)] if args.metrics_port is not None else []
+    return out + (["--metrics-host", args.metrics_host] if args.metrics_host else [])
 
 
 def spec_from_args(args: argparse.Namespace) -> NodeSpec:

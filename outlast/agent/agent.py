@@ -24,6 +24,7 @@ from outlast.agent.drain_sources import DrainSources
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
+from outlast.agent.output import OutputTails, output_path, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
@@ -33,6 +34,7 @@ from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
 from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
+from outlast.statedir import state_dir
 
 log = logging.getLogger("outlast.agent")
 
@@ -66,6 +68,9 @@ class Agent:
         self.sup = Supervisor(node_id)
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
+        self.log_dir = state_dir() / "logs"  # each rank's output, per run and attempt
+        self.output = OutputTails(node_id)
+        self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
         self.sources = DrainSources()
@@ -127,6 +132,7 @@ class Agent:
         elif isinstance(msg, m.Forked):
             self.apply(self.sup.on_forked(msg, time.time()))
         elif isinstance(msg, m.Reaped):
+            self._send_output(self.output.finish(msg.run_id, msg.attempt, msg.rank))  # its last lines, then its exit
             self.apply(self.sup.on_reaped(msg))
 
     def _fork_server_died(self) -> None:
@@ -168,6 +174,7 @@ class Agent:
         elif isinstance(req, m.StopWorkers):
             self.apply(self.sup.stop_attempt(req.run_id, req.attempt, req.grace_s, now))
         elif isinstance(req, m.EndRun):
+            self._send_output(self.output.finish_run(req.run_id))
             self.apply(self.sup.end_run(req.run_id, now))
         elif isinstance(req, m.Ping):
             self._reply(identity, self._pong())
@@ -175,6 +182,8 @@ class Agent:
             self._reply(identity, self.status())
         elif isinstance(req, m.DrainNode):
             self._reply(identity, self.role.drain(req, self._apply_drain, self._reply))
+        elif isinstance(req, m.ReadOutput):
+            self._reply(identity, read_output(self.log_dir, req))
         elif isinstance(req, m.ListNodes):
             self._reply(identity, m.NodeList(nodes=self.role.nodes(self.me(), now)))
         elif isinstance(req, (m.RegisterNode, m.NodeHeartbeat)):
@@ -202,7 +211,7 @@ class Agent:
                 payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
                 run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
                 error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
-                cgroup_procs=procs,
+                cgroup_procs=procs, output_file=self._output_file(req, spec.rank),
             ))
 
     def _spawn_task(self, identity: bytes, req: m.SpawnTask, now: float) -> None:
@@ -230,6 +239,21 @@ class Agent:
                 log.error("could not create the cgroup leaf %s (%s); the worker runs without one", leaf, e)
         self.sup.expect(key, Placement(leaf if procs else None, resources, retriable, world_size, demand))
         return procs
+
+    def _output_file(self, req: m.SpawnWorkers, rank: int) -> str:
+        try:
+            return self.output.watch(req.run_id, req.attempt, rank,
+                                     output_path(self.log_dir, req.run_name, req.run_id, req.attempt, rank),
+                                     req.forward_output)
+        except OSError as e:  # the worker's output goes to the node's log instead
+            log.error("could not create the output file of rank %d under %s (%s)", rank, self.log_dir, e)
+            return ""
+
+    def _send_output(self, msgs: list[m.WorkerOutput]) -> None:
+        for msg in msgs:
+            run = self.sup.runs.get(msg.run_id)
+            if run is not None:
+                self._reply(run.controller, msg)
 
     def _child_env(self, env: dict[str, str]) -> dict[str, str]:
         # A worker reaches its controller with its run's own credential, in `env`: never the cluster key.
@@ -276,9 +300,14 @@ class Agent:
         if self.guard is not None:
             self._oom_kill(self.guard.on_tick(now, self.sup.memory_view()))
         self.apply(self.sup.tick(now))
+        if self.metrics is not None:
+            self.metrics.refresh(now, self.sup.workloads.values(), self.forks.ready, self.guard,
+                                 self.output.skipped_lines)
 
     def _oom_kill(self, victims) -> None:
         for v in victims:
+            if self.metrics is not None:
+                self.metrics.on_kill(v.report)
             self.apply(self.sup.oom_kill(v.pid, v.report))
 
     # ---- status ---------------------------------------------------------------------------------
@@ -305,6 +334,7 @@ class Agent:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
                 elif self.forks.up and item == self.forks.fileno():
                     self._on_fork_server()
+            self._send_output(self.output.read_all())
             if self.guard is not None and self.guard.sources_by_fd() != sources:
                 for fd in sources:
                     poller.unregister(fd)
@@ -343,6 +373,9 @@ class Agent:
             if self.guard is not None and w.leaf:
                 self.guard.kill_leaf(w.leaf)  # the whole leaf: a worker's children too
         self.forks.close()
+        self.output.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)

@@ -34,4 +34,5 @@ def node_status(agent: Agent) -> m.StatusReply:
         head_address=agent.role.head_address,
         nodes=agent.role.nodes(agent.me(), agent.clock()) if agent.role.is_head else [],
         run_commits={r.run_id: r.last_commit_at for r in agent.sup.runs.values() if r.last_commit_at is not None},
+        metrics_url=agent.metrics.url if agent.metrics is not None else "",
     )

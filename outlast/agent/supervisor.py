@@ -184,7 +184,7 @@ class Supervisor:
         if msg.task_id:
             return []
         return [Send(run.controller, m.WorkerStarted(run_id=msg.run_id, attempt=msg.attempt, rank=msg.rank,
-                                                     pid=msg.pid))]
+                                                     pid=msg.pid, output_file=msg.output_file))]
 
     def on_reaped(self, msg: m.Reaped) -> list[Effect]:
         w = self.workloads.pop(msg.pid, None)

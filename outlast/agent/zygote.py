@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 
 import msgspec
 
+from outlast.agent.output import redirect_to
 from outlast.procutil import decode_wait_status, die_with_parent, kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_ZYGOTE, encode
@@ -89,7 +90,7 @@ class Zygote:
             self._become_worker(req)  # never returns
         self.children[pid] = req
         self.conn.send_bytes(encode(m.Forked(run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
-                                             task_id=_task_id(req))))
+                                             task_id=_task_id(req), output_file=getattr(req, "output_file", ""))))
 
     def _become_worker(self, req: m.ForkWorker | m.ForkTask) -> None:
         code = 70
@@ -99,6 +100,8 @@ class Zygote:
             for procs in req.cgroup_procs:
                 with open(procs, "w") as f:
                     f.write(str(os.getpid()))
+            if getattr(req, "output_file", ""):
+                redirect_to(req.output_file)  # docs/architecture.md, "Worker output"
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.close(self.wake_r)

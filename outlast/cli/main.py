@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ipaddress
 import os
 import signal
@@ -13,15 +12,17 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.__main__ import add_cluster_arguments
+from outlast.agent.__main__ import add_cluster_arguments, add_metrics_arguments, metrics_args
 from outlast.client.discovery import (
     AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
     start_agent_process, state_dir,
 )
 from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.run_script import add_parser as add_run_script_parser
+from outlast.cli.documents import StatusDocument, to_json
 from outlast.cli.runs import add_parser as add_runs_parser
 from outlast.cli.slurm import add_parser as add_slurm_parser
+from outlast.client.preload import default_preload
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.policy import render_report
@@ -34,12 +35,7 @@ from outlast.statedir import UnsafeStateError
 
 
 def _default_preload() -> str:
-    # With torch installed, a node is most useful with it (and what DDP pulls in) already imported.
-    if importlib.util.find_spec("torch") is not None:
-        from outlast.train.torch.backend import TorchBackend
-
-        return ",".join(TorchBackend.preload)
-    return ""
+    return ",".join(default_preload())
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -59,7 +55,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     agent_args = ["--node-file", "--host", args.host, "--port", str(args.port), "--preload", args.preload]
     if args.node_id:
         agent_args += ["--node-id", args.node_id]
-    agent_args += isolation.to_args()
+    agent_args += isolation.to_args() + metrics_args(args)
     if args.preemption_watchers:
         unknown = sorted(set(k for k in args.preemption_watchers.split(",") if k) - {"aws", "gcp", "azure"})
         if unknown:
@@ -265,6 +261,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             return 1
         reply = request(ctx, address, m.StatusRequest(), timeout_s=3.0)
         assert isinstance(reply, m.StatusReply)
+        if args.json:
+            return _print_status_json(ctx, reply)
         _print_node(reply)
         if not reply.head_address:
             print(f"cluster: this node is its head; {_summary(reply.nodes)}")
@@ -287,12 +285,26 @@ def cmd_status(args: argparse.Namespace) -> int:
         ctx.term()
 
 
+def _print_status_json(ctx: zmq.Context, reply: m.StatusReply) -> int:
+    nodes, answered = reply.nodes, True
+    if reply.head_address:
+        try:
+            table = request(ctx, reply.head_address, m.ListNodes(), timeout_s=3.0)
+            nodes = table.nodes if isinstance(table, m.NodeList) else []
+        except AgentUnavailable:
+            nodes, answered = [], False
+    print(to_json(StatusDocument(node=reply, role="member" if reply.head_address else "head",
+                                 head_address=reply.head_address, nodes=nodes, head_answered=answered)))
+    return 0 if answered else 1
+
+
 def _print_node(reply: m.StatusReply) -> None:
     up = time.time() - reply.started_at
     print(f"node {reply.node_id}  pid {reply.pid}  {reply.address}  up {up:.0f} s")
     print(f"fork server: {'ready' if reply.zygote_ready else 'starting'}, preloaded: "
           f"{', '.join(reply.preload) or 'nothing'}")
     print(f"runs: {len(reply.runs)}  workers: {len(reply.workers)}")
+    print(f"metrics: {reply.metrics_url or 'off (outlast start --metrics-port PORT turns them on)'}")
     if reply.draining is not None:
         d = reply.draining
         left = f"deadline in {d.deadline_unix_s - time.time():.0f} s" if d.deadline_unix_s else "no deadline"
@@ -377,18 +389,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     s.add_argument("--node-id", default=None)
     s.add_argument("--preload", default=None,
-                   help="comma-separated modules the fork server imports once (default: torch, if installed)")
+                   help="comma-separated modules the fork server imports once (default: $OUTLAST_PRELOAD, else torch "
+                        "and what DDP imports, if torch is installed)")
     s.add_argument("--preemption-watchers", default="",
                    help="drain this node when these clouds announce a preemption: aws, gcp, azure (comma-separated)")
     s.add_argument("--metadata-url", action="append", default=[], metavar="CLOUD=URL",
                    help="a cloud's metadata server, when not at the standard address")
     add_arguments(s)
     add_cluster_arguments(s)  # the agent's own: --address, --cluster-key, --num-cpus, ...
+    add_metrics_arguments(s)
     s.set_defaults(func=cmd_start)
     t = sub.add_parser("stop", help="stop the node agent on this machine and its workers")
     t.add_argument("--timeout", type=float, default=10.0)
     t.set_defaults(func=cmd_stop)
     st = sub.add_parser("status", help="show the node, its runs and workers")
+    st.add_argument("--json", action="store_true",
+                    help="print one JSON document (schema: docs/schemas/status.v1.json, docs/json.md)")
     st.set_defaults(func=cmd_status)
     add_runs_parser(sub)
     add_drain_parser(sub)

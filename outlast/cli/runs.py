@@ -9,12 +9,21 @@ import time
 from outlast.storage import open_storage
 from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, RunState, signal_name
 from outlast.storage.run_store import RunStore
+from outlast.cli.documents import RunDocument, RunsDocument, RunSummary, to_json
+from outlast.cli.worker_logs import show_logs
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("runs", help="list the runs under a storage path, or show one run's history")
     p.add_argument("storage_path", help="a directory or URL (s3://bucket/prefix, ...)")
     p.add_argument("name", nargs="?", help="the run to show in detail")
+    p.add_argument("--logs", type=int, default=None, metavar="RANK",
+                   help="with NAME: the last lines rank RANK wrote to stdout and stderr (its latest attempt)")
+    p.add_argument("--attempt", type=int, default=None, help="with --logs: this attempt instead of the latest")
+    p.add_argument("--lines", type=int, default=100, help="with --logs: how many of the last lines (default 100)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (schemas: docs/schemas/runs.v1.json, run.v1.json, logs.v1.json; "
+                        "docs/json.md)")
     p.set_defaults(func=cmd_runs)
 
 
@@ -24,28 +33,46 @@ def cmd_runs(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2
+    if args.logs is not None and not args.name:
+        print("--logs RANK needs the run's NAME: outlast runs STORAGE_PATH NAME --logs RANK", file=sys.stderr)
+        return 2
+    if args.name and args.logs is not None:
+        return show_logs(RunStore(storage, args.name), args.logs, args.attempt, args.lines, as_json=args.json)
     if args.name:
-        return _show(RunStore(storage, args.name))
-    names = [n for n in storage.list_dirs("") if storage.exists(f"{n}/{RUN_STATE_NAME}")]
-    if not names:
+        return _show(RunStore(storage, args.name), args.json)
+    runs = summaries(storage)
+    if args.json:
+        print(to_json(RunsDocument(storage=storage.uri(""), runs=runs)))
+        return 0 if runs else 1
+    if not runs:
         print(f"no runs under {storage.uri('')}")
         return 1
     print(f"{'run':32} {'status':10} {'attempts':>8} {'failures':>8} {'checkpoints':>11}  latest")
-    for name in names:
-        try:
-            state = RunStore(storage, name).load_state()
-        except CorruptDocument as e:
-            print(f"{name:32} unreadable: {e}")
-            continue
-        if state is None:
-            continue
-        failures = sum(state.failure_counts.values())  # root causes, not the peers they took down
-        print(f"{name:32} {state.status:10} {len(state.attempts):>8} {failures:>8} {len(state.checkpoints):>11}  "
-              f"{state.latest_checkpoint or '-'}")
+    for r in runs:
+        if r.unreadable:
+            print(f"{r.name:32} unreadable: {r.unreadable}")
+        else:
+            print(f"{r.name:32} {r.status:10} {r.attempts:>8} {r.failures:>8} {r.checkpoints:>11}  "
+                  f"{r.latest_checkpoint or '-'}")
     return 0
 
 
-def _show(store: RunStore) -> int:
+def summaries(storage) -> list[RunSummary]:
+    out = []
+    for name in (n for n in storage.list_dirs("") if storage.exists(f"{n}/{RUN_STATE_NAME}")):
+        try:
+            state = RunStore(storage, name).load_state()
+        except CorruptDocument as e:
+            out.append(RunSummary(name=name, unreadable=str(e)))
+            continue
+        if state is not None:
+            out.append(RunSummary(name=name, status=state.status, attempts=len(state.attempts),
+                                  failures=sum(state.failure_counts.values()), checkpoints=len(state.checkpoints),
+                                  latest_checkpoint=state.latest_checkpoint))
+    return out
+
+
+def _show(store: RunStore, as_json: bool = False) -> int:
     try:
         state = store.load_state()
     except CorruptDocument as e:
@@ -54,7 +81,8 @@ def _show(store: RunStore) -> int:
     if state is None:
         print(f"no run at {store.storage.uri(store.run_dir)}", file=sys.stderr)
         return 1
-    print(render(state, store.storage.uri(store.run_dir)))
+    where = store.storage.uri(store.run_dir)
+    print(to_json(RunDocument(location=where, run=state)) if as_json else render(state, where))
     return 0
 
 

@@ -54,10 +54,6 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def _default_preload() -> str:
-    import importlib.util
+    from outlast.client.preload import default_preload
 
-    if importlib.util.find_spec("torch") is None:
-        return ""
-    from outlast.train.torch.backend import TorchBackend
-
-    return ",".join(TorchBackend.preload)
+    return ",".join(default_preload())

@@ -27,11 +27,13 @@ QUERY_RETRY_S = 3.0  # a table query the head never answered (it may be gone) is
 
 class AgentGroup:
     def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, bind_host: str = "127.0.0.1",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 output: Callable[[m.WorkerOutput], None] | None = None) -> None:
         self.ctx = ctx
         self.key = key
         self.head_address = head_address
         self.clock = clock
+        self._output = output  # workers' output lines go there, not to the core: they decide nothing
         self.sock, self.address = bind_router(ctx, bind_host, key=key)
         self._query = connect_dealer(ctx, head_address, key=key)
         self._query_sent: float | None = None
@@ -129,9 +131,15 @@ class AgentGroup:
             except zmq.Again:
                 return out
             try:
-                out.append(g.FromAgent(node_id, AGENT_EVENTS.decode(data)))
+                event = AGENT_EVENTS.decode(data)
             except BadMessage as e:
                 log.warning("dropped a malformed message from node %s: %s", node_id, e)
+                continue
+            if isinstance(event, m.WorkerOutput):
+                if self._output is not None:
+                    self._output(event)
+            else:
+                out.append(g.FromAgent(node_id, event))
 
     def _table_answers(self) -> list[g.NodeTable]:
         out = []

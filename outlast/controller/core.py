@@ -225,7 +225,7 @@ class ControllerCore(Handlers):
                 run_id=self.run_id, attempt=a.number, controller_address=self.address, workers=specs,
                 payload=self.plan.payload, env=env, cwd=self.plan.cwd, sys_path=self.plan.sys_path,
                 run_name=self.plan.name, restore_checkpoint=a.restore, resources=self.plan.per_worker,
-                run_key=self.book.store.storage.uri(self.book.store.run_dir),
+                run_key=self.book.store.storage.uri(self.book.store.run_dir), forward_output=self.plan.forward_output,
             )))
 
     def _restart(self, event: Event, preemption: Preemption | None) -> None:

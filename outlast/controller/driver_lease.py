@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Callable
 
 import msgspec
 
@@ -44,12 +45,13 @@ class LeaseKeeper:
         return RunInUseError(f"run {self.store.storage.uri(self.store.run_dir)} is in use: {reason}. "
                              "Stop that driver first, or give this run another RunConfig(name=...)")
 
-    def acquire(self, wait_s: float | None = None) -> None:
+    def acquire(self, wait_s: float | None = None, on_wait: Callable[[str, float], None] | None = None) -> None:
         """Take the lease, or raise `RunInUseError` naming the driver that holds it.
 
         A holder on another host cannot be checked directly: watch its lease, on this
         process's monotonic clock, until it has gone a TTL without a renewal; a renewal
-        meanwhile means the holder lives, and we give up at once.
+        meanwhile means the holder lives, and we give up at once. `on_wait(reason, seconds
+        left)` is told while it waits (the driver's progress line).
         """
         started = self.clock()
         watched: object = _UNSEEN
@@ -71,6 +73,8 @@ class LeaseKeeper:
             if not logged:
                 log.info("waiting for the driver lease of %s: %s", self.store.run_dir, decision.reason)
                 logged = True
+            if on_wait is not None:
+                on_wait(decision.reason, since + current.ttl_s - now)
             self.sleep(min(1.0, max(0.05, since + current.ttl_s - now)))
         if current is not None and not current.released:
             log.info("taking over run %s: %s", self.store.run_dir, decision.reason)

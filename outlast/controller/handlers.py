@@ -38,6 +38,7 @@ class Handlers:
         elif isinstance(event, m.WorkerStarted):
             if a is not None and event.attempt == a.number and event.run_id == self.run_id:
                 a.pids[event.rank] = event.pid
+                self.book.note_output_file(event.rank, a.placement.get(event.rank, ""), event.output_file)
         elif isinstance(event, m.NodeDraining):
             self._on_node_draining(event)
         elif isinstance(event, m.SpawnRefused):

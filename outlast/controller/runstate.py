@@ -10,8 +10,8 @@ import logging
 
 from outlast.faults import fault_point
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, RunState, SkippedCheckpoint,
-    is_checkpoint_dir_name,
+    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, RunState,
+    SkippedCheckpoint, is_checkpoint_dir_name,
 )
 from outlast.storage.run_store import RunStore
 
@@ -149,6 +149,11 @@ class RunBook:
             self.state.attempts[-1].ended_at = now
             self.state.attempts[-1].outcome = outcome
         self._save(now)
+
+    def note_output_file(self, rank: int, node_id: str, path: str) -> None:
+        """Named in the history with the attempt's next write (a failure, a commit, its end)."""
+        if self.state.attempts and path:
+            self.state.attempts[-1].outputs.append(OutputFile(rank=rank, node_id=node_id, path=path))
 
     def add_failure(self, record: FailureRecord, save: bool = True) -> None:
         """`save=False`: kept for the next write (the attempt's settlement), as for the exits of a teardown."""

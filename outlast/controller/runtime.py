@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Protocol
 
 from outlast.controller.core import ControllerCore
 from outlast.controller.group import Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup
@@ -24,10 +24,15 @@ log = logging.getLogger("outlast.controller")
 POLL_S = 0.1
 
 
+class Watcher(Protocol):
+    def observe(self, event, effects: list, core: ControllerCore, start: float, end: float) -> None: ...
+
+
 class Controller:
     def __init__(self, plan: RunPlan, group: WorkerGroup, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, watchers: list[Watcher] | None = None) -> None:
         self.plan = plan
+        self.watchers = watchers or []  # metrics, progress lines: shown each step, deciding nothing
         self.group = group
         self.clock = clock
         self.core = ControllerCore(plan, uuid.uuid4().hex[:12], group.address, wall)
@@ -59,5 +64,9 @@ class Controller:
             raise self.core.error
 
     def _step(self, event) -> None:
-        for effect in self.core.step(event, self.clock()):
+        start = self.clock()
+        effects = self.core.step(event, start)
+        for watcher in self.watchers:
+            watcher.observe(event, effects, self.core, start, self.clock())
+        for effect in effects:
             self.group.perform(effect)

@@ -48,6 +48,7 @@ class RunPlan:
     relax_collectives: bool = False  # on a preemption, go on with the surviving ranks
     per_worker: dict[str, float] = field(default_factory=dict)
     strategy: str = "PACK"
+    forward_output: bool = True  # the workers' output lines come to the driver
     duplicate_files: str = "keep_rank0"  # file_merge.DuplicateFiles: ranks writing one file differently
 
 

@@ -24,6 +24,7 @@ import cloudpickle
 import zmq
 
 from outlast.client.discovery import attach, request
+from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.policy import (
     RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
@@ -92,7 +93,8 @@ class Executor(cf.Executor):
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._ctx = zmq.Context()
         self._embedded = None
-        access = attach(self._ctx, list(preload or []), isolation.to_args() if isolation else [])
+        access = attach(self._ctx, default_preload() if preload is None else list(preload),
+                        isolation.to_args() if isolation else [])
         self._access, self._embedded, self._key = access, access.embedded, access.key
         # Tasks get the node's environment, the driver's outlast settings and this executor's own
         # credential: never the cluster key.

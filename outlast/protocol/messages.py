@@ -123,6 +123,7 @@ class SpawnWorkers(Msg):
     # Where the run lives ({storage_path}/{name}): a relaunched driver's run has the same key,
     # and the workers of its dead predecessor must not go on beside the new ones.
     run_key: str = ""
+    forward_output: bool = True  # send the workers' output lines to the controller (`WorkerOutput`)
 
 
 class StopWorkers(Msg):
@@ -148,6 +149,21 @@ class WorkerStarted(Msg):
     attempt: int
     rank: int
     pid: int
+    output_file: str = ""  # the rank's stdout and stderr, kept on its node
+
+
+class WorkerOutput(Msg):
+    """Lines a rank wrote to stdout or stderr, in the order it wrote them (docs/architecture.md, worker output).
+
+    `seq` numbers the first line among every line the rank wrote; a gap before it is lines
+    not forwarded (skipped by a node that fell behind, or lost on the way), counted by the driver."""
+
+    run_id: str
+    attempt: int
+    rank: int
+    node_id: str
+    seq: int
+    lines: list[str]
 
 
 class WorkerExited(Msg):
@@ -255,6 +271,7 @@ class StatusReply(Msg):
     head_address: str = ""  # empty when this agent is the head
     nodes: list["NodeInfo"] = []  # the node table (the head only)
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
+    metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
 
 
 class DrainNode(Msg):
@@ -315,6 +332,19 @@ class ListNodes(Msg):
     pass
 
 
+class ReadOutput(Msg):
+    """`outlast runs --logs` from another machine: the last lines of a rank's output file on this node."""
+
+    path: str
+    lines: int
+
+
+class OutputLines(Msg):
+    path: str
+    lines: list[str]
+    error: str = ""  # set, and no lines, when the file cannot be read (or is not one of the node's)
+
+
 class NodeList(Msg):
     nodes: list[NodeInfo]
 
@@ -355,6 +385,17 @@ class Report(Msg):
     saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
+
+
+class RestoreProgress(Msg):
+    """A rank fetching the checkpoint it restores: bytes on disk so far (the driver's progress line)."""
+
+    attempt: int
+    rank: int
+    checkpoint_dir: str
+    fetched_bytes: int
+    total_bytes: int
+    finished: bool = False
 
 
 class UploadDone(Msg):
@@ -433,12 +474,12 @@ class CollectiveTimeout(Msg):
 
 
 AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,
-                     DrainNode, RegisterNode, NodeHeartbeat, ListNodes]
+                     DrainNode, RegisterNode, NodeHeartbeat, ListNodes, ReadOutput]
 AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck,
-                   SpawnRefused, DrainRefused, NodeList]
+                   SpawnRefused, DrainRefused, NodeList, WorkerOutput, OutputLines]
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
-WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone]
+WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice]
 
 
@@ -459,6 +500,7 @@ class ForkWorker(Msg):
     node_id: str
     error_file: str
     cgroup_procs: list[str] = []  # the child writes its pid here first thing: its own cgroup leaf
+    output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
 
 
 class ForkTask(Msg):
@@ -485,6 +527,7 @@ class Forked(Msg):
     rank: int
     pid: int
     task_id: str = ""
+    output_file: str = ""
 
 
 class Reaped(Msg):

@@ -71,6 +71,14 @@ class Manifest(msgspec.Struct, kw_only=True):
     metrics: dict[str, Any] = {}
 
 
+class OutputFile(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a rank's stdout and stderr of one attempt are kept: a file on its node."""
+
+    rank: int
+    node_id: str
+    path: str
+
+
 class AttemptRecord(msgspec.Struct, kw_only=True):
     attempt: int
     started_at: float
@@ -78,6 +86,7 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     ended_at: float | None = None
     outcome: str | None = None  # "finished" | "failed" | "aborted" | "driver_lost"
     failures: list[FailureRecord] = []
+    outputs: list[OutputFile] = []  # additive under version 1: older readers ignore it
 
 
 class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):

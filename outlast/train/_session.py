@@ -24,6 +24,7 @@ from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
 from outlast.storage.restore import materialize
+from outlast.train.fetch_progress import reporting_fetch
 from outlast.storage.run_store import RunStore
 from outlast.train._uploads import Uploads, dir_bytes
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
@@ -128,7 +129,10 @@ class WorkerSession:
         if self._restore is None:
             return None
         if self._restored is None:
-            path = materialize(self._storage, self._run_dir, self._restore, self._cache_root or _default_cache())
+            cache = self._cache_root or _default_cache()
+            with reporting_fetch(self._storage, self._run_dir, self._restore, cache, self._controller_address,
+                                 self.context.attempt, self.context.world_rank):
+                path = materialize(self._storage, self._run_dir, self._restore, cache)
             self._restored = Checkpoint(path)
         return self._restored
 

@@ -119,6 +119,9 @@ class CheckpointConfig:
 
 
 
+WORKER_OUTPUT_MODES = ("prefixed", "plain", "off")
+
+
 @dataclass
 class RunConfig:
     """`worker_runtime_env` may set `env_vars` for the workers; the workers otherwise run with the
@@ -131,6 +134,9 @@ class RunConfig:
     storage_filesystem: Any = None
     callbacks: list[Any] | None = None
     worker_runtime_env: dict[str, Any] | None = None
+    # The workers' stdout and stderr on the driver's stdout: "prefixed" (`[rank R NODE aA] line`),
+    # "plain" (the lines alone) or "off" (kept only in each rank's log file on its node).
+    worker_output: str = "prefixed"
 
     def __post_init__(self) -> None:
         if self.storage_filesystem is not None:
@@ -155,6 +161,9 @@ class RunConfig:
             raise ValueError(f"RunConfig.name must be a non-empty string without '/', other than '.' and '..', "
                              f"got {self.name!r}")
         check_runtime_env(self.worker_runtime_env)
+        if self.worker_output not in WORKER_OUTPUT_MODES:
+            raise ValueError(f"RunConfig.worker_output must be one of {', '.join(map(repr, WORKER_OUTPUT_MODES))}, "
+                             f"got {self.worker_output!r}")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise ValueError(f"RunConfig.storage_path must be a path or a URL string, got {self.storage_path!r}")
 

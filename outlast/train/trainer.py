@@ -13,10 +13,15 @@ import cloudpickle
 import zmq
 
 from outlast.client.discovery import attach
+from outlast.client.preload import with_default
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
+from outlast.controller.metrics import DriverMetrics
+from outlast.controller.output import OutputPrinter
+from outlast.controller.progress import ProgressLine, lease_line
+from outlast.metrics import DRIVER_PORT_VAR, endpoint_from_env
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
@@ -111,7 +116,11 @@ class DataParallelTrainer:
         except Exception as e:
             raise TypeError(f"the train function or its config cannot be pickled to send to workers: {e}") from e
         lease = LeaseKeeper(store, ttl_s=float(os.environ.get("OUTLAST_DRIVER_LEASE_S", "10")))
-        lease.acquire()
+        progress = ProgressLine(capacity_s=_timeouts_from_env().capacity_s)
+        try:
+            lease.acquire(on_wait=lambda why, left: progress.show(("lease", lease_line(why, left)), time.monotonic()))
+        finally:
+            progress.close()
         try:
             book = RunBook.open(store, name, time.time())
             if book.state.status == "finished":
@@ -122,14 +131,14 @@ class DataParallelTrainer:
                 log.info("resuming run %s after its driver died, from %s", storage.uri(name),
                          book.state.latest_checkpoint or "scratch")
             try:
-                self._run(book, payload, name, lease)
+                self._run(book, payload, name, lease, progress)
             except TrainingFailedError as e:
                 raise classify(e) from e.__cause__
             return _result(book, storage, store, rc)
         finally:
             lease.release()
 
-    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper) -> None:
+    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper, progress: ProgressLine) -> None:
         rc = self.run_config
         n = self.scaling_config.num_workers
         plan = RunPlan(
@@ -147,12 +156,13 @@ class DataParallelTrainer:
             preemption_grace_s=rc.failure_config.preemption_grace_s,
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
-            duplicate_files=rc.checkpoint_config.duplicate_files,
+            duplicate_files=rc.checkpoint_config.duplicate_files, forward_output=rc.worker_output != "off",
         )
         ctx = zmq.Context()
         access = embedded = None
         try:
-            preload, node_args = list(self.backend.preload), self.isolation.to_args() if self.isolation else []
+            preload = with_default(self.backend.preload)
+            node_args = self.isolation.to_args() if self.isolation else []
             access = attach(ctx, preload, node_args)
             if access.embedded is not None:
                 embedded = EmbeddedNode(access.embedded, access.head_address, access.key, preload, node_args)
@@ -160,12 +170,17 @@ class DataParallelTrainer:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)
             plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
+            printer = OutputPrinter(prefixed=rc.worker_output == "prefixed") if plan.forward_output else None
             # The node's liveness comes from its table entry (its agent's pid, on this machine).
-            group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address))
+            group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
+                               output=printer)
             try:
-                Controller(plan, group).run()
+                Controller(plan, group, watchers=[progress, *_watchers(name)]).run()
             finally:
+                progress.close()
                 group.close(linger_ms=500 if embedded is None else 0)
+                if printer is not None:
+                    printer.close()
         finally:
             if embedded is not None:
                 embedded.stop()
@@ -182,6 +197,18 @@ class DataParallelTrainer:
         need.update({k: float(v) for k, v in (sc.resources_per_worker or {}).items()})
         return {k: v for k, v in need.items() if v > 0}
 
+
+
+def _watchers(name: str) -> list:
+    """What looks at the controller's loop besides the controller: the metrics, when asked for."""
+    where = endpoint_from_env(DRIVER_PORT_VAR)
+    if where is None:
+        return []
+    first = DriverMetrics.serving() is None
+    metrics = DriverMetrics.shared(where)
+    if first:
+        log.info("serving the driver's metrics at %s", metrics.url)
+    return [metrics.for_run(name)]
 
 
 Trainer = DataParallelTrainer

@@ -249,9 +249,9 @@ def test_preemption_jit_checkpoint_moves_to_the_spare_node_drained_with_the_cli(
         finally:
             proc.kill()
         assert proc.returncode == 0, out
-        # Workers print to their node's log, as on a machine of their own.
-        worker_out = cluster.nodes[busy[0]].log_path.read_text()
-        assert f"nodes ['{busy[0]}'] (ranks [0, 1]) are being preempted; saving a checkpoint now" in worker_out
+        # What the workers print reaches the driver, each line prefixed with its rank, node and attempt.
+        assert f"[rank 0 {busy[0]} a1] " in out
+        assert f"nodes ['{busy[0]}'] (ranks [0, 1]) are being preempted; saving a checkpoint now" in out
         state = json.loads(state_file.read_text())
         assert state["status"] == "finished" and state["failure_counts"] == {"preemption": 1}
         jit = [c for c in state["checkpoints"] if c["metrics"].get("preempted")]

@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
+from outlast.client.preload import TORCH_MODULES
 from outlast.train.backend import Backend
 from outlast.train.context import TrainContext
 
@@ -24,7 +25,7 @@ class TorchConfig:
 
 class TorchBackend(Backend):
     # DistributedDataParallel imports torch._dynamo (and sympy) on first use: seconds we pay once.
-    preload = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
+    preload = TORCH_MODULES
     needs_rendezvous = True
 
     def __init__(self, config: TorchConfig | None = None, use_gpu: bool = False) -> None:

@@ -1,0 +1,111 @@
+"""What `--json` prints: versioned documents for scripts (`outlast status --json`, `outlast runs ...
+--json`), described in docs/json.md, their JSON Schemas generated from these types and kept in
+docs/schemas/ (a test checks the two agree, so a change to a document is a change to its schema).
+
+The run-state file's rules apply: a field may be added under the same version (readers ignore
+fields they do not know); renaming, removing or changing the meaning of one is a new version.
+
+    python -m outlast.cli.documents docs/schemas     # write the schemas again after a change
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from outlast.protocol import messages as m
+from outlast.storage.records import RunState
+
+VERSION = 1
+
+
+class StatusDocument(msgspec.Struct, kw_only=True):
+    """`outlast status --json`: the node on this machine and its cluster's node table."""
+
+    kind: Literal["outlast.status"] = "outlast.status"
+    version: Literal[1] = VERSION
+    node: m.StatusReply  # this node: its runs, workers, isolation, kills, drain, metrics endpoint
+    role: Literal["head", "member"]
+    head_address: str  # the head's address ("" on the head itself)
+    nodes: list[m.NodeInfo]  # the head's node table; empty when the head does not answer
+    head_answered: bool
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    name: str
+    status: str | None = None  # the controller state's name: running, finished, errored, ...
+    attempts: int = 0
+    failures: int = 0  # root causes, not the peers they took down
+    checkpoints: int = 0
+    latest_checkpoint: str | None = None
+    unreadable: str | None = None  # set (and the rest left empty) when its run state cannot be read
+
+
+class RunsDocument(msgspec.Struct, kw_only=True):
+    """`outlast runs STORAGE_PATH --json`: every run under a storage path."""
+
+    kind: Literal["outlast.runs"] = "outlast.runs"
+    version: Literal[1] = VERSION
+    storage: str
+    runs: list[RunSummary]
+
+
+class RunDocument(msgspec.Struct, kw_only=True):
+    """`outlast runs STORAGE_PATH NAME --json`: one run's whole history (its run-state file)."""
+
+    kind: Literal["outlast.run"] = "outlast.run"
+    version: Literal[1] = VERSION
+    location: str  # {storage_path}/{name}
+    run: RunState
+
+
+class LogsDocument(msgspec.Struct, kw_only=True):
+    """`outlast runs STORAGE_PATH NAME --logs RANK --json`: a rank's last output lines."""
+
+    kind: Literal["outlast.logs"] = "outlast.logs"
+    version: Literal[1] = VERSION
+    run: str
+    rank: int
+    attempt: int
+    node_id: str
+    path: str
+    lines: list[str]
+
+
+DOCUMENTS: dict[str, type] = {"status": StatusDocument, "runs": RunsDocument, "run": RunDocument,
+                              "logs": LogsDocument}
+
+
+def to_json(doc: msgspec.Struct) -> str:
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2).decode()
+
+
+def schema(name: str) -> dict:
+    cls = DOCUMENTS[name]
+    out = msgspec.json.schema(cls)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://outlast.invalid/schemas/{name}.v{VERSION}.json",
+            "title": f"outlast {name} document, version {VERSION}", **out}
+
+
+def schema_file(name: str) -> str:
+    return f"{name}.v{VERSION}.json"
+
+
+def write_schemas(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in DOCUMENTS:
+        path = directory / schema_file(name)
+        path.write_text(json.dumps(schema(name), indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for p in write_schemas(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas")):
+        print(p)

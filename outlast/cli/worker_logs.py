@@ -1,0 +1,91 @@
+"""`outlast runs STORAGE NAME --logs RANK`: a rank's last lines, from the file its node kept.
+
+The run's history names each rank's output file per attempt (node and path). The file is read
+where it is when this machine can (the node itself, a shared log directory): that works after
+the rank, its driver and its node's agent are gone. Otherwise its node's agent is asked for the
+lines, through the cluster this machine belongs to.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import zmq
+
+from outlast.agent.output import last_lines
+from outlast.cli.documents import LogsDocument, to_json
+from outlast.client.discovery import AgentUnavailable, find_running_agent, request
+from outlast.protocol import messages as m
+from outlast.storage.records import CorruptDocument, OutputFile, RunState
+from outlast.storage.run_store import RunStore
+
+
+def find_output(state: RunState, rank: int, attempt: int | None) -> tuple[int, OutputFile] | None:
+    """The rank's output file of `attempt`, or of the latest attempt that has one."""
+    for a in reversed(state.attempts):
+        if attempt is not None and a.attempt != attempt:
+            continue
+        for out in reversed(a.outputs):
+            if out.rank == rank:
+                return a.attempt, out
+    return None
+
+
+def _from_its_node(out: OutputFile, n: int) -> list[str]:
+    """Ask the node that kept the file, through this machine's cluster (its head's node table)."""
+    ctx = zmq.Context()
+    try:
+        here = find_running_agent(ctx)
+        if here is None:
+            raise AgentUnavailable("no outlast node runs on this machine to reach the cluster through")
+        pong = request(ctx, here, m.Ping(), timeout_s=3.0)
+        head = (pong.head_address or here) if isinstance(pong, m.Pong) else here
+        table = request(ctx, head, m.ListNodes(), timeout_s=3.0)
+        node = next((x for x in getattr(table, "nodes", []) if x.node_id == out.node_id), None)
+        if node is None or node.state == "dead":
+            raise AgentUnavailable(f"node {out.node_id} is not in the cluster's table, or is dead")
+        reply = request(ctx, node.address, m.ReadOutput(path=out.path, lines=n), timeout_s=10.0)
+        if not isinstance(reply, m.OutputLines) or reply.error:
+            raise AgentUnavailable(getattr(reply, "error", "") or f"node {out.node_id} did not send the lines")
+        return reply.lines
+    finally:
+        ctx.destroy(linger=0)
+
+
+def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: bool = False) -> int:
+    try:
+        state = store.load_state()
+    except CorruptDocument as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    if state is None:
+        print(f"no run at {store.storage.uri(store.run_dir)}", file=sys.stderr)
+        return 1
+    found = find_output(state, rank, attempt)
+    if found is None:
+        which = f"attempt {attempt}" if attempt is not None else "any attempt"
+        ranks = sorted({o.rank for a in state.attempts for o in a.outputs})
+        print(f"the history of run {state.name} names no output file of rank {rank} in {which} (ranks with one: "
+              f"{ranks or 'none'}; the history names a rank's file once it failed, committed or ended)",
+              file=sys.stderr)
+        return 1
+    number, out = found
+    try:
+        lines = last_lines(out.path, n)
+    except OSError as e:
+        try:
+            lines = _from_its_node(out, n)
+        except AgentUnavailable as why:
+            print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which "
+                  f"cannot be read here ({e.strerror}) nor asked of its node ({why}): run this command on that node",
+                  file=sys.stderr)
+            return 1
+    if as_json:
+        print(to_json(LogsDocument(run=state.name, rank=rank, attempt=number, node_id=out.node_id, path=out.path,
+                                   lines=lines)))
+        return 0
+    print(f"rank {rank}, attempt {number}, node {out.node_id}: the last {len(lines)} line(s) of {out.path}",
+          file=sys.stderr)
+    for line in lines:
+        print(line)
+    return 0
