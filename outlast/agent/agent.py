@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 import psutil
 import zmq
 
+from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
@@ -45,6 +47,7 @@ class NodeSpec:
     head_address: str | None = None  # None: this agent is the head
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
+    etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
 
 
 class Agent:
@@ -75,8 +78,11 @@ class Agent:
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
-            self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
-                MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
+            if self.spec.etcd is not None:
+                self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
+            else:
+                self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
+                    MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
             self.role.join(self.me())
             self.forks = ForkServer(preload)
         except BaseException:
@@ -281,7 +287,8 @@ class Agent:
             capacity=g.capacity() if g else m.Resources(num_cpus=self.spec.resources.get("CPU", 0.0),
                                                          memory_bytes=int(self.spec.resources.get("memory", 0))),
             head_address=self.role.head_address,
-            nodes=self.role.nodes(self.me(), self.clock()) if self.role.is_head else [],
+            nodes=self.role.nodes(self.me(), self.clock()) if not self.role.head_address else [],
+            store=self.role.store_health(),
             run_commits={r.run_id: r.last_commit_at for r in self.sup.runs.values() if r.last_commit_at is not None},
         )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import zmq
 
 from outlast.agent.__main__ import add_cluster_arguments
+from outlast.cli.store_status import render_store
 from outlast.client.discovery import (
     AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
     start_agent_process, state_dir,
@@ -137,7 +138,9 @@ def _cluster_args(args: argparse.Namespace, key_file: str | None) -> list[str]:
     for flag, value in (("--address", args.head_address), ("--node-ip", args.node_ip),
                         ("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus), ("--memory", args.memory),
                         ("--resources", args.resources), ("--labels", args.labels),
-                        ("--failure-domain", args.failure_domain)):
+                        ("--failure-domain", args.failure_domain), ("--etcd", args.etcd),
+                        ("--etcd-cacert", args.etcd_cacert), ("--etcd-cert", args.etcd_cert),
+                        ("--etcd-key", args.etcd_key), ("--etcd-user", args.etcd_user)):
         if value not in (None, ""):
             out += [flag, str(value)]
     return out
@@ -266,6 +269,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         reply = request(ctx, address, m.StatusRequest(), timeout_s=3.0)
         assert isinstance(reply, m.StatusReply)
         _print_node(reply)
+        if reply.store is not None:
+            print(render_store(reply.store, time.time()))
+            print(f"cluster (the table in etcd): {_summary(reply.nodes)}")
+            print(render_nodes(reply.nodes, time.time(), this_node=reply.node_id))
+            return 0
         if not reply.head_address:
             print(f"cluster: this node is its head; {_summary(reply.nodes)}")
             print(render_nodes(reply.nodes, time.time()))

@@ -14,6 +14,7 @@ from typing import Callable
 import zmq
 
 from outlast.controller import group as g
+from outlast.controller.store_table import StoreTable
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode
@@ -34,6 +35,7 @@ class AgentGroup:
         self.sock, self.address = bind_router(ctx, bind_host, key=key)
         self._query = connect_dealer(ctx, head_address, key=key)
         self._query_sent: float | None = None
+        self._store = StoreTable.from_env(key)  # a cluster in etcd: the table from a watch, not from a head
         self._addresses: dict[str, str] = {}  # node id -> its agent's address, from the last table
         self._links: dict[str, zmq.Socket] = {}
         self._gone_told: set[str] = set()
@@ -43,6 +45,10 @@ class AgentGroup:
 
     def refresh(self, timeout_s: float) -> list[m.NodeInfo] | None:
         """Read the node table now (before the run starts); None if the head did not answer."""
+        if self._store is not None:
+            nodes = self._store.nodes(timeout_s)
+            self._addresses.update({n.node_id: n.address for n in nodes or []})
+            return nodes
         start = self.clock()
         self._send_query(start)
         while (left := timeout_s - (self.clock() - start)) > 0 and self._query.poll(int(left * 1000)):
@@ -57,6 +63,8 @@ class AgentGroup:
             self.sock.send_multipart([worker_identity(effect.attempt, effect.rank), encode(effect.msg)])
         elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
             self._send(effect.node_id, effect.msg)
+        elif isinstance(effect, g.QueryTable) and self._store is not None:
+            self._store.want()
         elif isinstance(effect, g.QueryTable):
             now = self.clock()
             if self._query_sent is None or now - self._query_sent > QUERY_RETRY_S:
@@ -100,6 +108,11 @@ class AgentGroup:
                 out += self._table_answers()
             else:
                 out += self._agent_events(sock)
+        if self._store is not None:
+            for event in self._store.poll():
+                if isinstance(event, g.NodeTable):
+                    self._addresses.update({n.node_id: n.address for n in event.nodes})
+                out.append(event)
         head = next((n for n, a in self._addresses.items() if a == self.head_address), None)
         if head is not None and head not in self._gone_told and not self._head_alive():
             self._gone_told.add(head)
@@ -152,6 +165,8 @@ class AgentGroup:
         for link in self._links.values():
             link.close(linger=linger_ms)
         self._links.clear()
+        if self._store is not None:
+            self._store.close()
         self._query.close(linger=0)
         self.sock.close(linger=0)
 
