@@ -31,6 +31,7 @@ class StoreSession:
         self.read_once = threading.Event()
         self.unavailable_since: float | None = None
         self.detail = ""
+        self._partial = False  # the view came from one member alone: read it again once a majority answers
         self._stopping = threading.Event()
         self._threads = [threading.Thread(target=self._watch_loop, name="outlast-store-watch", daemon=True),
                          threading.Thread(target=self._beat_loop, name="outlast-store-beat", daemon=True)]
@@ -57,8 +58,14 @@ class StoreSession:
     def _watch_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                # Serializable: a member cut off from the majority still serves what it has.
-                items, revision = self.store.read_all(serializable=True)
+                try:
+                    items, revision = self.store.read_all()
+                    self._partial = False
+                except StoreUnavailable:
+                    # Without a majority, what one member has (a restarting one may not have replayed
+                    # everything yet): better than nothing for drains, and replaced once the store is back.
+                    items, revision = self.store.read_all(serializable=True)
+                    self._partial = True
                 with self.lock:
                     self.view.reset(items)
                     self.version += 1
@@ -84,6 +91,8 @@ class StoreSession:
                     log.warning("the cluster store is available again after %.1f s",
                                 time.time() - self.unavailable_since)
                 self.unavailable_since, self.detail = None, ""
+                if self._partial:
+                    self.store.stop_watch()  # the watch loop reads everything again, with the majority
             except StoreUnavailable as e:
                 if self.unavailable_since is None:
                     self.unavailable_since = time.time()

@@ -54,6 +54,7 @@ class Member:
 
 class EtcdCluster:
     def __init__(self, workdir: Path, size: int = 3) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(2 * size)
         self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], workdir / f"etcd-m{i}",
                                workdir / f"etcd-m{i}.log") for i in range(size)]
