@@ -101,6 +101,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         print("its fork server is still importing its modules; `outlast status` shows when it is ready")
     if args.head_address:
         print(f"joined the cluster whose head is at {_head_of_new_member(address, key, args.head_address)}")
+    elif args.etcd:
+        print(f"joined the cluster kept in etcd at {args.etcd}; on other machines, with a copy of the key: "
+              f"outlast start --etcd {args.etcd} --cluster-key {key_file or 'FILE'}; drivers there need "
+              f"OUTLAST_ETCD={args.etcd}")
     else:
         _print_join_help(address, args.host, key_file)
     if local_key:

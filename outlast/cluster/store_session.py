@@ -45,7 +45,8 @@ class StoreSession:
         self._stopping.set()
         self.store.stop_watch()
         for t in self._threads:
-            t.join(timeout=2 * self.store.timeout_s)
+            if t.ident is not None:  # a node that never joined never started them
+                t.join(timeout=2 * self.store.timeout_s)
 
     def health(self) -> StoreHealth:
         with self.lock:

@@ -183,3 +183,31 @@ def test_one_lost_etcd_member_changes_nothing_and_a_lost_majority_stops_placemen
             assert not fit.is_alive() and "error" not in box, box.get("error")
         assert _state(storage_path, "a")["failure_counts"] == {}
         assert len(_state(storage_path, "a")["attempts"]) == 1
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OUTLAST_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "outlast.cli.main", *args], cwd=ROOT, env={**env, "OUTLAST_HOME": str(home)},
+                          capture_output=True, text=True, timeout=90)
+
+
+def test_outlast_start_with_etcd_joins_it_and_status_says_so(etcd, tmp_path):
+    home = tmp_path / "home"
+    started = _cli(home, "start", "--preload", "", "--etcd", etcd.urls)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert f"joined the cluster kept in etcd at {etcd.urls}" in started.stdout
+        wait_until(lambda: "held by" in _cli(home, "status").stdout, 30, "the node to hold the head role")
+        status = _cli(home, "status").stdout
+        assert "cluster store: etcd, available" in status and "1 node(s): 1 alive" in status, status
+    finally:
+        _cli(home, "stop")
+
+
+def test_outlast_start_with_no_etcd_there_says_what_to_check(tmp_path):
+    refused = _cli(tmp_path / "home", "start", "--preload", "", "--etcd", "http://127.0.0.1:9")
+    assert refused.returncode == 1
+    assert "could not join the cluster in etcd at http://127.0.0.1:9" in refused.stderr, refused.stderr
+    assert "majority" in refused.stderr
+    bad = _cli(tmp_path / "home", "start", "--preload", "", "--etcd", "ftp://x")
+    assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr, bad.stderr
