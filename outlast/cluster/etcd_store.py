@@ -137,13 +137,18 @@ class EtcdStore:
             n = (start + i) % len(self._clients)
             client = self._clients[n]
             try:
-                self._authenticate(client)
-                out = client.post(client.get_url(path), json=body)
+                try:
+                    self._authenticate(client)
+                    out = client.post(client.get_url(path), json=body)
+                except ex.Etcd3Exception as e:
+                    if not (self.config.user and "token" in str(e)):
+                        raise
+                    client.session.headers.pop("Authorization", None)  # etcd's tokens expire: take a new one
+                    self._authenticate(client)
+                    out = client.post(client.get_url(path), json=body)
                 self._current = n
                 return out
             except (ex.ConnectionFailedError, ex.ConnectionTimeoutError, ex.InternalServerError) as e:
-                if "auth" in str(e) and "token" in str(e):
-                    client.session.headers.pop("Authorization", None)  # expired: a new one next time
                 errors.append(f"{self.config.endpoints[n]}: {_short(e)}")
             except ex.Etcd3Exception as e:
                 raise StoreUnavailable(f"etcd refused {path}: {_short(e)}") from None

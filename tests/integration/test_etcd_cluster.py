@@ -211,3 +211,30 @@ def test_outlast_start_with_no_etcd_there_says_what_to_check(tmp_path):
     assert "majority" in refused.stderr
     bad = _cli(tmp_path / "home", "start", "--preload", "", "--etcd", "ftp://x")
     assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr, bad.stderr
+
+
+def test_an_etcd_with_auth_on_is_used_with_its_user_and_a_wrong_password_is_refused_clearly(
+        etcd, tmp_path, monkeypatch):
+    def ctl(*args: str) -> None:
+        done = subprocess.run(["etcdctl", "--endpoints", etcd.urls, *args], capture_output=True, text=True,
+                              timeout=30, env={**os.environ, "ETCDCTL_API": "3"})
+        assert done.returncode == 0, done.stderr
+
+    ctl("user", "add", "root:rootpw")
+    ctl("user", "add", "trainer:s3cret")
+    ctl("role", "add", "outlast")
+    ctl("role", "grant-permission", "outlast", "--prefix=true", "readwrite", "/outlast/")
+    ctl("user", "grant-role", "trainer", "outlast")
+    ctl("auth", "enable")
+    home = tmp_path / "home"
+    monkeypatch.setenv("OUTLAST_ETCD_PASSWORD", "wrong")
+    refused = _cli(home, "start", "--preload", "", "--etcd", etcd.urls, "--etcd-user", "trainer")
+    assert refused.returncode == 1 and "etcd refused" in refused.stderr, refused.stderr
+    monkeypatch.setenv("OUTLAST_ETCD_PASSWORD", "s3cret")
+    started = _cli(home, "start", "--preload", "", "--etcd", etcd.urls, "--etcd-user", "trainer")
+    try:
+        assert started.returncode == 0, started.stderr
+        wait_until(lambda: "held by" in _cli(home, "status").stdout, 30, "the node to hold the head role")
+        assert "cluster store: etcd, available" in _cli(home, "status").stdout
+    finally:
+        _cli(home, "stop")
