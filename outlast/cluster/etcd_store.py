@@ -117,13 +117,20 @@ class EtcdStore:
         self._clients = [self._client(url) for url in config.endpoints]
 
     def _client(self, url: str):
+        import requests
         from etcd3gw.client import Etcd3Client
 
+        session = requests.Session()
+        if self.config.cacert:
+            session.verify = self.config.cacert
+            # Else $REQUESTS_CA_BUNDLE (set on many machines) overrides the session's CA, and etcd's
+            # own CA is not in the system bundle.
+            session.trust_env = False
+        if self.config.cert and self.config.key:
+            session.cert = (self.config.cert, self.config.key)
         p = urlparse(url)
-        c = Etcd3Client(host=p.hostname, port=p.port, protocol=p.scheme, ca_cert=self.config.cacert,
-                        cert_key=self.config.key, cert_cert=self.config.cert, timeout=self.timeout_s,
-                        api_path="/v3/")
-        return c
+        return Etcd3Client(host=p.hostname, port=p.port, protocol=p.scheme, timeout=self.timeout_s, api_path="/v3/",
+                           session=session)
 
     # ---- calls --------------------------------------------------------------------------
 
@@ -240,8 +247,11 @@ class EtcdStore:
 
 
 def _short(e: BaseException) -> str:
-    text = " ".join(str(a) for a in e.args) if e.args else type(e).__name__
-    return text[:200]
+    """etcd's or the network's reason (etcd3gw keeps it in `detail_text`), cut to one readable length."""
+    text = getattr(e, "detail_text", None) or " ".join(str(a) for a in e.args) or type(e).__name__
+    if "SSL" in text:  # a refused client certificate, an unknown CA: say it is TLS, then the detail
+        text = "TLS failed: " + text[text.find("SSL"):]
+    return " ".join(text.split())[:200]
 
 
 __all__ = ["EtcdConfig", "EtcdStore", "StoreUnavailable", "namespace_of"]

@@ -38,6 +38,34 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def make(cls, d: Path) -> "Tls":
+        d.mkdir(parents=True, exist_ok=True)
+
+        def ssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+        ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=outlast-test-ca",
+            "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
+        (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for name in ("server", "client"):
+            ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(d / f"{name}.key"),
+                "-out", str(d / f"{name}.csr"))
+            ssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
+                "-CAcreateserial", "-days", "1", "-extfile", str(d / "san.cnf"), "-out", str(d / f"{name}.pem"))
+        return cls(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
 @dataclass
 class Member:
     name: str
@@ -46,18 +74,21 @@ class Member:
     data_dir: Path
     log_path: Path
     proc: subprocess.Popen | None = None
+    tls: Tls | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
 
 
 class EtcdCluster:
-    def __init__(self, workdir: Path, size: int = 3) -> None:
+    def __init__(self, workdir: Path, size: int = 3, tls: Tls | None = None) -> None:
+        """`tls`: clients must connect with TLS and a certificate signed by its CA (peers stay plain)."""
         workdir.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(2 * size)
         self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], workdir / f"etcd-m{i}",
-                               workdir / f"etcd-m{i}.log") for i in range(size)]
+                               workdir / f"etcd-m{i}.log", tls=tls) for i in range(size)]
+        self.tls = tls
         self._initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
         self._started_once: set[str] = set()
 
@@ -85,6 +116,9 @@ class EtcdCluster:
                "--initial-cluster", self._initial, "--initial-cluster-token", f"outlast-test-{self.members[0].peer_port}",
                "--initial-cluster-state", "existing" if name in self._started_once else "new",
                "--heartbeat-interval", "100", "--election-timeout", "1000"]
+        if m.tls is not None:
+            cmd += ["--cert-file", str(m.tls.server_cert), "--key-file", str(m.tls.server_key),
+                    "--trusted-ca-file", str(m.tls.ca), "--client-cert-auth"]
         with open(m.log_path, "ab") as log:
             m.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
         self._started_once.add(name)
@@ -111,8 +145,14 @@ class EtcdCluster:
 
     @staticmethod
     def _healthy(m: Member) -> bool:
+        context = None
+        if m.tls is not None:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(m.tls.ca))
+            context.load_cert_chain(str(m.tls.client_cert), str(m.tls.client_key))
         try:
-            with urllib.request.urlopen(m.url + "/health", timeout=1.0) as r:
+            with urllib.request.urlopen(m.url + "/health", timeout=1.0, context=context) as r:
                 return b'"health":"true"' in r.read().replace(b" ", b"")
         except OSError:
             return False

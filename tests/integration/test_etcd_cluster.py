@@ -238,3 +238,23 @@ def test_an_etcd_with_auth_on_is_used_with_its_user_and_a_wrong_password_is_refu
         assert "cluster store: etcd, available" in _cli(home, "status").stdout
     finally:
         _cli(home, "stop")
+
+
+def test_an_etcd_that_wants_client_certificates_is_used_with_them(tmp_path):
+    from tests.integration.etcd_cluster import Tls
+
+    tls = Tls.make(tmp_path / "tls")
+    etcd = EtcdCluster(tmp_path / "etcd", tls=tls).start()
+    home = tmp_path / "home"
+    try:
+        no_cert = _cli(home, "start", "--preload", "", "--etcd", etcd.urls, "--etcd-cacert", str(tls.ca))
+        assert no_cert.returncode == 1 and "could not join the cluster in etcd" in no_cert.stderr, no_cert.stderr
+        assert "TLS" in no_cert.stderr, no_cert.stderr  # the reason, not just that it failed
+        started = _cli(home, "start", "--preload", "", "--etcd", etcd.urls, "--etcd-cacert", str(tls.ca),
+                       "--etcd-cert", str(tls.client_cert), "--etcd-key", str(tls.client_key))
+        assert started.returncode == 0, started.stderr
+        wait_until(lambda: "held by" in _cli(home, "status").stdout, 30, "the node to hold the head role")
+        assert "cluster store: etcd, available" in _cli(home, "status").stdout
+    finally:
+        _cli(home, "stop")
+        etcd.stop()
