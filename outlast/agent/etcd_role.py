@@ -91,6 +91,9 @@ class EtcdNode:
             self._told = notice
             notified = apply_here(notice)
         try:
+            if self.session.unavailable_since is not None and req.node_id != self.node_id:
+                # Known to be down: refuse now rather than hold this loop (and its runs' heartbeats).
+                raise StoreUnavailable(self.session.detail or "no majority")
             self.store.put(f"drains/{req.node_id}", drain_value(notice))
         except StoreUnavailable as e:
             if req.node_id != self.node_id:
