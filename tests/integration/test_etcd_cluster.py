@@ -260,3 +260,22 @@ def test_an_etcd_that_wants_client_certificates_is_used_with_them(tmp_path):
     finally:
         _cli(home, "stop")
         etcd.stop()
+
+
+def test_the_head_fans_a_drain_out_to_the_failure_domain(etcd, tmp_path):
+    from outlast.protocol import messages as m
+
+    with LocalCluster(num_nodes=4, etcd=etcd.urls, workdir=tmp_path / "nodes",
+                      failure_domains=["", "rack-a", "rack-a", "rack-b"]) as cluster:
+        wait_until(lambda: _holder(cluster) == "node-0", 30, "node-0 to hold the head role")
+        ack = cluster.drain_node("node-1", deadline_s=60, reason="maintenance")
+        assert ack.node_ids == ["node-1", "node-2"]
+
+        def draining_here(node_id: str) -> bool:
+            reply = cluster._request(cluster.nodes[node_id].address, m.StatusRequest())
+            return isinstance(reply, m.StatusReply) and reply.draining is not None
+
+        wait_until(lambda: draining_here("node-2"), 30, "node-2 to drain with its failure domain")
+        assert draining_here("node-1") and not draining_here("node-3")
+        states = {n.node_id: n.state for n in cluster.node_table()}
+        assert states == {"node-0": "alive", "node-1": "draining", "node-2": "draining", "node-3": "alive"}
