@@ -46,7 +46,9 @@ class StoreSession:
         self.store.stop_watch()
         for t in self._threads:
             if t.ident is not None:  # a node that never joined never started them
-                t.join(timeout=2 * self.store.timeout_s)
+                # Daemons: one in a call to a store that does not answer ends with the process. A stop
+                # must stay quick (Slurm kills a step that takes long, before it cleans up).
+                t.join(timeout=0.5)
 
     def health(self) -> StoreHealth:
         with self.lock:

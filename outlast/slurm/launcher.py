@@ -81,6 +81,9 @@ class Job:
         states = {s.name: s for s in self.slurm.show_nodes(self.alloc.nodes)}
         secret = {**self.key.env, **(self.options.etcd.env() if self.options.etcd else {})}
         first, rest = self.alloc.nodes[0], self.alloc.nodes[1:]
+        # A start before a requeue may have been killed before its agents removed their node files:
+        # the head's address must be the one its new agent writes.
+        (self.private / first / "node.json").unlink(missing_ok=True)
         self.agents[first] = self.slurm.srun_on(first, self._node_argv(first, states, ""), secret)
         self.head_address = self._wait_head_address()
         log.info("head agent on %s at %s", first, self.head_address)
