@@ -14,9 +14,12 @@ from collections.abc import Mapping
 # Machine-local or secret: meaningless or dangerous on another node.
 _NOT_CARRIED = frozenset({
     "OUTLAST_HOME", "OUTLAST_ADDRESS", "OUTLAST_CLUSTER_KEY", "OUTLAST_CLUSTER_SECRET", "OUTLAST_RUN_CREDENTIAL",
+    # The cluster store's client settings: a worker never talks to etcd.
+    "OUTLAST_ETCD", "OUTLAST_ETCD_CACERT", "OUTLAST_ETCD_CERT", "OUTLAST_ETCD_KEY", "OUTLAST_ETCD_USER",
+    "OUTLAST_ETCD_PASSWORD", "OUTLAST_ETCD_LEASE_TTL_S",
 })
-# What a worker's environment never holds, whatever its node's has: the key to the whole cluster.
-_NEVER_IN_A_WORKER = frozenset({"OUTLAST_CLUSTER_SECRET"})
+# What a worker's environment never holds, whatever its node's has: the key to the whole cluster, etcd's password.
+_NEVER_IN_A_WORKER = frozenset({"OUTLAST_CLUSTER_SECRET", "OUTLAST_ETCD_PASSWORD"})
 _KNOWN_FIELDS = ("env_vars",)
 
 

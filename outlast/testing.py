@@ -39,10 +39,14 @@ class LocalNode:
 class LocalCluster:
     def __init__(self, num_nodes: int = 2, *, preload: list[str] | None = None, cpus_per_node: float | None = None,
                  failure_domains: list[str] | None = None, node_timeout_s: float = 3.0,
-                 workdir: str | os.PathLike[str] | None = None) -> None:
+                 workdir: str | os.PathLike[str] | None = None, etcd: str | None = None,
+                 etcd_lease_ttl_s: int = 2) -> None:
         """`failure_domains[i]`: the failure domain of node i ("" for none). `preload`: modules every
         node's fork server imports, so that workers start warm (default: the same as `outlast start`'s,
-        `outlast.client.preload.default_preload()`)."""
+        `outlast.client.preload.default_preload()`). `etcd`: the client URLs of an etcd cluster that keeps
+        the cluster's state (no head process; the head role is elected)."""
+        self.etcd = etcd
+        self.etcd_lease_ttl_s = etcd_lease_ttl_s
         if num_nodes < 1:
             raise ValueError(f"LocalCluster needs at least one node, got num_nodes={num_nodes}")
         self.preload = default_preload() if preload is None else list(preload)
@@ -67,6 +71,10 @@ class LocalCluster:
 
     @property
     def head_address(self) -> str:
+        """The head's address; with etcd, the first node still running (any agent answers for the cluster)."""
+        if self.etcd:
+            return next((n.address for n in self.nodes.values() if n.proc.poll() is None),
+                        next(iter(self.nodes.values())).address)
         return next(iter(self.nodes.values())).address
 
     @property
@@ -81,7 +89,9 @@ class LocalCluster:
         domain = failure_domain if failure_domain is not None else (self._domains[i] if i < len(self._domains) else "")
         args = ["--node-id", node_id, "--cluster-key", str(self.key_file), "--die-with-parent",
                 "--node-timeout", str(self.node_timeout_s)]
-        if self.nodes:
+        if self.etcd:
+            args += ["--etcd", self.etcd]
+        elif self.nodes:
             args += ["--address", self.head_address]
         if self.cpus_per_node is not None:
             args += ["--num-cpus", str(self.cpus_per_node)]
@@ -106,7 +116,7 @@ class LocalCluster:
     def _start(self, node_id: str, args: list[str]) -> LocalNode:
         log_path = self.workdir / f"{node_id}.log"
         # Each node keeps its own state (checkpoint cache, node file) as a machine would.
-        env = {"OUTLAST_HOME": str(self.workdir / node_id)}
+        env = {"OUTLAST_HOME": str(self.workdir / node_id), "OUTLAST_ETCD_LEASE_TTL_S": str(self.etcd_lease_ttl_s)}
         proc, address = start_agent_process(self.preload, embedded=False, extra_args=args, log_path=log_path, env=env)
         node = self.nodes[node_id] = LocalNode(node_id, address, proc, log_path, args)
         return node
@@ -155,6 +165,8 @@ class LocalCluster:
 
     def __enter__(self) -> "LocalCluster":
         self._set_env({"OUTLAST_ADDRESS": self.head_address, "OUTLAST_CLUSTER_KEY": str(self.key_file)})
+        if self.etcd:  # drivers read the table and drains from etcd themselves
+            self._set_env({"OUTLAST_ETCD": self.etcd, "OUTLAST_ETCD_LEASE_TTL_S": str(self.etcd_lease_ttl_s)})
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,6 +10,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
 from outlast.identity import this_process
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         where = endpoint(args.metrics_port, args.metrics_host)
         agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
                       isolation=isolation, spec=spec)
-    except (IsolationError, AuthError, ValueError, MetricsError) as e:
+    except (IsolationError, AuthError, ValueError, MetricsError, StoreUnavailable) as e:
         logging.error("%s", e)
         sys.exit(3)
     if where is not None:
@@ -99,6 +100,13 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", default="", metavar="KEY=VALUE,...", help="labels of this node")
     p.add_argument("--failure-domain", default="",
                    help="a TPU slice, a rack: draining one node of the domain drains all of it")
+    p.add_argument("--etcd", default=None, metavar="URL[,URL...]",
+                   help="keep the cluster in etcd at these client URLs: no head process; the head role is elected "
+                        "and passes on when its agent dies (pip install 'outlast[etcd]'); replaces --address")
+    p.add_argument("--etcd-cacert", default=None, metavar="FILE", help="etcd's CA certificate (TLS)")
+    p.add_argument("--etcd-cert", default=None, metavar="FILE", help="this client's certificate for etcd (TLS)")
+    p.add_argument("--etcd-key", default=None, metavar="FILE", help="the key of --etcd-cert")
+    p.add_argument("--etcd-user", default=None, help="etcd user (its password in $OUTLAST_ETCD_PASSWORD)")
     p.add_argument("--node-timeout", type=float, default=float(os.environ.get("OUTLAST_NODE_TIMEOUT_S", "5")),
                    help="seconds of silence after which the head declares a node dead (OUTLAST_NODE_TIMEOUT_S)")
 
@@ -133,6 +141,9 @@ def spec_from_args(args: argparse.Namespace) -> NodeSpec:
         except ValueError:
             raise ValueError(f"--resources {name}={amount}: the amount must be a number >= 0") from None
     head = args.head_address
+    etcd = etcd_from_args(args)
+    if etcd is not None and head is not None:
+        raise ValueError("--etcd and --address both name a cluster: with --etcd, give only the etcd URLs")
     if head is not None and "://" not in head:
         head = f"tcp://{head}"
     key_file = args.cluster_key or os.environ.get("OUTLAST_CLUSTER_KEY") or str(cluster_key_path())
@@ -145,7 +156,15 @@ def spec_from_args(args: argparse.Namespace) -> NodeSpec:
         key = ClusterKey.load(key_file)
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
-                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout)
+                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd)
+
+
+def etcd_from_args(args: argparse.Namespace) -> EtcdConfig | None:
+    if args.etcd is None:
+        return None
+    return EtcdConfig.parse(args.etcd, args.etcd_cacert, args.etcd_cert, args.etcd_key, args.etcd_user,
+                            os.environ.get("OUTLAST_ETCD_PASSWORD"),
+                            int(os.environ.get("OUTLAST_ETCD_LEASE_TTL_S", "3")))
 
 
 def _non_negative(flag: str, value: float) -> float:

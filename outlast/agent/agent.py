@@ -21,6 +21,7 @@ import zmq
 
 from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
+from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
@@ -29,6 +30,7 @@ from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
 from outlast.client.liveness import host_id
+from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
@@ -50,6 +52,7 @@ class NodeSpec:
     head_address: str | None = None  # None: this agent is the head
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
+    etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
 
 
 class Agent:
@@ -83,8 +86,11 @@ class Agent:
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
-            self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
-                MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
+            if self.spec.etcd is not None:
+                self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
+            else:
+                self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
+                    MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
             self.role.join(self.me())
             self.forks = ForkServer(preload)
         except BaseException:

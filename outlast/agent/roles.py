@@ -49,6 +49,8 @@ class NodeRole(Protocol):
 
     def drained_here(self) -> None: ...
 
+    def store_health(self) -> m.StoreHealth | None: ...  # None: the cluster lives in the head alone
+
     def close(self) -> None: ...
 
 
@@ -114,6 +116,9 @@ class HeadNode:
     def drained_here(self) -> None:
         pass
 
+    def store_health(self) -> None:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -177,6 +182,9 @@ class MemberNode:
 
     def drained_here(self) -> None:
         self.next_heartbeat = 0.0  # the head learns of it on the loop's next turn
+
+    def store_health(self) -> None:
+        return None
 
     def _heartbeat_if_due(self, now: float, me: m.NodeInfo) -> None:
         if now < self.next_heartbeat:

@@ -32,7 +32,8 @@ def node_status(agent: Agent) -> m.StatusReply:
         capacity=g.capacity() if g else m.Resources(num_cpus=resources.get("CPU", 0.0),
                                                      memory_bytes=int(resources.get("memory", 0))),
         head_address=agent.role.head_address,
-        nodes=agent.role.nodes(agent.me(), agent.clock()) if agent.role.is_head else [],
+        nodes=agent.role.nodes(agent.me(), agent.clock()) if not agent.role.head_address else [],
+        store=agent.role.store_health(),
         run_commits={r.run_id: r.last_commit_at for r in agent.sup.runs.values() if r.last_commit_at is not None},
         metrics_url=agent.metrics.url if agent.metrics is not None else "",
     )

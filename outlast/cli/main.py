@@ -13,6 +13,7 @@ from pathlib import Path
 import zmq
 
 from outlast.agent.__main__ import add_cluster_arguments, add_metrics_arguments, metrics_args
+from outlast.cli.store_status import render_store
 from outlast.client.discovery import (
     AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
     start_agent_process, state_dir,
@@ -96,6 +97,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         print("its fork server is still importing its modules; `outlast status` shows when it is ready")
     if args.head_address:
         print(f"joined the cluster whose head is at {_head_of_new_member(address, key, args.head_address)}")
+    elif args.etcd:
+        print(f"joined the cluster kept in etcd at {args.etcd}; on other machines, with a copy of the key: "
+              f"outlast start --etcd {args.etcd} --cluster-key {key_file or 'FILE'}; drivers there need "
+              f"OUTLAST_ETCD={args.etcd}")
     else:
         _print_join_help(address, args.host, key_file)
     if local_key:
@@ -133,7 +138,9 @@ def _cluster_args(args: argparse.Namespace, key_file: str | None) -> list[str]:
     for flag, value in (("--address", args.head_address), ("--node-ip", args.node_ip),
                         ("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus), ("--memory", args.memory),
                         ("--resources", args.resources), ("--labels", args.labels),
-                        ("--failure-domain", args.failure_domain)):
+                        ("--failure-domain", args.failure_domain), ("--etcd", args.etcd),
+                        ("--etcd-cacert", args.etcd_cacert), ("--etcd-cert", args.etcd_cert),
+                        ("--etcd-key", args.etcd_key), ("--etcd-user", args.etcd_user)):
         if value not in (None, ""):
             out += [flag, str(value)]
     return out
@@ -264,6 +271,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             return _print_status_json(ctx, reply)
         _print_node(reply)
+        if reply.store is not None:
+            print(render_store(reply.store, time.time()))
+            print(f"cluster (the table in etcd): {_summary(reply.nodes)}")
+            print(render_nodes(reply.nodes, time.time(), this_node=reply.node_id))
+            return 0
         if not reply.head_address:
             print(f"cluster: this node is its head; {_summary(reply.nodes)}")
             print(render_nodes(reply.nodes, time.time()))

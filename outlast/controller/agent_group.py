@@ -16,6 +16,7 @@ import zmq
 
 from outlast.client.liveness import agent_gone, mark_gone_dead
 from outlast.controller import group as g
+from outlast.controller.store_table import StoreTable
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode
@@ -37,7 +38,8 @@ class AgentGroup:
         self.sock, self.address = bind_router(ctx, bind_host, key=key)
         self._query = connect_dealer(ctx, head_address, key=key)
         self._query_sent: float | None = None
-        self._table: list[m.NodeInfo] = []  # the last table the head sent
+        self._table: list[m.NodeInfo] = []  # the last table the head (or the store) gave
+        self._store = StoreTable.from_env(key)  # a cluster in etcd: the table from a watch, not from a head
         self._addresses: dict[str, str] = {}  # node id -> its agent's address, from the last table
         self._links: dict[str, zmq.Socket] = {}
         self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) already reported gone
@@ -47,6 +49,9 @@ class AgentGroup:
 
     def refresh(self, timeout_s: float) -> list[m.NodeInfo] | None:
         """Read the node table now (before the run starts); None if the head did not answer."""
+        if self._store is not None:
+            nodes = self._store.nodes(timeout_s)
+            return None if nodes is None else self._take_table(nodes)
         start = self.clock()
         self._send_query(start)
         while (left := timeout_s - (self.clock() - start)) > 0 and self._query.poll(int(left * 1000)):
@@ -61,6 +66,8 @@ class AgentGroup:
             self.sock.send_multipart([worker_identity(effect.attempt, effect.rank), encode(effect.msg)])
         elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
             self._send(effect.node_id, effect.msg)
+        elif isinstance(effect, g.QueryTable) and self._store is not None:
+            self._store.want()
         elif isinstance(effect, g.QueryTable):
             now = self.clock()
             if self._query_sent is None or now - self._query_sent > QUERY_RETRY_S:
@@ -104,6 +111,11 @@ class AgentGroup:
                 out += self._table_answers()
             else:
                 out += self._agent_events(sock)
+        if self._store is not None:
+            for event in self._store.poll():
+                if isinstance(event, g.NodeTable):
+                    event = g.NodeTable(self._take_table(event.nodes))
+                out.append(event)
         for node in self._table:
             if (node.node_id, node.agent_pid) not in self._gone_told and (why := agent_gone(node)):
                 self._gone_told.add((node.node_id, node.agent_pid))
@@ -155,15 +167,20 @@ class AgentGroup:
                 continue
             if isinstance(reply, m.NodeList):
                 self._query_sent = None
-                # A node whose agent is gone from this machine is never shown alive.
-                self._table = [mark_gone_dead(n) for n in reply.nodes]
-                self._addresses = {n.node_id: n.address for n in self._table}
-                out.append(g.NodeTable(list(self._table)))
+                out.append(g.NodeTable(self._take_table(reply.nodes)))
+
+    def _take_table(self, nodes: list[m.NodeInfo]) -> list[m.NodeInfo]:
+        # A node whose agent is gone from this machine is never shown alive.
+        self._table = [mark_gone_dead(n) for n in nodes]
+        self._addresses.update({n.node_id: n.address for n in self._table})
+        return list(self._table)
 
     def close(self, linger_ms: int = 0) -> None:
         for link in self._links.values():
             link.close(linger=linger_ms)
         self._links.clear()
+        if self._store is not None:
+            self._store.close()
         self._query.close(linger=0)
         self.sock.close(linger=0)
 

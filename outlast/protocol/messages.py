@@ -255,6 +255,16 @@ class StatusRequest(Msg):
     pass
 
 
+class StoreHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the cluster's state lives and whether it can be written: "head" (one agent) or "etcd"."""
+
+    kind: str
+    available: bool = True
+    unavailable_since_unix: float | None = None  # when the last call with a majority behind it succeeded
+    detail: str = ""  # why not, in etcd's or the network's words
+    head: str = ""  # the node holding the head role, if any
+
+
 class StatusReply(Msg):
     node_id: str
     pid: int
@@ -272,6 +282,7 @@ class StatusReply(Msg):
     nodes: list["NodeInfo"] = []  # the node table (the head only)
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
     metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
+    store: StoreHealth | None = None  # the cluster store, where it is not this agent alone
 
 
 class DrainNode(Msg):

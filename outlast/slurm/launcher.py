@@ -27,6 +27,7 @@ import msgspec
 import zmq
 
 from outlast.client.discovery import AgentUnavailable, NodeFile, request
+from outlast.cluster.etcd_store import EtcdConfig
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.slurm import policy
@@ -45,6 +46,7 @@ class Options:
     join_timeout_s: float = 180.0
     poll_interval_s: float = 1.0  # `scontrol show node`, for administrators' drains
     requeue_margin_s: float = 3.0  # requeue this long before Slurm's deadline, committed or not
+    etcd: EtcdConfig | None = None  # keep the cluster in etcd: every agent joins it, the head role is elected
 
 
 @dataclass
@@ -79,8 +81,11 @@ class Job:
 
     def start_agents(self) -> None:
         states = {s.name: s for s in self.slurm.show_nodes(self.alloc.nodes)}
-        secret = self.key.env
+        secret = {**self.key.env, **(self.options.etcd.env() if self.options.etcd else {})}
         first, rest = self.alloc.nodes[0], self.alloc.nodes[1:]
+        # A start before a requeue may have been killed before its agents removed their node files:
+        # the head's address must be the one its new agent writes.
+        (self.private / first / "node.json").unlink(missing_ok=True)
         self.agents[first] = self.slurm.srun_on(first, self._node_argv(first, states, ""), secret)
         self.head_address = self._wait_head_address()
         log.info("head agent on %s at %s", first, self.head_address)
@@ -94,7 +99,7 @@ class Job:
         argv = [sys.executable, "-m", "outlast.slurm.node", "--node-id", node, "--host", addr,
                 "--num-cpus", str(self.alloc.cpus[node]), "--home", str(self.private / node),
                 "--preload", self.options.preload, "--labels", f"slurm_job={self.alloc.job_id}"]
-        if head:
+        if head and self.options.etcd is None:
             argv += ["--address", head]
         if domain:
             argv += ["--failure-domain", domain]
@@ -135,6 +140,7 @@ class Job:
         env = {k: v for k, v in os.environ.items() if k != "OUTLAST_CLUSTER_SECRET"}
         env.update(OUTLAST_ADDRESS=self.head_address, OUTLAST_CLUSTER_KEY=str(self.private / "cluster.key"),
                    OUTLAST_HOME=str(self.private / "driver"))
+        env.update(self.options.etcd.env() if self.options.etcd else {})  # the driver watches etcd itself
         # Its own session: Slurm's signals come to this process, which decides what the driver hears.
         self.driver = subprocess.Popen(self.options.command, env=env, start_new_session=True)
         log.info("driver started (pid %d): %s", self.driver.pid, " ".join(self.options.command))

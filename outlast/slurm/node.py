@@ -26,6 +26,19 @@ def agent_argv(args: argparse.Namespace, gpus: int) -> list[str]:
         argv += ["--failure-domain", args.failure_domain]
     if args.labels:
         argv += ["--labels", args.labels]
+    return argv + etcd_argv(os.environ)
+
+
+def etcd_argv(environ) -> list[str]:
+    """The etcd flags from the step's environment (`outlast slurm --etcd` puts them there; the password
+    stays in $OUTLAST_ETCD_PASSWORD, where the agent reads it)."""
+    if not environ.get("OUTLAST_ETCD"):
+        return []
+    argv = ["--etcd", environ["OUTLAST_ETCD"]]
+    for flag, name in (("--etcd-cacert", "CACERT"), ("--etcd-cert", "CERT"), ("--etcd-key", "KEY"),
+                       ("--etcd-user", "USER")):
+        if environ.get(f"OUTLAST_ETCD_{name}"):
+            argv += [flag, environ[f"OUTLAST_ETCD_{name}"]]
     return argv
 
 

@@ -214,3 +214,40 @@ def test_killed_with_scancel_signal_kill_and_requeued_by_hand_it_resumes_from_th
     resumed = [a for a in state.attempts if a.restored_from is not None]
     assert resumed and resumed[0].restored_from == latest
     assert not _preemptions(state)  # a kill is not a preemption
+
+
+def test_with_etcd_every_node_joins_the_store_and_a_preemption_still_saves_requeues_and_resumes(slurm, tmp_path):
+    from tests.integration.etcd_cluster import EtcdCluster, etcd_missing
+
+    if etcd_missing():
+        pytest.skip(etcd_missing())
+    etcd = EtcdCluster(tmp_path / "etcd").start()
+    try:
+        storage, out = tmp_path / "storage", tmp_path / "job.out"
+        example = ROOT / "examples" / "preemption_jit_checkpoint.py"
+        wrap = (f"exec outlast slurm --etcd {etcd.urls} -- python {example} --storage_path {storage} "
+                f"--run_name jit-$SLURM_JOB_ID --steps {STEPS} --step_s 0.05 --checkpoint_every 10")
+        done = subprocess.run(["sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "--requeue", "-o", str(out), "--open-mode=append",
+                               "--signal=B:USR1@30", "--chdir", str(ROOT), "--wrap", wrap],
+                              env=_env(slurm), capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        job = Job(slurm, done.stdout.strip().split(";")[0], storage, out)
+        wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+        keys = subprocess.run(["etcdctl", "--endpoints", etcd.urls, "get", "--prefix", "/outlast/", "--keys-only"],
+                              capture_output=True, text=True, timeout=30, env={**os.environ, "ETCDCTL_API": "3"})
+        nodes = {k.rsplit("/", 1)[1] for k in keys.stdout.split() if "/nodes/" in k}
+        assert len(nodes) == 2 and "/head" in keys.stdout, keys.stdout  # both agents in etcd, one holding the role
+        high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "-o", str(tmp_path / "high.out"),
+                               "--wrap", "echo high ran"], env=_env(slurm), capture_output=True, text=True, timeout=30)
+        assert high.returncode == 0, high.stderr
+        job.wait_done(restarts=1, timeout_s=300)
+        state = job.state()
+        assert state.status == "finished" and _last_step(state) == STEPS - 1
+        jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
+        assert jit, [c.metrics for c in state.checkpoints]
+        # The run may train a few steps past the just-in-time checkpoint before the requeue: the
+        # next start restores the newest commit of the preempted attempt, the checkpoint or later.
+        newest = max((c for c in state.checkpoints if c.attempt == jit[0].attempt), key=lambda c: c.metrics["step"])
+        assert state.attempts[-1].restored_from == newest.checkpoint_dir, state.attempts
+    finally:
+        etcd.stop()

@@ -1,0 +1,70 @@
+"""A driver's node table from its own watch on the cluster store, for clusters kept in etcd.
+
+The driver hears of the table and of drains from etcd directly, so neither the death of the agent
+it attached to nor a moment with no head elected hides a drain from it. A drain seen here reaches
+the run as the drained node's own notice would (the run takes the earlier of the two). While etcd
+has no majority the driver places nothing new: its table is empty until the store answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from outlast.cluster.etcd_store import EtcdConfig, EtcdStore, namespace_of
+from outlast.cluster.store_session import StoreSession
+from outlast.controller import group as g
+from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey
+
+log = logging.getLogger("outlast.controller")
+
+
+class StoreTable:
+    def __init__(self, config: EtcdConfig, key: ClusterKey) -> None:
+        store = EtcdStore(config, namespace_of(key.public))
+        self.session = StoreSession(store, lambda _view: store.probe(), interval_s=min(1.0, config.lease_ttl_s / 3))
+        self.session.start()
+        self._seen: tuple[int, bool] | None = None
+        self._told: dict[str, m.NodeDraining] = {}
+        self._wanted = False
+
+    @classmethod
+    def from_env(cls, key: ClusterKey | None) -> "StoreTable | None":
+        """The store named by $OUTLAST_ETCD (LocalCluster and `outlast slurm` set it), or None: ask the head."""
+        config = EtcdConfig.from_env()
+        return cls(config, key) if config is not None and key is not None else None
+
+    def want(self) -> None:
+        """The core asked for the table: it gets one on the next poll even if nothing changed."""
+        self._wanted = True
+
+    def nodes(self, timeout_s: float) -> list[m.NodeInfo] | None:
+        if not self.session.read_once.wait(timeout_s):
+            return None
+        return self._table()[0]
+
+    def poll(self) -> list[g.InEvent]:
+        available = self.session.unavailable_since is None
+        if self._seen == (self.session.version, available) and not self._wanted:
+            return []
+        self._seen, self._wanted = (self.session.version, available), False
+        nodes, drains = self._table()
+        out: list[g.InEvent] = [g.NodeTable(nodes)]
+        for node_id, notice in drains.items():
+            if self._told.get(node_id) != notice:
+                self._told[node_id] = notice
+                out.append(g.FromAgent(node_id, notice))
+        return out
+
+    def _table(self) -> tuple[list[m.NodeInfo], dict[str, m.NodeDraining]]:
+        with self.session.lock:
+            nodes, drains = self.session.view.table(), dict(self.session.view.drains)
+        if self.session.unavailable_since is not None:
+            log.warning("the cluster store has been unavailable for %.0f s (%s); nothing new is placed until it "
+                        "is back", time.time() - self.session.unavailable_since, self.session.detail)
+            return [], {}
+        return nodes, {n: d for n, d in drains.items() if any(x.node_id == n and x.state != "dead" for x in nodes)}
+
+    def close(self) -> None:
+        self.session.stop()
