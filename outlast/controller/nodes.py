@@ -32,6 +32,10 @@ class NodeBook:
     # ---- the node table -----------------------------------------------------------------
 
     def set_table(self, nodes: list[m.NodeInfo]) -> None:
+        for n in nodes:
+            old = self.nodes.get(n.node_id)
+            if old is not None and old.agent_pid != n.agent_pid:
+                self._gone.pop(n.node_id, None)  # a new agent behind the id: a new start, not the one gone
         self.nodes = {n.node_id: n for n in nodes}
         for n in nodes:
             if n.draining is not None:

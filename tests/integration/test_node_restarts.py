@@ -56,7 +56,7 @@ def clean_digest(tmp_path_factory):
 @pytest.mark.torch
 def test_a_killed_fork_server_costs_one_restart_and_the_weights_are_the_same(storage_path, tmp_path, clean_digest):
     result, digests = _train(storage_path, tmp_path, "forkserver", [[1, 1, 6, "forkserver"]], max_failures=1)
-    assert digests == [clean_digest] and result.metrics == {"step": 29}
+    assert digests == [clean_digest] and result.last_metrics == {"step": 29}
     state = _state(storage_path, "forkserver")
     assert state["failure_counts"]["worker"] == 1 and len(state["attempts"]) == 2
     assert {f["exc_type"] for f in _failures(state)} == {"ForkServerDied"}
@@ -66,7 +66,7 @@ def test_a_killed_fork_server_costs_one_restart_and_the_weights_are_the_same(sto
 @pytest.mark.torch
 def test_a_killed_embedded_node_agent_is_restarted_by_its_driver(storage_path, tmp_path, clean_digest):
     result, digests = _train(storage_path, tmp_path, "agent", [[1, 0, 6, "agent"]], max_failures=1)
-    assert digests == [clean_digest] and result.metrics == {"step": 29}
+    assert digests == [clean_digest] and result.last_metrics == {"step": 29}
     state = _state(storage_path, "agent")
     assert state["failure_counts"]["worker"] == 1 and len(state["attempts"]) == 2
     messages = [f["message"] for f in _failures(state)]
@@ -105,7 +105,7 @@ def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_
                                               failure_config=FailureConfig(max_failures=1))).fit()
         helper.join()
     victim = seen["victim"]
-    assert result.metrics == {"step": 19}
+    assert result.last_metrics == {"step": 19}
     if victim_rank == 1:
         assert seen["table"][victim] == "dead"  # the head's table: never "alive" once its agent is gone
     assert f"agents/{victim}: left by an agent (pid" in seen["log"]  # the restarted agent cleaned up

@@ -62,7 +62,7 @@ def test_a_slow_loop_sees_the_notice_at_its_next_call_and_moves_with_its_jit_che
         drainer.join()
     assert drained["rc"] == 0, drained["err"]
     evs = read_events(events)
-    assert result.metrics == {"step": steps - 1}
+    assert result.last_metrics == {"step": steps - 1}
     notices = [e for e in evs if e["event"] == "notice"]
     assert sorted(e["rank"] for e in notices) == [0, 1]
     assert len({e["step"] for e in notices}) == 1  # the same call on every rank

@@ -119,3 +119,14 @@ def test_a_lost_node_gets_no_work_until_a_new_agent_is_behind_its_id():
     assert book.views("r", 101.0) == []  # the same agent: maybe a partition, kept out for a while
     book.set_table([msgspec.structs.replace(old, agent_pid=os.getppid())])  # started again
     assert [v.node_id for v in book.views("r", 101.0)] == ["n1"]
+
+
+def test_a_node_whose_agent_was_reported_gone_is_not_lost_again_once_a_new_agent_runs_behind_its_id():
+    book = NodeBook()
+    old = _node("n1", _dead_pid())
+    book.set_table([old])
+    book.note_gone("n1", agent_gone(old))
+    assert "is gone" in book.lost_nodes(0.0, {"n1"})["n1"]
+    book.set_table([msgspec.structs.replace(old, agent_pid=os.getpid())])  # restarted by its supervisor
+    assert book.lost_nodes(0.0, {"n1"}) == {}
+    assert book.describe() == "n1 (alive)"
