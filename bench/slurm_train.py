@@ -39,8 +39,8 @@ def train_loop(config: dict) -> None:
         with ckpt.as_directory() as d, open(os.path.join(d, "state.json")) as f:
             restored = json.load(f)["step"]
         start = restored + 1
-    emit(events, ev="attempt_start", rank=rank, restored_from=restored, t=time.time(), job=os.environ.get("SLURM_JOB_ID"),
-         restarts=os.environ.get("SLURM_RESTART_COUNT", "0"))
+    emit(events, ev="attempt_start", rank=rank, restored_from=restored, t=time.time(),
+         job=os.environ.get("SLURM_JOB_ID"), restarts=os.environ.get("SLURM_RESTART_COUNT", "0"))
     jit_saved = False
     for step in range(start, config["steps"]):
         x = torch.ones(1)

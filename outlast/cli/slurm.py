@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--failure-domain-feature", default="", metavar="PREFIX",
                    help="a node's Slurm feature starting with PREFIX (e.g. rack_) is its failure domain")
+    p.add_argument("--failure-domain-switch", action="store_true",
+                   help="a node's leaf switch in Slurm's topology (topology/tree) is its failure domain")
     p.add_argument("--preload", default=None,
                    help="comma-separated modules every node's fork server imports (default: torch, if installed)")
     p.add_argument("--join-timeout", type=float, default=180.0, help="seconds to wait for every node to join")
@@ -66,7 +68,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-slurm %(levelname)s %(message)s")
     preload = args.preload if args.preload is not None else _default_preload()
-    return run(alloc, Options(command=command, failure_domain_feature=args.failure_domain_feature, preload=preload,
+    return run(alloc, Options(command=command, failure_domain_feature=args.failure_domain_feature,
+                              failure_domain_switch=args.failure_domain_switch, preload=preload,
                               join_timeout_s=args.join_timeout, poll_interval_s=args.node_poll_interval,
                               etcd=etcd))
 

@@ -6,7 +6,7 @@ import logging
 import subprocess
 from collections.abc import Mapping
 
-from outlast.slurm.scontrol import JobInfo, NodeState, job_info, node_states, partition_grace_s
+from outlast.slurm.scontrol import JobInfo, NodeState, job_info, leaf_switches, node_states, partition_grace_s
 
 log = logging.getLogger("outlast.slurm")
 
@@ -39,6 +39,14 @@ class Slurm:
 
     def grace_s(self, partition: str) -> float:
         return partition_grace_s(self._run(["scontrol", "show", "partition", "-o", partition])) if partition else 0.0
+
+    def leaf_switches(self) -> dict[str, str]:
+        """Empty without a topology (TopologyPlugin=topology/none makes scontrol say so and fail)."""
+        try:
+            return leaf_switches(self._run(["scontrol", "show", "topology"]))
+        except SlurmCommandError as e:
+            log.warning("no Slurm topology to take failure domains from: %s", e)
+            return {}
 
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])

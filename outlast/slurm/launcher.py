@@ -42,6 +42,7 @@ log = logging.getLogger("outlast.slurm")
 class Options:
     command: list[str]
     failure_domain_feature: str = ""  # a node's feature with this prefix is its failure domain
+    failure_domain_switch: bool = False  # a node's leaf switch in Slurm's topology is its failure domain
     preload: str = ""
     join_timeout_s: float = 180.0
     poll_interval_s: float = 1.0  # `scontrol show node`, for administrators' drains
@@ -81,21 +82,24 @@ class Job:
 
     def start_agents(self) -> None:
         states = {s.name: s for s in self.slurm.show_nodes(self.alloc.nodes)}
+        switches = self.slurm.leaf_switches() if self.options.failure_domain_switch else {}
         secret = {**self.key.env, **(self.options.etcd.env() if self.options.etcd else {})}
         first, rest = self.alloc.nodes[0], self.alloc.nodes[1:]
         # A start before a requeue may have been killed before its agents removed their node files:
         # the head's address must be the one its new agent writes.
         (self.private / first / "node.json").unlink(missing_ok=True)
-        self.agents[first] = self.slurm.srun_on(first, self._node_argv(first, states, ""), secret)
+        self.agents[first] = self.slurm.srun_on(first, self._node_argv(first, states, switches, ""), secret)
         self.head_address = self._wait_head_address()
         log.info("head agent on %s at %s", first, self.head_address)
         for node in rest:
-            self.agents[node] = self.slurm.srun_on(node, self._node_argv(node, states, self.head_address), secret)
+            self.agents[node] = self.slurm.srun_on(node, self._node_argv(node, states, switches, self.head_address),
+                                                   secret)
 
-    def _node_argv(self, node: str, states, head: str) -> list[str]:
+    def _node_argv(self, node: str, states, switches: dict[str, str], head: str) -> list[str]:
         state = states.get(node)
         addr = socket.gethostbyname(state.addr if state is not None and state.addr else node)
-        domain = policy.failure_domain(state.features if state else [], self.options.failure_domain_feature)
+        domain = switches.get(node) or policy.failure_domain(state.features if state else [],
+                                                             self.options.failure_domain_feature)
         argv = [sys.executable, "-m", "outlast.slurm.node", "--node-id", node, "--host", addr,
                 "--num-cpus", str(self.alloc.cpus[node]), "--home", str(self.private / node),
                 "--preload", self.options.preload, "--labels", f"slurm_job={self.alloc.job_id}"]
@@ -232,7 +236,10 @@ class Job:
         if policy.committed_since([t for s in statuses for t in s.run_commits.values()], d.since):
             log.info("the checkpoint asked for at the drain is committed")
             return True
-        if d.had_workers and not any(s.workers for s in statuses):
+        if not d.had_workers:
+            log.info("the run had no workers when the drain came: nothing to save, requeueing now")
+            return True
+        if not any(s.workers for s in statuses):
             # The run ended its attempt (the checkpoint it saved for the drain is committed, or it
             # had none to save) and, with every node draining, waits for capacity: only a requeue brings it.
             log.info("the run stopped its workers for the drain")

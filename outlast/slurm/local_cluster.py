@@ -74,6 +74,15 @@ def default_root() -> Path:
     return Path(os.environ.get("OUTLAST_SLURM_DIR") or f"/tmp/outlast-slurm-{os.getuid()}")
 
 
+def render_topology(layout: Layout) -> str:
+    """The nodes under leaf switches of two nodes each (s1: n1 n2, s2: n3 ...), and those under one top."""
+    names = layout.node_names
+    leaves = [names[i:i + 2] for i in range(0, len(names), 2)]
+    lines = [f"SwitchName=s{i + 1} Nodes={','.join(group)}" for i, group in enumerate(leaves)]
+    lines.append(f"SwitchName=top Switches={','.join(f's{i + 1}' for i in range(len(leaves)))}")
+    return "\n".join(lines) + "\n"
+
+
 def render_conf(layout: Layout, host: str) -> str:
     r = layout.root
     nodes = "\n".join(
@@ -106,6 +115,8 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={r}/log/jobcomp.txt
 MpiDefault=none
+# Two leaf switches under one (topology.conf), as racks: failure domains for --failure-domain-switch.
+TopologyPlugin=topology/tree
 ReturnToService=2
 SchedulerType=sched/backfill
 # Look at pending jobs every 2 s, not every 60: a requeued job starts as soon as it may.
@@ -210,6 +221,7 @@ class LocalSlurm:
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(1024))
         self.layout.conf.write_text(render_conf(self.layout, socket.gethostname().split(".")[0]))
+        (self.layout.conf.parent / "topology.conf").write_text(render_topology(self.layout))
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.layout.root / "log" / f"{name}.out", "ab")

@@ -104,3 +104,15 @@ def partition_grace_s(text: str) -> float:
             g = r.get("GraceTime", "0")
             return float(g) if g.isdigit() else 0.0
     return 0.0
+
+
+def leaf_switches(text: str) -> dict[str, str]:
+    """node -> its leaf switch (Level=0) in `scontrol show topology` (topology/tree): a failure domain."""
+    from outlast.slurm.allocation import expand_hostlist
+
+    out: dict[str, str] = {}
+    for rec in parse_records(text):
+        if rec.get("Level") == "0" and rec.get("SwitchName") and rec.get("Nodes"):
+            for node in expand_hostlist(rec["Nodes"]):
+                out.setdefault(node, rec["SwitchName"])
+    return out

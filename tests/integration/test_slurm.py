@@ -152,7 +152,10 @@ def test_preempted_by_a_high_partition_job_it_saves_a_jit_checkpoint_is_requeued
 
 
 def test_at_its_time_limit_it_checkpoints_on_the_signal_and_resumes_after_the_requeue(slurm, tmp_path):
-    job = _submit(slurm, tmp_path, "--time=1", "--signal=B:USR1@55", steps=STEPS * 100)
+    job = _submit(slurm, tmp_path, "--time=10", "--signal=B:USR1@40", steps=STEPS * 100)
+    wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+    # A one-minute limit now: USR1 when 40 s are left (give or take Slurm's periodic check), while it trains.
+    slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=1"])
     wait_until(lambda: job.info().restarts == 1, 120, lambda: f"the requeue at the time limit; output:\n{job.output()}")
     slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=10"])  # no second signal while we look
 
@@ -251,3 +254,23 @@ def test_with_etcd_every_node_joins_the_store_and_a_preemption_still_saves_reque
         assert state.attempts[-1].restored_from == newest.checkpoint_dir, state.attempts
     finally:
         etcd.stop()
+
+
+def test_the_nodes_of_the_job_join_as_slurm_names_them_with_what_slurm_gave_the_job(slurm, tmp_path):
+    script = tmp_path / "status.sbatch"
+    script.write_text("#!/bin/bash\nexec outlast slurm --failure-domain-switch --preload '' -- outlast status\n")
+    out = tmp_path / "status.out"
+    done = subprocess.run(["sbatch", "--parsable", "-N", "2", "-o", str(out), str(script)], env=_env(slurm),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job = Job(slurm, done.stdout.strip(), tmp_path, out)
+    job.wait_done(restarts=0, timeout_s=90)
+    assert job.info().state == "COMPLETED", job.output()
+    nodes = expand_hostlist(slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split(" NodeList=")[1].split()[0])
+    rows = {ln.split()[0]: ln for ln in job.output().splitlines() if ln.split() and ln.split()[0] in nodes}
+    assert set(rows) == set(nodes), job.output()
+    for node in nodes:
+        # One CPU per node in the local cluster; leaf switches s1 (n1, n2) and s2 (n3).
+        assert "alive" in rows[node] and "CPU 1," in rows[node] and f"slurm_job={job.id}" in rows[node]
+        assert f" {'s1' if node in ('n1', 'n2') else 's2'} " in rows[node], rows[node]
+    assert not _job_processes(slurm, job.id)

@@ -35,3 +35,14 @@ def test_the_node_agent_is_started_with_slurms_view_of_the_node():
         assert argv[argv.index(flag) + 1] == value
     head = agent_argv(argparse.Namespace(**{**vars(args), "address": "", "failure_domain": ""}), gpus=0)
     assert "--address" not in head and "--failure-domain" not in head
+
+
+def test_the_topology_puts_nodes_under_leaf_switches_that_scontrol_reports_back():
+    from outlast.slurm.local_cluster import render_topology
+    from outlast.slurm.scontrol import leaf_switches
+
+    assert render_topology(Layout(root=Path("/x"), num_nodes=3)) == (
+        "SwitchName=s1 Nodes=n1,n2\nSwitchName=s2 Nodes=n3\nSwitchName=top Switches=s1,s2\n")
+    shown = ("SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n1,n2\nSwitchName=s2 Level=0 LinkSpeed=1 Nodes=n3\n"
+             "SwitchName=top Level=1 LinkSpeed=1 Nodes=n[1-3] Switches=s1,s2\n")
+    assert leaf_switches(shown) == {"n1": "s1", "n2": "s1", "n3": "s2"}
