@@ -11,10 +11,11 @@ a run is `closed` once its workers are gone (or the wait for them is over).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable
 
-from outlast.controller import checkpoints
+from outlast.controller import checkpoints, resize
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
@@ -56,6 +57,7 @@ class ControllerCore(Handlers):
         self.commits = CommitTracker(plan.world_size)
         self.collectives = self._new_collectives()
         self.horizons = HorizonBook()
+        self.resizes = resize.Resizes(plan.elastic)
         self.retention = checkpoints.RetentionRule(plan.num_to_keep, plan.score_attribute, plan.score_order)
         self.last_metrics: dict | None = None
         self.failures: list[FailureRecord] = []
@@ -88,6 +90,8 @@ class ControllerCore(Handlers):
             self.nodes.set_table(event.nodes)
             if isinstance(self.state, st.Placing):
                 self._place(now)
+            elif isinstance(self.state, st.Running):
+                self._consider_grow(now)
         elif isinstance(event, AgentGone):
             self.nodes.note_gone(event.node_id, event.why)
         elif isinstance(event, Started):
@@ -179,8 +183,8 @@ class ControllerCore(Handlers):
         """Place every rank on a node that is alive and not draining, or wait for one (bounded)."""
         a, s = self.attempt, self.state
         assert a is not None
-        placed = place(self.nodes.views(self.run_id, now), self.plan.world_size, self.plan.per_worker,
-                       self.plan.strategy)
+        placed = self.resizes.place(self.nodes.views(self.run_id, now), self.plan.world_size, self.plan.per_worker,
+                                    self.plan.strategy)
         if isinstance(placed, NoCapacity):
             self._out.append(QueryTable())
             if isinstance(s, st.WaitingForCapacity):
@@ -202,6 +206,7 @@ class ControllerCore(Handlers):
             self.book.set_waiting(None, self.wall())
         a.started_at = now
         a.placement = {spec.rank: node.node_id for node, spec in placed.workers}
+        self._size_attempt(a, len(placed.workers), now)
         self._go(Event.PLACED, st.Scheduling(since=now))
         by_node: dict[str, list[m.WorkerSpec]] = {}
         for node, spec in placed.workers:
@@ -236,8 +241,10 @@ class ControllerCore(Handlers):
             return
         p = self.plan
         preemption = s.preemption or self._preempted_by_drain(a)
-        settled = settle_attempt(self.book, a.number, a.failures, self.failures, preemption, p.max_failures,
-                                 p.max_preemption_failures, self.wall())
+        settled = self.resizes.settle(self.book, a.number, p.world_size, a.failures, preemption, self.commits.reports,
+                                      self.wall()) \
+            or settle_attempt(self.book, a.number, a.failures, self.failures, resize.for_settling(preemption),
+                              p.max_failures, p.max_preemption_failures, self.wall())
         if settled.retry:
             self._go(Event.RETRY, st.Placing(place_by=self._now))
             self._enter_placing(self._now)
@@ -317,8 +324,35 @@ class ControllerCore(Handlers):
         return latest[0].committed_at
 
     def _room_elsewhere(self, now: float) -> bool:
-        return not isinstance(place(self.nodes.views(self.run_id, now), self.plan.world_size, self.plan.per_worker,
-                                    self.plan.strategy), NoCapacity)
+        return self.resizes.room_elsewhere(self.nodes.views(self.run_id, now), self.plan.world_size,
+                                           self.plan.per_worker, self.plan.strategy)
+
+    # ---- elastic runs (resize.py decides) -------------------------------------------------
+
+    def _size_attempt(self, a: AttemptState, workers: int, now: float) -> None:
+        """An elastic attempt's world is what was placed: the trackers count its ranks, not the last one's."""
+        if workers != self.plan.world_size:
+            self.plan = dataclasses.replace(self.plan, world_size=workers)
+            holders = checkpoints.shard_holders(self.book, a.restore)
+            self.commits = CommitTracker(workers, shard_holders=None if holders is None else
+                                         {r for r in holders if r < workers})
+            self.collectives = self._new_collectives()
+        record = self.resizes.placed(self.book, a.number, workers, now, self.wall())
+        if record is not None:
+            log.warning("attempt %d runs on %d workers, was %d: %s (%d steps lost)", a.number, record.to_workers,
+                        record.from_workers, record.reason, record.steps_lost)
+
+    def _consider_grow(self, now: float) -> None:
+        a = self.attempt
+        grow = self.resizes.consider_grow(self.nodes.views(self.run_id, now), self.plan.world_size,
+                                          self.plan.per_worker, self.plan.strategy, now)
+        if a is None or grow.to_workers is None or a.exited:
+            return
+        p = resize.grow_notice(grow, self.plan.world_size, self.commits.reports, now, self.wall())
+        log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",
+                    a.number, p.notice.message, resize.RESIZE)
+        self._go(Event.PREEMPTION_NOTICE, st.Preempting(p))
+        self._answer(self.horizons.preempt(now))
 
     def _preemption(self) -> Preemption | None:
         return getattr(self.state, "preemption", None)

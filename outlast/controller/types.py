@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
@@ -30,7 +31,7 @@ class Timeouts:
 class RunPlan:
     name: str
     book: RunBook
-    world_size: int
+    world_size: int  # the current attempt's: an elastic run's plan is replaced with each size
     workers: list[m.WorkerSpec]
     payload: bytes
     max_failures: int
@@ -49,6 +50,7 @@ class RunPlan:
     per_worker: dict[str, float] = field(default_factory=dict)
     strategy: str = "PACK"
     duplicate_files: str = "keep_lowest_rank"  # file_merge.DuplicateFiles: ranks writing one file differently
+    elastic: Elastic | None = None  # ScalingConfig(num_workers=(min, max)): world_size starts at max
 
 
 @dataclass

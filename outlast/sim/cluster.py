@@ -95,7 +95,7 @@ class SimNode:
         for w in [w for w in self.workers.values() if w.run_id != msg.run_id
                   and self.runs.get(w.run_id) is not None and self.runs[w.run_id].key == msg.run_key]:
             self._terminate(w, signal=9)  # a relaunched driver's run: the old driver's workers go first
-        gang = driver.gang(msg.attempt)
+        gang = driver.gang(msg.attempt, msg.workers[0].world_size)
         for spec in msg.workers:
             w = SimRank(self.sim, self, msg, spec, gang, driver.worker_channel(msg.attempt, spec.rank))
             self.workers[(msg.run_id, msg.attempt, spec.rank)] = w

@@ -129,6 +129,8 @@ class Sim:
                 self.driver.die()
                 died = self.wall()
                 self.world.after(RELAUNCH_AFTER_S, self._launch, died)
+        elif f.kind == "add_node":
+            self._add_node()
         elif f.kind == "storage_fail":
             self.storage.failing.append((self.world.now, self.world.now + f.duration_s))
 

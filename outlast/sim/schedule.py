@@ -24,7 +24,7 @@ class LoopSpec:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail
+    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail
@@ -43,6 +43,8 @@ class Schedule:
     storage_latency_s: float
     refuse_deletes: bool
     faults: list[Fault] = field(default_factory=list)
+    min_workers: int = 0  # > 0: an elastic run, num_workers=(min_workers, loop.world_size)
+    resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
 
     @property
     def nominal_s(self) -> float:

@@ -64,6 +64,7 @@ class SimRank:
                  to_controller) -> None:
         self.sim, self.node, self.spawn, self.gang = sim, node, spawn, gang
         self.rank, self.attempt, self.run_id = spec.rank, spawn.attempt, spawn.run_id
+        self.world_size = spec.world_size  # the attempt's: an elastic run's differs from attempt to attempt
         self.to_controller = to_controller  # Channel.send-like: (fn, *args)
         self.alive = True
         self.loop = sim.schedule.loop

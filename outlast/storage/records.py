@@ -76,8 +76,20 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     started_at: float
     restored_from: str | None = None
     ended_at: float | None = None
-    outcome: str | None = None  # "finished" | "failed" | "aborted" | "driver_lost"
+    outcome: str | None = None  # "finished" | "failed" | "aborted" | "driver_lost" | "resized"
     failures: list[FailureRecord] = []
+    workers: int | None = None  # the attempt's world size, once placed
+
+
+class ResizeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An elastic run changed size between two attempts (drawing on no failure budget)."""
+
+    attempt: int  # the attempt that runs at the new size
+    from_workers: int
+    to_workers: int
+    reason: str
+    steps_lost: int  # reports made after the newest committed checkpoint the new attempt restores
+    time: float
 
 
 class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,6 +129,7 @@ class RunState(msgspec.Struct, kw_only=True):
     error: str | None = None
     waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
     notes: list[Note] = []
+    resizes: list[ResizeRecord] = []
 
 
 class CorruptDocument(ValueError):

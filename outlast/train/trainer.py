@@ -15,6 +15,7 @@ import zmq
 from outlast.client.discovery import attach
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
+from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
@@ -25,7 +26,7 @@ from outlast.runenv import carried_env
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
-from outlast.train.config import RunConfig, ScalingConfig
+from outlast.train.config import RunConfig, ScalingConfig, worker_range
 from outlast.train.data import DataConfig, to_source
 from outlast.errors import TrainingFailedError, classify
 from outlast.train.result import Result, build_result
@@ -130,7 +131,8 @@ class DataParallelTrainer:
 
     def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper) -> None:
         rc = self.run_config
-        n = self.scaling_config.num_workers
+        low, n = worker_range(self.scaling_config)
+        elastic = Elastic(low, n, self.scaling_config.elastic_resize_monitor_interval_s) if low < n else None
         plan = RunPlan(
             name=name, book=book, world_size=n,
             workers=[m.WorkerSpec(rank=r, local_rank=r, local_world_size=n, node_rank=0, world_size=n)
@@ -145,7 +147,7 @@ class DataParallelTrainer:
             preemption_grace_s=rc.failure_config.preemption_grace_s,
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
-            duplicate_files=rc.checkpoint_config.duplicate_files,
+            duplicate_files=rc.checkpoint_config.duplicate_files, elastic=elastic,
         )
         ctx = zmq.Context()
         access = None
