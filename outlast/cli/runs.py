@@ -82,6 +82,12 @@ def render(state: RunState, where: str) -> str:
     for r in state.resizes:
         lines.append(f"  attempt {r.attempt}  {_when(r.time)}  {r.from_workers} -> {r.to_workers} workers, "
                      f"{r.steps_lost} steps lost: {r.reason}")
+    for h in state.hangs:
+        lines.append(f"hang in attempt {h.attempt} at {_when(h.time)}: {h.summary}")
+        for g in h.stacks:
+            ranks = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else f"ranks {g.ranks}"
+            lines.append(f"  {ranks} in {g.where}:")
+            lines += [f"    {line}" for line in g.text.rstrip().splitlines()]
     lines.append("checkpoints (oldest first):")
     for c in sorted(state.checkpoints, key=lambda c: c.seq):
         mark = "  <- latest" if c.checkpoint_dir == state.latest_checkpoint else ""

@@ -20,6 +20,7 @@ from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.handlers import Handlers
+from outlast.controller.hang_steps import HangSteps
 from outlast.controller.group import (
     AgentGone, Effect, ForgetNode, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable,
     Spawn, Started, StopRun, ToNode, ToRank,
@@ -44,7 +45,7 @@ TEARDOWN_EXTRA_S = 5.0
 NODE_CHECK_S = 0.1
 
 
-class ControllerCore(Handlers):
+class ControllerCore(Handlers, HangSteps):
     def __init__(self, plan: RunPlan, run_id: str, address: str, wall: Callable[[], float]) -> None:
         self.plan = plan
         self.run_id = run_id
@@ -127,6 +128,7 @@ class ControllerCore(Handlers):
         if a is None or self.attempt is not a:
             return
         self._answer(self.horizons.tick(now))
+        self._check_hangs(a, now)
         s = self.state
         if isinstance(s, st.Placing) and now >= s.place_by:
             self._place(now)

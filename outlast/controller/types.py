@@ -51,6 +51,7 @@ class RunPlan:
     strategy: str = "PACK"
     duplicate_files: str = "keep_lowest_rank"  # file_merge.DuplicateFiles: ranks writing one file differently
     elastic: Elastic | None = None  # ScalingConfig(num_workers=(min, max)): world_size starts at max
+    hang_timeout_s: float | None = None  # FailureConfig.hang_timeout_s: None adapts (hangs.py); inf never
 
 
 @dataclass

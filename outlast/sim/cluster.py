@@ -124,6 +124,13 @@ class SimNode:
                 run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=0, exit_code=code, signal=signal, error=error,
                 node_id=self.node_id))
 
+    def wedge_worker(self, rank: int) -> bool:
+        for w in self.workers.values():
+            if w.rank == rank and w.alive and not w.wedged:
+                w.wedge()
+                return True
+        return False
+
     def kill_worker(self, rank: int) -> bool:
         for w in list(self.workers.values()):
             if w.rank == rank and w.alive:

@@ -57,7 +57,8 @@ class SimDriver:
             payload=b"", max_failures=s.max_failures, num_to_keep=s.num_to_keep, score_attribute=None,
             score_order="max", env={}, cwd="/", sys_path=[], timeouts=TIMEOUTS, max_preemption_failures=-1,
             per_worker={"CPU": 1.0}, strategy=s.strategy,
-            elastic=Elastic(s.min_workers, s.loop.world_size, s.resize_interval_s) if s.min_workers else None)
+            elastic=Elastic(s.min_workers, s.loop.world_size, s.resize_interval_s) if s.min_workers else None,
+            hang_timeout_s=s.hang_timeout_s)
         self.core = ControllerCore(plan, f"driver{self.generation}", f"sim://driver{self.generation}", sim.wall)
         sim.storage.take_spent()
         self.deliver(g.NodeTable(node_table(sim.nodes, sim.world.now)))

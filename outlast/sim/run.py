@@ -129,6 +129,9 @@ class Sim:
                 self.driver.die()
                 died = self.wall()
                 self.world.after(RELAUNCH_AFTER_S, self._launch, died)
+        elif f.kind == "hang":
+            if any(n.wedge_worker(f.target % self.schedule.loop.world_size) for n in live_nodes):
+                self.observer.harm += 1
         elif f.kind == "add_node":
             self._add_node()
         elif f.kind == "storage_fail":

@@ -24,7 +24,7 @@ class LoopSpec:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node
+    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node | hang
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail
@@ -45,6 +45,7 @@ class Schedule:
     faults: list[Fault] = field(default_factory=list)
     min_workers: int = 0  # > 0: an elastic run, num_workers=(min_workers, loop.world_size)
     resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
+    hang_timeout_s: float = float("inf")  # finite: ranks send progress, and a "hang" fault wedges one
 
     @property
     def nominal_s(self) -> float:

@@ -130,6 +130,22 @@ class RunState(msgspec.Struct, kw_only=True):
     waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
     notes: list[Note] = []
     resizes: list[ResizeRecord] = []
+    hangs: list[HangRecord] = []
+
+
+class StackGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """Ranks whose stacks are the same but for thread ids: the stacks of the first, every thread."""
+
+    ranks: list[int]
+    where: str  # the innermost frame of their main thread
+    text: str
+
+
+class HangRecord(msgspec.Struct, frozen=True, kw_only=True):
+    attempt: int
+    time: float
+    summary: str
+    stacks: list[StackGroup] = []
 
 
 class CorruptDocument(ValueError):

@@ -102,9 +102,17 @@ class FailureConfig:
     # On a preemption, report() and get_preemption_info() go on with the ranks that survive
     # when the preempted ranks' node goes away (rank 0 included).
     relax_collectives_on_preemption: bool = False
+    # A rank without progress (report, get_preemption_info, collectives, outlast.train.heartbeat()) this
+    # long is hung: every rank's stacks are taken, then the attempt restarts as a failure. None adapts to
+    # the run: 10 x its slowest step, never under 5 minutes (outlast/controller/hangs.py says why).
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        t = self.hang_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= math.inf):
+            raise ValueError(f"FailureConfig.hang_timeout_s must be None (adapts to the run) or a number of seconds "
+                             f"> 0 (math.inf: never), got {t!r}")
         _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures, -1)
         if not isinstance(self.relax_collectives_on_preemption, bool):
             raise ValueError(f"FailureConfig.relax_collectives_on_preemption must be True or False, "

@@ -148,6 +148,7 @@ class DataParallelTrainer:
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
             duplicate_files=rc.checkpoint_config.duplicate_files, elastic=elastic,
+            hang_timeout_s=rc.failure_config.hang_timeout_s,
         )
         ctx = zmq.Context()
         access = None

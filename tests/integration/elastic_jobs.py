@@ -44,3 +44,26 @@ def elastic_torch_loop(config: dict) -> None:
         train.report({"step": step, "world": int(total.item())}, checkpoint=checkpoint)
         log_event(config, event="step", step=step, world=int(total.item()))
         time.sleep(config.get("step_sleep", 0.0))
+
+
+def wedging_loop(config: dict) -> None:
+    """Attempt 1: at step `wedge_at`, rank 1 sleeps forever between two all_reduces, so rank 0 waits in the
+    next one; later attempts train to the end."""
+    import torch
+    import torch.distributed as dist
+
+    ctx = train.get_context()
+    log_event(config, event="start")
+    for step in range(config["steps"]):
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        train.report({"step": step})
+        if ctx.get_attempt() == 1 and step == config["wedge_at"] and ctx.get_world_rank() == 1:
+            sleep_forever()
+        time.sleep(config.get("step_sleep", 0.0))
+    log_event(config, event="end")
+
+
+def sleep_forever() -> None:
+    log_event({"events": os.environ["OUTLAST_TEST_EVENTS"]}, event="wedged")
+    time.sleep(3600)

@@ -3,6 +3,8 @@ preemption and a resize racing a failure, each against the invariants and the ru
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from outlast.sim.run import Sim, quiet
@@ -110,3 +112,25 @@ def test_elastic_schedules_with_random_faults_hold_every_invariant(seed):
     assert out.status in ("finished", "errored")
     for r in state.resizes:
         assert (r.from_workers, r.to_workers) != (0, 0) and 1 <= r.to_workers <= 4
+
+
+def test_a_wedged_rank_is_found_explained_from_every_ranks_stacks_and_restarted_as_a_failure():
+    s = schedule([Fault(6.0, "hang", target=1)], world=2, low=0, nodes=2, steps=30)
+    s = dataclasses.replace(s, hang_timeout_s=20.0, min_workers=0)
+    out, state = run(s)
+    assert out.status == "finished"
+    assert state.failure_counts == {"worker": 1}
+    (hang,) = state.hangs
+    assert "made no progress for" in hang.summary and "hang_timeout_s=20" in hang.summary
+    assert "rank 1 is in sleep_forever (sim user code), while rank 0 waits in all_reduce (sim)" in hang.summary
+    assert sorted(r for g in hang.stacks for r in g.ranks) == [0, 1]
+    assert state.attempts[0].failures[0].exc_type == "Hang"
+    assert hang.time - state.attempts[0].started_at >= 20.0
+
+
+@pytest.mark.parametrize(("step_s", "steps"), [(0.02, 400), (60.0, 8), (250.0, 4)])
+def test_neither_a_fast_nor_a_slow_loop_is_taken_for_hung_by_the_adaptive_timeout(step_s, steps):
+    s = schedule([], world=2, low=0, nodes=2, steps=steps, step_s=step_s)
+    s = dataclasses.replace(s, hang_timeout_s=None, min_workers=0)
+    out, state = run(s)
+    assert out.status == "finished" and state.hangs == [] and len(state.attempts) == 1
