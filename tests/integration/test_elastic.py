@@ -4,6 +4,7 @@ when a node is killed, and grows back to 3 without losing a step when a node joi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -72,3 +73,35 @@ def test_min_2_max_4_shrinks_on_a_killed_node_and_grows_on_a_joined_one_charging
     shown = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", storage_path, "run"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert "3 -> 2 workers" in shown.stdout and "2 -> 3 workers, 0 steps lost: grow" in shown.stdout
+
+
+@pytest.mark.torch
+def test_the_dcp_example_restores_a_checkpoint_sharded_over_2_ranks_on_3_after_the_run_grows(tmp_path):
+    storage = tmp_path / "storage"
+    state_file = storage / "dcp" / "run_state.json"
+    with LocalCluster(num_nodes=2, cpus_per_node=1) as cluster:
+        env = {**os.environ, "OUTLAST_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1",
+               "OUTLAST_ADDRESS": cluster.head_address, "OUTLAST_CLUSTER_KEY": str(cluster.key_file)}
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "elastic_dcp_checkpoint.py"), "--storage_path", str(storage),
+             "--run_name", "dcp", "--steps", "150", "--step_s", "0.03", "--checkpoint_every", "10"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_until(lambda: proc.poll() is not None or (
+                state_file.exists() and json.loads(state_file.read_text())["latest_checkpoint"]), 180,
+                "the first checkpoint")
+            assert proc.poll() is None, proc.stdout.read()
+            cluster.add_node("node-2")
+            out, _ = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, out
+        logs = "".join(n.log_path.read_text() for n in cluster.nodes.values())
+    state = json.loads(state_file.read_text())
+    assert [a["workers"] for a in state["attempts"]] == [2, 3]
+    (grow,) = state["resizes"]
+    assert grow["steps_lost"] == 0
+    restored = [line for line in logs.splitlines() if "restored step" in line]
+    assert len(restored) == 3, logs[-3000:]
+    assert all("at world size 3 from a checkpoint written at world size 2: every value as saved" in line
+               for line in restored)
