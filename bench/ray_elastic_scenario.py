@@ -12,7 +12,7 @@ first notice.
 
   lost:  at --lose-step, the node of rank 1 is removed without grace (a lost machine):
          kill -> first step at world size 1, and steps lost.
-  added: 20 steps later, a 1-CPU node is added: add -> first step at world size 2, and
+  added: --settle-steps later, a 1-CPU node is added: add -> first step at world size 2, and
          steps lost; bounded by --budget-s (then "not within the budget").
 
 Each repeat runs in its own session; every process in it is killed at the end. One JSON
@@ -145,7 +145,7 @@ def run_once(args):
         marks["kill_t"] = time.time()
         cluster.remove_node(next(n for n in nodes if n.node_id == victim), allow_graceful=False)
         log(f"removed {victim[:8]}")
-        evs = wait_events(events, lambda evs: sum(e["ev"] == "step" and e["world"] == 1 for e in evs) >= 20,
+        evs = wait_events(events, lambda evs: sum(e["ev"] == "step" and e["world"] == 1 for e in evs) >= args.settle_steps,
                           until, proc, driver_log)
         if evs is None:
             out["lost"] = "not training at world size 1 within the budget"
@@ -189,7 +189,8 @@ def main():
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--lose-step", type=int, default=10)
     p.add_argument("--interval-s", type=float, default=60.0)
-    p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--settle-steps", type=int, default=5, help="steps at world size 1 before the node is added")
+    p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--_driver", action="store_true")
     p.add_argument("--_once", action="store_true")
     p.add_argument("--address")
@@ -207,7 +208,8 @@ def main():
         fd, result = tempfile.mkstemp(prefix="ray-elastic-", suffix=".json")
         os.close(fd)
         cmd = [sys.executable, HERE, "--_once", "--out", result, "--until", str(time.time() + args.budget_s),
-               "--lose-step", str(args.lose_step), "--interval-s", str(args.interval_s)]
+               "--lose-step", str(args.lose_step), "--interval-s", str(args.interval_s),
+               "--settle-steps", str(args.settle_steps)]
         log(f"repeat {i + 1} of {args.repeats}")
         child = subprocess.Popen(cmd, env=ray_env(), cwd=ROOT, start_new_session=True)
         try:

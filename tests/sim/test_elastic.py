@@ -134,3 +134,13 @@ def test_neither_a_fast_nor_a_slow_loop_is_taken_for_hung_by_the_adaptive_timeou
     s = dataclasses.replace(s, hang_timeout_s=None, min_workers=0)
     out, state = run(s)
     assert out.status == "finished" and state.hangs == [] and len(state.attempts) == 1
+
+
+def test_two_thousand_elastic_schedules_hold_every_invariant_and_both_shrink_and_grow():
+    from outlast.sim.__main__ import run_many
+
+    summary = run_many(0, 2_000, jobs=2, elastic=True)
+    assert summary["violations"] == 0, summary
+    totals = summary["totals"]
+    assert totals["grows"] > 25 and totals["resizes"] - totals["grows"] > 25, totals  # grew, and shrank
+    assert summary["outcomes"].get("finished", 0) > 1_600
