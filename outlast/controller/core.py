@@ -27,7 +27,7 @@ from outlast.controller.group import (
 )
 from outlast.controller.horizons import Answer, Decision, HorizonBook
 from outlast.controller.nodes import NodeBook
-from outlast.controller.placement import NoCapacity, place
+from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import is_symptom, is_users_error
 from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
