@@ -66,6 +66,11 @@ def classify(error: TrainingFailedError) -> TrainingFailedError:
     return new
 
 
+class WorkerSetupError(RuntimeError):
+    """A worker cannot be set up on its node, and trying again would fail the same way (use_gpu=True where
+    no CUDA device is visible): the run fails at once instead of spending max_failures on identical tries."""
+
+
 class CollectiveTimeoutError(RuntimeError):
     """A barrier or broadcast waited longer than its timeout; names the ranks that never came."""
 

@@ -98,12 +98,24 @@ def render(state: RunState, where: str) -> str:
     lines.append("attempts:")
     for a in state.attempts:
         took = f"{a.ended_at - a.started_at:.1f} s" if a.ended_at else "running or cut short"
+        size = f"  {a.workers} workers" if a.workers else ""
         lines.append(f"  #{a.attempt}  {_when(a.started_at)}  {a.outcome or '-':12} {took:>10}  "
-                     f"restored from {a.restored_from or 'nothing'}")
+                     f"restored from {a.restored_from or 'nothing'}{size}")
         for f in a.failures:
             how = (f"{f.exc_type}: {f.message}" if f.exc_type else
                    f"killed by {signal_name(f.signal)}" if f.signal is not None else f"exit code {f.exit_code}")
             lines.append(f"      rank {f.rank} pid {f.pid} node {f.node_id}: {how}")
+    if state.resizes:
+        lines.append("resizes (no failure budget drawn):")
+    for r in state.resizes:
+        lines.append(f"  attempt {r.attempt}  {_when(r.time)}  {r.from_workers} -> {r.to_workers} workers, "
+                     f"{r.steps_lost} steps lost: {r.reason}")
+    for h in state.hangs:
+        lines.append(f"hang in attempt {h.attempt} at {_when(h.time)}: {h.summary}")
+        for g in h.stacks:
+            ranks = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else f"ranks {g.ranks}"
+            lines.append(f"  {ranks} in {g.where}:")
+            lines += [f"    {line}" for line in g.text.rstrip().splitlines()]
     lines.append("checkpoints (oldest first):")
     for c in sorted(state.checkpoints, key=lambda c: c.seq):
         mark = "  <- latest" if c.checkpoint_dir == state.latest_checkpoint else ""

@@ -93,8 +93,8 @@ NOTES: dict[str, Note] = {
         worker_runtime_env={"pip": ["x"]})),
     "RunConfig.logging_config": Note(UNSUPPORTED, "outlast logs through Python's logging ('outlast' logger)"),
     "RunConfig.storage_context": Note(UNSUPPORTED, "Ray's storage internals; the run lives at {storage_path}/{name}"),
-    "ScalingConfig.num_workers": Note(DIFFERS, "an int; Ray's (min, max) for elastic training is not supported",
-                                      lambda: _train().ScalingConfig(num_workers=(1, 2))),
+    "ScalingConfig.num_workers": Note(SAME, "an int, or (min, max) for an elastic run: each attempt takes the most "
+                                            "that fit and a run below max grows when room appears"),
     "ScalingConfig.trainer_resources": Note(UNSUPPORTED, "the driver runs where fit() is called and reserves nothing"),
     "ScalingConfig.accelerator_type": Note(DIFFERS, "asks each rank 0.001 of the resource 'accelerator_type:<type>', "
                                                     "which a node offers with `outlast start --resources "
@@ -102,7 +102,9 @@ NOTES: dict[str, Note] = {
     "ScalingConfig.label_selector": Note(UNSUPPORTED, "", lambda: _train().ScalingConfig(label_selector={"a": "b"})),
     "ScalingConfig.use_tpu": Note(UNSUPPORTED, "outlast trains with torch.distributed on CPUs and CUDA GPUs"),
     "ScalingConfig.topology": Note(UNSUPPORTED, "outlast trains with torch.distributed on CPUs and CUDA GPUs"),
-    "ScalingConfig.elastic_resize_monitor_interval_s": Note(UNSUPPORTED, "outlast runs a fixed number of workers"),
+    "ScalingConfig.elastic_resize_monitor_interval_s": Note(DIFFERS, "the least time between two resizes: outlast "
+                                                                     "sees room appear in its node table, not by a "
+                                                                     "poll at this interval"),
     "TrainContext.get_storage": Note(UNSUPPORTED, "get_storage_path() gives where the run lives"),
     "TrainingFailedError": Note(DIFFERS, "outlast's takes (message, failures): `failures` lists every failure (rank, "
                                          "pid, node, exit code or signal, traceback), root cause first"),

@@ -19,7 +19,9 @@ from outlast.controller import group as g
 from outlast.controller.store_table import StoreTable
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
-from outlast.protocol.transport import AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode
+from outlast.protocol.transport import (
+    AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, watch_identity,
+)
 
 log = logging.getLogger("outlast.controller")
 
@@ -63,7 +65,8 @@ class AgentGroup:
 
     def perform(self, effect: g.Effect) -> None:
         if isinstance(effect, g.ToRank):
-            self.sock.send_multipart([worker_identity(effect.attempt, effect.rank), encode(effect.msg)])
+            to = watch_identity if effect.watch else worker_identity
+            self.sock.send_multipart([to(effect.attempt, effect.rank), encode(effect.msg)])
         elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
             self._send(effect.node_id, effect.msg)
         elif isinstance(effect, g.QueryTable) and self._store is not None:

@@ -11,21 +11,23 @@ a run is `closed` once its workers are gone (or the wait for them is over).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable
 
-from outlast.controller import checkpoints
+from outlast.controller import checkpoints, resize
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.handlers import Handlers
+from outlast.controller.hang_steps import HangSteps
 from outlast.controller.group import (
     AgentGone, Effect, ForgetNode, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable,
     Spawn, Started, StopRun, ToNode, ToRank,
 )
 from outlast.controller.horizons import Answer, Decision, HorizonBook
 from outlast.controller.nodes import NodeBook
-from outlast.controller.placement import NoCapacity, place
+from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import is_symptom, is_users_error
 from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
@@ -44,7 +46,7 @@ TEARDOWN_EXTRA_S = 5.0
 NODE_CHECK_S = 0.1
 
 
-class ControllerCore(Handlers):
+class ControllerCore(Handlers, HangSteps):
     def __init__(self, plan: RunPlan, run_id: str, address: str, wall: Callable[[], float]) -> None:
         self.plan = plan
         self.run_id = run_id
@@ -57,6 +59,7 @@ class ControllerCore(Handlers):
         self.commits = CommitTracker(plan.world_size)
         self.collectives = self._new_collectives()
         self.horizons = HorizonBook()
+        self.resizes = resize.Resizes(plan.elastic)
         self.retention = checkpoints.RetentionRule(plan.num_to_keep, plan.score_attribute, plan.score_order)
         self.last_metrics: dict | None = None
         self.failures: list[FailureRecord] = []
@@ -93,6 +96,8 @@ class ControllerCore(Handlers):
             self.nodes.set_table(event.nodes)
             if isinstance(self.state, st.Placing):
                 self._place(now)
+            elif isinstance(self.state, st.Running):
+                self._consider_grow(now)
         elif isinstance(event, AgentGone):
             self.nodes.note_gone(event.node_id, event.why)
         elif isinstance(event, Started):
@@ -128,6 +133,7 @@ class ControllerCore(Handlers):
         if a is None or self.attempt is not a:
             return
         self._answer(self.horizons.tick(now))
+        self._check_hangs(a, now)
         s = self.state
         if isinstance(s, st.Placing) and s.place_by is not None and now >= s.place_by:
             self._place(now)
@@ -183,8 +189,8 @@ class ControllerCore(Handlers):
         """Place every rank on a node that is alive and not draining, or wait for one (bounded)."""
         a, s = self.attempt, self.state
         assert a is not None
-        placed = place(self.nodes.views(self.run_id, now), self.plan.world_size, self.plan.per_worker,
-                       self.plan.strategy)
+        placed = self.resizes.place(self.nodes.views(self.run_id, now), self.plan.world_size, self.plan.per_worker,
+                                    self.plan.strategy)
         if isinstance(placed, NoCapacity):
             self._out.append(QueryTable())
             if isinstance(s, st.WaitingForCapacity):
@@ -206,6 +212,7 @@ class ControllerCore(Handlers):
             self.book.set_waiting(None, self.wall())
         a.started_at = now
         a.placement = {spec.rank: node.node_id for node, spec in placed.workers}
+        self._size_attempt(a, len(placed.workers), now)
         self._go(Event.PLACED, st.Scheduling(since=now))
         by_node: dict[str, list[m.WorkerSpec]] = {}
         for node, spec in placed.workers:
@@ -240,8 +247,10 @@ class ControllerCore(Handlers):
             return
         p = self.plan
         preemption = s.preemption or self._preempted_by_drain(a)
-        settled = settle_attempt(self.book, a.number, a.failures, self.failures, preemption, p.max_failures,
-                                 p.max_preemption_failures, self.wall())
+        settled = self.resizes.settle(self.book, a.number, p.world_size, a.failures, preemption, self.commits.reports,
+                                      self.wall()) \
+            or settle_attempt(self.book, a.number, a.failures, self.failures, resize.for_settling(preemption),
+                              p.max_failures, p.max_preemption_failures, self.wall())
         if settled.retry:
             self._go(Event.RETRY, st.Placing(place_by=None))
             self._enter_placing(self._now)
@@ -321,8 +330,35 @@ class ControllerCore(Handlers):
         return latest[0].committed_at
 
     def _room_elsewhere(self, now: float) -> bool:
-        return not isinstance(place(self.nodes.views(self.run_id, now), self.plan.world_size, self.plan.per_worker,
-                                    self.plan.strategy), NoCapacity)
+        return self.resizes.room_elsewhere(self.nodes.views(self.run_id, now), self.plan.world_size,
+                                           self.plan.per_worker, self.plan.strategy)
+
+    # ---- elastic runs (resize.py decides) -------------------------------------------------
+
+    def _size_attempt(self, a: AttemptState, workers: int, now: float) -> None:
+        """An elastic attempt's world is what was placed: the trackers count its ranks, not the last one's."""
+        if workers != self.plan.world_size:
+            self.plan = dataclasses.replace(self.plan, world_size=workers)
+            holders = checkpoints.shard_holders(self.book, a.restore)
+            self.commits = CommitTracker(workers, shard_holders=None if holders is None else
+                                         {r for r in holders if r < workers})
+            self.collectives = self._new_collectives()
+        record = self.resizes.placed(self.book, a.number, workers, now, self.wall())
+        if record is not None:
+            log.warning("attempt %d runs on %d workers, was %d: %s (%d steps lost)", a.number, record.to_workers,
+                        record.from_workers, record.reason, record.steps_lost)
+
+    def _consider_grow(self, now: float) -> None:
+        a = self.attempt
+        grow = self.resizes.consider_grow(self.nodes.views(self.run_id, now), self.plan.world_size,
+                                          self.plan.per_worker, self.plan.strategy, now)
+        if a is None or grow.to_workers is None or a.exited:
+            return
+        p = resize.grow_notice(grow, self.plan.world_size, self.commits.reports, now, self.wall())
+        log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",
+                    a.number, p.notice.message, resize.RESIZE)
+        self._go(Event.PREEMPTION_NOTICE, st.Preempting(p))
+        self._answer(self.horizons.preempt(now))
 
     def _preemption(self) -> Preemption | None:
         return getattr(self.state, "preemption", None)

@@ -85,6 +85,7 @@ class ToRank:
     attempt: int
     rank: int
     msg: m.Msg
+    watch: bool = False  # to the rank's watch thread (its stacks), not to its loop
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,8 @@ class Handlers:
             self._on_collective(msg)
         elif isinstance(msg, m.PreemptionQuery):
             self._answer(self.horizons.on_query(msg.rank, msg.index, self._now))
+        elif isinstance(msg, (m.Progress, m.StackDump)):
+            self._on_watch_message(msg)
         elif isinstance(msg, m.WorkerDone):
             a.done.add(msg.rank)
             if self.state.kind is State.FINISHING and a.done >= set(range(self.plan.world_size)):

@@ -10,8 +10,8 @@ import logging
 
 from outlast.faults import fault_point
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, RunState,
-    SkippedCheckpoint, is_checkpoint_dir_name,
+    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, ResizeRecord,
+    RunState, SkippedCheckpoint, is_checkpoint_dir_name,
 )
 from outlast.storage.run_store import RunStore
 
@@ -143,6 +143,15 @@ class RunBook:
         self.state.status = "waiting_for_capacity" if reason is not None else "running"
         self.state.waiting_for = reason
         self._save(now)
+
+    def note_size(self, workers: int, resize: ResizeRecord | None, now: float) -> None:
+        """The current attempt's world size (written with the next change), and the resize that led to it
+        (written now)."""
+        if self.state.attempts:
+            self.state.attempts[-1].workers = workers
+        if resize is not None:
+            self.state.resizes.append(resize)
+            self._save(now)
 
     def end_attempt(self, outcome: str, now: float) -> None:
         if self.state.attempts and self.state.attempts[-1].ended_at is None:

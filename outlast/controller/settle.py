@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from outlast.controller.policy import FailureDecision, decide_on_failure, pick_root_cause
 from outlast.controller.preemption import Preemption
 from outlast.controller.runstate import RunBook
+from outlast.controller.setup_errors import no_retry_can_mend
 from outlast.storage.records import FailureRecord
 from outlast.errors import PreemptionError, TrainingFailedError
 
@@ -44,6 +45,9 @@ def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], h
         return Settled(retry=True)
     decision = decide_on_failure(root, book.failures_this_launch("worker"), max_failures)
     book.settle_failed_attempt(root, "worker", wall)
+    hopeless = no_retry_can_mend(root)
+    if hopeless is not None:
+        return Settled(retry=False, error=TrainingFailedError(f"training failed: {hopeless}", list(history)))
     if root.traceback:
         log.warning("rank %d failed:\n%s", root.rank, root.traceback.rstrip())
     if decision.action is FailureDecision.RESTART:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
@@ -30,7 +31,7 @@ class Timeouts:
 class RunPlan:
     name: str
     book: RunBook
-    world_size: int
+    world_size: int  # the current attempt's: an elastic run's plan is replaced with each size
     workers: list[m.WorkerSpec]
     payload: bytes
     max_failures: int
@@ -50,6 +51,8 @@ class RunPlan:
     strategy: str = "PACK"
     forward_output: bool = True  # the workers' output lines come to the driver
     duplicate_files: str = "keep_rank0"  # file_merge.DuplicateFiles: ranks writing one file differently
+    elastic: Elastic | None = None  # ScalingConfig(num_workers=(min, max)): world_size starts at max
+    hang_timeout_s: float | None = None  # FailureConfig.hang_timeout_s: None adapts (hangs.py); inf never
 
 
 @dataclass

@@ -442,6 +442,25 @@ class WorkerDone(Msg):
     reports: int
 
 
+class Progress(Msg):
+    """From a rank's watch thread, about once a second: how many times its loop has called into outlast
+    (report, get_preemption_info, collectives, heartbeat) so far."""
+
+    attempt: int
+    rank: int
+    count: int
+
+
+class StackDump(Msg):
+    """A rank's Python stacks, every thread, as faulthandler writes them; `where` is the innermost frame
+    of its main thread ("all_reduce (distributed_c10d.py:2806)")."""
+
+    attempt: int
+    rank: int
+    text: str
+    where: str
+
+
 # ---- controller -> worker -------------------------------------------------------
 
 
@@ -472,6 +491,12 @@ class PreemptionNotice(Msg):
     node_to_ranks: dict[str, list[int]] = {}
 
 
+class DumpStacks(Msg):
+    """To a rank's watch thread: send every thread's stack (the controller found a hang)."""
+
+    attempt: int
+
+
 class CollectiveReply(Msg):
     seq: int
     payload: bytes | None = None
@@ -490,8 +515,10 @@ AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, 
                    SpawnRefused, DrainRefused, NodeList, WorkerOutput, OutputLines]
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
-WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress]
-ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice]
+WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress,
+                      Progress, StackDump]
+ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice,
+                           DumpStacks]
 
 
 # ---- node agent <-> its fork server (the zygote) ---------------------------------

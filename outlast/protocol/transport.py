@@ -106,6 +106,11 @@ def connect_dealer(ctx: zmq.Context, address: str, identity: bytes | None = None
     return sock
 
 
+def watch_identity(attempt: int, rank: int) -> bytes:
+    """A rank's watch thread has its own socket (a ZeroMQ socket belongs to one thread), beside "attempt:rank"."""
+    return f"{attempt}:{rank}:watch".encode()
+
+
 def route_ip(address: str | None) -> str:
     """The local address that packets to `address` (tcp://host:port or host:port) leave from: where a
     peer there reaches us. Without an address, the default route's; loopback when there is no route."""

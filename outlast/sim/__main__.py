@@ -14,19 +14,19 @@ from outlast.sim.run import quiet, run_seed
 from outlast.sim.schedule import draw
 
 
-def _run_range(bounds: tuple[int, int]) -> list[tuple[int, list[str], str, dict[str, int]]]:
+def _run_range(bounds: tuple[int, int, bool]) -> list[tuple[int, list[str], str, dict[str, int]]]:
     quiet()
     out = []
-    for seed in range(*bounds):
-        o = run_seed(seed)
+    for seed in range(bounds[0], bounds[1]):
+        o = run_seed(seed, elastic=bounds[2])
         out.append((seed, o.violations, o.status, o.facts))
     return out
 
 
-def run_many(start: int, count: int, jobs: int) -> dict:
+def run_many(start: int, count: int, jobs: int, elastic: bool = False) -> dict:
     began = time.perf_counter()
     chunk = max(1, min(500, count // (jobs * 4) or 1))
-    ranges = [(s, min(s + chunk, start + count)) for s in range(start, start + count, chunk)]
+    ranges = [(s, min(s + chunk, start + count), elastic) for s in range(start, start + count, chunk)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             results = [r for part in pool.map(_run_range, ranges) for r in part]
@@ -52,18 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", type=int, default=0, help="the first seed")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes to run them in")
     p.add_argument("--seed", type=int, help="replay one schedule, printing its trace")
+    p.add_argument("--elastic", action="store_true", help="each schedule as an elastic run, with nodes that join")
     args = p.parse_args(argv)
     if args.seed is not None:
         quiet()
-        o = run_seed(args.seed, trace=True)
-        print(f"schedule: {draw(args.seed)}")
+        o = run_seed(args.seed, trace=True, elastic=args.elastic)
+        print(f"schedule: {draw(args.seed, args.elastic)}")
         print("\n".join(o.trace))
         print(json.dumps({"seed": o.seed, "status": o.status, "virtual_s": round(o.virtual_s, 3),
                           "violations": o.violations}))
         return 1 if o.violations else 0
     if args.seeds is None:
         p.error("give --seeds N (run N schedules) or --seed S (replay one)")
-    summary = run_many(args.start, args.seeds, max(1, args.jobs))
+    summary = run_many(args.start, args.seeds, max(1, args.jobs), args.elastic)
     print(json.dumps(summary))
     if summary["violations"]:
         for seed in summary["failing_seeds"][:3]:

@@ -95,7 +95,7 @@ class SimNode:
         for w in [w for w in self.workers.values() if w.run_id != msg.run_id
                   and self.runs.get(w.run_id) is not None and self.runs[w.run_id].key == msg.run_key]:
             self._terminate(w, signal=9)  # a relaunched driver's run: the old driver's workers go first
-        gang = driver.gang(msg.attempt)
+        gang = driver.gang(msg.attempt, msg.workers[0].world_size)
         for spec in msg.workers:
             w = SimRank(self.sim, self, msg, spec, gang, driver.worker_channel(msg.attempt, spec.rank),
                         driver.worker_channel(msg.attempt, spec.rank, uploads=True))
@@ -124,6 +124,13 @@ class SimNode:
             run.driver.from_node(self.node_id, m.WorkerExited(
                 run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=0, exit_code=code, signal=signal, error=error,
                 node_id=self.node_id))
+
+    def wedge_worker(self, rank: int) -> bool:
+        for w in self.workers.values():
+            if w.rank == rank and w.alive and not w.wedged:
+                w.wedge()
+                return True
+        return False
 
     def kill_worker(self, rank: int) -> bool:
         for w in list(self.workers.values()):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from outlast.controller import group as g
 from outlast.controller.core import ControllerCore
+from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.protocol import messages as m
@@ -55,7 +56,9 @@ class SimDriver:
                                   world_size=s.loop.world_size) for r in range(s.loop.world_size)],
             payload=b"", max_failures=s.max_failures, num_to_keep=s.num_to_keep, score_attribute=None,
             score_order="max", env={}, cwd="/", sys_path=[], timeouts=TIMEOUTS, max_preemption_failures=-1,
-            per_worker={"CPU": 1.0}, strategy=s.strategy)
+            per_worker={"CPU": 1.0}, strategy=s.strategy,
+            elastic=Elastic(s.min_workers, s.loop.world_size, s.resize_interval_s) if s.min_workers else None,
+            hang_timeout_s=s.hang_timeout_s)
         self.core = ControllerCore(plan, f"driver{self.generation}", f"sim://driver{self.generation}", sim.wall)
         sim.storage.take_spent()
         self.deliver(g.NodeTable(node_table(sim.nodes, sim.world.now)))
@@ -114,9 +117,9 @@ class SimDriver:
         ch = self._from_rank[(attempt, rank, uploads)] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
         return lambda msg: ch.send(self.deliver, g.FromWorker(msg))
 
-    def gang(self, attempt: int) -> Gang:
+    def gang(self, attempt: int, size: int) -> Gang:
         if attempt not in self._gangs:
-            self._gangs[attempt] = Gang(self.sim.schedule.loop.world_size)
+            self._gangs[attempt] = Gang(size)
         return self._gangs[attempt]
 
     # ---- effects out ----------------------------------------------------------------------

@@ -120,7 +120,7 @@ class Observer:
             return
         ranks = self._returned.setdefault(checkpoint, set())
         ranks.add(w.rank)
-        if len(ranks) == self.sim.schedule.loop.world_size and checkpoint not in self.durable:
+        if len(ranks) == w.world_size and checkpoint not in self.durable:
             self.durable.append(checkpoint)
             self.durable.sort()
 

@@ -76,7 +76,9 @@ class Sim:
         ob = self.observer
         facts = {"preempted_attempts": len(ob.noticed), "ranks_told": sum(len(v) for v in ob.first_notice.values()),
                  "durable_checkpoints": len(ob.durable), "driver_launches": self.generations,
-                 "attempts": len(book.state.attempts) if book else 0}
+                 "attempts": len(book.state.attempts) if book else 0,
+                 "resizes": len(book.state.resizes) if book else 0,
+                 "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0}
         return Outcome(s.seed, list(ob.violations), book.state.status if book else "?", self.world.now,
                        self.world.trace, facts)
 
@@ -129,6 +131,11 @@ class Sim:
                 self.driver.die()
                 died = self.wall()
                 self.world.after(RELAUNCH_AFTER_S, self._launch, died)
+        elif f.kind == "hang":
+            if any(n.wedge_worker(f.target % self.schedule.loop.world_size) for n in live_nodes):
+                self.observer.harm += 1
+        elif f.kind == "add_node":
+            self._add_node()
         elif f.kind == "storage_fail":
             self.storage.failing.append((self.world.now, self.world.now + f.duration_s))
 
@@ -149,8 +156,8 @@ class Sim:
         self.world.note(f"node {node.node_id} joined")
 
 
-def run_seed(seed: int, trace: bool = False) -> Outcome:
-    return Sim(draw(seed), trace=trace).run()
+def run_seed(seed: int, trace: bool = False, elastic: bool = False) -> Outcome:
+    return Sim(draw(seed, elastic), trace=trace).run()
 
 
 def quiet() -> None:

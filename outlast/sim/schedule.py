@@ -25,7 +25,7 @@ class LoopSpec:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail
+    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node | hang
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail
@@ -44,6 +44,9 @@ class Schedule:
     storage_latency_s: float
     refuse_deletes: bool
     faults: list[Fault] = field(default_factory=list)
+    min_workers: int = 0  # > 0: an elastic run, num_workers=(min_workers, loop.world_size)
+    resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
+    hang_timeout_s: float = float("inf")  # finite: ranks send progress, and a "hang" fault wedges one
 
     @property
     def nominal_s(self) -> float:
@@ -54,7 +57,9 @@ KINDS = ["kill_worker", "lose_node", "drain", "drain", "drain", "drain_empty", "
          "double_drain"]
 
 
-def draw(seed: int) -> Schedule:
+def draw(seed: int, elastic: bool = False) -> Schedule:
+    """`elastic`: the same schedule as an elastic run (num_workers=(min, world)), with nodes that join; drawn
+    from a second generator, so that the seed's other choices stay as they are."""
     rng = random.Random(seed)
     world = rng.choice([1, 1, 2, 2, 2, 3, 4])
     step_s = math.exp(rng.uniform(math.log(0.001), math.log(60.0)))
@@ -79,7 +84,14 @@ def draw(seed: int) -> Schedule:
             continue
         faults.append(Fault(at, kind, target=rng.randrange(max(world, nodes)), deadline_s=deadline,
                             duration_s=rng.uniform(0.1, 20.0)))
+    low, interval = 0, 0.0
+    if elastic:
+        erng = random.Random(seed ^ 0xE1A5)
+        low, interval = erng.randint(1, world), erng.choice([0.0, 0.0, 5.0, 60.0])
+        nodes = max(1, nodes - erng.choice([0, 1, 2]))  # often starting below max_workers, to grow
+        faults += [Fault(erng.uniform(0.0, nominal * 1.2 + 0.5), "add_node") for _ in range(erng.choice([0, 1, 1, 2]))]
     return Schedule(
+        min_workers=low, resize_interval_s=interval,
         seed=seed, loop=loop, nodes=nodes, cpus_per_node=cpus, strategy=rng.choice(["SPREAD", "PACK"]),
         max_failures=rng.choice([-1, -1, 3, 10]), num_to_keep=rng.choice([None, 1, 2]),
         max_delay_s=rng.choice([0.0, 0.002, 0.02, 0.1]), storage_latency_s=rng.choice([0.0, 0.0, 0.01, 0.5]),

@@ -64,6 +64,7 @@ class SimRank:
                  to_controller, uploads_to_controller) -> None:
         self.sim, self.node, self.spawn, self.gang = sim, node, spawn, gang
         self.rank, self.attempt, self.run_id = spec.rank, spawn.attempt, spawn.run_id
+        self.world_size = spec.world_size  # the attempt's: an elastic run's differs from attempt to attempt
         self.to_controller = to_controller  # the session's socket
         self.uploads_to_controller = uploads_to_controller  # the upload thread's own socket
         self._upload_done_at = 0.0
@@ -76,6 +77,10 @@ class SimRank:
         self.horizon, self.expires = 0, 0.0
         self.notice: m.PreemptionNotice | None = None
         self.reports = 0
+        self.where = "start (sim)"  # what its stack would show
+        self.wedged = False  # a "hang" fault: it never comes back from where it is
+        self._resumes = 0
+        self._sent_at = float("-inf")
 
     # ---- running the generator ----------------------------------------------------------
 
@@ -85,8 +90,9 @@ class SimRank:
         self.resume(None)
 
     def resume(self, value) -> None:
-        if not self.alive or self._gen is None:
+        if not self.alive or self._gen is None or self.wedged:
             return
+        self._note_progress()
         try:
             req = self._gen.send(value)
         except StopIteration:
@@ -99,6 +105,7 @@ class SimRank:
                                                                   traceback="", phase="train"))
             return
         kind, arg = req
+        self.where = {"sleep": "train_step (sim)", "barrier": "all_reduce (sim)"}.get(kind, "_wait_for (sim)")
         if kind == "sleep":
             self.sim.world.after(arg, self.resume, None)
         elif kind == "barrier":
@@ -125,9 +132,27 @@ class SimRank:
         self.gang.break_()
 
     def on_message(self, msg: m.Msg) -> None:
-        if self.alive:
+        if self.alive and isinstance(msg, m.DumpStacks):  # its watch thread answers, wherever the loop is
+            self._send(m.StackDump(attempt=self.attempt, rank=self.rank, where=self.where,
+                                   text=f"Current thread 0x{self.rank:x} (most recent call first):\n"
+                                        f"  File \"sim.py\", line 1 in {self.where}\n"))
+        elif self.alive:
             self._inbox.append(msg)
             self._check_inbox()
+
+    def wedge(self) -> None:
+        """From its next step on, it sleeps forever in user code (its peers wait for it in all_reduce)."""
+        self.wedged = True
+        self.where = "sleep_forever (sim user code)"
+
+    def _note_progress(self) -> None:
+        """As its watch thread would: every time the loop moves on is progress, sent at most once a second."""
+        if self.sim.schedule.hang_timeout_s == float("inf"):
+            return  # the random schedules run without it, as they always did
+        self._resumes += 1
+        if self.sim.world.now - self._sent_at >= 1.0:
+            self._sent_at = self.sim.world.now
+            self._send(m.Progress(attempt=self.attempt, rank=self.rank, count=self._resumes))
 
     def _check_inbox(self) -> None:
         if self._waiting is None:

@@ -84,9 +84,21 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     started_at: float
     restored_from: str | None = None
     ended_at: float | None = None
-    outcome: str | None = None  # "finished" | "failed" | "aborted" | "driver_lost"
+    outcome: str | None = None  # "finished" | "failed" | "aborted" | "driver_lost" | "resized"
     failures: list[FailureRecord] = []
     outputs: list[OutputFile] = []  # additive under version 1: older readers ignore it
+    workers: int | None = None  # the attempt's world size, once placed
+
+
+class ResizeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An elastic run changed size between two attempts (drawing on no failure budget)."""
+
+    attempt: int  # the attempt that runs at the new size
+    from_workers: int
+    to_workers: int
+    reason: str
+    steps_lost: int  # reports made after the newest committed checkpoint the new attempt restores
+    time: float
 
 
 class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,6 +138,23 @@ class RunState(msgspec.Struct, kw_only=True):
     error: str | None = None
     waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
     notes: list[Note] = []
+    resizes: list[ResizeRecord] = []
+    hangs: list[HangRecord] = []
+
+
+class StackGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """Ranks whose stacks are the same but for thread ids: the stacks of the first, every thread."""
+
+    ranks: list[int]
+    where: str  # the innermost frame of their main thread
+    text: str
+
+
+class HangRecord(msgspec.Struct, frozen=True, kw_only=True):
+    attempt: int
+    time: float
+    summary: str
+    stacks: list[StackGroup] = []
 
 
 class CorruptDocument(ValueError):

@@ -79,6 +79,12 @@ def get_preemption_info() -> PreemptionInfo | None:
     return get_session("get_preemption_info").get_preemption_info()
 
 
+def heartbeat() -> None:
+    """Tell outlast this rank is making progress, for a loop whose steps call neither report() nor
+    get_preemption_info() for longer than FailureConfig.hang_timeout_s (a long evaluation, say)."""
+    get_session("heartbeat").heartbeat()
+
+
 def get_context() -> TrainContext:
     return get_session("get_context").context
 
@@ -96,5 +102,5 @@ __all__ = [
     "RunInUseError", "RunConfig", "ScalingConfig", "TRAIN_DATASET_KEY", "TrainContext", "Trainer",
     "TrainingFailedError", "WorkerGroupError",
     "get_all_reported_checkpoints", "get_checkpoint", "get_context", "get_dataset_shard", "get_preemption_info",
-    "report",
+    "heartbeat", "report",
 ]

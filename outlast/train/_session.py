@@ -65,6 +65,14 @@ class WorkerSession:
         self._preemption: PreemptionInfo | None = None
         self._uploads = Uploads(storage, controller_address, context.attempt, context.world_rank)
         self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
+        self._heartbeats = 0
+
+    def progress(self) -> int:
+        """Calls into outlast so far, each one progress (read by the watch thread, `watch.py`)."""
+        return self._reports + self._preemption_calls + self._collectives + self._heartbeats
+
+    def heartbeat(self) -> None:
+        self._heartbeats += 1
 
     # -- reports and checkpoints ------------------------------------------------
 

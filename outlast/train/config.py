@@ -20,9 +20,18 @@ class ScalingConfig:
     """`resources_per_worker` (e.g. {"CPU": 4, "GPU": 1, "memory": 8e9}) is what each rank holds on
     its node; nodes offer what `outlast start --num-cpus/--num-gpus/--memory/--resources` says.
     `use_gpu` asks one GPU per worker. PACK fills a node before the next; SPREAD deals ranks
-    round-robin; STRICT_PACK needs one node; STRICT_SPREAD one node per rank."""
+    round-robin; STRICT_PACK needs one node; STRICT_SPREAD one node per rank.
 
-    num_workers: int = 1
+    `num_workers=(min_workers, max_workers)` makes the run elastic, as in Ray Train: it asks for
+    `max_workers`, starts as soon as `min_workers` fit, restarts at once on what is left (at least
+    `min_workers`) when a node is lost or drained with nowhere to move, and grows when a node joins or
+    frees up. Growth is not polled: the controller sees the node table change and tells the loop at
+    once, through `get_preemption_info()` (reason "resize"), so it saves a checkpoint and the run
+    restarts larger without losing a step. `elastic_resize_monitor_interval_s` keeps Ray's name for
+    the one knob left: the least time between two resizes, so that a node that comes and goes does
+    not restart the run every time. A fixed int keeps a fixed size."""
+
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
@@ -30,9 +39,26 @@ class ScalingConfig:
     # with `outlast start --resources accelerator_type:A100=1` (the resource name Ray uses).
     accelerator_type: str | None = None
     label_selector: dict[str, str] | list[dict[str, str]] | None = None
+    elastic_resize_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
-        _check_int("ScalingConfig.num_workers", self.num_workers, 1)
+        if isinstance(self.num_workers, (tuple, list)):
+            if len(self.num_workers) != 2:
+                raise ValueError(f"ScalingConfig.num_workers must be an int or a pair (min_workers, max_workers), "
+                                 f"got {self.num_workers!r}")
+            low, high = self.num_workers
+            _check_int("ScalingConfig.num_workers[0] (min_workers)", low, 1)
+            _check_int("ScalingConfig.num_workers[1] (max_workers)", high, 1)
+            if low > high:
+                raise ValueError(f"ScalingConfig.num_workers=(min_workers, max_workers) needs min_workers <= "
+                                 f"max_workers, got {self.num_workers!r}")
+            self.num_workers = (low, high)
+        else:
+            _check_int("ScalingConfig.num_workers", self.num_workers, 1)
+        interval = self.elastic_resize_monitor_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
+            raise ValueError(f"ScalingConfig.elastic_resize_monitor_interval_s must be a finite number of seconds "
+                             f">= 0, got {interval!r}")
         if self.label_selector:
             raise ValueError(
                 "ScalingConfig(label_selector=...) is not supported: outlast places ranks by resources. Start the "
@@ -76,9 +102,17 @@ class FailureConfig:
     # On a preemption, report() and get_preemption_info() go on with the ranks that survive
     # when the preempted ranks' node goes away (rank 0 included).
     relax_collectives_on_preemption: bool = False
+    # A rank without progress (report, get_preemption_info, collectives, outlast.train.heartbeat()) this
+    # long is hung: every rank's stacks are taken, then the attempt restarts as a failure. None adapts to
+    # the run: 10 x its slowest step, never under 5 minutes (outlast/controller/hangs.py says why).
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        t = self.hang_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= math.inf):
+            raise ValueError(f"FailureConfig.hang_timeout_s must be None (adapts to the run) or a number of seconds "
+                             f"> 0 (math.inf: never), got {t!r}")
         _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures, -1)
         if not isinstance(self.relax_collectives_on_preemption, bool):
             raise ValueError(f"FailureConfig.relax_collectives_on_preemption must be True or False, "
@@ -166,6 +200,12 @@ class RunConfig:
                              f"got {self.worker_output!r}")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise ValueError(f"RunConfig.storage_path must be a path or a URL string, got {self.storage_path!r}")
+
+
+def worker_range(sc: ScalingConfig) -> tuple[int, int]:
+    """(min_workers, max_workers); equal for a fixed size."""
+    n = sc.num_workers
+    return (n[0], n[1]) if isinstance(n, tuple) else (n, n)
 
 
 def _check_config(name: str, value: object, cls: type) -> None:

@@ -16,6 +16,7 @@ from outlast.client.discovery import attach
 from outlast.client.preload import with_default
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
+from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
 from outlast.controller.metrics import DriverMetrics
@@ -31,7 +32,7 @@ from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
 from outlast.train.embedded import EmbeddedNode
-from outlast.train.config import RunConfig, ScalingConfig
+from outlast.train.config import RunConfig, ScalingConfig, worker_range
 from outlast.train.data import DataConfig, to_source
 from outlast.errors import TrainingFailedError, classify
 from outlast.train.result import Result, build_result
@@ -140,7 +141,8 @@ class DataParallelTrainer:
 
     def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper, progress: ProgressLine) -> None:
         rc = self.run_config
-        n = self.scaling_config.num_workers
+        low, n = worker_range(self.scaling_config)
+        elastic = Elastic(low, n, self.scaling_config.elastic_resize_monitor_interval_s) if low < n else None
         plan = RunPlan(
             name=name, book=book, world_size=n,
             workers=[m.WorkerSpec(rank=r, local_rank=r, local_world_size=n, node_rank=0, world_size=n)
@@ -157,6 +159,7 @@ class DataParallelTrainer:
             relax_collectives=rc.failure_config.relax_collectives_on_preemption,
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
             duplicate_files=rc.checkpoint_config.duplicate_files, forward_output=rc.worker_output != "off",
+            elastic=elastic, hang_timeout_s=rc.failure_config.hang_timeout_s,
         )
         ctx = zmq.Context()
         access = embedded = None

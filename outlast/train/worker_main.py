@@ -24,6 +24,7 @@ from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer, encode
 from outlast.runenv import worker_env
 from outlast.storage.base import Storage
+from outlast.train import watch
 
 
 @dataclass
@@ -118,6 +119,7 @@ def run(req: m.ForkWorker) -> int:
                                           controller_address=req.controller_address)
         _session.set_session(session)
         sock.send(encode(m.WorkerHello(attempt=req.attempt, rank=spec.rank, pid=os.getpid())))
+        watch.start(req.attempt, spec.rank, req.controller_address, session.progress)  # progress; stacks on a hang
         backend.on_start(context)
         phase = "train"
         returned = _call_train_fn(payload.train_fn, payload.train_loop_config)

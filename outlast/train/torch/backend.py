@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from outlast.client.preload import TORCH_MODULES
+from outlast.errors import WorkerSetupError
 from outlast.train.backend import Backend
 from outlast.train.context import TrainContext
 
@@ -39,7 +40,10 @@ class TorchBackend(Backend):
         backend = self.config.backend or ("nccl" if self.use_gpu else "gloo")
         if self.use_gpu:
             if not torch.cuda.is_available():
-                raise RuntimeError("ScalingConfig(use_gpu=True) but this worker sees no CUDA device")
+                raise WorkerSetupError(f"ScalingConfig(use_gpu=True) but this worker on node "
+                                       f"{os.environ.get('OUTLAST_NODE_ID', '?')} sees no CUDA device (torch "
+                                       f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); install "
+                                       "a CUDA build of torch there, or start the node without --num-gpus")
             torch.cuda.set_device(context.local_rank % torch.cuda.device_count())
         if "MASTER_PORT" not in os.environ:
             # A port free on rank 0's node, which only rank 0 can tell; every rank learns it from rank 0.
