@@ -19,7 +19,8 @@ def _quiet():
 def schedule(faults, *, world=4, low=2, nodes=4, steps=40, step_s=0.5, interval=0.0, jit=True, seed=1,
              checkpoint_every=4, max_failures=3) -> Schedule:
     loop = LoopSpec(world_size=world, step_s=step_s, steps=steps, asks=jit, jit=jit, return_on_notice=False,
-                    report_every=1, checkpoint_every=checkpoint_every, sharded=False, done_lost=False)
+                    report_every=1, checkpoint_every=checkpoint_every, sharded=False, done_lost=False,
+                    async_upload=False)
     return Schedule(seed=seed, loop=loop, nodes=nodes, cpus_per_node=1, strategy="PACK", max_failures=max_failures,
                     num_to_keep=None, max_delay_s=0.002, storage_latency_s=0.0, refuse_deletes=False, faults=faults,
                     min_workers=low, resize_interval_s=interval)
