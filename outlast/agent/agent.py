@@ -23,9 +23,9 @@ from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
+from outlast.agent.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
-from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
-from outlast.agent.output import OutputTails, output_path, read_output
+from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
@@ -71,15 +71,12 @@ class Agent:
         self.sup = Supervisor(node_id)
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
-        self.log_dir = state_dir() / "logs"  # each rank's output, per run and attempt
-        self.output = OutputTails(node_id)
+        self.output = OutputTails(node_id, state_dir() / "logs")
         self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
         self.sources = DrainSources()
         self.role: NodeRole | None = None
-        self.fork_restarts = RestartPolicy()
-        self._fork_restart_at: float | None = None
         self._poller = zmq.Poller()
         # Before the fork server starts: the agent moves itself into system/, and the server
         # (its child) starts there too.
@@ -146,25 +143,14 @@ class Agent:
         one (it imports the preloaded modules again), later if it keeps dying, or stop the node."""
         pid = self.forks.proc.pid
         self._poller.unregister(self.forks.fileno())
-        how = describe_exit(self.forks.reap())
+        how, decision = self.forks.died(self.clock())
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
                                      "its workers died with it"))
-        decision = self.fork_restarts.on_death(self.clock(), how)
         if isinstance(decision, GiveUp):
             log.error("%s; stopping the node", decision.reason)
             self._stop = True
         else:
             log.warning("%s", decision.reason)
-            self._fork_restart_at = decision.at
-
-    def _restart_fork_server_if_due(self, now: float) -> None:
-        if self._fork_restart_at is None or now < self._fork_restart_at:
-            return
-        self._fork_restart_at = None
-        self.forks.start()
-        self.fork_restarts.restarted(now)
-        self._poller.register(self.forks.fileno(), zmq.POLLIN)
-        log.info("started the fork server again (pid %d)", self.forks.proc.pid)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -189,7 +175,7 @@ class Agent:
         elif isinstance(req, m.DrainNode):
             self._reply(identity, self.role.drain(req, self._apply_drain, self._reply))
         elif isinstance(req, m.ReadOutput):
-            self._reply(identity, read_output(self.log_dir, req))
+            self._reply(identity, read_output(self.output.log_dir, req))
         elif isinstance(req, m.ListNodes):
             self._reply(identity, m.NodeList(nodes=self.role.nodes(self.me(), now)))
         elif isinstance(req, (m.RegisterNode, m.NodeHeartbeat)):
@@ -214,10 +200,11 @@ class Agent:
                                 m.Resources(), True, spec.world_size, dict(req.resources))
             self.forks.send(m.ForkWorker(
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
-                payload=req.payload, env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path,
+                # The run's own credential is in its env: a worker never holds the cluster key.
+                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path,
                 run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
                 error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
-                cgroup_procs=procs, output_file=self._output_file(req, spec.rank),
+                cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
             ))
 
     def _spawn_task(self, identity: bytes, req: m.SpawnTask, now: float) -> None:
@@ -229,7 +216,7 @@ class Agent:
                             req.retriable, 1, demand)
         self.forks.send(m.ForkTask(
             run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
-            env=self._child_env(req.env), cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
+            env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
             error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
         ))
 
@@ -246,24 +233,11 @@ class Agent:
         self.sup.expect(key, Placement(leaf if procs else None, resources, retriable, world_size, demand))
         return procs
 
-    def _output_file(self, req: m.SpawnWorkers, rank: int) -> str:
-        try:
-            return self.output.watch(req.run_id, req.attempt, rank,
-                                     output_path(self.log_dir, req.run_name, req.run_id, req.attempt, rank),
-                                     req.forward_output)
-        except OSError as e:  # the worker's output goes to the node's log instead
-            log.error("could not create the output file of rank %d under %s (%s)", rank, self.log_dir, e)
-            return ""
-
     def _send_output(self, msgs: list[m.WorkerOutput]) -> None:
         for msg in msgs:
             run = self.sup.runs.get(msg.run_id)
             if run is not None:
                 self._reply(run.controller, msg)
-
-    def _child_env(self, env: dict[str, str]) -> dict[str, str]:
-        # A worker reaches its controller with its run's own credential, in `env`: never the cluster key.
-        return env
 
     # ---- drains ---------------------------------------------------------------------------------
 
@@ -347,7 +321,9 @@ class Agent:
                 sources = self.guard.sources_by_fd()
                 for fd in sources:
                     poller.register(fd, zmq.POLLIN)
-            self._restart_fork_server_if_due(self.clock())
+            if self.forks.restart_if_due(self.clock()):
+                self._poller.register(self.forks.fileno(), zmq.POLLIN)
+                log.info("started the fork server again (pid %d)", self.forks.proc.pid)
             self._tick(self.clock())
         self.close()
 

@@ -1,7 +1,8 @@
 """The agent's handle on its fork server (outlast/agent/zygote.py): the process and the pipe to it.
 
-A server that died is started again by the agent (`start`); what is asked of it in between
-waits here and goes to the new server, which reads it once its modules are imported.
+A server that died is started again (`died`, then `restart_if_due`), later each time it keeps
+dying, until its restart policy gives up; what is asked of it in between waits here and goes to
+the new server, which reads it once its modules are imported.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
+from outlast.agent.restarts import GiveUp, Restart, RestartPolicy, describe_exit
 from outlast.protocol import messages as m
 from outlast.protocol.transport import FROM_ZYGOTE, encode
 
@@ -22,8 +24,27 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.starts = 0
+        self.restarts = RestartPolicy()
+        self.restart_at: float | None = None
         self._waiting: list[m.ForkWorker | m.ForkTask] = []
         self.start()
+
+    def died(self, now: float) -> tuple[str, Restart | GiveUp]:
+        """After an end of file: reap it, and plan its restart or give up (the policy's decision,
+        with its reason). Returns how it ended too."""
+        how = describe_exit(self.reap())
+        decision = self.restarts.on_death(now, how)
+        if isinstance(decision, Restart):
+            self.restart_at = decision.at
+        return how, decision
+
+    def restart_if_due(self, now: float) -> bool:
+        if self.restart_at is None or now < self.restart_at:
+            return False
+        self.restart_at = None
+        self.start()
+        self.restarts.restarted(now)
+        return True
 
     @property
     def up(self) -> bool:

@@ -12,6 +12,8 @@ driver can say how many it did not show.
 
 from __future__ import annotations
 
+import logging
+
 import os
 import sys
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from outlast.protocol import messages as m
 READ_BYTES = 1 << 20  # per file per turn of the loop: one message stays small
 MAX_BEHIND_BYTES = 32 << 20  # further behind than this, the reader skips to the end
 MAX_LINE_BYTES = 64 << 10  # a longer line without a newline is cut and sent in pieces
+
+log = logging.getLogger("outlast.agent")
 
 
 def output_path(log_dir: Path, run_name: str, run_id: str, attempt: int, rank: int) -> Path:
@@ -89,10 +93,21 @@ class _Tail:
 class OutputTails:
     """The output files of the workers on this node, read from where each was left."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, log_dir: Path) -> None:
         self.node_id = node_id
+        self.log_dir = log_dir  # each rank's output, per run and attempt
         self._tails: dict[tuple[str, int, int], _Tail] = {}
         self.skipped_lines = 0  # over the node's life, for its log and metrics
+
+    def file_for(self, req: m.SpawnWorkers, rank: int) -> str:
+        """The rank's output file, watched from its first byte; "" (its output goes to the node's log
+        instead) when the file cannot be made."""
+        try:
+            return self.watch(req.run_id, req.attempt, rank,
+                              output_path(self.log_dir, req.run_name, req.run_id, req.attempt, rank), req.forward_output)
+        except OSError as e:
+            log.error("could not create the output file of rank %d under %s (%s)", rank, self.log_dir, e)
+            return ""
 
     def watch(self, run_id: str, attempt: int, rank: int, path: Path, forward: bool) -> str:
         """Create the rank's file (before its fork, so that reading starts at its first byte)."""

@@ -15,7 +15,7 @@ from outlast.storage.records import AttemptRecord, OutputFile, RunState
 
 
 def _tails(tmp_path, forward=True):
-    tails = OutputTails("node-1")
+    tails = OutputTails("node-1", tmp_path)
     path = tails.watch("run", 1, 0, output_path(tmp_path, "name", "run", 1, 0), forward)
     return tails, path
 
