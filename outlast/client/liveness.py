@@ -2,18 +2,18 @@
 
 A driver on the machine of a node (an embedded node, a `LocalCluster`, `outlast start` beside
 the script) need not wait for a node's heartbeat timeout to learn that its agent is gone: the
-process table says so at once. The agent names its pid and its host (the kernel's boot id and
-its pid namespace, so that two containers with pids of their own never match) in its node table
+process table says so at once. The agent names its pid and its host (machine id, boot id and
+pid namespace, so that two containers with pids of their own never match) in its node table
 entry; anyone else falls back to heartbeats.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import msgspec
 
+from outlast.identity import host_id as _host_id
 from outlast.procutil import pid_alive
 from outlast.protocol import messages as m
 
@@ -22,13 +22,8 @@ _how: dict[int, str] = {}  # pid -> how it ended, from whoever reaped it in this
 
 @functools.cache
 def host_id() -> str:
-    """This machine and pid namespace, or "" where that cannot be told."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return ""
+    """This machine, boot and pid namespace (`outlast.identity.host_id`), read once per process."""
+    return _host_id()
 
 
 def note_exit(pid: int, how: str) -> None:

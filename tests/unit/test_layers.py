@@ -47,6 +47,8 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "outlast":
+            found += [(node.lineno, f"outlast.{alias.name}") for alias in node.names]  # `from outlast import train`
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.ImportFrom) and node.level:
@@ -106,3 +108,12 @@ def test_the_check_refuses_peers_and_unknown_units(tmp_path, source, expected):
         assert f"(layer {layer}) imports outlast.agent.agent (layer {layer})" in problems[0]
     else:
         assert "outlast.newthing" in problems[0]
+
+
+def test_the_check_sees_a_package_imported_from_the_top_package(tmp_path):
+    pkg = tmp_path / "outlast"
+    (pkg / "controller").mkdir(parents=True)
+    (pkg / "controller" / "x.py").write_text("from outlast import train\n")
+    (pkg / "train").mkdir()
+    problems = upward_arrows(pkg)
+    assert len(problems) == 1 and "imports outlast.train" in problems[0]
