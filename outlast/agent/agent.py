@@ -23,7 +23,7 @@ from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
-from outlast.agent.restarts import GiveUp
+from outlast.client.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
-from outlast.agent.restarts import GiveUp, Restart, RestartPolicy, describe_exit
+from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exit
 from outlast.protocol import messages as m
 from outlast.protocol.transport import FROM_ZYGOTE, encode
 

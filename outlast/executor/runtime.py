@@ -3,7 +3,9 @@
 One background thread owns the ZeroMQ sockets: it admits queued tasks while the node has
 room for their requests, sends heartbeats (so the agent kills the tasks if this process
 dies), and settles futures from the tasks' results and exits. Retry decisions are in
-`policy.py`.
+`policy.py`. An embedded node whose agent dies is started again (`EmbeddedNode`); the tasks it
+ran are lost with it and count as failures of their process: retried on the new node while
+`max_retries` allows, else their futures say that the node died and how.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import cloudpickle
 import zmq
 
 from outlast.client.discovery import attach, request
+from outlast.client.embedded import EmbeddedNode
 from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.policy import (
@@ -92,10 +95,17 @@ class Executor(cf.Executor):
         self._shutdown = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._ctx = zmq.Context()
-        self._embedded = None
-        access = attach(self._ctx, default_preload() if preload is None else list(preload),
-                        isolation.to_args() if isolation else [])
-        self._access, self._embedded, self._key = access, access.embedded, access.key
+        self._embedded: EmbeddedNode | None = None
+        self._node_changes: list[tuple[str, str]] = []  # from the embedded node's watcher thread
+        self._node_down = False
+        self._node_gone: str | None = None
+        preload = default_preload() if preload is None else list(preload)
+        node_args = isolation.to_args() if isolation else []
+        access = attach(self._ctx, preload, node_args)
+        self._access, self._key = access, access.key
+        if access.embedded is not None:
+            self._embedded = EmbeddedNode(access.embedded, access.head_address, access.key, preload, node_args,
+                                          on_change=self._on_node_change)
         # Tasks get the node's environment, the driver's outlast settings and this executor's own
         # credential: never the cluster key.
         self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key)}
@@ -137,6 +147,8 @@ class Executor(cf.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit to an outlast.Executor after shutdown()")
+            if self._node_gone:
+                raise RuntimeError(f"this outlast.Executor has no node to run tasks on: {self._node_gone}")
             task = _Task(id=uuid.uuid4().hex[:12], payload=payload, future=future)
             self._tasks[task.id] = task
             self._queue.append(task)
@@ -154,6 +166,11 @@ class Executor(cf.Executor):
         self._wake()
         if wait:
             self._thread.join()
+
+    def _on_node_change(self, state: str, what: str) -> None:
+        with self._lock:
+            self._node_changes.append((state, what))
+        self._wake()
 
     def _wake(self) -> None:
         try:
@@ -177,10 +194,17 @@ class Executor(cf.Executor):
         try:
             while True:
                 now = time.monotonic()
-                if now >= next_heartbeat:
+                with self._lock:
+                    changes, self._node_changes = self._node_changes, []
+                for state, what in changes:
+                    agent = self._node_changed(state, what, agent, poller)
+                if self._node_down:
+                    pass  # nothing to heartbeat or admit to until the node is back
+                elif now >= next_heartbeat:
                     agent.send(encode(m.RunHeartbeat(run_id=self.session, timeout_s=DRIVER_TIMEOUT_S)))
                     next_heartbeat = now + HEARTBEAT_S
-                self._admit(now)
+                if not self._node_down:
+                    self._admit(now)
                 self._expire_lost_results(now)
                 with self._lock:
                     if self._shutdown and not self._tasks:
@@ -205,11 +229,43 @@ class Executor(cf.Executor):
             os.close(self._wake_r)
             os.close(self._wake_w)
             if self._embedded is not None:
-                self._embedded.terminate()
-                try:
-                    self._embedded.wait(timeout=10)
-                except Exception:
-                    self._embedded.kill()
+                self._embedded.stop()
+
+    def _node_changed(self, state: str, what: str, agent: zmq.Socket, poller: zmq.Poller) -> zmq.Socket:
+        """The embedded node died, came back or is gone for good; returns the socket to the agent."""
+        if state == "restarted":
+            # A new socket: what the old one queued was meant for the dead agent.
+            poller.unregister(agent)
+            agent.close(linger=0)
+            agent = self._agent = connect_dealer(self._ctx, self.address, key=self._key)
+            poller.register(agent, zmq.POLLIN)
+            self._node_down = False
+            log.warning("%s; the executor's tasks go on there", what)
+            return agent
+        self._node_down = True
+        if state == "gone":
+            with self._lock:
+                self._node_gone = what
+                self._queue.clear()
+            for task in list(self._tasks.values()):
+                task.running = False
+                if not task.future.done():
+                    self._settle(task, error=TaskFailedError(f"task {task.id} cannot run: {what}"))
+                self._tasks.pop(task.id, None)
+            return agent
+        for task in [t for t in self._tasks.values() if t.running]:
+            task.running, task.retry_pending, task.exited_ok_at = False, False, None
+            if task.future.done():
+                self._tasks.pop(task.id, None)
+                continue
+            task.failures += 1
+            outcome = on_failure(task.failures, self.retry, raised=False)
+            if outcome.verdict is Verdict.RETRY:
+                log.warning("task %s was lost: %s; %s", task.id, what, outcome.reason)
+                self._queue_now(task, outcome.delay_s)
+            else:
+                self._settle(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
+        return agent
 
     def _drain(self, sock: zmq.Socket, codec: Codec, handle: Callable[[Any], None]) -> None:
         while True:

@@ -31,7 +31,7 @@ from outlast.runenv import carried_env
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
-from outlast.train.embedded import EmbeddedNode
+from outlast.client.embedded import EmbeddedNode
 from outlast.train.config import RunConfig, ScalingConfig, worker_range
 from outlast.train.data import DataConfig, to_source
 from outlast.errors import TrainingFailedError, classify

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outlast.agent.restarts import GiveUp, Restart, RestartPolicy, describe_exit
+from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exit
 
 
 def test_the_first_death_restarts_at_once_however_young_the_server():

@@ -1,4 +1,5 @@
-"""The node a driver starts for itself when no cluster runs here, started again when it dies.
+"""The node a driver or an Executor starts for itself when no cluster runs here, started again
+when it dies.
 
 The node's agent is outlast's own process: an OOM kill of it, a bug, or a mistaken `kill` must
 cost the run one restart, not the run. A watcher thread waits on the agent (reaping it at
@@ -6,7 +7,8 @@ once, so the controller sees the pid gone on its next tick: outlast/client/liven
 starts a new one on the same address, with a new node id: the controller counts the old node
 lost (one failure of the run, its history saying what died and how) and places the next
 attempt on the new one. A node that keeps dying soon after its start is given up on, with
-the reason in the log; the run then waits for capacity and says so.
+the reason in the log; the run then waits for capacity and says so. An Executor, which has no
+controller watching the node table, hears of each death and restart through `on_change`.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ import os
 import subprocess
 import threading
 import time
+from typing import Callable
 
-from outlast.agent.restarts import GiveUp, RestartPolicy, describe_exit
+from outlast.client.restarts import GiveUp, RestartPolicy, describe_exit
 from outlast.client.discovery import AgentUnavailable, start_agent_process
 from outlast.client.liveness import note_exit
 from outlast.protocol.auth import ClusterKey
 
-log = logging.getLogger("outlast.train")
+log = logging.getLogger("outlast.client")
 
 
 class EmbeddedNode:
     def __init__(self, proc: subprocess.Popen, address: str, key: ClusterKey, preload: list[str],
-                 extra_args: list[str]) -> None:
+                 extra_args: list[str], on_change: "Callable[[str, str], None] | None" = None) -> None:
+        """`on_change(state, what)`, from the watcher thread: "died" (`what` says how, and that
+        it comes back), "restarted" once its successor listens, or "gone" when it does not come
+        back (`what` says why)."""
         self.proc = proc
         self.address = address
         self._args = [*extra_args, "--port", address.rsplit(":", 1)[1]]
@@ -35,6 +41,7 @@ class EmbeddedNode:
         self._preload = preload
         self._policy = RestartPolicy(what="the embedded node agent")
         self._stopping = threading.Event()
+        self._on_change = on_change or (lambda state, what: None)
         # Started from a thread, the agent dies with that thread (PR_SET_PDEATHSIG): this one lives
         # until stop(), so a restarted agent lives as long as the driver.
         self._thread = threading.Thread(target=self._watch, name="outlast-embedded-node", daemon=True)
@@ -49,12 +56,15 @@ class EmbeddedNode:
                 return
             decision = self._policy.on_death(time.monotonic(), how)
             # Said before the pid is reaped: the controller, seeing it gone, finds how it went.
-            note_exit(proc.pid, f"the embedded node agent died ({how}); " + (
-                decision.reason if isinstance(decision, GiveUp) else "the driver restarts it"))
+            what = f"the embedded node agent died ({how}); " + (
+                decision.reason if isinstance(decision, GiveUp) else "the driver restarts it")
+            note_exit(proc.pid, what)
             proc.wait()
             if isinstance(decision, GiveUp):
                 log.error("%s", decision.reason)
+                self._on_change("gone", what)
                 return
+            self._on_change("died", what)
             if decision.at > time.monotonic() and self._stopping.wait(decision.at - time.monotonic()):
                 return
             try:
@@ -62,12 +72,14 @@ class EmbeddedNode:
                                                    env=self._key.env)
             except AgentUnavailable as e:
                 log.error("the embedded node agent died (%s) and could not be started again: %s", how, e)
+                self._on_change("gone", f"the embedded node agent died ({how}) and could not be started again: {e}")
                 return
             if self._stopping.is_set():  # fit() ended while the new node started
                 self.proc.terminate()
                 self.proc.wait()
                 return
             self._policy.restarted(time.monotonic())
+            self._on_change("restarted", f"the embedded node agent was restarted (pid {self.proc.pid})")
             log.warning("the embedded node agent (pid %d) died (%s); the driver restarted it (pid %d) at %s",
                         proc.pid, how, self.proc.pid, self.address)
 
