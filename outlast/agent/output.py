@@ -16,9 +16,11 @@ import logging
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from outlast.agent.log_retention import prune
 from outlast.protocol import messages as m
 
 READ_BYTES = 1 << 20  # per file per turn of the loop: one message stays small
@@ -98,6 +100,7 @@ class OutputTails:
         self.log_dir = log_dir  # each rank's output, per run and attempt
         self._tails: dict[tuple[str, int, int], _Tail] = {}
         self.skipped_lines = 0  # over the node's life, for its log and metrics
+        self.prune()  # what earlier agents of this node left
 
     def file_for(self, req: m.SpawnWorkers, rank: int) -> str:
         """The rank's output file, watched from its first byte; "" (its output goes to the node's log
@@ -148,7 +151,12 @@ class OutputTails:
         out = []
         for key in [k for k in self._tails if k[0] == run_id]:
             out += self.finish(*key)
+        self.prune()
         return out
+
+    def prune(self) -> None:
+        """Remove old runs' files (outlast/agent/log_retention.py), never those still read here."""
+        prune(self.log_dir, time.time(), {Path(t.path).parent.name for t in self._tails.values()})
 
     def close(self) -> None:
         for t in self._tails.values():
