@@ -100,6 +100,7 @@ class OutputTails:
         self.log_dir = log_dir  # each rank's output, per run and attempt
         self._tails: dict[tuple[str, int, int], _Tail] = {}
         self.skipped_lines = 0  # over the node's life, for its log and metrics
+        self._run_dirs: dict[str, str] = {}  # run id -> its directory, until the run ends (read or not)
         self.prune()  # what earlier agents of this node left
 
     def file_for(self, req: m.SpawnWorkers, rank: int) -> str:
@@ -116,6 +117,7 @@ class OutputTails:
         """Create the rank's file (before its fork, so that reading starts at its first byte)."""
         self.finish(run_id, attempt, rank)  # a spawn sent again for the same rank starts over
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._run_dirs[run_id] = path.parent.name
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if not forward:  # RunConfig(worker_output="off"): kept in the file, never read here
             os.close(fd)
@@ -151,12 +153,13 @@ class OutputTails:
         out = []
         for key in [k for k in self._tails if k[0] == run_id]:
             out += self.finish(*key)
+        self._run_dirs.pop(run_id, None)
         self.prune()
         return out
 
     def prune(self) -> None:
         """Remove old runs' files (outlast/agent/log_retention.py), never those still read here."""
-        prune(self.log_dir, time.time(), {Path(t.path).parent.name for t in self._tails.values()})
+        prune(self.log_dir, time.time(), set(self._run_dirs.values()))
 
     def close(self) -> None:
         for t in self._tails.values():

@@ -82,13 +82,15 @@ def test_the_end_of_a_run_removes_old_runs_files_but_not_a_run_still_being_writt
     monkeypatch.setenv("OUTLAST_LOG_KEEP_RUNS", "0")
     tails = OutputTails("node-1", tmp_path)
     writing = tails.watch("live", 1, 0, output_path(tmp_path, "live", "live", 1, 0), True)
+    unread = tails.watch("quiet", 1, 0, output_path(tmp_path, "quiet", "quiet", 1, 0), False)  # worker_output="off"
     os.utime(writing, (time.time() - 100 * H,) * 2)
-    os.utime(os.path.dirname(writing), (time.time() - 100 * H,) * 2)
+    for p in (unread, os.path.dirname(writing), os.path.dirname(unread)):
+        os.utime(p, (time.time() - 100 * H,) * 2)
     old = _old_run(tmp_path, "old", 48)
     young = _old_run(tmp_path, "young", 1)
     tails.watch("ended", 1, 0, output_path(tmp_path, "ended", "ended", 1, 0), True)
     tails.finish_run("ended")
-    assert not old.exists() and young.exists() and os.path.exists(writing)
+    assert not old.exists() and young.exists() and os.path.exists(writing) and os.path.exists(unread)
     tails.close()
 
 
