@@ -135,7 +135,8 @@ class Agent:
         elif isinstance(msg, m.Forked):
             self.apply(self.sup.on_forked(msg, time.time()))
         elif isinstance(msg, m.Reaped):
-            self._send_output(self.output.finish(msg.run_id, msg.attempt, msg.rank))  # its last lines, then its exit
+            # Its last lines, then its exit.
+            self._send_output(self.output.finish(msg.run_id, msg.attempt, msg.rank, msg.task_id))
             self.apply(self.sup.on_reaped(msg))
 
     def _fork_server_died(self) -> None:
@@ -218,6 +219,7 @@ class Agent:
             run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
             env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
             error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
+            output_file=self.output.file_for_task(req),
         ))
 
     def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,

@@ -34,6 +34,11 @@ def output_path(log_dir: Path, run_name: str, run_id: str, attempt: int, rank: i
     return log_dir / f"{run_name}-{run_id}" / f"attempt{attempt}-rank{rank}.log"
 
 
+def task_output_path(log_dir: Path, session: str, task_id: str) -> Path:
+    """An Executor task's file: one directory per executor (its session), one file per task."""
+    return log_dir / session / f"task-{task_id}.log"
+
+
 def last_lines(path: str, n: int) -> list[str]:
     """The last `n` lines of a file, read backwards from its end in blocks."""
     with open(path, "rb") as f:
@@ -86,6 +91,7 @@ class _Tail:
     rank: int
     path: str
     fd: int
+    task_id: str = ""
     offset: int = 0
     seq: int = 0  # lines read so far, skipped ones included
     partial: bytes = b""
@@ -98,7 +104,7 @@ class OutputTails:
     def __init__(self, node_id: str, log_dir: Path) -> None:
         self.node_id = node_id
         self.log_dir = log_dir  # each rank's output, per run and attempt
-        self._tails: dict[tuple[str, int, int], _Tail] = {}
+        self._tails: dict[tuple[str, int, int, str], _Tail] = {}  # (run, attempt, rank, task id)
         self.skipped_lines = 0  # over the node's life, for its log and metrics
         self._run_dirs: dict[str, str] = {}  # run id -> its directory, until the run ends (read or not)
         self.prune()  # what earlier agents of this node left
@@ -113,16 +119,27 @@ class OutputTails:
             log.error("could not create the output file of rank %d under %s (%s)", rank, self.log_dir, e)
             return ""
 
-    def watch(self, run_id: str, attempt: int, rank: int, path: Path, forward: bool) -> str:
+    def file_for_task(self, req: m.SpawnTask) -> str:
+        """As `file_for`, for an Executor task (attempt 0, rank -1, as the fork server names it)."""
+        try:
+            return self.watch(req.run_id, 0, -1, task_output_path(self.log_dir, req.run_id, req.task_id), True,
+                              req.task_id)
+        except OSError as e:
+            log.error("could not create the output file of task %s under %s (%s)", req.task_id, self.log_dir,
+                      e)
+            return ""
+
+    def watch(self, run_id: str, attempt: int, rank: int, path: Path, forward: bool, task_id: str = "") -> str:
         """Create the rank's file (before its fork, so that reading starts at its first byte)."""
-        self.finish(run_id, attempt, rank)  # a spawn sent again for the same rank starts over
+        self.finish(run_id, attempt, rank, task_id)  # a spawn sent again for the same rank starts over
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._run_dirs[run_id] = path.parent.name
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if not forward:  # RunConfig(worker_output="off"): kept in the file, never read here
             os.close(fd)
             return str(path)
-        self._tails[(run_id, attempt, rank)] = _Tail(run_id, attempt, rank, str(path), fd, offset=os.fstat(fd).st_size)
+        self._tails[(run_id, attempt, rank, task_id)] = _Tail(run_id, attempt, rank, str(path), fd,
+                                                              offset=os.fstat(fd).st_size, task_id=task_id)
         return str(path)
 
     def read_all(self) -> list[m.WorkerOutput]:
@@ -134,9 +151,9 @@ class OutputTails:
                 out.append(msg)
         return out
 
-    def finish(self, run_id: str, attempt: int, rank: int) -> list[m.WorkerOutput]:
+    def finish(self, run_id: str, attempt: int, rank: int, task_id: str = "") -> list[m.WorkerOutput]:
         """The rank exited: its last lines (a last line without a newline too), then stop reading."""
-        t = self._tails.pop((run_id, attempt, rank), None)
+        t = self._tails.pop((run_id, attempt, rank, task_id), None)
         if t is None:
             return []
         out = []
@@ -202,7 +219,7 @@ class OutputTails:
         seq = t.seq
         t.seq += len(lines)
         return m.WorkerOutput(run_id=t.run_id, attempt=t.attempt, rank=t.rank, node_id=self.node_id, seq=seq,
-                              lines=lines)
+                              lines=lines, task_id=t.task_id)
 
     def _skip(self, t: _Tail, to: int) -> int:
         """Jump to `to`, counting the lines jumped over (a line cut at `to` counts as one of them)."""

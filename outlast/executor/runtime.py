@@ -5,7 +5,9 @@ room for their requests, sends heartbeats (so the agent kills the tasks if this 
 dies), and settles futures from the tasks' results and exits. Retry decisions are in
 `policy.py`. An embedded node whose agent dies is started again (`EmbeddedNode`); the tasks it
 ran are lost with it and count as failures of their process: retried on the new node while
-`max_retries` allows, else their futures say that the node died and how.
+`max_retries` allows, else their futures say that the node died and how. What a task prints
+(stdout and stderr, kept in a file on its node: outlast/agent/output.py) is printed here, each
+line prefixed `[task TASK_ID NODE]`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _Task:
     running: bool = False
     exited_ok_at: float | None = None
     retry_pending: bool = False  # retry once its process has exited
+    output_seq: int = 0  # the next line of its current process's output
 
 
 class Executor(cf.Executor):
@@ -293,7 +296,7 @@ class Executor(cf.Executor):
                 if not task.future.running() and not task.future.set_running_or_notify_cancel():
                     self._tasks.pop(task.id, None)  # cancelled while it waited
                     continue
-                task.running, task.exited_ok_at = True, None
+                task.running, task.exited_ok_at, task.output_seq = True, None, 0
                 running += 1
                 self._agent.send(encode(m.SpawnTask(
                     run_id=self.session, task_id=task.id, controller_address=self._result_address,
@@ -332,6 +335,9 @@ class Executor(cf.Executor):
         self._settle(task, error=exc)
 
     def _on_agent_event(self, ev: m.AgentEvent) -> None:
+        if isinstance(ev, m.WorkerOutput) and ev.task_id:
+            self._print_output(ev)
+            return
         if not isinstance(ev, m.TaskExited):
             return
         task = self._tasks.get(ev.task_id)
@@ -371,6 +377,19 @@ class Executor(cf.Executor):
         else:
             self._settle(task, error=TaskFailedError(f"task {task.id} {how} on node {ev.node_id}: {outcome.reason}",
                                                      ev.exit_code, ev.signal))
+
+    def _print_output(self, ev: m.WorkerOutput) -> None:
+        prefix = f"[task {ev.task_id} {ev.node_id}]"
+        task = self._tasks.get(ev.task_id)
+        # seq counts every line the task's process wrote; a gap is lines its node skipped.
+        expected = task.output_seq if task is not None else ev.seq
+        text = f"{prefix} ({ev.seq - expected} lines not shown: the task wrote faster than they were read)\n" \
+            if ev.seq > expected else ""
+        text += "".join(f"{prefix} {line}\n" for line in ev.lines)
+        if task is not None:
+            task.output_seq = ev.seq + len(ev.lines)
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
     def _requeue(self, task: _Task, delay_s: float, wait_for_exit: bool = False) -> None:
         if wait_for_exit and task.running:

@@ -164,6 +164,7 @@ class WorkerOutput(Msg):
     node_id: str
     seq: int
     lines: list[str]
+    task_id: str = ""  # an Executor task's lines (attempt 0, rank -1)
 
 
 class WorkerExited(Msg):
@@ -552,6 +553,7 @@ class ForkTask(Msg):
     node_id: str
     error_file: str
     cgroup_procs: list[str] = []
+    output_file: str = ""  # as ForkWorker's
 
 
 class ZygoteReady(Msg):

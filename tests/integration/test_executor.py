@@ -72,3 +72,28 @@ def test_shutdown_cancels_queued_tasks_on_request_and_refuses_new_ones(tmp_path)
 
 def test_it_is_a_concurrent_futures_executor():
     assert issubclass(outlast.Executor, cf.Executor)
+
+
+def chatty(n):
+    import sys
+
+    for i in range(n):
+        print(f"out {i}")
+    print("last words on stderr", file=sys.stderr)
+    return os.environ["OUTLAST_TASK_ID"]
+
+
+def test_what_a_task_prints_reaches_the_callers_stdout_prefixed_with_the_task_and_node(ex, capfd):
+    import re
+    import time
+
+    task_id = ex.submit(chatty, 500).result(timeout=60)
+    out, deadline = "", time.monotonic() + 60
+    while "last words on stderr" not in out:  # the lines come through the node, the result directly
+        assert time.monotonic() < deadline, f"the task's last line never came; got:\n{out[-2000:]}"
+        time.sleep(0.05)
+        out += capfd.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith(f"[task {task_id} ")]
+    assert len(lines) == 501 and lines[-1].endswith("] last words on stderr")
+    assert all(re.match(rf"\[task {task_id} \S+\] ", line) for line in lines)
+    assert [line.split()[-1] for line in lines[:-1]] == [str(i) for i in range(500)]
