@@ -51,3 +51,18 @@ def test_a_task_without_retries_fails_saying_the_node_died_and_how(tmp_path):
         with pytest.raises(outlast.TaskFailedError, match=r"embedded node agent died \(killed by SIGKILL\)"):
             future.result(timeout=120)
         assert ex.submit(pow, 3, 2).result(timeout=60) == 9
+
+
+def test_a_node_that_does_not_come_back_fails_every_task_and_refuses_new_ones(tmp_path):
+    # As the node's watcher says it when the agent keeps dying (RestartPolicy gives up) or cannot start.
+    why = "the embedded node agent died (killed by SIGKILL); it died 4 times in a row; giving up"
+    with outlast.Executor(max_workers=1, max_retries=3, preload=[]) as ex:
+        running = ex.submit(count_runs_and_hang_on_the_first, str(tmp_path))
+        queued = ex.submit(pow, 2, 2)
+        _wait_for(lambda: os.listdir(tmp_path), "the task's first run")
+        ex._on_node_change("gone", why)
+        for future in (running, queued):
+            with pytest.raises(outlast.TaskFailedError, match="giving up"):
+                future.result(timeout=60)
+        with pytest.raises(RuntimeError, match="no node to run tasks on: the embedded node agent died"):
+            ex.submit(pow, 2, 3)
