@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import cloudpickle
@@ -31,6 +30,7 @@ from outlast.client.discovery import attach, request
 from outlast.client.embedded import EmbeddedNode
 from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
+from outlast.executor.tasks import Task, format_task_output, importable_paths
 from outlast.executor.policy import (
     RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
 )
@@ -50,21 +50,6 @@ TASK_RESULTS: Codec[m.TaskResult] = Codec(m.TaskResult)
 HEARTBEAT_S = 0.5
 DRIVER_TIMEOUT_S = 5.0
 RESULT_GRACE_S = 5.0  # a task that exited 0 may have its result still in flight on the other socket
-
-
-@dataclass
-class _Task:
-    id: str
-    payload: bytes
-    future: cf.Future
-    not_before: float = 0.0
-    oom_kills: int = 0
-    failures: int = 0
-    reports: list[m.KillReport] = field(default_factory=list)
-    running: bool = False
-    exited_ok_at: float | None = None
-    retry_pending: bool = False  # retry once its process has exited
-    output_seq: int = 0  # the next line of its current process's output
 
 
 class Executor(cf.Executor):
@@ -92,8 +77,8 @@ class Executor(cf.Executor):
                                  retry_exceptions=retry_exceptions, oom_backoff_s=oom_backoff_s,
                                  oom_backoff_max_s=oom_backoff_max_s)
         self.session = "exec-" + uuid.uuid4().hex[:10]
-        self._queue: deque[_Task] = deque()
-        self._tasks: dict[str, _Task] = {}
+        self._queue: deque[Task] = deque()
+        self._tasks: dict[str, Task] = {}
         self._lock = threading.Lock()
         self._shutdown = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -152,7 +137,7 @@ class Executor(cf.Executor):
                 raise RuntimeError("cannot submit to an outlast.Executor after shutdown()")
             if self._node_gone:
                 raise RuntimeError(f"this outlast.Executor has no node to run tasks on: {self._node_gone}")
-            task = _Task(id=uuid.uuid4().hex[:12], payload=payload, future=future)
+            task = Task(id=uuid.uuid4().hex[:12], payload=payload, future=future)
             self._tasks[task.id] = task
             self._queue.append(task)
         self._wake()
@@ -300,7 +285,7 @@ class Executor(cf.Executor):
                 running += 1
                 self._agent.send(encode(m.SpawnTask(
                     run_id=self.session, task_id=task.id, controller_address=self._result_address,
-                    payload=task.payload, env=self._task_env, cwd=os.getcwd(), sys_path=_importable_paths(),
+                    payload=task.payload, env=self._task_env, cwd=os.getcwd(), sys_path=importable_paths(),
                     resources=self.resources,
                 )))
             self._queue.extendleft(reversed(waiting))
@@ -379,25 +364,19 @@ class Executor(cf.Executor):
                                                      ev.exit_code, ev.signal))
 
     def _print_output(self, ev: m.WorkerOutput) -> None:
-        prefix = f"[task {ev.task_id} {ev.node_id}]"
         task = self._tasks.get(ev.task_id)
-        # seq counts every line the task's process wrote; a gap is lines its node skipped.
-        expected = task.output_seq if task is not None else ev.seq
-        text = f"{prefix} ({ev.seq - expected} lines not shown: the task wrote faster than they were read)\n" \
-            if ev.seq > expected else ""
-        text += "".join(f"{prefix} {line}\n" for line in ev.lines)
+        sys.stdout.write(format_task_output(ev, task.output_seq if task is not None else ev.seq))
+        sys.stdout.flush()
         if task is not None:
             task.output_seq = ev.seq + len(ev.lines)
-        sys.stdout.write(text)
-        sys.stdout.flush()
 
-    def _requeue(self, task: _Task, delay_s: float, wait_for_exit: bool = False) -> None:
+    def _requeue(self, task: Task, delay_s: float, wait_for_exit: bool = False) -> None:
         if wait_for_exit and task.running:
             task.retry_pending = True
             return
         self._queue_now(task, delay_s)
 
-    def _queue_now(self, task: _Task, delay_s: float) -> None:
+    def _queue_now(self, task: Task, delay_s: float) -> None:
         task.not_before = time.monotonic() + delay_s
         with self._lock:
             self._queue.append(task)
@@ -409,7 +388,7 @@ class Executor(cf.Executor):
                 self._settle(task, error=TaskFailedError(
                     f"task {task.id} exited without sending its result within {RESULT_GRACE_S:.0f} s"))
 
-    def _settle(self, task: _Task, value: Any = None, error: BaseException | None = None) -> None:
+    def _settle(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         if error is not None:
             task.future.set_exception(error)
         else:
@@ -417,12 +396,3 @@ class Executor(cf.Executor):
         if not task.running:
             self._tasks.pop(task.id, None)
 
-
-def _importable_paths() -> list[str]:
-    """Where this process imports the user's modules from, so tasks import them the same way."""
-    paths = [os.getcwd()]
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file:
-        paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    return paths + [p for p in sys.path if p and "site-packages" not in p and "dist-packages" not in p
-                    and p not in paths]
