@@ -11,7 +11,8 @@ def _ev(seq, lines):
 
 
 def test_each_line_is_prefixed_with_the_task_and_its_node():
-    assert format_task_output(_ev(0, ["a", "", "b c"]), 0) == "[task t1 node-2] a\n[task t1 node-2] \n[task t1 node-2] b c\n"
+    assert format_task_output(_ev(0, ["a", "", "b c"]), 0) == (
+        "[task t1 node-2] a\n[task t1 node-2] \n[task t1 node-2] b c\n")
 
 
 def test_lines_the_node_skipped_are_counted_and_said_before_the_next_ones():
