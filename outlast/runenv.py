@@ -9,6 +9,8 @@ Nothing else of the driver's environment travels, and no cluster secret reaches 
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 
 # Machine-local or secret: meaningless or dangerous on another node.
@@ -58,3 +60,15 @@ def worker_env(node_env: Mapping[str, str], carried: Mapping[str, str]) -> dict[
     env = {k: v for k, v in node_env.items() if k not in _NEVER_IN_A_WORKER}
     env.update(carried)
     return env
+
+
+def importable_paths() -> list[str]:
+    """Where this process imports the user's modules from (the main script's directory, the
+    working directory, sys.path), so that workers and tasks import them the same way. Installed
+    packages are left out: a worker uses the environment of its node."""
+    paths = [os.getcwd()]
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file:
+        paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
+    return paths + [p for p in sys.path if p and "site-packages" not in p and "dist-packages" not in p
+                    and p not in paths]

@@ -30,7 +30,7 @@ from outlast.client.discovery import attach, request
 from outlast.client.embedded import EmbeddedNode
 from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
-from outlast.executor.tasks import Task, format_task_output, importable_paths
+from outlast.executor.tasks import Task, format_task_output
 from outlast.executor.policy import (
     RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
 )
@@ -41,7 +41,7 @@ from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import (
     AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode, route_ip,
 )
-from outlast.runenv import carried_env
+from outlast.runenv import carried_env, importable_paths
 from outlast.storage.records import signal_name
 
 log = logging.getLogger("outlast.executor")

@@ -4,8 +4,6 @@ lines are printed on the executor's side."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
-import sys
 from dataclasses import dataclass, field
 
 from outlast.protocol import messages as m
@@ -33,13 +31,3 @@ def format_task_output(ev: m.WorkerOutput, expected_seq: int) -> str:
     gap = ev.seq - expected_seq
     text = f"{prefix} ({gap} lines not shown: the task wrote faster than they were read)\n" if gap > 0 else ""
     return text + "".join(f"{prefix} {line}\n" for line in ev.lines)
-
-
-def importable_paths() -> list[str]:
-    """Where this process imports the user's modules from, so tasks import them the same way."""
-    paths = [os.getcwd()]
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file:
-        paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    return paths + [p for p in sys.path if p and "site-packages" not in p and "dist-packages" not in p
-                    and p not in paths]

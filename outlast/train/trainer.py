@@ -27,7 +27,7 @@ from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import route_ip
-from outlast.runenv import carried_env
+from outlast.runenv import carried_env, importable_paths
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
@@ -152,7 +152,7 @@ class DataParallelTrainer:
             score_attribute=rc.checkpoint_config.checkpoint_score_attribute,
             score_order=rc.checkpoint_config.checkpoint_score_order,
             env={**carried_env(os.environ, rc.worker_runtime_env), **_checkpoint_order(rc)},
-            cwd=os.getcwd(), sys_path=_importable_paths(),
+            cwd=os.getcwd(), sys_path=importable_paths(),
             rendezvous=self.backend.needs_rendezvous, timeouts=_timeouts_from_env(), lease=lease,
             max_preemption_failures=rc.failure_config.max_preemption_failures,
             preemption_grace_s=rc.failure_config.preemption_grace_s,
@@ -242,21 +242,6 @@ def _with_ray_alias(fn: Callable[..., Any]) -> Any:
 def _main_file() -> str | None:
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     return str(Path(main_file).resolve()) if main_file else None
-
-
-def _importable_paths() -> list[str]:
-    """Where the driver imports the user's modules from, so workers import them the same way.
-
-    Installed packages are left out: a worker uses the environment of its node.
-    """
-    paths = [os.getcwd()]
-    main_file = _main_file()
-    if main_file:
-        paths.insert(0, str(Path(main_file).parent))
-    for entry in sys.path:
-        if entry and "site-packages" not in entry and "dist-packages" not in entry and entry not in paths:
-            paths.append(entry)
-    return paths
 
 
 def _timeouts_from_env() -> Timeouts:
