@@ -59,7 +59,7 @@ class Resize(Preemption):
     from_workers: int = 0
     to_workers: int = 0
 
-    def decide(self, now: float, saved: str | None, room_elsewhere: bool) -> Verdict:
+    def decide(self, now: float, saved: str | None, room_elsewhere: bool, uploads=None) -> Verdict:
         if saved is not None:
             return Verdict(True, f"checkpoint {saved}, saved for the resize from {self.from_workers} to "
                                  f"{self.to_workers} workers, is committed")
