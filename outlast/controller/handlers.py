@@ -17,6 +17,7 @@ from outlast.controller.group import ForgetNode
 from outlast.controller.preemption import Preemption
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
+from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
 
@@ -70,7 +71,7 @@ class Handlers:
             self.horizons.lose_rank(rank, now)
         self._answer(self.horizons.preempt(now))
 
-    def _jit_uploads(self: "ControllerCore", p: Preemption, now: float):
+    def _jit_uploads(self: "ControllerCore", p: Preemption, now: float) -> Estimate:
         """The uploads of the checkpoint saved for the notice: they go before any other (storage/priority.py)."""
         return self.uploads.estimate(now, only=p.after_notice)
 
