@@ -33,6 +33,7 @@ from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState, RunPlan
+from outlast.controller.upload_estimate import UploadEstimate
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
 from outlast.errors import TrainingFailedError
@@ -59,6 +60,7 @@ class ControllerCore(Handlers, HangSteps):
         self.commits = CommitTracker(plan.world_size)
         self.collectives = self._new_collectives()
         self.horizons = HorizonBook()
+        self.uploads = UploadEstimate()  # the attempt's checkpoint uploads in flight
         self.resizes = resize.Resizes(plan.elastic)
         self.retention = checkpoints.RetentionRule(plan.num_to_keep, plan.score_attribute, plan.score_order)
         self.last_metrics: dict | None = None
@@ -146,7 +148,8 @@ class ControllerCore(Handlers, HangSteps):
                           "and the nodes' logs tell")
         elif isinstance(s, (st.Preempting, st.Saved)):
             saved = s.checkpoint if isinstance(s, st.Saved) else None
-            verdict = s.preemption.decide(now, saved, saved is not None and self._room_elsewhere(now))
+            verdict = s.preemption.decide(now, saved, saved is not None and self._room_elsewhere(now),
+                                          self._jit_uploads(s.preemption, now))
             if verdict.restart_now:
                 log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                             self.book.state.latest_checkpoint or "scratch")
@@ -177,6 +180,7 @@ class ControllerCore(Handlers, HangSteps):
                                      shard_holders=checkpoints.shard_holders(self.book, restore))
         self.collectives = self._new_collectives()
         self.horizons = HorizonBook()
+        self.uploads.clear()
         if number > 1 or restore:
             log.info("starting attempt %d of run %s%s", number, self.plan.name,
                      f", restoring {restore}" if restore else " from scratch")

@@ -17,6 +17,7 @@ from outlast.controller.group import ForgetNode
 from outlast.controller.preemption import Preemption
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
+from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
 
@@ -69,6 +70,17 @@ class Handlers:
         for rank in a.exited:  # a rank that already returned asks nothing more
             self.horizons.lose_rank(rank, now)
         self._answer(self.horizons.preempt(now))
+
+    def _jit_uploads(self: "ControllerCore", p: Preemption, now: float) -> Estimate:
+        """The uploads of the checkpoint saved for the notice: they go before any other (storage/priority.py)."""
+        return self.uploads.estimate(now, only=p.after_notice)
+
+    def _forecast_uploads(self: "ControllerCore", p: Preemption) -> None:
+        text = p.forecast(self._now, self._jit_uploads(p, self._now), self.book.state.latest_checkpoint)
+        if text is not None:
+            assert self.attempt is not None
+            log.warning("attempt %d: %s", self.attempt.number, text)
+            self.book.note_once(f"attempt {self.attempt.number}: {text}", self.wall())
 
     def _on_spawn_refused(self: "ControllerCore", node_id: str, refused: m.SpawnRefused) -> None:
         """A node turned the workers away (it began draining after we placed them): place again."""
@@ -167,6 +179,7 @@ class Handlers:
         if isinstance(msg, m.Report):
             self._on_report(msg)
         elif isinstance(msg, m.UploadDone):
+            self.uploads.on_upload_done(msg.rank, msg.index)
             for pending in self.commits.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
                 self._commit(pending)
         elif isinstance(msg, m.WorkerHello):
@@ -190,6 +203,10 @@ class Handlers:
             p.jit_reports.add((msg.rank, msg.index))
         if msg.rank == 0:
             self.last_metrics = msg.metrics
+        if msg.upload_pending and msg.checkpoint_dir is not None:
+            self.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, self._now)
+            if p is not None:
+                self._forecast_uploads(p)
         try:
             ready = self.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
                                            msg.upload_pending)

@@ -3,12 +3,24 @@
 It answers the controller's one question, "restart now, or wait?", with a reason.
 The horizons that tell every rank the notice at the same call are in `horizons.py`.
 Pure: times come in as arguments (`now` monotonic, `wall` for records and deadlines).
+
+What the upload estimate (`upload_estimate.py`: bytes left over each rank's measured
+bandwidth) changes: the words, at once, not the verdict. When the notice's checkpoint needs
+longer to upload than the deadline leaves, `forecast` says so the moment its reports arrive,
+with what a restart from the last committed checkpoint would lose (the same steps, since the
+checkpoint would not make it either way, and less of the node's time). The controller still
+waits for the deadline rather than restart early: the rate is the previous upload's, measured
+before the notice's checkpoint had the network to itself (`storage/priority.py`), and
+cutting short an upload that would have made it loses every step since the last commit,
+while waiting in vain costs only the rest of a window of seconds to minutes. At the
+deadline the verdict names the bytes still in flight and their rate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
 
@@ -31,6 +43,7 @@ class Preemption:
     reports_at_notice: list[int]  # per rank: its reports with an index >= this were made after the notice
     node_to_ranks: dict[str, list[int]] = field(default_factory=dict)  # the draining nodes' ranks
     jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing it
+    forecast_told: bool = False  # the uploads-too-slow warning is said once
 
     @classmethod
     def begin(cls, notice: m.NodeDraining, placement: dict[int, str], node_ids: list[str], reports: list[int],
@@ -65,8 +78,32 @@ class Preemption:
             return all((r, index) in self.jit_reports for r in ranks_with_files)
         return all(index >= self.reports_at_notice[r] for r in ranks_with_files)
 
-    def decide(self, now: float, saved: str | None, room_elsewhere: bool) -> Verdict:
+    def after_notice(self, rank: int, index: int) -> bool:
+        """Whether report `index` of `rank` was made for this notice (its upload is the one that goes first)."""
+        if (rank, index) in self.jit_reports:
+            return True
+        return rank < len(self.reports_at_notice) and index >= self.reports_at_notice[rank]
+
+    def forecast(self, now: float, uploads: Estimate, latest: str | None) -> str | None:
+        """Said once, as soon as the notice's checkpoint is known not to upload before the deadline."""
+        left = self.deadline - now
+        if self.forecast_told or uploads.seconds is None or uploads.seconds <= left:
+            return None
+        self.forecast_told = True
+        return (f"the checkpoint saved for the preemption needs {uploads.seconds:.1f} s to upload "
+                f"({uploads.reason}) and the deadline is in {left:.1f} s: unless the upload goes faster, the run "
+                f"restarts from {latest or 'scratch'} at the deadline; restarting from it now would lose the same "
+                f"steps and {left:.1f} s less of the node's time, but the rate is the last upload's, so the run "
+                "waits for the deadline")
+
+    def decide(self, now: float, saved: str | None, room_elsewhere: bool, uploads: Estimate | None = None) -> Verdict:
+        """`uploads`: the notice's checkpoint uploads still in flight, for the reason at the deadline."""
         if now >= self.deadline:
+            if uploads is not None and uploads.bytes_left > 0:
+                left = uploads.reason if uploads.seconds is not None else \
+                    f"{uploads.bytes_left / 1e6:.1f} MB left; {uploads.reason}"
+                return Verdict(True, "the preemption deadline has passed with the checkpoint saved for it still "
+                                     f"uploading: {left}")
             return Verdict(True, "the preemption deadline has passed")
         if saved is not None and room_elsewhere:
             return Verdict(True, f"checkpoint {saved}, saved after the notice, is committed and the run has room "

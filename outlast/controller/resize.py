@@ -33,6 +33,7 @@ from outlast.controller.policy import is_symptom, is_users_error
 from outlast.controller.preemption import Preemption, Verdict
 from outlast.controller.runstate import RunBook
 from outlast.controller.settle import Settled
+from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord, ResizeRecord
 
@@ -59,12 +60,13 @@ class Resize(Preemption):
     from_workers: int = 0
     to_workers: int = 0
 
-    def decide(self, now: float, saved: str | None, room_elsewhere: bool) -> Verdict:
+    def decide(self, now: float, saved: str | None, room_elsewhere: bool, uploads: Estimate | None = None) -> Verdict:
         if saved is not None:
             return Verdict(True, f"checkpoint {saved}, saved for the resize from {self.from_workers} to "
                                  f"{self.to_workers} workers, is committed")
         if now >= self.deadline:  # a drain during the resize set a deadline
-            return Verdict(True, "the deadline of a drain that came during the resize has passed")
+            passed = super().decide(now, saved, room_elsewhere, uploads).reason.replace("preemption", "drain's", 1)
+            return Verdict(True, f"{passed}, during the resize")
         return Verdict(False, f"waiting for the loop to save a checkpoint to grow to {self.to_workers} workers")
 
 

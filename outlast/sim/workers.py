@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from outlast.sim.run import Sim
 
 PEER_LOSS = "RuntimeError", "[/gloo/transport/tcp/pair.cc] Connection closed by peer"
+UPLOAD_BYTES = 100_000_000  # what an asynchronous upload says it carries: the controller's estimate runs on it
 
 
 class WorkerFailed(Exception):
@@ -68,6 +69,7 @@ class SimRank:
         self.to_controller = to_controller  # the session's socket
         self.uploads_to_controller = uploads_to_controller  # the upload thread's own socket
         self._upload_done_at = 0.0
+        self._last_bps = 0.0  # measured on the previous upload, as a real rank's is
         self.alive = True
         self.loop = sim.schedule.loop
         self._gen: Generator | None = None
@@ -245,8 +247,10 @@ class SimRank:
             if (wait := self._upload_done_at - self.sim.world.now) > 0:
                 yield "sleep", wait
             self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics,
-                                checkpoint_dir=name, upload_pending=True, saw_preemption=self._saw()))
+                                checkpoint_dir=name, upload_pending=True, saw_preemption=self._saw(),
+                                upload_bytes=UPLOAD_BYTES, upload_bandwidth_bps=self._last_bps))
             took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
+            self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
             self._upload_done_at = self.sim.world.now + took
             self.sim.world.after(took, self._upload_done, index, name, path, data)
             return

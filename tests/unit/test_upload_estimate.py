@@ -59,3 +59,20 @@ def test_thousands_of_ranks_are_answered_at_once():
     est = up.estimate(now=0.0)
     assert est.seconds == pytest.approx(10.0)
     assert "rank 4000" in est.reason
+
+
+def test_an_upload_done_that_overtakes_its_report_leaves_nothing_in_flight():
+    up = UploadEstimate()
+    up.on_upload_done(0, 4)
+    up.on_report(0, 4, 1_000_000, 1e6, now=0.0)
+    assert up.estimate(now=0.0).bytes_left == 0
+    up.on_report(0, 5, 1_000_000, 1e6, now=0.0)  # the next one counts again
+    assert up.estimate(now=0.0).bytes_left == 1_000_000
+
+
+def test_only_counts_the_uploads_asked_for():
+    up = UploadEstimate()
+    up.on_report(0, 1, 500_000_000, 10e6, now=0.0)  # 50 s, an older checkpoint
+    up.on_report(0, 2, 100_000_000, 10e6, now=0.0)  # 10 s, the notice's
+    est = up.estimate(now=0.0, only=lambda rank, index: index >= 2)
+    assert est.seconds == 10.0 and est.bytes_left == 100_000_000
