@@ -174,20 +174,20 @@ def test_at_its_time_limit_it_checkpoints_on_the_signal_and_resumes_after_the_re
     job.wait_done(restarts=1, timeout_s=60)
 
 
-def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_job_moves(slurm, tmp_path):
+def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_run_moves_off_it(slurm, tmp_path):
     job = _submit(slurm, tmp_path)
     wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+    # The example's two ranks share the first node (PACK); the job's other node can take them both.
     node = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split("BatchHost=")[1].split()[0]
     slurm._slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=disk swap"])
     try:
-        job.wait_done(restarts=1)
+        job.wait_done(restarts=0)
+        assert job.info().state == "COMPLETED", job.output()
         state = job.state()
         _resumed_with_no_step_lost(state)
         drained = f"Slurm job {job.id} (restart 0): node {node} drained by an administrator (disk swap)"
-        assert any(drained in m and "maintenance" in m
-                   for m in _preemptions(state)), _preemptions(state)
-        after = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split(" NodeList=")[1].split()[0]
-        assert node not in expand_hostlist(after), (node, after)
+        assert any(drained in m and "maintenance" in m for m in _preemptions(state)), _preemptions(state)
+        assert "no requeue" in job.output()
     finally:
         slurm._slurm(["scontrol", "update", f"nodename={node}", "state=resume"])
 
