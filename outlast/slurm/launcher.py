@@ -46,6 +46,7 @@ class Options:
     join_timeout_s: float = 180.0
     poll_interval_s: float = 1.0  # `scontrol show node`, for administrators' drains
     requeue_margin_s: float = 3.0  # requeue this long before Slurm's deadline, committed or not
+    history_grace_s: float = 3.0  # for the driver to record the preempted attempt before it is stopped
 
 
 @dataclass
@@ -255,6 +256,9 @@ class Job:
         end = time.monotonic() + 10.0
         while time.monotonic() < end and self._workers_running():
             time.sleep(0.1)
+        # The controller writes the preempted attempt into the run's history once its workers are
+        # reaped; nothing outside the driver shows that write, so give it a moment before the stop.
+        time.sleep(self.options.history_grace_s)
         self.requeue_at_exit = True  # after the teardown: a requeue ends this start of the job at once
         return 0
 
