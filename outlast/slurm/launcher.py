@@ -48,6 +48,7 @@ class Options:
     poll_interval_s: float = 1.0  # `scontrol show node`, for administrators' drains
     requeue_margin_s: float = 3.0  # requeue this long before Slurm's deadline, committed or not
     etcd: EtcdConfig | None = None  # keep the cluster in etcd: every agent joins it, the head role is elected
+    history_grace_s: float = 3.0  # for the driver to record the preempted attempt before it is stopped
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Draining:
     deadline: float | None  # wall clock; None: Slurm named none
     why: str
     had_workers: bool  # the run had workers on the job's nodes when the drain went out
+    idle_since: float | None = None  # since when no node has had workers
 
 
 @dataclass
@@ -233,22 +235,19 @@ class Job:
         d = self.draining
         assert d is not None
         statuses = self._statuses()
-        if policy.committed_since([t for s in statuses for t in s.run_commits.values()], d.since):
-            log.info("the checkpoint asked for at the drain is committed")
-            return True
-        if not d.had_workers:
-            log.info("the run had no workers when the drain came: nothing to save, requeueing now")
-            return True
-        if not any(s.workers for s in statuses):
-            # The run ended its attempt (the checkpoint it saved for the drain is committed, or it
-            # had none to save) and, with every node draining, waits for capacity: only a requeue brings it.
-            log.info("the run stopped its workers for the drain")
-            return True
-        if d.deadline is not None and now >= d.deadline - self.options.requeue_margin_s:
-            log.warning("no checkpoint committed since the drain, and Slurm's deadline is near: requeueing; the "
-                        "job resumes from the latest committed checkpoint")
-            return True
-        return False
+        workers_on = frozenset(st.node_id for st in statuses if st.workers)
+        d.idle_since = None if workers_on else (d.idle_since or now)
+        verdict, why = policy.after_drain(policy.AfterDrain(
+            now=now, drained_at=d.since, drained=frozenset(d.node_ids), job_nodes=frozenset(self.alloc.nodes),
+            had_workers=d.had_workers, workers_on=workers_on,
+            commits=tuple(t for st in statuses for t in st.run_commits.values()), idle_since=d.idle_since,
+            deadline=d.deadline), margin_s=self.options.requeue_margin_s)
+        if verdict == "moved":
+            log.info("%s; no requeue", why)
+            self.draining = None
+        elif verdict == "requeue":
+            log.info("requeueing: %s", why)
+        return verdict == "requeue"
 
     def _requeue(self) -> int:
         """Let the run record the preemption and stop its workers; requeue once all is stopped."""
@@ -263,6 +262,9 @@ class Job:
         end = time.monotonic() + 10.0
         while time.monotonic() < end and self._workers_running():
             time.sleep(0.1)
+        # The controller writes the preempted attempt into the run's history once its workers are
+        # reaped; nothing outside the driver shows that write, so give it a moment before the stop.
+        time.sleep(self.options.history_grace_s)
         self.requeue_at_exit = True  # after the teardown: a requeue ends this start of the job at once
         return 0
 

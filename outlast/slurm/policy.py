@@ -82,6 +82,36 @@ def failure_domain(features: list[str], prefix: str) -> str:
     return next((f for f in features if prefix and f.startswith(prefix)), "")
 
 
-def committed_since(commit_times: list[float], since: float) -> bool:
-    """Has the run committed a checkpoint after `since` (when the drain went out)?"""
-    return any(t >= since for t in commit_times)
+class AfterDrain(msgspec.Struct, frozen=True, kw_only=True):
+    """What the job's nodes show some time after a drain went out."""
+
+    now: float
+    drained_at: float
+    drained: frozenset[str]  # nodes of the job drained so far
+    job_nodes: frozenset[str]
+    had_workers: bool  # the run had workers when the first drain went out
+    workers_on: frozenset[str]  # nodes with workers now
+    commits: tuple[float, ...]  # the run's latest commit times, as the agents know them
+    idle_since: float | None  # since when no node has had workers (None: some have now)
+    deadline: float | None  # Slurm's, wall clock
+
+
+def after_drain(s: AfterDrain, margin_s: float = 3.0, idle_s: float = 3.0) -> tuple[str, str]:
+    """("requeue" | "moved" | "wait", why). The job is requeued when nowhere in the allocation is left
+    to train: every node drained and the checkpoint committed (or the run stopped), or a run that has
+    stayed without workers; a run that moved to the allocation's other nodes goes on there."""
+    if not s.had_workers:
+        return "requeue", "the run had no workers when the drain came: nothing to save"
+    if s.deadline is not None and s.now >= s.deadline - margin_s:
+        return "requeue", "Slurm's deadline is near: the job resumes from the latest committed checkpoint"
+    if s.drained >= s.job_nodes:
+        if any(t >= s.drained_at for t in s.commits):
+            return "requeue", "the checkpoint asked for at the drain is committed"
+        if not s.workers_on:
+            return "requeue", "the run stopped its workers for the drain"
+        return "wait", "every node is draining; waiting for the checkpoint"
+    if s.workers_on and not (s.workers_on & s.drained):
+        return "moved", f"the run goes on on {', '.join(sorted(s.workers_on))}, nodes that are not drained"
+    if s.idle_since is not None and s.now - s.idle_since >= idle_s:
+        return "requeue", f"the run has had no workers for {s.now - s.idle_since:.0f} s: it waits for capacity"
+    return "wait", "the run still has workers on drained nodes, or is between attempts"

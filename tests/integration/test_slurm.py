@@ -61,6 +61,16 @@ def wait_until(predicate, timeout_s: float, what) -> None:
         time.sleep(0.3)
 
 
+@pytest.fixture(autouse=True)
+def _no_job_left(slurm):
+    """A test that fails midway must not leave its job holding the nodes the next test needs."""
+    yield
+    left = slurm.jobs()
+    if left:
+        slurm._slurm(["scancel", *left], check=False)
+        wait_until(lambda: not slurm.jobs(), 60, "the jobs left by the test to end")
+
+
 class Job:
     def __init__(self, slurm: LocalSlurm, job_id: str, storage: Path, out: Path) -> None:
         self.slurm, self.id, self.storage, self.out = slurm, job_id, storage, out
@@ -101,15 +111,20 @@ def _submit(slurm: LocalSlurm, tmp_path: Path, *sbatch_args: str, steps: int = S
     return Job(slurm, done.stdout.strip().split(";")[0], storage, out)
 
 
+def _resumed_after_jit(state: RunState) -> bool:
+    """A just-in-time checkpoint was saved, and a later attempt restored the newest checkpoint of the
+    preempted attempt (that one, or one the loop committed after it while it trained on): no step lost."""
+    jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
+    if not jit:
+        return False
+    newest = max((c for c in state.checkpoints if c.attempt == jit[0].attempt), key=lambda c: c.metrics["step"])
+    return any(a.restored_from == newest.checkpoint_dir for a in state.attempts)
+
+
 def _resumed_with_no_step_lost(state: RunState) -> None:
-    """The attempt after the preemption restored the checkpoint saved for it, and the run trained to the end."""
     assert state.status == "finished"
     assert _last_step(state) == STEPS - 1
-    jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
-    assert jit, f"no just-in-time checkpoint in {[c.metrics for c in state.checkpoints]}"
-    assert any(a.restored_from == jit[0].checkpoint_dir for a in state.attempts), state.attempts
-    before = [c for c in state.checkpoints if c.attempt == jit[0].attempt]
-    assert max(c.metrics["step"] for c in before) == jit[0].metrics["step"]  # nothing newer was thrown away
+    assert _resumed_after_jit(state), (state.attempts, [(c.checkpoint_dir, c.metrics) for c in state.checkpoints])
 
 
 def _last_step(state: RunState) -> int:
@@ -162,32 +177,31 @@ def test_at_its_time_limit_it_checkpoints_on_the_signal_and_resumes_after_the_re
     def resumed_and_trained():
         s = job.state()
         jit = [c for c in s.checkpoints if c.metrics.get("preempted")]
-        return jit and any(a.restored_from == jit[0].checkpoint_dir for a in s.attempts) and \
-            any(c.attempt > jit[0].attempt for c in s.checkpoints)
+        return _resumed_after_jit(s) and any(c.attempt > jit[0].attempt for c in s.checkpoints)
     wait_until(resumed_and_trained, 90, lambda: f"a checkpoint after the resume; output:\n{job.output()}")
     state = job.state()
     jit = [c for c in state.checkpoints if c.metrics.get("preempted")][0]
-    assert max(c.metrics["step"] for c in state.checkpoints if c.attempt == jit.attempt) == jit.metrics["step"]
-    assert min(c.metrics["step"] for c in state.checkpoints if c.attempt > jit.attempt) > jit.metrics["step"]
+    saved = max(c.metrics["step"] for c in state.checkpoints if c.attempt == jit.attempt)
+    assert min(c.metrics["step"] for c in state.checkpoints if c.attempt > jit.attempt) > saved
     assert any("got SIGUSR1: its time limit is near" in m for m in _preemptions(state)), _preemptions(state)
     slurm._slurm(["scancel", job.id])
     job.wait_done(restarts=1, timeout_s=60)
 
 
-def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_job_moves(slurm, tmp_path):
+def test_a_node_drained_by_an_administrator_is_drained_for_maintenance_and_the_run_moves_off_it(slurm, tmp_path):
     job = _submit(slurm, tmp_path)
     wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
+    # The example's two ranks share the first node (PACK); the job's other node can take them both.
     node = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split("BatchHost=")[1].split()[0]
     slurm._slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=disk swap"])
     try:
-        job.wait_done(restarts=1)
+        job.wait_done(restarts=0)
+        assert job.info().state == "COMPLETED", job.output()
         state = job.state()
         _resumed_with_no_step_lost(state)
         drained = f"Slurm job {job.id} (restart 0): node {node} drained by an administrator (disk swap)"
-        assert any(drained in m and "maintenance" in m
-                   for m in _preemptions(state)), _preemptions(state)
-        after = slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split(" NodeList=")[1].split()[0]
-        assert node not in expand_hostlist(after), (node, after)
+        assert any(drained in m and "maintenance" in m for m in _preemptions(state)), _preemptions(state)
+        assert "no requeue" in job.output()
     finally:
         slurm._slurm(["scontrol", "update", f"nodename={node}", "state=resume"])
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import signal
 
-from outlast.slurm.policy import committed_since, deadline_from_reason, failure_domain, on_node_states, on_signal
+from outlast.slurm.policy import (
+    AfterDrain, after_drain, deadline_from_reason, failure_domain, on_node_states, on_signal,
+)
 from outlast.slurm.scontrol import JobInfo, NodeState
 
 NOW = 1_000_000.0
@@ -64,6 +66,33 @@ def test_failure_domain_from_a_feature_prefix():
     assert failure_domain(["rack_a"], "") == ""
 
 
-def test_requeue_waits_for_a_commit_after_the_drain():
-    assert not committed_since([NOW - 1], NOW)
-    assert committed_since([NOW - 1, NOW + 0.5], NOW)
+def seen(**kw) -> AfterDrain:
+    base = dict(now=NOW, drained_at=NOW - 5, drained=frozenset({"n1", "n2"}), job_nodes=frozenset({"n1", "n2"}),
+                had_workers=True, workers_on=frozenset({"n1"}), commits=(), idle_since=None, deadline=NOW + 60)
+    return AfterDrain(**{**base, **kw})
+
+
+def test_with_every_node_drained_the_job_is_requeued_once_the_checkpoint_is_committed():
+    assert after_drain(seen(commits=(NOW - 10,)))[0] == "wait"  # committed before the drain: not the one
+    verdict, why = after_drain(seen(commits=(NOW - 10, NOW - 1)))
+    assert verdict == "requeue" and "committed" in why
+    assert after_drain(seen(workers_on=frozenset()))[0] == "requeue"  # the run stopped for the drain
+
+
+def test_near_slurms_deadline_the_job_is_requeued_committed_or_not():
+    verdict, why = after_drain(seen(deadline=NOW + 2))
+    assert verdict == "requeue" and "deadline" in why
+
+
+def test_a_drain_that_found_no_workers_requeues_at_once():
+    assert after_drain(seen(had_workers=False, workers_on=frozenset()))[0] == "requeue"
+
+
+def test_a_run_that_moved_to_the_nodes_left_goes_on_without_a_requeue():
+    partial = dict(drained=frozenset({"n1"}), job_nodes=frozenset({"n1", "n2", "n3"}))
+    assert after_drain(seen(**partial, workers_on=frozenset({"n1"})))[0] == "wait"
+    verdict, why = after_drain(seen(**partial, workers_on=frozenset({"n2", "n3"})))
+    assert verdict == "moved" and "n2, n3" in why
+    # Between attempts for a moment: wait; without workers for a while: it waits for capacity, requeue.
+    assert after_drain(seen(**partial, workers_on=frozenset(), idle_since=NOW - 1))[0] == "wait"
+    assert after_drain(seen(**partial, workers_on=frozenset(), idle_since=NOW - 4))[0] == "requeue"
