@@ -10,7 +10,7 @@ from outlast.storage import open_storage
 from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, RunState, signal_name
 from outlast.storage.run_store import RunStore
 from outlast.cli.documents import RunDocument, RunsDocument, RunSummary, to_json
-from outlast.cli.worker_logs import show_logs
+from outlast.cli.worker_logs import load_run, show_logs
 
 
 def add_parser(sub) -> None:
@@ -73,13 +73,8 @@ def summaries(storage) -> list[RunSummary]:
 
 
 def _show(store: RunStore, as_json: bool = False) -> int:
-    try:
-        state = store.load_state()
-    except CorruptDocument as e:
-        print(str(e), file=sys.stderr)
-        return 1
+    state = load_run(store)
     if state is None:
-        print(f"no run at {store.storage.uri(store.run_dir)}", file=sys.stderr)
         return 1
     where = store.storage.uri(store.run_dir)
     print(to_json(RunDocument(location=where, run=state)) if as_json else render(state, where))

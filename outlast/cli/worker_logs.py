@@ -52,14 +52,21 @@ def _from_its_node(out: OutputFile, n: int) -> list[str]:
         ctx.destroy(linger=0)
 
 
-def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: bool = False) -> int:
+def load_run(store: RunStore) -> RunState | None:
+    """The run's history, or None with what is wrong said on stderr (no run there, or a corrupt document)."""
     try:
         state = store.load_state()
     except CorruptDocument as e:
         print(str(e), file=sys.stderr)
-        return 1
+        return None
     if state is None:
         print(f"no run at {store.storage.uri(store.run_dir)}", file=sys.stderr)
+    return state
+
+
+def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: bool = False) -> int:
+    state = load_run(store)
+    if state is None:
         return 1
     found = find_output(state, rank, attempt)
     if found is None:
