@@ -22,7 +22,7 @@ class NodeBook:
         self.node_timeout_s = node_timeout_s
         self.nodes: dict[str, m.NodeInfo] = {}
         self.heard: dict[str, float] = {}  # linked node -> when its agent last said anything (monotonic)
-        self._gone: dict[str, str] = {}  # node -> why its agent is known to be gone
+        self._gone: dict[str, tuple[int, str]] = {}  # node -> (the gone agent's pid, why)
         self._last_tick: float | None = None
         # (node id, agent pid) -> when this driver lost it: an agent started again is not that node
         self._lost_here: dict[tuple[str, int], float] = {}
@@ -34,6 +34,9 @@ class NodeBook:
     def set_table(self, nodes: list[m.NodeInfo]) -> None:
         self.nodes = {n.node_id: n for n in nodes}
         for n in nodes:
+            gone = self._gone.get(n.node_id)
+            if gone is not None and gone[0] and gone[0] != n.agent_pid:  # its agent was started again
+                del self._gone[n.node_id]
             if n.draining is not None:
                 self._drains.setdefault(n.node_id, n.draining)
             elif n.state == "alive":  # back after a death: a new start
@@ -99,7 +102,8 @@ class NodeBook:
             self.heard[node_id] = now
 
     def note_gone(self, node_id: str, why: str) -> None:
-        self._gone[node_id] = why
+        info = self.nodes.get(node_id)
+        self._gone[node_id] = (info.agent_pid if info else 0, why)
 
     def note_tick(self, now: float) -> None:
         """While the controller itself was busy, no node was heard: that time is not their silence."""
@@ -123,7 +127,7 @@ class NodeBook:
             if info is not None and info.state == "dead":
                 out[node_id] = f"the head declared node {node_id} ({address}) dead"
             elif node_id in self._gone:
-                out[node_id] = self._gone[node_id]
+                out[node_id] = self._gone[node_id][1]
             elif heard is not None and now - heard > self.node_timeout_s:
                 out[node_id] = f"node {node_id} ({address}) stopped answering (silent for {now - heard:.1f} s)"
         return out

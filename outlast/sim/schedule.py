@@ -25,10 +25,12 @@ class LoopSpec:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail
+    kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | fork_server_death
+    #          | agent_death (an embedded node's: a new node replaces it) | agent_restart (a persistent node's)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
-    duration_s: float = 0.0  # storage_fail
+    duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
+    same_host: bool = True  # agent_restart: the driver's machine, where it sees the agent's pid gone at once
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Schedule:
     storage_latency_s: float
     refuse_deletes: bool
     faults: list[Fault] = field(default_factory=list)
+    nodes_model: str = "agent"  # "agent": the agent's real supervisor (outlast/sim/agent_node.py); "simple"
 
     @property
     def nominal_s(self) -> float:
@@ -54,7 +57,27 @@ KINDS = ["kill_worker", "lose_node", "drain", "drain", "drain", "drain_empty", "
          "double_drain"]
 
 
-def draw(seed: int) -> Schedule:
+# Faults of outlast's own processes, mixed with those of the user's: drawn from a stream of their own, so that
+# the schedules above (and the regression seeds found with them) stay as they were.
+AGENT_KINDS = ["fork_server_death", "fork_server_death", "agent_death", "agent_restart", "agent_restart",
+               "kill_worker", "driver_death"]
+
+
+def draw(seed: int, nodes_model: str = "agent") -> Schedule:
+    s = _draw(seed)
+    if nodes_model != "agent":
+        return Schedule(**{**s.__dict__, "nodes_model": nodes_model})
+    rng = random.Random(seed * 2 + 1 + (1 << 40))
+    extra = []
+    for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+        extra.append(Fault(rng.uniform(0.0, s.nominal_s * 1.2 + 0.5), rng.choice(AGENT_KINDS),
+                           target=rng.randrange(max(s.loop.world_size, s.nodes)),
+                           duration_s=rng.choice([rng.uniform(0.5, 5.0), rng.uniform(5.0, 60.0)]),
+                           same_host=rng.random() < 0.7))
+    return Schedule(**{**s.__dict__, "faults": sorted(s.faults + extra, key=lambda f: f.at)})
+
+
+def _draw(seed: int) -> Schedule:
     rng = random.Random(seed)
     world = rng.choice([1, 1, 2, 2, 2, 3, 4])
     step_s = math.exp(rng.uniform(math.log(0.001), math.log(60.0)))
