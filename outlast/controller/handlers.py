@@ -42,6 +42,8 @@ class Handlers:
             self._on_node_draining(event)
         elif isinstance(event, m.SpawnRefused):
             self._on_spawn_refused(node_id, event)
+        elif isinstance(event, m.Pong):
+            self.nodes.note_pid(node_id, event.pid)
 
     def _on_node_draining(self: "ControllerCore", notice: m.NodeDraining) -> None:
         a, s, now = self.attempt, self.state, self._now

@@ -23,6 +23,7 @@ class NodeBook:
         self.nodes: dict[str, m.NodeInfo] = {}
         self.heard: dict[str, float] = {}  # linked node -> when its agent last said anything (monotonic)
         self._gone: dict[str, tuple[int, str]] = {}  # node -> (the gone agent's pid, why)
+        self._pids: dict[str, int] = {}  # linked node -> its agent's pid, from its answers
         self._last_tick: float | None = None
         # (node id, agent pid) -> when this driver lost it: an agent started again is not that node
         self._lost_here: dict[tuple[str, int], float] = {}
@@ -35,8 +36,8 @@ class NodeBook:
         self.nodes = {n.node_id: n for n in nodes}
         for n in nodes:
             gone = self._gone.get(n.node_id)
-            if gone is not None and gone[0] and gone[0] != n.agent_pid:  # its agent was started again
-                del self._gone[n.node_id]
+            if gone is not None and gone[0] and gone[0] != n.agent_pid and n.node_id not in self.heard:
+                del self._gone[n.node_id]  # its agent was started again, and this run has let the old one go
             if n.draining is not None:
                 self._drains.setdefault(n.node_id, n.draining)
             elif n.state == "alive":  # back after a death: a new start
@@ -105,6 +106,16 @@ class NodeBook:
         info = self.nodes.get(node_id)
         self._gone[node_id] = (info.agent_pid if info else 0, why)
 
+    def note_pid(self, node_id: str, pid: int) -> None:
+        """A linked node's agent answered with its pid: another pid than before is a new agent, and the
+        workers the old one ran are gone (a persistent agent started again within the node timeout)."""
+        if node_id not in self.heard or not pid:
+            return
+        old = self._pids.setdefault(node_id, pid)
+        if old != pid and node_id not in self._gone:
+            self._gone[node_id] = (old, f"the node agent of node {node_id} was started again (pid {old}, now "
+                                        f"{pid}): the workers of the old one are gone")
+
     def note_tick(self, now: float) -> None:
         """While the controller itself was busy, no node was heard: that time is not their silence."""
         if self._last_tick is not None and (stalled := now - self._last_tick) > STALL_S:
@@ -114,9 +125,11 @@ class NodeBook:
 
     def lose(self, node_id: str, now: float) -> None:
         """This driver lost the node: no messages to it, and no work for a while."""
-        info = self.nodes.get(node_id)
-        self._lost_here[(node_id, info.agent_pid if info else 0)] = now
+        info, gone = self.nodes.get(node_id), self._gone.get(node_id)
+        pid = gone[0] if gone is not None and gone[0] else info.agent_pid if info else 0
+        self._lost_here[(node_id, pid)] = now
         self.heard.pop(node_id, None)
+        self._pids.pop(node_id, None)
 
     def lost_nodes(self, now: float, nodes: set[str]) -> dict[str, str]:
         """Of `nodes`, those lost now, with why."""
