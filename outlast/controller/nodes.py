@@ -93,6 +93,10 @@ class NodeBook:
 
     def link(self, node_id: str, now: float) -> bool:
         """Start hearing from a node; True if it is new to this run (it gets the run's heartbeat first)."""
+        gone, info = self._gone.get(node_id), self.nodes.get(node_id)
+        agent_pid = self._pids.get(node_id) or (info.agent_pid if info else 0)
+        if gone is not None and gone[0] and agent_pid and gone[0] != agent_pid:
+            del self._gone[node_id]  # new ranks go to the agent started since: it is not the one gone
         if node_id in self.heard:
             return False
         self.heard[node_id] = now
@@ -112,6 +116,7 @@ class NodeBook:
         if node_id not in self.heard or not pid:
             return
         old = self._pids.setdefault(node_id, pid)
+        self._pids[node_id] = pid
         if old != pid and node_id not in self._gone:
             self._gone[node_id] = (old, f"the node agent of node {node_id} was started again (pid {old}, now "
                                         f"{pid}): the workers of the old one are gone")
