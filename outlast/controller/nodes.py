@@ -35,9 +35,8 @@ class NodeBook:
     def set_table(self, nodes: list[m.NodeInfo]) -> None:
         self.nodes = {n.node_id: n for n in nodes}
         for n in nodes:
-            gone = self._gone.get(n.node_id)
-            if gone is not None and gone[0] and gone[0] != n.agent_pid and n.node_id not in self.heard:
-                del self._gone[n.node_id]  # its agent was started again, and this run has let the old one go
+            if n.node_id not in self.heard:  # this run has let the old agent go
+                self._forget_gone_agent(n.node_id, n.agent_pid)
             if n.draining is not None:
                 self._drains.setdefault(n.node_id, n.draining)
             elif n.state == "alive":  # back after a death: a new start
@@ -93,10 +92,10 @@ class NodeBook:
 
     def link(self, node_id: str, now: float) -> bool:
         """Start hearing from a node; True if it is new to this run (it gets the run's heartbeat first)."""
-        gone, info = self._gone.get(node_id), self.nodes.get(node_id)
-        agent_pid = self._pids.get(node_id) or (info.agent_pid if info else 0)
-        if gone is not None and gone[0] and agent_pid and gone[0] != agent_pid:
-            del self._gone[node_id]  # new ranks go to the agent started since: it is not the one gone
+        info = self.nodes.get(node_id)
+        # New ranks go to the agent there now: if it was started since, it is not the one gone.
+        self._forget_gone_agent(node_id, self._pids.get(node_id, 0))
+        self._forget_gone_agent(node_id, info.agent_pid if info else 0)
         if node_id in self.heard:
             return False
         self.heard[node_id] = now
@@ -109,6 +108,14 @@ class NodeBook:
     def note_gone(self, node_id: str, why: str) -> None:
         info = self.nodes.get(node_id)
         self._gone[node_id] = (info.agent_pid if info else 0, why)
+
+    def _forget_gone_agent(self, node_id: str, agent_pid: int) -> None:
+        """The node's agent is `agent_pid` now: if it was started again since its agent was gone, the node
+        is usable again (a lost node is kept out by (node id, agent pid), not by its id)."""
+        gone = self._gone.get(node_id)
+        if gone is not None and gone[0] and agent_pid and gone[0] != agent_pid:
+            del self._gone[node_id]
+            self._pids.pop(node_id, None)  # the gone agent's: the new one's answers start afresh
 
     def note_pid(self, node_id: str, pid: int) -> None:
         """A linked node's agent answered with its pid: another pid than before is a new agent, and the

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from outlast.sim.driver import SimDriver
     from outlast.sim.run import Sim
 
-TICK_S = 0.25  # the agent's timers (kill deadlines, silent drivers), while it has runs or workloads
+TICK_S = 0.1  # the agent's timers' period
 FORK_S = (0.001, 0.05)  # the fork server's answer
 START_S = (0.001, 0.2)  # from the fork to the worker's hello
 TERM_S = 0.05  # a worker's SIGTERM handler exits this soon ...
@@ -61,7 +61,7 @@ class AgentNode:
         self.fork_policy = RestartPolicy()
         self.fork_gen, self.fork_up = 0, True
         self.fork_queue: list[tuple["SimDriver", m.SpawnWorkers, m.WorkerSpec]] = []
-        self._ticking = False
+        self._tick_at: float | None = None
         self._tick_soon()
 
     # ---- requests from a controller, as the agent maps them --------------------------------------
@@ -199,17 +199,25 @@ class AgentNode:
     # ---- time --------------------------------------------------------------------------------------
 
     def _tick_soon(self) -> None:
-        if not self._ticking and self.alive:
-            self._ticking = True
-            self.sim.world.after(TICK_S, self._tick, self.incarnations)
-
-    def _tick(self, incarnation: int) -> None:
-        if not self.alive or incarnation != self.incarnations:
+        """The agent's timers run every 100 ms; here only when one of them is due (a kill deadline, a
+        run's heartbeat timeout), which keeps thousands of schedules fast."""
+        if not self.alive:
             return
-        self._ticking = False
+        due = min([w.kill_at for w in self.sup.workloads.values() if w.kill_at is not None]
+                  + [r.last_heard + r.timeout_s for r in self.sup.runs.values() if not r.ended], default=None)
+        if due is None or due == float("inf"):
+            return
+        at = max(due + TICK_S, self.sim.world.now)
+        if self._tick_at is None or at < self._tick_at or self._tick_at < self.sim.world.now:
+            self._tick_at = at
+            self.sim.world.at(at, self._tick, self.incarnations, at)
+
+    def _tick(self, incarnation: int, at: float) -> None:
+        if not self.alive or incarnation != self.incarnations or at != self._tick_at:
+            return
+        self._tick_at = None
         self.apply(self.sup.tick(self.sim.world.now))
-        if self.sup.runs or self.sup.workloads:
-            self._tick_soon()
+        self._tick_soon()
 
     # ---- drains and deaths -------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ class Sim:
         self.driver: SimDriver | None = None
         self.generations = 0
         self.closed = False
+        self.own_faults = {"fork_server_deaths": 0, "agent_deaths": 0, "agent_restarts": 0}  # those that struck
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
             + 12 * schedule.storage_latency_s
@@ -87,7 +88,7 @@ class Sim:
         ob = self.observer
         facts = {"preempted_attempts": len(ob.noticed), "ranks_told": sum(len(v) for v in ob.first_notice.values()),
                  "durable_checkpoints": len(ob.durable), "driver_launches": self.generations,
-                 "attempts": len(book.state.attempts) if book else 0}
+                 "attempts": len(book.state.attempts) if book else 0, **self.own_faults}
         return Outcome(s.seed, list(ob.violations), book.state.status if book else "?", self.world.now,
                        self.world.trace, facts)
 
@@ -153,6 +154,8 @@ class Sim:
             return
         node = busy[f.target % len(busy)]
         self.observer.harm += 1
+        self.own_faults[{"fork_server_death": "fork_server_deaths", "agent_death": "agent_deaths",
+                         "agent_restart": "agent_restarts"}[f.kind]] += 1
         if f.kind == "fork_server_death":
             node.fork_server_dies()
         elif f.kind == "agent_death":  # the embedded node: its driver starts a new one, a new node id

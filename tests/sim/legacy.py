@@ -6,7 +6,7 @@ regression seed can show that the simulator catches that bug (and that the fix h
 
 from __future__ import annotations
 
-from outlast.controller import checkpoints, core, handlers, horizons
+from outlast.controller import checkpoints, core, handlers, horizons, nodes
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
 from outlast.controller.retention import checkpoints_to_delete
@@ -160,5 +160,9 @@ def reinject(bug: str, monkeypatch) -> None:
         monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _old_spawn_refused)
     elif bug == "second_refusal_dropped":
         monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _first_fix_spawn_refused)
+    elif bug == "agent_gone_for_good":  # a node whose agent was gone stayed lost after a restart
+        monkeypatch.setattr(nodes.NodeBook, "_forget_gone_agent", lambda self, node_id, agent_pid: None)
+    elif bug == "restarted_agent_unnoticed":  # a new pid in a node's answers meant nothing
+        monkeypatch.setattr(nodes.NodeBook, "note_pid", lambda self, node_id, pid: None)
     else:
         raise ValueError(bug)
