@@ -72,8 +72,9 @@ class NodeBook:
             # A node this driver lost may look alive to the head (a partition between the two):
             # it gets no work until it has been out of sight for a while.
             lost_at = self._lost_here.get((n.node_id, n.agent_pid), float("-inf"))
-            if n.state == "dead" or now - lost_at < LOST_NODE_QUARANTINE_S:
-                continue
+            gone = self._gone.get(n.node_id)
+            if n.state == "dead" or now - lost_at < LOST_NODE_QUARANTINE_S or (gone and gone[0] in (0, n.agent_pid)):
+                continue  # ... and a node whose agent is known gone, unless the table shows one started since
             free = dict(n.resources)
             for other, held in n.used.items():
                 if other != run_id:
