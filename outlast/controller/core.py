@@ -226,6 +226,7 @@ class ControllerCore(Handlers):
                 payload=self.plan.payload, env=env, cwd=self.plan.cwd, sys_path=self.plan.sys_path,
                 run_name=self.plan.name, restore_checkpoint=a.restore, resources=self.plan.per_worker,
                 run_key=self.book.store.storage.uri(self.book.store.run_dir),
+                agent_pid=self.nodes.nodes[node_id].agent_pid,
             )))
 
     def _restart(self, event: Event, preemption: Preemption | None) -> None:

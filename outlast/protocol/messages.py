@@ -123,6 +123,9 @@ class SpawnWorkers(Msg):
     # Where the run lives ({storage_path}/{name}): a relaunched driver's run has the same key,
     # and the workers of its dead predecessor must not go on beside the new ones.
     run_key: str = ""
+    # The agent the controller placed on, from the node table: an agent started since at the same address
+    # (a persistent node restarted) refuses, as the table that chose it was out of date. 0: any.
+    agent_pid: int = 0
 
 
 class StopWorkers(Msg):

@@ -20,7 +20,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from outlast.agent.restarts import GiveUp, RestartPolicy
-from outlast.agent.supervisor import Effect, Kill, Placement, Send, Supervisor, Warn
+from outlast.agent.supervisor import Effect, Kill, Placement, Send, Supervisor, Warn, spawn_refusal
 from outlast.protocol import messages as m
 from outlast.sim.cluster import HEAD_DEAD_AFTER_S
 from outlast.sim.workers import SimRank
@@ -76,9 +76,8 @@ class AgentNode:
             self.sup.heartbeat(to, msg.run_id, msg.timeout_s, msg.last_commit_at, now)
             driver.from_node(self.node_id, m.Pong(node_id=self.node_id, pid=self.agent_pid))
         elif isinstance(msg, m.SpawnWorkers):
-            if self.draining is not None:
-                driver.from_node(self.node_id, m.SpawnRefused(run_id=msg.run_id, attempt=msg.attempt, reason=(
-                    f"node {self.node_id} is draining ({self.draining.reason}: {self.draining.message})")))
+            if (why := spawn_refusal(self.node_id, self.draining, msg.agent_pid, self.agent_pid)) is not None:
+                driver.from_node(self.node_id, m.SpawnRefused(run_id=msg.run_id, attempt=msg.attempt, reason=why))
                 return
             self.apply(self.sup.admit(to, msg.run_id, now, msg.run_key))
             for spec in msg.workers:
