@@ -112,7 +112,8 @@ class Handlers:
         p = self._preemption()
         if s.kind in _PREEMPTED and self.plan.relax_collectives and p is not None and ev.rank in p.ranks:
             self._lose_preempted_rank(a, p, ev, failed)
-        elif failed:
+        elif failed and not (s.kind is State.RESTARTING and ev.error is None and ev.signal is not None):
+            # (while restarting, a death by a signal alone is our own stop: SIGTERM, or SIGKILL after its grace)
             self._on_failure(_failure_record(ev, self.wall()))
         elif s.kind in _PREEMPTED:
             # The others go on saving; if every rank returns, the training is over and the run finishes.
