@@ -97,8 +97,8 @@ class NodeBook:
         # New ranks go to the agent there now: if it was started since, it is not the one gone.
         self._forget_gone_agent(node_id, self._pids.get(node_id, 0))
         self._forget_gone_agent(node_id, info.agent_pid if info else 0)
-        if info is not None and info.agent_pid:  # the agent placed on, until it answers
-            self._pids.setdefault(node_id, info.agent_pid)
+        if info is not None and info.agent_pid:  # the agent placed on (the spawn names it: another refuses)
+            self._pids[node_id] = info.agent_pid
         if node_id in self.heard:
             return False
         self.heard[node_id] = now

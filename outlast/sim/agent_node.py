@@ -230,7 +230,8 @@ class AgentNode:
                 driver.from_node(self.node_id, notice)
 
     def die(self) -> None:
-        """The machine is gone, and everything on it."""
+        """The machine is gone, and everything on it: not the drivers' machine, whose processes would be gone too."""
+        self.same_host = False
         self.agent_dies()
 
     def agent_dies(self) -> None:
