@@ -10,6 +10,7 @@ from outlast.controller import checkpoints, core, handlers, horizons, nodes
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
 from outlast.controller.retention import checkpoints_to_delete
+from outlast.sim import agent_node
 from outlast.protocol import messages as m
 
 
@@ -162,6 +163,10 @@ def reinject(bug: str, monkeypatch) -> None:
         monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _first_fix_spawn_refused)
     elif bug == "agent_gone_for_good":  # a node whose agent was gone stayed lost after a restart
         monkeypatch.setattr(nodes.NodeBook, "_forget_gone_agent", lambda self, node_id, agent_pid: None)
+    elif bug == "spawn_to_any_agent":  # a spawn placed with a stale table was taken by the agent started since
+        real = agent_node.spawn_refusal
+        monkeypatch.setattr(agent_node, "spawn_refusal", lambda node_id, draining, placed_on, pid:
+                            real(node_id, draining, 0, pid))
     elif bug == "restarted_agent_unnoticed":  # a new pid in a node's answers meant nothing
         monkeypatch.setattr(nodes.NodeBook, "note_pid", lambda self, node_id, pid: None)
     else:
