@@ -82,7 +82,8 @@ class SimDriver:
     def _agents_gone(self) -> None:
         """A node's agent on this machine whose pid is gone is lost at once, as the agent group sees it."""
         for node in self.sim.nodes:
-            if (why := node.agent_gone()) is not None and (key := (node.node_id, node.agent_pid)) not in self._gone_told:
+            key = (node.node_id, node.agent_pid)
+            if (why := node.agent_gone()) is not None and key not in self._gone_told:
                 self._gone_told.add(key)
                 self.deliver(g.AgentGone(node.node_id, why))
 
