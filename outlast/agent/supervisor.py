@@ -249,7 +249,9 @@ class Supervisor:
         return [w for w in self.workloads.values() if w.run_id == run_id]
 
     def runs_with_workloads(self) -> list[Run]:
-        return [self.runs[r] for r in sorted({w.run_id for w in self.workloads.values()}) if r in self.runs]
+        """Runs with a workload here, or a fork asked for and not reported yet (a drain must reach those too)."""
+        ids = {w.run_id for w in self.workloads.values()} | {key[0] for key in self._placements}
+        return [self.runs[r] for r in sorted(ids) if r in self.runs]
 
     def usage(self) -> dict[str, dict[str, float]]:
         """What each run holds of the node's resources."""

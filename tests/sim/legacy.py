@@ -167,6 +167,10 @@ def reinject(bug: str, monkeypatch) -> None:
         real = agent_node.spawn_refusal
         monkeypatch.setattr(agent_node, "spawn_refusal", lambda node_id, draining, placed_on, pid:
                             real(node_id, draining, 0, pid))
+    elif bug == "drain_misses_pending_forks":  # a drain told only the runs whose forks had been reported
+        from outlast.agent.supervisor import Supervisor
+        monkeypatch.setattr(Supervisor, "runs_with_workloads", lambda self: [
+            self.runs[r] for r in sorted({w.run_id for w in self.workloads.values()}) if r in self.runs])
     elif bug == "restarted_agent_unnoticed":  # a new pid in a node's answers meant nothing
         monkeypatch.setattr(nodes.NodeBook, "note_pid", lambda self, node_id, pid: None)
     else:

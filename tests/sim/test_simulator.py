@@ -58,6 +58,10 @@ AGENT = [
     # the gone agent's loss then took them for lost while they lived, and the next attempt started beside them
     ("spawn_to_any_agent", 6730),
     ("spawn_to_any_agent", 6766),
+    # a drain between a spawn and the fork server's report of its forks did not reach the run: the agent told
+    # only the runs whose workers it had seen born, and the run heard of the drain late or from its loss
+    ("drain_misses_pending_forks", 54990),
+    ("drain_misses_pending_forks", 124598),
 ]
 # Seeds of bugs fixed where no single piece can be put back: each must hold every invariant.
 HOLD = [
