@@ -28,7 +28,7 @@ from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
-from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn, spawn_refusal
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
@@ -191,9 +191,8 @@ class Agent:
         return m.Pong(node_id=self.node_id, pid=os.getpid(), head_address=self.role.head_address)
 
     def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
-        if self.draining is not None:
-            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=(
-                f"node {self.node_id} is draining ({self.draining.reason}: {self.draining.message})")))
+        if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, os.getpid())) is not None:
+            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))
             return
         self.apply(self.sup.admit(identity, req.run_id, now, req.run_key))
         for spec in req.workers:

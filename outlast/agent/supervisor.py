@@ -120,6 +120,17 @@ class WorkloadView:
     already_killed: bool
 
 
+def spawn_refusal(node_id: str, draining: m.NodeDraining | None, placed_on: int, agent_pid: int) -> str | None:
+    """Why this agent turns a SpawnWorkers away, or None: a draining node takes no work, and an agent
+    started since the controller's node table was read is not the one it placed on."""
+    if draining is not None:
+        return f"node {node_id} is draining ({draining.reason}: {draining.message})"
+    if placed_on and placed_on != agent_pid:
+        return (f"node {node_id}'s agent was started again (pid {placed_on}, now {agent_pid}) since the node "
+                "table the workers were placed with")
+    return None
+
+
 class Supervisor:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
@@ -238,7 +249,9 @@ class Supervisor:
         return [w for w in self.workloads.values() if w.run_id == run_id]
 
     def runs_with_workloads(self) -> list[Run]:
-        return [self.runs[r] for r in sorted({w.run_id for w in self.workloads.values()}) if r in self.runs]
+        """Runs with a workload here, or a fork asked for and not reported yet (a drain must reach those too)."""
+        ids = {w.run_id for w in self.workloads.values()} | {key[0] for key in self._placements}
+        return [self.runs[r] for r in sorted(ids) if r in self.runs]
 
     def usage(self) -> dict[str, dict[str, float]]:
         """What each run holds of the node's resources."""

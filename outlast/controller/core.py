@@ -18,11 +18,11 @@ from typing import Callable
 from outlast.controller import checkpoints, resize
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
-from outlast.controller.commit import CommitTracker, PendingCheckpoint
+from outlast.controller.commit import CommitTracker
 from outlast.controller.handlers import Handlers
 from outlast.controller.hang_steps import HangSteps
 from outlast.controller.group import (
-    AgentGone, Effect, ForgetNode, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable,
+    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable,
     Spawn, Started, StopRun, ToNode, ToRank,
 )
 from outlast.controller.horizons import Answer, Decision, HorizonBook
@@ -237,6 +237,7 @@ class ControllerCore(Handlers, HangSteps):
                 payload=self.plan.payload, env=env, cwd=self.plan.cwd, sys_path=self.plan.sys_path,
                 run_name=self.plan.name, restore_checkpoint=a.restore, resources=self.plan.per_worker,
                 run_key=self.book.store.storage.uri(self.book.store.run_dir), forward_output=self.plan.forward_output,
+                agent_pid=self.nodes.nodes[node_id].agent_pid,
             )))
 
     def _restart(self, event: Event, preemption: Preemption | None) -> None:

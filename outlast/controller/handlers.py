@@ -44,6 +44,8 @@ class Handlers:
             self._on_node_draining(event)
         elif isinstance(event, m.SpawnRefused):
             self._on_spawn_refused(node_id, event)
+        elif isinstance(event, m.Pong):
+            self.nodes.note_pid(node_id, event.pid)
 
     def _on_node_draining(self: "ControllerCore", notice: m.NodeDraining) -> None:
         a, s, now = self.attempt, self.state, self._now
@@ -123,7 +125,8 @@ class Handlers:
         p = self._preemption()
         if s.kind in _PREEMPTED and self.plan.relax_collectives and p is not None and ev.rank in p.ranks:
             self._lose_preempted_rank(a, p, ev, failed)
-        elif failed:
+        elif failed and not (s.kind is State.RESTARTING and ev.error is None and ev.signal is not None):
+            # (while restarting, a death by a signal alone is our own stop: SIGTERM, or SIGKILL after its grace)
             self._on_failure(_failure_record(ev, self.wall()))
         elif s.kind in _PREEMPTED:
             # The others go on saving; if every rank returns, the training is over and the run finishes.

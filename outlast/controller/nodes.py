@@ -22,7 +22,8 @@ class NodeBook:
         self.node_timeout_s = node_timeout_s
         self.nodes: dict[str, m.NodeInfo] = {}
         self.heard: dict[str, float] = {}  # linked node -> when its agent last said anything (monotonic)
-        self._gone: dict[str, str] = {}  # node -> why its agent is known to be gone
+        self._gone: dict[str, tuple[int, str]] = {}  # node -> (the gone agent's pid, why)
+        self._pids: dict[str, int] = {}  # linked node -> its agent's pid, from its answers
         self._last_tick: float | None = None
         # (node id, agent pid) -> when this driver lost it: an agent started again is not that node
         self._lost_here: dict[tuple[str, int], float] = {}
@@ -32,12 +33,10 @@ class NodeBook:
     # ---- the node table -----------------------------------------------------------------
 
     def set_table(self, nodes: list[m.NodeInfo]) -> None:
-        for n in nodes:
-            old = self.nodes.get(n.node_id)
-            if old is not None and old.agent_pid != n.agent_pid:
-                self._gone.pop(n.node_id, None)  # a new agent behind the id: a new start, not the one gone
         self.nodes = {n.node_id: n for n in nodes}
         for n in nodes:
+            if n.node_id not in self.heard:  # this run has let the old agent go
+                self._forget_gone_agent(n.node_id, n.agent_pid)
             if n.draining is not None:
                 self._drains.setdefault(n.node_id, n.draining)
             elif n.state == "alive":  # back after a death: a new start
@@ -73,8 +72,9 @@ class NodeBook:
             # A node this driver lost may look alive to the head (a partition between the two):
             # it gets no work until it has been out of sight for a while.
             lost_at = self._lost_here.get((n.node_id, n.agent_pid), float("-inf"))
-            if n.state == "dead" or now - lost_at < LOST_NODE_QUARANTINE_S:
-                continue
+            gone = self._gone.get(n.node_id)
+            if n.state == "dead" or now - lost_at < LOST_NODE_QUARANTINE_S or (gone and gone[0] in (0, n.agent_pid)):
+                continue  # ... and a node whose agent is known gone, unless the table shows one started since
             free = dict(n.resources)
             for other, held in n.used.items():
                 if other != run_id:
@@ -93,6 +93,12 @@ class NodeBook:
 
     def link(self, node_id: str, now: float) -> bool:
         """Start hearing from a node; True if it is new to this run (it gets the run's heartbeat first)."""
+        info = self.nodes.get(node_id)
+        # New ranks go to the agent there now: if it was started since, it is not the one gone.
+        self._forget_gone_agent(node_id, self._pids.get(node_id, 0))
+        self._forget_gone_agent(node_id, info.agent_pid if info else 0)
+        if info is not None and info.agent_pid:  # the agent placed on (the spawn names it: another refuses)
+            self._pids[node_id] = info.agent_pid
         if node_id in self.heard:
             return False
         self.heard[node_id] = now
@@ -103,7 +109,27 @@ class NodeBook:
             self.heard[node_id] = now
 
     def note_gone(self, node_id: str, why: str) -> None:
-        self._gone[node_id] = why
+        info = self.nodes.get(node_id)
+        self._gone[node_id] = (info.agent_pid if info else 0, why)
+
+    def _forget_gone_agent(self, node_id: str, agent_pid: int) -> None:
+        """The node's agent is `agent_pid` now: if it was started again since its agent was gone, the node
+        is usable again (a lost node is kept out by (node id, agent pid), not by its id)."""
+        gone = self._gone.get(node_id)
+        if gone is not None and gone[0] and agent_pid and gone[0] != agent_pid:
+            del self._gone[node_id]
+            self._pids.pop(node_id, None)  # the gone agent's: the new one's answers start afresh
+
+    def note_pid(self, node_id: str, pid: int) -> None:
+        """A linked node's agent answered with its pid: another pid than before is a new agent, and the
+        workers the old one ran are gone (a persistent agent started again within the node timeout)."""
+        if node_id not in self.heard or not pid:
+            return
+        old = self._pids.setdefault(node_id, pid)
+        self._pids[node_id] = pid
+        if old != pid and node_id not in self._gone:
+            self._gone[node_id] = (old, f"the node agent of node {node_id} was started again (pid {old}, now "
+                                        f"{pid}): the workers of the old one are gone")
 
     def note_tick(self, now: float) -> None:
         """While the controller itself was busy, no node was heard: that time is not their silence."""
@@ -114,9 +140,11 @@ class NodeBook:
 
     def lose(self, node_id: str, now: float) -> None:
         """This driver lost the node: no messages to it, and no work for a while."""
-        info = self.nodes.get(node_id)
-        self._lost_here[(node_id, info.agent_pid if info else 0)] = now
+        info, gone = self.nodes.get(node_id), self._gone.get(node_id)
+        pid = gone[0] if gone is not None and gone[0] else info.agent_pid if info else 0
+        self._lost_here[(node_id, pid)] = now
         self.heard.pop(node_id, None)
+        self._pids.pop(node_id, None)
 
     def lost_nodes(self, now: float, nodes: set[str]) -> dict[str, str]:
         """Of `nodes`, those lost now, with why."""
@@ -127,7 +155,7 @@ class NodeBook:
             if info is not None and info.state == "dead":
                 out[node_id] = f"the head declared node {node_id} ({address}) dead"
             elif node_id in self._gone:
-                out[node_id] = self._gone[node_id]
+                out[node_id] = self._gone[node_id][1]
             elif heard is not None and now - heard > self.node_timeout_s:
                 out[node_id] = f"node {node_id} ({address}) stopped answering (silent for {now - heard:.1f} s)"
         return out

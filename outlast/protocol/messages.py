@@ -124,6 +124,9 @@ class SpawnWorkers(Msg):
     # and the workers of its dead predecessor must not go on beside the new ones.
     run_key: str = ""
     forward_output: bool = True  # send the workers' output lines to the controller (`WorkerOutput`)
+    # The agent the controller placed on, from the node table: an agent started since at the same address
+    # (a persistent node restarted) refuses, as the table that chose it was out of date. 0: any.
+    agent_pid: int = 0
 
 
 class StopWorkers(Msg):

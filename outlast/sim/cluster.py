@@ -1,13 +1,12 @@
 """Simulated nodes and the head's node table.
 
-`SimNode` plays a node agent as the controller sees one: it spawns and stops workers,
-answers the run's heartbeats, kills a run's workers when its driver falls silent (and a
-dead driver's workers when a relaunched driver spawns the same run), refuses work while
-draining, tells each run with workers there of a drain, and dies with its workers at a
-drain's deadline. It is the place where the agent's pure supervisor
-(`outlast/agent/supervisor.py`, being split out of `agent.py`) plugs in: `NodeModel` is
-what the simulator needs of a node, and a supervisor stepped with the virtual time can
-stand behind it in place of the bookkeeping here.
+`NodeModel` is what the simulator needs of a node. The default is `AgentNode`
+(outlast/sim/agent_node.py), run by the agent's real supervisor. `SimNode` here is the
+simple model it replaced, kept because the regression seeds of the controller's first bugs
+were drawn against it: it spawns and stops workers, answers the run's heartbeats, kills a
+run's workers when its driver falls silent (and a dead driver's workers when a relaunched
+driver spawns the same run), refuses work while draining, tells each run with workers there
+of a drain, and dies with its workers at a drain's deadline.
 """
 
 from __future__ import annotations
@@ -30,6 +29,18 @@ TERM_S = 0.05  # SIGTERM to exit
 class NodeModel(Protocol):
     node_id: str
     alive: bool
+    agent_pid: int
+    workers: dict
+
+    def start(self) -> None: ...
+
+    def kill_worker(self, rank: int) -> bool: ...
+
+    def wedge_worker(self, rank: int) -> bool: ...
+
+    def worker_exited(self, w: SimRank, code: int | None, signal: int | None, error: m.WorkerError | None) -> None: ...
+
+    def agent_gone(self) -> str | None: ...
 
     def on_request(self, driver: "SimDriver", msg: m.Msg) -> None: ...
 
@@ -55,6 +66,7 @@ class SimNode:
     node_id: str
     cpus: int
     alive: bool = True
+    agent_pid: int = 0
     died_at: float | None = None
     draining: m.NodeDraining | None = None
     workers: dict[tuple[str, int, int], SimRank] = field(default_factory=dict)
@@ -172,6 +184,9 @@ class SimNode:
             w.kill()
             self.sim.observer.worker_gone(w)
         self.workers.clear()
+
+    def agent_gone(self) -> str | None:
+        return None
 
     def info(self, now: float) -> m.NodeInfo:
         used: dict[str, dict[str, float]] = {}

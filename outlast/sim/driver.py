@@ -32,6 +32,8 @@ class SimDriver:
     def __init__(self, sim: "Sim", generation: int) -> None:
         self.sim = sim
         self.generation = generation
+        self.identity = f"driver{generation}".encode()  # its socket's identity at the agents
+        self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) reported gone
         self.alive = True
         self.busy_until = 0.0
         self._gangs: dict[int, Gang] = {}
@@ -76,8 +78,17 @@ class SimDriver:
 
     def _tick(self) -> None:
         if self.alive and self.core is not None and not self.core.closed:
+            self._agents_gone()
             self.deliver(g.Tick())
             self.sim.world.after(TICK_S, self._tick)
+
+    def _agents_gone(self) -> None:
+        """A node's agent on this machine whose pid is gone is lost at once, as the agent group sees it."""
+        for node in self.sim.nodes:
+            key = (node.node_id, node.agent_pid)
+            if (why := node.agent_gone()) is not None and key not in self._gone_told:
+                self._gone_told.add(key)
+                self.deliver(g.AgentGone(node.node_id, why))
 
     def deliver(self, event: g.InEvent) -> None:
         world = self.sim.world

@@ -9,7 +9,9 @@
   newer one is.
 - No attempt starts while a worker of an earlier attempt lives.
 - Preemptions never draw on `max_failures`: the failures charged to it are at most the worker
-  deaths and node losses the schedule caused.
+  deaths, node losses and deaths of outlast's own processes (a fork server, an agent: one
+  failure each) the schedule caused; so a relaunched driver, a restarted agent or the
+  controller's own teardown (a SIGKILL after the stop's grace) costs nothing.
 - Every run ends, finished or with an error that says why, within a bound, and every attempt of
   its history is settled.
 """
@@ -40,7 +42,7 @@ class Observer:
         self._last_call: dict[tuple[tuple[str, int], int], float] = {}
         self.durable: list[str] = []
         self._checked_spawns: set[tuple[str, int]] = set()
-        self.harm = 0  # worker deaths and node losses the schedule caused while workers lived
+        self.harm = 0  # worker deaths, node losses and fork-server or agent deaths the schedule caused
         self.transitions: set[tuple[str, str]] = set()
         self._last_kind: dict[int, str] = {}
 

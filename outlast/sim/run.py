@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
-from outlast.sim.cluster import SimNode
+from outlast.sim.agent_node import AgentNode
+from outlast.sim.cluster import NodeModel, SimNode
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
 from outlast.sim.schedule import Fault, Schedule, draw
@@ -39,20 +40,31 @@ class Sim:
         self.storage.latency_s = schedule.storage_latency_s
         self.storage.refuse_deletes = schedule.refuse_deletes
         self.storage_faults = any(f.kind == "storage_fail" for f in schedule.faults)
-        self.nodes = [SimNode(self, f"n{i}", schedule.cpus_per_node) for i in range(schedule.nodes)]
+        self._pids = 1000
+        self.nodes: list[NodeModel] = [self._new_node(f"n{i}") for i in range(schedule.nodes)]
         self.observer = Observer(self)
         self.drained_at: dict[str, float] = {}
         self.driver: SimDriver | None = None
         self.generations = 0
         self.closed = False
+        self.own_faults = {"fork_server_deaths": 0, "agent_deaths": 0, "agent_restarts": 0}  # those that struck
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
             + 12 * schedule.storage_latency_s
 
+    def _new_node(self, node_id: str, same_host: bool = False) -> NodeModel:
+        if self.schedule.nodes_model == "simple":
+            return SimNode(self, node_id, self.schedule.cpus_per_node)
+        return AgentNode(self, node_id, self.schedule.cpus_per_node, same_host)
+
+    def new_pid(self) -> int:
+        self._pids += 1
+        return self._pids
+
     def wall(self) -> float:
         return WALL0 + self.world.now
 
-    def node(self, node_id: str) -> SimNode | None:
+    def node(self, node_id: str) -> NodeModel | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)
 
     def rank_of(self, driver: SimDriver, attempt: int, rank: int) -> SimRank | None:
@@ -78,7 +90,7 @@ class Sim:
                  "durable_checkpoints": len(ob.durable), "driver_launches": self.generations,
                  "attempts": len(book.state.attempts) if book else 0,
                  "resizes": len(book.state.resizes) if book else 0,
-                 "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0}
+                 "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0, **self.own_faults}
         return Outcome(s.seed, list(ob.violations), book.state.status if book else "?", self.world.now,
                        self.world.trace, facts)
 
@@ -138,8 +150,36 @@ class Sim:
             self._add_node()
         elif f.kind == "storage_fail":
             self.storage.failing.append((self.world.now, self.world.now + f.duration_s))
+        elif f.kind in ("fork_server_death", "agent_death", "agent_restart"):
+            self._agent_fault(f, live_nodes)
 
-    def _drain(self, node: SimNode, deadline_s: float | None) -> None:
+    def _agent_fault(self, f: Fault, live_nodes: list[NodeModel]) -> None:
+        """The node's own processes die: a node with workers if there is one, else any."""
+        agents = [n for n in live_nodes if isinstance(n, AgentNode)]
+        busy = [n for n in agents if n.workers] or agents
+        if not busy:
+            return
+        node = busy[f.target % len(busy)]
+        self.observer.harm += 1
+        self.own_faults[{"fork_server_death": "fork_server_deaths", "agent_death": "agent_deaths",
+                         "agent_restart": "agent_restarts"}[f.kind]] += 1
+        if f.kind == "fork_server_death":
+            node.fork_server_dies()
+        elif f.kind == "agent_death":  # the embedded node: its driver starts a new one, a new node id
+            node.same_host = True
+            node.agent_dies()
+            self.world.after(f.duration_s, self._add_node, True)
+        else:  # a persistent node, started again by its supervisor (systemd) with the same id
+            node.same_host = f.same_host
+            node.agent_dies()
+            self.world.after(f.duration_s, self._restart_agent, node)
+
+    def _restart_agent(self, node: AgentNode) -> None:
+        if not node.alive:
+            node.start()
+            self.world.note(f"node {node.node_id} agent started again (pid {node.agent_pid})")
+
+    def _drain(self, node: NodeModel, deadline_s: float | None) -> None:
         self.drained_at.setdefault(node.node_id, self.world.now)
         deadline = self.wall() + deadline_s if deadline_s is not None else None
         node.drain(m.NodeDraining(node_id=node.node_id, reason="spot", message="simulated preemption",
@@ -149,15 +189,15 @@ class Sim:
             if self.world.rng.random() < 0.5:  # the cloud replaces the preempted node, some time later
                 self.world.after(deadline_s + self.world.rng.uniform(5.0, 40.0), self._add_node)
 
-    def _add_node(self) -> None:
-        node = SimNode(self, f"n{len(self.nodes)}", self.schedule.cpus_per_node)
+    def _add_node(self, same_host: bool = False) -> None:
+        node = self._new_node(f"n{len(self.nodes)}", same_host)
         self.nodes.append(node)
         node.start()
         self.world.note(f"node {node.node_id} joined")
 
 
-def run_seed(seed: int, trace: bool = False, elastic: bool = False) -> Outcome:
-    return Sim(draw(seed, elastic), trace=trace).run()
+def run_seed(seed: int, trace: bool = False, elastic: bool = False, nodes_model: str = "agent") -> Outcome:
+    return Sim(draw(seed, elastic, nodes_model), trace=trace).run()
 
 
 def quiet() -> None:

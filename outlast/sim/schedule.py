@@ -26,9 +26,11 @@ class LoopSpec:
 class Fault:
     at: float
     kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node | hang
+    #          | fork_server_death | agent_death (an embedded node's: a new node replaces it) | agent_restart (a persistent node's)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
-    duration_s: float = 0.0  # storage_fail
+    duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
+    same_host: bool = True  # agent_restart: the driver's machine, where it sees the agent's pid gone at once
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Schedule:
     min_workers: int = 0  # > 0: an elastic run, num_workers=(min_workers, loop.world_size)
     resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
     hang_timeout_s: float = float("inf")  # finite: ranks send progress, and a "hang" fault wedges one
+    nodes_model: str = "agent"  # "agent": the agent's real supervisor (outlast/sim/agent_node.py); "simple"
 
     @property
     def nominal_s(self) -> float:
@@ -57,9 +60,30 @@ KINDS = ["kill_worker", "lose_node", "drain", "drain", "drain", "drain_empty", "
          "double_drain"]
 
 
-def draw(seed: int, elastic: bool = False) -> Schedule:
+# Faults of outlast's own processes, mixed with those of the user's: drawn from a stream of their own, so that
+# the schedules above (and the regression seeds found with them) stay as they were.
+AGENT_KINDS = ["fork_server_death", "fork_server_death", "agent_death", "agent_restart", "agent_restart",
+               "kill_worker", "driver_death"]
+
+
+def draw(seed: int, elastic: bool = False, nodes_model: str = "agent") -> Schedule:
     """`elastic`: the same schedule as an elastic run (num_workers=(min, world)), with nodes that join; drawn
-    from a second generator, so that the seed's other choices stay as they are."""
+    from a second generator, so that the seed's other choices stay as they are. `nodes_model`: "agent" runs
+    the agent's real supervisor and adds faults of outlast's own processes; "simple" neither."""
+    s = _draw(seed, elastic)
+    if nodes_model != "agent":
+        return Schedule(**{**s.__dict__, "nodes_model": nodes_model})
+    rng = random.Random(seed * 2 + 1 + (1 << 40))
+    extra = []
+    for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+        extra.append(Fault(rng.uniform(0.0, s.nominal_s * 1.2 + 0.5), rng.choice(AGENT_KINDS),
+                           target=rng.randrange(max(s.loop.world_size, s.nodes)),
+                           duration_s=rng.choice([rng.uniform(0.5, 5.0), rng.uniform(5.0, 60.0)]),
+                           same_host=rng.random() < 0.7))
+    return Schedule(**{**s.__dict__, "faults": sorted(s.faults + extra, key=lambda f: f.at)})
+
+
+def _draw(seed: int, elastic: bool) -> Schedule:
     rng = random.Random(seed)
     world = rng.choice([1, 1, 2, 2, 2, 3, 4])
     step_s = math.exp(rng.uniform(math.log(0.001), math.log(60.0)))

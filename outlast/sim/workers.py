@@ -17,7 +17,7 @@ from outlast.storage.records import CorruptDocument, checkpoint_dir_name
 from outlast.storage.run_store import RunStore
 
 if TYPE_CHECKING:
-    from outlast.sim.cluster import SimNode
+    from outlast.sim.cluster import NodeModel
     from outlast.sim.run import Sim
 
 PEER_LOSS = "RuntimeError", "[/gloo/transport/tcp/pair.cc] Connection closed by peer"
@@ -61,11 +61,12 @@ class Gang:
 
 
 class SimRank:
-    def __init__(self, sim: "Sim", node: "SimNode", spawn: m.SpawnWorkers, spec: m.WorkerSpec, gang: Gang,
+    def __init__(self, sim: "Sim", node: "NodeModel", spawn: m.SpawnWorkers, spec: m.WorkerSpec, gang: Gang,
                  to_controller, uploads_to_controller) -> None:
         self.sim, self.node, self.spawn, self.gang = sim, node, spawn, gang
         self.rank, self.attempt, self.run_id = spec.rank, spawn.attempt, spawn.run_id
         self.world_size = spec.world_size  # the attempt's: an elastic run's differs from attempt to attempt
+        self.pid = 0  # the fork server's, where the node has one
         self.to_controller = to_controller  # the session's socket
         self.uploads_to_controller = uploads_to_controller  # the upload thread's own socket
         self._upload_done_at = 0.0

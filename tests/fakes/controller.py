@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import outlast.train  # noqa: F401  (the controller imports the training API's errors)
 from outlast.controller import group as g
 from outlast.controller.core import ControllerCore
 from outlast.controller.runstate import RunBook

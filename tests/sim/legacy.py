@@ -6,10 +6,11 @@ regression seed can show that the simulator catches that bug (and that the fix h
 
 from __future__ import annotations
 
-from outlast.controller import checkpoints, core, handlers, horizons
+from outlast.controller import checkpoints, core, handlers, horizons, nodes
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
 from outlast.controller.retention import checkpoints_to_delete
+from outlast.sim import agent_node
 from outlast.protocol import messages as m
 
 
@@ -160,5 +161,17 @@ def reinject(bug: str, monkeypatch) -> None:
         monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _old_spawn_refused)
     elif bug == "second_refusal_dropped":
         monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _first_fix_spawn_refused)
+    elif bug == "agent_gone_for_good":  # a node whose agent was gone stayed lost after a restart
+        monkeypatch.setattr(nodes.NodeBook, "_forget_gone_agent", lambda self, node_id, agent_pid: None)
+    elif bug == "spawn_to_any_agent":  # a spawn placed with a stale table was taken by the agent started since
+        real = agent_node.spawn_refusal
+        monkeypatch.setattr(agent_node, "spawn_refusal", lambda node_id, draining, placed_on, pid:
+                            real(node_id, draining, 0, pid))
+    elif bug == "drain_misses_pending_forks":  # a drain told only the runs whose forks had been reported
+        from outlast.agent.supervisor import Supervisor
+        monkeypatch.setattr(Supervisor, "runs_with_workloads", lambda self: [
+            self.runs[r] for r in sorted({w.run_id for w in self.workloads.values()}) if r in self.runs])
+    elif bug == "restarted_agent_unnoticed":  # a new pid in a node's answers meant nothing
+        monkeypatch.setattr(nodes.NodeBook, "note_pid", lambda self, node_id, pid: None)
     else:
         raise ValueError(bug)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from outlast.controller import group as g
 from outlast.controller import states as st
 from outlast.controller.states import State
@@ -188,3 +190,23 @@ def test_without_an_answer_from_the_head_a_new_attempt_places_on_the_last_table_
     assert h.state is State.PLACING
     h.step(dt=1.1)
     assert h.state is State.SCHEDULING
+
+
+
+def test_a_rank_killed_after_the_stops_grace_is_the_teardown_not_a_failure_that_spends_max_failures():
+    h = make(max_failures=0)
+    placement = start(h)
+    drained = m.NodeDraining(node_id=placement[0], reason="spot", message="", deadline_unix_s=h.wall(),
+                             node_ids=[placement[0]])
+    # The head's table shows the drain (the node had told no run: it had none when it drained), then it is gone.
+    h.step(g.NodeTable([msgspec.structs.replace(node(n), state="draining", draining=drained) if n == placement[0]
+                        else node(n) for n in ("n1", "n2", "n3")]))
+    for _ in range(80):
+        h.step(g.FromAgent(placement[1], m.Pong(node_id=placement[1], pid=1)), dt=0.1)
+        if h.state is State.RESTARTING:
+            break
+    assert h.state is State.RESTARTING
+    # Rank 1 ignored the stop's SIGTERM; the agent's SIGKILL after the grace ended it.
+    h.agent(placement[1], msgspec.structs.replace(h.exited(1, placement[1]), exit_code=None, signal=9))
+    assert h.core.attempt.number == 2
+    assert h.core.book.state.failure_counts == {"preemption": 1}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import outlast.train  # noqa: F401  (the controller imports the training API's errors: load that first)
 from outlast.controller import group as g
 from outlast.controller.runtime import Controller
 from outlast.protocol import messages as m

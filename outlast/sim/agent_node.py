@@ -1,0 +1,268 @@
+"""A simulated node run by the agent's real supervisor (`outlast/agent/supervisor.py`).
+
+The simulator plays what the agent does with sockets and processes: a request from a
+controller becomes the supervisor's input, as `outlast/agent/agent.py` maps it; a fork is a
+`SimRank` with a pid, reported as `Forked`; a worker's end is reported as `Reaped`; a `Kill`
+effect signals the simulated process (SIGKILL at once, SIGTERM after the worker's handler ran,
+or never for a worker that ignores it, until the supervisor's SIGKILL after the grace); a
+`Send` is an agent event to the controller on the node's channel. Heartbeat expiry (a dead
+driver) and the retirement of a relaunched driver's predecessor come from the supervisor.
+
+Faults of the node's own processes: the fork server dies (its workloads with it, reported
+lost by `lose_all`, the node stays and the server comes back per the agent's restart policy),
+and the agent dies (the node is lost; a persistent agent comes back with the same node id
+and a new pid).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+from outlast.client.restarts import GiveUp, RestartPolicy
+from outlast.agent.supervisor import Effect, Kill, Placement, Send, Supervisor, Warn, spawn_refusal
+from outlast.protocol import messages as m
+from outlast.sim.cluster import HEAD_DEAD_AFTER_S
+from outlast.sim.workers import SimRank
+
+if TYPE_CHECKING:
+    from outlast.sim.driver import SimDriver
+    from outlast.sim.run import Sim
+
+TICK_S = 0.1  # the agent's timers' period
+FORK_S = (0.001, 0.05)  # the fork server's answer
+START_S = (0.001, 0.2)  # from the fork to the worker's hello
+TERM_S = 0.05  # a worker's SIGTERM handler exits this soon ...
+IGNORES_TERM = 0.05  # ... except this share of workers, stuck in a collective: the grace's SIGKILL ends them
+SIM_HOST = "sim-host"  # the drivers' machine: a process there sees at once when an agent there is gone
+
+
+class AgentNode:
+    def __init__(self, sim: "Sim", node_id: str, cpus: int, same_host: bool = False) -> None:
+        self.sim, self.node_id, self.cpus, self.same_host = sim, node_id, cpus, same_host
+        self.alive = False
+        self.died_at: float | None = None
+        self.draining: m.NodeDraining | None = None
+        self.agent_pid = 0
+        self.incarnations = 0
+
+    @property
+    def workers(self) -> dict[int, SimRank]:
+        return self.procs
+
+    def start(self) -> None:
+        """The agent starts (again): an empty supervisor, a new pid, a fresh fork server."""
+        self.alive, self.died_at, self.draining = True, None, None
+        self.incarnations += 1
+        self.agent_pid = self.sim.new_pid()
+        self.sup = Supervisor(self.node_id)
+        self.procs: dict[int, SimRank] = {}
+        self.drivers: dict[bytes, "SimDriver"] = {}
+        self.fork_policy = RestartPolicy()
+        self.fork_gen, self.fork_up = 0, True
+        self.fork_queue: list[tuple["SimDriver", m.SpawnWorkers, m.WorkerSpec]] = []
+        self._tick_at: float | None = None
+        self._tick_soon()
+
+    # ---- requests from a controller, as the agent maps them --------------------------------------
+
+    def on_request(self, driver: "SimDriver", msg: m.Msg) -> None:
+        if not self.alive:
+            return
+        now = self.sim.world.now
+        to = driver.identity
+        self.drivers[to] = driver
+        if isinstance(msg, m.RunHeartbeat):
+            self.sup.heartbeat(to, msg.run_id, msg.timeout_s, msg.last_commit_at, now)
+            driver.from_node(self.node_id, m.Pong(node_id=self.node_id, pid=self.agent_pid))
+        elif isinstance(msg, m.SpawnWorkers):
+            if (why := spawn_refusal(self.node_id, self.draining, msg.agent_pid, self.agent_pid)) is not None:
+                driver.from_node(self.node_id, m.SpawnRefused(run_id=msg.run_id, attempt=msg.attempt, reason=why))
+                return
+            self.apply(self.sup.admit(to, msg.run_id, now, msg.run_key))
+            for spec in msg.workers:
+                self.sup.expect((msg.run_id, msg.attempt, spec.rank, ""),
+                                Placement(world_size=spec.world_size, demand=dict(msg.resources)))
+                self._ask_fork(driver, msg, spec)
+        elif isinstance(msg, m.StopWorkers):
+            self.apply(self.sup.stop_attempt(msg.run_id, msg.attempt, msg.grace_s, now))
+        elif isinstance(msg, m.EndRun):
+            self.apply(self.sup.end_run(msg.run_id, now))
+        self._tick_soon()
+
+    # ---- the fork server -------------------------------------------------------------------------
+
+    def _ask_fork(self, driver: "SimDriver", msg: m.SpawnWorkers, spec: m.WorkerSpec) -> None:
+        if not self.fork_up:  # queued until it is back, as the agent's fork-server client does
+            self.fork_queue.append((driver, msg, spec))
+            return
+        self.sim.world.after(self.sim.world.rng.uniform(*FORK_S), self._forked, driver, msg, spec, self.fork_gen)
+
+    def _forked(self, driver: "SimDriver", msg: m.SpawnWorkers, spec: m.WorkerSpec, gen: int) -> None:
+        if not self.alive or gen != self.fork_gen:
+            return  # the fork server that was asked died first: `lose_all` reported the fork lost
+        w = SimRank(self.sim, self, msg, spec, driver.gang(msg.attempt, spec.world_size),
+                    driver.worker_channel(msg.attempt, spec.rank),
+                    driver.worker_channel(msg.attempt, spec.rank, uploads=True))
+        w.pid = self.sim.new_pid()
+        self.procs[w.pid] = w
+        self.sim.observer.worker_started(w)
+        self.apply(self.sup.on_forked(m.Forked(run_id=msg.run_id, attempt=msg.attempt, rank=spec.rank, pid=w.pid),
+                                      self.sim.wall()))
+        self.sim.world.after(self.sim.world.rng.uniform(*START_S), self._start_worker, w)
+
+    def _start_worker(self, w: SimRank) -> None:
+        if w.alive:
+            w.start()
+
+    def fork_server_dies(self) -> None:
+        """Its workers die with it (nobody reaps them); the supervisor reports them and the forks in
+        flight lost, and the server is started again per the agent's restart policy."""
+        if not self.alive or not self.fork_up:
+            return
+        for w in list(self.procs.values()):
+            self._vanish(w)
+        self.fork_gen += 1
+        self.fork_up = False
+        how = "killed by SIGKILL"
+        self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} died ({how}); its workers died with it"))
+        decision = self.fork_policy.on_death(self.sim.world.now, how)
+        if isinstance(decision, GiveUp):
+            self.sim.world.note(f"node {self.node_id}: {decision.reason}; stopping the node")
+            self.agent_dies()
+            return
+        self.sim.world.at(decision.at + self.sim.world.rng.uniform(0.2, 2.0), self._fork_server_back, self.fork_gen)
+
+    def _fork_server_back(self, gen: int) -> None:
+        if not self.alive or gen != self.fork_gen:
+            return
+        self.fork_up = True
+        self.fork_policy.restarted(self.sim.world.now)
+        queued, self.fork_queue = self.fork_queue, []
+        for driver, msg, spec in queued:
+            self._ask_fork(driver, msg, spec)
+
+    # ---- processes -------------------------------------------------------------------------------
+
+    def apply(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                driver = self.drivers.get(e.to)
+                if driver is not None:
+                    driver.from_node(self.node_id, e.msg)
+            elif isinstance(e, Kill):
+                self._signal(e.pid, e.sig)
+            elif isinstance(e, Warn) and self.sim.world.tracing:
+                self.sim.world.note(f"node {self.node_id}: {e.text}")
+
+    def _signal(self, pid: int, sig: int) -> None:
+        w = self.procs.get(pid)
+        if w is None or not w.alive:
+            return
+        if sig == signal.SIGKILL:
+            w.kill()
+            self.worker_exited(w, None, signal.SIGKILL, None)
+        elif self.sim.world.rng.random() >= IGNORES_TERM:
+            self.sim.world.after(TERM_S, self._terminated, w)
+
+    def _terminated(self, w: SimRank) -> None:
+        if w.alive and self.procs.get(w.pid) is w:
+            w.kill()
+            self.worker_exited(w, None, signal.SIGTERM, None)
+
+    def worker_exited(self, w: SimRank, code: int | None, sig: int | None, error: m.WorkerError | None) -> None:
+        """The fork server reaped it: the supervisor reports its end."""
+        w.alive = False
+        self.sim.observer.worker_gone(w)
+        if self.procs.pop(w.pid, None) is None:
+            return
+        if code != 0:
+            w.gang.break_()
+        self.apply(self.sup.on_reaped(m.Reaped(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid,
+                                               exit_code=code, signal=sig, error=error)))
+        self._tick_soon()
+
+    def _vanish(self, w: SimRank) -> None:
+        """A worker dies with its parent: nobody reaps or reports it here."""
+        w.kill()
+        self.sim.observer.worker_gone(w)
+        self.procs.pop(w.pid, None)
+
+    def wedge_worker(self, rank: int) -> bool:
+        for w in self.procs.values():
+            if w.rank == rank and w.alive and not w.wedged:
+                w.wedge()
+                return True
+        return False
+
+    def kill_worker(self, rank: int) -> bool:
+        for w in list(self.procs.values()):
+            if w.rank == rank and w.alive:
+                w.kill()
+                self.worker_exited(w, None, signal.SIGKILL, None)
+                return True
+        return False
+
+    # ---- time --------------------------------------------------------------------------------------
+
+    def _tick_soon(self) -> None:
+        """The agent's timers run every 100 ms; here only when one of them is due (a kill deadline, a
+        run's heartbeat timeout), which keeps thousands of schedules fast."""
+        if not self.alive:
+            return
+        due = min([w.kill_at for w in self.sup.workloads.values() if w.kill_at is not None]
+                  + [r.last_heard + r.timeout_s for r in self.sup.runs.values() if not r.ended], default=None)
+        if due is None or due == float("inf"):
+            return
+        at = max(due + TICK_S, self.sim.world.now)
+        if self._tick_at is None or at < self._tick_at or self._tick_at < self.sim.world.now:
+            self._tick_at = at
+            self.sim.world.at(at, self._tick, self.incarnations, at)
+
+    def _tick(self, incarnation: int, at: float) -> None:
+        if not self.alive or incarnation != self.incarnations or at != self._tick_at:
+            return
+        self._tick_at = None
+        self.apply(self.sup.tick(self.sim.world.now))
+        self._tick_soon()
+
+    # ---- drains and deaths -------------------------------------------------------------------------
+
+    def drain(self, notice: m.NodeDraining) -> None:
+        if not self.alive or self.draining is not None:
+            return
+        self.draining = notice
+        for run in self.sup.runs_with_workloads():
+            driver = self.drivers.get(run.controller)
+            if driver is not None:
+                driver.from_node(self.node_id, notice)
+
+    def die(self) -> None:
+        """The machine is gone, and everything on it: not the drivers' machine, whose processes would be gone too."""
+        self.same_host = False
+        self.agent_dies()
+
+    def agent_dies(self) -> None:
+        """The agent's process ends; its fork server and workers end with it."""
+        if not self.alive:
+            return
+        self.alive = False
+        self.died_at = self.sim.world.now
+        for w in list(self.procs.values()):
+            self._vanish(w)
+
+    def agent_gone(self) -> str | None:
+        """What a driver on the same machine sees of the agent's pid: why it is lost, or None."""
+        if self.alive or not self.same_host:
+            return None
+        return f"the node agent of node {self.node_id} (pid {self.agent_pid}) is gone: killed by SIGKILL"
+
+    def info(self, now: float) -> m.NodeInfo:
+        if not self.alive and now - (self.died_at or now) >= HEAD_DEAD_AFTER_S:
+            state = "dead"
+        else:
+            state = "draining" if self.draining is not None else "alive"
+        return m.NodeInfo(node_id=self.node_id, address=f"sim://{self.node_id}", host=self.node_id,
+                          resources={"CPU": float(self.cpus)}, state=state, draining=self.draining,
+                          used=self.sup.usage() if self.alive else {}, agent_pid=self.agent_pid,
+                          host_id=SIM_HOST if self.same_host else "")
