@@ -258,3 +258,15 @@ def test_preemption_jit_checkpoint_moves_to_the_spare_node_drained_with_the_cli(
         assert len(jit) == 1 and jit[0]["attempt"] == 1
         assert state["attempts"][1]["restored_from"] == jit[0]["checkpoint_dir"]  # no step lost
         assert not [n for n in cluster.node_table() if n.node_id == busy[0] and n.used]
+
+
+def test_the_readme_demo_recovers_from_its_killed_rank_and_finishes(home: Path, tmp_path: Path):
+    # `./scripts/demo` runs this script: a newcomer's first command must do what the README says.
+    storage = tmp_path / "storage"
+    proc = _run("ddp_demo.py", ["--steps", "60", "--checkpoint-every", "20", "--kill-step", "30",
+                                "--storage-path", str(storage)], home)
+    assert proc.returncode == 0, _explain(proc)
+    assert "killing rank 1" in proc.stdout and "restored the checkpoint of step 19" in proc.stdout, _explain(proc)
+    assert "attempt 2: finished, restored from checkpoint_001_000019" in proc.stdout, _explain(proc)
+    state = _run_state(storage / "ddp_demo")
+    assert state["status"] == "finished" and len(state["attempts"]) == 2
