@@ -48,7 +48,11 @@ def _failures(state: dict) -> list[dict]:
 def clean_digest(tmp_path_factory):
     path = tmp_path_factory.mktemp("clean")
     (path / "storage").mkdir()
-    _, digests = _train(str(path / "storage"), path, "clean", [])
+    # Module-scoped, so before the per-test OUTLAST_HOME: a home of its own, never the user's.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OUTLAST_HOME", str(tmp_path_factory.mktemp("clean_home")))
+        mp.delenv("OUTLAST_ADDRESS", raising=False)
+        _, digests = _train(str(path / "storage"), path, "clean", [])
     assert len(digests) == 1
     return digests[0]
 
