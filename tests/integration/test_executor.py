@@ -33,9 +33,13 @@ def whoami():
 
 
 @pytest.fixture(scope="module")
-def ex():
-    with outlast.Executor(max_workers=2, max_retries=2) as executor:
-        yield executor
+def ex(tmp_path_factory):
+    # Module-scoped, so before the per-test OUTLAST_HOME: a home of its own, never the user's.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OUTLAST_HOME", str(tmp_path_factory.mktemp("executor_home")))
+        mp.delenv("OUTLAST_ADDRESS", raising=False)
+        with outlast.Executor(max_workers=2, max_retries=2) as executor:
+            yield executor
 
 
 def test_map_and_submit_run_in_worker_processes(ex):
