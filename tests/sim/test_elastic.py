@@ -7,13 +7,8 @@ import dataclasses
 
 import pytest
 
-from outlast.sim.run import Sim, quiet
+from outlast.sim.run import Sim
 from outlast.sim.schedule import Fault, LoopSpec, Schedule
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    quiet()
 
 
 def schedule(faults, *, world=4, low=2, nodes=4, steps=40, step_s=0.5, interval=0.0, jit=True, seed=1,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from outlast.sim.__main__ import run_many
-from outlast.sim.run import quiet, run_seed
+from outlast.sim.run import run_seed
 from tests.sim.legacy import reinject
 
 # (bug, seed): the seed's schedule runs into the bug; with the bug put back the simulator reports it. The first
@@ -73,11 +73,6 @@ HOLD = [
     8271,
 ]
 REGRESSIONS = [(bug, seed, "simple") for bug, seed in SIMPLE] + [(bug, seed, "agent") for bug, seed in AGENT]
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    quiet()
 
 
 @pytest.mark.parametrize(("bug", "seed", "nodes"), REGRESSIONS, ids=[f"{b}-{s}" for b, s, _ in REGRESSIONS])
