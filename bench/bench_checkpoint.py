@@ -202,7 +202,7 @@ def main():
     doc = {"benchmark": "bench_checkpoint", "date": harness.stamp(), "figures": figures,
            "machine": harness.machine(versions()),
            "load": {"before": load_before, "after": harness.load(),
-                    "note": "a shared 2-core machine under other engineers' tests; load1 is kept with every run"},
+                    "note": "a shared 2-core machine loaded by other test suites; load1 is kept with every run"},
            "settings": {"repeat": args.repeat, "local_mb": args.local_mb, "s3_mb": args.s3_mb, "big": args.big,
                         "restore": "right after each save (page cache warm for every method alike)"},
            "wall_s": round(time.time() - started, 1), "errors": errors, "logs": workdir}
@@ -224,7 +224,7 @@ def rebuild(args):
     doc = {"benchmark": "bench_checkpoint", "date": harness.stamp(), "figures": figures,
            "machine": harness.machine(versions()),
            "load": {"during": harness.summary(loads),
-                    "note": "a shared 2-core machine under other engineers' tests; load1 is kept with every run"},
+                    "note": "a shared 2-core machine loaded by other test suites; load1 is kept with every run"},
            "settings": {"repeat": args.repeat, "parts": where, "local_mb": args.local_mb, "s3_mb": args.s3_mb,
                         "restore": "right after each save (page cache warm for every method alike)"},
            "source": f"rebuilt with --from-log from the per-run lines of an earlier run ({args.from_log})",
