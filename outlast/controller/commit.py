@@ -125,6 +125,11 @@ class CommitTracker:
                 pending.awaiting.add(rank)
         return self._ready()
 
+    @property
+    def uploads_in_flight(self) -> bool:
+        """Some rank reported a checkpoint whose asynchronous upload has not said it is done."""
+        return any(p.awaiting for p in self._pending.values())
+
     def on_upload_done(
         self, rank: int, index: int, checkpoint_dir: str, files: list[FileEntry], error: str | None
     ) -> list[PendingCheckpoint]:

@@ -155,8 +155,10 @@ class ControllerCore(Handlers, HangSteps):
                             self.book.state.latest_checkpoint or "scratch")
                 self._restart(Event.PREEMPTION_SAFE, s.preemption)
         elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s:
-            log.warning("finishing without the last messages of ranks %s",
-                        sorted(set(range(self.plan.world_size)) - a.done))
+            log.warning("finishing without the last messages of ranks %s%s",
+                        sorted(set(range(self.plan.world_size)) - a.done),
+                        "; an asynchronous upload never said it was done, so its checkpoint is not committed"
+                        if self.commits.uploads_in_flight else "")
             self._finish()
 
     # ---- states ------------------------------------------------------------------------

@@ -137,7 +137,7 @@ class Handlers:
         if self.state.kind is State.RESTARTING:
             self._settle_if_all_exited()
         elif self.state.kind.has_live_workers and a.all_exited(self.plan.world_size):
-            if a.done >= set(range(self.plan.world_size)):
+            if self._settled(a):
                 self._finish()
             else:
                 self._go(Event.ALL_EXITED, st.Finishing(since=self._now))
@@ -185,6 +185,8 @@ class Handlers:
             self.uploads.on_upload_done(msg.rank, msg.index)
             for pending in self.commits.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
                 self._commit(pending)
+            if self.state.kind is State.FINISHING and self._settled(a):
+                self._finish()
         elif isinstance(msg, m.WorkerHello):
             a.hello.add(msg.rank)
             if self.state.kind is State.SCHEDULING and len(a.hello) == self.plan.world_size:
@@ -197,8 +199,14 @@ class Handlers:
             self._on_watch_message(msg)
         elif isinstance(msg, m.WorkerDone):
             a.done.add(msg.rank)
-            if self.state.kind is State.FINISHING and a.done >= set(range(self.plan.world_size)):
+            if self.state.kind is State.FINISHING and self._settled(a):
                 self._finish()
+
+    def _settled(self: "ControllerCore", a: AttemptState) -> bool:
+        """Every rank said it is done, and every asynchronous upload it reported said so too. The
+        upload thread has a connection of its own, so its last UploadDone may arrive after the
+        rank's WorkerDone and its exit: finishing before it would drop the last checkpoint."""
+        return a.done >= set(range(self.plan.world_size)) and not self.commits.uploads_in_flight
 
     def _on_report(self: "ControllerCore", msg: m.Report) -> None:
         p = self._preemption()

@@ -210,3 +210,20 @@ def test_a_rank_killed_after_the_stops_grace_is_the_teardown_not_a_failure_that_
     h.agent(placement[1], msgspec.structs.replace(h.exited(1, placement[1]), exit_code=None, signal=9))
     assert h.core.attempt.number == 2
     assert h.core.book.state.failure_counts == {"preemption": 1}
+
+
+def test_the_last_asynchronous_upload_arriving_after_every_rank_exited_is_still_committed():
+    # The upload thread's UploadDone comes on a connection of its own: it may follow the rank's
+    # WorkerDone and its exit. Finishing before it would drop the run's last checkpoint.
+    h = make()
+    placement = start(h)
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_001_000000",
+                          files=[], upload_pending=True))
+    finish_all(h, placement)
+    assert h.state is State.FINISHING and not h.core.book.state.checkpoints
+    for rank in (0, 1):
+        h.worker(m.UploadDone(attempt=1, rank=rank, index=0, checkpoint_dir="checkpoint_001_000000",
+                              files=[ENTRY] if rank == 0 else [], error=None))
+    assert h.state is State.FINISHED
+    assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
