@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 
 import outlast.train  # noqa: F401  (first: the training API and the controller import each other)
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.storage import open_storage
 from outlast.storage.conditional import conditional
 from outlast.storage.run_store import RunStore
-from outlast.errors import RunInUseError
 from tests.integration.test_object_storage import s3  # noqa: F401  (the fixture)
+from tests.unit.test_driver_lease import race_for_the_lease
 
 
 def test_s3_creates_only_what_is_absent_and_replaces_only_the_version_read(s3):  # noqa: F811
@@ -26,24 +25,7 @@ def test_s3_creates_only_what_is_absent_and_replaces_only_the_version_read(s3): 
 
 
 def test_of_drivers_racing_for_a_run_on_s3_exactly_one_wins(s3):  # noqa: F811
-    outcomes: list[str] = []
-    start = threading.Barrier(4)
-
-    def race():
-        k = LeaseKeeper(RunStore(open_storage("s3://runs/race"), "run"), ttl_s=10.0)
-        start.wait()
-        try:
-            k.acquire(wait_s=0)
-            outcomes.append("won")
-        except RunInUseError:
-            outcomes.append("refused")
-
-    threads = [threading.Thread(target=race) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(outcomes) == ["refused"] * 3 + ["won"]
+    assert sorted(race_for_the_lease("s3://runs/race", 4)) == ["refused"] * 3 + ["won"]
 
 
 def test_a_driver_whose_lease_was_taken_on_s3_finds_out_and_writes_nothing(s3):  # noqa: F811

@@ -35,12 +35,13 @@ def keeper(tmp_path, host: str, clock: Clock, wall=lambda: 1.7e9, alive=lambda l
                        sleep=clock.sleep, alive=alive, host=host)
 
 
-def test_of_drivers_racing_for_a_free_run_exactly_one_wins(tmp_path):
+def race_for_the_lease(storage_url, drivers: int) -> list[str]:
+    """`drivers` threads each try to take the free lease of one run at the same instant; their outcomes."""
     outcomes: list[str] = []
-    start = threading.Barrier(8)
+    start = threading.Barrier(drivers)
 
     def race():
-        k = LeaseKeeper(RunStore(open_storage(tmp_path), "run"), ttl_s=10.0)
+        k = LeaseKeeper(RunStore(open_storage(storage_url), "run"), ttl_s=10.0)
         start.wait()
         try:
             k.acquire(wait_s=0)
@@ -48,12 +49,16 @@ def test_of_drivers_racing_for_a_free_run_exactly_one_wins(tmp_path):
         except RunInUseError:
             outcomes.append("refused")
 
-    threads = [threading.Thread(target=race) for _ in range(8)]
+    threads = [threading.Thread(target=race) for _ in range(drivers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(outcomes) == ["refused"] * 7 + ["won"]
+    return outcomes
+
+
+def test_of_drivers_racing_for_a_free_run_exactly_one_wins(tmp_path):
+    assert sorted(race_for_the_lease(tmp_path, 8)) == ["refused"] * 7 + ["won"]
 
 
 def test_a_live_driver_on_another_machine_with_the_same_hostname_keeps_its_run(tmp_path):
