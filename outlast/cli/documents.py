@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -43,6 +43,10 @@ class RunSummary(msgspec.Struct, kw_only=True):
     checkpoints: int = 0
     latest_checkpoint: str | None = None
     unreadable: str | None = None  # set (and the rest left empty) when its run state cannot be read
+    failure_counts: dict[str, int] = {}  # root causes by kind
+    last_metrics: dict[str, Any] | None = None  # rank 0's last report
+    updated_at: float | None = None
+    workers: int | None = None  # the latest attempt's world size
 
 
 class RunsDocument(msgspec.Struct, kw_only=True):

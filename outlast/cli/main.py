@@ -18,6 +18,7 @@ from outlast.client.discovery import (
     AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
     start_agent_process, state_dir,
 )
+from outlast.cli.dashboard.command import add_parser as add_dashboard_parser
 from outlast.cli.drain import add_parser as add_drain_parser
 from outlast.cli.run_script import add_parser as add_run_script_parser
 from outlast.cli.documents import StatusDocument, to_json
@@ -422,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_drain_parser(sub)
     add_run_script_parser(sub)
     add_slurm_parser(sub)
+    add_dashboard_parser(sub)
     return p
 
 

@@ -68,7 +68,9 @@ def summaries(storage) -> list[RunSummary]:
         if state is not None:
             out.append(RunSummary(name=name, status=state.status, attempts=len(state.attempts),
                                   failures=sum(state.failure_counts.values()), checkpoints=len(state.checkpoints),
-                                  latest_checkpoint=state.latest_checkpoint))
+                                  latest_checkpoint=state.latest_checkpoint, failure_counts=state.failure_counts,
+                                  last_metrics=state.last_metrics, updated_at=state.updated_at,
+                                  workers=state.attempts[-1].workers if state.attempts else None))
     return out
 
 

@@ -31,7 +31,7 @@ def find_output(state: RunState, rank: int, attempt: int | None) -> tuple[int, O
     return None
 
 
-def _from_its_node(out: OutputFile, n: int) -> list[str]:
+def from_its_node(out: OutputFile, n: int) -> list[str]:
     """Ask the node that kept the file, through this machine's cluster (its head's node table)."""
     ctx = zmq.Context()
     try:
@@ -81,7 +81,7 @@ def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: 
         lines = last_lines(out.path, n)
     except OSError as e:
         try:
-            lines = _from_its_node(out, n)
+            lines = from_its_node(out, n)
         except AgentUnavailable as why:
             print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which "
                   f"cannot be read here ({e.strerror}) nor asked of its node ({why}): run this command on that node",

@@ -19,7 +19,7 @@ from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
-from outlast.storage.records import FailureRecord
+from outlast.storage.records import DrainRecord, FailureRecord
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
@@ -65,6 +65,9 @@ class Handlers:
         if not p.ranks:
             return
         ranks = p.ranks
+        self.book.note_drain(DrainRecord(attempt=a.number, node_ids=list(p.node_ids), reason=notice.reason,
+                                         message=notice.message, time=self.wall(), deadline=notice.deadline_unix_s,
+                                         ranks=list(ranks)))
         log.warning("node %s is draining (%s: %s); ranks %s of attempt %d are preempted, and every rank has %.1f s "
                     "to save a checkpoint", ", ".join(p.node_ids), notice.reason, notice.message, ranks,
                     a.number, p.deadline - now)

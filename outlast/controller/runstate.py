@@ -10,7 +10,7 @@ import logging
 
 from outlast.faults import fault_point
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, ResizeRecord,
+    AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, Note, OutputFile, ResizeRecord,
     RunState, SkippedCheckpoint, is_checkpoint_dir_name,
 )
 from outlast.storage.run_store import RunStore
@@ -110,6 +110,11 @@ class RunBook:
         self.state.skipped_checkpoints.append(SkippedCheckpoint(checkpoint_dir=checkpoint_dir, reason=reason,
                                                                 time=now))
         self._save(now)
+
+    def note_drain(self, record: DrainRecord) -> None:
+        """A drain reached the attempt's nodes: its window, for the history's timeline."""
+        self.state.drains.append(record)
+        self._save(record.time)
 
     def note_once(self, text: str, now: float) -> bool:
         """Record `text` in the history unless it is there already; True when it is new."""

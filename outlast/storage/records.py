@@ -15,6 +15,8 @@ from outlast.protocol.messages import FileEntry
 
 MANIFEST_NAME = ".outlast-manifest.json"
 RUN_STATE_NAME = "run_state.json"
+REPORTS_DIR = "reports"  # beside the run state: rank 0's reports, in ReportSegment documents
+REPORTS_PER_SEGMENT = 1000
 SCHEMA_VERSION = 1
 # Manifests: 1 had sha256 for every file; 2 has xxh3_128. A restore reads both.
 MANIFEST_VERSION = 2
@@ -123,6 +125,18 @@ class Note(msgspec.Struct, frozen=True, kw_only=True):
     time: float
 
 
+class DrainRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A drain that reached an attempt's nodes: the window from the notice to its deadline."""
+
+    attempt: int
+    node_ids: list[str]
+    reason: str
+    message: str
+    time: float  # wall time the notice reached the run
+    deadline: float | None  # wall time the nodes go away; None: no deadline given
+    ranks: list[int] = []  # the ranks on those nodes
+
+
 class RunState(msgspec.Struct, kw_only=True):
     version: int = SCHEMA_VERSION
     name: str
@@ -140,6 +154,7 @@ class RunState(msgspec.Struct, kw_only=True):
     notes: list[Note] = []
     resizes: list[ResizeRecord] = []
     hangs: list[HangRecord] = []
+    drains: list[DrainRecord] = []  # additive under version 1: older readers ignore it
 
 
 class StackGroup(msgspec.Struct, frozen=True, kw_only=True):
@@ -157,12 +172,37 @@ class HangRecord(msgspec.Struct, frozen=True, kw_only=True):
     stacks: list[StackGroup] = []
 
 
+class ReportEntry(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One of rank 0's reports: its index in the attempt, the wall time it arrived, its metrics."""
+
+    index: int
+    time: float
+    metrics: dict[str, Any]
+
+
+class ReportSegment(msgspec.Struct, kw_only=True):
+    """Rank 0's reports of one attempt, up to REPORTS_PER_SEGMENT of them, from `first_index` on.
+
+    The driver rewrites the newest segment as reports arrive, so the history of every metric
+    survives the driver and is read from storage alone."""
+
+    version: int = SCHEMA_VERSION
+    attempt: int
+    first_index: int
+    reports: list[ReportEntry] = []
+
+
 class CorruptDocument(ValueError):
     """A manifest or run-state file that cannot be read; the message names the file."""
 
 
 def encode(doc: msgspec.Struct) -> bytes:
     return msgspec.json.format(msgspec.json.encode(doc), indent=2)
+
+
+def encode_compact(doc: msgspec.Struct) -> bytes:
+    """For documents rewritten often and read by programs alone (report segments)."""
+    return msgspec.json.encode(doc)
 
 
 class _Versioned(msgspec.Struct):
@@ -191,6 +231,10 @@ def decode(data: bytes, kind: type, where: str) -> Any:
 def checkpoint_dir_name(attempt: int, report_index: int) -> str:
     """Every rank derives the same name from counts it already has: no agreement needed."""
     return f"checkpoint_{attempt:03d}_{report_index:06d}"
+
+
+def report_segment_name(attempt: int, first_index: int) -> str:
+    return f"{REPORTS_DIR}/{attempt:04d}_{first_index:08d}.json"
 
 
 def is_checkpoint_dir_name(name: str) -> bool:

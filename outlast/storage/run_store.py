@@ -100,6 +100,27 @@ class RunStore:
         self.storage.delete(self.path(checkpoint_dir, r.MANIFEST_NAME))
         self.storage.delete(self.path(checkpoint_dir))
 
+    def write_reports(self, segment: r.ReportSegment) -> None:
+        if not self._may_write(f"the reports of attempt {segment.attempt}"):
+            return
+        self.storage.write_atomic(self.path(r.report_segment_name(segment.attempt, segment.first_index)),
+                                  r.encode_compact(segment))
+
+    def read_reports(self, attempt: int) -> list[r.ReportEntry]:
+        """Rank 0's reports of one attempt, oldest first (none when the driver kept none)."""
+        out: list[r.ReportEntry] = []
+        for first in range(0, 1 << 40, r.REPORTS_PER_SEGMENT):
+            where = self.path(r.report_segment_name(attempt, first))
+            try:
+                data = self.storage.read_bytes(where)
+            except FileNotFoundError:
+                return out
+            segment = r.decode(data, r.ReportSegment, self.storage.uri(where))
+            out += segment.reports
+            if len(segment.reports) < r.REPORTS_PER_SEGMENT:
+                break
+        return out
+
     def read_lease(self) -> tuple[Lease | None, str | None]:
         """The current lease and its version on storage (for `write_lease_if`). An unreadable lease
         counts as none (a crash mid-write cannot lock a run), but keeps its version."""

@@ -17,6 +17,7 @@ from outlast.client.preload import with_default
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.resize import Elastic
+from outlast.controller.report_log import ReportLog
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
 from outlast.controller.metrics import DriverMetrics
@@ -177,10 +178,12 @@ class DataParallelTrainer:
             # The node's liveness comes from its table entry (its agent's pid, on this machine).
             group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
                                output=printer)
+            reports = ReportLog(book.store)
             try:
-                Controller(plan, group, watchers=[progress, *_watchers(name)]).run()
+                Controller(plan, group, watchers=[progress, reports, *_watchers(name)]).run()
             finally:
                 progress.close()
+                reports.close()
                 group.close(linger_ms=500 if embedded is None else 0)
                 if printer is not None:
                     printer.close()

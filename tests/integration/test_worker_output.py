@@ -13,7 +13,7 @@ import time
 import pytest
 
 from outlast.cli.main import main as cli_main
-from outlast.cli.worker_logs import _from_its_node, find_output
+from outlast.cli.worker_logs import from_its_node, find_output
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.testing import LocalCluster
@@ -100,4 +100,4 @@ def test_a_killed_ranks_last_lines_are_in_outlast_runs_logs(cluster, tmp_path, c
     # From a machine that cannot read the file: its node's agent sends the lines.
     state = RunStore(open_storage(str(tmp_path)), "dying").load_state()
     _attempt, out = find_output(state, 1, None)
-    assert _from_its_node(out, 2) == ["rank 1 step 49", "rank 1's last words"]
+    assert from_its_node(out, 2) == ["rank 1 step 49", "rank 1's last words"]
