@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
@@ -13,10 +15,11 @@ from tests.integration.procs import wait_until
 STEPS = 40
 
 
-def failure_drain_resize(storage_path: str, events, steps: int = STEPS) -> None:
+@contextlib.contextmanager
+def failure_drain_resize(storage_path: str, events, steps: int = STEPS) -> Iterator[LocalCluster]:
     """Attempt 1 on 3 nodes loses rank 1 to SIGKILL at step 8 (a worker failure); attempt 2 on the same 3
     is drained off node-2 at step 20 with a 30 s deadline and saves; attempt 3 goes on at 2 workers (a
-    resize) to the end."""
+    resize) to the end. The cluster stays up inside the block: its nodes keep the ranks' output files."""
     with LocalCluster(num_nodes=3, cpus_per_node=1) as cluster:
         def drain() -> None:
             wait_until(lambda: any(e["event"] == "step" and e["attempt"] == 2 and e["step"] >= 20
@@ -33,3 +36,4 @@ def failure_drain_resize(storage_path: str, events, steps: int = STEPS) -> None:
                 run_config=RunConfig(name="story", storage_path=storage_path,
                                      failure_config=FailureConfig(max_failures=1))).fit()
         t.join()
+        yield cluster

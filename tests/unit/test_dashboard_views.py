@@ -104,3 +104,23 @@ def test_the_cluster_view_counts_down_a_drain_and_says_why_a_node_was_not_asked(
     assert c["state"] == "dead" and c["silent_s"] == 100.0
     assert a["used"] == {"run1": {"CPU": 1}}
     assert v["counts"] == {"alive": 1, "draining": 1, "dead": 1}
+
+
+def test_a_nodes_own_status_gives_its_workers_memory_against_reservations_and_its_kill_reports():
+    node = m.NodeInfo(node_id="a", address="tcp://a", host="a", resources={"CPU": 2})
+    worker = m.WorkerInfo(run_id="run1", attempt=2, rank=0, pid=11, rss_bytes=5 << 20, memory_bytes=3 << 30,
+                          resources=m.Resources(num_cpus=1.0, memory_bytes=2 << 30))
+    kill = m.KillReport(node_id="a", time=990.0, trigger="memory.high", usage_bytes=9, limit_bytes=8,
+                        node_total_bytes=16, target_bytes=7, policy="least work lost", considered=[],
+                        selected=["run1-r0"], reason="the least work since its last checkpoint")
+    status = m.StatusReply(node_id="a", pid=1, address="tcp://a", started_at=0.0, runs=["run1"], workers=[worker],
+                           preload=[], zygote_ready=True, recent_kills=[kill],
+                           isolation=m.IsolationInfo(cgroup_version=2, root="/x", total_memory=16, system_reserved_memory=2,
+                                                     user_limit=8, total_cpus=2, system_reserved_cpus=0.5,
+                                                     system_memory=1, user_memory=6, counted_memory=6, monitors=[],
+                                                     kills=1))
+    (row,) = views.cluster_view([node], {"a": status}, now=1000.0, reached_through="tcp://a")["nodes"]
+    assert row["workers"] == [{"run_id": "run1", "attempt": 2, "rank": 0, "pid": 11, "rss_bytes": 5 << 20,
+                               "memory_bytes": 3 << 30, "reserved_memory": 2 << 30}]
+    assert row["isolation"]["counted_memory"] == 6 and row["isolation"]["user_limit"] == 8
+    assert row["kills"][0]["selected"] == ["run1-r0"] and row["kills"][0]["reason"].startswith("the least work")

@@ -96,7 +96,8 @@ def run_view(state: RunState, location: str, reports: dict[int, list[ReportEntry
     return {
         "name": state.name, "location": location, "status": state.status, "error": state.error,
         "waiting_for": state.waiting_for, "created_at": state.created_at, "updated_at": state.updated_at,
-        "now": now, "failure_counts": state.failure_counts, "last_metrics": state.last_metrics,
+        "now": now, "failure_counts": state.failure_counts,
+        "last_metrics": state.last_metrics or _last_report(reports),
         "attempts": [_attempt_view(a, lost, len(reports.get(a.attempt, [])), now) for a in state.attempts],
         "drains": [{"attempt": d.attempt, "start": d.time, "deadline": d.deadline, "node_ids": d.node_ids,
                     "reason": d.reason, "message": d.message, "ranks": d.ranks} for d in state.drains],
@@ -114,6 +115,12 @@ def run_view(state: RunState, location: str, reports: dict[int, list[ReportEntry
         "notes": [{"time": n.time, "text": n.text} for n in state.notes],
         "series": series(state, reports),
     }
+
+
+def _last_report(reports: dict[int, list[ReportEntry]]) -> dict[str, Any] | None:
+    """While a run trains, its history has no last metrics yet: its newest report's stand in."""
+    newest = [r[-1] for r in reports.values() if r]
+    return max(newest, key=lambda r: r.time).metrics if newest else None
 
 
 def checkpoint_view(manifest: Manifest) -> dict[str, Any]:
@@ -136,7 +143,7 @@ def _node_view(n: m.NodeInfo, status: m.StatusReply | None, why_not: str | None,
     if status is not None:
         out["workers"] = [{"run_id": w.run_id, "attempt": w.attempt, "rank": w.rank, "pid": w.pid,
                            "rss_bytes": w.rss_bytes, "memory_bytes": w.memory_bytes,
-                           "reserved_memory": w.resources.memory} for w in status.workers]
+                           "reserved_memory": w.resources.memory_bytes} for w in status.workers]
         if status.isolation is not None:
             i = status.isolation
             out["isolation"] = {"cgroup_version": i.cgroup_version, "user_limit": i.user_limit,

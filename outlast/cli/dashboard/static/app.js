@@ -138,8 +138,8 @@ async function clusterPage() {
         n.state === "dead" ? h("div", {}, `silent since ${clock(n.last_seen)}`) : null,
         n.status_error ? h("div", { class: "muted" }, n.status_error) : null),
       h("td", {}, n.address), h("td", {}, res(n.resources)),
-      h("td", {}, Object.entries(n.used).map(([run, r]) => h("div", {}, `${run}: ${res(r)}`))),
-      h("td", {}, n.workers.map((w) => h("div", {}, `${w.run_id} #${w.attempt} rank ${w.rank} (pid ${w.pid}): `,
+      h("td", { class: "held" }, Object.entries(n.used).map(([run, r]) => h("div", {}, `${run}: ${res(r)}`))),
+      h("td", { class: "workers" }, n.workers.map((w) => h("div", {}, `${w.run_id} #${w.attempt} rank ${w.rank} (pid ${w.pid}): `,
         memoryBar(w.memory_bytes || w.rss_bytes, w.reserved_memory)))),
       h("td", {}, n.isolation ? [memoryBar(n.isolation.counted_memory, n.isolation.user_limit),
         h("div", { class: "muted" }, `cgroup v${n.isolation.cgroup_version}, ${n.isolation.kills} kill(s)`)] : "off")))));
@@ -269,9 +269,10 @@ function timeline(d) {
       s("text", { x: rx + 9, y: ry + 4 }, `${r.from}→${r.to}, ${r.steps_lost} lost`),
       s("title", {}, `resize to attempt ${r.attempt}: ${r.from} → ${r.to} workers, ${r.steps_lost} step(s) lost: ${r.reason}`)));
   }
-  const axisY = top + lanes.length * laneH + 14, n = 8;
-  for (let i = 0; i <= n; i++) {
-    const t = t0 + ((t1 - t0) * i) / n;
+  const axisY = top + lanes.length * laneH + 14;
+  const every = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400]
+    .find((step) => (t1 - t0) / step <= 8) || 86400 * Math.ceil((t1 - t0) / 86400 / 8);
+  for (let t = Math.ceil(t0 / every) * every; t <= t1; t += every) {
     svg.append(s("line", { x1: x(t), x2: x(t), y1: top, y2: axisY - 10, stroke: "#f0f0f0" }));
     svg.append(s("text", { x: x(t) - 22, y: axisY + 6 }, clock(t)));
   }

@@ -1,0 +1,148 @@
+"""What `outlast dashboard` refuses, and how it says so: paths outside the run directories, requests
+without the token off loopback, a storage path that does not exist, a run written by a newer outlast,
+and a store that does not answer. Each answer is a page or a document that says what is wrong,
+never a traceback."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from outlast.storage.local import LocalStorage
+from outlast.storage.records import RunState, encode
+from outlast.storage.run_store import RunStore
+
+SECRET = "the contents of a file beside the runs"
+
+
+def _raw(d, path: str, headers: dict | None = None) -> tuple[int, str, dict]:
+    """The request exactly as written: no client normalizes the path first."""
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        conn.putheader("Host", (headers or {}).pop("Host", f"127.0.0.1:{d.port}"))
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace"), dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    """A storage directory with one run (and an output file its history names), beside a secret file."""
+    storage = tmp_path / "storage"
+    logs = tmp_path / "node-logs"
+    logs.mkdir()
+    (logs / "rank0.log").write_text("rank 0 step 1\nrank 0 step 2\n")
+    (logs / "other.log").write_text(SECRET)
+    (tmp_path / "secret.txt").write_text(SECRET)
+    from outlast.storage.records import AttemptRecord, OutputFile
+
+    state = RunState(name="run", status="finished", created_at=1.0, updated_at=2.0, attempts=[AttemptRecord(
+        attempt=1, started_at=1.0, ended_at=2.0, outcome="finished",
+        outputs=[OutputFile(rank=0, node_id="n", path=str(logs / "rank0.log"))])])
+    RunStore(LocalStorage(str(storage)), "run").save_state(state)
+    return storage
+
+
+def test_nothing_outside_the_run_directories_and_the_files_their_histories_name_is_served(dashboard, runs):
+    d = dashboard(str(runs))
+    status, body, _ = _raw(d, "/api/runs/0/run/logs/0?attempt=1")
+    assert status == 200 and json.loads(body)["lines"] == ["rank 0 step 1", "rank 0 step 2"]
+    for path in ["/static/../secret.txt", "/static/..%2f..%2fsecret.txt", "/static/%2e%2e/%2e%2e/secret.txt",
+                 "/static/..%2F..%2F..%2Fsecret.txt", "/api/runs/0/..%2Fsecret.txt", "/api/runs/0/..",
+                 "/api/runs/0/..%2F..%2Fsecret.txt/logs/0", "/api/runs/0/run/checkpoints/..%2F..%2Fsecret.txt",
+                 "/api/runs/0/run/checkpoints/..%2Frun_state.json", "/api/runs/0/run/logs/1",
+                 "/api/runs/0/run/logs/0?attempt=2", "/api/runs/0/run/logs/..%2Fother.log",
+                 "/runs/0/..%2F..%2Fsecret.txt", "/api/runs/1/run", "/api/runs/-1/run", "/static/",
+                 f"/static/{'..%2F' * 12}etc%2Fpasswd", "//etc/passwd", "/api/runs/0/%00"]:
+        status, body, _ = _raw(d, path)
+        assert status in (400, 404), (path, status, body)
+        assert SECRET not in body and "root:" not in body and "Traceback" not in body, path
+    # Another Host header on loopback (a page elsewhere rebinding its name to 127.0.0.1) is refused.
+    status, _, _ = _raw(d, "/api/runs", {"Host": "attacker.example"})
+    assert status == 400
+
+
+def test_off_loopback_every_request_needs_the_token_printed_at_start(dashboard, runs):
+    d = dashboard(str(runs), host="0.0.0.0")
+    assert "?token=" in d.banner
+    token = d.banner.split("?token=")[1].split()[0]
+    for path in ["/runs", "/api/runs", "/static/app.js", "/api/runs/0/run"]:
+        status, body, _ = _raw(d, path)
+        assert status == 401 and "token" in body, path
+        status, _, _ = _raw(d, f"{path}{'&' if '?' in path else '?'}token={token[:-1]}x")
+        assert status == 401, path
+    status, body, headers = _raw(d, f"/api/runs?token={token}")
+    assert status == 200 and json.loads(body)["paths"][0]["runs"][0]["name"] == "run"
+    cookie = headers["set-cookie"].split(";")[0]
+    status, _, _ = _raw(d, "/api/runs/0/run", {"Cookie": cookie})
+    assert status == 200
+    status, _, _ = _raw(d, "/api/runs/0/run", {"Authorization": f"Bearer {token}"})
+    assert status == 200
+
+
+def test_a_missing_storage_path_a_newer_run_and_an_unknown_run_get_a_clear_answer(dashboard, runs, tmp_path):
+    newer = runs / "newer"
+    newer.mkdir()
+    (newer / "run_state.json").write_text(json.dumps({"version": 99, "name": "newer", "status": "running"}))
+    d = dashboard(str(runs), str(tmp_path / "nowhere"))
+    listing = json.loads(_raw(d, "/api/runs")[1])["paths"]
+    assert {r["name"]: r.get("unreadable") for r in listing[0]["runs"]}["newer"].endswith(
+        "has schema version 99, newer than this outlast understands (1); upgrade outlast to read it")
+    assert "does not exist on this machine" in listing[1]["error"]
+    status, body, _ = _raw(d, "/api/runs/0/newer")
+    assert status == 422 and "upgrade outlast" in json.loads(body)["error"]
+    status, body, _ = _raw(d, "/runs/1/anything")  # a page: the shell, which shows what the API says
+    assert status == 200
+    status, body, _ = _raw(d, "/api/runs/1/anything")
+    assert status == 404 and "does not exist on this machine" in json.loads(body)["error"]
+    status, body, _ = _raw(d, "/api/runs/0/nope")
+    assert status == 404 and "there is no run named 'nope'" in json.loads(body)["error"]
+    status, body, _ = _raw(d, "/no/such/page")
+    assert status == 404 and "there is no such page here" in body and "Traceback" not in body
+    status, body, _ = _raw(d, "/api/runs/0/run/logs/0?lines=x")
+    assert status == 400 and "lines must be a whole number" in json.loads(body)["error"]
+
+
+def test_a_store_that_does_not_answer_is_a_page_that_says_so(dashboard, monkeypatch):
+    silent = socket.socket()  # accepts connections into its backlog and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        port = silent.getsockname()[1]
+        for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        d = dashboard("s3://runs/x", "--timeout", "2")
+        status, body, _ = _raw(d, "/api/runs")
+        (entry,) = json.loads(body)["paths"]
+        assert status == 200 and "the store at s3://runs/x did not answer within 2 s" in entry["error"]
+        status, body, _ = _raw(d, "/api/runs/0/run")
+        assert status == 503 and "did not answer within 2 s" in json.loads(body)["error"]
+    finally:
+        silent.close()
+
+
+def test_the_dashboard_refuses_a_port_it_cannot_have_and_says_so(runs):
+    import subprocess
+    import sys
+
+    from tests.browser.server import ROOT
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        out = subprocess.run([sys.executable, "-m", "outlast.cli.main", "dashboard", str(runs), "--port",
+                              str(taken.getsockname()[1])], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    assert out.returncode == 1 and "could not listen on 127.0.0.1" in out.stderr and "Traceback" not in out.stderr
