@@ -31,7 +31,8 @@ class RunBook:
 
         A run-state document that cannot be read is set aside and rebuilt from the checkpoint
         manifests; a manifest that the run state does not name yet (a driver that died between
-        the two writes) is adopted: the manifest is the commit point.
+        the two writes) is adopted: the manifest is the commit point. A run-state document or
+        manifest of a newer schema raises `NewerVersionError` before anything is written.
         """
         try:
             state = store.load_state()
@@ -41,6 +42,11 @@ class RunBook:
             state = RunState(name=name, status="running", created_at=now, updated_at=now)
         if state is None:
             state = RunState(name=name, status="initializing", created_at=now, updated_at=now)
+        if state.latest_checkpoint is not None:
+            try:  # the one the next attempt restores: a newer one must stop the run here, not in a step
+                store.read_manifest(state.latest_checkpoint)
+            except (CorruptDocument, OSError):
+                pass  # judged when the attempt restores it (checkpoints.restorable)
         book = cls(store, state)
         book._adopt_orphan_manifests(now)
         return book
