@@ -7,6 +7,7 @@ the new server, which reads it once its modules are imported.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from multiprocessing.connection import Connection
 
 from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exit
 from outlast.protocol import messages as m
+from outlast.runenv import without_secrets
 from outlast.protocol.transport import FROM_ZYGOTE, encode
 
 
@@ -55,6 +57,8 @@ class ForkServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload)],
             pass_fds=[theirs.fileno()],
+            # Its environment block is every worker's (fork, no exec): never a secret in it.
+            env=without_secrets(os.environ),
         )
         theirs.close()
         self.conn = Connection(ours.detach())
