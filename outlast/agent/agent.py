@@ -36,7 +36,7 @@ from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
 from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
-from outlast.statedir import state_dir
+from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
 
@@ -71,7 +71,7 @@ class Agent:
         self.sup = Supervisor(node_id)
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
-        self.output = OutputTails(node_id, state_dir() / "logs")
+        self.output = OutputTails(node_id, private_subdir("logs"))
         self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
