@@ -10,6 +10,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
@@ -113,6 +114,9 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-cert", default=None, metavar="FILE", help="this client's certificate for etcd (TLS)")
     p.add_argument("--etcd-key", default=None, metavar="FILE", help="the key of --etcd-cert")
     p.add_argument("--etcd-user", default=None, help="etcd user (its password in $OUTLAST_ETCD_PASSWORD)")
+    p.add_argument("--worker-user", default=None, metavar="USER",
+                   help="run workers as USER (the agent runs as root): they cannot read the node's state directory "
+                        "(cluster key, node file, other runs' output) nor signal the agent")
     p.add_argument("--node-timeout", type=float, default=float(os.environ.get("OUTLAST_NODE_TIMEOUT_S", "5")),
                    help="seconds of silence after which the head declares a node dead (OUTLAST_NODE_TIMEOUT_S)")
 
@@ -177,8 +181,10 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     elif key is None:
         key = ClusterKey.load(key_file)
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
+    worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
-                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd)
+                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
+                    worker_user=worker_user)
 
 
 def etcd_from_args(args: argparse.Namespace, password: str | None) -> EtcdConfig | None:

@@ -28,6 +28,8 @@ from multiprocessing.connection import Connection
 import msgspec
 
 from outlast.agent.output import redirect_to
+from outlast.agent.worker_user import WorkerUser, drop_to, open_error_file
+from outlast.agent.worker_user import decode as decode_user
 from outlast.procutil import become_subreaper, decode_wait_status, die_with_parent, kill_tree, own_children
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_ZYGOTE, encode
@@ -63,8 +65,9 @@ def read_error_file(path: str) -> m.WorkerError | None:
 
 
 class Zygote:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, worker_user: WorkerUser | None = None) -> None:
         self.conn = conn
+        self.worker_user = worker_user
         self.children: dict[int, m.ForkWorker | m.ForkTask] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_w = wake_w
@@ -124,6 +127,10 @@ class Zygote:
             os.close(self.wake_w)
             self.conn.close()
             entry = importlib.import_module(TASK_ENTRY if isinstance(req, m.ForkTask) else WORKER_ENTRY)
+            if self.worker_user is not None:  # outlast/agent/worker_user.py
+                fd = open_error_file(req.error_file, self.worker_user)
+                req = msgspec.structs.replace(req, error_file=f"/proc/self/fd/{fd}")
+                drop_to(self.worker_user)
             code = entry.run(req)
         except BaseException:
             traceback.print_exc()
@@ -206,12 +213,13 @@ def _task_id(req: m.ForkWorker | m.ForkTask) -> str:
 def main() -> None:
     fd = int(sys.argv[1])
     modules = [s for s in sys.argv[2].split(",") if s] if len(sys.argv) > 2 else []
+    worker_user = decode_user(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
     die_with_parent(signal.SIGTERM)  # not SIGKILL: the workers' own children must go too (shutdown)
     os.setsid()  # workers' process groups never include the agent
     become_subreaper()
     conn = Connection(fd)
     conn.send_bytes(encode(preload(modules)))
-    Zygote(conn).serve()
+    Zygote(conn, worker_user).serve()
 
 
 if __name__ == "__main__":
