@@ -23,7 +23,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.records import checkpoint_dir_name
-from outlast.storage.restore import materialize
+from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.storage.run_store import RunStore
 from outlast.train._uploads import Uploads, dir_bytes
@@ -133,14 +133,19 @@ class WorkerSession:
         self._uploads.wait()
 
     def get_checkpoint(self) -> Checkpoint | None:
-        """The checkpoint to restore, fetched to this node once and checked against its manifest."""
+        """The checkpoint to restore, checked against its manifest: from this node's memory tier when every
+        file has a whole copy there, else fetched from storage to this node once."""
         if self._restore is None:
             return None
         if self._restored is None:
             cache = self._cache_root or _default_cache()
             with reporting_fetch(self._storage, self._run_dir, self._restore, cache, self._controller_address,
                                  self.context.attempt, self.context.world_rank):
-                path = materialize(self._storage, self._run_dir, self._restore, cache)
+                path, source, passed_over = restore(self._storage, self._run_dir, self._restore, cache,
+                                                    os.environ.get("OUTLAST_NODE_ID", ""))
+            for why in passed_over:
+                log.warning("restoring %s: %s", self._restore, why)
+            log.info("rank %d restored %s from %s", self.context.world_rank, self._restore, source.value)
             self._restored = Checkpoint(path)
         return self._restored
 
