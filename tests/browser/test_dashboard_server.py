@@ -95,11 +95,11 @@ def test_a_missing_storage_path_a_newer_run_and_an_unknown_run_get_a_clear_answe
     (newer / "run_state.json").write_text(json.dumps({"version": 99, "name": "newer", "status": "running"}))
     d = dashboard(str(runs), str(tmp_path / "nowhere"))
     listing = json.loads(_raw(d, "/api/runs")[1])["paths"]
-    assert {r["name"]: r.get("unreadable") for r in listing[0]["runs"]}["newer"].endswith(
-        "has schema version 99, newer than this outlast understands (1); upgrade outlast to read it")
+    unreadable = {r["name"]: r.get("unreadable") for r in listing[0]["runs"]}["newer"]
+    assert "newer/run_state.json has schema version 99" in unreadable and "upgrade outlast" in unreadable
     assert "does not exist on this machine" in listing[1]["error"]
     status, body, _ = _raw(d, "/api/runs/0/newer")
-    assert status == 422 and "upgrade outlast" in json.loads(body)["error"]
+    assert status == 422 and json.loads(body)["error"] == unreadable
     status, body, _ = _raw(d, "/runs/1/anything")  # a page: the shell, which shows what the API says
     assert status == 200
     status, body, _ = _raw(d, "/api/runs/1/anything")
@@ -146,3 +146,22 @@ def test_the_dashboard_refuses_a_port_it_cannot_have_and_says_so(runs):
     finally:
         taken.close()
     assert out.returncode == 1 and "could not listen on 127.0.0.1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_in_the_browser_bad_input_is_a_page_that_says_what_is_wrong(dashboard, page, runs, tmp_path):
+    from tests.browser.conftest import shoot
+
+    d = dashboard(str(tmp_path / "nowhere"), str(runs))
+    page.goto(f"{d.url}/runs/0/anything")
+    page.wait_for_selector("#error")
+    assert "does not exist on this machine" in page.inner_text("#error")
+    page.goto(f"{d.url}/runs")
+    page.wait_for_selector("tr[data-run=run]")
+    assert "does not exist on this machine" in page.inner_text(".error-box")
+    shoot(page, "runs-page-missing-path")
+    page.goto(f"{d.url}/cluster")
+    page.wait_for_selector("#error")
+    assert "no outlast node runs on this machine" in page.inner_text("#error")
+    page.goto(f"{d.url}/no/such/page")
+    assert "there is no such page here" in page.inner_text("#error")
+    assert "Traceback" not in page.content()

@@ -59,7 +59,7 @@ def test_a_finished_run_shows_its_attempts_failure_drain_resize_and_every_report
         assert float(drain["x1"]) > span["3"][1]  # drawn to its deadline, 30 s on, past the run's end
 
         (resize,) = _marks(page, ".tl-resize")
-        assert resize["attempt"] == "3" and abs(float(resize["x"]) - span["3"][0]) <= 2
+        assert resize["attempt"] == "3" and span["3"][0] <= float(resize["x"]) <= span["3"][1]  # when it was placed
         assert len(_marks(page, ".tl-checkpoint")) == len(state.checkpoints)
         assert [r["attempt"] for r in _marks(page, ".tl-restore")] == ["2", "3"]
 

@@ -23,9 +23,9 @@ def test_the_cli_imports_no_web_server_until_the_dashboard_runs():
 
 def test_every_asset_a_page_loads_is_in_the_package_and_none_comes_from_elsewhere():
     shell = (STATIC / "page.html").read_text()
-    for asset in ("uPlot.iife.min.js", "uPlot.min.css", "app.js", "style.css"):
+    for asset in ("uPlot.iife.min.js", "uPlot.min.css", "app.js", "run.js", "style.css"):
         assert f"/static/{asset}" in shell and (STATIC / asset).stat().st_size > 0
-    for text in (shell, (STATIC / "app.js").read_text(), (STATIC / "style.css").read_text()):
+    for text in (shell, *((STATIC / f).read_text() for f in ("app.js", "run.js", "style.css"))):
         assert "http://" not in text.replace('"http://www.w3.org/2000/svg"', "") and "https://" not in text
     assert "MIT License" in (STATIC / "uPlot.LICENSE").read_text()
 
@@ -39,7 +39,7 @@ def test_the_wheel_carries_the_static_files_and_the_server_only_under_the_extra(
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    for asset in ("page.html", "app.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"):
+    for asset in ("page.html", "app.js", "run.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"):
         assert f"outlast/cli/dashboard/static/{asset}" in names
     requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]
     server = [line for line in requires if "starlette" in line or "uvicorn" in line]

@@ -1,7 +1,7 @@
 """The dashboard's HTTP side: a Starlette app of pages and JSON, read-only.
 
-Pages are one shell (`static/page.html`) that `static/app.js` fills from the JSON routes, so the
-same documents serve the browser and scripts. What can be reached: the static assets shipped in
+Pages are one shell (`static/page.html`) that `static/app.js` and `run.js` fill from the JSON
+routes, so the same documents serve the browser and scripts. What can be reached: the static assets shipped in
 the package, the runs listed under the storage paths given, and the output files their histories
 name; no route takes a path from the request.
 """

@@ -25,11 +25,12 @@ from outlast.client.discovery import AgentUnavailable, find_running_agent, reque
 from outlast.protocol import messages as m
 from outlast.storage import open_storage
 from outlast.storage.base import Storage
-from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, RunState
+from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, NewerVersionError, RunState
 from outlast.storage.restore import CorruptCheckpointError, verify
 from outlast.storage.run_store import RunStore
 
 T = TypeVar("T")
+SETTLED_S = 30.0  # an attempt ended this long ago has had every report written (report_log.FLUSH_S: 1 s)
 
 # Threads of their own: a store that hangs holds one until it answers, never the server.
 _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="outlast-dashboard")
@@ -58,6 +59,7 @@ class Sources:
         self.paths = storage_paths
         self.timeout_s = timeout_s
         self._storages: dict[int, Storage] = {}
+        self._kept: dict[tuple, list] = {}  # (storage, run, its creation, attempt) -> its reports, once settled
 
     def storage(self, i: int) -> Storage:
         if not 0 <= i < len(self.paths):
@@ -105,16 +107,24 @@ class Sources:
         store = self._store(i, name)
         where = store.storage.uri(store.run_dir)
         state = self._state(store.storage, name)
-        jobs = {a.attempt: _pool.submit(_guarded, store.read_reports, a.attempt) for a in state.attempts}
+        now = time.time()
+        reports = {a.attempt: self._kept[(i, name, state.created_at, a.attempt)] for a in state.attempts
+                   if (i, name, state.created_at, a.attempt) in self._kept}
+        jobs = {a.attempt: _pool.submit(_guarded, store.read_reports, a.attempt) for a in state.attempts
+                if a.attempt not in reports}
         deadline = time.monotonic() + self.timeout_s
-        reports = {}
         for attempt, job in jobs.items():
             try:
                 reports[attempt] = job.result(timeout=max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
                 raise Unavailable(f"the store at {where} did not send the reports within {self.timeout_s:g} s; "
                                   "check that it is reachable, or start the dashboard with a longer --timeout") from None
-        return views.run_view(state, where, reports, time.time())
+        for a in state.attempts:
+            # An attempt that ended a while ago gets no more reports (its driver writes them within a
+            # second or two): kept here, a page that refreshes reads only the attempts still going.
+            if a.ended_at is not None and now - a.ended_at > SETTLED_S:
+                self._kept[(i, name, state.created_at, a.attempt)] = reports[a.attempt]
+        return views.run_view(state, where, dict(sorted(reports.items())), now)
 
     def checkpoint(self, i: int, name: str, checkpoint_dir: str, check: bool) -> dict[str, Any]:
         store = self._store(i, name)
@@ -161,7 +171,7 @@ class Sources:
 def _guarded(fn: Callable[..., T], *args: Any) -> T:
     try:
         return fn(*args)
-    except CorruptDocument as e:
+    except (CorruptDocument, NewerVersionError) as e:
         raise Unavailable(str(e), status=422) from None
     except FileNotFoundError as e:
         raise Unavailable(f"not found on storage: {e}", status=404) from None

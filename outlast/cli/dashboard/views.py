@@ -1,6 +1,6 @@
 """What each page shows, worked out from the run's history and rank 0's reports: pure, no I/O.
 
-The pages draw these documents as they are (`static/app.js`): every number on a page is one
+The pages draw these documents as they are (`static/app.js`, `static/run.js`): every number on a page is one
 worked out here, so the tests of this module are the tests of what the dashboard says.
 """
 
@@ -58,11 +58,14 @@ def series(state: RunState, reports: dict[int, list[ReportEntry]]) -> dict[str, 
             out["step"].append(own if own is not None else base + r.index)
             out["attempt"].append(a.attempt)
             out["index"].append(r.index)
+            values = out["values"]
             for k, v in r.metrics.items():
                 x = _number(v)
                 if x is not None:
-                    out["values"].setdefault(k, [None] * i).append(x)
-            for col in out["values"].values():
+                    if k not in values:
+                        values[k] = [None] * i
+                    values[k].append(x)
+            for col in values.values():
                 if len(col) < i + 1:
                     col.append(None)
     out["names"] = sorted(out["values"])
