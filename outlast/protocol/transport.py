@@ -70,6 +70,8 @@ TO_WORKER: Codec[m.ControllerToWorker] = Codec(m.ControllerToWorker)
 TO_ZYGOTE: Codec[m.ToZygote] = Codec(m.ToZygote)
 FROM_ZYGOTE: Codec[m.FromZygote] = Codec(m.FromZygote)
 HEAD_TO_MEMBER: Codec[m.HeadToMember] = Codec(m.HeadToMember)
+TIER_REQUESTS: Codec[m.TierRequest] = Codec(m.TierRequest)
+TIER_REPLIES: Codec[m.TierReply] = Codec(m.TierReply)
 
 
 def tune(sock: zmq.Socket) -> zmq.Socket:

@@ -22,7 +22,7 @@ from outlast.faults import fault_point
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage.base import Storage, StorageError
-from outlast.storage.restore import materialize
+from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.storage.run_store import RunStore
 from outlast.train._uploads import Uploads, dir_bytes
@@ -120,14 +120,19 @@ class WorkerSession:
         self._uploads.wait()
 
     def get_checkpoint(self) -> Checkpoint | None:
-        """The checkpoint to restore, fetched to this node once and checked against its manifest."""
+        """The checkpoint to restore, checked against its manifest: from this node's memory tier when every
+        file has a whole copy there, else fetched from storage to this node once."""
         if self._restore is None:
             return None
         if self._restored is None:
             cache = self._cache_root or _default_cache()
             with reporting_fetch(self._storage, self._run_dir, self._restore, cache, self._controller_address,
                                  self.context.attempt, self.context.world_rank):
-                path = materialize(self._storage, self._run_dir, self._restore, cache)
+                path, source, passed_over = restore(self._storage, self._run_dir, self._restore, cache,
+                                                    os.environ.get("OUTLAST_NODE_ID", ""))
+            for why in passed_over:
+                log.warning("restoring %s: %s", self._restore, why)
+            log.info("rank %d restored %s from %s", self.context.world_rank, self._restore, source.value)
             self._restored = Checkpoint(path)
         return self._restored
 
@@ -171,26 +176,32 @@ class WorkerSession:
                                    dict(c.metrics)) for c in records]
 
     def done(self, return_value: Any = None) -> None:
-        if return_value is not None and self.context.world_rank == 0:
+        if self.context.world_rank == 0:
             self._save_return_value(return_value)
         self._uploads.close()
         self._run(self._core.done())
 
     def _save_return_value(self, value: Any) -> None:
+        """The finishing attempt's value, or none: a failed attempt's rank 0 may have stored one before."""
         from outlast.train.result import RETURN_VALUE_NAME
 
+        path = f"{self._run_dir}/{RETURN_VALUE_NAME}"
+        data = None
+        if value is not None:
+            try:
+                data = cloudpickle.dumps(value)
+            except Exception as e:
+                log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
+                            "None", e)
         try:
-            data = cloudpickle.dumps(value)
-        except Exception as e:
-            log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
-                        "None", e)
-            return
-        try:
-            self._storage.write_atomic(f"{self._run_dir}/{RETURN_VALUE_NAME}", data)
+            if data is not None:
+                self._storage.write_atomic(path, data)
+            else:
+                self._storage.delete(path)
         except (OSError, StorageError) as e:
             # The training is done and committed: losing the return value must not fail the run.
-            log.warning("could not store the train function's return value (%s); Result.return_value will be None",
-                        e)
+            log.warning("could not store the train function's return value (%s); Result.return_value may be "
+                        "None or an earlier attempt's", e)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -218,9 +229,9 @@ class WorkerSession:
 
 
 def _default_cache() -> Path:
-    from outlast.client.discovery import state_dir
+    from outlast.statedir import private_subdir
 
-    return state_dir() / "checkpoint_cache"
+    return private_subdir("checkpoint_cache")  # 0700 even in a 0755 $OUTLAST_HOME
 
 
 _session: WorkerSession | None = None
