@@ -36,7 +36,7 @@ from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode
 from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
@@ -345,6 +345,9 @@ class Agent:
                 return
             try:
                 self._on_request(frames[0], AGENT_REQUESTS.decode(frames[-1]))
+            except VersionMismatch as e:
+                log.warning("refused a request: %s", e)
+                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
             except BadMessage as e:
                 log.warning("dropped a malformed request: %s", e)
 
