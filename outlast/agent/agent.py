@@ -23,6 +23,7 @@ from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
+from outlast.agent.worker_user import WorkerUser
 from outlast.client.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
@@ -38,7 +39,7 @@ from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
 from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
-from outlast.statedir import state_dir
+from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
 
@@ -57,6 +58,7 @@ class NodeSpec:
     etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
     checkpoint_memory: int = DEFAULT_BUDGET_BYTES  # the memory tier's budget; 0: no tier
     embedded: bool = False  # its node id dies with it, and so does its memory tier
+    worker_user: WorkerUser | None = None  # workers drop to this user (outlast/agent/worker_user.py)
 
 
 class Agent:
@@ -76,7 +78,7 @@ class Agent:
         self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
-        self.output = OutputTails(node_id, state_dir() / "logs")
+        self.output = OutputTails(node_id, private_subdir("logs"))
         self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
@@ -95,7 +97,7 @@ class Agent:
                 self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
                     MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
             self.role.join(self.me())
-            self.forks = ForkServer(preload)
+            self.forks = ForkServer(preload, self.spec.worker_user)
         except BaseException:
             workdir.release(self.workdir)
             if self.guard:
