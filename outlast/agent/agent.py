@@ -30,6 +30,8 @@ from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
+from outlast.agent.tier_server import TierServer, start_tier
+from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.node_core import FinishOutput, Fork, NodeCore, NodeEffect
 from outlast.agent.supervisor import Kill, ReleaseLeaf, Send, Warn
 from outlast.client.liveness import host_id
@@ -38,7 +40,7 @@ from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode
 from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
@@ -56,6 +58,8 @@ class NodeSpec:
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
     etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
+    checkpoint_memory: int = DEFAULT_BUDGET_BYTES  # the memory tier's budget; 0: no tier
+    embedded: bool = False  # its node id dies with it, and so does its memory tier
     worker_user: WorkerUser | None = None  # workers drop to this user (outlast/agent/worker_user.py)
 
 
@@ -74,6 +78,7 @@ class Agent:
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.core = NodeCore(node_id, os.getpid())
         self.sup = self.core.sup
+        self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self.output = OutputTails(node_id, private_subdir("logs"))
@@ -87,6 +92,7 @@ class Agent:
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
+            self.tier = start_tier(self.ctx, self.spec.key, node_id, host, self.spec.checkpoint_memory)
             if self.spec.etcd is not None:
                 self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
             else:
@@ -100,6 +106,8 @@ class Agent:
                 self.guard.close()
             if self.role is not None:
                 self.role.close()
+            if self.tier is not None:
+                self.tier.stop()
             if self._auth is not None:
                 self._auth.stop()
             raise
@@ -110,7 +118,8 @@ class Agent:
                           resources=self.spec.resources, labels=self.spec.labels,
                           failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
                           is_head=self.role is not None and self.role.is_head, agent_pid=os.getpid(),
-                          host_id=host_id())
+                          host_id=host_id(),
+                          tier_address=self.tier.address.replace("0.0.0.0", self.spec.node_ip, 1) if self.tier else "")
 
     @property
     def draining(self) -> m.NodeDraining | None:
@@ -329,6 +338,9 @@ class Agent:
                 return
             try:
                 self._on_request(frames[0], AGENT_REQUESTS.decode(frames[-1]))
+            except VersionMismatch as e:
+                log.warning("refused a request: %s", e)
+                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
             except BadMessage as e:
                 log.warning("dropped a malformed request: %s", e)
 
@@ -348,6 +360,9 @@ class Agent:
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)
+        if self.tier is not None:
+            self.tier.stop()
+            self.tier.store.close(free=self.spec.embedded)
         self.role.close()
         if self._auth is not None:
             self._auth.stop()
