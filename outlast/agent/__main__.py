@@ -10,6 +10,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
@@ -132,7 +133,7 @@ def spec_from_args(args: argparse.Namespace) -> NodeSpec:
     if args.num_cpus is not None:
         resources["CPU"] = _non_negative("--num-cpus", args.num_cpus)
     if args.num_gpus is not None:
-        resources["GPU"] = _non_negative("--num-gpus", args.num_gpus)
+        resources["GPU"] = float(len(node_gpu_ids(_non_negative("--num-gpus", args.num_gpus), os.environ, dev_names())))
     if args.memory is not None:
         resources["memory"] = float(parse_bytes(args.memory, "--memory"))
     for name, amount in _pairs("--resources", args.resources).items():

@@ -23,6 +23,7 @@ from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
+from outlast.agent.gpus import GpuBook, dev_names, node_gpu_ids, worker_gpu_env
 from outlast.client.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
@@ -69,6 +70,8 @@ class Agent:
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.sup = Supervisor(node_id)
+        self.fork_server_ready: m.ZygoteReady | None = None  # what the fork server said once ready
+        self.gpus = GpuBook(node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()))
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self.output = OutputTails(node_id, state_dir() / "logs")
@@ -130,13 +133,19 @@ class Agent:
         if msg is None:
             self._fork_server_died()
         elif isinstance(msg, m.ZygoteReady):
+            self.fork_server_ready = msg
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
+            if msg.cuda_initialized:
+                log.error("the fork server initialized CUDA while preloading %s (%s): workers forked from it "
+                          "cannot use a GPU; remove the module that does it from OUTLAST_PRELOAD (or --preload)",
+                          ",".join(msg.preloaded), msg.cuda_initialized)
         elif isinstance(msg, m.Forked):
             self.apply(self.sup.on_forked(msg, time.time()))
         elif isinstance(msg, m.Reaped):
             # Its last lines, then its exit.
             self._send_output(self.output.finish(msg.run_id, msg.attempt, msg.rank, msg.task_id))
+            self.gpus.release((msg.run_id, msg.attempt, msg.rank))
             self.apply(self.sup.on_reaped(msg))
 
     def _fork_server_died(self) -> None:
@@ -145,6 +154,7 @@ class Agent:
         pid = self.forks.proc.pid
         self._poller.unregister(self.forks.fileno())
         how, decision = self.forks.died(self.clock())
+        self.gpus.release_all()
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
                                      "its workers died with it"))
         if isinstance(decision, GiveUp):
@@ -194,14 +204,22 @@ class Agent:
         if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, os.getpid())) is not None:
             self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))
             return
+        gpus = self.gpus.assign([(req.run_id, req.attempt, s.rank) for s in req.workers], req.resources.get("GPU", 0.0))
+        if isinstance(gpus, str):
+            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt,
+                                                 reason=f"node {self.node_id}: {gpus}"))
+            return
+        run_gpus = [i for ids in gpus.values() for i in ids]
         self.apply(self.sup.admit(identity, req.run_id, now, req.run_key))
         for spec in req.workers:
+            own = gpus[(req.run_id, req.attempt, spec.rank)]
+            env = {**req.env, **worker_gpu_env(self.gpus.ids, run_gpus, own)} if own else req.env
             procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
                                 m.Resources(), True, spec.world_size, dict(req.resources))
             self.forks.send(m.ForkWorker(
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
                 # The run's own credential is in its env: a worker never holds the cluster key.
-                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path,
+                payload=req.payload, env=env, cwd=req.cwd, sys_path=req.sys_path,
                 run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
                 error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
                 cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
@@ -370,5 +388,6 @@ class Agent:
 
 
 def default_resources() -> dict[str, float]:
-    """What a node offers when not told: its usable cores and its memory, no GPU."""
-    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": 0.0, "memory": float(psutil.virtual_memory().total)}
+    """What a node offers when not told: its usable cores, its memory, the GPUs it sees (gpus.py)."""
+    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(len(node_gpu_ids(None, os.environ, dev_names()))),
+            "memory": float(psutil.virtual_memory().total)}
