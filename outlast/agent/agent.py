@@ -24,6 +24,7 @@ from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.gpus import GpuBook, dev_names, node_gpu_ids, worker_gpu_env
+from outlast.agent.worker_user import WorkerUser
 from outlast.client.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
@@ -37,7 +38,7 @@ from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
 from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
-from outlast.statedir import state_dir
+from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
 
@@ -54,6 +55,7 @@ class NodeSpec:
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
     etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
+    worker_user: WorkerUser | None = None  # workers drop to this user (outlast/agent/worker_user.py)
 
 
 class Agent:
@@ -74,7 +76,7 @@ class Agent:
         self.gpus = GpuBook(node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()))
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
-        self.output = OutputTails(node_id, state_dir() / "logs")
+        self.output = OutputTails(node_id, private_subdir("logs"))
         self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
@@ -92,7 +94,7 @@ class Agent:
                 self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
                     MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
             self.role.join(self.me())
-            self.forks = ForkServer(preload)
+            self.forks = ForkServer(preload, self.spec.worker_user)
         except BaseException:
             workdir.release(self.workdir)
             if self.guard:

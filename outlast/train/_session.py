@@ -213,26 +213,32 @@ class WorkerSession:
                                    dict(c.metrics)) for c in records]
 
     def done(self, return_value: Any = None) -> None:
-        if return_value is not None and self.context.world_rank == 0:
+        if self.context.world_rank == 0:
             self._save_return_value(return_value)
         self._uploads.close()
         self._send(m.WorkerDone(attempt=self.context.attempt, rank=self.context.world_rank, reports=self._reports))
 
     def _save_return_value(self, value: Any) -> None:
+        """The finishing attempt's value, or none: a failed attempt's rank 0 may have stored one before."""
         from outlast.train.result import RETURN_VALUE_NAME
 
+        path = f"{self._run_dir}/{RETURN_VALUE_NAME}"
+        data = None
+        if value is not None:
+            try:
+                data = cloudpickle.dumps(value)
+            except Exception as e:
+                log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
+                            "None", e)
         try:
-            data = cloudpickle.dumps(value)
-        except Exception as e:
-            log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
-                        "None", e)
-            return
-        try:
-            self._storage.write_atomic(f"{self._run_dir}/{RETURN_VALUE_NAME}", data)
+            if data is not None:
+                self._storage.write_atomic(path, data)
+            else:
+                self._storage.delete(path)
         except (OSError, StorageError) as e:
             # The training is done and committed: losing the return value must not fail the run.
-            log.warning("could not store the train function's return value (%s); Result.return_value will be None",
-                        e)
+            log.warning("could not store the train function's return value (%s); Result.return_value may be "
+                        "None or an earlier attempt's", e)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -258,9 +264,9 @@ class WorkerSession:
 
 
 def _default_cache() -> Path:
-    from outlast.client.discovery import state_dir
+    from outlast.statedir import private_subdir
 
-    return state_dir() / "checkpoint_cache"
+    return private_subdir("checkpoint_cache")  # 0700 even in a 0755 $OUTLAST_HOME
 
 
 _session: WorkerSession | None = None
