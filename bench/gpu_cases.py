@@ -67,6 +67,10 @@ def fit(work: str, loop, name: str, workers: int = 1, max_failures: int = 0, use
         return read_events(events), json.load(f)
 
 
+def failures(state: dict) -> list[dict]:
+    return [f for a in state["attempts"] for f in a.get("failures", [])]
+
+
 def first(events: list[dict], ev: str, **match) -> dict:
     return next((e for e in events if e["ev"] == ev and all(e.get(k) == v for k, v in match.items())), {})
 
@@ -124,7 +128,7 @@ def case_kill(work: str, workers: int = 1) -> tuple[dict, list[str]]:
         after = _fork_server(cluster, cluster.node_ids[-1])
     check(state["status"] == "finished", f"the run ended {state['status']}")
     check(len(state["attempts"]) == 2, f"{len(state['attempts'])} attempts, not 2")
-    check(any(f.get("signal") == 9 for f in state.get("failures", [])), "no failure by SIGKILL recorded")
+    check(any(f.get("signal") == 9 for f in failures(state)), "no failure by SIGKILL recorded")
     s1, s2 = first(events, "start", attempt=1, rank=0), first(events, "start", attempt=2, rank=0)
     if check(bool(s1 and s2), "an attempt did not start"):
         check(s2["free"] >= s1["free"] - 2**30, f"attempt 2 found {s2['free'] / 2**30:.1f} GiB free, attempt 1 "
@@ -144,13 +148,13 @@ def case_oom(work: str) -> tuple[dict, list[str]]:
     check = Checks()
     with nodes(work):
         events, state = fit(work, gpu_loops.oom_loop, "oom", max_failures=1)
-    failures = state.get("failures", [])
-    named = [f for f in failures if "OutOfMemoryError" in (f.get("exc_type") or "")]
-    check(bool(named), f"no failure names OutOfMemoryError: {[f.get('exc_type') for f in failures]}")
+    died = failures(state)
+    named = [f for f in died if "OutOfMemoryError" in (f.get("exc_type") or "")]
+    check(bool(named), f"no failure names OutOfMemoryError: {[f.get('exc_type') for f in died]}")
     check(len(state["attempts"]) == 2 and state["status"] == "finished",
           f"{len(state['attempts'])} attempts, status {state['status']}: no restart to a finish")
     check(bool(first(events, "done", attempt=2)), "attempt 2 did not train")
-    return {"failure": (named or failures or [{}])[0].get("message", "")[:300]}, check.problems
+    return {"failure": (named or died or [{}])[0].get("message", "")[:300]}, check.problems
 
 
 def case_save(work: str) -> tuple[dict, list[str]]:

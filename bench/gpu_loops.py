@@ -59,7 +59,7 @@ def ddp_loop(config: dict) -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(dev),
-        device_ids=[dev])
+        device_ids=[dev] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x = torch.randn(512, 256, device=dev)
     y = x[:, :1].clone()
