@@ -85,8 +85,12 @@ class Checks:
         return ok
 
 
-def _fork_server(cluster, node_id: str) -> dict:
-    st = status(cluster, node_id)
+def _fork_server(cluster, node_id: str, settle_s: float = 15.0) -> dict:
+    """What the node says of its fork server and GPUs, once it has reaped the last run's workers
+    (fit() returns on their last word, a moment before)."""
+    deadline = time.monotonic() + settle_s
+    while any((st := status(cluster, node_id)).gpus.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     try:
         with open(f"/proc/{st.fork_server_pid}/maps") as f:
             libcuda = "libcuda.so" in f.read()

@@ -23,13 +23,15 @@ from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
-from outlast.agent.gpus import GpuBook, dev_names, node_gpu_ids, worker_gpu_env
+from outlast.agent.gpus import GpuBook, dev_names, node_gpu_ids
 from outlast.agent.worker_user import WorkerUser
 from outlast.client.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
+from outlast.agent.tier_server import TierServer, start_tier
+from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn, spawn_refusal
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
@@ -37,7 +39,7 @@ from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode
 from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
@@ -55,6 +57,8 @@ class NodeSpec:
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
     etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
+    checkpoint_memory: int = DEFAULT_BUDGET_BYTES  # the memory tier's budget; 0: no tier
+    embedded: bool = False  # its node id dies with it, and so does its memory tier
     worker_user: WorkerUser | None = None  # workers drop to this user (outlast/agent/worker_user.py)
 
 
@@ -74,6 +78,7 @@ class Agent:
         self.sup = Supervisor(node_id)
         self.fork_server_ready: m.ZygoteReady | None = None  # what the fork server said once ready
         self.gpus = GpuBook(node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()))
+        self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self.output = OutputTails(node_id, private_subdir("logs"))
@@ -88,6 +93,7 @@ class Agent:
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
+            self.tier = start_tier(self.ctx, self.spec.key, node_id, host, self.spec.checkpoint_memory)
             if self.spec.etcd is not None:
                 self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
             else:
@@ -101,6 +107,8 @@ class Agent:
                 self.guard.close()
             if self.role is not None:
                 self.role.close()
+            if self.tier is not None:
+                self.tier.stop()
             if self._auth is not None:
                 self._auth.stop()
             raise
@@ -111,7 +119,8 @@ class Agent:
                           resources=self.spec.resources, labels=self.spec.labels,
                           failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
                           is_head=self.role is not None and self.role.is_head, agent_pid=os.getpid(),
-                          host_id=host_id())
+                          host_id=host_id(),
+                          tier_address=self.tier.address.replace("0.0.0.0", self.spec.node_ip, 1) if self.tier else "")
 
     # ---- effects ---------------------------------------------------------------------------------
 
@@ -206,22 +215,19 @@ class Agent:
         if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, os.getpid())) is not None:
             self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))
             return
-        gpus = self.gpus.assign([(req.run_id, req.attempt, s.rank) for s in req.workers], req.resources.get("GPU", 0.0))
-        if isinstance(gpus, str):
-            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt,
-                                                 reason=f"node {self.node_id}: {gpus}"))
+        envs = self.gpus.worker_envs([(req.run_id, req.attempt, s.rank) for s in req.workers],
+                                     req.resources.get("GPU", 0.0), req.env)
+        if isinstance(envs, str):
+            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=f"node {self.node_id}: {envs}"))
             return
-        run_gpus = [i for ids in gpus.values() for i in ids]
         self.apply(self.sup.admit(identity, req.run_id, now, req.run_key))
         for spec in req.workers:
-            own = gpus[(req.run_id, req.attempt, spec.rank)]
-            env = {**req.env, **worker_gpu_env(self.gpus.ids, run_gpus, own)} if own else req.env
             procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
                                 m.Resources(), True, spec.world_size, dict(req.resources))
             self.forks.send(m.ForkWorker(
                 run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
                 # The run's own credential is in its env: a worker never holds the cluster key.
-                payload=req.payload, env=env, cwd=req.cwd, sys_path=req.sys_path,
+                payload=req.payload, env=envs[(req.run_id, req.attempt, spec.rank)], cwd=req.cwd, sys_path=req.sys_path,
                 run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
                 error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
                 cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
@@ -363,6 +369,9 @@ class Agent:
                 return
             try:
                 self._on_request(frames[0], AGENT_REQUESTS.decode(frames[-1]))
+            except VersionMismatch as e:
+                log.warning("refused a request: %s", e)
+                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
             except BadMessage as e:
                 log.warning("dropped a malformed request: %s", e)
 
@@ -382,6 +391,9 @@ class Agent:
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)
+        if self.tier is not None:
+            self.tier.stop()
+            self.tier.store.close(free=self.spec.embedded)
         self.role.close()
         if self._auth is not None:
             self._auth.stop()

@@ -101,6 +101,15 @@ class GpuBook:
         self.held.update(taken)
         return {k: list(v) for k, v in taken.items()}
 
+    def worker_envs(self, keys: list[Hashable], per_worker: float, env: dict[str, str]
+                    ) -> dict[Hashable, dict[str, str]] | str:
+        """Each worker's environment (`env` and its GPUs), its devices taken, or why they do not fit."""
+        got = self.assign(keys, per_worker)
+        if isinstance(got, str):
+            return got
+        run = [i for ids in got.values() for i in ids]
+        return {k: {**env, **worker_gpu_env(self.ids, run, own)} if own else env for k, own in got.items()}
+
     def _no_fit(self, keys: list[Hashable], per_worker: float) -> str:
         free = sum(max(0.0, v) for v in self.free().values())
         return (f"{len(keys)} worker(s) asking {per_worker:g} GPU(s) each do not fit in the "

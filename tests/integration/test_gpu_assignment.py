@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,11 @@ def test_ranks_get_their_gpus_by_index_among_the_runs_and_the_fork_server_never_
         assert status.fork_server_cuda == "" and set(status.gpus) == {"5", "7"}
         two = _run(tmp_path, storage_path, 2, {"GPU": 1, "CPU": 1})
         one_with_both = _run(tmp_path, storage_path, 1, {"GPU": 2, "CPU": 1})
-        after = cluster._request(cluster.nodes["gpus"].address, m.StatusRequest())
+        # fit() returns on the workers' last word; the node frees their GPUs once it has reaped them.
+        deadline = time.monotonic() + 60
+        while (after := cluster._request(cluster.nodes["gpus"].address, m.StatusRequest())).gpus != \
+                {"5": [], "7": []} and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert [two[r]["CUDA_VISIBLE_DEVICES"] for r in (0, 1)] == ["5,7", "5,7"]  # the run's GPUs, shared for NCCL
     assert [two[r]["OUTLAST_CUDA_DEVICES"] for r in (0, 1)] == ["0", "1"]  # each its own, by index
     assert [(two[r]["RANK"], two[r]["LOCAL_RANK"], two[r]["WORLD_SIZE"], two[r]["LOCAL_WORLD_SIZE"], two[r]["NODE_RANK"])

@@ -92,3 +92,13 @@ def test_a_worker_uses_the_devices_its_node_gave_it_else_its_local_rank():
     assert own_device_indices({"OUTLAST_CUDA_DEVICES": "2,3"}, local_rank=1, device_count=4) == [2, 3]
     assert own_device_indices({}, local_rank=5, device_count=4) == [1]
     assert own_device_indices({}, local_rank=0, device_count=0) == []
+
+
+def test_each_workers_environment_carries_the_runs_gpus_and_its_own():
+    book = GpuBook(["0", "1", "2"])
+    book.assign([("other", 1, 0)], 1)  # GPU 0 is another run's
+    envs = book.worker_envs([("a", 1, 0), ("a", 1, 1)], 1, {"OUTLAST_X": "1"})
+    assert envs[("a", 1, 0)] == {"OUTLAST_X": "1", "CUDA_VISIBLE_DEVICES": "1,2", "OUTLAST_CUDA_DEVICES": "0"}
+    assert envs[("a", 1, 1)]["OUTLAST_CUDA_DEVICES"] == "1"
+    assert book.worker_envs([("cpu", 1, 0)], 0, {"OUTLAST_X": "1"}) == {("cpu", 1, 0): {"OUTLAST_X": "1"}}
+    assert isinstance(book.worker_envs([("b", 1, 0)], 1, {}), str)
