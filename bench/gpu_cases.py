@@ -117,6 +117,8 @@ def case_ddp(work: str, workers: int = 1) -> tuple[dict, list[str]]:
         check(not e["bad_fork"], f"rank {e['rank']}: torch says its fork server had initialized CUDA")
         check(e["last_loss"] < e["first_loss"], f"rank {e['rank']}: the loss did not fall")
         check(e["all_reduce"] == workers, f"rank {e['rank']}: all_reduce gave {e['all_reduce']}")
+        check(e["own"] == str(e["rank"]) and len((e["visible"] or "").split(",")) == workers,
+              f"rank {e['rank']}: CUDA_VISIBLE_DEVICES={e['visible']}, OUTLAST_CUDA_DEVICES={e['own']}")
     for when, fs in (("before", before), ("after", after)):
         check(fs["cuda_initialized"] == "", f"the fork server {when} the run: {fs['cuda_initialized']}")
     check(after["gpus_held"] == {}, f"GPUs still held after the run: {after['gpus_held']}")
