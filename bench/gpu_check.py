@@ -35,8 +35,12 @@ def probe() -> dict:
         import torch
     except ImportError as e:
         return {"torch": None, "devices": 0, "why": f"torch is not installed for {sys.executable} ({e})"}
-    info = {"torch": torch.__version__, "cuda_build": torch.version.cuda,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None}
+    info = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "nccl": None}
+    try:
+        v = torch.cuda.nccl.version() if torch.version.cuda else None  # a tuple, or an int on older torch
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else v
+    except Exception as e:  # NCCL missing from the build: the cases will say what fails
+        info["nccl"] = f"unknown ({type(e).__name__}: {e})"
     # In a child: the driver process stays free of CUDA, like the nodes' fork servers.
     code = ("import json, torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; "
             "print(json.dumps({'devices': n, 'names': [torch.cuda.get_device_name(i) for i in range(n)], "
