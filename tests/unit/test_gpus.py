@@ -8,6 +8,8 @@ import pytest
 
 from outlast.agent.gpus import (GpuBook, detected_ids, node_gpu_ids, own_device_indices, visible_ids,
                                 worker_gpu_env)
+from outlast.agent.node_core import Fork, NodeCore
+from outlast.protocol import messages as m
 from outlast.slurm.allocation import gpus_on_node
 from outlast.slurm.node import agent_argv
 
@@ -102,3 +104,28 @@ def test_each_workers_environment_carries_the_runs_gpus_and_its_own():
     assert envs[("a", 1, 1)]["OUTLAST_CUDA_DEVICES"] == "1"
     assert book.worker_envs([("cpu", 1, 0)], 0, {"OUTLAST_X": "1"}) == {("cpu", 1, 0): {"OUTLAST_X": "1"}}
     assert isinstance(book.worker_envs([("b", 1, 0)], 1, {}), str)
+
+
+def _spawn(run_id: str, ranks: list[int], gpus: float) -> m.SpawnWorkers:
+    return m.SpawnWorkers(run_id=run_id, attempt=1, controller_address="tcp://c", payload=b"",
+                          workers=[m.WorkerSpec(rank=r, local_rank=r, local_world_size=len(ranks), node_rank=0,
+                                                world_size=len(ranks)) for r in ranks],
+                          env={"OUTLAST_X": "1"}, cwd="/", sys_path=[], run_name="exp", restore_checkpoint=None,
+                          resources={"CPU": 1.0, "GPU": gpus}, agent_pid=7)
+
+
+def test_the_nodes_core_forks_each_rank_with_its_gpus_refuses_what_does_not_fit_and_frees_them_on_reaping():
+    core = NodeCore("n", 7, ["0", "1"])
+    forks = [e for e in core.on_request(b"c", _spawn("a", [0, 1], 1), 0.0) if isinstance(e, Fork)]
+    assert [(f.spec.rank, f.env["CUDA_VISIBLE_DEVICES"], f.env["OUTLAST_CUDA_DEVICES"]) for f in forks] == \
+        [(0, "0,1", "0"), (1, "0,1", "1")]
+    assert all(f.env["OUTLAST_X"] == "1" for f in forks)
+    [refused] = core.on_request(b"d", _spawn("b", [0], 1), 0.0)
+    assert isinstance(refused.msg, m.SpawnRefused)
+    assert refused.msg.reason == "node n: 1 worker(s) asking 1 GPU(s) each do not fit in the 0 of 2 GPU(s) free on this node"
+    core.on_fork_server(m.Forked(run_id="a", attempt=1, rank=1, pid=11), 0.0)
+    core.on_fork_server(m.Reaped(run_id="a", attempt=1, rank=1, pid=11, exit_code=0, signal=None, error=None), 0.0)
+    [fork] = [e for e in core.on_request(b"d", _spawn("b", [0], 1), 0.0) if isinstance(e, Fork)]
+    assert fork.env["CUDA_VISIBLE_DEVICES"] == "1" and fork.env["OUTLAST_CUDA_DEVICES"] == "0"
+    cpu = [e for e in NodeCore("m", 7).on_request(b"c", _spawn("c", [0], 0), 0.0) if isinstance(e, Fork)]
+    assert cpu[0].env == {"OUTLAST_X": "1"}  # no GPU asked: nothing of CUDA set
