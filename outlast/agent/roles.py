@@ -92,7 +92,7 @@ class HeadNode:
         """Drain the node and its failure domain: this node applies it, members hear of it."""
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None
         try:
-            notice = self.table.drain(req.node_id, req.reason, req.message, deadline).notice
+            notice = self.table.drain(req.node_id, req.reason, req.message, deadline, req.also).notice
         except UnknownNode as e:
             return m.DrainRefused(reason=str(e))
         notified = 0
@@ -160,7 +160,7 @@ class MemberNode:
         return [me]
 
     def drain(self, req: m.DrainNode, apply_here: ApplyDrain, send: SendTo) -> m.DrainAck | m.DrainRefused:
-        if req.node_id != self.node_id:
+        if req.node_id != self.node_id or set(req.also) - {self.node_id}:
             return m.DrainRefused(reason=f"this agent ({self.node_id}) is a member, not the head; send the "
                                          f"drain to the head at {self.head_address}")
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None

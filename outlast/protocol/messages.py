@@ -296,6 +296,9 @@ class DrainNode(Msg):
     reason: str
     message: str
     deadline_remaining_s: float | None
+    # More nodes drained with it, as one drain: every run hears one notice naming them all (a whole
+    # Slurm job preempted), not a notice per node that its ranks may see one at a time.
+    also: list[str] = []
 
 
 class DrainAck(Msg):
