@@ -23,11 +23,14 @@ from outlast.agent import workdir
 from outlast.agent.drain_sources import DrainSources
 from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
+from outlast.agent.worker_user import WorkerUser
 from outlast.client.restarts import GiveUp
 from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
+from outlast.agent.tier_server import TierServer, start_tier
+from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn, spawn_refusal
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
@@ -36,7 +39,7 @@ from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
 from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
-from outlast.statedir import state_dir
+from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
 
@@ -53,6 +56,9 @@ class NodeSpec:
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
     etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
+    checkpoint_memory: int = DEFAULT_BUDGET_BYTES  # the memory tier's budget; 0: no tier
+    embedded: bool = False  # its node id dies with it, and so does its memory tier
+    worker_user: WorkerUser | None = None  # workers drop to this user (outlast/agent/worker_user.py)
 
 
 class Agent:
@@ -69,9 +75,10 @@ class Agent:
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.sup = Supervisor(node_id)
+        self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
-        self.output = OutputTails(node_id, state_dir() / "logs")
+        self.output = OutputTails(node_id, private_subdir("logs"))
         self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
         self.draining: m.NodeDraining | None = None
@@ -83,19 +90,22 @@ class Agent:
         self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
             else None
         try:
+            self.tier = start_tier(self.ctx, self.spec.key, node_id, host, self.spec.checkpoint_memory)
             if self.spec.etcd is not None:
                 self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
             else:
                 self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
                     MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
             self.role.join(self.me())
-            self.forks = ForkServer(preload)
+            self.forks = ForkServer(preload, self.spec.worker_user)
         except BaseException:
             workdir.release(self.workdir)
             if self.guard:
                 self.guard.close()
             if self.role is not None:
                 self.role.close()
+            if self.tier is not None:
+                self.tier.stop()
             if self._auth is not None:
                 self._auth.stop()
             raise
@@ -106,7 +116,8 @@ class Agent:
                           resources=self.spec.resources, labels=self.spec.labels,
                           failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
                           is_head=self.role is not None and self.role.is_head, agent_pid=os.getpid(),
-                          host_id=host_id())
+                          host_id=host_id(),
+                          tier_address=self.tier.address.replace("0.0.0.0", self.spec.node_ip, 1) if self.tier else "")
 
     # ---- effects ---------------------------------------------------------------------------------
 
@@ -362,6 +373,9 @@ class Agent:
         if self.guard is not None:
             self.guard.close()  # undo every cgroup write, in reverse order
         self.sock.close(linger=500)
+        if self.tier is not None:
+            self.tier.stop()
+            self.tier.store.close(free=self.spec.embedded)
         self.role.close()
         if self._auth is not None:
             self._auth.stop()

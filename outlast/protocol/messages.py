@@ -330,6 +330,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     is_head: bool = False
     agent_pid: int = 0  # with host_id: a process on the same host sees at once when the agent is gone
     host_id: str = ""  # boot id and pid namespace (outlast/client/liveness.py)
+    tier_address: str = ""  # its memory tier's server (outlast/agent/tier_server.py); empty: no tier
 
 
 class RegisterNode(Msg):
@@ -564,7 +565,8 @@ class TierChunk(Msg):
 
 
 class TierAck(Msg):
-    """An offer accepted (`path` empty) or a chunk written: the sender may send one more."""
+    """An offer accepted (`path` empty) or a chunk written: the sender may send one more. Also the answer
+    to a `TierCommit` and a `TierFree` (rank -1)."""
 
     run: str
     checkpoint_dir: str

@@ -264,9 +264,9 @@ class WorkerSession:
 
 
 def _default_cache() -> Path:
-    from outlast.client.discovery import state_dir
+    from outlast.statedir import private_subdir
 
-    return state_dir() / "checkpoint_cache"
+    return private_subdir("checkpoint_cache")  # 0700 even in a 0755 $OUTLAST_HOME
 
 
 _session: WorkerSession | None = None
