@@ -89,7 +89,7 @@ class EtcdNode:
                                           deadline_unix_s=deadline, node_ids=[self.node_id])]
         # One drain of several nodes is one notice naming them all, written under each of them.
         ids = [req.node_id] + sorted({i for n in notices for i in n.node_ids} - {req.node_id})
-        notice = msgspec.structs.replace(notices[0], node_ids=ids)
+        notice = msgspec.structs.replace(notices[0], node_ids=ids, until_commit=req.until_commit)
         notified = 0
         if self.node_id in named:
             self._told = notice

@@ -92,7 +92,8 @@ class HeadNode:
         """Drain the node and its failure domain: this node applies it, members hear of it."""
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None
         try:
-            notice = self.table.drain(req.node_id, req.reason, req.message, deadline, req.also).notice
+            notice = self.table.drain(req.node_id, req.reason, req.message, deadline, req.also,
+                                      req.until_commit).notice
         except UnknownNode as e:
             return m.DrainRefused(reason=str(e))
         notified = 0
@@ -165,7 +166,7 @@ class MemberNode:
                                          f"drain to the head at {self.head_address}")
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None
         notice = m.NodeDraining(node_id=self.node_id, reason=req.reason, message=req.message,
-                                deadline_unix_s=deadline, node_ids=[self.node_id])
+                                deadline_unix_s=deadline, node_ids=[self.node_id], until_commit=req.until_commit)
         return m.DrainAck(node_id=self.node_id, runs_notified=apply_here(notice), node_ids=notice.node_ids)
 
     def tick(self, me: m.NodeInfo, now: float) -> list[m.NodeDraining]:

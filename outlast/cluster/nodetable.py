@@ -76,7 +76,7 @@ class NodeTable:
         return self._nodes[node_id]
 
     def drain(self, node_id: str, reason: str, message: str, deadline_unix_s: float | None,
-              also: list[str] = ()) -> DrainOrder:
+              also: list[str] = (), until_commit: bool = False) -> DrainOrder:
         """Mark `node_id`, the nodes in `also` and their failure domains as draining, as one drain; raise
         `UnknownNode` for a wrong id, before anything is marked."""
         named = [node_id, *(i for i in also if i != node_id)]
@@ -87,7 +87,7 @@ class NodeTable:
         ids = [n.node_id for n in self._nodes.values() if n.node_id in named or n.failure_domain in domains]
         ids = [node_id] + sorted(i for i in ids if i != node_id)
         notice = NodeDraining(node_id=node_id, reason=reason, message=message, deadline_unix_s=deadline_unix_s,
-                              node_ids=ids)
+                              node_ids=ids, until_commit=until_commit)
         for i in ids:
             n = self._nodes[i]
             if n.state != "dead":

@@ -214,7 +214,7 @@ class Job:
         try:  # one drain of every node: the run hears one notice naming them all
             reply = request(self.ctx, self.head_address, m.DrainNode(
                 node_id=first, also=also, reason=order.reason, message=order.message,
-                deadline_remaining_s=order.deadline_s), timeout_s=5.0, key=self.key)
+                deadline_remaining_s=order.deadline_s, until_commit=order.requeue), timeout_s=5.0, key=self.key)
             if isinstance(reply, m.DrainRefused):
                 log.error("the head refused to drain %s: %s", ", ".join(order.node_ids), reply.reason)
         except AgentUnavailable as e:
@@ -255,7 +255,7 @@ class Job:
         try:  # a deadline of now: the controller ends the attempt as preempted without waiting on
             request(self.ctx, self.head_address, m.DrainNode(
                 node_id=first, also=also, reason="preemption", message=f"{self.draining.why}; requeued",
-                deadline_remaining_s=0.0), timeout_s=5.0, key=self.key)
+                deadline_remaining_s=0.0, until_commit=True), timeout_s=5.0, key=self.key)
         except AgentUnavailable as e:
             log.error("could not end the drain of %s: %s", ", ".join(sorted(self.draining.node_ids)), e)
         end = time.monotonic() + 10.0
