@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: every frame starts with outlast/protocol/transport.py's HEADER
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
