@@ -227,6 +227,9 @@ class NodeDraining(Msg):
     deadline_unix_s: float | None
     # Every node drained with it: a drain on one node of a failure domain drains the domain.
     node_ids: list[str] = []
+    # The nodes go away as soon as the checkpoint this drain asks for is committed (a Slurm job is
+    # requeued then), whatever the deadline: a step trained after that commit would be lost.
+    until_commit: bool = False
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -299,6 +302,10 @@ class DrainNode(Msg):
     reason: str
     message: str
     deadline_remaining_s: float | None
+    # More nodes drained with it, as one drain: every run hears one notice naming them all (a whole
+    # Slurm job preempted), not a notice per node that its ranks may see one at a time.
+    also: list[str] = []
+    until_commit: bool = False  # NodeDraining.until_commit
 
 
 class DrainAck(Msg):
