@@ -60,6 +60,8 @@ def test_heartbeats_go_out_and_events_are_acted_on_while_a_manifest_write_is_out
     h.effects.clear()
     for _ in range(20):  # 10 s of storage saying nothing, twice the driver timeout
         h.step(dt=0.5)
+        for node_id in set(placement.values()):  # the agents answer the heartbeats
+            h.agent(node_id, m.Pong(node_id=node_id, pid=1))
     beats = [e for e in h.effects if isinstance(e, g.ToNode) and isinstance(e.msg, m.RunHeartbeat)]
     assert {e.node_id for e in beats} == set(placement.values()) and len(beats) >= 2 * 9  # one a second or more
     h.agent(placement[1], h.exited(1, placement[1], code=1))  # and what happens meanwhile is acted on
