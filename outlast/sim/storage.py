@@ -54,6 +54,9 @@ class SimStorage:
         except KeyError:
             raise FileNotFoundError(path) from None
 
+    def size(self, path: str) -> int:
+        return len(self.read_bytes(path))
+
     def exists(self, path: str) -> bool:
         self._op("exists", path)
         return path in self.files or any(p.startswith(path.rstrip("/") + "/") for p in self.files)

@@ -40,6 +40,9 @@ class Storage(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def size(self, path: str) -> int:
+        """The size of the file at `path`; raise FileNotFoundError when there is none."""
+
     def list_dirs(self, path: str) -> list[str]:
         """Names of the directories directly under `path` (empty when it does not exist)."""
 
