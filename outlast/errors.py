@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from outlast.storage.records import FailureRecord
+from outlast.storage.records import NewerVersionError as NewerVersionError  # a run written by a newer outlast
 
 
 class TrainingFailedError(RuntimeError):

@@ -13,6 +13,7 @@ import sys
 import traceback
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -22,6 +23,36 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         return  # not Linux: the heartbeat timeout still reclaims the workers
+
+
+def become_subreaper() -> bool:
+    """Adopt the orphans among our descendants (PR_SET_CHILD_SUBREAPER): a process that a child of
+    ours started and left behind becomes our child, not init's, so we can still end it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def own_children() -> set[int]:
+    """The pids whose parent is this process (single-threaded: its main thread's children)."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            return {int(p) for p in f.read().split()}
+    except OSError:
+        pass
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        found.add(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
 
 
 def kill_tree(pid: int, sig: int) -> None:
@@ -65,7 +96,8 @@ def user_traceback(exc: BaseException, runtime_file: str) -> str:
 def become_clean_process(env: dict[str, str], cwd: str, sys_path: list[str]) -> None:
     """Leave the fork server behind: own session, default signals, `env` as the whole environment
     (`runenv.worker_env`: the node's own with what the run carries)."""
-    os.setsid()
+    if os.getsid(0) != os.getpid():  # the fork server may have made it a session leader already
+        os.setsid()
     die_with_parent()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)

@@ -9,6 +9,7 @@ Nothing else of the driver's environment travels, and no cluster secret reaches 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -20,8 +21,11 @@ _NOT_CARRIED = frozenset({
     "OUTLAST_ETCD", "OUTLAST_ETCD_CACERT", "OUTLAST_ETCD_CERT", "OUTLAST_ETCD_KEY", "OUTLAST_ETCD_USER",
     "OUTLAST_ETCD_PASSWORD", "OUTLAST_ETCD_LEASE_TTL_S",
 })
-# What a worker's environment never holds, whatever its node's has: the key to the whole cluster, etcd's password.
-_NEVER_IN_A_WORKER = frozenset({"OUTLAST_CLUSTER_SECRET", "OUTLAST_ETCD_PASSWORD"})
+# What no process that forks user code holds in its environment: the key to the whole cluster,
+# etcd's password. They reach the agent over a pipe (`write_secrets`, `read_secrets`), never in
+# an environment block: `/proc/PID/environ` shows the block a process was exec'd with, whatever
+# it removes from `os.environ` later, and any process of the same user can read it.
+SECRETS = frozenset({"OUTLAST_CLUSTER_SECRET", "OUTLAST_ETCD_PASSWORD"})
 _KNOWN_FIELDS = ("env_vars",)
 
 
@@ -57,9 +61,41 @@ def carried_env(driver_env: Mapping[str, str], runtime_env: dict | None) -> dict
 
 def worker_env(node_env: Mapping[str, str], carried: Mapping[str, str]) -> dict[str, str]:
     """A worker's environment: its node's, less the cluster's secret, then what the run carries."""
-    env = {k: v for k, v in node_env.items() if k not in _NEVER_IN_A_WORKER}
+    env = without_secrets(node_env)
     env.update(carried)
     return env
+
+
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in SECRETS}
+
+
+def secrets_in(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k in SECRETS and v}
+
+
+def write_secrets(secrets: Mapping[str, str]) -> int:
+    """A pipe holding `secrets`, its write end closed: returns the read end, inheritable, for a
+    child's `--secrets-fd` (a few hundred bytes: far below a pipe's buffer, so this never blocks)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, json.dumps(dict(secrets)).encode())
+    finally:
+        os.close(w)
+    os.set_inheritable(r, True)
+    return r
+
+
+def read_secrets(fd: int) -> dict[str, str]:
+    """What `write_secrets` put in the pipe; closes it."""
+    chunks = []
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(65536):
+            chunks.append(chunk)
+    data = json.loads(b"".join(chunks) or b"{}")
+    if not isinstance(data, dict) or not set(data) <= SECRETS:
+        raise ValueError(f"--secrets-fd {fd}: expected a JSON object of {', '.join(sorted(SECRETS))}")
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def importable_paths() -> list[str]:

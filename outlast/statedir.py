@@ -31,6 +31,23 @@ def state_dir(env: os._Environ[str] | dict[str, str] = os.environ, uid: int | No
     return private_dir(default_state_dir(env), uid, allowed_mode=0o755 if env.get("OUTLAST_HOME") else 0o700)
 
 
+def private_subdir(name: str, env: os._Environ[str] | dict[str, str] = os.environ) -> Path:
+    """A directory of outlast's own in the state directory (the checkpoint cache, agents/, logs/),
+    0700 whatever the state directory's mode: `$OUTLAST_HOME` may be 0755 (a directory the user
+    shares on purpose), and what outlast keeps in it still reaches no one else. One of ours that is
+    found wider (made by an older outlast, or by hand) is tightened to 0700, not refused: it is
+    outlast's alone, and nothing in it is meant for anyone else."""
+    path = state_dir(env) / name
+    uid = os.geteuid()
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if st.st_uid == uid and stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(path, 0o700)
+    return private_dir(path, uid)
+
+
 def private_dir(path: Path, uid: int | None = None, allowed_mode: int = 0o700) -> Path:
     """Create `path` 0700 if missing; raise `UnsafeStateError` if someone else owns it or if group
     or others have more access than `allowed_mode` gives them. Returns `path`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -10,6 +11,8 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
+from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
@@ -17,7 +20,8 @@ from outlast.identity import this_process
 from outlast.isolation.config import add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.metrics import DEFAULT_HOST, HOST_VAR, NODE_PORT_VAR, MetricsError, endpoint
-from outlast.protocol.auth import AuthError, ClusterKey
+from outlast.protocol.auth import SECRET_ENV, AuthError, ClusterKey
+from outlast.runenv import read_secrets, secrets_in, without_secrets, write_secrets
 from outlast.protocol.transport import route_ip
 
 
@@ -28,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--preload", default="", help="comma-separated modules the fork server imports")
     p.add_argument("--ready-fd", type=int, default=None, help="write the address to this fd once listening")
+    p.add_argument("--secrets-fd", type=int, default=None,
+                   help="read the cluster key and etcd's password from this pipe (JSON), never from the environment")
     p.add_argument("--embedded", action="store_true", help="die with the parent process (a driver)")
     p.add_argument("--die-with-parent", action="store_true", help="die with the parent process (tests)")
     p.add_argument("--node-file", action="store_true", help="publish the address for drivers and the CLI")
@@ -39,14 +45,17 @@ def main(argv: list[str] | None = None) -> None:
     add_cluster_arguments(p)
     add_metrics_arguments(p)
     args = p.parse_args(argv)
+    secrets = read_secrets(args.secrets_fd) if args.secrets_fd is not None else {}
+    if secrets_in(os.environ):
+        exec_without_secrets(sys.argv[1:] if argv is None else argv, {**secrets_in(os.environ), **secrets})
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
     if args.embedded:
         die_with_parent()
     node_id = args.node_id or uuid.uuid4().hex[:8]
     try:
-        isolation = config_from_args(args)
-        spec = spec_from_args(args)
+        spec = spec_from_args(args, secrets)
+        isolation = dataclasses.replace(config_from_args(args), checkpoint_memory=spec.checkpoint_memory)
         where = endpoint(args.metrics_port, args.metrics_host)
         agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
                       isolation=isolation, spec=spec)
@@ -107,6 +116,13 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-cert", default=None, metavar="FILE", help="this client's certificate for etcd (TLS)")
     p.add_argument("--etcd-key", default=None, metavar="FILE", help="the key of --etcd-cert")
     p.add_argument("--etcd-user", default=None, help="etcd user (its password in $OUTLAST_ETCD_PASSWORD)")
+    p.add_argument("--checkpoint-memory", default=None, metavar="SIZE",
+                   help="RAM this node keeps checkpoint copies in, its own ranks' and a peer's, e.g. 8GiB; 0 turns "
+                        "the memory tier off (default: 2GiB; reserved beside the system's memory with "
+                        "--enable-resource-isolation)")
+    p.add_argument("--worker-user", default=None, metavar="USER",
+                   help="run workers as USER (the agent runs as root): they cannot read the node's state directory "
+                        "(cluster key, node file, other runs' output) nor signal the agent")
     p.add_argument("--node-timeout", type=float, default=float(os.environ.get("OUTLAST_NODE_TIMEOUT_S", "5")),
                    help="seconds of silence after which the head declares a node dead (OUTLAST_NODE_TIMEOUT_S)")
 
@@ -124,8 +140,23 @@ def metrics_args(args: argparse.Namespace) -> list[str]:
     return out + (["--metrics-host", args.metrics_host] if args.metrics_host else [])
 
 
-def spec_from_args(args: argparse.Namespace) -> NodeSpec:
+def exec_without_secrets(argv: list[str], secrets: dict[str, str]) -> None:
+    """Become this same agent again, its secrets in a pipe and none in its environment.
+
+    A process's environment block (`/proc/PID/environ`) is fixed when it is exec'd, and the fork
+    server and its workers are this process's descendants, of the same user: a secret that came
+    in the environment (a systemd unit's Environment=, a Slurm step's) must leave it by an exec."""
+    i = argv.index("--secrets-fd") if "--secrets-fd" in argv else -1
+    if i >= 0:
+        argv = argv[:i] + argv[i + 2:]
+    fd = write_secrets(secrets)
+    os.execve(sys.executable, [sys.executable, "-m", "outlast.agent", *argv, "--secrets-fd", str(fd)],
+              without_secrets(os.environ))
+
+
+def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = None) -> NodeSpec:
     """Raises ValueError or AuthError with a message that says what to fix."""
+    secrets = secrets or {}
     from outlast.isolation.units import parse_bytes
 
     resources = default_resources()
@@ -141,13 +172,14 @@ def spec_from_args(args: argparse.Namespace) -> NodeSpec:
         except ValueError:
             raise ValueError(f"--resources {name}={amount}: the amount must be a number >= 0") from None
     head = args.head_address
-    etcd = etcd_from_args(args)
+    etcd = etcd_from_args(args, secrets.get("OUTLAST_ETCD_PASSWORD"))
     if etcd is not None and head is not None:
         raise ValueError("--etcd and --address both name a cluster: with --etcd, give only the etcd URLs")
     if head is not None and "://" not in head:
         head = f"tcp://{head}"
     key_file = args.cluster_key or os.environ.get("OUTLAST_CLUSTER_KEY") or str(cluster_key_path())
-    key = ClusterKey.from_env()  # an embedded node's private key, from its driver
+    # An embedded node's private key, from its driver; or a node's whose supervisor holds the key.
+    key = ClusterKey(secrets[SECRET_ENV].encode()) if secrets.get(SECRET_ENV) else None
     if key is None and head is None and not os.path.exists(key_file):
         key = ClusterKey.generate()  # a new cluster: its head makes the key
         key.save(key_file)
@@ -155,15 +187,21 @@ def spec_from_args(args: argparse.Namespace) -> NodeSpec:
     elif key is None:
         key = ClusterKey.load(key_file)
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
+    tier = DEFAULT_BUDGET_BYTES if args.checkpoint_memory is None else parse_bytes(args.checkpoint_memory,
+                                                                                   "--checkpoint-memory")
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
-                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd)
+                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
+                    checkpoint_memory=tier, embedded=bool(getattr(args, "embedded", False)))
+    worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
+    return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
+                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
+                    worker_user=worker_user)
 
 
-def etcd_from_args(args: argparse.Namespace) -> EtcdConfig | None:
+def etcd_from_args(args: argparse.Namespace, password: str | None) -> EtcdConfig | None:
     if args.etcd is None:
         return None
-    return EtcdConfig.parse(args.etcd, args.etcd_cacert, args.etcd_cert, args.etcd_key, args.etcd_user,
-                            os.environ.get("OUTLAST_ETCD_PASSWORD"),
+    return EtcdConfig.parse(args.etcd, args.etcd_cacert, args.etcd_cert, args.etcd_key, args.etcd_user, password,
                             int(os.environ.get("OUTLAST_ETCD_LEASE_TTL_S", "3")))
 
 

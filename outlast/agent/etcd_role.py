@@ -20,6 +20,7 @@ import msgspec
 from outlast.agent.roles import ApplyDrain, SendTo
 from outlast.cluster.etcd_store import EtcdConfig, EtcdStore, StoreUnavailable, namespace_of
 from outlast.cluster.nodetable import UnknownNode
+from outlast.cluster.sealed import Sealer
 from outlast.cluster.store_session import StoreSession
 from outlast.cluster.store_view import ClusterView, PutDrain, RecordDeath, drain_value, node_value
 from outlast.protocol import messages as m
@@ -35,7 +36,7 @@ class EtcdNode:
     def __init__(self, config: EtcdConfig, key: ClusterKey, node_id: str) -> None:
         self.node_id = node_id
         self.ttl_s = config.lease_ttl_s
-        self.store = EtcdStore(config, namespace_of(key.public))
+        self.store = EtcdStore(config, namespace_of(key.public), sealer=Sealer(key.secret))
         self.lease: int | None = None
         self.holding = False
         self._me: m.NodeInfo | None = None  # the latest from the poll loop; the beat writes it

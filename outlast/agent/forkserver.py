@@ -7,19 +7,24 @@ the new server, which reads it once its modules are imported.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from multiprocessing.connection import Connection
 
+from outlast.agent.worker_user import WorkerUser
+from outlast.agent.worker_user import encode as encode_user
 from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exit
 from outlast.protocol import messages as m
+from outlast.runenv import without_secrets
 from outlast.protocol.transport import FROM_ZYGOTE, encode
 
 
 class ForkServer:
-    def __init__(self, preload: list[str]) -> None:
+    def __init__(self, preload: list[str], worker_user: WorkerUser | None = None) -> None:
         self.preload = preload
+        self.worker_user = worker_user
         self.ready = False
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
@@ -53,8 +58,11 @@ class ForkServer:
     def start(self) -> None:
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload)],
+            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload),
+             encode_user(self.worker_user) if self.worker_user else ""],
             pass_fds=[theirs.fileno()],
+            # Its environment block is every worker's (fork, no exec): never a secret in it.
+            env=without_secrets(os.environ),
         )
         theirs.close()
         self.conn = Connection(ours.detach())

@@ -4,6 +4,14 @@ A restarted worker costs a fork, not a Python start and `import torch`. The serv
 starts no threads and touches no accelerator before forking. It is also the workers'
 parent, so it reaps them the moment they die and reports how (exit code or signal,
 and the error the worker wrote to its error file).
+
+No process a rank started outlives the rank. Each worker leads its own process group and is
+a child subreaper, so its orphaned descendants become its children; when it dies they pass
+to the fork server, a subreaper too. So when a worker is reaped, its process group is killed
+first (while its zombie still holds the group's id, so no other process can have taken it),
+and then every child of the fork server that it did not fork: those can only be what dead
+workers left. The fork server ends the same way when its agent goes (SIGTERM on the agent's
+death, or the end of its pipe): every worker's group, then whatever they leave to it.
 """
 
 from __future__ import annotations
@@ -13,13 +21,16 @@ import os
 import select
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 
 import msgspec
 
 from outlast.agent.output import redirect_to
-from outlast.procutil import decode_wait_status, die_with_parent, kill_tree
+from outlast.agent.worker_user import WorkerUser, drop_to, open_error_file
+from outlast.agent.worker_user import decode as decode_user
+from outlast.procutil import become_subreaper, decode_wait_status, die_with_parent, kill_tree, own_children
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_ZYGOTE, encode
 
@@ -54,14 +65,15 @@ def read_error_file(path: str) -> m.WorkerError | None:
 
 
 class Zygote:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, worker_user: WorkerUser | None = None) -> None:
         self.conn = conn
+        self.worker_user = worker_user
         self.children: dict[int, m.ForkWorker | m.ForkTask] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_w = wake_w
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd does the work
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, lambda *_: None)  # the agent died: end the workers, then go
 
     def serve(self) -> None:
         while True:
@@ -70,11 +82,15 @@ class Zygote:
             except InterruptedError:
                 continue
             if self.wake_r in ready:
+                signals = b""
                 try:
-                    while os.read(self.wake_r, 4096):
-                        pass
+                    while chunk := os.read(self.wake_r, 4096):
+                        signals += chunk
                 except BlockingIOError:
                     pass
+                if signal.SIGTERM in signals:
+                    self.shutdown()
+                    return
                 self.reap()
             if self.conn.fileno() in ready:
                 try:
@@ -95,6 +111,9 @@ class Zygote:
     def _become_worker(self, req: m.ForkWorker | m.ForkTask) -> None:
         code = 70
         try:
+            os.setsid()  # a group of its own from the first instant: what it starts is killed with it
+            become_subreaper()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             # Into its own cgroup leaf before anything else: what it allocates from here on is
             # charged to the workloads, never to the node's own processes.
             for procs in req.cgroup_procs:
@@ -108,6 +127,10 @@ class Zygote:
             os.close(self.wake_w)
             self.conn.close()
             entry = importlib.import_module(TASK_ENTRY if isinstance(req, m.ForkTask) else WORKER_ENTRY)
+            if self.worker_user is not None:  # outlast/agent/worker_user.py
+                fd = open_error_file(req.error_file, self.worker_user)
+                req = msgspec.structs.replace(req, error_file=f"/proc/self/fd/{fd}")
+                drop_to(self.worker_user)
             code = entry.run(req)
         except BaseException:
             traceback.print_exc()
@@ -120,25 +143,59 @@ class Zygote:
             os._exit(code)
 
     def reap(self) -> None:
-        while self.children:
+        while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                # Look before reaping: until then the dead worker's pid, and so its process
+                # group's id, cannot be anyone else's.
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None or info.si_pid == 0:
                 return
+            pid = info.si_pid
             req = self.children.pop(pid, None)
+            if req is not None:
+                kill_tree(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            self.kill_orphans()
             if req is None:
-                continue
+                continue  # an orphan a dead worker left
             exit_code, sig = decode_wait_status(status)
             self.conn.send_bytes(encode(m.Reaped(
                 run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
                 exit_code=exit_code, signal=sig, error=read_error_file(req.error_file), task_id=_task_id(req),
             )))
 
-    def shutdown(self) -> None:
+    def kill_orphans(self) -> None:
+        """Kill what dead workers left: every child of ours that we did not fork (docstring above)."""
+        for pid in own_children() - set(self.children):
+            try:
+                leads_group = os.getpgid(pid) == pid
+            except ProcessLookupError:
+                continue
+            if leads_group:
+                kill_tree(pid, signal.SIGKILL)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Kill every worker's group, then reap until no child is left (each dead one may hand
+        us orphans), for at most `timeout_s`."""
         for pid in list(self.children):
             kill_tree(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.kill_orphans()
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                time.sleep(0.01)
+            self.children.pop(pid, None)
 
 
 def _attempt(req: m.ForkWorker | m.ForkTask) -> int:
@@ -156,11 +213,13 @@ def _task_id(req: m.ForkWorker | m.ForkTask) -> str:
 def main() -> None:
     fd = int(sys.argv[1])
     modules = [s for s in sys.argv[2].split(",") if s] if len(sys.argv) > 2 else []
-    die_with_parent()
+    worker_user = decode_user(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
+    die_with_parent(signal.SIGTERM)  # not SIGKILL: the workers' own children must go too (shutdown)
     os.setsid()  # workers' process groups never include the agent
+    become_subreaper()
     conn = Connection(fd)
     conn.send_bytes(encode(preload(modules)))
-    Zygote(conn).serve()
+    Zygote(conn, worker_user).serve()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 import time
 
 from outlast.storage import open_storage
-from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, RunState, signal_name
+from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, NewerVersionError, RunState, signal_name
 from outlast.storage.run_store import RunStore
 from outlast.cli.documents import RunDocument, RunsDocument, RunSummary, to_json
 from outlast.cli.worker_logs import load_run, show_logs
@@ -62,7 +62,7 @@ def summaries(storage) -> list[RunSummary]:
     for name in (n for n in storage.list_dirs("") if storage.exists(f"{n}/{RUN_STATE_NAME}")):
         try:
             state = RunStore(storage, name).load_state()
-        except CorruptDocument as e:
+        except (CorruptDocument, NewerVersionError) as e:
             out.append(RunSummary(name=name, unreadable=str(e)))
             continue
         if state is not None:

@@ -16,7 +16,7 @@ from outlast.agent.output import last_lines
 from outlast.cli.documents import LogsDocument, to_json
 from outlast.client.discovery import AgentUnavailable, find_running_agent, request
 from outlast.protocol import messages as m
-from outlast.storage.records import CorruptDocument, OutputFile, RunState
+from outlast.storage.records import CorruptDocument, NewerVersionError, OutputFile, RunState
 from outlast.storage.run_store import RunStore
 
 
@@ -56,7 +56,7 @@ def load_run(store: RunStore) -> RunState | None:
     """The run's history, or None with what is wrong said on stderr (no run there, or a corrupt document)."""
     try:
         state = store.load_state()
-    except CorruptDocument as e:
+    except (CorruptDocument, NewerVersionError) as e:
         print(str(e), file=sys.stderr)
         return None
     if state is None:

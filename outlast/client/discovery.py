@@ -15,10 +15,11 @@ import msgspec
 import zmq
 
 from outlast.procutil import pid_alive
+from outlast.runenv import secrets_in, without_secrets, write_secrets
 from outlast.identity import ProcessIdentity
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
-from outlast.protocol.transport import AGENT_EVENTS, BadMessage, tune, encode
+from outlast.protocol.transport import AGENT_EVENTS, BadMessage, VersionMismatch, tune, encode
 from outlast.statedir import state_dir
 
 
@@ -101,6 +102,8 @@ def request(ctx: zmq.Context, address: str, msg: m.Msg, timeout_s: float = 2.0,
             raise AgentUnavailable(f"no answer from the node agent at {address} within {timeout_s:.0f} s{hint}")
         try:
             return AGENT_EVENTS.decode(sock.recv())
+        except VersionMismatch as e:
+            raise AgentUnavailable(f"the node agent at {address} refused this request: {e}") from None
         except BadMessage as e:
             raise AgentUnavailable(f"the node agent at {address} answered with a malformed message: {e}") from None
     finally:
@@ -170,19 +173,26 @@ def attach(ctx: zmq.Context, preload: list[str], extra_args: list[str] | None = 
 def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str] | None = None,
                         log_path: Path | None = None, timeout_s: float = 30.0,
                         env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """Start `python -m outlast.agent` and return it with its address once it listens."""
+    """Start `python -m outlast.agent` and return it with its address once it listens.
+
+    The cluster key and etcd's password (in `env` or this process's environment) go to it over a
+    pipe, never in its environment: its fork server, and so every worker, could read them there."""
+    full_env = {**os.environ, **(env or {})}
+    secrets_fd = write_secrets(secrets_in(full_env))
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "outlast.agent", "--ready-fd", str(w), "--preload", ",".join(preload)]
+    cmd = [sys.executable, "-m", "outlast.agent", "--ready-fd", str(w), "--secrets-fd", str(secrets_fd),
+           "--preload", ",".join(preload)]
     if embedded:
         cmd.append("--embedded")
     cmd += extra_args or []
     out = open(log_path, "ab") if log_path else None
     try:
         # Its own session: a Ctrl+C in the terminal reaches the driver, which tears down in order.
-        proc = subprocess.Popen(cmd, pass_fds=[w], start_new_session=True, stdout=out, stderr=out,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **env} if env else None)
+        proc = subprocess.Popen(cmd, pass_fds=[w, secrets_fd], start_new_session=True, stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL, env=without_secrets(full_env))
     finally:
         os.close(w)
+        os.close(secrets_fd)
         if out:
             out.close()
     try:

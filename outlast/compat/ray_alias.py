@@ -6,7 +6,9 @@ submodules. A process that does not go through `outlast run` imports the real Ra
 has one: nothing here is installed on import.
 
 - `ray.train`, `ray.train.v2.api.*` and the other modules of `TRAIN_MODULES` are
-  `outlast.train`; `ray.train.torch` and `ray.train.v2.torch.*` are `outlast.train.torch`.
+  `outlast.train`; `ray.train.torch` and `ray.train.v2.torch.*` are `outlast.train.torch`;
+  the framework integrations (`FRAMEWORK_MODULES`: Lightning, Transformers, XGBoost, JAX) are
+  outlast's modules of the same names.
 - `ray.init()`, `ray.shutdown()` and `ray.is_initialized()` are accepted: outlast starts
   its own node for `fit()`, so a script that only trains needs nothing from them.
 - `ray.data.from_items/from_numpy/from_pandas/from_torch/from_huggingface` keep the data
@@ -38,6 +40,23 @@ TRAIN_MODULES = (
 )
 TORCH_MODULES = ("ray.train.v2.torch", "ray.train.v2.torch.torch_trainer", "ray.train.v2.torch.train_loop_utils",
                  "ray.train.torch.torch_trainer", "ray.train.torch.config", "ray.train.torch.train_loop_utils")
+# Ray Train's framework integrations: Ray's module -> outlast's.
+FRAMEWORK_MODULES = {
+    "ray.train.lightning": "outlast.train.lightning",
+    "ray.train.huggingface": "outlast.train.huggingface",
+    "ray.train.huggingface.transformers": "outlast.train.huggingface.transformers",
+    "ray.train.xgboost": "outlast.train.xgboost",
+    "ray.train.v2.xgboost": "outlast.train.xgboost",
+    "ray.train.v2.xgboost.xgboost_trainer": "outlast.train.xgboost",
+    "ray.train.v2.jax": "outlast.train.jax",
+    "ray.train.v2.jax.jax_trainer": "outlast.train.jax",
+    "ray.train.v2.jax.config": "outlast.train.jax",
+}
+SUPPORTED = ("ray.train, ray.train.torch, ray.train.lightning, ray.train.huggingface.transformers, ray.train.xgboost "
+             "and ray.train.v2.jax; ray.init/shutdown/is_initialized; ray.data.from_items/from_numpy/from_pandas/"
+             "from_torch/from_huggingface")
+NOT_SUPPORTED = ("ray.train.lightgbm, ray.train.tensorflow, ray.train.horovod, Ray Tune, Ray Data pipelines, "
+                 "Ray Serve, tasks and actors (ray.remote, ray.get, ray.put)")
 _DATA_BUILDERS = ("from_items", "from_numpy", "from_pandas", "from_torch", "from_huggingface")
 
 
@@ -59,8 +78,8 @@ def _script_line() -> str:
 
 
 def stop(what: str, instead: str = "") -> UnsupportedRayAPI:
-    advice = instead or ("outlast runs Ray Train scripts (ray.train, ray.train.torch) and nothing else of Ray; "
-                         "see docs/ray-parity.md")
+    advice = instead or (f"outlast runs {SUPPORTED}, and nothing else of Ray ({NOT_SUPPORTED} are not "
+                         "supported); see docs/ray-parity.md")
     return UnsupportedRayAPI(f"{what} at {_script_line()} is not supported under `outlast run`: {advice}")
 
 
@@ -231,6 +250,8 @@ def _aliases() -> dict[str, Any]:
     for target, names in (("outlast.train", ("ray.train", *TRAIN_MODULES)),
                           ("outlast.train.torch", ("ray.train.torch", *TORCH_MODULES))):
         table.update({name: (lambda name=name, target=target: ShimModule(name, target)) for name in names})
+    table.update({name: (lambda name=name, target=target: ShimModule(name, target))
+                  for name, target in FRAMEWORK_MODULES.items()})
     return table
 
 

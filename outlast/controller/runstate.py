@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
+
 from outlast.storage.records import (
     AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, ResizeRecord,
     RunState, SkippedCheckpoint, encode, is_checkpoint_dir_name,
@@ -33,7 +35,8 @@ class RunBook:
 
         A run-state document that cannot be read is set aside and rebuilt from the checkpoint
         manifests; a manifest that the run state does not name yet (a driver that died between
-        the two writes) is adopted: the manifest is the commit point.
+        the two writes) is adopted: the manifest is the commit point. A run-state document or
+        manifest of a newer schema raises `NewerVersionError` before anything is written.
         """
         try:
             state = store.load_state()
@@ -43,6 +46,11 @@ class RunBook:
             state = RunState(name=name, status="running", created_at=now, updated_at=now)
         if state is None:
             state = RunState(name=name, status="initializing", created_at=now, updated_at=now)
+        if state.latest_checkpoint is not None:
+            try:  # the one the next attempt restores: a newer one must stop the run here, not in a step
+                store.read_manifest(state.latest_checkpoint)
+            except (CorruptDocument, OSError):
+                pass  # judged when the attempt restores it (checkpoints.restorable)
         book = cls(store, state)
         book._adopt_orphan_manifests(now)
         book.flush()
@@ -64,13 +72,15 @@ class RunBook:
                 adopted.append(manifest)
         if not adopted:
             return
-        seq = max((c.seq for c in self.state.checkpoints), default=0)
-        for manifest in sorted(adopted, key=lambda mf: (mf.attempt, mf.report_index)):
-            seq += 1
-            self.state.checkpoints.append(CheckpointRecord(
-                checkpoint_dir=manifest.checkpoint_dir, seq=seq, attempt=manifest.attempt,
-                report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
-            ))
+        # An orphan is not always the newest: a driver fenced mid-commit leaves one older than what the
+        # driver after it committed. Commit order is (attempt, report index) across drivers, and seq
+        # (what retention and results order by) is renumbered to follow it.
+        merged = self.state.checkpoints + [CheckpointRecord(
+            checkpoint_dir=mf.checkpoint_dir, seq=0, attempt=mf.attempt, report_index=mf.report_index,
+            committed_at=mf.committed_at, metrics=mf.metrics) for mf in adopted]
+        first = min((c.seq for c in self.state.checkpoints), default=1)
+        merged.sort(key=lambda c: (c.attempt, c.report_index))
+        self.state.checkpoints = [msgspec.structs.replace(c, seq=seq) for seq, c in enumerate(merged, start=first)]
         newest = max(self.state.checkpoints, key=lambda c: (c.attempt, c.report_index))
         self.state.latest_checkpoint = newest.checkpoint_dir
         if not self.state.attempts:

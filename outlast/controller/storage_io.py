@@ -15,7 +15,7 @@ import tenacity
 from outlast.controller import effects as fx
 from outlast.faults import fault_point
 from outlast.storage.checksum import hash_file, new_hasher
-from outlast.storage.records import CorruptDocument
+from outlast.storage.records import CorruptDocument, NewerVersionError
 from outlast.storage.run_store import RunStore
 
 log = logging.getLogger("outlast.controller")
@@ -27,7 +27,7 @@ def perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.Stora
     what = fx.describe(effect)
     try:
         return _perform(effect, store, retry)
-    except (OSError, ValueError) as e:  # after the retries: what storage said last
+    except (OSError, ValueError, NewerVersionError) as e:  # after the retries: what storage said last
         return fx.StorageFailed(effect.id, what, str(e) or type(e).__name__)
 
 

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: every frame starts with outlast/protocol/transport.py's HEADER
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -327,6 +327,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     is_head: bool = False
     agent_pid: int = 0  # with host_id: a process on the same host sees at once when the agent is gone
     host_id: str = ""  # boot id and pid namespace (outlast/client/liveness.py)
+    tier_address: str = ""  # its memory tier's server (outlast/agent/tier_server.py); empty: no tier
 
 
 class RegisterNode(Msg):
@@ -511,6 +512,122 @@ class CollectiveTimeout(Msg):
     op: str
     missing_ranks: list[int]
     waited_s: float
+
+
+# ---- the memory tier: a node's tier server (outlast/agent/tier_server.py) -----------------------
+
+
+class TierCopyInfo(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    checkpoint_dir: str
+    rank: int
+    seq: int
+    nbytes: int
+    primary: bool
+    committed: bool
+
+
+class TierHold(Msg):
+    """Keep a rank's reported files (in `source_dir` on this node) in memory, then a replica on `peer`."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    seq: int
+    files: list[FileEntry]
+    source_dir: str
+    peer_address: str = ""  # the peer's tier server; empty: no replica
+
+
+class TierOffer(Msg):
+    """A copy follows, as `TierChunk`s then `TierOfferEnd`; answered with `TierStored` at the end."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    seq: int
+    files: list[FileEntry]
+    primary: bool = False
+
+
+class TierChunk(Msg):
+    """Bytes of a copy: pushed to a peer (answered with `TierAck`) or the answer to a `TierFetch`."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    path: str  # one of the offer's files
+    offset: int
+    data: bytes
+
+
+class TierAck(Msg):
+    """An offer accepted (`path` empty) or a chunk written: the sender may send one more. Also the answer
+    to a `TierCommit` and a `TierFree` (rank -1)."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    path: str = ""
+    offset: int = 0
+
+
+class TierOfferEnd(Msg):
+    run: str
+    checkpoint_dir: str
+    rank: int
+
+
+class TierFetch(Msg):
+    """Read a held copy: without a path, its record (a `TierOffer`); with one, `length` bytes at `offset` (a
+    `TierChunk`). A copy not held is answered with `TierStored(ok=False)` saying so."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    path: str = ""
+    offset: int = 0
+    length: int = 0
+
+
+class TierCommit(Msg):
+    run: str
+    checkpoint_dir: str
+
+
+class TierFree(Msg):
+    run: str
+
+
+class TierList(Msg):
+    pass
+
+
+class TierStored(Msg):
+    """Where a copy now is: on `node_id`, and on `replica_node` when one was asked and made."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    node_id: str
+    ok: bool
+    reason: str = ""
+    replica_node: str = ""
+    replica_reason: str = ""  # why there is no replica, when one was asked
+    nbytes: int = 0
+    seconds: float = 0.0  # from the request to this answer
+    replica_seconds: float = 0.0  # of these, the replica's transfer
+
+
+class TierHoldings(Msg):
+    node_id: str
+    budget_bytes: int
+    used_bytes: int
+    copies: list[TierCopyInfo]
+
+
+TierRequest = Union[TierHold, TierOffer, TierChunk, TierOfferEnd, TierFetch, TierCommit, TierFree, TierList]
+TierReply = Union[TierStored, TierHoldings, TierOffer, TierChunk, TierAck]
 
 
 AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,

@@ -8,10 +8,12 @@ from outlast.storage.base import Storage, StorageError
 
 
 def open_storage(storage_path: str | os.PathLike[str]) -> Storage:
-    """A plain path or file:// is a local (or network) file system; any other URL goes through fsspec."""
+    """A plain path, file:// or local:// (fsspec's name for it) is a local (or network) file system; any other
+    URL goes through fsspec."""
     text = os.fspath(storage_path)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
+    for scheme in ("file://", "local://"):
+        if text.startswith(scheme):
+            text = text[len(scheme):]
     if "://" not in text:
         from outlast.storage.local import LocalStorage
 

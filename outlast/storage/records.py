@@ -161,6 +161,30 @@ class CorruptDocument(ValueError):
     """A manifest or run-state file that cannot be read; the message names the file."""
 
 
+class NewerVersionError(RuntimeError):
+    """A manifest or run-state file written by a newer outlast: refused as it is, never set aside or rebuilt,
+    since what this version would write over it loses what the newer one recorded."""
+
+    def __init__(self, where: str, version: int, newest: int) -> None:
+        super().__init__(
+            f"{where} has schema version {version}, written by a newer outlast; this outlast ({_own_version()}) "
+            f"reads versions up to {newest}. Nothing was changed: upgrade outlast to the version that wrote it "
+            "(or newer) to go on with this run, or choose another RunConfig(name=...) to start a new one")
+        self.where, self.version, self.newest = where, version, newest
+
+    def __reduce__(self):
+        return (type(self), (self.where, self.version, self.newest))
+
+
+def _own_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("outlast")
+    except PackageNotFoundError:
+        return "not installed as a package"
+
+
 def encode(doc: msgspec.Struct) -> bytes:
     return msgspec.json.format(msgspec.json.encode(doc), indent=2)
 
@@ -178,10 +202,7 @@ def decode(data: bytes, kind: type, where: str) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError):
         version = newest
     if version > newest:
-        raise CorruptDocument(
-            f"{where} has schema version {version}, newer than this outlast understands "
-            f"({newest}); upgrade outlast to read it"
-        )
+        raise NewerVersionError(where, version, newest)
     try:
         return msgspec.json.decode(data, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:

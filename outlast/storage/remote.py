@@ -30,13 +30,15 @@ class RemoteStorage:
         if not rest.strip("/"):
             raise ValueError(f"storage_path {url!r} names no bucket or directory")
         try:
-            fsspec.get_filesystem_class(protocol)
+            fs_class = fsspec.get_filesystem_class(protocol)
         except (ImportError, ValueError) as e:
             raise ValueError(f"storage_path {url!r}: no file system for '{protocol}://' ({e}); "
                              f"for s3:// run `pip install s3fs`, for gs:// `pip install gcsfs`") from None
         self.url = url.rstrip("/")
         self.protocol = protocol
-        self.root = rest.strip("/")
+        # The file system says what its paths look like: a bucket and key for s3://, an absolute
+        # path for local:///abs, whose leading slash is the path's own.
+        self.root = fs_class._strip_protocol(self.url).rstrip("/") or "/"
         self._fs = None
 
     def __getstate__(self) -> dict:

@@ -18,7 +18,7 @@ from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, Sca
 from outlast.train.context import TrainContext
 from outlast.train.data import TRAIN_DATASET_KEY, DataConfig, get_dataset_shard
 from outlast.errors import (
-    CheckpointCommitError, CollectiveTimeoutError, ControllerError, PreemptionError, RunInUseError,
+    CheckpointCommitError, CollectiveTimeoutError, ControllerError, NewerVersionError, PreemptionError, RunInUseError,
     TrainingFailedError, WorkerGroupError,
 )
 from outlast.train.preemption import PreemptionInfo
@@ -98,7 +98,8 @@ def __getattr__(name: str):
 __all__ = [
     "Checkpoint", "CheckpointCommitError", "CheckpointConsistencyMode", "CheckpointUploadMode", "collective",
     "CheckpointConfig", "CollectiveTimeoutError", "ControllerError", "DataConfig", "DataParallelTrainer",
-    "FailureConfig", "PreemptionError", "PreemptionInfo", "ReportedCheckpoint", "ReportedCheckpointStatus", "Result",
+    "FailureConfig", "NewerVersionError", "PreemptionError", "PreemptionInfo", "ReportedCheckpoint",
+    "ReportedCheckpointStatus", "Result",
     "RunInUseError", "RunConfig", "ScalingConfig", "TRAIN_DATASET_KEY", "TrainContext", "Trainer",
     "TrainingFailedError", "WorkerGroupError",
     "get_all_reported_checkpoints", "get_checkpoint", "get_context", "get_dataset_shard", "get_preemption_info",

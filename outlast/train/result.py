@@ -52,10 +52,18 @@ class Result:
 
     @property
     def filesystem(self):
-        """The fsspec file system that reaches `path` (Ray gives a pyarrow one)."""
+        """A `pyarrow.fs.FileSystem` that reaches `path`, as Ray gives: pyarrow's own for a local path, the
+        fsspec file system of the URL wrapped for pyarrow otherwise. Without pyarrow, the fsspec one."""
         import fsspec.core
 
-        return fsspec.core.url_to_fs(self.path)[0]
+        fs = fsspec.core.url_to_fs(self.path)[0]
+        try:
+            import pyarrow.fs
+        except ImportError:
+            return fs
+        if "://" not in self.path or self.path.startswith("file://"):
+            return pyarrow.fs.LocalFileSystem()
+        return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
         """The checkpoint of `best_checkpoints` with the highest (mode "max") or lowest ("min") `metric`."""

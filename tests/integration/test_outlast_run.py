@@ -123,3 +123,37 @@ def test_a_ray_docs_style_script_with_ray_data_items_trains_on_its_shards(tmp_pa
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "returned [0, 1, 2]" in proc.stdout
+
+
+def test_ray_trains_framework_integrations_are_outlasts(tmp_path):
+    proc = run_script(tmp_path, """
+        import ray.train.lightning
+        import outlast.train.lightning, outlast.train.huggingface.transformers, outlast.train.xgboost, outlast.train.jax
+        from ray.train.lightning import RayDDPStrategy, RayTrainReportCallback, prepare_trainer
+        from ray.train.huggingface.transformers import RayTrainReportCallback as HFCallback
+        from ray.train.xgboost import RayTrainReportCallback as XGBCallback, XGBoostTrainer
+        from ray.train.v2.xgboost import XGBoostTrainer as V2XGBoostTrainer
+        from ray.train.v2.jax import JaxTrainer, JaxConfig
+        from ray.train.v2.jax.jax_trainer import JaxTrainer as ModuleJaxTrainer
+        assert RayDDPStrategy is ray.train.lightning.RayDDPStrategy is outlast.train.lightning.RayDDPStrategy
+        assert RayTrainReportCallback.CHECKPOINT_NAME == "checkpoint.ckpt" and prepare_trainer is outlast.train.lightning.prepare_trainer
+        assert HFCallback is outlast.train.huggingface.transformers.RayTrainReportCallback and HFCallback.CHECKPOINT_NAME == "checkpoint"
+        assert XGBCallback.CHECKPOINT_NAME == "model.ubj" and XGBoostTrainer is V2XGBoostTrainer is outlast.train.xgboost.XGBoostTrainer
+        assert JaxTrainer is ModuleJaxTrainer is outlast.train.jax.JaxTrainer and JaxConfig is outlast.train.jax.JaxConfig
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_ray_train_integration_outlast_lacks_stops_naming_what_is_and_is_not_supported(tmp_path):
+    proc = run_script(tmp_path, """
+        import ray.train.torch
+
+        from ray.train.lightgbm import LightGBMTrainer
+    """)
+    assert proc.returncode == 2
+    assert f"import ray.train.lightgbm at {tmp_path / 'script.py'}, line 4 is not supported" in proc.stderr
+    for supported in ("ray.train.lightning", "ray.train.huggingface.transformers", "ray.train.xgboost",
+                      "ray.train.v2.jax"):
+        assert supported in proc.stderr.split("nothing else of Ray")[0]
+    assert "ray.train.lightgbm" in proc.stderr.split("nothing else of Ray")[1]

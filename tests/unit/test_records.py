@@ -47,7 +47,8 @@ def test_a_corrupt_document_is_a_value_error():
 def test_a_newer_schema_version_is_refused_naming_the_path_and_the_version():
     doc = json.loads(r.encode(manifest()))
     doc["version"] = r.MANIFEST_VERSION + 1
-    with pytest.raises(r.CorruptDocument, match=r"/m\.json has schema version 3, newer than this outlast"):
+    with pytest.raises(r.NewerVersionError, match=r"/m\.json has schema version 3, written by a newer outlast; "
+                                                  r"this outlast \(.+\) reads versions up to 2"):
         r.decode(json.dumps(doc).encode(), r.Manifest, "/m.json")
 
 
@@ -81,7 +82,7 @@ def test_a_newer_schema_with_changed_fields_is_still_reported_as_newer():
     doc = json.loads(r.encode(run_state()))
     doc["version"] = r.SCHEMA_VERSION + 1
     del doc["created_at"]
-    with pytest.raises(r.CorruptDocument, match="newer than this outlast"):
+    with pytest.raises(r.NewerVersionError, match="written by a newer outlast"):
         r.decode(json.dumps(doc).encode(), r.RunState, "/run_state.json")
 
 

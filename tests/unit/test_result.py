@@ -108,6 +108,20 @@ def test_result_from_path_reads_a_run_directory_and_says_when_it_is_not_one(tmp_
     store.save_state(state(checkpoints=[rec(1, loss=1.0)], latest_checkpoint="checkpoint_001_000001"))
     res = Result.from_path(tmp_path / "exp")
     assert res.metrics == {"loss": 1.0} and res.path == str(tmp_path / "exp")
-    assert res.filesystem.protocol[0] in ("file", "local")
+    import pyarrow.fs
+
+    assert isinstance(res.filesystem, pyarrow.fs.LocalFileSystem)  # what Ray gives, for a script that annotates it
+    with res.filesystem.open_input_file(str(tmp_path / "exp" / "run_state.json")) as f:
+        assert b"checkpoint_001_000001" in f.read()
     with pytest.raises(RuntimeError, match="no run_state.json"):
         Result.from_path(tmp_path / "nothing")
+
+
+def test_result_filesystem_of_a_url_is_its_fsspec_file_system_wrapped_for_pyarrow():
+    import fsspec
+    import pyarrow.fs
+
+    fsspec.filesystem("memory").pipe("/bucket/exp/run_state.json", b"{}")
+    fs = Result(metrics=None, checkpoint=None, path="memory://bucket/exp").filesystem
+    assert isinstance(fs, pyarrow.fs.PyFileSystem) and "memory" in fs.handler.fs.protocol
+    assert [i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector("/bucket/exp"))] == ["run_state.json"]

@@ -86,3 +86,20 @@ def test_a_key_file_owned_by_someone_else_is_refused(tmp_path):
     os.chown(path, NOBODY, NOBODY)
     with pytest.raises(AuthError, match=rf"belongs to uid {NOBODY}"):
         ClusterKey.load(path)
+
+
+def test_a_0755_outlast_home_is_accepted_and_what_outlast_keeps_in_it_is_still_0700(tmp_path, monkeypatch):
+    from outlast.statedir import private_subdir
+    from outlast.train._session import _default_cache
+
+    home = tmp_path / "shared-home"
+    home.mkdir()
+    home.chmod(0o755)
+    monkeypatch.setenv("OUTLAST_HOME", str(home))
+    (home / "logs").mkdir()
+    (home / "logs").chmod(0o755)  # left by an older outlast
+    cache = _default_cache()
+    assert cache == home / "checkpoint_cache"
+    for path in (cache, private_subdir("logs"), private_subdir("agents")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    assert stat.S_IMODE(home.stat().st_mode) == 0o755  # the home itself is the user's: left as it is

@@ -1,0 +1,134 @@
+"""Moving a copy between two nodes' tier servers, over CURVE with the cluster key.
+
+Both directions go in chunks of `CHUNK` bytes with at most `WINDOW` unanswered, so a server's
+thread never holds more than a chunk of anyone's copy and never waits on a slow peer; a peer
+silent for `timeout_s` fails the transfer, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import zmq
+
+from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey
+from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
+from outlast.storage.memtier import CopyKey
+
+CHUNK = 8 << 20
+WINDOW = 4
+
+
+class TransferError(RuntimeError):
+    """A copy could not be sent to or fetched from a peer; the message says why."""
+
+
+def _recv(sock: zmq.Socket, timeout_s: float, what: str) -> m.TierReply:
+    if not sock.poll(int(timeout_s * 1000)):
+        raise TransferError(f"no answer from {what} for {timeout_s:.0f} s")
+    return TIER_REPLIES.decode(sock.recv())
+
+
+def _chunks(files: list[m.FileEntry]):
+    for entry in files:
+        for offset in range(0, max(entry.size, 1), CHUNK):
+            yield entry, offset, min(CHUNK, entry.size - offset)
+
+
+def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src: Path, peer: str,
+         timeout_s: float = 30.0) -> m.TierStored:
+    """Send the files under `src` to the tier server behind `sock` as a replica; its answer at the end."""
+    sock.send(encode(m.TierOffer(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, seq=seq,
+                                 files=files, primary=False)))
+    reply = _recv(sock, timeout_s, peer)
+    if isinstance(reply, m.TierStored):
+        return reply  # refused: its reason says why
+    in_flight = 0
+    handles: dict[str, int] = {}
+    try:
+        for entry, offset, length in _chunks(files):
+            fd = handles.get(entry.path)
+            if fd is None:
+                fd = handles[entry.path] = os.open(src / entry.path, os.O_RDONLY)
+            data = os.pread(fd, length, offset) if length else b""
+            if len(data) != length:
+                raise TransferError(f"file {entry.path} under {src} is shorter than its record says")
+            while in_flight >= WINDOW:
+                _expect_ack(_recv(sock, timeout_s, peer), peer)
+                in_flight -= 1
+            sock.send(encode(m.TierChunk(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank,
+                                         path=entry.path, offset=offset, data=data)))
+            in_flight += 1
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+    while in_flight:
+        _expect_ack(_recv(sock, timeout_s, peer), peer)
+        in_flight -= 1
+    sock.send(encode(m.TierOfferEnd(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank)))
+    reply = _recv(sock, timeout_s, peer)
+    if not isinstance(reply, m.TierStored):
+        raise TransferError(f"{peer} answered the end of a copy with {type(reply).__name__}")
+    return reply
+
+
+def _expect_ack(reply: m.TierReply, peer: str) -> None:
+    if isinstance(reply, m.TierStored):
+        raise TransferError(f"{peer} stopped taking the copy: {reply.reason}")
+    if not isinstance(reply, m.TierAck):
+        raise TransferError(f"{peer} answered a chunk with {type(reply).__name__}")
+
+
+def fetch(ctx: zmq.Context, key_pair: ClusterKey, address: str, key: CopyKey, dest: Path,
+          timeout_s: float = 30.0) -> m.TierOffer:
+    """Copy a peer's held copy into `dest` (created); its record, whose checksums the caller checks."""
+    sock = connect_dealer(ctx, address, key=key_pair)
+    try:
+        ask = dict(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank)
+        sock.send(encode(m.TierFetch(**ask)))
+        offer = _recv(sock, timeout_s, address)
+        if isinstance(offer, m.TierStored):
+            raise TransferError(offer.reason)
+        if not isinstance(offer, m.TierOffer):
+            raise TransferError(f"{address} answered a fetch with {type(offer).__name__}")
+        dest.mkdir(parents=True, exist_ok=True)
+        handles: dict[str, int] = {}
+        pending = list(_chunks(offer.files))
+        asked = 0
+        try:
+            for entry in offer.files:
+                path = dest / entry.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handles[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            done = 0
+            while done < len(pending):
+                while asked < len(pending) and asked - done < WINDOW:
+                    entry, offset, length = pending[asked]
+                    sock.send(encode(m.TierFetch(**ask, path=entry.path, offset=offset, length=length)))
+                    asked += 1
+                chunk = _recv(sock, timeout_s, address)
+                if isinstance(chunk, m.TierStored):
+                    raise TransferError(chunk.reason)
+                if not isinstance(chunk, m.TierChunk) or chunk.path not in handles:
+                    raise TransferError(f"{address} answered a chunk request with {type(chunk).__name__}")
+                os.pwrite(handles[chunk.path], chunk.data, chunk.offset)
+                done += 1
+        finally:
+            for fd in handles.values():
+                os.close(fd)
+        return offer
+    finally:
+        sock.close(linger=0)
+
+
+def ask(ctx: zmq.Context, key_pair: ClusterKey, address: str, msg: m.Msg, timeout_s: float = 600.0) -> m.TierReply:
+    """One request, one answer (a hold is answered once the replica is on the peer, or has failed)."""
+    sock = connect_dealer(ctx, address, key=key_pair)
+    try:
+        sock.send(encode(msg))
+        return _recv(sock, timeout_s, address)
+    finally:
+        sock.close(linger=0)
+

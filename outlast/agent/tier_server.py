@@ -1,0 +1,253 @@
+"""A node's tier server: keeps checkpoint copies in memory and trades them with peers.
+
+Two threads of the agent's process, neither of them its poll loop, which never waits on
+a copy. The server thread owns a ROUTER socket (CURVE, the cluster key: the same
+authenticator as the agent's) and answers what takes a chunk's time at most: a peer's offer
+and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold thread does
+what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the replica to
+the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
+took) goes back through the server thread once the replica is there or has failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from outlast.agent.tier_client import TransferError, push
+from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey
+from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
+from outlast.storage.memtier import CopyKey
+from outlast.storage.tier_store import TierStore, default_root
+
+log = logging.getLogger("outlast.agent.tier")
+
+
+class TierServer:
+    def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self._ctx = ctx
+        self._key = key
+        self.store = store
+        self._lock = threading.Lock()  # the store: both threads use it
+        self._sock, self.address = bind_router(ctx, host, port, key)
+        self._replies = f"inproc://outlast-tier-{id(self)}"
+        self._holds: queue.Queue[tuple[bytes, m.TierHold, float] | None] = queue.Queue()
+        self._writing: dict[tuple[bytes, CopyKey], dict[str, int]] = {}  # offers being received: path -> fd
+        self._stop = threading.Event()
+        self._pull = ctx.socket(zmq.PULL)
+        self._pull.bind(self._replies)
+        self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
+                         threading.Thread(target=self._hold_loop, name="outlast-tier-hold", daemon=True)]
+
+    def start(self) -> "TierServer":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._holds.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    # -- the server thread ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(200):
+                    if sock is self._pull:
+                        ident, data = self._pull.recv_multipart()
+                        self._sock.send_multipart([ident, data])
+                        continue
+                    ident, data = self._sock.recv_multipart()
+                    try:
+                        msg = TIER_REQUESTS.decode(data)
+                    except BadMessage as e:
+                        log.warning("dropped a malformed tier request: %s", e)
+                        continue
+                    reply = self._handle(ident, msg)
+                    if reply is not None:
+                        self._sock.send_multipart([ident, encode(reply)])
+        finally:
+            for fds in self._writing.values():
+                for fd in fds.values():
+                    os.close(fd)
+            self._sock.close(linger=0)
+            self._pull.close(linger=0)
+
+    def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
+        node = self.store.node_id
+        if isinstance(msg, m.TierHold):
+            self._holds.put((ident, msg, time.monotonic()))
+            return None
+        if isinstance(msg, m.TierList):
+            with self._lock:
+                copies = [m.TierCopyInfo(run=r.run, checkpoint_dir=r.checkpoint_dir, rank=r.rank, seq=r.seq,
+                                         nbytes=r.nbytes, primary=r.primary, committed=r.committed)
+                          for r in self.store.records()]
+                return m.TierHoldings(node_id=node, budget_bytes=self.store.book.budget_bytes,
+                                      used_bytes=self.store.book.used(), copies=copies)
+        if isinstance(msg, m.TierCommit):
+            with self._lock:
+                self.store.mark_committed(msg.run, msg.checkpoint_dir)
+            return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=-1)
+        if isinstance(msg, m.TierFree):
+            with self._lock:
+                self.store.free_run(msg.run)
+            return m.TierAck(run=msg.run, checkpoint_dir="", rank=-1)
+        key = CopyKey(msg.run, msg.checkpoint_dir, msg.rank)
+        ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)
+        if isinstance(msg, m.TierOffer):
+            with self._lock:
+                admission, partial = self.store.begin(msg.run, msg.checkpoint_dir, msg.rank, msg.seq, msg.files,
+                                                      msg.primary)
+            if partial is None:
+                return m.TierStored(**ids, node_id=node, ok=False,
+                                    reason=admission.reason if not admission.admit else "already held")
+            fds = {}
+            for entry in msg.files:
+                path = partial / entry.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._writing[(ident, key)] = fds
+            return m.TierAck(**ids)
+        if isinstance(msg, m.TierChunk):
+            fds = self._writing.get((ident, key), {})
+            if msg.path not in fds:
+                return m.TierStored(**ids, node_id=node, ok=False, reason=f"no offer of {msg.path} is open")
+            os.pwrite(fds[msg.path], msg.data, msg.offset)
+            return m.TierAck(**ids, path=msg.path, offset=msg.offset)
+        if isinstance(msg, m.TierOfferEnd):
+            for fd in self._writing.pop((ident, key), {}).values():
+                os.close(fd)
+            with self._lock:
+                why = self.store.finish(key)
+            return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "")
+        if isinstance(msg, m.TierFetch):
+            return self._fetch(key, msg)
+        return None
+
+    def _fetch(self, key: CopyKey, msg: m.TierFetch) -> m.TierReply:
+        ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)
+        with self._lock:
+            record, where = self.store.record(key), self.store.path(key)
+        if record is None or where is None:
+            return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                reason=f"{msg.checkpoint_dir} rank {msg.rank} is not held on {self.store.node_id}")
+        if not msg.path:
+            return m.TierOffer(**ids, seq=record.seq, files=record.files, primary=record.primary)
+        try:
+            with open(where / msg.path, "rb") as f:
+                data = os.pread(f.fileno(), msg.length, msg.offset)
+        except OSError as e:
+            return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=f"cannot read {msg.path}: {e}")
+        return m.TierChunk(**ids, path=msg.path, offset=msg.offset, data=data)
+
+    # -- the hold thread ----------------------------------------------------------------------
+
+    def _hold_loop(self) -> None:
+        out = self._ctx.socket(zmq.PUSH)
+        out.connect(self._replies)
+        peers: dict[str, zmq.Socket] = {}
+        try:
+            while (item := self._holds.get()) is not None:
+                ident, hold, asked_at = item
+                reply = self._hold(hold, asked_at, peers)
+                out.send_multipart([ident, encode(reply)])
+        finally:
+            for sock in peers.values():
+                sock.close(linger=0)
+            out.close(linger=0)
+
+    def _hold(self, hold: m.TierHold, asked_at: float, peers: dict[str, zmq.Socket]) -> m.TierStored:
+        node = self.store.node_id
+        ids = dict(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank)
+        nbytes = sum(f.size for f in hold.files)
+        key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
+        with self._lock:
+            held = self.store.record(key) is not None
+        if not held:
+            why = self._copy_in(hold)
+            if why is not None:
+                return m.TierStored(**ids, node_id=node, ok=False, reason=why, nbytes=nbytes,
+                                    seconds=time.monotonic() - asked_at)
+        with self._lock:
+            src = self.store.path(key)
+        replica_node, replica_reason, replica_s = "", "", 0.0
+        if hold.peer_address and src is not None:
+            started = time.monotonic()
+            sock = peers.get(hold.peer_address)
+            if sock is None:
+                sock = peers[hold.peer_address] = connect_dealer(self._ctx, hold.peer_address, key=self._key)
+            try:
+                stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address)
+                if stored.ok:
+                    replica_node = stored.node_id
+                else:
+                    replica_reason = f"{stored.node_id} did not keep the replica: {stored.reason}"
+            except (TransferError, OSError) as e:
+                replica_reason = f"the replica to {hold.peer_address} failed: {e}"
+                peers.pop(hold.peer_address).close(linger=0)  # its answers may still come: a fresh socket
+            replica_s = time.monotonic() - started
+        return m.TierStored(**ids, node_id=node, ok=src is not None, nbytes=nbytes,
+                            reason="" if src is not None else "evicted before its replica was made",
+                            replica_node=replica_node, replica_reason=replica_reason,
+                            seconds=time.monotonic() - asked_at, replica_seconds=replica_s)
+
+    def _copy_in(self, hold: m.TierHold) -> str | None:
+        with self._lock:
+            admission, partial = self.store.begin(hold.run, hold.checkpoint_dir, hold.rank, hold.seq, hold.files)
+        if partial is None:
+            return None if admission.admit else admission.reason
+        key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
+        try:
+            for entry in hold.files:
+                target = partial / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(hold.source_dir) / entry.path, target)
+        except OSError as e:
+            with self._lock:
+                self.store.abort(key)
+            return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: {e}"
+        with self._lock:
+            return self.store.finish(key)
+
+
+
+def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
+               root: Path | None = None) -> TierServer | None:
+    """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget."""
+    if budget_bytes <= 0:
+        return None
+    root = root or default_root()
+    room = shutil.disk_usage(_existing(root)).total
+    if budget_bytes > room:
+        raise ValueError(f"--checkpoint-memory {budget_bytes / 2**30:.2f} GiB is more than the whole of the file "
+                         f"system behind {root} ({room / 2**30:.2f} GiB); lower it, or set OUTLAST_TIER_DIR to a "
+                         "larger tmpfs")
+    store = TierStore(root, node_id, budget_bytes)
+    for line in store.open():
+        log.info("%s", line)
+    server = TierServer(ctx, key, store, host).start()
+    log.info("keeping checkpoint copies in memory: up to %.2f GiB in %s, served at %s", budget_bytes / 2**30,
+             store.home, server.address)
+    return server
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path

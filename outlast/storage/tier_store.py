@@ -1,0 +1,318 @@
+"""A node's memory tier on its files: checkpoint copies in /dev/shm, owned by the agent.
+
+Why files in /dev/shm and not a memfd: tmpfs is RAM, and its files outlive the worker that
+reported them and the agent that keeps them. A memfd dies with its last holder, so a
+persistent agent restarted by systemd would come back to an empty tier, and every worker
+would need the agent to pass it descriptors; a file is read in place by a restoring worker
+of the same user, with the same checks as a file of `storage_path`. What a crashed agent
+leaves is found again by the next one: its own node's copies are reclaimed (each one whole
+or dropped), those of agents of this user that are gone are freed.
+
+The agent's tier thread copies a rank's files in, so with isolation on their pages are
+charged to the agent's cgroup (`system/`), whose `memory.low` counts the budget
+(`outlast/isolation/reservations.py`), never to a workload's limit.
+
+Layout under the root (`$OUTLAST_TIER_DIR`, else /dev/shm/outlast-<uid>):
+
+    <node_id>/owner.json                        the agent that owns it (pid, start time, host)
+    <node_id>/<run hash>/<checkpoint>/rank-R/   one rank's files of one checkpoint
+    <node_id>/<run hash>/<checkpoint>/rank-R.json  its record, written last: a copy without one is partial
+
+Decisions (what fits, what is evicted) are `outlast/storage/memtier.py`'s; this module only does
+them. Not thread-safe: one thread owns a store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import msgspec
+
+from outlast.identity import ProcessIdentity, host_id, still_running, this_process
+from outlast.protocol.messages import FileEntry
+from outlast.statedir import private_dir
+from outlast.storage.checksum import hash_file
+from outlast.storage.memtier import Admission, Copy, CopyKey, TierBook
+
+DEFAULT_BUDGET_BYTES = 2 << 30  # an embedded node's: a laptop's or CI runner's model, not a cluster's
+_PARTIAL = ".partial"
+
+
+class TierRecord(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    checkpoint_dir: str
+    rank: int
+    seq: int
+    files: list[FileEntry]
+    stored_at: float
+    primary: bool = True
+    committed: bool = False
+
+    @property
+    def key(self) -> CopyKey:
+        return CopyKey(self.run, self.checkpoint_dir, self.rank)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def copy(self) -> Copy:
+        return Copy(self.key, self.seq, self.nbytes, self.stored_at, self.primary, self.committed)
+
+
+class _Owner(msgspec.Struct, frozen=True):
+    process: ProcessIdentity
+    host: str
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("OUTLAST_TIER_DIR") or f"/dev/shm/outlast-{os.geteuid()}")
+
+
+def run_dir_name(run: str) -> str:
+    return hashlib.sha1(run.encode()).hexdigest()[:16]
+
+
+def copy_dir(root: Path, node_id: str, key: CopyKey) -> Path:
+    """Where the files of `key` lie on node `node_id` (a restoring worker reads them there)."""
+    return root / node_id / run_dir_name(key.run) / key.checkpoint_dir / f"rank-{key.rank}"
+
+
+def check_files(where: Path, files: Iterable[FileEntry]) -> str | None:
+    """Why the files under `where` differ from `files` (sizes, then checksums); None when they match."""
+    for entry in files:
+        path = where / entry.path
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return f"file {entry.path} is missing"
+        if size != entry.size:
+            return f"file {entry.path} has {size} bytes, the record says {entry.size}"
+        algorithm, expected = entry.checksum
+        if hash_file(path, algorithm)[1] != expected:
+            return f"file {entry.path} does not match its checksum ({algorithm})"
+    return None
+
+
+class TierStore:
+    def __init__(self, root: Path, node_id: str, budget_bytes: int, clock: Callable[[], float] = time.time) -> None:
+        self.root = root
+        self.node_id = node_id
+        self.home = root / node_id
+        self.book = TierBook(budget_bytes)
+        self._records: dict[CopyKey, TierRecord] = {}
+        self._pending: dict[CopyKey, TierRecord] = {}  # begun, not yet finished
+        self._clock = clock
+
+    # -- start ----------------------------------------------------------------------------
+
+    def open(self) -> list[str]:
+        """Take the node's directory: reclaim its whole copies, drop partial ones, free those of dead agents."""
+        private_dir(self.root)
+        said = self._free_dead_siblings()
+        private_dir(self.home)
+        owner = _read_owner(self.home)
+        if owner is not None and owner.host == host_id() and owner.process.pid != os.getpid() \
+                and still_running(owner.process, owner.process.pid)[0]:
+            raise ValueError(f"node {self.node_id}'s memory tier in {self.home} belongs to pid {owner.process.pid}, "
+                             "which still runs: two agents of one node id cannot share it; stop that one, or give "
+                             "this one another --node-id")
+        said += self._reclaim()
+        (self.home / "owner.json").write_bytes(msgspec.json.encode(_Owner(this_process(), host_id())))
+        return said
+
+    def _free_dead_siblings(self) -> list[str]:
+        said = []
+        for other in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != self.node_id):
+            owner = _read_owner(other)
+            if owner is None or owner.host != host_id():  # not an agent's tier, or one being set up
+                continue
+            alive, _why = still_running(owner.process, owner.process.pid)
+            if not alive:
+                shutil.rmtree(other, ignore_errors=True)
+                said.append(f"freed the memory tier of node {other.name}, whose agent (pid {owner.process.pid}) "
+                            "is gone")
+        return said
+
+    def _reclaim(self) -> list[str]:
+        shutil.rmtree(self.home / "restores", ignore_errors=True)  # links for restores that are over
+        kept, dropped = 0, []
+        for record_path in sorted(self.home.glob("*/*/rank-*.json")):
+            try:
+                record = msgspec.json.decode(record_path.read_bytes(), type=TierRecord)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+                dropped.append(f"{record_path.parent.name} ({e})")
+                record_path.unlink(missing_ok=True)
+                continue
+            # Sizes only: checksums are checked by every restore that reads a copy.
+            where = copy_dir(self.root, self.node_id, record.key)
+            bad = next((f.path for f in record.files if not _has_size(where / f.path, f.size)), None)
+            if bad is not None:
+                dropped.append(f"{record.checkpoint_dir} rank {record.rank} (file {bad} is not whole)")
+                self._remove(record.key)
+                continue
+            admission = self.book.plan(record.copy())
+            if not admission.admit:  # the budget shrank since
+                dropped.append(f"{record.checkpoint_dir} rank {record.rank} ({admission.reason})")
+                self._remove(record.key)
+                continue
+            for gone in self.book.apply(record.copy(), admission):
+                self._remove(gone.key)
+                self._records.pop(gone.key, None)
+            self._records[record.key] = record
+            kept += 1
+        for partial in self.home.glob(f"*/*/*{_PARTIAL}"):
+            shutil.rmtree(partial, ignore_errors=True)
+        for leftover in self.home.glob("*/*/rank-*"):
+            if leftover.is_dir() and not leftover.with_name(leftover.name + ".json").exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+        said = [f"reclaimed {kept} checkpoint copies in memory"] if kept else []
+        if dropped:
+            said.append(f"dropped {len(dropped)} copies in memory that were not whole: {'; '.join(dropped)}")
+        return said
+
+    # -- copies in ----------------------------------------------------------------------
+
+    def begin(self, run: str, checkpoint_dir: str, rank: int, seq: int, files: list[FileEntry],
+              primary: bool = True) -> tuple[Admission, Path | None]:
+        """Make room for a copy (evicting as `TierBook.plan` says) and give the directory to write it in."""
+        record = TierRecord(run=run, checkpoint_dir=checkpoint_dir, rank=rank, seq=seq, files=list(files),
+                            stored_at=self._clock(), primary=primary)
+        admission = self.book.plan(record.copy())
+        if not admission.admit or record.key in self._records:
+            return admission, None
+        for gone in self.book.apply(record.copy(), Admission(False, admission.evict, admission.reason)):
+            self._remove(gone.key)
+            self._records.pop(gone.key, None)
+        partial = self._partial(record.key)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        self._pending[record.key] = record
+        return admission, partial
+
+    def finish(self, key: CopyKey) -> str | None:
+        """Check the written files against their record and keep them; why not, when they differ."""
+        record = self._pending.pop(key, None)
+        if record is None:
+            return f"{key.checkpoint_dir} rank {key.rank} was not being written"
+        partial = self._partial(key)
+        why = check_files(partial, record.files)
+        if why is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+            return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: {why}"
+        admission = self.book.plan(record.copy())  # what was evicted for it is gone; a newer copy may have come
+        if not admission.admit:
+            shutil.rmtree(partial, ignore_errors=True)
+            return admission.reason
+        for gone in self.book.apply(record.copy(), admission):
+            self._remove(gone.key)
+            self._records.pop(gone.key, None)
+        final = copy_dir(self.root, self.node_id, key)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        self._write_record(record)
+        self._records[key] = record
+        return None
+
+    def abort(self, key: CopyKey) -> None:
+        if self._pending.pop(key, None) is not None:
+            shutil.rmtree(self._partial(key), ignore_errors=True)
+
+    def put_dir(self, run: str, checkpoint_dir: str, rank: int, seq: int, files: list[FileEntry], src: Path,
+                primary: bool = True) -> str | None:
+        """Copy a rank's files from a local directory; why not, when they are not kept."""
+        admission, partial = self.begin(run, checkpoint_dir, rank, seq, files, primary)
+        if partial is None:
+            return None if admission.admit else admission.reason
+        try:
+            for entry in files:
+                target = partial / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src / entry.path, target)
+        except OSError as e:
+            self.abort(CopyKey(run, checkpoint_dir, rank))
+            return f"{checkpoint_dir} rank {rank} was not kept in memory: {e}"
+        return self.finish(CopyKey(run, checkpoint_dir, rank))
+
+    # -- reading, committing, freeing ----------------------------------------------------
+
+    def record(self, key: CopyKey) -> TierRecord | None:
+        return self._records.get(key)
+
+    def records(self) -> list[TierRecord]:
+        return sorted(self._records.values(), key=lambda r: (r.run, r.seq, r.rank))
+
+    def path(self, key: CopyKey) -> Path | None:
+        return copy_dir(self.root, self.node_id, key) if key in self._records else None
+
+    def verify(self, key: CopyKey) -> str | None:
+        """Check a held copy against its record; a copy that differs is dropped. Why, or None when whole."""
+        record = self._records.get(key)
+        if record is None:
+            return f"{key.checkpoint_dir} rank {key.rank} is not held on {self.node_id}"
+        why = check_files(copy_dir(self.root, self.node_id, key), record.files)
+        if why is not None:
+            self.drop(key)
+            return f"the copy of {key.checkpoint_dir} rank {key.rank} in memory on {self.node_id}: {why}"
+        return None
+
+    def mark_committed(self, run: str, checkpoint_dir: str) -> None:
+        self.book.mark_committed(run, checkpoint_dir)
+        for key, record in list(self._records.items()):
+            if key.run == run and key.checkpoint_dir == checkpoint_dir and not record.committed:
+                self._records[key] = msgspec.structs.replace(record, committed=True)
+                self._write_record(self._records[key])
+
+    def drop(self, key: CopyKey) -> None:
+        self.book.drop(key)
+        self._records.pop(key, None)
+        self._remove(key)
+
+    def free_run(self, run: str) -> int:
+        keys = [k for k in self._records if k.run == run]
+        for key in keys:
+            self.drop(key)
+        shutil.rmtree(self.home / run_dir_name(run), ignore_errors=True)
+        return len(keys)
+
+    def close(self, free: bool) -> None:
+        """At the agent's end: free everything (an embedded node, whose id dies with it) or keep it to reclaim."""
+        if free:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _partial(self, key: CopyKey) -> Path:
+        final = copy_dir(self.root, self.node_id, key)
+        return final.with_name(final.name + _PARTIAL)
+
+    def _write_record(self, record: TierRecord) -> None:
+        final = copy_dir(self.root, self.node_id, record.key)
+        path = final.with_name(final.name + ".json")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(msgspec.json.encode(record))
+        os.replace(tmp, path)
+
+    def _remove(self, key: CopyKey) -> None:
+        final = copy_dir(self.root, self.node_id, key)
+        final.with_name(final.name + ".json").unlink(missing_ok=True)
+        shutil.rmtree(final, ignore_errors=True)
+
+
+def _read_owner(home: Path) -> _Owner | None:
+    try:
+        return msgspec.json.decode((home / "owner.json").read_bytes(), type=_Owner)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False

@@ -1,0 +1,1 @@
+"""`outlast.train.huggingface`: Hugging Face integrations, with Ray Train's names (`transformers`)."""

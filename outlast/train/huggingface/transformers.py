@@ -1,0 +1,111 @@
+"""`outlast.train.huggingface.transformers`: a `transformers.Trainer` inside a `TorchTrainer`.
+
+The same names as `ray.train.huggingface.transformers` and the same behaviour:
+`RayTrainReportCallback.on_save` copies the newest checkpoint of `args.output_dir` into
+`checkpoint/` of a new directory and reports it with every metric of `state.log_history`;
+`prepare_trainer` lets the trainer take a `get_dataset_shard(...).iter_torch_batches(...)`
+(already batched) as its train or eval dataset.
+
+A run resumes as on Ray: `trainer.train(resume_from_checkpoint=<get_checkpoint()>/checkpoint)`.
+On a drain notice (`get_preemption_info()`), `PreemptionCheckpointCallback` (outlast's own) asks
+the Trainer to save at once, so `RayTrainReportCallback` reports that checkpoint and the run
+moves without losing a step.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+try:
+    import transformers.trainer
+    from transformers.trainer_callback import TrainerCallback
+except ImportError as e:
+    raise ModuleNotFoundError(f"outlast.train.huggingface.transformers needs transformers: pip install "
+                              f"transformers ({e})") from None
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from outlast import train
+from outlast.train.checkpoint import Checkpoint
+
+__all__ = ["PreemptionCheckpointCallback", "RayTrainReportCallback", "prepare_trainer"]
+
+
+class RayTrainReportCallback(TrainerCallback):
+    """After each save: the newest checkpoint under `checkpoint/`, with the metrics logged so far."""
+
+    CHECKPOINT_NAME = "checkpoint"
+
+    def on_save(self, args, state, control, **kwargs):
+        with TemporaryDirectory() as tmpdir:
+            metrics: dict[str, Any] = {}
+            for log in state.log_history:
+                metrics.update(log)
+            source = transformers.trainer.get_last_checkpoint(args.output_dir)
+            checkpoint = None
+            if source is not None:
+                shutil.copytree(source, Path(tmpdir, self.CHECKPOINT_NAME))
+                checkpoint = Checkpoint.from_directory(tmpdir)
+            train.report(metrics=metrics, checkpoint=checkpoint)
+
+
+class PreemptionCheckpointCallback(TrainerCallback):
+    """outlast's own: on a drain notice, the Trainer saves at the end of this step (every rank gets the
+    notice on the same call, so all save the same step), and `RayTrainReportCallback` reports it."""
+
+    def __init__(self) -> None:
+        self.saved_for: object = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        info = train.get_preemption_info()
+        if info is not None and info != self.saved_for:
+            self.saved_for = info
+            control.should_save = True
+        return control
+
+
+class _Batches(IterableDataset):
+    """Batches already made (iter_torch_batches) as a dataset the Trainer's DataLoader passes on as they are."""
+
+    def __init__(self, batches: Iterable) -> None:
+        super().__init__()
+        self.batches = batches
+
+    def __iter__(self) -> Iterator:
+        return iter(self.batches)
+
+
+def _is_batches(dataset: Any) -> bool:
+    return isinstance(dataset, Iterator)
+
+
+def _loader(batches: Iterable) -> DataLoader:
+    return DataLoader(_Batches(batches), batch_size=1, collate_fn=lambda x: x[0])
+
+
+def prepare_trainer(trainer: transformers.trainer.Trainer) -> transformers.trainer.Trainer:
+    """Let `trainer` take iterators of batches (`get_dataset_shard(name).iter_torch_batches(...)`) as datasets."""
+    base = trainer.__class__
+
+    class RayTransformersTrainer(base):
+        def get_train_dataloader(self) -> DataLoader:
+            if _is_batches(self.train_dataset):
+                return _loader(self.train_dataset)
+            return super().get_train_dataloader()
+
+        def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> DataLoader:
+            if eval_dataset is None:
+                eval_dataset = self.eval_dataset
+            if isinstance(eval_dataset, str) and isinstance(self.eval_dataset, dict) \
+                    and _is_batches(self.eval_dataset[eval_dataset]):
+                return _loader(self.eval_dataset[eval_dataset])
+            if _is_batches(eval_dataset):
+                return _loader(eval_dataset)
+            return super().get_eval_dataloader(eval_dataset)
+
+    trainer.__class__ = RayTransformersTrainer
+    return trainer

@@ -1,0 +1,232 @@
+"""`outlast.train.xgboost`: distributed XGBoost, with Ray Train's names.
+
+`XGBoostTrainer` runs the train function on every worker inside XGBoost's own collective
+(`xgboost.collective.CommunicatorContext`), so `xgboost.train` on each worker's shard trains
+one model together. Rank 0 starts XGBoost's `RabitTracker` for each attempt (Ray starts it in
+its driver) and every rank learns its address from rank 0; XGBoost ranks follow the run's
+ranks (`sortby="task"`). A restarted attempt starts a new tracker.
+
+`RayTrainReportCallback` reports XGBoost's evaluation results after each round and saves the
+model (`model.ubj`, rank 0) every `frequency` rounds and at the end, as Ray's does; the train
+function resumes as on Ray, from `RayTrainReportCallback.get_model(get_checkpoint())` with the
+rounds left. `PreemptionCheckpointCallback` (outlast's own) saves the model on a drain notice.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from outlast import train
+from outlast.train.backend import Backend
+from outlast.train.checkpoint import Checkpoint
+from outlast.train.config import RunConfig, ScalingConfig
+from outlast.train.context import TrainContext
+from outlast.train.data import DataConfig
+from outlast.train.trainer import DataParallelTrainer
+
+__all__ = ["PreemptionCheckpointCallback", "RayTrainReportCallback", "XGBoostConfig", "XGBoostTrainer"]
+
+try:
+    from xgboost.callback import TrainingCallback
+except ImportError:
+    TrainingCallback = object  # the trainer still loads in a driver without xgboost; the workers need it
+
+
+@dataclass
+class XGBoostConfig:
+    """`xgboost_communicator`: "rabit", the only one XGBoost's Python package offers on CPUs and GPUs."""
+
+    xgboost_communicator: str = "rabit"
+
+    def __post_init__(self) -> None:
+        if self.xgboost_communicator != "rabit":
+            raise ValueError(f"XGBoostConfig(xgboost_communicator={self.xgboost_communicator!r}) is not supported: "
+                             "the only communicator is 'rabit'")
+
+
+class XGBoostBackend(Backend):
+    needs_rendezvous = True  # MASTER_ADDR: rank 0's node, where the tracker listens
+
+    def __init__(self, config: XGBoostConfig | None = None) -> None:
+        self.config = config or XGBoostConfig()
+        self._tracker: Any = None
+        self._waiter: threading.Thread | None = None
+        self._communicator: Any = None
+
+    def on_start(self, context: TrainContext) -> None:
+        if context.world_size == 1:
+            return  # one worker trains alone, without a tracker (as Ray's V2 does)
+        from xgboost.collective import CommunicatorContext
+        from xgboost.tracker import RabitTracker
+
+        args = None
+        if context.world_rank == 0:
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            self._tracker = RabitTracker(n_workers=context.world_size, host_ip=host, sortby="task")
+            self._tracker.start()
+            # worker_args() answers once the tracker listens; wait_for() serves the workers until they finish.
+            self._waiter = threading.Thread(target=self._tracker.wait_for, daemon=True, name="xgboost-tracker")
+            self._waiter.start()
+            args = self._tracker.worker_args()
+        args = dict(train.collective.broadcast_from_rank_zero(args))
+        args["dmlc_task_id"] = f"[xgboost.outlast-rank={context.world_rank:08}]"
+        self._communicator = CommunicatorContext(**args)
+        self._communicator.__enter__()
+
+    def on_shutdown(self) -> None:
+        if self._communicator is not None:
+            self._communicator.__exit__(None, None, None)
+            self._communicator = None
+        if self._waiter is not None:
+            self._waiter.join(timeout=5)
+
+
+def _flatten(results: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in results.items():
+        name = f"{prefix}-{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+class RayTrainReportCallback(TrainingCallback):
+    """Reports the last round's evaluation results (as "<eval name>-<metric>") after every round, and a
+    checkpoint holding `filename` (rank 0's model) every `frequency` rounds (0: none during training)
+    and at the end when `checkpoint_at_end`. `metrics` picks (list) or renames ({reported: xgboost's})
+    what is reported; `results_postprocessing_fn` gets the dict last."""
+
+    CHECKPOINT_NAME = "model.ubj"
+
+    def __init__(self, metrics: str | list[str] | dict[str, str] | None = None, filename: str = CHECKPOINT_NAME,
+                 frequency: int = 0, checkpoint_at_end: bool = True,
+                 results_postprocessing_fn: Callable[[dict], dict] | None = None) -> None:
+        if TrainingCallback is object:
+            raise ModuleNotFoundError("outlast.train.xgboost.RayTrainReportCallback needs xgboost: pip install xgboost")
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
+            raise ValueError(f"RayTrainReportCallback(frequency=...) must be a whole number of rounds >= 0, "
+                             f"got {frequency!r}")
+        self._metrics = [metrics] if isinstance(metrics, str) else metrics
+        self._filename = filename
+        self._frequency = frequency
+        self._checkpoint_at_end = checkpoint_at_end
+        self._results_postprocessing_fn = results_postprocessing_fn
+        self._evals_log: dict | None = None
+        self._last_checkpoint_iteration: int | None = None
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME):
+        """The booster saved in `checkpoint` by this callback."""
+        from xgboost import Booster
+
+        with checkpoint.as_directory() as path:
+            booster = Booster()
+            booster.load_model(Path(path, filename).as_posix())
+            return booster
+
+    def _report_dict(self, evals_log: dict) -> dict[str, Any]:
+        results = {k: (v[-1] if isinstance(v, list) else v) for k, v in _flatten(evals_log).items()}
+        if not self._metrics:
+            report = results
+        elif isinstance(self._metrics, dict):
+            report = {key: results[metric] for key, metric in self._metrics.items()}
+        else:
+            report = {key: results[key] for key in self._metrics}
+        return self._results_postprocessing_fn(report) if self._results_postprocessing_fn else report
+
+    @contextmanager
+    def _checkpoint(self, model) -> Iterator[Checkpoint | None]:
+        if train.get_context().get_world_rank() != 0:
+            yield None
+            return
+        with tempfile.TemporaryDirectory() as d:
+            model.save_model(Path(d, self._filename).as_posix())
+            yield Checkpoint(d)
+
+    def _save_and_report(self, report: dict, model) -> None:
+        with self._checkpoint(model) as checkpoint:
+            train.report(report, checkpoint=checkpoint)
+
+    def after_iteration(self, model, epoch: int, evals_log: dict) -> bool:
+        self._evals_log = evals_log
+        report = self._report_dict(evals_log)
+        if self._frequency and (epoch + 1) % self._frequency == 0:
+            self._last_checkpoint_iteration = epoch
+            self._save_and_report(report, model)
+        else:
+            train.report(report)
+        return False
+
+    def after_training(self, model):
+        if not self._checkpoint_at_end:
+            return model
+        if self._last_checkpoint_iteration is not None \
+                and model.num_boosted_rounds() - 1 == self._last_checkpoint_iteration:
+            return model  # the last round is checkpointed already
+        self._save_and_report(self._report_dict(self._evals_log) if self._evals_log else {}, model)
+        return model
+
+
+class PreemptionCheckpointCallback(RayTrainReportCallback):
+    """outlast's own: on a drain notice (`get_preemption_info()`, the same round on every rank), the model
+    after this round is saved and reported with the round's results, so the run moves without losing a
+    round. Put it beside `RayTrainReportCallback` (same `filename`)."""
+
+    def __init__(self, metrics: str | list[str] | dict[str, str] | None = None,
+                 filename: str = RayTrainReportCallback.CHECKPOINT_NAME) -> None:
+        super().__init__(metrics=metrics, filename=filename, checkpoint_at_end=False)
+        self._saved_for: object = None
+
+    def after_iteration(self, model, epoch: int, evals_log: dict) -> bool:
+        info = train.get_preemption_info()
+        if info is not None and info != self._saved_for:
+            self._saved_for = info
+            self._save_and_report({**self._report_dict(evals_log), "preempted": True}, model)
+        return False
+
+
+class XGBoostTrainer(DataParallelTrainer):
+    """Data-parallel XGBoost: `train_loop_per_worker` calls `xgboost.train` on its shard, in XGBoost's collective."""
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict | None = None,
+        xgboost_config: XGBoostConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        validation_config: Any = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Any = None,
+        label_column: str | None = None,
+        params: dict[str, Any] | None = None,
+        num_boost_round: int | None = None,
+    ) -> None:
+        if label_column is not None or params is not None or num_boost_round is not None:
+            raise DeprecationWarning("XGBoostTrainer(label_column=, params=, num_boost_round=) is Ray's legacy API, "
+                                     "deprecated there and not offered here: pass a train_loop_per_worker that "
+                                     "calls xgboost.train(params, dtrain, num_boost_round, "
+                                     "callbacks=[RayTrainReportCallback()])")
+        super().__init__(
+            train_loop_per_worker, train_loop_config=train_loop_config, scaling_config=scaling_config,
+            run_config=run_config, backend=XGBoostBackend(xgboost_config), datasets=datasets,
+            dataset_config=dataset_config, validation_config=validation_config, metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
+        )
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint):
+        raise DeprecationWarning("XGBoostTrainer.get_model is deprecated (as in Ray): use "
+                                 "RayTrainReportCallback.get_model(checkpoint)")

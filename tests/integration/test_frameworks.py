@@ -1,0 +1,220 @@
+"""Ray Train's framework integrations on outlast: a Lightning, Transformers, XGBoost and JAX run each
+survives a killed rank (it resumes from the latest committed checkpoint) and a drain (it moves to the
+other node from the checkpoint saved on the notice, so no step is lost). Two nodes on this machine
+(`LocalCluster`), real worker processes, gloo or the framework's own collective; tiny models, few steps."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from outlast.testing import LocalCluster
+from outlast.train import FailureConfig, RunConfig, ScalingConfig
+from tests.integration.jobs import read_events
+from tests.integration.procs import wait_until
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "5")
+    with LocalCluster(num_nodes=2, node_timeout_s=2, workdir=tmp_path / "cl") as c:
+        yield c
+
+
+def _run_config(storage_path, env: dict | None = None, **failure) -> RunConfig:
+    return RunConfig(name="run", storage_path=storage_path, failure_config=FailureConfig(**failure),
+                     worker_runtime_env={"env_vars": env} if env else None)
+
+
+def _drain_at(cluster, events, step: int) -> threading.Thread:
+    """Drains the node of the first attempt once its ranks pass `step`."""
+    def run():
+        wait_until(lambda: any(e["event"] == "step" and e["attempt"] == 1 and e["step"] >= step
+                               for e in read_events(events)), 120, f"step {step}")
+        node = next(e["node_id"] for e in read_events(events) if e["event"] == "step")
+        cluster.drain_node(node, deadline_s=30, message="spot reclaimed")
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _starts(events, attempt: int) -> list[dict]:
+    return [e for e in read_events(events) if e["event"] == "start" and e["attempt"] == attempt]
+
+
+def _first_steps(events, attempt: int) -> set[int]:
+    steps: dict[int, int] = {}
+    for e in read_events(events):
+        if e["event"] == "step" and e["attempt"] == attempt:
+            steps.setdefault(e["rank"], e["step"])
+    return set(steps.values())
+
+
+def _state(storage_path) -> dict:
+    return json.loads((Path(storage_path) / "run" / "run_state.json").read_text())
+
+
+def _nodes(events, attempt: int) -> set[str]:
+    return {e["node_id"] for e in read_events(events) if e["event"] == "step" and e["attempt"] == attempt}
+
+
+def _check_kill(events, storage_path, committed_step: int) -> None:
+    """The run restarted once, and every rank resumed at the step the latest committed checkpoint holds."""
+    state = _state(storage_path)
+    assert state["status"] == "finished" and len(state["attempts"]) == 2, state
+    assert {e["restored_step"] for e in _starts(events, 2)} == {committed_step}
+    assert _first_steps(events, 2) == {committed_step}
+
+
+def _check_drain(events, storage_path) -> int:
+    """The run moved to the other node and every rank resumed at the step of the checkpoint it saved on the
+    notice (the loop trains on after it until the run is moved; those steps are the ones redone)."""
+    state = _state(storage_path)
+    assert state["status"] == "finished" and state["failure_counts"] == {"preemption": 1}, state
+    assert len(_nodes(events, 1)) == 1 and _nodes(events, 2) and _nodes(events, 1).isdisjoint(_nodes(events, 2))
+    jit = [e for e in read_events(events) if e["event"] == "jit"]
+    assert sorted(e["rank"] for e in jit) == [0, 1] and {e["attempt"] for e in jit} == {1}
+    (saved,) = {e["step"] for e in jit}  # every rank saved on the same step
+    assert {e["restored_step"] for e in _starts(events, 2)} == {saved}
+    assert _first_steps(events, 2) == {saved}
+    return saved
+
+
+# ---- Lightning -------------------------------------------------------------------------------------------
+
+def _lightning_fit(storage_path, events, **extra):
+    pytest.importorskip("lightning")
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.framework_jobs import lightning_loop
+
+    config = {"events": str(events), "epochs": 3, **extra}
+    return TorchTrainer(lightning_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                        run_config=_run_config(storage_path, max_failures=1)).fit()
+
+
+@pytest.mark.torch
+def test_a_lightning_run_resumes_from_its_epoch_checkpoint_after_a_rank_is_killed(cluster, storage_path, tmp_path):
+    events = tmp_path / "events.jsonl"
+    # 64 rows, batch 4, two ranks: 8 steps an epoch; rank 1 dies in the second epoch.
+    result = _lightning_fit(storage_path, events, kill={"rank": 1, "step": 11})
+    _check_kill(events, storage_path, committed_step=8)
+    assert result.metrics["epoch"] == 2 and result.metrics["step"] == 24
+    with result.checkpoint.as_directory() as d:
+        assert (Path(d) / "checkpoint.ckpt").is_file()
+
+
+@pytest.mark.torch
+def test_a_drained_lightning_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path):
+    events = tmp_path / "events.jsonl"
+    drainer = _drain_at(cluster, events, 3)
+    result = _lightning_fit(storage_path, events, epochs=4, step_sleep=0.15)
+    drainer.join()
+    restored = _check_drain(events, storage_path)
+    assert 3 <= restored < 32 and result.metrics["step"] == 32
+
+
+# ---- Hugging Face Transformers -----------------------------------------------------------------------------
+
+def _transformers_fit(storage_path, events, tmp_path, **extra):
+    pytest.importorskip("transformers")
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.framework_jobs import transformers_loop
+
+    config = {"events": str(events), "epochs": 2, "save_steps": 4, "output_dir": str(tmp_path / "hf"), **extra}
+    return TorchTrainer(transformers_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                        run_config=_run_config(storage_path, max_failures=1)).fit()
+
+
+@pytest.mark.torch
+def test_a_transformers_run_resumes_from_its_last_save_after_a_rank_is_killed(cluster, storage_path, tmp_path):
+    events = tmp_path / "events.jsonl"
+    # 64 rows, batch 4 per device, two ranks: 8 steps an epoch, 16 in all; saved every 4 steps.
+    result = _transformers_fit(storage_path, events, tmp_path, kill={"rank": 1, "step": 6})
+    _check_kill(events, storage_path, committed_step=4)
+    with result.checkpoint.as_directory() as d:
+        assert json.loads((Path(d) / "checkpoint" / "trainer_state.json").read_text())["global_step"] == 16
+
+
+@pytest.mark.torch
+def test_a_drained_transformers_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path):
+    events = tmp_path / "events.jsonl"
+    drainer = _drain_at(cluster, events, 2)
+    result = _transformers_fit(storage_path, events, tmp_path, epochs=3, save_steps=1000, step_sleep=0.15)
+    drainer.join()
+    restored = _check_drain(events, storage_path)
+    assert 2 <= restored < 24
+    with result.checkpoint.as_directory() as d:
+        assert json.loads((Path(d) / "checkpoint" / "trainer_state.json").read_text())["global_step"] == 24
+
+
+# ---- XGBoost ------------------------------------------------------------------------------------------------
+
+def _xgboost_fit(storage_path, events, **extra):
+    pytest.importorskip("xgboost")
+    from outlast.train.xgboost import XGBoostTrainer
+    from tests.integration.framework_jobs import xgboost_loop
+
+    config = {"events": str(events), "rounds": 12, "frequency": 3, **extra}
+    return XGBoostTrainer(xgboost_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                          run_config=_run_config(storage_path, max_failures=1)).fit()
+
+
+def test_an_xgboost_run_resumes_from_its_latest_checkpoint_after_a_worker_dies(cluster, storage_path, tmp_path):
+    from outlast.train.xgboost import RayTrainReportCallback
+
+    events = tmp_path / "events.jsonl"
+    result = _xgboost_fit(storage_path, events, kill={"rank": 1, "step": 7})
+    _check_kill(events, storage_path, committed_step=6)
+    # Both workers train one model in XGBoost's collective, with the run's ranks.
+    assert {(e["rank"], e["collective_rank"], e["collective_size"]) for e in _starts(events, 1)} == {(0, 0, 2), (1, 1, 2)}
+    assert RayTrainReportCallback.get_model(result.checkpoint).num_boosted_rounds() == 12
+    assert "train-rmse" in result.metrics
+
+
+def test_a_drained_xgboost_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path):
+    from outlast.train.xgboost import RayTrainReportCallback
+
+    events = tmp_path / "events.jsonl"
+    drainer = _drain_at(cluster, events, 2)
+    result = _xgboost_fit(storage_path, events, rounds=30, frequency=100, step_sleep=0.15)
+    drainer.join()
+    restored = _check_drain(events, storage_path)
+    assert 2 <= restored < 30
+    assert RayTrainReportCallback.get_model(result.checkpoint).num_boosted_rounds() == 30
+
+
+# ---- JAX ------------------------------------------------------------------------------------------------------
+
+def _jax_fit(storage_path, events, monkeypatch, **extra):
+    pytest.importorskip("jax")
+    from outlast.train.jax import JaxConfig, JaxTrainer
+    from tests.integration.framework_jobs import jax_loop
+
+    # Ray's way to JAX's multi-process runtime without accelerators: a platform given, and use_gpu.
+    run_config = _run_config(storage_path, env={"JAX_PLATFORMS": "cpu"}, max_failures=1)
+    config = {"events": str(events), "steps": 12, "every": 4, **extra}
+    return JaxTrainer(jax_loop, train_loop_config=config, jax_config=JaxConfig(use_gpu=True),
+                      scaling_config=ScalingConfig(num_workers=2), run_config=run_config).fit()
+
+
+def test_a_jax_run_initializes_jax_distributed_and_resumes_after_a_rank_is_killed(
+        cluster, storage_path, tmp_path, monkeypatch):
+    events = tmp_path / "events.jsonl"
+    result = _jax_fit(storage_path, events, monkeypatch, kill={"rank": 1, "step": 6})
+    _check_kill(events, storage_path, committed_step=4)
+    assert {(e["rank"], e["process_index"], e["process_count"]) for e in _starts(events, 1)} == {(0, 0, 2), (1, 1, 2)}
+    assert result.metrics == {"step": 12}
+
+
+def test_a_drained_jax_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path, monkeypatch):
+    events = tmp_path / "events.jsonl"
+    drainer = _drain_at(cluster, events, 3)
+    result = _jax_fit(storage_path, events, monkeypatch, steps=40, every=1000, step_sleep=0.15)
+    drainer.join()
+    restored = _check_drain(events, storage_path)
+    assert 3 <= restored < 40 and result.last_metrics == {"step": 40}

@@ -1,0 +1,212 @@
+"""Drains one step off the tested path, driven in-process: an interrupt or a lost lease during one,
+a failure during one, a drain during a grow, several nodes drained at once, and whom a hang blames."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from outlast.controller import group as g
+from outlast.controller.resize import Elastic
+from outlast.controller.states import State
+from outlast.protocol import messages as m
+from tests.fakes.controller import make, node, start
+
+
+def drain(h, node_id, deadline_s=60.0, node_ids=()):
+    deadline = h.wall() + deadline_s if deadline_s is not None else None
+    return h.agent(node_id, m.NodeDraining(node_id=node_id, reason="preemption", message="reclaimed",
+                                           deadline_unix_s=deadline, node_ids=list(node_ids) or [node_id]))
+
+
+def ask(h, rank, index):
+    h.worker(m.PreemptionQuery(attempt=h.core.attempt.number, rank=rank, index=index))
+    return [x for x in h.to_rank(rank) if isinstance(x, (m.PreemptionGrant, m.PreemptionNotice)) and x.index == index]
+
+
+def notices(h, rank):
+    return [x for x in h.to_rank(rank) if isinstance(x, m.PreemptionNotice)]
+
+
+def failed(h, rank, node_id, exc_type, message="", traceback=""):
+    return h.agent(node_id, m.WorkerExited(
+        run_id=h.core.run_id, attempt=h.core.attempt.number, rank=rank, pid=100 + rank, exit_code=1, signal=None,
+        node_id=node_id, error=m.WorkerError(exc_type=exc_type, message=message, traceback=traceback, phase="train")))
+
+
+def stopped(h, placement, ranks):
+    for rank in ranks:
+        h.agent(placement[rank], m.WorkerExited(run_id=h.core.run_id, attempt=h.core.attempt.number, rank=rank,
+                                                pid=100 + rank, exit_code=None, signal=15, error=None,
+                                                node_id=placement[rank]))
+
+
+# ---- an interrupt or a lost lease during a drain (item 7) ----------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="a PreemptionQuery after the run stopped raises AssertionError")
+@pytest.mark.parametrize("stop", [g.Interrupted(), g.LeaseLost("the lease was taken over")], ids=["ctrl-c", "lease"])
+def test_a_query_after_a_drain_is_cut_short_gets_the_notice_and_nothing_raises(stop):
+    h = make()
+    placement = start(h)
+    for rank in (0, 1):
+        ask(h, rank, 0)  # one-call grants: the notice is fixed at once for the next call
+    drain(h, placement[0])
+    assert h.state is State.PREEMPTING
+    h.step(stop)
+    assert h.state.is_terminal
+    answers = ask(h, 0, 1)
+    assert [type(x) for x in answers] == [m.PreemptionNotice]
+    assert answers[0].ranks == [0] and answers[0].decision_index == 1
+
+
+@pytest.mark.xfail(strict=True, reason="a parked query is never answered once the run stops")
+@pytest.mark.parametrize("stop", [g.Interrupted(), g.LeaseLost("the lease was taken over")], ids=["ctrl-c", "lease"])
+def test_a_query_that_waits_for_a_decision_when_the_run_stops_is_answered(stop):
+    h = make()
+    placement = start(h)
+    for index in range(40):  # a fast loop: grants of many calls, so the decision waits for every rank
+        for rank in (0, 1):
+            ask(h, rank, index)
+        h.step(dt=0.001)
+    drain(h, placement[0])
+    h.step(dt=1.0)  # the grants expire: the next asker is parked until the other asks
+    assert ask(h, 0, 80) == []  # parked
+    h.step(stop)
+    h.step(dt=0.1)
+    answers = [x for x in h.to_rank(0) if isinstance(x, m.PreemptionNotice) and x.index == 80]
+    assert len(answers) == 1 and answers[0].decision_index <= 80
+
+
+# ---- a failure during a drain is charged to its cause (item 8) ------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="charged to max_preemption_failures")
+def test_a_users_error_on_a_node_not_drained_fails_a_run_without_retries(caplog):
+    h = make(max_failures=0)
+    placement = start(h)
+    drain(h, placement[0])
+    with caplog.at_level(logging.WARNING, logger="outlast.controller"):
+        failed(h, 1, placement[1], "ZeroDivisionError", "division by zero",
+               'Traceback (most recent call last):\n  File "train.py", line 3\nZeroDivisionError: division by zero\n')
+        stopped(h, placement, [0])
+    assert h.state is State.ERRORED, "a user's exception during a drain restarted a run with max_failures=0"
+    assert "ZeroDivisionError" in str(h.core.error)
+    assert "max_failures=0" in str(h.core.error)
+    assert 'File "train.py", line 3' in caplog.text
+    assert [a.outcome for a in h.core.book.state.attempts] == ["failed"]
+
+
+@pytest.mark.xfail(strict=True, reason="charged to max_preemption_failures")
+def test_a_users_error_during_a_drain_draws_on_max_failures_not_the_preemption_budget():
+    h = make(max_failures=1, max_preemption_failures=5)
+    placement = start(h)
+    drain(h, placement[0])
+    failed(h, 1, placement[1], "ZeroDivisionError", "division by zero")
+    stopped(h, placement, [0])
+    assert h.core.attempt.number == 2
+    assert h.core.book.failures_this_launch("worker") == 1
+    assert h.core.book.failures_this_launch("preemption") == 0
+
+
+@pytest.mark.xfail(strict=True, reason="charged to max_preemption_failures")
+def test_another_nodes_loss_during_a_drain_draws_on_max_failures():
+    h = make(max_failures=0, nodes=("n1", "n2", "n3"))
+    placement = start(h)
+    drain(h, placement[0])
+    h.step(g.AgentGone(placement[1], "the agent of n2 died"))
+    h.step(dt=0.2)
+    stopped(h, placement, [0])
+    assert h.state is State.ERRORED and "NodeLost" in str(h.core.error)
+
+
+@pytest.mark.xfail(strict=True, reason="charged to max_preemption_failures")
+def test_a_hang_during_a_drain_draws_on_max_failures():
+    h = make(max_failures=0, hang_timeout_s=10.0)
+    placement = start(h)
+    drain(h, placement[0], deadline_s=3600.0)
+    h.step(dt=11.0)  # no progress from any rank: a hang
+    for rank in (0, 1):
+        h.worker(m.StackDump(attempt=1, rank=rank, where="train.py:7 in step", text="stack"))
+    stopped(h, placement, [0, 1])
+    assert h.state is State.ERRORED and "Hang" in str(h.core.error)
+
+
+def test_a_drained_nodes_own_loss_is_still_the_preemption():
+    h = make(max_failures=0, max_preemption_failures=1)
+    placement = start(h)
+    drain(h, placement[0])
+    h.step(g.AgentGone(placement[0], "the agent of n1 died"))
+    h.step(dt=0.2)
+    stopped(h, placement, [1])
+    assert h.core.attempt.number == 2 and h.core.book.failures_this_launch("preemption") == 1
+
+
+# ---- a drain during a grow (item 10) -----------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="the drain is dropped while the grow notice stands")
+def test_a_drain_without_a_deadline_during_a_pending_grow_reaches_the_ranks():
+    h = make(world_size=2, nodes=("n1", "n2"), elastic=Elastic(1, 3, min_interval_s=0.0))
+    placement = start(h)
+    for rank in (0, 1):
+        ask(h, rank, 0)
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))  # room for a third worker: a grow notice
+    assert h.state is State.PREEMPTING
+    drain(h, placement[0], deadline_s=None)
+    answers = {r: ask(h, r, 1) for r in (0, 1)}
+    seen = {r: [(x.reason, x.ranks) for x in a if isinstance(x, m.PreemptionNotice)] for r, a in answers.items()}
+    assert seen == {0: [("preemption", [0])], 1: [("preemption", [0])]}
+
+
+# ---- several nodes drained at once (item 13) ---------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="later drains only tighten the first")
+def test_nodes_drained_one_after_another_before_any_rank_asks_make_one_notice_naming_all():
+    h = make(world_size=3, nodes=("n1", "n2", "n3"))
+    placement = start(h)
+    for rank in range(3):
+        ask(h, rank, 0)
+    for n in ("n1", "n2", "n3"):  # a whole Slurm job: USR1 drains every node of it
+        drain(h, n)
+    seen = {r: [(x.node_ids, x.ranks) for x in ask(h, r, 1)] for r in range(3)}
+    assert seen == {r: [(["n1", "n2", "n3"], [0, 1, 2])] for r in range(3)}
+    assert notices(h, 0)[0].node_to_ranks == {n: [r] for r, n in placement.items()}
+
+
+def test_one_drain_naming_several_nodes_is_one_notice_naming_all():
+    h = make(world_size=3, nodes=("n1", "n2", "n3"))
+    start(h)
+    for rank in range(3):
+        ask(h, rank, 0)
+    drain(h, "n1", node_ids=("n1", "n2"))
+    assert [(x.node_ids, x.ranks) for x in ask(h, 2, 1)] == [(["n1", "n2"], [0, 1])]
+
+
+# ---- a hang is blamed on the rank that is wedged (item 13) -----------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="the first rank found stuck is blamed")
+def test_a_hang_is_blamed_on_the_rank_elsewhere_than_the_collective_the_others_wait_in():
+    h = make(world_size=3, nodes=("n1", "n2", "n3"), hang_timeout_s=10.0)
+    placement = start(h)
+    h.step(dt=11.0)
+    for rank in (0, 2):
+        h.worker(m.StackDump(attempt=1, rank=rank, where="torch/distributed.py:10 in all_reduce", text="a"))
+    h.worker(m.StackDump(attempt=1, rank=1, where="train.py:42 in load_batch", text="b"))
+    record = h.core.attempt.failures[0]
+    assert record.exc_type == "Hang" and record.rank == 1 and record.node_id == placement[1]
+    assert "rank 1 is in train.py:42" in record.message
+
+
+@pytest.mark.xfail(strict=True, reason="the first rank found stuck is blamed")
+def test_a_hang_is_blamed_on_the_rank_that_sent_no_stacks():
+    h = make(world_size=3, nodes=("n1", "n2", "n3"), hang_timeout_s=10.0)
+    start(h)
+    h.step(dt=11.0)
+    for rank in (0, 1):
+        h.worker(m.StackDump(attempt=1, rank=rank, where="torch/distributed.py:10 in all_reduce", text="a"))
+    h.step(dt=11.0)  # rank 2 never answers
+    assert h.core.attempt.failures[0].rank == 2

@@ -1,0 +1,324 @@
+"""The memory tier on its files and between two tier servers over CURVE with the cluster key."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from outlast.agent.tier_client import CHUNK, TransferError, ask, fetch
+from outlast.agent.tier_server import TierServer
+from outlast.protocol import messages as m
+from outlast.protocol.auth import ClusterKey, start_authenticator
+from outlast.storage.checksum import hash_file
+from outlast.storage.memtier import CopyKey
+from outlast.storage.tier_store import TierStore, copy_dir
+
+MB = 2**20
+
+
+def write_files(where: Path, sizes: dict[str, int]) -> list[m.FileEntry]:
+    out = []
+    for name, size in sizes.items():
+        path = where / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+        out.append(m.FileEntry(path=name, size=size, xxh3_128=hash_file(path)[1]))
+    return out
+
+
+@pytest.fixture
+def root(tmp_path):
+    return tmp_path / "tier"
+
+
+def store(root, node="n1", budget=64 * MB, clock=None):
+    s = TierStore(root, node, budget, clock=clock or time.time)
+    s.open()
+    return s
+
+
+def test_a_copy_is_kept_whole_and_read_in_place(root, tmp_path):
+    files = write_files(tmp_path / "ckpt", {"model.pt": 3 * MB, "sub/opt.pt": 1})
+    s = store(root)
+    assert s.put_dir("run", "checkpoint_000_000001", 0, 1, files, tmp_path / "ckpt") is None
+    key = CopyKey("run", "checkpoint_000_000001", 0)
+    assert s.path(key) == copy_dir(root, "n1", key)
+    assert (s.path(key) / "sub/opt.pt").read_bytes() == (tmp_path / "ckpt/sub/opt.pt").read_bytes()
+    assert s.verify(key) is None and s.book.used() == 3 * MB + 1
+
+
+def test_files_that_differ_from_what_was_reported_are_not_kept(root, tmp_path):
+    files = write_files(tmp_path / "ckpt", {"a": 1000})
+    (tmp_path / "ckpt/a").write_bytes(os.urandom(1000))  # rewritten after its checksum was taken
+    s = store(root)
+    why = s.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    assert "does not match its checksum" in why and s.records() == [] and s.book.used() == 0
+
+
+def test_a_corrupted_copy_is_dropped_at_its_check(root, tmp_path):
+    files = write_files(tmp_path / "ckpt", {"a": 1000})
+    s = store(root)
+    s.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    key = CopyKey("run", "c1", 0)
+    with open(s.path(key) / "a", "r+b") as f:
+        f.write(b"\xff")
+    assert "does not match its checksum" in s.verify(key)
+    assert s.path(key) is None and not copy_dir(root, "n1", key).exists()
+
+
+def test_the_budget_evicts_the_oldest_and_keeps_the_newest_committed_copy(root, tmp_path):
+    files = write_files(tmp_path / "ckpt", {"a": 10 * MB})
+    now = iter(range(100))
+    s = store(root, budget=25 * MB, clock=lambda: float(next(now)))
+    s.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    s.mark_committed("run", "c1")
+    s.put_dir("run", "c2", 0, 2, files, tmp_path / "ckpt")  # pending: c1 stays the newest committed
+    assert s.put_dir("run", "c3", 0, 3, files, tmp_path / "ckpt") is None
+    assert [r.checkpoint_dir for r in s.records()] == ["c1", "c3"]
+    assert not copy_dir(root, "n1", CopyKey("run", "c2", 0)).exists()
+    s.mark_committed("run", "c3")
+    s.put_dir("run", "c4", 0, 4, files, tmp_path / "ckpt")
+    assert [r.checkpoint_dir for r in s.records()] == ["c3", "c4"]
+
+
+def test_a_restarted_agent_reclaims_its_whole_copies_and_drops_the_rest(root, tmp_path):
+    files = write_files(tmp_path / "ckpt", {"a": 2 * MB})
+    s = store(root)
+    s.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    s.put_dir("run", "c2", 0, 2, files, tmp_path / "ckpt")
+    s.mark_committed("run", "c2")
+    os.truncate(s.path(CopyKey("run", "c1", 0)) / "a", 5)  # torn by the crash
+    partial = copy_dir(root, "n1", CopyKey("run", "c3", 0)).with_name("rank-0.partial")
+    partial.mkdir(parents=True)
+    again = TierStore(root, "n1", 64 * MB)
+    said = again.open()
+    assert [(r.checkpoint_dir, r.committed) for r in again.records()] == [("c2", True)]
+    assert any("not whole" in line and "c1" in line for line in said)
+    assert not partial.exists() and again.book.used() == 2 * MB
+
+
+def test_the_tier_of_an_agent_that_is_gone_is_freed_and_a_live_ones_kept(root, tmp_path):
+    files = write_files(tmp_path / "ckpt", {"a": 1 * MB})
+    live = store(root, node="live")
+    live.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from outlast.storage.tier_store import TierStore
+TierStore(Path({str(root)!r}), sys.argv[1], 1 << 30).open()
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+""", "dead", "0"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n" and child.wait() == 0
+    said = TierStore(root, "n9", 64 * MB).open()
+    assert any("node dead" in line for line in said)
+    assert not (root / "dead").exists() and (root / "live").exists()
+
+
+@pytest.fixture
+def pair(root):
+    ctx = zmq.Context()
+    key = ClusterKey.generate()
+    auth = start_authenticator(ctx, key)
+    servers = [TierServer(ctx, key, store(root, node=f"n{i}", budget=64 * MB)).start() for i in (1, 2)]
+    yield ctx, key, servers
+    for s in servers:
+        s.stop()
+    auth.stop()
+    ctx.term()
+
+
+def test_a_hold_keeps_the_files_on_the_node_and_a_replica_on_the_peer(pair, tmp_path):
+    ctx, key, (a, b) = pair
+    files = write_files(tmp_path / "ckpt", {"model.pt": 2 * CHUNK + 5, "empty": 0})
+    hold = m.TierHold(run="run", checkpoint_dir="c1", rank=3, seq=1, files=files,
+                      source_dir=str(tmp_path / "ckpt"), peer_address=b.address)
+    stored = ask(ctx, key, a.address, hold)
+    assert stored.ok and stored.node_id == "n1" and stored.replica_node == "n2", stored
+    copy = CopyKey("run", "c1", 3)
+    assert b.store.verify(copy) is None and a.store.verify(copy) is None
+    assert b.store.record(copy).primary is False
+    fetched = fetch(ctx, key, b.address, copy, tmp_path / "back")
+    assert fetched.files == files
+    assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
+    listed = ask(ctx, key, b.address, m.TierList())
+    assert [(c.checkpoint_dir, c.rank, c.primary) for c in listed.copies] == [("c1", 3, False)]
+
+
+def test_a_replica_the_peer_cannot_fit_is_said_and_the_local_copy_stays(pair, tmp_path):
+    ctx, key, (a, b) = pair
+    b.store.book.budget_bytes = 1 * MB
+    files = write_files(tmp_path / "ckpt", {"a": 2 * MB})
+    stored = ask(ctx, key, a.address, m.TierHold(run="run", checkpoint_dir="c1", rank=0, seq=1, files=files,
+                                                  source_dir=str(tmp_path / "ckpt"), peer_address=b.address))
+    assert stored.ok and stored.replica_node == "" and "--checkpoint-memory" in stored.replica_reason
+
+
+def test_a_peer_without_the_cluster_key_gets_nothing(pair, tmp_path):
+    ctx, _key, (a, _b) = pair
+    with pytest.raises(TransferError, match="no answer"):
+        ask(ctx, ClusterKey.generate(), a.address, m.TierList(), timeout_s=1.0)
+
+
+def test_fetching_a_copy_that_is_not_held_says_so(pair, tmp_path):
+    ctx, key, (a, _b) = pair
+    with pytest.raises(TransferError, match="not held on n1"):
+        fetch(ctx, key, a.address, CopyKey("run", "nope", 0), tmp_path / "x")
+
+
+# -- restores from the tier -------------------------------------------------------------------------
+
+from outlast.storage.local import LocalStorage  # noqa: E402
+from outlast.storage.memtier import SourceKind  # noqa: E402
+from outlast.storage.records import Manifest  # noqa: E402
+from outlast.storage.restore import CorruptCheckpointError  # noqa: E402
+from outlast.storage.run_store import RunStore  # noqa: E402
+from outlast.storage.tier_restore import restore  # noqa: E402
+
+NAME = "checkpoint_000_000002"
+
+
+def committed(tmp_path, root, ranks: dict[int, dict[str, bytes]], upload=True):
+    """Ranks' files held on node n1's tier and (with `upload`) in storage, with a manifest over them all."""
+    storage = LocalStorage(tmp_path / "storage")
+    s = store(root, budget=1 << 30)
+    merged = {}
+    for rank, files in ranks.items():
+        src = tmp_path / f"rank{rank}"
+        for rel, data in files.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes(data)
+        entries = [m.FileEntry(path=rel, size=len(d), xxh3_128=hash_file(src / rel)[1]) for rel, d in files.items()]
+        assert s.put_dir(storage.uri("run"), NAME, rank, 2, entries, src) is None
+        if upload:
+            storage.upload_dir(src, f"run/{NAME}")
+        for e in entries:
+            merged.setdefault(e.path, e)
+    RunStore(storage, "run").write_manifest(Manifest(checkpoint_dir=NAME, seq=2, attempt=0, report_index=2,
+                                                     committed_at=1.0, ranks=sorted(ranks),
+                                                     files=list(merged.values())))
+    return storage, s
+
+
+def test_a_restore_reads_every_ranks_files_from_memory_when_all_are_here(tmp_path, root):
+    storage, _ = committed(tmp_path, root, {0: {"model.pt": os.urandom(3000)}, 1: {"shard1.pt": os.urandom(10)}},
+                           upload=False)
+    path, source, said = restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
+    assert source is SourceKind.LOCAL_MEMORY and said == []
+    assert sorted(p.name for p in path.iterdir()) == ["model.pt", "shard1.pt"]
+    assert str(path).startswith(str(root / "n1"))
+
+
+def test_a_corrupted_copy_in_memory_is_skipped_for_another_whole_copy(tmp_path, root):
+    same = os.urandom(4000)
+    storage, s = committed(tmp_path, root, {0: {"model.pt": same}, 1: {"model.pt": same}}, upload=False)
+    with open(s.path(CopyKey(storage.uri("run"), NAME, 0)) / "model.pt", "r+b") as f:
+        f.write(b"\x00\x01\x02")
+    path, source, said = restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
+    assert source is SourceKind.LOCAL_MEMORY and (path / "model.pt").read_bytes() == same
+    assert len(said) == 1 and "rank 0" in said[0] and "checksum" in said[0]
+
+
+def test_a_corrupted_only_copy_in_memory_is_skipped_for_storage(tmp_path, root):
+    data = os.urandom(4000)
+    storage, s = committed(tmp_path, root, {0: {"model.pt": data}})
+    os.truncate(s.path(CopyKey(storage.uri("run"), NAME, 0)) / "model.pt", 10)
+    path, source, said = restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
+    assert source is SourceKind.STORAGE and (path / "model.pt").read_bytes() == data
+    assert "has 10 bytes" in said[0] and "no whole copy in memory" in said[-1]
+
+
+def test_a_memory_only_checkpoint_whose_copies_are_all_bad_cannot_be_restored_and_says_why(tmp_path, root):
+    storage, s = committed(tmp_path, root, {0: {"model.pt": os.urandom(100)}}, upload=False)
+    (s.path(CopyKey(storage.uri("run"), NAME, 0)) / "model.pt").unlink()
+    with pytest.raises(CorruptCheckpointError, match="gone from storage|missing"):
+        restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
+
+
+def test_a_node_that_holds_nothing_restores_from_storage(tmp_path, root):
+    storage, _ = committed(tmp_path, root, {0: {"model.pt": b"x" * 50}})
+    _path, source, said = restore(storage, "run", NAME, tmp_path / "cache", "n2", root)
+    assert source is SourceKind.STORAGE and "no whole copy in memory on n2" in said[0]
+
+
+def test_ranks_of_a_node_restoring_at_once_share_one_directory_that_stays_whole(tmp_path, root):
+    from concurrent.futures import ProcessPoolExecutor
+
+    data = os.urandom(2 * MB)
+    storage, _ = committed(tmp_path, root, {0: {"model.pt": data}}, upload=False)
+    with ProcessPoolExecutor(4) as pool:
+        paths = list(pool.map(_restore_and_read, [(str(tmp_path), str(root))] * 8))
+    assert len(set(p for p, _ in paths)) == 1 and all(ok for _, ok in paths)
+
+
+def _restore_and_read(args):
+    tmp_path, root = map(Path, args)
+    storage = LocalStorage(tmp_path / "storage")
+    path, source, _ = restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
+    return str(path), source is SourceKind.LOCAL_MEMORY and (path / "model.pt").stat().st_size == 2 * MB
+
+
+# -- the node's budget as it is set --------------------------------------------------------------------
+
+from outlast.agent.__main__ import add_cluster_arguments, spec_from_args  # noqa: E402
+from outlast.isolation.errors import BadSetting  # noqa: E402
+from outlast.isolation.reservations import GiB, compute_reservations  # noqa: E402
+
+
+def _spec(tmp_path, *argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_cluster_arguments(p)
+    p.add_argument("--host", default="127.0.0.1")
+    return spec_from_args(p.parse_args(["--cluster-key", str(tmp_path / "k"), *argv]))
+
+
+def test_checkpoint_memory_defaults_to_two_gib_and_takes_units(tmp_path):
+    assert _spec(tmp_path).checkpoint_memory == 2 * GiB
+    assert _spec(tmp_path, "--checkpoint-memory", "512MiB").checkpoint_memory == 512 * MB
+    assert _spec(tmp_path, "--checkpoint-memory", "0").checkpoint_memory == 0
+
+
+def test_a_checkpoint_memory_that_is_not_a_size_says_so(tmp_path):
+    with pytest.raises(ValueError, match="--checkpoint-memory"):
+        _spec(tmp_path, "--checkpoint-memory", "lots")
+
+
+def test_with_isolation_the_checkpoint_memory_is_reserved_beside_the_systems():
+    res = compute_reservations(16 * GiB, None, 8.0, reserved_memory=1 * GiB, checkpoint_memory=3 * GiB)
+    assert res.system_memory == 4 * GiB and res.user_memory == 12 * GiB
+    assert "of checkpoint memory (--checkpoint-memory)" in res.reason
+    with pytest.raises(BadSetting, match="lower --checkpoint-memory"):
+        compute_reservations(4 * GiB, None, 8.0, reserved_memory=1 * GiB, checkpoint_memory=3 * GiB)
+
+
+def test_a_budget_larger_than_the_tmpfs_is_refused_saying_what_to_do(tmp_path):
+    from outlast.agent.tier_server import start_tier
+
+    with pytest.raises(ValueError, match="more than the whole of the file system.*OUTLAST_TIER_DIR"):
+        start_tier(zmq.Context.instance(), None, "n1", "127.0.0.1", 1 << 60, root=tmp_path / "tier")
+
+
+def test_a_second_live_agent_of_the_same_node_id_cannot_take_its_tier(root):
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pathlib import Path
+from outlast.storage.tier_store import TierStore
+TierStore(Path({str(root)!r}), "n1", 1 << 30).open()
+print("ready", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        with pytest.raises(ValueError, match=f"belongs to pid {child.pid}, which still runs"):
+            TierStore(root, "n1", 1 << 30).open()
+    finally:
+        child.kill()
+        child.wait()
+    TierStore(root, "n1", 1 << 30).open()  # once it is gone, the node's next agent takes it
