@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from outlast.controller import effects as fx
-from outlast.controller import lifecycle
+from outlast.controller import lifecycle, on_workers
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.file_merge import DuplicateFiles, MergedFiles, merge_files, settle
@@ -77,12 +77,19 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
         write_manifest(c, pending, a.number, merged.files)
         return
     paths = tuple((conflict.path, conflict.entries[0].checksum[0]) for conflict in merged.conflicts)
+    c.reading_back[pending.checkpoint_dir] = pending
     c.ask_storage(lambda i: fx.ReadChecksums(i, pending.checkpoint_dir, paths),
                   partial(_checksums_read, pending=pending, attempt=a.number, merged=merged))
 
 
+def in_progress(c: "ControllerCore") -> set[str]:
+    """Checkpoints whose commit has begun and not ended: their directories are not garbage."""
+    return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()}
+
+
 def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingCheckpoint, attempt: int,
                     merged: MergedFiles) -> None:
+    c.reading_back.pop(pending.checkpoint_dir, None)
     try:
         merged = settle(merged, done.value)
     except ValueError as e:
@@ -115,6 +122,12 @@ def _manifest_written(c: "ControllerCore", done: fx.StorageDone) -> None:
     a, s = c.attempt, c.state
     if a is None or a.number != committing.attempt:
         return  # its ranks are gone; the next attempt restores it
+    _tell_ranks(c, committing)
+    on_workers.finish_if_settled(c, a)
+
+
+def _tell_ranks(c: "ControllerCore", committing: Committing) -> None:
+    pending, s = committing.pending, c.state
     reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
     if isinstance(s, st.Preempting) and s.preemption.saved_by(pending.index, pending.files, c.horizons.watched):
         verdict = s.preemption.decide(c.now, pending.checkpoint_dir, lifecycle.room_elsewhere(c, c.now))
@@ -145,6 +158,8 @@ def fail_commit(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, r
         # Waiting longer cannot bring a lost shard back.
         log.warning("restarting from %s now", c.book.state.latest_checkpoint or "scratch")
         lifecycle.restart(c, Event.PREEMPTION_SAFE, s.preemption)
+        return
+    on_workers.finish_if_settled(c, a)
 
 
 def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.StorageFailed) -> None:
@@ -160,6 +175,8 @@ def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.
     if isinstance(effect, fx.WriteManifest):
         committing = c.committing.pop(failed.id)
         fail_commit(c, committing.pending, committing.attempt, f"storage failed {failed.what}: {failed.error}")
+    if isinstance(effect, fx.ReadChecksums):
+        c.reading_back.pop(effect.checkpoint_dir, None)
     if not c.state.kind.is_terminal:
         lifecycle.give_up(c, said)
     elif c.error is None:
@@ -188,8 +205,7 @@ def apply_retention(c: "ControllerCore") -> None:
 
 def remove_uncommitted(c: "ControllerCore") -> None:
     """Only while no worker of this run is alive: an upload in flight has no manifest yet either."""
-    keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints}
-                     | {x.manifest.checkpoint_dir for x in c.committing.values()})
+    keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | in_progress(c))
     c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep))
 
 

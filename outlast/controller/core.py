@@ -27,7 +27,7 @@ from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, on_
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
-from outlast.controller.commit import CommitTracker
+from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.group import (
     AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable, Started, Tick,
     ToNode,
@@ -74,6 +74,7 @@ class ControllerCore:
         self.storage: dict[int, tuple[fx.StorageEffect, OnDone | None]] = {}  # asked of storage, not yet answered
         self.storage_slow: fx.StorageSlow | None = None  # the call storage has been slow on, while it goes on
         self.committing: dict[int, checkpoints.Committing] = {}  # manifests being written, by effect id
+        self.reading_back: dict[str, PendingCheckpoint] = {}  # checkpoints whose stored copies are being read
         self._next_id = 0
         self.written_latest = plan.book.state.latest_checkpoint  # as the last run state handed to storage named it
         self.out: list[Effect | fx.StorageEffect] = []

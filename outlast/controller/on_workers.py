@@ -61,10 +61,12 @@ def finish_if_settled(c: "ControllerCore", a: AttemptState) -> None:
 
 
 def settled(c: "ControllerCore", a: AttemptState) -> bool:
-    """Every rank said it is done, and every asynchronous upload it reported said so too. The
-    upload thread has a connection of its own, so its last UploadDone may arrive after the
-    rank's WorkerDone and its exit: finishing before it would drop the last checkpoint."""
-    return a.done >= set(range(c.plan.world_size)) and not c.commits.uploads_in_flight
+    """Every rank said it is done, every asynchronous upload it reported said so too, and every
+    commit begun has ended. The upload thread has a connection of its own, so its last UploadDone
+    may arrive after the rank's WorkerDone and its exit: finishing before it, or before its
+    commit's manifest is written, would drop the last checkpoint."""
+    return a.done >= set(range(c.plan.world_size)) and not c.commits.uploads_in_flight \
+        and not checkpoints.in_progress(c)
 
 
 def on_report(c: "ControllerCore", a: AttemptState, msg: m.Report) -> None:

@@ -209,3 +209,23 @@ def test_a_refused_permission_or_a_missing_file_is_not_retried():
         with pytest.raises(error):
             retrying(60.0, sleep=lambda s: None)(mem.write_atomic, "x", b"1")
         assert mem.tries == 1
+
+
+def test_a_run_whose_last_commit_is_reading_back_its_files_finishes_only_after_and_keeps_them():
+    import hashlib
+
+    h, placement = started()
+    for rank, digest in ((0, hashlib.sha256(b"x").hexdigest()), (1, "b" * 64)):  # both wrote pad.bin, differently
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={}, checkpoint_dir="checkpoint_001_000000",
+                          files=[m.FileEntry("pad.bin", 1, digest)]))
+    assert [type(e) for e in h.held] == [fx.ReadChecksums]
+    for rank, node_id in placement.items():
+        h.worker(m.WorkerDone(attempt=1, rank=rank, reports=1))
+        h.agent(node_id, h.exited(rank, node_id))
+    assert h.state is State.FINISHING  # not FINISHED while its last commit is under way
+    h.core.book.store.storage.write_atomic("run/checkpoint_001_000000/pad.bin", b"x")
+    while h.held:
+        h.release(h.held[0])
+    assert h.state is State.FINISHED and h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+    removals = [e for e in h.storage_log if isinstance(e, fx.RemoveUncommitted)]
+    assert all("checkpoint_001_000000" in e.keep for e in removals[1:])  # the first one is the attempt's start
