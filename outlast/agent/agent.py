@@ -29,7 +29,8 @@ from outlast.agent.memory_guard import MemoryGuard
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
-from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn, spawn_refusal
+from outlast.agent.supervisor import (UNKILLABLE_AFTER_S, Effect, GiveUpNode, Kill, Placement, ReleaseLeaf, Send,
+                                      Supervisor, Warn, spawn_refusal)
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
@@ -70,7 +71,7 @@ class Agent:
         self.sock, bound = bind_router(self.ctx, host, port, key=self.spec.key)
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
-        self.sup = Supervisor(node_id)
+        self.sup = Supervisor(node_id, float(os.environ.get("OUTLAST_UNKILLABLE_TIMEOUT_S", UNKILLABLE_AFTER_S)))
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self.output = OutputTails(node_id, private_subdir("logs"))
@@ -124,6 +125,9 @@ class Agent:
                     self.guard.on_reaped(e.pid, e.leaf)
             elif isinstance(e, Warn):
                 log.warning("%s", e.text)
+            elif isinstance(e, GiveUpNode):
+                if self.draining is None:
+                    self.drain("other", e.reason, None)
 
     # ---- fork server --------------------------------------------------------------------------
 
