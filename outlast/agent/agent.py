@@ -31,7 +31,8 @@ from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.tier_server import TierServer, start_tier
 from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
-from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn, spawn_refusal
+from outlast.agent.supervisor import (UNKILLABLE_AFTER_S, Effect, GiveUpNode, Kill, Placement, ReleaseLeaf, Send,
+                                      Supervisor, Warn, spawn_refusal)
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
@@ -74,7 +75,7 @@ class Agent:
         self.sock, bound = bind_router(self.ctx, host, port, key=self.spec.key)
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
-        self.sup = Supervisor(node_id)
+        self.sup = Supervisor(node_id, float(os.environ.get("OUTLAST_UNKILLABLE_TIMEOUT_S", UNKILLABLE_AFTER_S)))
         self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
@@ -133,6 +134,9 @@ class Agent:
                     self.guard.on_reaped(e.pid, e.leaf)
             elif isinstance(e, Warn):
                 log.warning("%s", e.text)
+            elif isinstance(e, GiveUpNode):
+                if self.draining is None:
+                    self.drain("other", e.reason, None)
 
     # ---- fork server --------------------------------------------------------------------------
 
