@@ -47,9 +47,13 @@ class Controller:
 
     def run(self) -> None:
         """Drive the run to a terminal state; raise `TrainingFailedError` if it errored."""
+        lease = self.plan.lease
+        stop_renewing = lease.renew_in_background() if lease is not None else None  # off the loop, as storage is
         try:
             self._run()
         finally:
+            if stop_renewing is not None:
+                stop_renewing()
             self.storage.close(timeout_s=0 if not self.core.closed else None)
 
     def _run(self) -> None:
@@ -64,8 +68,7 @@ class Controller:
                 for event in self.group.events(POLL_S) + self.storage.take() or [Tick()]:
                     self._step(event)
                 lease = self.plan.lease
-                if lease is not None and not self.core.state.kind.is_terminal \
-                        and (lost := lease.renew_if_due(self.clock())):
+                if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))
             except KeyboardInterrupt:
                 if interrupted:
