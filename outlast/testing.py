@@ -12,6 +12,7 @@ cluster does: placement across nodes, a node killed or drained, a restart on ano
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ from outlast.client.discovery import AgentUnavailable, request, start_agent_proc
 from outlast.client.preload import default_preload
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
+from outlast.storage.tier_store import default_root as default_tier_root
 
 
 @dataclass
@@ -57,6 +59,8 @@ class LocalCluster:
         self.workdir = Path(workdir or self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file = self.workdir / "cluster.key"
+        # The nodes' memory tiers: RAM as on machines, apart from other clusters' nodes of the same names.
+        self.tier_dir = default_tier_root() / f"cluster-{self.workdir.name}"
         self.nodes: dict[str, LocalNode] = {}
         self._saved_env: dict[str, str | None] = {}
         self._ctx = zmq.Context()
@@ -116,7 +120,8 @@ class LocalCluster:
     def _start(self, node_id: str, args: list[str]) -> LocalNode:
         log_path = self.workdir / f"{node_id}.log"
         # Each node keeps its own state (checkpoint cache, node file) as a machine would.
-        env = {"OUTLAST_HOME": str(self.workdir / node_id), "OUTLAST_ETCD_LEASE_TTL_S": str(self.etcd_lease_ttl_s)}
+        env = {"OUTLAST_HOME": str(self.workdir / node_id), "OUTLAST_ETCD_LEASE_TTL_S": str(self.etcd_lease_ttl_s),
+               "OUTLAST_TIER_DIR": str(self.tier_dir)}
         proc, address = start_agent_process(self.preload, embedded=False, extra_args=args, log_path=log_path, env=env)
         node = self.nodes[node_id] = LocalNode(node_id, address, proc, log_path, args)
         return node
@@ -194,6 +199,7 @@ class LocalCluster:
                 os.environ[k] = v
         self._saved_env.clear()
         self._ctx.term()
+        shutil.rmtree(self.tier_dir, ignore_errors=True)
         if self._tmp is not None:
             self._tmp.cleanup()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
@@ -52,8 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         die_with_parent()
     node_id = args.node_id or uuid.uuid4().hex[:8]
     try:
-        isolation = config_from_args(args)
         spec = spec_from_args(args, secrets)
+        isolation = dataclasses.replace(config_from_args(args), checkpoint_memory=spec.checkpoint_memory)
         where = endpoint(args.metrics_port, args.metrics_host)
         agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
                       isolation=isolation, spec=spec)
@@ -114,6 +116,10 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-cert", default=None, metavar="FILE", help="this client's certificate for etcd (TLS)")
     p.add_argument("--etcd-key", default=None, metavar="FILE", help="the key of --etcd-cert")
     p.add_argument("--etcd-user", default=None, help="etcd user (its password in $OUTLAST_ETCD_PASSWORD)")
+    p.add_argument("--checkpoint-memory", default=None, metavar="SIZE",
+                   help="RAM this node keeps checkpoint copies in, its own ranks' and a peer's, e.g. 8GiB; 0 turns "
+                        "the memory tier off (default: 2GiB; reserved beside the system's memory with "
+                        "--enable-resource-isolation)")
     p.add_argument("--worker-user", default=None, metavar="USER",
                    help="run workers as USER (the agent runs as root): they cannot read the node's state directory "
                         "(cluster key, node file, other runs' output) nor signal the agent")
@@ -181,6 +187,11 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     elif key is None:
         key = ClusterKey.load(key_file)
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
+    tier = DEFAULT_BUDGET_BYTES if args.checkpoint_memory is None else parse_bytes(args.checkpoint_memory,
+                                                                                   "--checkpoint-memory")
+    return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
+                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
+                    checkpoint_memory=tier, embedded=bool(getattr(args, "embedded", False)))
     worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
                     node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,

@@ -26,7 +26,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
 from outlast.storage.memtier import CopyKey
-from outlast.storage.tier_store import TierStore
+from outlast.storage.tier_store import TierStore, default_root
 
 log = logging.getLogger("outlast.agent.tier")
 
@@ -103,11 +103,11 @@ class TierServer:
         if isinstance(msg, m.TierCommit):
             with self._lock:
                 self.store.mark_committed(msg.run, msg.checkpoint_dir)
-            return None
+            return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=-1)
         if isinstance(msg, m.TierFree):
             with self._lock:
                 self.store.free_run(msg.run)
-            return None
+            return m.TierAck(run=msg.run, checkpoint_dir="", rank=-1)
         key = CopyKey(msg.run, msg.checkpoint_dir, msg.rank)
         ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)
         if isinstance(msg, m.TierOffer):
@@ -225,3 +225,29 @@ class TierServer:
         with self._lock:
             return self.store.finish(key)
 
+
+
+def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
+               root: Path | None = None) -> TierServer | None:
+    """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget."""
+    if budget_bytes <= 0:
+        return None
+    root = root or default_root()
+    room = shutil.disk_usage(_existing(root)).total
+    if budget_bytes > room:
+        raise ValueError(f"--checkpoint-memory {budget_bytes / 2**30:.2f} GiB is more than the whole of the file "
+                         f"system behind {root} ({room / 2**30:.2f} GiB); lower it, or set OUTLAST_TIER_DIR to a "
+                         "larger tmpfs")
+    store = TierStore(root, node_id, budget_bytes)
+    for line in store.open():
+        log.info("%s", line)
+    server = TierServer(ctx, key, store, host).start()
+    log.info("keeping checkpoint copies in memory: up to %.2f GiB in %s, served at %s", budget_bytes / 2**30,
+             store.home, server.address)
+    return server
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path

@@ -141,7 +141,7 @@ def _cluster_args(args: argparse.Namespace, key_file: str | None) -> list[str]:
                         ("--failure-domain", args.failure_domain), ("--etcd", args.etcd),
                         ("--etcd-cacert", args.etcd_cacert), ("--etcd-cert", args.etcd_cert),
                         ("--etcd-key", args.etcd_key), ("--etcd-user", args.etcd_user),
-                        ("--worker-user", args.worker_user)):
+                        ("--checkpoint-memory", args.checkpoint_memory), ("--worker-user", args.worker_user)):
         if value not in (None, ""):
             out += [flag, str(value)]
     return out

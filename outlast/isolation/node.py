@@ -52,7 +52,8 @@ class NodeIsolation:
         driver = driver or detect(node_id, config.cgroup_path)
         driver.validate()  # raises with every problem before the first write
         res = compute_reservations(psutil.virtual_memory().total, driver.starting_limit(), cpu_count(),
-                                   config.system_reserved_memory, config.system_reserved_cpu)
+                                   config.system_reserved_memory, config.system_reserved_cpu,
+                                   checkpoint_memory=config.checkpoint_memory)
         node = cls(driver, res, node_id, PolicyConfig(kill_at=config.kill_at, target=config.target))
         try:
             driver.setup(res)

@@ -44,8 +44,10 @@ def _clamp(x: float, lo: float, hi: float) -> float:
 
 
 def compute_reservations(physical_memory: int, cgroup_limit: int | None, cpus: float,
-                         reserved_memory: int | None = None, reserved_cpus: float | None = None) -> Reservations:
-    """Defaults: 10% of memory (500 MiB to 10 GiB) and 5% of the cores (1 to 3), never all of either."""
+                         reserved_memory: int | None = None, reserved_cpus: float | None = None,
+                         checkpoint_memory: int = 0) -> Reservations:
+    """Defaults: 10% of memory (500 MiB to 10 GiB) and 5% of the cores (1 to 3), never all of either.
+    The memory tier's budget (`checkpoint_memory`) is the agent's too, so it is reserved on top."""
     total = physical_memory if cgroup_limit is None else min(physical_memory, cgroup_limit)
     why = [f"total memory {format_bytes(total)} = min(physical {format_bytes(physical_memory)}, "
            f"cgroup limit {format_bytes(cgroup_limit) if cgroup_limit is not None else 'none'})"]
@@ -55,7 +57,15 @@ def compute_reservations(physical_memory: int, cgroup_limit: int | None, cpus: f
     else:
         mem = reserved_memory
         why.append(f"reserved memory {format_bytes(mem)} (--system-reserved-memory)")
+    if checkpoint_memory:
+        mem += checkpoint_memory
+        why.append(f"+ {format_bytes(checkpoint_memory)} of checkpoint memory (--checkpoint-memory)")
     if total - mem < MIN_USER_MEMORY:
+        if checkpoint_memory:
+            raise BadSetting(
+                f"reserving {format_bytes(mem)} for the system, {format_bytes(checkpoint_memory)} of it checkpoint "
+                f"memory, leaves {format_bytes(max(total - mem, 0))} of {format_bytes(total)} to workloads; lower "
+                "--checkpoint-memory or --system-reserved-memory")
         raise BadSetting(
             f"reserving {format_bytes(mem)} for the system leaves {format_bytes(max(total - mem, 0))} of "
             f"{format_bytes(total)} to workloads; lower --system-reserved-memory or give the node more memory"

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: every frame starts with outlast/protocol/transport.py's HEADER
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -227,6 +227,9 @@ class NodeDraining(Msg):
     deadline_unix_s: float | None
     # Every node drained with it: a drain on one node of a failure domain drains the domain.
     node_ids: list[str] = []
+    # The nodes go away as soon as the checkpoint this drain asks for is committed (a Slurm job is
+    # requeued then), whatever the deadline: a step trained after that commit would be lost.
+    until_commit: bool = False
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -296,6 +299,10 @@ class DrainNode(Msg):
     reason: str
     message: str
     deadline_remaining_s: float | None
+    # More nodes drained with it, as one drain: every run hears one notice naming them all (a whole
+    # Slurm job preempted), not a notice per node that its ranks may see one at a time.
+    also: list[str] = []
+    until_commit: bool = False  # NodeDraining.until_commit
 
 
 class DrainAck(Msg):
@@ -327,6 +334,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     is_head: bool = False
     agent_pid: int = 0  # with host_id: a process on the same host sees at once when the agent is gone
     host_id: str = ""  # boot id and pid namespace (outlast/client/liveness.py)
+    tier_address: str = ""  # its memory tier's server (outlast/agent/tier_server.py); empty: no tier
 
 
 class RegisterNode(Msg):
@@ -561,7 +569,8 @@ class TierChunk(Msg):
 
 
 class TierAck(Msg):
-    """An offer accepted (`path` empty) or a chunk written: the sender may send one more."""
+    """An offer accepted (`path` empty) or a chunk written: the sender may send one more. Also the answer
+    to a `TierCommit` and a `TierFree` (rank -1)."""
 
     run: str
     checkpoint_dir: str

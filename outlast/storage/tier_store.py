@@ -116,6 +116,12 @@ class TierStore:
         private_dir(self.root)
         said = self._free_dead_siblings()
         private_dir(self.home)
+        owner = _read_owner(self.home)
+        if owner is not None and owner.host == host_id() and owner.process.pid != os.getpid() \
+                and still_running(owner.process, owner.process.pid)[0]:
+            raise ValueError(f"node {self.node_id}'s memory tier in {self.home} belongs to pid {owner.process.pid}, "
+                             "which still runs: two agents of one node id cannot share it; stop that one, or give "
+                             "this one another --node-id")
         said += self._reclaim()
         (self.home / "owner.json").write_bytes(msgspec.json.encode(_Owner(this_process(), host_id())))
         return said
@@ -123,11 +129,8 @@ class TierStore:
     def _free_dead_siblings(self) -> list[str]:
         said = []
         for other in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != self.node_id):
-            try:
-                owner = msgspec.json.decode((other / "owner.json").read_bytes(), type=_Owner)
-            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-                continue  # not an agent's tier, or one being set up: not ours to judge
-            if owner.host != host_id():
+            owner = _read_owner(other)
+            if owner is None or owner.host != host_id():  # not an agent's tier, or one being set up
                 continue
             alive, _why = still_running(owner.process, owner.process.pid)
             if not alive:
@@ -137,6 +140,7 @@ class TierStore:
         return said
 
     def _reclaim(self) -> list[str]:
+        shutil.rmtree(self.home / "restores", ignore_errors=True)  # links for restores that are over
         kept, dropped = 0, []
         for record_path in sorted(self.home.glob("*/*/rank-*.json")):
             try:
@@ -298,6 +302,13 @@ class TierStore:
         final = copy_dir(self.root, self.node_id, key)
         final.with_name(final.name + ".json").unlink(missing_ok=True)
         shutil.rmtree(final, ignore_errors=True)
+
+
+def _read_owner(home: Path) -> _Owner | None:
+    try:
+        return msgspec.json.decode((home / "owner.json").read_bytes(), type=_Owner)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def _has_size(path: Path, size: int) -> bool:

@@ -261,3 +261,64 @@ def _restore_and_read(args):
     storage = LocalStorage(tmp_path / "storage")
     path, source, _ = restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
     return str(path), source is SourceKind.LOCAL_MEMORY and (path / "model.pt").stat().st_size == 2 * MB
+
+
+# -- the node's budget as it is set --------------------------------------------------------------------
+
+from outlast.agent.__main__ import add_cluster_arguments, spec_from_args  # noqa: E402
+from outlast.isolation.errors import BadSetting  # noqa: E402
+from outlast.isolation.reservations import GiB, compute_reservations  # noqa: E402
+
+
+def _spec(tmp_path, *argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_cluster_arguments(p)
+    p.add_argument("--host", default="127.0.0.1")
+    return spec_from_args(p.parse_args(["--cluster-key", str(tmp_path / "k"), *argv]))
+
+
+def test_checkpoint_memory_defaults_to_two_gib_and_takes_units(tmp_path):
+    assert _spec(tmp_path).checkpoint_memory == 2 * GiB
+    assert _spec(tmp_path, "--checkpoint-memory", "512MiB").checkpoint_memory == 512 * MB
+    assert _spec(tmp_path, "--checkpoint-memory", "0").checkpoint_memory == 0
+
+
+def test_a_checkpoint_memory_that_is_not_a_size_says_so(tmp_path):
+    with pytest.raises(ValueError, match="--checkpoint-memory"):
+        _spec(tmp_path, "--checkpoint-memory", "lots")
+
+
+def test_with_isolation_the_checkpoint_memory_is_reserved_beside_the_systems():
+    res = compute_reservations(16 * GiB, None, 8.0, reserved_memory=1 * GiB, checkpoint_memory=3 * GiB)
+    assert res.system_memory == 4 * GiB and res.user_memory == 12 * GiB
+    assert "of checkpoint memory (--checkpoint-memory)" in res.reason
+    with pytest.raises(BadSetting, match="lower --checkpoint-memory"):
+        compute_reservations(4 * GiB, None, 8.0, reserved_memory=1 * GiB, checkpoint_memory=3 * GiB)
+
+
+def test_a_budget_larger_than_the_tmpfs_is_refused_saying_what_to_do(tmp_path):
+    from outlast.agent.tier_server import start_tier
+
+    with pytest.raises(ValueError, match="more than the whole of the file system.*OUTLAST_TIER_DIR"):
+        start_tier(zmq.Context.instance(), None, "n1", "127.0.0.1", 1 << 60, root=tmp_path / "tier")
+
+
+def test_a_second_live_agent_of_the_same_node_id_cannot_take_its_tier(root):
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pathlib import Path
+from outlast.storage.tier_store import TierStore
+TierStore(Path({str(root)!r}), "n1", 1 << 30).open()
+print("ready", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        with pytest.raises(ValueError, match=f"belongs to pid {child.pid}, which still runs"):
+            TierStore(root, "n1", 1 << 30).open()
+    finally:
+        child.kill()
+        child.wait()
+    TierStore(root, "n1", 1 << 30).open()  # once it is gone, the node's next agent takes it
