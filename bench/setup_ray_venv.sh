@@ -5,7 +5,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="$here/.ray-venv"
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import ray.train.torch, torch" 2>/dev/null; then
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import ray.train.torch, torch, lightning, transformers, xgboost, jax" 2>/dev/null; then
     echo "$venv is ready"
     exit 0
 fi
