@@ -11,6 +11,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
@@ -163,7 +164,7 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     if args.num_cpus is not None:
         resources["CPU"] = _non_negative("--num-cpus", args.num_cpus)
     if args.num_gpus is not None:
-        resources["GPU"] = _non_negative("--num-gpus", args.num_gpus)
+        resources["GPU"] = float(len(node_gpu_ids(_non_negative("--num-gpus", args.num_gpus), os.environ, dev_names())))
     if args.memory is not None:
         resources["memory"] = float(parse_bytes(args.memory, "--memory"))
     for name, amount in _pairs("--resources", args.resources).items():

@@ -3,8 +3,9 @@
 This module is the dispatcher: one thread, one poll loop over the agent's socket
 (controllers, tools, member nodes), the pipe to the fork server, the head link of a
 member, and the memory monitors. Each input goes to the part that decides
-(`supervisor.Supervisor` for workloads and runs, the node role for the cluster, the
-memory guard for memory), and the effects that come back are carried out here.
+(`node_core.NodeCore` for runs, their workloads and drains, the node role for the
+cluster, the memory guard for memory), and the effects that come back are carried out
+here. The simulator drives the same `NodeCore`.
 The processes and protocols are described in docs/architecture.md.
 """
 
@@ -14,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 import zmq
@@ -31,14 +32,16 @@ from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.tier_server import TierServer, start_tier
 from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
-from outlast.agent.supervisor import Effect, Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn, spawn_refusal
+from outlast.agent.gpus import dev_names, node_gpu_ids
+from outlast.agent.node_core import FinishOutput, Fork, NodeCore, NodeEffect
+from outlast.agent.supervisor import Kill, ReleaseLeaf, Send, Warn
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode
 from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
@@ -74,14 +77,16 @@ class Agent:
         self.sock, bound = bind_router(self.ctx, host, port, key=self.spec.key)
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
-        self.sup = Supervisor(node_id)
+        self.core = NodeCore(node_id, os.getpid(),
+                             node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()))
+        self.fork_server_ready: m.ZygoteReady | None = None  # what the fork server said once ready
+        self.sup = self.core.sup
         self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self.output = OutputTails(node_id, private_subdir("logs"))
         self.metrics = None  # NodeMetrics, once __main__ serves them
         self._stop = False
-        self.draining: m.NodeDraining | None = None
         self.sources = DrainSources()
         self.role: NodeRole | None = None
         self._poller = zmq.Poller()
@@ -119,11 +124,22 @@ class Agent:
                           host_id=host_id(),
                           tier_address=self.tier.address.replace("0.0.0.0", self.spec.node_ip, 1) if self.tier else "")
 
+    @property
+    def draining(self) -> m.NodeDraining | None:
+        return self.core.draining
+
     # ---- effects ---------------------------------------------------------------------------------
 
-    def apply(self, effects: list[Effect]) -> None:
+    def apply(self, effects: list[NodeEffect]) -> None:
         for e in effects:
-            if isinstance(e, Send):
+            if isinstance(e, Fork):
+                self._fork(e)
+            elif isinstance(e, FinishOutput):
+                lines = self.output.finish_run(e.run_id) if e.key is None else self.output.finish(*e.key)
+                if e.to is not None:
+                    for msg in lines:
+                        self._reply(e.to, msg)
+            elif isinstance(e, Send):
                 self._reply(e.to, e.msg)
             elif isinstance(e, Kill):
                 if e.pid > 0:  # never 0 or -1: those name our own group or everyone
@@ -141,14 +157,15 @@ class Agent:
         if msg is None:
             self._fork_server_died()
         elif isinstance(msg, m.ZygoteReady):
+            self.fork_server_ready = msg
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
-        elif isinstance(msg, m.Forked):
-            self.apply(self.sup.on_forked(msg, time.time()))
-        elif isinstance(msg, m.Reaped):
-            # Its last lines, then its exit.
-            self._send_output(self.output.finish(msg.run_id, msg.attempt, msg.rank, msg.task_id))
-            self.apply(self.sup.on_reaped(msg))
+            if msg.cuda_initialized:
+                log.error("the fork server initialized CUDA while preloading %s (%s): workers forked from it "
+                          "cannot use a GPU; remove the module that does it from OUTLAST_PRELOAD (or --preload)",
+                          ",".join(msg.preloaded), msg.cuda_initialized)
+        elif isinstance(msg, (m.Forked, m.Reaped)):
+            self.apply(self.core.on_fork_server(msg, time.time()))
 
     def _fork_server_died(self) -> None:
         """Its workloads died with it: report them lost (their runs restart them), then start a new
@@ -156,6 +173,7 @@ class Agent:
         pid = self.forks.proc.pid
         self._poller.unregister(self.forks.fileno())
         how, decision = self.forks.died(self.clock())
+        self.core.gpus.release_all()
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
                                      "its workers died with it"))
         if isinstance(decision, GiveUp):
@@ -168,20 +186,9 @@ class Agent:
 
     def _on_request(self, identity: bytes, req: m.AgentRequest) -> None:
         now = self.clock()
-        if isinstance(req, m.RunHeartbeat):
-            self.sup.heartbeat(identity, req.run_id, req.timeout_s, req.last_commit_at, now)
-            self._reply(identity, self._pong())
-        elif isinstance(req, m.SpawnWorkers):
-            self._spawn(identity, req, now)
-        elif isinstance(req, m.SpawnTask):
-            self._spawn_task(identity, req, now)
-        elif isinstance(req, m.StopWorkers):
-            self.apply(self.sup.stop_attempt(req.run_id, req.attempt, req.grace_s, now))
-        elif isinstance(req, m.EndRun):
-            self._send_output(self.output.finish_run(req.run_id))
-            self.apply(self.sup.end_run(req.run_id, now))
-        elif isinstance(req, m.Ping):
-            self._reply(identity, self._pong())
+        effects = self.core.on_request(identity, req, now, self.role.head_address)
+        if effects is not None:
+            self.apply(effects)
         elif isinstance(req, m.StatusRequest):
             self._reply(identity, self.status())
         elif isinstance(req, m.DrainNode):
@@ -198,51 +205,39 @@ class Agent:
             self._stop = True
             self._reply(identity, m.ShutdownAck())
 
-    def _pong(self) -> m.Pong:
-        return m.Pong(node_id=self.node_id, pid=os.getpid(), head_address=self.role.head_address)
-
-    def _spawn(self, identity: bytes, req: m.SpawnWorkers, now: float) -> None:
-        if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, os.getpid())) is not None:
-            self._reply(identity, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))
-            return
-        self.apply(self.sup.admit(identity, req.run_id, now, req.run_key))
-        for spec in req.workers:
-            procs = self._place((req.run_id, req.attempt, spec.rank, ""), f"{req.run_id}-a{req.attempt}-r{spec.rank}",
-                                m.Resources(), True, spec.world_size, dict(req.resources))
-            self.forks.send(m.ForkWorker(
-                run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
-                # The run's own credential is in its env: a worker never holds the cluster key.
-                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path,
-                run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
-                error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
-                cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
+    def _fork(self, f: Fork) -> None:
+        procs = self._place(f)
+        if f.task is not None:
+            req = f.task
+            self.forks.send(m.ForkTask(
+                run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address,
+                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
+                error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
+                output_file=self.output.file_for_task(req),
             ))
-
-    def _spawn_task(self, identity: bytes, req: m.SpawnTask, now: float) -> None:
-        self.apply(self.sup.admit(identity, req.run_id, now))
-        demand = {"CPU": req.resources.num_cpus}
-        if req.resources.memory_bytes:
-            demand["memory"] = float(req.resources.memory_bytes)
-        procs = self._place((req.run_id, 0, -1, req.task_id), f"task-{req.task_id}", req.resources,
-                            req.retriable, 1, demand)
-        self.forks.send(m.ForkTask(
-            run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address, payload=req.payload,
-            env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
-            error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
-            output_file=self.output.file_for_task(req),
+            return
+        req, spec = f.spawn, f.spec
+        assert req is not None and spec is not None
+        self.forks.send(m.ForkWorker(
+            run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
+            # The run's own credential is in its env: a worker never holds the cluster key.
+            payload=req.payload, env=f.env if f.env is not None else req.env, cwd=req.cwd, sys_path=req.sys_path,
+            run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
+            error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
+            cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
         ))
 
-    def _place(self, key: tuple[str, int, int, str], leaf: str, resources: m.Resources, retriable: bool,
-               world_size: int, demand: dict[str, float]) -> list[str]:
+    def _place(self, f: Fork) -> list[str]:
         """Create the workload's cgroup leaf (with isolation on); the child moves itself in."""
         procs: list[str] = []
         if self.guard is not None:
             try:
-                procs = self.guard.create_leaf(leaf, resources)
+                procs = self.guard.create_leaf(f.leaf, f.placement.resources)
             except OSError as e:
                 # Better a worker outside its leaf (charged to the system) than a node that stops.
-                log.error("could not create the cgroup leaf %s (%s); the worker runs without one", leaf, e)
-        self.sup.expect(key, Placement(leaf if procs else None, resources, retriable, world_size, demand))
+                log.error("could not create the cgroup leaf %s (%s); the worker runs without one", f.leaf, e)
+        if procs:
+            self.sup.expect(f.key, replace(f.placement, leaf=f.leaf))
         return procs
 
     def _send_output(self, msgs: list[m.WorkerOutput]) -> None:
@@ -265,15 +260,13 @@ class Agent:
 
     def _apply_drain(self, notice: m.NodeDraining) -> int:
         """Stop taking workers here; tell every run with workers here. Returns how many runs were told."""
-        self.draining = notice
+        told = self.core.drain(notice)
         self.role.drained_here()
-        runs = self.sup.runs_with_workloads()
-        for run in runs:
-            self._reply(run.controller, notice)
+        self.apply(told)
         left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
         log.warning("node %s is draining (%s: %s, %s); told %d run(s)", self.node_id, notice.reason, notice.message,
-                    f"deadline in {left:.0f} s" if left is not None else "no deadline", len(runs))
-        return len(runs)
+                    f"deadline in {left:.0f} s" if left is not None else "no deadline", len(told))
+        return len(told)
 
     # ---- timers ----------------------------------------------------------------------------------
 
@@ -354,6 +347,9 @@ class Agent:
                 return
             try:
                 self._on_request(frames[0], AGENT_REQUESTS.decode(frames[-1]))
+            except VersionMismatch as e:
+                log.warning("refused a request: %s", e)
+                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
             except BadMessage as e:
                 log.warning("dropped a malformed request: %s", e)
 
@@ -384,5 +380,6 @@ class Agent:
 
 
 def default_resources() -> dict[str, float]:
-    """What a node offers when not told: its usable cores and its memory, no GPU."""
-    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": 0.0, "memory": float(psutil.virtual_memory().total)}
+    """What a node offers when not told: its usable cores, its memory, the GPUs it sees (gpus.py)."""
+    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(len(node_gpu_ids(None, os.environ, dev_names()))),
+            "memory": float(psutil.virtual_memory().total)}

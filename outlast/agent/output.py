@@ -8,6 +8,13 @@ file for both streams keeps the order in which the rank wrote them. The agent's 
 bounded: at most `READ_BYTES` per file per turn, and a file more than `MAX_BEHIND_BYTES` ahead of
 its reader is skipped to its end, the lines skipped counted in the sequence numbers so the
 driver can say how many it did not show.
+
+A file is also capped (`OUTLAST_WORKER_OUTPUT_MAX_BYTES`, 1 GiB): a rank printing in a loop
+must not fill the node's disk. Past the cap the agent truncates it to nothing; the rank's
+descriptor appends, so it writes on from the start. What the agent had not read yet is lost,
+counted as skipped lines like the rest (a gap in the line numbers the driver says), and said in
+the agent's log. Truncation, not rotation: the rank holds the file open, so a renamed file would
+go on growing under its new name.
 """
 
 from __future__ import annotations
@@ -26,6 +33,23 @@ from outlast.protocol import messages as m
 READ_BYTES = 1 << 20  # per file per turn of the loop: one message stays small
 MAX_BEHIND_BYTES = 32 << 20  # further behind than this, the reader skips to the end
 MAX_LINE_BYTES = 64 << 10  # a longer line without a newline is cut and sent in pieces
+MAX_FILE_BYTES_VAR = "OUTLAST_WORKER_OUTPUT_MAX_BYTES"
+DEFAULT_MAX_FILE_BYTES = 1 << 30
+
+
+def max_file_bytes(env=os.environ) -> int:
+    """The cap on a rank's output file; a bad value is refused saying what to write."""
+    text = env.get(MAX_FILE_BYTES_VAR, "")
+    if not text:
+        return DEFAULT_MAX_FILE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2 * READ_BYTES:
+        raise ValueError(f"{MAX_FILE_BYTES_VAR}={text!r}: give a whole number of bytes, at least {2 * READ_BYTES} "
+                         f"(default {DEFAULT_MAX_FILE_BYTES})")
+    return value
 
 log = logging.getLogger("outlast.agent")
 
@@ -96,6 +120,7 @@ class _Tail:
     seq: int = 0  # lines read so far, skipped ones included
     partial: bytes = b""
     skipping_fragment: bool = False  # after a skip: the rest of a cut line is part of what was skipped
+    forward: bool = True  # False: only capped, never read (RunConfig(worker_output="off"))
 
 
 class OutputTails:
@@ -106,6 +131,7 @@ class OutputTails:
         self.log_dir = log_dir  # each rank's output, per run and attempt
         self._tails: dict[tuple[str, int, int, str], _Tail] = {}  # (run, attempt, rank, task id)
         self.skipped_lines = 0  # over the node's life, for its log and metrics
+        self.max_file_bytes = max_file_bytes()
         self._run_dirs: dict[str, str] = {}  # run id -> its directory, until the run ends (read or not)
         self.prune()  # what earlier agents of this node left
 
@@ -135,11 +161,10 @@ class OutputTails:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._run_dirs[run_id] = path.parent.name
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        if not forward:  # RunConfig(worker_output="off"): kept in the file, never read here
-            os.close(fd)
-            return str(path)
+        # RunConfig(worker_output="off"): kept in the file, never read here, but capped all the same.
         self._tails[(run_id, attempt, rank, task_id)] = _Tail(run_id, attempt, rank, str(path), fd,
-                                                              offset=os.fstat(fd).st_size, task_id=task_id)
+                                                              offset=os.fstat(fd).st_size, task_id=task_id,
+                                                              forward=forward)
         return str(path)
 
     def read_all(self) -> list[m.WorkerOutput]:
@@ -158,7 +183,7 @@ class OutputTails:
             return []
         out = []
         try:
-            while (msg := self._read(t, final=True)) is not None:
+            while t.forward and (msg := self._read(t, final=True)) is not None:
                 out.append(msg)
                 if len(msg.lines) == 0:
                     break
@@ -188,9 +213,13 @@ class OutputTails:
             size = os.fstat(t.fd).st_size
         except OSError:
             return None
+        skipped = 0
+        if size > self.max_file_bytes:
+            skipped, size = self._cap(t, size)
+        if not t.forward:
+            return None
         if size < t.offset:  # truncated by someone: start again from its start
             t.offset, t.partial = 0, b""
-        skipped = 0
         if size - t.offset > MAX_BEHIND_BYTES:
             skipped = self._skip(t, size - READ_BYTES)
         data = os.pread(t.fd, min(size - t.offset, READ_BYTES), t.offset) if size > t.offset else b""
@@ -220,6 +249,25 @@ class OutputTails:
         t.seq += len(lines)
         return m.WorkerOutput(run_id=t.run_id, attempt=t.attempt, rank=t.rank, node_id=self.node_id, seq=seq,
                               lines=lines, task_id=t.task_id)
+
+    def _cap(self, t: _Tail, size: int) -> tuple[int, int]:
+        """Truncate a file past the cap; returns the lines lost (read or not, they count as skipped:
+        the writer may add a few between our look and the cut, not counted) and its new size."""
+        lost = self._skip(t, size) if t.forward else 0
+        try:
+            os.truncate(t.path, 0)
+        except OSError as e:
+            log.error("could not truncate %s past its cap of %d bytes (%s)", t.path, self.max_file_bytes, e)
+            return lost, size
+        t.offset = 0
+        who = f"task {t.task_id}" if t.task_id else f"rank {t.rank} (attempt {t.attempt})"
+        log.warning("the output file of %s passed %s=%d bytes and was truncated; %s", who, MAX_FILE_BYTES_VAR,
+                    self.max_file_bytes, f"{lost} line(s) not yet forwarded were lost" if t.forward
+                    else "its earlier output is gone")
+        try:
+            return lost, os.fstat(t.fd).st_size
+        except OSError:
+            return lost, 0
 
     def _skip(self, t: _Tail, to: int) -> int:
         """Jump to `to`, counting the lines jumped over (a line cut at `to` counts as one of them)."""

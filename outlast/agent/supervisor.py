@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from outlast.isolation.policy import render_report
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 
 END_RUN_GRACE_S = 1.0
 DEFAULT_RUN_TIMEOUT_S = 5.0  # until the run's first heartbeat says otherwise
@@ -207,7 +208,7 @@ class Supervisor:
         """The fork server died and its workloads with it (they die with their parent): nobody will
         reap them, so each is reported lost now, as a failure its run restarts from. So is each fork
         it was asked for and never reported: without a report its controller would wait for it."""
-        error = m.WorkerError(exc_type="ForkServerDied", message=why, traceback="", phase="node")
+        error = m.WorkerError(exc_type=FailureKind.FORK_SERVER_DIED, message=why, traceback="", phase="node")
         effects: list[Effect] = []
         for w in list(self.workloads.values()):
             del self.workloads[w.pid]

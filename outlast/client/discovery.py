@@ -19,7 +19,7 @@ from outlast.runenv import secrets_in, without_secrets, write_secrets
 from outlast.identity import ProcessIdentity
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
-from outlast.protocol.transport import AGENT_EVENTS, BadMessage, tune, encode
+from outlast.protocol.transport import AGENT_EVENTS, BadMessage, VersionMismatch, tune, encode
 from outlast.statedir import state_dir
 
 
@@ -102,6 +102,8 @@ def request(ctx: zmq.Context, address: str, msg: m.Msg, timeout_s: float = 2.0,
             raise AgentUnavailable(f"no answer from the node agent at {address} within {timeout_s:.0f} s{hint}")
         try:
             return AGENT_EVENTS.decode(sock.recv())
+        except VersionMismatch as e:
+            raise AgentUnavailable(f"the node agent at {address} refused this request: {e}") from None
         except BadMessage as e:
             raise AgentUnavailable(f"the node agent at {address} answered with a malformed message: {e}") from None
     finally:

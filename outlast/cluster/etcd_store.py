@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlparse
 
+from outlast.cluster.sealed import Sealer
 from outlast.cluster.store_view import StoreEvent
 
 log = logging.getLogger("outlast.store")
@@ -106,7 +107,11 @@ def _range_end(prefix: str) -> str:
 class EtcdStore:
     """Calls to etcd under one cluster's prefix, failing over between endpoints."""
 
-    def __init__(self, config: EtcdConfig, namespace: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, config: EtcdConfig, namespace: str, timeout_s: float = CALL_TIMEOUT_S,
+                 sealer: Sealer | None = None) -> None:
+        """With a `sealer`, every value written is sealed with the cluster key (outlast/cluster/sealed.py),
+        and a `ClusterView(store.sealer)` refuses what is not."""
+        self.sealer = sealer
         try:
             import etcd3gw  # noqa: F401
         except ImportError:
@@ -177,7 +182,7 @@ class EtcdStore:
         return items, int(out["header"]["revision"])
 
     def put(self, key: str, value: bytes, lease: int | None = None) -> None:
-        body: dict[str, Any] = {"key": _b64(self.prefix + key), "value": _b64(value)}
+        body: dict[str, Any] = {"key": _b64(self.prefix + key), "value": _b64(self._seal(key, value))}
         if lease:
             body["lease"] = lease
         self.call("kv/put", body)
@@ -190,9 +195,13 @@ class EtcdStore:
         k = _b64(self.prefix + key)
         out = self.call("kv/txn", {"compare": [{"key": k, "result": "EQUAL", "target": "CREATE",
                                                 "create_revision": "0"}],
-                                   "success": [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}],
+                                   "success": [{"request_put": {"key": k, "value": _b64(self._seal(key, value)),
+                                                                "lease": lease}}],
                                    "failure": []})
         return bool(out.get("succeeded"))
+
+    def _seal(self, key: str, value: bytes) -> bytes:
+        return self.sealer.seal(key, value) if self.sealer is not None else value
 
     def grant(self, ttl_s: int) -> int:
         return int(self.call("lease/grant", {"TTL": ttl_s})["ID"])

@@ -26,7 +26,8 @@ class StoreSession:
     def __init__(self, store: EtcdStore, beat: Beat, interval_s: float) -> None:
         self.store, self._beat, self.interval_s = store, beat, interval_s
         self.lock = threading.Lock()  # guards `view` and `version`
-        self.view = ClusterView()
+        self.view = ClusterView(store.sealer)
+        self._said: set[tuple[str, str]] = set()  # refused records already in the log
         self.version = 0  # bumped on every change of the view
         self.read_once = threading.Event()
         self.unavailable_since: float | None = None
@@ -72,6 +73,7 @@ class StoreSession:
                 with self.lock:
                     self.view.reset(items)
                     self.version += 1
+                    self._say_refused()
                 self.read_once.set()
                 self.store.watch(revision + 1, self._on_events, self._stopping)
             except Exception as e:  # noqa: BLE001 - a broken stream or a lost member: read again and rewatch
@@ -83,6 +85,14 @@ class StoreSession:
             changed = [self.view.apply(e) for e in events]
             if any(changed):
                 self.version += 1
+            self._say_refused()
+
+    def _say_refused(self) -> None:
+        for key, why in self.view.refused:
+            if (key, why) not in self._said:
+                self._said.add((key, why))
+                log.warning("refused the cluster store's record %s: %s; it is left out of the node table", key, why)
+        self.view.refused.clear()
 
     def _beat_loop(self) -> None:
         while True:

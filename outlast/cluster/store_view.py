@@ -10,6 +10,8 @@ come out. Keys, under the cluster's own prefix:
     head           the node id of the agent holding the head role, bound to its lease
 
 A node is alive while its leased key exists: etcd, not a head, ends a silent node's lease.
+Every value is sealed with the cluster key (`outlast/cluster/sealed.py`); one that fails its
+check is refused (kept out of the view, listed in `refused` with why).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import msgspec
 
 from outlast.cluster.nodetable import UnknownNode
+from outlast.cluster.sealed import Sealer
 from outlast.protocol.messages import NodeDraining, NodeInfo
 
 _NODE = msgspec.json.Decoder(NodeInfo)
@@ -54,17 +57,19 @@ Duty = PutDrain | RecordDeath
 
 
 class ClusterView:
-    def __init__(self) -> None:
+    def __init__(self, sealer: Sealer | None = None) -> None:
+        self.sealer = sealer
         self.members: dict[str, NodeInfo] = {}
         self.live: dict[str, NodeInfo] = {}
         self.drains: dict[str, NodeDraining] = {}
         self.dead: dict[str, float] = {}
         self.head: str | None = None
         self.malformed: list[str] = []  # keys whose values could not be read (kept out of the table)
+        self.refused: list[tuple[str, str]] = []  # (key, why): values whose seal failed (kept out too)
 
     def reset(self, items: list[tuple[str, bytes]]) -> None:
         """A full read of the prefix: what the watch then continues from."""
-        self.__init__()
+        self.__init__(self.sealer)
         for key, value in items:
             self.apply(StoreEvent(key, value))
 
@@ -72,28 +77,34 @@ class ClusterView:
         """Take one watch event; True when the table or the head changed."""
         kind, _, node_id = event.key.partition("/")
         books = {"members": self.members, "nodes": self.live, "drains": self.drains, "dead": self.dead}
-        if event.key == "head":
-            old, self.head = self.head, event.value.decode() if event.value is not None else None
-            return old != self.head
-        if kind not in books or not node_id:
+        if event.key != "head" and (kind not in books or not node_id):
             return False
+        value = event.value
+        if value is not None and self.sealer is not None:
+            value, why = self.sealer.open(event.key, value)
+            if value is None:
+                self.refused.append((event.key, why))
+                return False
+        if event.key == "head":
+            old, self.head = self.head, value.decode() if value is not None else None
+            return old != self.head
         book = books[kind]
-        if event.value is None:
+        if value is None:
             return book.pop(node_id, None) is not None
         try:
             if kind in ("members", "nodes"):
-                book[node_id] = _NODE.decode(event.value)
+                book[node_id] = _NODE.decode(value)
             elif kind == "drains":
-                book[node_id] = _DRAIN.decode(event.value)
+                book[node_id] = _DRAIN.decode(value)
             else:
-                book[node_id] = float(event.value)
+                book[node_id] = float(value)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             self.malformed.append(event.key)
             return False
         return True
 
     def copy(self) -> "ClusterView":
-        out = ClusterView()
+        out = ClusterView(self.sealer)
         out.members, out.live, out.drains = dict(self.members), dict(self.live), dict(self.drains)
         out.dead, out.head = dict(self.dead), self.head
         return out
@@ -134,6 +145,10 @@ class ClusterView:
         for node_id, notice in sorted(self.drains.items()):
             if node_id != notice.node_id:
                 continue  # a drain fanned out from another node's: its origin fans out
+            if node_id not in self.live:
+                # A dead node's drain is over: its peers were drained while it lived, and a peer that
+                # rejoins since (a new start, its drain deleted) must not be drained again by it.
+                continue
             expanded = self.domain_of(node_id, notice.reason, notice.message, notice.deadline_unix_s)
             for peer in expanded.node_ids[1:]:
                 if peer not in self.drains:

@@ -24,7 +24,8 @@ def prefix(rank: int, node_id: str, attempt: int) -> str:
 
 def not_shown(count: int, rank: int, attempt: int) -> str:
     return (f"{count} line(s) of rank {rank} (attempt {attempt}) not shown: written faster than they could be "
-            f"forwarded; all are in the rank's log file (outlast runs STORAGE NAME --logs {rank})")
+            f"forwarded, or cut from the rank's log file past its size cap (OUTLAST_WORKER_OUTPUT_MAX_BYTES); what "
+            f"the file holds: outlast runs STORAGE NAME --logs {rank}")
 
 
 class OutputPrinter:

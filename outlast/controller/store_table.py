@@ -12,6 +12,7 @@ import logging
 import time
 
 from outlast.cluster.etcd_store import EtcdConfig, EtcdStore, namespace_of
+from outlast.cluster.sealed import Sealer
 from outlast.cluster.store_session import StoreSession
 from outlast.controller import group as g
 from outlast.protocol import messages as m
@@ -22,7 +23,7 @@ log = logging.getLogger("outlast.controller")
 
 class StoreTable:
     def __init__(self, config: EtcdConfig, key: ClusterKey) -> None:
-        store = EtcdStore(config, namespace_of(key.public))
+        store = EtcdStore(config, namespace_of(key.public), sealer=Sealer(key.secret))  # checks every record
         self.session = StoreSession(store, lambda _view: store.probe(), interval_s=min(1.0, config.lease_ttl_s / 3))
         self.session.start()
         self._seen: tuple[int, bool] | None = None

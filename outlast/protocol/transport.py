@@ -41,26 +41,48 @@ def _enc_hook(obj: Any) -> Any:
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 
+# Every frame on every channel starts with these bytes and the sender's protocol version, so
+# that a peer of another outlast is refused, saying both versions, before its message is read
+# as one of ours (a field that changed meaning would otherwise be misread without a word).
+MAGIC = b"OLP"
+HEADER = MAGIC + bytes([m.PROTOCOL_VERSION])
+
 
 def encode(msg: m.Msg) -> bytes:
-    return _encoder.encode(msg)
+    return HEADER + _encoder.encode(msg)
+
+
+class BadMessage(ValueError):
+    """A message that does not decode to any expected type; logged and dropped."""
+
+
+class VersionMismatch(BadMessage):
+    """A message from an outlast that speaks another protocol version."""
+
+    def __init__(self, theirs: int) -> None:
+        self.theirs = theirs
+        super().__init__(f"a peer speaks outlast protocol version {theirs} and this process version "
+                         f"{m.PROTOCOL_VERSION}: run the same outlast release on every node, driver and tool "
+                         f"of the cluster (pip show outlast)")
 
 
 class Codec(Generic[T]):
-    """Decodes one union of message types; a malformed message raises `BadMessage`."""
+    """Decodes one union of message types; a malformed message raises `BadMessage`, one of another
+    protocol version `VersionMismatch`."""
 
     def __init__(self, union: Any) -> None:
         self._decoder = msgspec.msgpack.Decoder(union)
 
     def decode(self, data: bytes) -> T:
+        if data[:len(MAGIC)] != MAGIC or len(data) <= len(MAGIC):
+            raise BadMessage(f"no outlast protocol header (outlast before protocol version 2 sent none; this "
+                             f"process speaks version {m.PROTOCOL_VERSION})")
+        if data[len(MAGIC)] != m.PROTOCOL_VERSION:
+            raise VersionMismatch(data[len(MAGIC)])
         try:
-            return self._decoder.decode(data)
+            return self._decoder.decode(memoryview(data)[len(HEADER):])
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise BadMessage(str(e)) from None
-
-
-class BadMessage(ValueError):
-    """A message that does not decode to any expected type; logged and dropped."""
 
 
 AGENT_REQUESTS: Codec[m.AgentRequest] = Codec(m.AgentRequest)

@@ -1,12 +1,13 @@
-"""A simulated node run by the agent's real supervisor (`outlast/agent/supervisor.py`).
+"""A simulated node run by the agent's real core (`outlast/agent/node_core.py`, with its supervisor).
 
 The simulator plays what the agent does with sockets and processes: a request from a
-controller becomes the supervisor's input, as `outlast/agent/agent.py` maps it; a fork is a
+controller goes to the core as `outlast/agent/agent.py` gives it; a `Fork` effect becomes a
 `SimRank` with a pid, reported as `Forked`; a worker's end is reported as `Reaped`; a `Kill`
 effect signals the simulated process (SIGKILL at once, SIGTERM after the worker's handler ran,
 or never for a worker that ignores it, until the supervisor's SIGKILL after the grace); a
-`Send` is an agent event to the controller on the node's channel. Heartbeat expiry (a dead
-driver) and the retirement of a relaunched driver's predecessor come from the supervisor.
+`Send` is an agent event to the controller on the node's channel. The spawn's refusal, the
+drain's notices, heartbeat expiry (a dead driver) and the retirement of a relaunched driver's
+predecessor all come from the core.
 
 Faults of the node's own processes: the fork server dies (its workloads with it, reported
 lost by `lose_all`, the node stays and the server comes back per the agent's restart policy),
@@ -20,7 +21,8 @@ import signal
 from typing import TYPE_CHECKING
 
 from outlast.client.restarts import GiveUp, RestartPolicy
-from outlast.agent.supervisor import Effect, Kill, Placement, Send, Supervisor, Warn, spawn_refusal
+from outlast.agent.node_core import Fork, NodeCore, NodeEffect
+from outlast.agent.supervisor import Kill, Send, Warn
 from outlast.protocol import messages as m
 from outlast.sim.cluster import HEAD_DEAD_AFTER_S
 from outlast.sim.workers import SimRank
@@ -42,7 +44,6 @@ class AgentNode:
         self.sim, self.node_id, self.cpus, self.same_host = sim, node_id, cpus, same_host
         self.alive = False
         self.died_at: float | None = None
-        self.draining: m.NodeDraining | None = None
         self.agent_pid = 0
         self.incarnations = 0
 
@@ -51,11 +52,12 @@ class AgentNode:
         return self.procs
 
     def start(self) -> None:
-        """The agent starts (again): an empty supervisor, a new pid, a fresh fork server."""
-        self.alive, self.died_at, self.draining = True, None, None
+        """The agent starts (again): an empty core, a new pid, a fresh fork server."""
+        self.alive, self.died_at = True, None
         self.incarnations += 1
         self.agent_pid = self.sim.new_pid()
-        self.sup = Supervisor(self.node_id)
+        self.core = NodeCore(self.node_id, self.agent_pid)
+        self.sup = self.core.sup
         self.procs: dict[int, SimRank] = {}
         self.drivers: dict[bytes, "SimDriver"] = {}
         self.fork_policy = RestartPolicy()
@@ -64,35 +66,24 @@ class AgentNode:
         self._tick_at: float | None = None
         self._tick_soon()
 
-    # ---- requests from a controller, as the agent maps them --------------------------------------
+    # ---- requests from a controller ------------------------------------------------------------------
 
-    def on_request(self, driver: "SimDriver", msg: m.Msg) -> None:
+    def from_driver(self, driver: "SimDriver", msg: m.Msg) -> None:
         if not self.alive:
             return
-        now = self.sim.world.now
-        to = driver.identity
-        self.drivers[to] = driver
-        if isinstance(msg, m.RunHeartbeat):
-            self.sup.heartbeat(to, msg.run_id, msg.timeout_s, msg.last_commit_at, now)
-            driver.from_node(self.node_id, m.Pong(node_id=self.node_id, pid=self.agent_pid))
-        elif isinstance(msg, m.SpawnWorkers):
-            if (why := spawn_refusal(self.node_id, self.draining, msg.agent_pid, self.agent_pid)) is not None:
-                driver.from_node(self.node_id, m.SpawnRefused(run_id=msg.run_id, attempt=msg.attempt, reason=why))
-                return
-            self.apply(self.sup.admit(to, msg.run_id, now, msg.run_key))
-            for spec in msg.workers:
-                self.sup.expect((msg.run_id, msg.attempt, spec.rank, ""),
-                                Placement(world_size=spec.world_size, demand=dict(msg.resources)))
-                self._ask_fork(driver, msg, spec)
-        elif isinstance(msg, m.StopWorkers):
-            self.apply(self.sup.stop_attempt(msg.run_id, msg.attempt, msg.grace_s, now))
-        elif isinstance(msg, m.EndRun):
-            self.apply(self.sup.end_run(msg.run_id, now))
+        self.drivers[driver.identity] = driver
+        self.apply(self.core.on_request(driver.identity, msg, self.sim.world.now) or [])
         self._tick_soon()
 
     # ---- the fork server -------------------------------------------------------------------------
 
-    def _ask_fork(self, driver: "SimDriver", msg: m.SpawnWorkers, spec: m.WorkerSpec) -> None:
+    def _ask_fork(self, f: Fork) -> None:
+        run = self.sup.runs.get(f.key[0])
+        driver = self.drivers.get(run.controller) if run is not None else None
+        if driver is not None and f.spawn is not None and f.spec is not None:
+            self._queue_fork(driver, f.spawn, f.spec)
+
+    def _queue_fork(self, driver: "SimDriver", msg: m.SpawnWorkers, spec: m.WorkerSpec) -> None:
         if not self.fork_up:  # queued until it is back, as the agent's fork-server client does
             self.fork_queue.append((driver, msg, spec))
             return
@@ -107,8 +98,8 @@ class AgentNode:
         w.pid = self.sim.new_pid()
         self.procs[w.pid] = w
         self.sim.observer.worker_started(w)
-        self.apply(self.sup.on_forked(m.Forked(run_id=msg.run_id, attempt=msg.attempt, rank=spec.rank, pid=w.pid),
-                                      self.sim.wall()))
+        self.apply(self.core.on_fork_server(m.Forked(run_id=msg.run_id, attempt=msg.attempt, rank=spec.rank,
+                                                     pid=w.pid), self.sim.wall()))
         self.sim.world.after(self.sim.world.rng.uniform(*START_S), self._start_worker, w)
 
     def _start_worker(self, w: SimRank) -> None:
@@ -140,13 +131,15 @@ class AgentNode:
         self.fork_policy.restarted(self.sim.world.now)
         queued, self.fork_queue = self.fork_queue, []
         for driver, msg, spec in queued:
-            self._ask_fork(driver, msg, spec)
+            self._queue_fork(driver, msg, spec)
 
     # ---- processes -------------------------------------------------------------------------------
 
-    def apply(self, effects: list[Effect]) -> None:
+    def apply(self, effects: list[NodeEffect]) -> None:
         for e in effects:
-            if isinstance(e, Send):
+            if isinstance(e, Fork):
+                self._ask_fork(e)
+            elif isinstance(e, Send):
                 driver = self.drivers.get(e.to)
                 if driver is not None:
                     driver.from_node(self.node_id, e.msg)
@@ -178,8 +171,8 @@ class AgentNode:
             return
         if code != 0:
             w.gang.break_()
-        self.apply(self.sup.on_reaped(m.Reaped(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid,
-                                               exit_code=code, signal=sig, error=error)))
+        self.apply(self.core.on_fork_server(m.Reaped(run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=w.pid,
+                                                     exit_code=code, signal=sig, error=error), self.sim.wall()))
         self._tick_soon()
 
     def _vanish(self, w: SimRank) -> None:
@@ -229,13 +222,9 @@ class AgentNode:
     # ---- drains and deaths -------------------------------------------------------------------------
 
     def drain(self, notice: m.NodeDraining) -> None:
-        if not self.alive or self.draining is not None:
-            return
-        self.draining = notice
-        for run in self.sup.runs_with_workloads():
-            driver = self.drivers.get(run.controller)
-            if driver is not None:
-                driver.from_node(self.node_id, notice)
+        """As the agent's timers take a drain order: only while the node is not draining already."""
+        if self.alive and self.core.draining is None:
+            self.apply(self.core.drain(notice))
 
     def die(self) -> None:
         """The machine is gone, and everything on it: not the drivers' machine, whose processes would be gone too."""
@@ -261,8 +250,8 @@ class AgentNode:
         if not self.alive and now - (self.died_at or now) >= HEAD_DEAD_AFTER_S:
             state = "dead"
         else:
-            state = "draining" if self.draining is not None else "alive"
+            state = "draining" if self.core.draining is not None else "alive"
         return m.NodeInfo(node_id=self.node_id, address=f"sim://{self.node_id}", host=self.node_id,
-                          resources={"CPU": float(self.cpus)}, state=state, draining=self.draining,
+                          resources={"CPU": float(self.cpus)}, state=state, draining=self.core.draining,
                           used=self.sup.usage() if self.alive else {}, agent_pid=self.agent_pid,
                           host_id=SIM_HOST if self.same_host else "")

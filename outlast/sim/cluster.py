@@ -42,7 +42,7 @@ class NodeModel(Protocol):
 
     def agent_gone(self) -> str | None: ...
 
-    def on_request(self, driver: "SimDriver", msg: m.Msg) -> None: ...
+    def from_driver(self, driver: "SimDriver", msg: m.Msg) -> None: ...
 
     def drain(self, notice: m.NodeDraining) -> None: ...
 
@@ -77,7 +77,7 @@ class SimNode:
 
     # ---- requests from a controller -------------------------------------------------
 
-    def on_request(self, driver: "SimDriver", msg: m.Msg) -> None:
+    def from_driver(self, driver: "SimDriver", msg: m.Msg) -> None:
         if not self.alive:
             return
         now = self.sim.world.now

@@ -152,7 +152,7 @@ class SimDriver:
                 ch = self._to_node[effect.node_id] = Channel(sim.world, sim.schedule.max_delay_s)
             self._forgotten.discard(effect.node_id)
             if node is not None:
-                ch.send(node.on_request, self, effect.msg)
+                ch.send(node.from_driver, self, effect.msg)
         elif isinstance(effect, g.QueryTable):
             self._head.send(lambda: self._head.send(self._table_answer))
         elif isinstance(effect, g.ForgetNode):

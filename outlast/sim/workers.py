@@ -1,20 +1,21 @@
-"""Simulated training workers: the loop as a generator, the worker session's protocol by hand.
+"""Simulated training workers: the loop as a generator, driving the worker session's real protocol core.
 
 A rank's loop yields what it waits for: ("sleep", s), ("barrier", step) for the step's
-allreduce (ranks of an attempt move in lockstep, as DDP does), or ("reply", predicate) for
-an answer from the controller. `get_preemption_info()` and `report()` speak the same
-protocol as `outlast/train/_session.py`: horizons granted by the controller, and a report
-with files that blocks until the checkpoint is committed.
+allreduce (ranks of an attempt move in lockstep, as DDP does), or ("reply", None) for an
+answer from the controller. Its `get_preemption_info()` and `report()` calls go to the same
+`SessionCore` (`outlast/train/session_core.py`) that `outlast/train/_session.py` drives:
+what is simulated here is the loop, the files and the time, not the protocol.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Callable, Generator
+from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol import messages as m
-from outlast.storage.records import CorruptDocument, checkpoint_dir_name
+from outlast.storage.records import CorruptDocument
 from outlast.storage.run_store import RunStore
+from outlast.train.session_core import SessionCore, Step
 
 if TYPE_CHECKING:
     from outlast.sim.cluster import NodeModel
@@ -74,12 +75,8 @@ class SimRank:
         self.alive = True
         self.loop = sim.schedule.loop
         self._gen: Generator | None = None
-        self._waiting: Callable[[m.Msg], bool] | None = None
-        self._inbox: list[m.Msg] = []
-        self.calls = 0
-        self.horizon, self.expires = 0, 0.0
-        self.notice: m.PreemptionNotice | None = None
-        self.reports = 0
+        self.core = SessionCore(self.attempt, self.rank)
+        self._waiting = False
         self.where = "start (sim)"  # what its stack would show
         self.wedged = False  # a "hang" fault: it never comes back from where it is
         self._resumes = 0
@@ -88,7 +85,7 @@ class SimRank:
     # ---- running the generator ----------------------------------------------------------
 
     def start(self) -> None:
-        self._send(m.WorkerHello(attempt=self.attempt, rank=self.rank, pid=0))
+        self._send(self.core.hello(0))
         self._gen = self._main()
         self.resume(None)
 
@@ -100,7 +97,7 @@ class SimRank:
             req = self._gen.send(value)
         except StopIteration:
             if not (self.loop.done_lost and self.rank == 0):
-                self._send(m.WorkerDone(attempt=self.attempt, rank=self.rank, reports=self.reports))
+                self._sends(self.core.done())
             self.node.worker_exited(self, 0, None, None)
             return
         except WorkerFailed as e:
@@ -114,8 +111,7 @@ class SimRank:
         elif kind == "barrier":
             self.gang.arrive(self, arg)
         else:
-            self._waiting = arg
-            self._check_inbox()
+            self._waiting = True
 
     def fail_later(self, exc_type: str, message: str) -> None:
         def fail() -> None:
@@ -140,8 +136,10 @@ class SimRank:
                                    text=f"Current thread 0x{self.rank:x} (most recent call first):\n"
                                         f"  File \"sim.py\", line 1 in {self.where}\n"))
         elif self.alive:
-            self._inbox.append(msg)
-            self._check_inbox()
+            step = self.core.receive(msg, self.sim.world.now)
+            if step is not None:
+                self._waiting = False
+                self.resume(step)
 
     def wedge(self) -> None:
         """From its next step on, it sleeps forever in user code (its peers wait for it in all_reduce)."""
@@ -157,18 +155,22 @@ class SimRank:
             self._sent_at = self.sim.world.now
             self._send(m.Progress(attempt=self.attempt, rank=self.rank, count=self._resumes))
 
-    def _check_inbox(self) -> None:
-        if self._waiting is None:
-            return
-        for i, msg in enumerate(self._inbox):
-            if self._waiting(msg):
-                del self._inbox[i]
-                self._waiting = None
-                self.resume(msg)
-                return
-
     def _send(self, msg: m.WorkerMessage) -> None:
         self.to_controller(msg)
+
+    def _sends(self, step: Step) -> None:
+        for msg in step.send:
+            self._send(msg)
+
+    def _call(self, step: Step) -> Generator:
+        """Drive one call of the session's core: send, wait for the reply it names, return its value."""
+        self._sends(step)
+        while step.waiting is not None:
+            step = yield "reply", None
+            self._sends(step)
+        if step.error is not None:
+            raise WorkerFailed(type(step.error).__name__, str(step.error))
+        return step.value
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -179,7 +181,7 @@ class SimRank:
         while step < loop.steps:
             yield "sleep", loop.step_s * rng.uniform(0.9, 1.1)
             yield "barrier", step
-            info = (yield from self._get_preemption_info()) if loop.asks else None
+            info = (yield from self._preemption_call()) if loop.asks else None
             if info is not None and loop.jit and not saved_on_notice:
                 yield from self._report(step, checkpoint=True)
                 saved_on_notice = True
@@ -206,70 +208,43 @@ class SimRank:
         self.sim.observer.restored(self, name, int(manifest.metrics.get("step", -1)))
         return int(manifest.metrics.get("step", -1)) + 1
 
-    def _get_preemption_info(self) -> Generator:
-        index = self.calls
-        self.calls += 1
-        now = self.sim.world.now
-        if index < self.horizon and now < self.expires:
-            self.sim.observer.preemption_answer(self, index, None)
-            return None
-        if self.notice is None:
-            self._send(m.PreemptionQuery(attempt=self.attempt, rank=self.rank, index=index))
-            reply = yield "reply", lambda msg: isinstance(msg, (m.PreemptionGrant, m.PreemptionNotice)) \
-                and msg.index == index
-            now = self.sim.world.now
-            if isinstance(reply, m.PreemptionGrant):
-                self.horizon, self.expires = reply.horizon, now + reply.valid_s
-                self.sim.observer.preemption_answer(self, index, None)
-                return None
-            self.notice = reply
-            self.horizon, self.expires = reply.decision_index, float("inf")
-            if index < reply.decision_index:
-                self.sim.observer.preemption_answer(self, index, None)
-                return None
-        self.sim.observer.preemption_answer(self, index, self.notice)
-        return self.notice
+    def _preemption_call(self) -> Generator:
+        index = self.core.preemption_calls
+        notice = yield from self._call(self.core.preemption_call(self.sim.world.now))
+        self.sim.observer.preemption_answer(self, index, notice)
+        return notice
 
     def _report(self, step: int, checkpoint: bool) -> Generator:
-        index = self.reports
-        self.reports += 1
+        slot = self.core.begin_report()
         metrics = {"step": step}
-        name = checkpoint_dir_name(self.attempt, index)
         has_files = checkpoint and (self.loop.sharded or self.rank == 0)
         if not has_files:
-            self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics,
-                                saw_preemption=self._saw()))
-            self.sim.observer.report_returned(self, index, name if checkpoint else None)
+            self._sends(self.core.report(slot, metrics))
+            self.sim.observer.report_returned(self, slot.index, slot.name if checkpoint else None)
             return
         data = f"{self.rank}:{step}".encode()
         path = f"rank_{self.rank}.bin"
         if self.loop.async_upload:
-            # One upload in flight at a time (wait_for_uploads); report() returns before it is done.
-            if (wait := self._upload_done_at - self.sim.world.now) > 0:
+            if slot.waits_for_uploads and (wait := self._upload_done_at - self.sim.world.now) > 0:
                 yield "sleep", wait
-            self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics,
-                                checkpoint_dir=name, upload_pending=True, saw_preemption=self._saw(),
-                                upload_bytes=UPLOAD_BYTES, upload_bandwidth_bps=self._last_bps))
+            self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
+                                         bandwidth_bps=self._last_bps))
             took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
             self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
-            self._upload_done_at = self.sim.world.now + took
-            self.sim.world.after(took, self._upload_done, index, name, path, data)
+            self._upload_done_at = max(self._upload_done_at, self.sim.world.now + took)
+            self.sim.world.after(took, self._upload_done, slot.index, slot.name, path, data)
             return
         try:
-            self.sim.storage.write_atomic(f"run/{name}/{path}", data)
+            self.sim.storage.write_atomic(f"run/{slot.name}/{path}", data)
         except OSError as e:
-            raise WorkerFailed("OSError", f"upload of {name} failed: {e}") from None
+            raise WorkerFailed("OSError", f"upload of {slot.name} failed: {e}") from None
         finally:
             spent = self.sim.storage.take_spent()
         if spent:
             yield "sleep", spent
         entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
-        self._send(m.Report(attempt=self.attempt, rank=self.rank, index=index, metrics=metrics, checkpoint_dir=name,
-                            files=[entry], saw_preemption=self._saw()))
-        reply = yield "reply", lambda msg: isinstance(msg, (m.Committed, m.CommitFailed)) and msg.index == index
-        if isinstance(reply, m.CommitFailed):
-            raise WorkerFailed("CheckpointCommitError", f"checkpoint {name} was not committed: {reply.reason}")
-        self.sim.observer.report_returned(self, index, name)
+        yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now))
+        self.sim.observer.report_returned(self, slot.index, slot.name)
 
     def _upload_done(self, index: int, name: str, path: str, data: bytes) -> None:
         if not self.alive:
@@ -284,6 +259,3 @@ class SimRank:
             self.sim.storage.take_spent()
         self.uploads_to_controller(m.UploadDone(attempt=self.attempt, rank=self.rank, index=index, checkpoint_dir=name,
                                                 files=files, error=error))
-
-    def _saw(self) -> bool:
-        return self.notice is not None and self.calls > self.horizon

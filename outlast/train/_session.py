@@ -22,7 +22,6 @@ from outlast.faults import fault_point
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage.base import Storage, StorageError
-from outlast.storage.records import checkpoint_dir_name
 from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.storage.run_store import RunStore
@@ -30,7 +29,8 @@ from outlast.train._uploads import Uploads, dir_bytes
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
 from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
-from outlast.errors import CheckpointCommitError, CollectiveTimeoutError, NotInWorkerError
+from outlast.train.session_core import SessionCore, Step
+from outlast.errors import NotInWorkerError
 
 log = logging.getLogger("outlast.worker")
 
@@ -38,6 +38,9 @@ _WAIT_LOG_INTERVAL_S = float(os.environ.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S"
 
 
 class WorkerSession:
+    """Drives the protocol's core (`session_core.SessionCore`) over the rank's socket, blocking where a call
+    waits, and does what has files: uploads, the restore, the return value."""
+
     def __init__(
         self,
         context: TrainContext,
@@ -56,23 +59,20 @@ class WorkerSession:
         self._restored: Checkpoint | None = None
         self._cache_root = cache_root
         self._controller_address = controller_address
-        self._reports = 0
-        self._collectives = 0
-        self._inbox: list[m.ControllerToWorker] = []
-        self._preemption_calls = 0
-        self._horizon = 0  # calls below it answer None without asking anyone...
-        self._expires = 0.0  # ...until then (time.monotonic())
+        self._core = SessionCore(context.attempt, context.world_rank)
         self._preemption: PreemptionInfo | None = None
         self._uploads = Uploads(storage, controller_address, context.attempt, context.world_rank)
         self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
-        self._heartbeats = 0
 
     def progress(self) -> int:
         """Calls into outlast so far, each one progress (read by the watch thread, `watch.py`)."""
-        return self._reports + self._preemption_calls + self._collectives + self._heartbeats
+        return self._core.progress()
 
     def heartbeat(self) -> None:
-        self._heartbeats += 1
+        self._core.heartbeats += 1
+
+    def hello(self, pid: int) -> None:
+        self._send(self._core.hello(pid))
 
     # -- reports and checkpoints ------------------------------------------------
 
@@ -92,41 +92,28 @@ class WorkerSession:
                 # for travels with the checkpoint's files.
                 checkpoint.update_metadata({"checkpoint_dir_name": dir_name})
         upload_mode = CheckpointUploadMode(upload_mode)
-        index = self._reports
-        self._reports += 1
-        attempt, rank = self.context.attempt, self.context.world_rank
-        # Whether this checkpoint is the loop's answer to a notice: the controller waits for that one.
-        saw = self._preemption is not None and self._preemption_calls > self._horizon
+        slot = self._core.begin_report()
         if checkpoint is None and write is None:
-            self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics))
+            self._run(self._core.report(slot, metrics))
             return
-        name = checkpoint_dir_name(attempt, index)
-        dest = f"{self._run_dir}/{name}"
+        dest = f"{self._run_dir}/{slot.name}"
         nbytes = dir_bytes(checkpoint.path) if checkpoint is not None else 0
         if write is not None or upload_mode is CheckpointUploadMode.ASYNC:
             delete = True if delete_local_after_upload is None or write is not None else delete_local_after_upload
-            if not saw:
-                self._uploads.wait()  # before the Report: one upload in flight at a time
-            self._send(m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name,
-                                upload_pending=True, saw_preemption=saw, upload_bytes=nbytes,
-                                upload_bandwidth_bps=self._uploads.bandwidth_bps))
-            self._uploads.start(index, name, dest, delete, urgent=saw,
+            if slot.waits_for_uploads:
+                self._uploads.wait()  # before the Report
+            self._run(self._core.report(slot, metrics, checkpoint=True, upload_bytes=nbytes,
+                                        bandwidth_bps=self._uploads.bandwidth_bps))
+            self._uploads.start(slot.index, slot.name, dest, delete, urgent=slot.saw_preemption,
                                 local_dir=checkpoint.path if checkpoint is not None else None, write=write)
             return
-        files = self._uploads.upload(checkpoint.path, dest, move=bool(delete_local_after_upload), urgent=saw)
+        files = self._uploads.upload(checkpoint.path, dest, move=bool(delete_local_after_upload),
+                                     urgent=slot.saw_preemption)
         fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
-        self._send(
-            m.Report(attempt=attempt, rank=rank, index=index, metrics=metrics, checkpoint_dir=name, files=files,
-                     saw_preemption=saw, upload_bytes=nbytes, upload_bandwidth_bps=self._uploads.bandwidth_bps)
-        )
-        reply = self._wait_for(
-            lambda msg: isinstance(msg, (m.Committed, m.CommitFailed)) and msg.index == index,
-            what=f"the commit of checkpoint {name} (report #{index})",
-        )
-        if isinstance(reply, m.CommitFailed):
-            raise CheckpointCommitError(f"checkpoint {name} was not committed: {reply.reason}")
+        self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
+                                    bandwidth_bps=self._uploads.bandwidth_bps, now=time.monotonic()))
         fault_point("report.after_commit")
 
     def wait_for_uploads(self) -> None:
@@ -152,49 +139,25 @@ class WorkerSession:
     # -- preemption -------------------------------------------------------------
 
     def get_preemption_info(self) -> PreemptionInfo | None:
-        index = self._preemption_calls
-        self._preemption_calls = index + 1
-        if index < self._horizon and time.monotonic() < self._expires:
+        notice = self._run(self._core.preemption_call(time.monotonic()))
+        if notice is None:
             return None
-        if self._preemption is not None:
-            return self._preemption
-        self._send(m.PreemptionQuery(attempt=self.context.attempt, rank=self.context.world_rank, index=index))
-        reply = self._wait_for(
-            lambda msg: isinstance(msg, (m.PreemptionGrant, m.PreemptionNotice)) and msg.index == index,
-            what=f"the answer to get_preemption_info() call #{index}",
-        )
-        if isinstance(reply, m.PreemptionGrant):
-            self._horizon, self._expires = reply.horizon, time.monotonic() + reply.valid_s
-            return None
-        self._preemption = PreemptionInfo(node_ids=list(reply.node_ids), ranks=list(reply.ranks),
-                                          deadline_ms=reply.deadline_unix_ms, reason=reply.reason,
-                                          message=reply.message,
-                                          preempted_node_to_ranks={k: list(v) for k, v in reply.node_to_ranks.items()})
-        self._horizon, self._expires = reply.decision_index, float("inf")
-        return self._preemption if index >= reply.decision_index else None
+        if self._preemption is None:
+            self._preemption = PreemptionInfo(
+                node_ids=list(notice.node_ids), ranks=list(notice.ranks), deadline_ms=notice.deadline_unix_ms,
+                reason=notice.reason, message=notice.message,
+                preempted_node_to_ranks={k: list(v) for k, v in notice.node_to_ranks.items()})
+        return self._preemption
 
     # -- collectives ------------------------------------------------------------
 
     def collective(self, op: str, obj: Any = None) -> Any:
-        seq = self._collectives
-        self._collectives += 1
-        rank = self.context.world_rank
         # With relaxed collectives any rank may be the source (the lowest that survives), so all send.
-        source = rank == 0 or self._relaxed
+        source = self.context.world_rank == 0 or self._relaxed
         payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) else None
-        self._send(m.CollectiveRequest(attempt=self.context.attempt, rank=rank, seq=seq, op=op, payload=payload))
-        reply = self._wait_for(
-            lambda msg: isinstance(msg, (m.CollectiveReply, m.CollectiveTimeout)) and msg.seq == seq,
-            what=f"{op} #{seq}",
-        )
-        if isinstance(reply, m.CollectiveTimeout):
-            raise CollectiveTimeoutError(
-                f"{op} #{seq} on rank {rank} timed out after {reply.waited_s:.0f} s: ranks {reply.missing_ranks} "
-                "never reached it (set OUTLAST_COLLECTIVE_TIMEOUT_S to wait longer)",
-                reply.missing_ranks,
-            )
+        reply = self._run(self._core.collective(op, payload, time.monotonic()))
         if op == "broadcast":
-            return cloudpickle.loads(reply.payload) if reply.payload is not None else None
+            return cloudpickle.loads(reply) if reply is not None else None
         return None
 
     # -- end of the train function ------------------------------------------------
@@ -216,7 +179,7 @@ class WorkerSession:
         if self.context.world_rank == 0:
             self._save_return_value(return_value)
         self._uploads.close()
-        self._send(m.WorkerDone(attempt=self.context.attempt, rank=self.context.world_rank, reports=self._reports))
+        self._run(self._core.done())
 
     def _save_return_value(self, value: Any) -> None:
         """The finishing attempt's value, or none: a failed attempt's rank 0 may have stored one before."""
@@ -245,18 +208,20 @@ class WorkerSession:
     def _send(self, msg: m.Msg) -> None:
         self._sock.send(encode(msg))
 
-    def _wait_for(self, match, what: str) -> m.ControllerToWorker:
-        for i, msg in enumerate(self._inbox):
-            if match(msg):
-                return self._inbox.pop(i)
+    def _run(self, step: Step) -> Any:
+        """Send what the step says, then wait for the reply it names, logging a long wait."""
+        for msg in step.send:
+            self._send(msg)
+        if step.waiting is None:
+            return step.result()
+        what = step.waiting
         started = time.monotonic()
         next_log = started + _WAIT_LOG_INTERVAL_S
         while True:
             if self._sock.poll(1000):
-                msg = TO_WORKER.decode(self._sock.recv())
-                if match(msg):
-                    return msg
-                self._inbox.append(msg)
+                done = self._core.receive(TO_WORKER.decode(self._sock.recv()), time.monotonic())
+                if done is not None:
+                    return self._run(done)
             now = time.monotonic()
             if now >= next_log:
                 log.warning("rank %d still waiting for %s after %.0f s", self.context.world_rank, what, now - started)

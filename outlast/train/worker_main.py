@@ -21,7 +21,7 @@ import zmq
 from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
-from outlast.protocol.transport import connect_dealer, encode
+from outlast.protocol.transport import connect_dealer
 from outlast.runenv import worker_env
 from outlast.storage.base import Storage
 from outlast.train import watch
@@ -118,7 +118,7 @@ def run(req: m.ForkWorker) -> int:
         session = _session.WorkerSession(context, sock, payload.storage, payload.run_dir, req.restore_checkpoint,
                                           controller_address=req.controller_address)
         _session.set_session(session)
-        sock.send(encode(m.WorkerHello(attempt=req.attempt, rank=spec.rank, pid=os.getpid())))
+        session.hello(os.getpid())
         watch.start(req.attempt, spec.rank, req.controller_address, session.progress)  # progress; stacks on a hang
         backend.on_start(context)
         phase = "train"

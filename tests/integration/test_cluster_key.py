@@ -19,7 +19,7 @@ import zmq
 from outlast.client.discovery import AgentUnavailable, request
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
-from outlast.protocol.transport import AGENT_EVENTS, AGENT_REQUESTS, encode
+from outlast.protocol.transport import AGENT_EVENTS, AGENT_REQUESTS, HEADER, encode
 from outlast.testing import LocalCluster
 from tests.integration.procs import wait_until
 
@@ -181,7 +181,7 @@ def test_malformed_messages_with_the_right_key_are_logged_and_dropped_and_the_ag
     try:
         connect_checked(sock, head.head_address, 5000)
         sock.send(random.Random(0).randbytes(64))
-        sock.send(msgspec.msgpack.encode({"type": "NoSuchMessage", "node_id": "x"}))
+        sock.send(HEADER + msgspec.msgpack.encode({"type": "NoSuchMessage", "node_id": "x"}))
         sock.send(encode(m.Pong(node_id="x", pid=1)))  # a real message, but no request
         sock.send(encode(m.Ping()))
         assert sock.poll(5000), "the agent stopped answering after malformed messages"
@@ -192,3 +192,44 @@ def test_malformed_messages_with_the_right_key_are_logged_and_dropped_and_the_ag
         ctx.term()
     wait_until(lambda: log.read_text().count("dropped a malformed request") == 3, 10, "three log lines")
     assert "NoSuchMessage" in log.read_text()
+
+
+def test_a_request_of_another_protocol_version_is_refused_and_answered_in_ours(head):
+    from outlast.protocol.transport import MAGIC
+
+    log = head.nodes["node-0"].log_path
+    ctx = zmq.Context()
+    sock = _client(ctx, ClusterKey.load(head.key_file))
+    try:
+        connect_checked(sock, head.head_address, 5000)
+        sock.send(MAGIC + bytes([m.PROTOCOL_VERSION + 1]) + encode(m.StatusRequest())[len(HEADER):])
+        assert sock.poll(5000), "a request of another version got no answer"
+        assert sock.recv()[:len(HEADER)] == HEADER  # a newer client reads the agent's version there
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    wait_until(lambda: f"protocol version {m.PROTOCOL_VERSION + 1} and this process version "
+                       f"{m.PROTOCOL_VERSION}" in log.read_text(), 10, "the refusal in the agent's log")
+
+
+def test_a_driver_told_by_an_agent_of_another_version_says_both_versions(server):
+    import threading
+
+    from outlast.protocol.transport import MAGIC
+
+    ctx, key, sock, address = server
+
+    def answer_as_another_version():
+        if sock.poll(10000):
+            ident, _ = sock.recv_multipart()
+            sock.send_multipart([ident, MAGIC + bytes([m.PROTOCOL_VERSION + 1])
+                                 + encode(m.Pong(node_id="n", pid=1))[len(HEADER):]])
+
+    t = threading.Thread(target=answer_as_another_version)
+    t.start()
+    try:
+        with pytest.raises(AgentUnavailable, match=f"version {m.PROTOCOL_VERSION + 1} and this process version "
+                                                   f"{m.PROTOCOL_VERSION}"):
+            request(ctx, address, m.Ping(), timeout_s=10.0, key=key)
+    finally:
+        t.join()

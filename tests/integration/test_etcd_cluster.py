@@ -279,3 +279,60 @@ def test_the_head_fans_a_drain_out_to_the_failure_domain(etcd, tmp_path):
         assert draining_here("node-1") and not draining_here("node-3")
         states = {n.node_id: n.state for n in cluster.node_table()}
         assert states == {"node-0": "alive", "node-1": "draining", "node-2": "draining", "node-3": "alive"}
+
+
+def _draining_here(cluster: LocalCluster, node_id: str) -> bool:
+    from outlast.protocol import messages as m
+
+    reply = cluster._request(cluster.nodes[node_id].address, m.StatusRequest())
+    return isinstance(reply, m.StatusReply) and reply.draining is not None
+
+
+def test_a_dead_nodes_drain_does_not_drain_its_peer_again_when_the_peer_rejoins(etcd, tmp_path):
+    with LocalCluster(num_nodes=4, etcd=etcd.urls, workdir=tmp_path / "nodes",
+                      failure_domains=["rack-b", "rack-a", "rack-a", "rack-b"]) as cluster:
+        wait_until(lambda: _holder(cluster) == "node-0", 30, "node-0 to hold the head role")
+        cluster.drain_node("node-1", deadline_s=600, reason="maintenance")
+        wait_until(lambda: _draining_here(cluster, "node-2"), 30, "node-2 to drain with its failure domain")
+        cluster.kill_node("node-1")  # the drained node is gone; its drain key stays in etcd
+        wait_until(lambda: {n.node_id: n.state for n in cluster.node_table()}.get("node-1") == "dead", 30,
+                   "node-1 to be dead")
+        cluster.kill_node("node-2")
+        cluster.restart_node("node-2")  # a new start: it deletes its own drain and rejoins
+        wait_until(lambda: {n.node_id: n.state for n in cluster.node_table()}.get("node-2") == "alive", 30,
+                   "node-2 to rejoin")
+        # The head's next pass over the drains: node-3's fans out to node-0 in the same pass that
+        # would have drained node-2 again for node-1's.
+        cluster.drain_node("node-3", deadline_s=600, reason="maintenance")
+        wait_until(lambda: _draining_here(cluster, "node-0"), 30, "node-0 to drain with node-3's failure domain")
+        assert not _draining_here(cluster, "node-2")
+        assert {n.node_id: n.state for n in cluster.node_table()}["node-2"] == "alive"
+
+
+def test_records_written_to_etcd_without_the_cluster_key_are_refused_and_said(etcd, tmp_path):
+    from outlast.cluster.etcd_store import EtcdConfig, EtcdStore, namespace_of
+    from outlast.cluster.store_view import drain_value, node_value
+    from outlast.protocol import messages as m
+    from outlast.protocol.auth import ClusterKey
+
+    with LocalCluster(num_nodes=2, etcd=etcd.urls, workdir=tmp_path / "nodes") as cluster:
+        wait_until(lambda: _holder(cluster) == "node-0", 30, "node-0 to hold the head role")
+        # Someone who can write to etcd but has no cluster key: it knows the prefix (from the keys
+        # it can list) and the record formats (outlast is open source).
+        key = ClusterKey.load(cluster.key_file)
+        intruder = EtcdStore(EtcdConfig.parse(etcd.urls), namespace_of(key.public))
+        fake = m.NodeInfo(node_id="intruder", address="tcp://10.9.9.9:1", host="10.9.9.9", resources={"CPU": 64.0})
+        intruder.put("members/intruder", node_value(fake))
+        intruder.put("nodes/intruder", node_value(fake))
+        intruder.put("drains/node-1", drain_value(m.NodeDraining(node_id="node-1", reason="preemption", message="",
+                                                                 deadline_unix_s=None, node_ids=["node-1"])))
+        logs = [cluster.nodes[n].log_path for n in ("node-0", "node-1")]
+        for path in logs:
+            wait_until(lambda: "refused the cluster store's record drains/node-1" in path.read_text(), 30,
+                       f"the refusal in {path.name}")
+            assert "refused the cluster store's record nodes/intruder" in path.read_text()
+        assert sorted(n.node_id for n in cluster.node_table()) == ["node-0", "node-1"]
+        assert not _draining_here(cluster, "node-1")
+        # The cluster's own records still pass: a drain asked of an agent is written sealed.
+        cluster.drain_node("node-1", deadline_s=600, reason="maintenance")
+        wait_until(lambda: _draining_here(cluster, "node-1"), 30, "node-1 to drain")

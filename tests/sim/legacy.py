@@ -10,7 +10,7 @@ from outlast.controller import checkpoints, core, handlers, horizons, nodes
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
 from outlast.controller.retention import checkpoints_to_delete
-from outlast.sim import agent_node
+from outlast.agent import node_core
 from outlast.protocol import messages as m
 
 
@@ -164,8 +164,8 @@ def reinject(bug: str, monkeypatch) -> None:
     elif bug == "agent_gone_for_good":  # a node whose agent was gone stayed lost after a restart
         monkeypatch.setattr(nodes.NodeBook, "_forget_gone_agent", lambda self, node_id, agent_pid: None)
     elif bug == "spawn_to_any_agent":  # a spawn placed with a stale table was taken by the agent started since
-        real = agent_node.spawn_refusal
-        monkeypatch.setattr(agent_node, "spawn_refusal", lambda node_id, draining, placed_on, pid:
+        real = node_core.spawn_refusal
+        monkeypatch.setattr(node_core, "spawn_refusal", lambda node_id, draining, placed_on, pid:
                             real(node_id, draining, 0, pid))
     elif bug == "drain_misses_pending_forks":  # a drain told only the runs whose forks had been reported
         from outlast.agent.supervisor import Supervisor

@@ -26,7 +26,7 @@ SIMPLE = [
     # issue 8 (b): ranks that returned during a preemption, a last message missing, then the deadline: a
     # timer fired ALL_FINISHED in whatever state the run had moved on to
     ("b", 616),
-    ("b", 2139),
+    ("b", 2065),
     # issue 8 (c): a bucket that refuses deletes, with num_to_keep
     ("c", 3),
     ("c", 14),

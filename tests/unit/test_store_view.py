@@ -117,3 +117,54 @@ def test_status_says_since_when_the_store_is_unavailable_and_what_that_means():
     assert "no leader" in down and "held by n2" in down
     up = render_store(StoreHealth(kind="etcd", head=""), now_unix=0.0)
     assert up.startswith("cluster store: etcd, available") and "no agent holds the head role" in up
+
+
+def test_a_dead_nodes_drain_does_not_drain_its_peers_again_each_time_they_rejoin():
+    view = joined(ClusterView(), node("n1", "rack"), node("n2", "rack"), node("n3", "rack"))
+    notice = view.domain_of("n1", "preemption", "", 50.0)
+    view.apply(StoreEvent("drains/n1", drain_value(notice)))
+    assert view.head_duties(now_unix=1.0) == [PutDrain("n2", notice), PutDrain("n3", notice)]
+    for peer in ("n2", "n3"):
+        view.apply(StoreEvent(f"drains/{peer}", drain_value(notice)))
+    view.apply(StoreEvent("nodes/n1", None))  # the drained node dies; its drain key stays
+    view.apply(StoreEvent("dead/n1", b"2.0"))
+    for _ in range(3):  # a peer restarted: it deletes its drain and rejoins, again and again
+        view.apply(StoreEvent("drains/n2", None))
+        view.apply(StoreEvent("nodes/n2", None))
+        view.apply(StoreEvent("nodes/n2", node_value(node("n2", "rack"))))
+        assert view.head_duties(now_unix=3.0) == []
+        assert states(view)["n2"] == "alive"
+    # While the origin still lives and drains, a peer that rejoins is drained again: the domain still goes.
+    view.apply(StoreEvent("nodes/n1", node_value(node("n1", "rack"))))
+    view.apply(StoreEvent("drains/n3", None))
+    assert [d.node_id for d in view.head_duties(now_unix=4.0)] == ["n2", "n3"]
+
+
+def sealed(sealer, key: str, body: bytes) -> StoreEvent:
+    return StoreEvent(key, sealer.seal(key, body))
+
+
+def test_with_the_cluster_key_every_record_is_checked_and_one_without_its_mac_is_refused():
+    from outlast.cluster.sealed import Sealer
+
+    ours, theirs = Sealer(b"the cluster's secret"), Sealer(b"another secret")
+    view = ClusterView(ours)
+    n1 = node("n1")
+    for kind in ("members", "nodes"):
+        assert view.apply(sealed(ours, f"{kind}/n1", node_value(n1)))
+    assert view.apply(sealed(ours, "head", b"n1"))
+    notice = NodeDraining(node_id="n1", reason="preemption", message="", deadline_unix_s=None, node_ids=["n1"])
+    # Forged: no MAC, another cluster's key, a record moved from another key; each kind of record.
+    forged = [StoreEvent("nodes/n9", node_value(node("n9"))), sealed(theirs, "members/n8", node_value(node("n8"))),
+              StoreEvent("drains/n1", ours.seal("drains/n2", drain_value(notice))),
+              sealed(theirs, "drains/n1", drain_value(notice)), StoreEvent("head", b"n9"),
+              sealed(theirs, "dead/n1", b"1.0"), StoreEvent("nodes/n1", b"mac1:" + b"0" * 64 + b":{}")]
+    for event in forged:
+        assert not view.apply(event)
+    assert states(view) == {"n1": "alive"} and view.head == "n1" and view.drain_of("n1") is None
+    assert [key for key, _ in view.refused] == [e.key for e in forged]
+    assert "carries no MAC" in view.refused[0][1] and "MAC is wrong" in view.refused[1][1]
+    # What survives a full read too: the seal is kept across reset.
+    view.reset([("members/n1", ours.seal("members/n1", node_value(n1))), ("nodes/n7", node_value(node("n7")))])
+    assert states(view) == {"n1": "dead"} and [k for k, _ in view.refused] == ["nodes/n7"]
+    assert view.copy().sealer is ours

@@ -2,7 +2,7 @@ import msgspec
 import pytest
 
 from outlast.protocol import messages as m
-from outlast.protocol.transport import (AGENT_EVENTS, AGENT_REQUESTS, TO_WORKER, WORKER_MESSAGES,
+from outlast.protocol.transport import (AGENT_EVENTS, AGENT_REQUESTS, HEADER, TO_WORKER, WORKER_MESSAGES,
                                         BadMessage, Codec, encode)
 
 
@@ -77,8 +77,21 @@ def test_a_well_formed_message_of_another_union_raises_bad_message():
 def test_a_message_missing_a_field_raises_bad_message_naming_the_field():
     codec = Codec(m.WorkerHello)
     with pytest.raises(BadMessage, match="pid"):
-        codec.decode(msgspec.msgpack.encode({"type": "WorkerHello", "attempt": 1, "rank": 0}))
+        codec.decode(HEADER + msgspec.msgpack.encode({"type": "WorkerHello", "attempt": 1, "rank": 0}))
 
 
 def test_bad_message_is_a_value_error():
     assert issubclass(BadMessage, ValueError)
+
+
+def test_a_message_of_another_protocol_version_is_refused_naming_both_versions():
+    from outlast.protocol.transport import MAGIC, VersionMismatch
+
+    newer = MAGIC + bytes([m.PROTOCOL_VERSION + 1]) + encode(m.Ping())[len(HEADER):]
+    for codec in (AGENT_REQUESTS, AGENT_EVENTS, WORKER_MESSAGES, TO_WORKER):
+        with pytest.raises(VersionMismatch, match=f"protocol version {m.PROTOCOL_VERSION + 1} and this process "
+                                                  f"version {m.PROTOCOL_VERSION}"):
+            codec.decode(newer)
+    # A frame of an outlast before the header (protocol 1): refused as malformed, saying so.
+    with pytest.raises(BadMessage, match="no outlast protocol header"):
+        AGENT_REQUESTS.decode(encode(m.Ping())[len(HEADER):])

@@ -187,3 +187,56 @@ def test_on_a_terminal_lines_are_written_over_a_progress_line():
     p(_msg(0, ["hello"]))
     p.close()
     assert term.getvalue() == "waiting for capacity: ...\r\x1b[K[rank 1 node-2 a3] hello\n"
+
+
+def _writer(path):
+    """A rank's stdout as the fork server opens it: appending, held open while the agent truncates."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND)
+
+
+def test_a_file_past_its_cap_is_truncated_and_the_lines_lost_are_a_gap(tmp_path, monkeypatch):
+    monkeypatch.setenv(out.MAX_FILE_BYTES_VAR, str(2 * out.READ_BYTES))
+    tails, path = _tails(tmp_path)
+    fd = _writer(path)
+    try:
+        os.write(fd, b"first\n")
+        [msg] = tails.read_all()
+        assert (msg.seq, msg.lines) == (0, ["first"])
+        line = b"x" * 99 + b"\n"
+        lines = (2 * out.READ_BYTES) // 100 + 10  # past the cap before the agent's next turn
+        os.write(fd, line * lines)
+        [msg] = tails.read_all()
+        assert os.path.getsize(path) < out.READ_BYTES  # cut: the disk is not filled
+        assert msg.seq == 1 + lines and msg.lines == []  # every unread line lost, counted as a gap
+        os.write(fd, b"after\n")  # the rank's descriptor appends: it writes on from the start
+        [msg] = tails.read_all()
+        assert (msg.seq, msg.lines) == (1 + lines, ["after"])
+        buf = io.StringIO()
+        printer = OutputPrinter(stream=lambda: buf)
+        printer(m.WorkerOutput(run_id="run", attempt=1, rank=0, node_id="node-1", seq=0, lines=["first"]))
+        printer(msg)
+        printer.close()
+        assert f"{lines} line(s) of rank 0 (attempt 1) not shown" in buf.getvalue()
+        assert "past its size cap" in buf.getvalue()
+    finally:
+        os.close(fd)
+
+
+def test_a_file_not_forwarded_is_capped_too(tmp_path, monkeypatch):
+    monkeypatch.setenv(out.MAX_FILE_BYTES_VAR, str(2 * out.READ_BYTES))
+    tails, path = _tails(tmp_path, forward=False)
+    fd = _writer(path)
+    try:
+        os.write(fd, b"y" * (2 * out.READ_BYTES + 1))
+        assert tails.read_all() == []
+        assert os.path.getsize(path) == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_cap_that_is_not_a_number_of_bytes_is_refused_saying_what_to_write():
+    import pytest
+
+    for bad in ("lots", "100"):
+        with pytest.raises(ValueError, match=f"{out.MAX_FILE_BYTES_VAR}='{bad}': give a whole number of bytes"):
+            out.max_file_bytes({out.MAX_FILE_BYTES_VAR: bad})
