@@ -190,13 +190,10 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
     tier = DEFAULT_BUDGET_BYTES if args.checkpoint_memory is None else parse_bytes(args.checkpoint_memory,
                                                                                    "--checkpoint-memory")
-    return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
-                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
-                    checkpoint_memory=tier, embedded=bool(getattr(args, "embedded", False)))
     worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
                     node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
-                    worker_user=worker_user)
+                    checkpoint_memory=tier, embedded=bool(getattr(args, "embedded", False)), worker_user=worker_user)
 
 
 def etcd_from_args(args: argparse.Namespace, password: str | None) -> EtcdConfig | None:

@@ -34,7 +34,7 @@ from outlast.agent.tier_server import TierServer, start_tier
 from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.agent.node_core import FinishOutput, Fork, NodeCore, NodeEffect
-from outlast.agent.supervisor import Kill, ReleaseLeaf, Send, Warn
+from outlast.agent.supervisor import UNKILLABLE_AFTER_S, GiveUpNode, Kill, ReleaseLeaf, Send, Warn
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
@@ -78,7 +78,9 @@ class Agent:
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
         self.core = NodeCore(node_id, os.getpid(),
-                             node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()))
+                             node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()),
+                             unkillable_after_s=float(os.environ.get("OUTLAST_UNKILLABLE_TIMEOUT_S",
+                                                                     UNKILLABLE_AFTER_S)))
         self.fork_server_ready: m.ZygoteReady | None = None  # what the fork server said once ready
         self.sup = self.core.sup
         self.tier: TierServer | None = None
@@ -149,6 +151,9 @@ class Agent:
                     self.guard.on_reaped(e.pid, e.leaf)
             elif isinstance(e, Warn):
                 log.warning("%s", e.text)
+            elif isinstance(e, GiveUpNode):
+                if self.draining is None:
+                    self.drain("other", e.reason, None)
 
     # ---- fork server --------------------------------------------------------------------------
 
