@@ -79,25 +79,30 @@ class EtcdNode:
         """Write the drain to etcd; the node drains when its watch sees it, its failure domain once the
         head fans it out. This node's own drain is applied at once, with or without the store."""
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None
+        named = [req.node_id, *(i for i in req.also if i != req.node_id)]
         with self.session.lock:
             try:
-                notice = self.session.view.domain_of(req.node_id, req.reason, req.message, deadline)
+                notices = [self.session.view.domain_of(i, req.reason, req.message, deadline) for i in named]
             except UnknownNode as e:
-                if req.node_id != self.node_id:
+                if named != [self.node_id]:
                     return m.DrainRefused(reason=str(e))
-                notice = m.NodeDraining(node_id=self.node_id, reason=req.reason, message=req.message,
-                                        deadline_unix_s=deadline, node_ids=[self.node_id])
+                notices = [m.NodeDraining(node_id=self.node_id, reason=req.reason, message=req.message,
+                                          deadline_unix_s=deadline, node_ids=[self.node_id])]
+        # One drain of several nodes is one notice naming them all, written under each of them.
+        ids = [req.node_id] + sorted({i for n in notices for i in n.node_ids} - {req.node_id})
+        notice = msgspec.structs.replace(notices[0], node_ids=ids, until_commit=req.until_commit)
         notified = 0
-        if req.node_id == self.node_id:
+        if self.node_id in named:
             self._told = notice
             notified = apply_here(notice)
         try:
-            if self.session.unavailable_since is not None and req.node_id != self.node_id:
+            if self.session.unavailable_since is not None and named != [self.node_id]:
                 # Known to be down: refuse now rather than hold this loop (and its runs' heartbeats).
                 raise StoreUnavailable(self.session.detail or "no majority")
-            self.store.put(f"drains/{req.node_id}", drain_value(notice))
+            for i in named:
+                self.store.put(f"drains/{i}", drain_value(notice))
         except StoreUnavailable as e:
-            if req.node_id != self.node_id:
+            if named != [self.node_id]:
                 return m.DrainRefused(reason=f"the cluster store is unavailable ({e}); the drain of {req.node_id} "
                                              "was not recorded: retry once etcd has its majority back, or drain "
                                              "the node at its own agent")

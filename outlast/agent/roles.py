@@ -92,7 +92,8 @@ class HeadNode:
         """Drain the node and its failure domain: this node applies it, members hear of it."""
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None
         try:
-            notice = self.table.drain(req.node_id, req.reason, req.message, deadline).notice
+            notice = self.table.drain(req.node_id, req.reason, req.message, deadline, req.also,
+                                      req.until_commit).notice
         except UnknownNode as e:
             return m.DrainRefused(reason=str(e))
         notified = 0
@@ -160,12 +161,12 @@ class MemberNode:
         return [me]
 
     def drain(self, req: m.DrainNode, apply_here: ApplyDrain, send: SendTo) -> m.DrainAck | m.DrainRefused:
-        if req.node_id != self.node_id:
+        if req.node_id != self.node_id or set(req.also) - {self.node_id}:
             return m.DrainRefused(reason=f"this agent ({self.node_id}) is a member, not the head; send the "
                                          f"drain to the head at {self.head_address}")
         deadline = time.time() + req.deadline_remaining_s if req.deadline_remaining_s is not None else None
         notice = m.NodeDraining(node_id=self.node_id, reason=req.reason, message=req.message,
-                                deadline_unix_s=deadline, node_ids=[self.node_id])
+                                deadline_unix_s=deadline, node_ids=[self.node_id], until_commit=req.until_commit)
         return m.DrainAck(node_id=self.node_id, runs_notified=apply_here(notice), node_ids=notice.node_ids)
 
     def tick(self, me: m.NodeInfo, now: float) -> list[m.NodeDraining]:

@@ -75,16 +75,19 @@ class NodeTable:
         self._nodes[node_id] = msgspec.structs.replace(node, state="dead", used={})
         return self._nodes[node_id]
 
-    def drain(self, node_id: str, reason: str, message: str, deadline_unix_s: float | None) -> DrainOrder:
-        """Mark `node_id` and its failure domain as draining; raise `UnknownNode` for a wrong id."""
-        node = self._nodes.get(node_id)
-        if node is None:
-            raise UnknownNode(node_id, sorted(self._nodes))
-        ids = [n.node_id for n in self._nodes.values()
-               if n.node_id == node_id or (node.failure_domain and n.failure_domain == node.failure_domain)]
+    def drain(self, node_id: str, reason: str, message: str, deadline_unix_s: float | None,
+              also: list[str] = (), until_commit: bool = False) -> DrainOrder:
+        """Mark `node_id`, the nodes in `also` and their failure domains as draining, as one drain; raise
+        `UnknownNode` for a wrong id, before anything is marked."""
+        named = [node_id, *(i for i in also if i != node_id)]
+        for i in named:
+            if i not in self._nodes:
+                raise UnknownNode(i, sorted(self._nodes))
+        domains = {self._nodes[i].failure_domain for i in named} - {""}
+        ids = [n.node_id for n in self._nodes.values() if n.node_id in named or n.failure_domain in domains]
         ids = [node_id] + sorted(i for i in ids if i != node_id)
         notice = NodeDraining(node_id=node_id, reason=reason, message=message, deadline_unix_s=deadline_unix_s,
-                              node_ids=ids)
+                              node_ids=ids, until_commit=until_commit)
         for i in ids:
             n = self._nodes[i]
             if n.state != "dead":

@@ -92,6 +92,10 @@ class HangWatch:
         """Every rank asked has sent its stacks, or the wait for them is over."""
         return self.hang is not None and (set(self.dumps) >= set(self.asked) or now >= self.dumps_by)
 
+    def blamed(self) -> int:
+        assert self.hang is not None
+        return blame(self.hang, self.asked, self.dumps)
+
     def record(self, wall: float) -> HangRecord:
         assert self.hang is not None
         return HangRecord(attempt=self.attempt, time=wall, summary=summarize(self.hang, self.asked, self.dumps),
@@ -109,16 +113,33 @@ def group_stacks(dumps: dict[int, m.StackDump]) -> list[StackGroup]:
     return [StackGroup(ranks=ranks, where=key[0], text=texts[key]) for key, ranks in groups.items()]
 
 
+def _places(dumps: dict[int, m.StackDump]) -> list[tuple[str, list[int]]]:
+    """Where the ranks are, the ranks waiting in a collective first: they are "the rest", and the ranks
+    elsewhere are what they wait for."""
+    where: dict[str, list[int]] = {}
+    for rank in sorted(dumps):
+        where.setdefault(dumps[rank].where, []).append(rank)
+    return sorted(where.items(), key=lambda kv: (not _COLLECTIVE.search(kv[0]), -len(kv[1]), kv[1][0]))
+
+
+def blame(hang: Hang, asked: list[int], dumps: dict[int, m.StackDump]) -> int:
+    """The rank the hang is charged to, the one the summary points at: a rank that sent no stacks (stuck in
+    a native call, or gone), else one somewhere the rest are not, else the first without progress."""
+    silent = sorted(set(asked) - set(dumps))
+    if silent:
+        return silent[0]
+    order = _places(dumps)
+    if len(order) > 1:
+        return min(r for _, ranks in order[1:] for r in ranks)
+    return hang.ranks[0]
+
+
 def summarize(hang: Hang, asked: list[int], dumps: dict[int, m.StackDump]) -> str:
     """One message: who made no progress, and which ranks are somewhere the others are not."""
     how = (f"hang_timeout_s {hang.limit_s:.0f} s, adaptive: 10 x the slowest step, at least {FLOOR_S:.0f} s"
            if hang.adaptive else f"FailureConfig.hang_timeout_s={hang.limit_s:g}")
     head = f"{_ranks(hang.ranks)} made no progress for {hang.quiet_s:.0f} s ({how})"
-    where: dict[str, list[int]] = {}
-    for rank in sorted(dumps):
-        where.setdefault(dumps[rank].where, []).append(rank)
-    # The ranks waiting in a collective are "the rest": the one elsewhere is what they wait for.
-    order = sorted(where.items(), key=lambda kv: (not _COLLECTIVE.search(kv[0]), -len(kv[1]), kv[1][0]))
+    order = _places(dumps)
     parts = []
     if len(order) == 1:
         parts.append(f"every rank that answered is in {order[0][0]}")

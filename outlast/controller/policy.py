@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass
 
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import FailureRecord
 
 
@@ -48,13 +50,13 @@ def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures
 _PEER_LOSS_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe", "/gloo/", "nccl")
 
 
-_NOT_THE_USERS = ("NodeLost", "SpawnRefused")
+_NOT_THE_USERS = frozenset({FailureKind.NODE_LOST, FailureKind.SPAWN_REFUSED})
 
 
 def is_symptom(f: FailureRecord) -> bool:
     """A peer's death seen from a survivor, or our own SIGTERM of a teardown."""
     text = f"{f.exc_type or ''} {f.message or ''}".lower()
-    return any(marker in text for marker in _PEER_LOSS_MARKERS) or f.signal == 15
+    return any(marker in text for marker in _PEER_LOSS_MARKERS) or f.signal == signal.SIGTERM
 
 
 def is_users_error(f: FailureRecord) -> bool:
@@ -78,7 +80,7 @@ def pick_root_cause(failures: list[FailureRecord]) -> FailureRecord:
         text = f"{f.exc_type or ''} {f.message or ''}".lower()
         if f.exc_type and not any(marker in text for marker in _PEER_LOSS_MARKERS):
             return 0
-        if f.signal is not None and f.signal != 15:
+        if f.signal is not None and f.signal != signal.SIGTERM:
             return 1
         if f.exc_type is None and f.signal is None:
             return 1

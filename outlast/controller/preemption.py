@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from outlast.controller.upload_estimate import Estimate
+from outlast.protocol.kinds import FailureKind
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
 
@@ -119,7 +120,7 @@ class Preemption:
         when = f"deadline in {n.deadline_unix_s - self.noticed_at:.1f} s" if n.deadline_unix_s else "no deadline"
         return FailureRecord(
             attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
-            signal=None, time=self.noticed_at, exc_type="Preemption",
+            signal=None, time=self.noticed_at, exc_type=FailureKind.PREEMPTION,
             message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
         )
 

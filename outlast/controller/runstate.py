@@ -11,6 +11,7 @@ import logging
 import msgspec
 
 from outlast.faults import fault_point
+from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
     AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, ResizeRecord,
     RunState, SkippedCheckpoint, is_checkpoint_dir_name,
@@ -97,12 +98,12 @@ class RunBook:
             return False
         self.state.attempts[-1].ended_at = last_seen or now
         self.state.attempts[-1].outcome = "driver_lost"
-        self.state.failure_counts["driver"] = self.state.failure_counts.get("driver", 0) + 1
-        self.budget_base["driver"] = self.state.failure_counts["driver"]
+        self.state.failure_counts[Budget.DRIVER] = self.state.failure_counts.get(Budget.DRIVER, 0) + 1
+        self.budget_base[Budget.DRIVER] = self.state.failure_counts[Budget.DRIVER]
         self._save(now)
         return True
 
-    def failures_this_launch(self, kind: str) -> int:
+    def failures_this_launch(self, kind: Budget) -> int:
         return self.state.failure_counts.get(kind, 0) - self.budget_base.get(kind, 0)
 
     def skip_checkpoint(self, checkpoint_dir: str, reason: str, now: float) -> str | None:
@@ -181,7 +182,7 @@ class RunBook:
         if save:
             self._save(record.time)
 
-    def settle_failed_attempt(self, root: FailureRecord, count_as: str, now: float) -> None:
+    def settle_failed_attempt(self, root: FailureRecord, count_as: Budget, now: float) -> None:
         """End the current attempt as failed, its root cause first, charged to the budget `count_as`."""
         if self.state.attempts:
             current = self.state.attempts[-1]

@@ -13,6 +13,7 @@ from outlast.controller.policy import FailureDecision, decide_on_failure, pick_r
 from outlast.controller.preemption import Preemption
 from outlast.controller.runstate import RunBook
 from outlast.controller.setup_errors import no_retry_can_mend
+from outlast.protocol.kinds import Budget, FailureKind
 from outlast.storage.records import FailureRecord
 from outlast.errors import PreemptionError, TrainingFailedError
 
@@ -35,16 +36,16 @@ def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], h
     others = [f for f in failures if f is not root]
     history += [root, *others]
     also = "".join(f"\n  then {f.describe()}" for f in others)
-    corrupt = root.exc_type == "CorruptCheckpointError" and book.state.latest_checkpoint
-    if corrupt or root.exc_type == "SpawnRefused":
-        book.settle_failed_attempt(root, "corrupt_checkpoint" if corrupt else "placement", wall)
+    corrupt = root.exc_type == FailureKind.CORRUPT_CHECKPOINT and book.state.latest_checkpoint
+    if corrupt or root.exc_type == FailureKind.SPAWN_REFUSED:
+        book.settle_failed_attempt(root, Budget.CORRUPT_CHECKPOINT if corrupt else Budget.PLACEMENT, wall)
         if corrupt:
             fallback = book.skip_checkpoint(book.state.latest_checkpoint, root.message or "unreadable", wall)
             log.warning("%s; restarting from %s instead (not counted against max_failures)", root.message,
                         fallback or "scratch")
         return Settled(retry=True)
-    decision = decide_on_failure(root, book.failures_this_launch("worker"), max_failures)
-    book.settle_failed_attempt(root, "worker", wall)
+    decision = decide_on_failure(root, book.failures_this_launch(Budget.WORKER), max_failures)
+    book.settle_failed_attempt(root, Budget.WORKER, wall)
     hopeless = no_retry_can_mend(root)
     if hopeless is not None:
         return Settled(retry=False, error=TrainingFailedError(f"training failed: {hopeless}", list(history)))
@@ -63,9 +64,9 @@ def _settle_preempted(book: RunBook, attempt: int, failures: list[FailureRecord]
     root = preemption.as_failure(attempt)
     book.add_failure(root)
     history += [root, *failures]
-    decision = decide_on_failure(root, book.failures_this_launch("preemption"), max_preemption_failures,
+    decision = decide_on_failure(root, book.failures_this_launch(Budget.PREEMPTION), max_preemption_failures,
                                  budget="max_preemption_failures")
-    book.settle_failed_attempt(root, "preemption", wall)
+    book.settle_failed_attempt(root, Budget.PREEMPTION, wall)
     if decision.action is FailureDecision.RESTART:
         log.warning("%s", decision.reason)
         return Settled(retry=True)

@@ -227,6 +227,9 @@ class NodeDraining(Msg):
     deadline_unix_s: float | None
     # Every node drained with it: a drain on one node of a failure domain drains the domain.
     node_ids: list[str] = []
+    # The nodes go away as soon as the checkpoint this drain asks for is committed (a Slurm job is
+    # requeued then), whatever the deadline: a step trained after that commit would be lost.
+    until_commit: bool = False
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -286,6 +289,9 @@ class StatusReply(Msg):
     nodes: list["NodeInfo"] = []  # the node table (the head only)
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
     metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
+    fork_server_pid: int = 0
+    fork_server_cuda: str = ""  # what of CUDA the fork server initialized ("": nothing, as it must)
+    gpus: dict[str, list[str]] = {}  # each GPU id of the node -> the workers holding it (run/attempt/rank)
     store: StoreHealth | None = None  # the cluster store, where it is not this agent alone
 
 
@@ -296,6 +302,10 @@ class DrainNode(Msg):
     reason: str
     message: str
     deadline_remaining_s: float | None
+    # More nodes drained with it, as one drain: every run hears one notice naming them all (a whole
+    # Slurm job preempted), not a notice per node that its ranks may see one at a time.
+    also: list[str] = []
+    until_commit: bool = False  # NodeDraining.until_commit
 
 
 class DrainAck(Msg):
@@ -679,6 +689,10 @@ class ForkTask(Msg):
 class ZygoteReady(Msg):
     preloaded: list[str]
     failed: dict[str, str]  # module -> why it did not import
+    # What of CUDA the server touched while preloading ("": nothing). Workers forked from a server
+    # that initialized CUDA cannot use a GPU, so the agent says so at once.
+    cuda_initialized: str = ""
+    cuda_driver_loaded: bool = False  # libcuda is mapped in the server (loading it alone is harmless)
 
 
 class Forked(Msg):

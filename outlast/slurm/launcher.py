@@ -210,16 +210,15 @@ class Job:
     def _drain(self, order: DrainOrder) -> None:
         now = time.time()
         had_workers = self.draining.had_workers if self.draining else self._workers_running()
-        for node in order.node_ids:
-            try:
-                reply = request(self.ctx, self.head_address, m.DrainNode(
-                    node_id=node, reason=order.reason, message=order.message,
-                    deadline_remaining_s=order.deadline_s), timeout_s=5.0, key=self.key)
-            except AgentUnavailable as e:
-                log.error("could not drain %s: %s", node, e)
-                continue
+        first, *also = order.node_ids
+        try:  # one drain of every node: the run hears one notice naming them all
+            reply = request(self.ctx, self.head_address, m.DrainNode(
+                node_id=first, also=also, reason=order.reason, message=order.message,
+                deadline_remaining_s=order.deadline_s, until_commit=order.requeue), timeout_s=5.0, key=self.key)
             if isinstance(reply, m.DrainRefused):
-                log.error("the head refused to drain %s: %s", node, reply.reason)
+                log.error("the head refused to drain %s: %s", ", ".join(order.node_ids), reply.reason)
+        except AgentUnavailable as e:
+            log.error("could not drain %s: %s", ", ".join(order.node_ids), e)
         deadline = now + order.deadline_s if order.deadline_s is not None else None
         log.warning("drained %s (%s; deadline %s)", ", ".join(order.node_ids), order.message,
                     f"in {order.deadline_s:.1f} s" if order.deadline_s is not None else "none")
@@ -252,13 +251,13 @@ class Job:
     def _requeue(self) -> int:
         """Let the run record the preemption and stop its workers; requeue once all is stopped."""
         assert self.draining is not None
-        for node in sorted(self.draining.node_ids):
-            try:  # a deadline of now: the controller ends the attempt as preempted without waiting on
-                request(self.ctx, self.head_address, m.DrainNode(
-                    node_id=node, reason="preemption", message=f"{self.draining.why}; requeued",
-                    deadline_remaining_s=0.0), timeout_s=5.0, key=self.key)
-            except AgentUnavailable as e:
-                log.error("could not end the drain of %s: %s", node, e)
+        first, *also = sorted(self.draining.node_ids)
+        try:  # a deadline of now: the controller ends the attempt as preempted without waiting on
+            request(self.ctx, self.head_address, m.DrainNode(
+                node_id=first, also=also, reason="preemption", message=f"{self.draining.why}; requeued",
+                deadline_remaining_s=0.0, until_commit=True), timeout_s=5.0, key=self.key)
+        except AgentUnavailable as e:
+            log.error("could not end the drain of %s: %s", ", ".join(sorted(self.draining.node_ids)), e)
         end = time.monotonic() + 10.0
         while time.monotonic() < end and self._workers_running():
             time.sleep(0.1)

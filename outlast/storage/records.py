@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from outlast.protocol.kinds import NODE_KINDS, FailureKind
 from outlast.protocol.messages import FileEntry
 
 MANIFEST_NAME = ".outlast-manifest.json"
@@ -37,11 +38,11 @@ class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
     oom_report: str | None = None  # set when outlast killed the worker for memory: the kill report
 
     def describe(self) -> str:
-        if self.exc_type in ("Preemption", "SpawnRefused"):  # about a node, not one process
+        if self.exc_type in NODE_KINDS:  # about a node, not one process
             return f"attempt {self.attempt}: {self.message}"
         pid = f"pid {self.pid}, " if self.pid else ""
         where = f"rank {self.rank} ({pid}node {self.node_id}, attempt {self.attempt})"
-        if self.exc_type == "NodeLost":
+        if self.exc_type == FailureKind.NODE_LOST:
             return f"{where} was lost with its node: {self.message}"
         if self.oom_report:
             return f"{where} was killed by outlast for memory (OOM kill):\n{self.oom_report}"

@@ -288,3 +288,41 @@ def test_the_nodes_of_the_job_join_as_slurm_names_them_with_what_slurm_gave_the_
         assert "alive" in rows[node] and "CPU 1," in rows[node] and f"slurm_job={job.id}" in rows[node]
         assert f" {'s1' if node in ('n1', 'n2') else 's2'} " in rows[node], rows[node]
     assert not _job_processes(slurm, job.id)
+
+
+@pytest.mark.xfail(strict=True, reason="the loop trains on after the just-in-time commit until the requeue stops it")
+def test_a_whole_job_preempted_is_one_notice_naming_every_node_and_rank_and_loses_no_step(slurm, tmp_path):
+    """Two ranks on the job's two nodes: USR1 drains both, so every rank's PreemptionInfo names both nodes and
+    both ranks, from the first call that sees it; the ranks are held once the just-in-time checkpoint is
+    committed, since the job is requeued then, so the requeued run trains no step a second time."""
+    from tests.integration.jobs import read_events
+
+    storage, out, events = tmp_path / "storage", tmp_path / "job.out", tmp_path / "events.jsonl"
+    script = tmp_path / "steps.sbatch"
+    script.write_text(f"#!/bin/bash\nexec outlast slurm -- python {ROOT / 'tests' / 'integration' / 'slurm_steps.py'} "
+                      f"--storage {storage} --name run --events {events} --steps 80\n")
+    done = subprocess.run(["sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "--requeue", "-o", str(out),
+                           "--open-mode=append", "--signal=B:USR1@30", "--chdir", str(ROOT), str(script)],
+                          env=_env(slurm), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job = Job(slurm, done.stdout.strip().split(";")[0], storage, out)
+    wait_until(lambda: any(e["ev"] == "step" and e["step"] >= 12 for e in read_events(events)), 120,
+               lambda: f"the run to train 12 steps; output:\n{job.output()}")
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 1"],
+                          env=_env(slurm), capture_output=True, text=True, timeout=30)
+    assert high.returncode == 0, high.stderr
+    job.wait_done(restarts=1, timeout_s=300)
+    evs = read_events(events)
+    placed = {e["rank"] for e in evs if e["ev"] == "start" and e["attempt"] == 1}
+    assert placed == {0, 1}, job.output()
+    notices = [e for e in evs if e["ev"] == "notice"]
+    nodes = expand_hostlist(slurm._slurm(["scontrol", "show", "job", "-o", job.id]).split(" NodeList=")[1].split()[0])
+    assert sorted(e["rank"] for e in notices) == [0, 1], notices
+    assert all(sorted(e["node_ids"]) == sorted(nodes) and e["ranks"] == [0, 1] for e in notices), notices
+    assert all(sorted(r for rs in e["node_to_ranks"].values() for r in rs) == [0, 1] for e in notices), notices
+    preempted = notices[0]["attempt"]
+    trained = max(e["step"] for e in evs if e["ev"] == "step" and e["attempt"] == preempted)
+    restored = [e["restored"] for e in evs if e["ev"] == "start" and e["attempt"] > preempted]
+    assert restored and restored[0] == trained, (f"the requeued run restored step {restored[0]}, but the preempted "
+                                                 f"attempt trained up to step {trained}: steps lost")
+    assert job.state().status == "finished"

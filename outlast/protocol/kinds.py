@@ -1,0 +1,35 @@
+"""The kinds outlast gives a failure, and the budgets a failed attempt is charged to.
+
+A failure record's `exc_type` is the name of the exception a rank raised, or, for what no
+exception of the user's explains, one of `FailureKind`. Both enums are `StrEnum`s whose values
+are the spellings already on the wire (`WorkerError.exc_type`) and in run histories
+(`FailureRecord.exc_type`, `RunState.failure_counts`): a member equals its string, so a history
+written before them reads the same, and one written now reads the same to an older outlast.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FailureKind(enum.StrEnum):
+    NODE_LOST = "NodeLost"  # the rank's node went away (its agent is gone or silent)
+    PREEMPTION = "Preemption"  # the attempt ended for a drain: one record for the attempt, about a node
+    SPAWN_REFUSED = "SpawnRefused"  # a node turned the attempt's workers away (it began draining)
+    HANG = "Hang"  # a rank made no progress for the hang timeout
+    FORK_SERVER_DIED = "ForkServerDied"  # the node's fork server died, and its workloads with it
+    CORRUPT_CHECKPOINT = "CorruptCheckpointError"  # the checkpoint to restore does not verify
+
+
+# Kinds about a node, not about one process of the user's.
+NODE_KINDS = frozenset({FailureKind.PREEMPTION, FailureKind.SPAWN_REFUSED})
+
+
+class Budget(enum.StrEnum):
+    """What a failed attempt is charged to (`RunState.failure_counts`)."""
+
+    WORKER = "worker"  # FailureConfig.max_failures
+    PREEMPTION = "preemption"  # FailureConfig.max_preemption_failures
+    PLACEMENT = "placement"  # a node refused the spawn: charged to nothing that ends the run
+    CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # the restore fell back to an older checkpoint
+    DRIVER = "driver"  # the driver died mid-attempt (counted, never limited)
