@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from outlast.client.restarts import GiveUp, RestartPolicy
 from outlast.agent.node_core import Fork, NodeCore, NodeEffect
-from outlast.agent.supervisor import Kill, Send, Warn
+from outlast.agent.supervisor import GiveUpNode, Kill, Send, Warn
 from outlast.protocol import messages as m
 from outlast.sim.cluster import HEAD_DEAD_AFTER_S
 from outlast.sim.workers import SimRank
@@ -147,6 +147,8 @@ class AgentNode:
                     driver.from_node(self.node_id, e.msg)
             elif isinstance(e, Kill):
                 self._signal(e.pid, e.sig)
+            elif isinstance(e, GiveUpNode):  # the agent drains itself, as a drain-node order would
+                self.sim.drain_node(self, e.reason)
             elif isinstance(e, Warn) and self.sim.world.tracing:
                 self.sim.world.note(f"node {self.node_id}: {e.text}")
 
@@ -224,8 +226,12 @@ class AgentNode:
         run's heartbeat timeout), which keeps thousands of schedules fast."""
         if not self.alive:
             return
-        due = min([w.kill_at for w in self.sup.workloads.values() if w.kill_at is not None]
-                  + [r.last_heard + r.timeout_s for r in self.sup.runs.values() if not r.ended], default=None)
+        sup, now, inf = self.sup, self.sim.world.now, float("inf")
+        due = min([w.kill_at for w in sup.workloads.values() if w.kill_at is not None and w.kill_at != inf]
+                  # a workload SIGKILLed and not reaped: seen by the next tick, given up after the timeout
+                  + [now if w.killed_at is None else w.killed_at + sup.unkillable_after_s
+                     for w in sup.workloads.values() if w.kill_at == inf and not w.given_up]
+                  + [r.last_heard + r.timeout_s for r in sup.runs.values() if not r.ended], default=None)
         if due is None or due == float("inf"):
             return
         at = max(due + TICK_S, self.sim.world.now)

@@ -217,6 +217,13 @@ class Sim:
             node.start()
             self.world.note(f"node {node.node_id} agent started again (pid {node.agent_pid})")
 
+    def drain_node(self, node: NodeModel, why: str) -> None:
+        """A node drains itself (it gave up a workload that SIGKILL did not end): no deadline."""
+        if node.alive and node.core.draining is None:
+            self.drained_at.setdefault(node.node_id, self.world.now)
+            node.drain(m.NodeDraining(node_id=node.node_id, reason="other", message=why, deadline_unix_s=None,
+                                      node_ids=[node.node_id]))
+
     def _drain(self, node: NodeModel, deadline_s: float | None) -> None:
         self.drained_at.setdefault(node.node_id, self.world.now)
         deadline = self.wall() + deadline_s if deadline_s is not None else None

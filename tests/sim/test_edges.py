@@ -14,6 +14,10 @@ from tests.sim.legacy import reinject_edge
 
 # (bug put back, seed, edges): the new invariants catch each.
 FIXED = [
+    # a worker that SIGKILL cannot end kept its run restarting forever (the supervisor now gives it up and
+    # its node drains itself)
+    ("unkillable_waited_for", 23, True),
+    ("unkillable_waited_for", 86, True),
     # a run's heartbeats that kept nothing alive: a node killed a live driver's workers for its "silence"
     ("heartbeat_ignored", 1, False),
     ("heartbeat_ignored", 2, False),
@@ -40,9 +44,8 @@ OPEN = [
     # UploadDone was still in the upload socket when the rank exited.
     pytest.param(29, id="last-async-checkpoint-deleted-29"),
     pytest.param(42, id="last-async-checkpoint-uncommitted-42"),
-    # A rank that no signal ends keeps its run restarting forever, and the next driver places beside it.
-    pytest.param(23, id="unkillable-restarting-forever-23"),
-    pytest.param(86, id="unkillable-restarting-forever-86"),
+    # A relaunched driver's spawn is taken at once on a node where the dead driver's rank, SIGKILLed by that
+    # same admission, is stuck in the kernel: the new attempt starts beside it (before the supervisor gives it up).
     pytest.param(876, id="unkillable-placed-beside-876"),
     # A rank killed on a node that is not draining, while its attempt drains, charged to max_preemption_failures.
     pytest.param(11, id="failure-in-drain-charged-to-preemption-11"),
