@@ -146,6 +146,7 @@ class AgentNode:
                 if driver is not None:
                     driver.from_node(self.node_id, e.msg)
             elif isinstance(e, Kill):
+                self.sim.observer.on_kill(self.node_id, e)
                 self._signal(e.pid, e.sig)
             elif isinstance(e, GiveUpNode):  # the agent drains itself, as a drain-node order would
                 self.sim.drain_node(self, e.reason)
@@ -243,11 +244,7 @@ class AgentNode:
         if not self.alive or incarnation != self.incarnations or at != self._tick_at:
             return
         self._tick_at = None
-        now = self.sim.world.now
-        for run in self.sup.runs.values():
-            if not run.ended and now - run.last_heard > run.timeout_s and self.sup.workloads_of(run.run_id):
-                self.sim.observer.silence_kill(self, run, self.drivers.get(run.controller), now - run.last_heard)
-        self.apply(self.sup.tick(now))
+        self.apply(self.sup.tick(self.sim.world.now))
         self._tick_soon()
 
     # ---- drains and deaths -------------------------------------------------------------------------

@@ -14,8 +14,7 @@
   controller's own teardown (a SIGKILL after the stop's grace) costs nothing.
 - Every run ends, finished or with an error that says why, within a bound, and every attempt of
   its history is settled.
-- A live driver's workers are never killed for its silence: a node's core ends a run's workers
-  for a silent driver only when that driver is gone, or has let the node go.
+- A live driver's workers are never killed for its silence, storage slow or not.
 - No complete checkpoint of a finished run is deleted: the newest checkpoint of the last attempt
   that every rank reported and whose every file was written is committed, with its files.
 - With `edges`: each failure is charged to its cause's budget: a rank killed, or its node lost,
@@ -72,6 +71,14 @@ class Observer:
     def escaped(self, driver: "SimDriver", event: g.InEvent, e: Exception) -> None:
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip().replace("\n", " | ")
         self.violation(f"{type(e).__name__} escaped the controller on {type(event).__name__}: {e} [{tb}]")
+
+    def on_kill(self, node_id: str, kill) -> None:
+        """A live driver's workers are never killed for its silence: its loop never waits on storage."""
+        d = self.sim.driver
+        if d is None or not d.alive or d.core is None or d.core.closed:
+            return
+        if kill.reason == f"run {d.core.run_id}: its driver fell silent":
+            self.violation(f"node {node_id} killed pid {kill.pid} of live driver {d.core.run_id}: {kill.reason}")
 
     def after_step(self, driver: "SimDriver", event: g.InEvent, effects: list[g.Effect]) -> None:
         core = driver.core
@@ -173,13 +180,6 @@ class Observer:
         if in_drain:
             grow = state.preemption.notice.reason == RESIZE
             self.sim.facts["failures_in_grows" if grow else "failures_in_drains"] += 1
-
-    def silence_kill(self, node, run, driver: "SimDriver | None", silent_s: float) -> None:
-        core = driver.core if driver is not None else None
-        if driver is not None and driver.alive and core is not None and not core.closed \
-                and node.node_id in core.nodes.heard:
-            self.violation(f"node {node.node_id} killed the workers of run {run.run_id} for its driver's silence "
-                           f"({silent_s:.1f} s), while driver{driver.generation} lives and still beats to the node")
 
     def checkpoint_part(self, w: "SimRank", name: str, part: str) -> None:
         """`report`: the rank reported the checkpoint; `files`: its files are all on storage."""
