@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from outlast.agent.gpus import GpuBook
-from outlast.agent.supervisor import Effect, Key, Placement, Send, Supervisor, spawn_refusal
+from outlast.agent.supervisor import UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, spawn_refusal
 from outlast.protocol import messages as m
 
 
@@ -46,9 +46,10 @@ NodeEffect = Effect | Fork | FinishOutput
 
 
 class NodeCore:
-    def __init__(self, node_id: str, pid: int, gpu_ids: list[str] | None = None) -> None:
+    def __init__(self, node_id: str, pid: int, gpu_ids: list[str] | None = None,
+                 unkillable_after_s: float = UNKILLABLE_AFTER_S) -> None:
         self.node_id, self.pid = node_id, pid  # pid: the agent's, which a SpawnWorkers names as the one placed on
-        self.sup = Supervisor(node_id)
+        self.sup = Supervisor(node_id, unkillable_after_s)
         self.gpus = GpuBook(list(gpu_ids or []))  # which live worker holds which of the node's GPUs
         self.draining: m.NodeDraining | None = None
 
