@@ -235,7 +235,7 @@ class Observer:
             return
         if book.state.status == "errored" and not (book.state.error or "").strip():
             self.violation("the run errored without saying why")
-        if book.state.status == "finished" and book.state.attempts:
+        if self.sim.edges and book.state.status == "finished" and book.state.attempts:
             self._check_last_checkpoint(book)
         unsettled = [a.attempt for a in book.state.attempts if a.ended_at is None]
         if unsettled:
