@@ -28,7 +28,7 @@ from outlast.controller.group import (
 from outlast.controller.horizons import Answer, Decision, HorizonBook
 from outlast.controller.nodes import NodeBook
 from outlast.controller.placement import NoCapacity
-from outlast.controller.policy import is_symptom, is_users_error
+from outlast.controller.policy import caused_by_drain
 from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event, State
@@ -171,6 +171,9 @@ class ControllerCore(Handlers, HangSteps):
                                        f"not {new.kind.value}")
         log.debug("%s --%s--> %s", self.state.kind.value, event.value, new.kind.value)
         self.state = new
+        p = getattr(new, "preemption", None)
+        if p is not None and self.attempt is not None:
+            self.attempt.preemption = p
 
     def _enter_placing(self, now: float) -> None:
         checkpoints.remove_uncommitted(self.book)
@@ -253,7 +256,12 @@ class ControllerCore(Handlers, HangSteps):
         if not isinstance(s, st.Restarting) or a is None or not a.all_exited(self.plan.world_size):
             return
         p = self.plan
-        preemption = s.preemption or self._preempted_by_drain(a)
+        preemption = s.preemption
+        if preemption is not None and a.failed and not caused_by_drain(a.failures, {*preemption.node_ids}):
+            log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "
+                        "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
+            preemption = None
+        preemption = preemption or self._preempted_by_drain(a)
         settled = self.resizes.settle(self.book, a.number, p.world_size, a.failures, preemption, self.commits.reports,
                                       self.wall()) \
             or settle_attempt(self.book, a.number, a.failures, self.failures, resize.for_settling(preemption),
@@ -273,7 +281,7 @@ class ControllerCore(Handlers, HangSteps):
         drained = {n: d for n in sorted(set(a.placement.values())) if (d := self.nodes.drain_of(n)) is not None}
         if not drained or not a.failures:
             return None
-        if not all(is_symptom(f) or (f.node_id in drained and not is_users_error(f)) for f in a.failures):
+        if not caused_by_drain(a.failures, set(drained)):
             return None
         notice = next(iter(drained.values()))
         return Preemption.begin(notice, a.placement, sorted(drained), self.commits.reports, self._now, self.wall(),
@@ -297,6 +305,7 @@ class ControllerCore(Handlers, HangSteps):
         a = self.attempt
         if a is None:
             return
+        self._answer(self.horizons.release())  # no rank waits on a decision while it is stopped
         stop = m.StopWorkers(run_id=self.run_id, attempt=a.number, grace_s=self.plan.timeouts.teardown_grace_s)
         for node_id in sorted(set(a.placement.values())):
             if node_id in self.nodes.heard:
@@ -371,9 +380,11 @@ class ControllerCore(Handlers, HangSteps):
         return getattr(self.state, "preemption", None)
 
     def _answer(self, answers: list[Answer]) -> None:
-        a, p = self.attempt, self._preemption()
+        a = self.attempt
+        p = self._preemption() or (a.preemption if a is not None else None)
         for ans in answers:
             if isinstance(ans.reply, Decision):
+                # A decision is only ever fixed after a notice, and the attempt keeps its preemption.
                 assert p is not None and a is not None, "a preemption decision without a preemption"
                 msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)
             else:

@@ -171,6 +171,7 @@ class Handlers:
         # with the attempt's settlement, not one run-state write each.
         self.book.add_failure(record, save=self.state.kind.has_live_workers)
         if self.state.kind.has_live_workers:
+            self.attempt.failed = True
             self._restart(Event.WORKER_FAILED, self._preemption())
 
     # ---- workers ---------------------------------------------------------------------
