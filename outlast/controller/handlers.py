@@ -19,6 +19,7 @@ from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import FailureRecord
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class Handlers:
         if self.state.kind is State.SCHEDULING:
             log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
             self._on_failure(FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
-                                           time=self.wall(), exc_type="SpawnRefused", message=refused.reason))
+                                           time=self.wall(), exc_type=FailureKind.SPAWN_REFUSED, message=refused.reason))
         # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
         for rank in a.ranks_on({node_id}):
             a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
@@ -112,7 +113,7 @@ class Handlers:
                 self._on_worker_exited(m.WorkerExited(
                     run_id=self.run_id, attempt=a.number, rank=rank, pid=a.pids.get(rank, 0), exit_code=None,
                     signal=None, node_id=node_id,
-                    error=m.WorkerError(exc_type="NodeLost", message=why, traceback="", phase="train")))
+                    error=m.WorkerError(exc_type=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
                 if self.closed or self.attempt is not a:
                     return
 

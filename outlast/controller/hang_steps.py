@@ -14,6 +14,7 @@ from outlast.controller.hangs import HangWatch
 from outlast.controller.states import State
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import FailureRecord
 
 if TYPE_CHECKING:
@@ -59,10 +60,10 @@ class HangSteps:
         if not w.explained(self._now) or self.state.kind not in _WATCHED or self.attempt is not a:
             return
         assert w.hang is not None
-        record, rank = w.record(self.wall()), w.hang.ranks[0]
+        record, rank = w.record(self.wall()), w.blamed()
         w.hang = None  # explained once
         self.book.state.hangs.append(record)  # written with the failure, below
         log.error("attempt %d hung: %s", a.number, record.summary)
         self._on_failure(FailureRecord(
             attempt=a.number, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
-            signal=None, time=self.wall(), exc_type="Hang", message=record.summary))
+            signal=None, time=self.wall(), exc_type=FailureKind.HANG, message=record.summary))

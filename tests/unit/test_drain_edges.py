@@ -182,7 +182,6 @@ def test_one_drain_naming_several_nodes_is_one_notice_naming_all():
 # ---- a hang is blamed on the rank that is wedged (item 13) -----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="the first rank found stuck is blamed")
 def test_a_hang_is_blamed_on_the_rank_elsewhere_than_the_collective_the_others_wait_in():
     h = make(world_size=3, nodes=("n1", "n2", "n3"), hang_timeout_s=10.0)
     placement = start(h)
@@ -195,7 +194,6 @@ def test_a_hang_is_blamed_on_the_rank_elsewhere_than_the_collective_the_others_w
     assert "rank 1 is in train.py:42" in record.message
 
 
-@pytest.mark.xfail(strict=True, reason="the first rank found stuck is blamed")
 def test_a_hang_is_blamed_on_the_rank_that_sent_no_stacks():
     h = make(world_size=3, nodes=("n1", "n2", "n3"), hang_timeout_s=10.0)
     start(h)
