@@ -15,6 +15,7 @@ from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.group import ForgetNode
 from outlast.controller.preemption import Preemption
+from outlast.controller.resize import Resize
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.controller.upload_estimate import Estimate
@@ -53,7 +54,25 @@ class Handlers:
         nodes = set(notice.node_ids) | {notice.node_id}
         self.nodes.note_draining(notice)
         grace = self.plan.preemption_grace_s
+        if isinstance(s, st.Preempting) and isinstance(s.preemption, Resize) and a is not None \
+                and nodes & set(a.placement.values()):
+            # A drain during a pending grow is a preemption of its own: the ranks hear of the drain (its nodes,
+            # ranks and deadline) from now on, and a checkpoint saved for the grow answers it too.
+            grow = s.preemption
+            p = Preemption.begin(notice, a.placement, sorted(nodes & set(a.placement.values())),
+                                 grow.reports_at_notice, now, self.wall(), grace, exited=a.exited)
+            p.jit_reports |= grow.jit_reports
+            log.warning("node %s is draining (%s: %s) while the run was to grow; ranks %s of attempt %d are "
+                        "preempted, and every rank has %.1f s to save a checkpoint", ", ".join(p.node_ids),
+                        notice.reason, notice.message, p.ranks, a.number, p.deadline - now)
+            self.state = st.Preempting(p)
+            a.preemption = p
+            return
         if isinstance(s, (st.Preempting, st.Saved)):
+            added = s.preemption.widen(notice, a.placement, a.exited) if a is not None else []
+            if added:
+                log.warning("node%s %s of attempt %d %s draining too; ranks %s are preempted", "s"[:len(added) - 1],
+                            ", ".join(added), a.number, "are" if len(added) > 1 else "is", s.preemption.ranks)
             left = s.preemption.tighten(notice, now, self.wall(), grace)
             if left is not None:
                 log.warning("node %s is draining too, with an earlier deadline; the run has %.1f s",

@@ -140,7 +140,6 @@ def test_a_drained_nodes_own_loss_is_still_the_preemption():
 # ---- a drain during a grow (item 10) -----------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="the drain is dropped while the grow notice stands")
 def test_a_drain_without_a_deadline_during_a_pending_grow_reaches_the_ranks():
     h = make(world_size=2, nodes=("n1", "n2"), elastic=Elastic(1, 3, min_interval_s=0.0))
     placement = start(h)
@@ -157,7 +156,6 @@ def test_a_drain_without_a_deadline_during_a_pending_grow_reaches_the_ranks():
 # ---- several nodes drained at once (item 13) ---------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="later drains only tighten the first")
 def test_nodes_drained_one_after_another_before_any_rank_asks_make_one_notice_naming_all():
     h = make(world_size=3, nodes=("n1", "n2", "n3"))
     placement = start(h)
