@@ -265,6 +265,12 @@ class Handlers:
                 return
             log.warning("%s", verdict.reason)
             self._go(Event.SAVED_NOWHERE_TO_GO, st.Saved(s.preemption, pending.checkpoint_dir))
+            if s.preemption.notice.until_commit:
+                # Its nodes go away now that it is committed (a Slurm job is requeued): nothing the loop
+                # does from here is kept, so the ranks that wait for it wait until the teardown.
+                log.info("attempt %d: checkpoint %s is the last this attempt commits (the drain ends with it); "
+                         "its ranks wait in report() until the run stops", a.number, pending.checkpoint_dir)
+                return
         for rank in sorted(pending.waiting):
             self._send_to_rank(rank, reply)
         s = self.state

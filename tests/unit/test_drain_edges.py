@@ -214,7 +214,6 @@ def _jit_report(h, rank, index, checkpoint):
                       files=[ENTRY] if checkpoint else [], saw_preemption=True))
 
 
-@pytest.mark.xfail(strict=True, reason="the ranks are told Committed and train on until the requeue stops them")
 def test_a_drain_until_the_commit_holds_the_ranks_once_the_checkpoint_is_committed():
     h = make(nodes=("n1", "n2"), max_preemption_failures=-1)
     placement = start(h)
