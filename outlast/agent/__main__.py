@@ -11,6 +11,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
@@ -163,7 +164,7 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     if args.num_cpus is not None:
         resources["CPU"] = _non_negative("--num-cpus", args.num_cpus)
     if args.num_gpus is not None:
-        resources["GPU"] = _non_negative("--num-gpus", args.num_gpus)
+        resources["GPU"] = float(len(node_gpu_ids(_non_negative("--num-gpus", args.num_gpus), os.environ, dev_names())))
     if args.memory is not None:
         resources["memory"] = float(parse_bytes(args.memory, "--memory"))
     for name, amount in _pairs("--resources", args.resources).items():
@@ -189,13 +190,10 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
     tier = DEFAULT_BUDGET_BYTES if args.checkpoint_memory is None else parse_bytes(args.checkpoint_memory,
                                                                                    "--checkpoint-memory")
-    return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
-                    node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
-                    checkpoint_memory=tier, embedded=bool(getattr(args, "embedded", False)))
     worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
                     node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,
-                    worker_user=worker_user)
+                    checkpoint_memory=tier, embedded=bool(getattr(args, "embedded", False)), worker_user=worker_user)
 
 
 def etcd_from_args(args: argparse.Namespace, password: str | None) -> EtcdConfig | None:

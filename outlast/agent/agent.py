@@ -32,8 +32,9 @@ from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.tier_server import TierServer, start_tier
 from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
+from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.agent.node_core import FinishOutput, Fork, NodeCore, NodeEffect
-from outlast.agent.supervisor import Kill, ReleaseLeaf, Send, Warn
+from outlast.agent.supervisor import UNKILLABLE_AFTER_S, GiveUpNode, Kill, ReleaseLeaf, Send, Warn
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
@@ -76,7 +77,11 @@ class Agent:
         self.sock, bound = bind_router(self.ctx, host, port, key=self.spec.key)
         # Bound to every interface, the agent is reached at the node's own address.
         self.address = bound.replace("0.0.0.0", self.spec.node_ip, 1)
-        self.core = NodeCore(node_id, os.getpid())
+        self.core = NodeCore(node_id, os.getpid(),
+                             node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()),
+                             unkillable_after_s=float(os.environ.get("OUTLAST_UNKILLABLE_TIMEOUT_S",
+                                                                     UNKILLABLE_AFTER_S)))
+        self.fork_server_ready: m.ZygoteReady | None = None  # what the fork server said once ready
         self.sup = self.core.sup
         self.tier: TierServer | None = None
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
@@ -146,6 +151,9 @@ class Agent:
                     self.guard.on_reaped(e.pid, e.leaf)
             elif isinstance(e, Warn):
                 log.warning("%s", e.text)
+            elif isinstance(e, GiveUpNode):
+                if self.draining is None:
+                    self.drain("other", e.reason, None)
 
     # ---- fork server --------------------------------------------------------------------------
 
@@ -154,8 +162,13 @@ class Agent:
         if msg is None:
             self._fork_server_died()
         elif isinstance(msg, m.ZygoteReady):
+            self.fork_server_ready = msg
             for name, why in msg.failed.items():
                 log.warning("could not preload %s in the fork server: %s", name, why)
+            if msg.cuda_initialized:
+                log.error("the fork server initialized CUDA while preloading %s (%s): workers forked from it "
+                          "cannot use a GPU; remove the module that does it from OUTLAST_PRELOAD (or --preload)",
+                          ",".join(msg.preloaded), msg.cuda_initialized)
         elif isinstance(msg, (m.Forked, m.Reaped)):
             self.apply(self.core.on_fork_server(msg, time.time()))
 
@@ -165,6 +178,7 @@ class Agent:
         pid = self.forks.proc.pid
         self._poller.unregister(self.forks.fileno())
         how, decision = self.forks.died(self.clock())
+        self.core.gpus.release_all()
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
                                      "its workers died with it"))
         if isinstance(decision, GiveUp):
@@ -212,7 +226,7 @@ class Agent:
         self.forks.send(m.ForkWorker(
             run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
             # The run's own credential is in its env: a worker never holds the cluster key.
-            payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path,
+            payload=req.payload, env=f.env if f.env is not None else req.env, cwd=req.cwd, sys_path=req.sys_path,
             run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
             error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
             cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
@@ -371,5 +385,6 @@ class Agent:
 
 
 def default_resources() -> dict[str, float]:
-    """What a node offers when not told: its usable cores and its memory, no GPU."""
-    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": 0.0, "memory": float(psutil.virtual_memory().total)}
+    """What a node offers when not told: its usable cores, its memory, the GPUs it sees (gpus.py)."""
+    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(len(node_gpu_ids(None, os.environ, dev_names()))),
+            "memory": float(psutil.virtual_memory().total)}

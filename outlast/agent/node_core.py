@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outlast.agent.supervisor import Effect, Key, Placement, Send, Supervisor, spawn_refusal
+from outlast.agent.gpus import GpuBook
+from outlast.agent.supervisor import UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, spawn_refusal
 from outlast.protocol import messages as m
 
 
@@ -28,6 +29,7 @@ class Fork:
     spawn: m.SpawnWorkers | None = None
     spec: m.WorkerSpec | None = None
     task: m.SpawnTask | None = None
+    env: dict[str, str] | None = None  # a worker's environment when it is not the spawn's: with its GPUs
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,11 @@ NodeEffect = Effect | Fork | FinishOutput
 
 
 class NodeCore:
-    def __init__(self, node_id: str, pid: int) -> None:
+    def __init__(self, node_id: str, pid: int, gpu_ids: list[str] | None = None,
+                 unkillable_after_s: float = UNKILLABLE_AFTER_S) -> None:
         self.node_id, self.pid = node_id, pid  # pid: the agent's, which a SpawnWorkers names as the one placed on
-        self.sup = Supervisor(node_id)
+        self.sup = Supervisor(node_id, unkillable_after_s)
+        self.gpus = GpuBook(list(gpu_ids or []))  # which live worker holds which of the node's GPUs
         self.draining: m.NodeDraining | None = None
 
     # ---- requests -------------------------------------------------------------------------------
@@ -74,12 +78,17 @@ class NodeCore:
     def _spawn(self, to: bytes, req: m.SpawnWorkers, now: float) -> list[NodeEffect]:
         if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, self.pid)) is not None:
             return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))]
+        envs = self.gpus.worker_envs([(req.run_id, req.attempt, s.rank, "") for s in req.workers],
+                                     req.resources.get("GPU", 0.0), req.env)
+        if isinstance(envs, str):
+            return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=f"node {self.node_id}: {envs}"))]
         effects: list[NodeEffect] = list(self.sup.admit(to, req.run_id, now, req.run_key))
         for spec in req.workers:
             key = (req.run_id, req.attempt, spec.rank, "")
             placement = Placement(world_size=spec.world_size, demand=dict(req.resources))
             self.sup.expect(key, placement)
-            effects.append(Fork(key, f"{req.run_id}-a{req.attempt}-r{spec.rank}", placement, spawn=req, spec=spec))
+            effects.append(Fork(key, f"{req.run_id}-a{req.attempt}-r{spec.rank}", placement, spawn=req, spec=spec,
+                                env=envs[key]))
         return effects
 
     def _spawn_task(self, to: bytes, req: m.SpawnTask, now: float) -> list[NodeEffect]:
@@ -100,6 +109,7 @@ class NodeCore:
             return list(self.sup.on_forked(msg, wall))
         # Its last lines, then its exit.
         key = (msg.run_id, msg.attempt, msg.rank, msg.task_id)
+        self.gpus.release(key)
         return [self._finish_output(msg.run_id, key), *self.sup.on_reaped(msg)]
 
     def _finish_output(self, run_id: str, key: Key | None) -> FinishOutput:

@@ -20,6 +20,9 @@ from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 
 END_RUN_GRACE_S = 1.0
+# A workload still not reaped this long after its SIGKILL is stuck in the kernel (an NFS or FUSE
+# read, a GPU fault, a frozen cgroup): its exit is reported without it, and the node given up.
+UNKILLABLE_AFTER_S = 30.0
 DEFAULT_RUN_TIMEOUT_S = 5.0  # until the run's first heartbeat says otherwise
 
 
@@ -38,6 +41,8 @@ class Workload:
     world_size: int = 1
     kill_report: m.KillReport | None = None  # set when outlast killed it for memory
     demand: dict[str, float] = field(default_factory=dict)  # what it holds of the node's resources
+    killed_at: float | None = None  # when the first tick saw it SIGKILLed
+    given_up: bool = False  # reported as unkillable: its exit was already told
 
     @property
     def is_task(self) -> bool:
@@ -99,7 +104,14 @@ class Warn:
     text: str
 
 
-Effect = Kill | Send | ReleaseLeaf | Warn
+@dataclass(frozen=True)
+class GiveUpNode:
+    """A workload did not die after SIGKILL: drain this node so that nothing new is placed here."""
+
+    reason: str
+
+
+Effect = Kill | Send | ReleaseLeaf | Warn | GiveUpNode
 Key = tuple[str, int, int, str]  # (run id, attempt, rank, task id)
 
 
@@ -133,8 +145,9 @@ def spawn_refusal(node_id: str, draining: m.NodeDraining | None, placed_on: int,
 
 
 class Supervisor:
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, unkillable_after_s: float = UNKILLABLE_AFTER_S) -> None:
         self.node_id = node_id
+        self.unkillable_after_s = unkillable_after_s
         self.runs: dict[str, Run] = {}
         self.workloads: dict[int, Workload] = {}
         self._placements: dict[Key, Placement] = {}
@@ -201,6 +214,8 @@ class Supervisor:
     def on_reaped(self, msg: m.Reaped) -> list[Effect]:
         w = self.workloads.pop(msg.pid, None)
         effects: list[Effect] = [ReleaseLeaf(msg.pid, w.leaf if w else None)]
+        if w is not None and w.given_up:
+            return effects + [Warn(f"pid {msg.pid} (run {w.run_id}), given up as unkillable, died at last")]
         return effects + self._report_exit(msg.run_id, msg.attempt, msg.rank, msg.task_id, msg.pid, msg.exit_code,
                                            msg.signal, msg.error, w.kill_report if w else None)
 
@@ -232,10 +247,14 @@ class Supervisor:
 
     def tick(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        for w in self.workloads.values():
-            if w.kill_at is not None and now >= w.kill_at:
+        for w in list(self.workloads.values()):
+            if w.kill_at is not None and now >= w.kill_at and w.kill_at != float("inf"):
                 w.kill_at = float("inf")
                 effects.append(Kill(w.pid, signal.SIGKILL, f"run {w.run_id}: still alive after its grace"))
+            if w.kill_at == float("inf") and w.killed_at is None:
+                w.killed_at = now
+            elif w.killed_at is not None and not w.given_up and now - w.killed_at >= self.unkillable_after_s:
+                effects += self._give_up(w, now - w.killed_at)
         for run in list(self.runs.values()):
             silent = now - run.last_heard
             if not run.ended and silent > run.timeout_s:
@@ -283,6 +302,18 @@ class Supervisor:
             run = self.runs[run_id] = Run(run_id, to, timeout_s, now)
         run.controller, run.last_heard = to, now
         return run
+
+    def _give_up(self, w: Workload, waited_s: float) -> list[Effect]:
+        """Report the exit of a workload that SIGKILL did not end, naming its pid, and give the node up:
+        its run goes on elsewhere (or fails saying so) instead of waiting for it forever."""
+        w.given_up = True
+        who = f"task {w.task_id}" if w.task_id else f"rank {w.rank} (attempt {w.attempt})"
+        text = (f"pid {w.pid}, {who} of run {w.run_id}, did not die {waited_s:.0f} s after SIGKILL: it is stuck "
+                f"in the kernel (an NFS or FUSE read, a GPU fault, a frozen cgroup); node {self.node_id} takes no new "
+                "work until it is restarted")
+        error = m.WorkerError(exc_type="Unkillable", message=text, traceback="", phase="node")
+        return [Warn(text), GiveUpNode(text)] + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid,
+                                                                   None, signal.SIGKILL, error, w.kill_report)
 
     def _terminate(self, victims: list[Workload], grace_s: float, now: float, reason: str) -> list[Effect]:
         effects: list[Effect] = []

@@ -48,7 +48,21 @@ def preload(modules: list[str]) -> m.ZygoteReady:
             done.append(name)
         except Exception as e:  # an optional module; workers import what they need themselves
             failed[name] = f"{type(e).__name__}: {e}"
-    return m.ZygoteReady(preloaded=done, failed=failed)
+    initialized, driver = cuda_in_this_process()
+    return m.ZygoteReady(preloaded=done, failed=failed, cuda_initialized=initialized, cuda_driver_loaded=driver)
+
+
+def cuda_in_this_process() -> tuple[str, bool]:
+    """Whether torch initialized CUDA here (what breaks CUDA in forked children), and whether the
+    CUDA driver library is loaded. Asks without initializing it."""
+    torch = sys.modules.get("torch")
+    initialized = "torch.cuda is initialized" if torch is not None and torch.cuda.is_initialized() else ""
+    try:
+        with open("/proc/self/maps") as f:
+            driver = "libcuda.so" in f.read()
+    except OSError:
+        driver = False
+    return initialized, driver
 
 
 def read_error_file(path: str) -> m.WorkerError | None:

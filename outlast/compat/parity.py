@@ -1,4 +1,5 @@
-"""docs/ray-parity.md: every public name and argument of `ray.train` and `ray.train.torch`,
+"""docs/ray-parity.md: every public name and argument of `ray.train`, `ray.train.torch` and Ray Train's
+framework integrations,
 against outlast's, generated from both APIs.
 
 Ray's side is read from the source files of its wheel with `ast` (`ray_api.py`): the table
@@ -24,7 +25,14 @@ from outlast.compat.ray_alias import RAY_VERSION
 from outlast.compat.ray_api import ApiName, Param, ray_train_api
 
 DOC = Path(__file__).parents[2] / "docs" / "ray-parity.md"
-MODULES = {"ray.train": "outlast.train", "ray.train.torch": "outlast.train.torch"}
+# Every module of Ray Train that a user imports, and outlast's (None: outlast has none).
+MODULES: dict[str, str | None] = {
+    "ray.train": "outlast.train", "ray.train.torch": "outlast.train.torch",
+    "ray.train.lightning": "outlast.train.lightning",
+    "ray.train.huggingface.transformers": "outlast.train.huggingface.transformers",
+    "ray.train.xgboost": "outlast.train.xgboost", "ray.train.v2.jax": "outlast.train.jax",
+    "ray.train.lightgbm": None, "ray.train.tensorflow": None, "ray.train.horovod": None,
+}
 
 SAME, DIFFERS, UNSUPPORTED, DEPRECATED = "same", "differs", "not supported", "deprecated in Ray"
 
@@ -83,7 +91,8 @@ NOTES: dict[str, Note] = {
                                           "(report order without one), at most num_to_keep"),
     "Result.error": Note(SAME, "fit() raises the error; a Result from fit() has none"),
     "Result.metrics_dataframe": Note(DIFFERS, "built from best_checkpoints when read; needs pandas"),
-    "Result.filesystem": Note(DIFFERS, "an fsspec file system, not a pyarrow one"),
+    "Result.filesystem": Note(SAME, "a pyarrow file system (pyarrow's own for a local path, the URL's fsspec file "
+                                    "system wrapped for pyarrow otherwise); the fsspec one without pyarrow"),
     "Result.from_path.storage_filesystem": Note(UNSUPPORTED, "",
                                                 lambda: _train().Result.from_path("/tmp/run", storage_filesystem=1)),
     "Result.return_value": Note(SAME, "rank 0's return value, kept on storage: None unless the run finished"),
@@ -136,6 +145,42 @@ NOTES: dict[str, Note] = {
     "prepare_data_loader.auto_transfer": Note(DIFFERS, "accepted; batches move to the device as they are read, "
                                                        "without a side stream"),
     "get_devices": Note(SAME, "one device per worker"),
+    "ray.train.lightning:RayTrainReportCallback.validation": Note(UNSUPPORTED, "outlast has no validation step: Lightning's validation "
+                                                           "loop's metrics are reported with the checkpoint"),
+    "ray.train.lightning:RayFSDPStrategy": Note(DIFFERS, "on Lightning >= 2.1, whose FSDPStrategy saves full or sharded state itself; "
+                                     "Ray's own state-dict gathering for Lightning 2.0 is not kept; untested here "
+                                     "(no GPUs)"),
+    "ray.train.lightning:RayDeepSpeedStrategy": Note(DIFFERS, "needs deepspeed installed; untested here (no GPUs)"),
+    "ray.train.lightning:prepare_trainer": Note(SAME, "checks the strategy and the cluster environment"),
+    "ray.train.huggingface.transformers:prepare_trainer": Note(SAME, "a train or eval dataset may be an iterator of "
+                                                                     "batches (get_dataset_shard(name)"
+                                                                     ".iter_torch_batches(...))"),
+    "ray.train.xgboost:RayTrainReportCallback.filename": Note(SAME, "'model.ubj', Ray's "
+                                                                    "RayReportCallback.CHECKPOINT_NAME"),
+    "ray.train.xgboost:RayTrainReportCallback.get_model.filename": Note(SAME, "'model.ubj', as on Ray"),
+    "ray.train.xgboost:XGBoostTrainer": Note(DIFFERS, "rank 0 runs XGBoost's RabitTracker for each attempt (Ray runs it in its "
+                                    "driver); a lone worker trains without one, as on Ray"),
+    "ray.train.xgboost:XGBoostTrainer.validation_config": Note(UNSUPPORTED, "validate in the train function and report the validation "
+                                                          "metrics with the checkpoint"),
+    "ray.train.xgboost:XGBoostTrainer.resume_from_checkpoint": Note(UNSUPPORTED, "a run continues from its own latest checkpoint "
+                                                               "(RayTrainReportCallback.get_model(get_checkpoint()))"),
+    "ray.train.xgboost:XGBoostTrainer.metadata": Note(DIFFERS, "accepted and not used (deprecated in Ray)"),
+    "ray.train.xgboost:XGBoostConfig.backend_cls": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.xgboost:XGBoostConfig.framework": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.xgboost:XGBoostConfig.to_dict": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.xgboost:XGBoostConfig.train_func_context": Note(UNSUPPORTED, "Ray's backend internals: outlast enters XGBoost's "
+                                                          "CommunicatorContext around the train function itself"),
+    "ray.train.xgboost:XGBoostCheckpoint": Note(UNSUPPORTED, "deprecated in Ray: save with RayTrainReportCallback, read with "
+                                           "RayTrainReportCallback.get_model(checkpoint)"),
+    "ray.train.v2.jax:JaxTrainer": Note(DIFFERS, "tested on CPUs (JAX_PLATFORMS=cpu with JaxConfig(use_gpu=True) runs JAX's "
+                                "multi-process runtime there, as on Ray); the CUDA and TPU branches follow Ray's "
+                                "code untested; one TPU slice per run (no MEGASCALE_* multi-slice)"),
+    "ray.train.v2.jax:JaxTrainer.validation_config": Note(UNSUPPORTED, "validate in the train function and report the validation "
+                                                      "metrics with the checkpoint"),
+    "ray.train.v2.jax:JaxConfig.backend_cls": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.v2.jax:JaxConfig.framework": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.v2.jax:JaxConfig.to_dict": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.v2.jax:JaxConfig.train_func_context": Note(UNSUPPORTED, "Ray's backend internals"),
 }
 
 
@@ -179,8 +224,11 @@ def _default_matches(ray_default: str | None, ours: Any) -> bool:
         return ray_default.rsplit(".", 1)[-1] == str(ours).rsplit(".", 1)[-1]
 
 
+_module = ""  # the Ray module whose names are being compared: its notes are keyed "module:name"
+
+
 def _note(key: str) -> Note | None:
-    return NOTES.get(key)
+    return NOTES.get(f"{_module}:{key}") or (NOTES.get(key) if _module in ("ray.train", "ray.train.torch") else None)
 
 
 def _with_note(key: str, status: str, text: str) -> Row:
@@ -217,6 +265,10 @@ def _param_rows(owner: str, params: list[Param], target: Any) -> list[Row]:
 
 
 def _compare(module: str, api: ApiName) -> list[Row]:
+    global _module
+    _module = module
+    if MODULES[module] is None:
+        return [Row(api.name, UNSUPPORTED, f"`import {module}` stops the script under `outlast run`")]
     target_module = importlib.import_module(MODULES[module])
     try:
         obj = getattr(target_module, api.name)
@@ -261,15 +313,16 @@ def render(api: dict[str, list[ApiName]]) -> str:
         "",
         "Generated by `python -m outlast.compat.parity` from Ray's source (the wheel of Ray "
         f"{RAY_VERSION}, read with `ast`) and outlast's code; `tests/compat/test_parity.py` fails when "
-        "this file is stale. Every public name of `ray.train` and `ray.train.torch` (their `__all__`, Ray "
-        "Train V2), each argument, method and property: **same**, **differs** (how), **not supported** (why, "
+        "this file is stale. Every public name of each module of Ray Train that a user imports (their "
+        "`__all__`, Ray Train V2), each argument, method and property: **same**, **differs** (how), **not supported** (why, "
         "and the error a user gets), or **deprecated in Ray**. Under `outlast run` an unsupported name stops "
         "the script with the same message and the script's line.",
         "",
     ]
     totals: dict[str, int] = {}
     for module, names in api.items():
-        out += [f"## `{module}` → `{MODULES[module]}`", "", "| name | status | notes |", "|---|---|---|"]
+        ours = f"`{MODULES[module]}`" if MODULES[module] else "none: not supported"
+        out += [f"## `{module}` → {ours}", "", "| name | status | notes |", "|---|---|---|"]
         for name in names:
             for i, row in enumerate(_compare(module, name)):
                 label = f"`{row.name}`" if i == 0 else f"&nbsp;&nbsp;`{row.name}`"
@@ -286,7 +339,7 @@ def render(api: dict[str, list[ApiName]]) -> str:
 def generate(root: Path | None = None) -> str:
     from outlast.compat.ray_source import ray_source
 
-    return render(ray_train_api(root or ray_source()))
+    return render(ray_train_api(root or ray_source(), tuple(MODULES)))
 
 
 def main(argv: list[str] | None = None) -> int:

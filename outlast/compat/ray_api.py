@@ -1,6 +1,6 @@
 """Ray Train's public API, read from Ray's source files with `ast` (nothing of Ray is imported).
 
-For `ray.train` and `ray.train.torch`: the names of `__all__` (with Ray Train V2 enabled, its
+For `ray.train`, `ray.train.torch` and the framework integrations: the names of `__all__` (with Ray Train V2 enabled, its
 default), each followed through its imports to where it is defined, with its arguments (a
 function's parameters, a class's constructor or dataclass fields) and, for classes, its public
 methods and properties. Defaults are kept as source text.
@@ -186,8 +186,7 @@ def _deprecated(node: ast.FunctionDef | ast.ClassDef) -> bool:
     return len(body) == 1 and isinstance(body[0], ast.Raise) and "Deprecat" in ast.unparse(body[0])
 
 
-def ray_train_api(root: Path) -> dict[str, list[ApiName]]:
-    """{'ray.train': [...], 'ray.train.torch': [...]}, in `__all__` order."""
+def ray_train_api(root: Path, modules: tuple[str, ...] = ("ray.train", "ray.train.torch")) -> dict[str, list[ApiName]]:
+    """{'ray.train': [...], 'ray.train.torch': [...], ...}, in `__all__` order."""
     src = RaySource(root)
-    return {module: [src.describe(module, name) for name in src.exported(module)]
-            for module in ("ray.train", "ray.train.torch")}
+    return {module: [src.describe(module, name) for name in src.exported(module)] for module in modules}

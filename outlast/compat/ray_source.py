@@ -47,3 +47,35 @@ def ray_source(version: str = RAY_VERSION) -> Path:
                     z.extract(name, src)
         (src / ".complete").write_text(wheels[0].name)
     return src
+
+
+def docstring_examples(source: Path, name: str) -> list[tuple[str, bool]]:
+    """The `.. testcode::` blocks of the docstring of `name` (a class or function of the file `source`),
+    each as (code, whether Ray's own doc build skips it: `:skipif: True`)."""
+    import ast
+    import textwrap
+
+    tree = ast.parse(source.read_text())
+    node = next((n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == name),
+                None)
+    if node is None:
+        raise LookupError(f"{source} defines no {name}")
+    blocks: list[tuple[str, bool]] = []
+    lines = (ast.get_docstring(node) or "").splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != ".. testcode::":
+            i += 1
+            continue
+        indent = len(lines[i]) - len(lines[i].lstrip())
+        i += 1
+        skipped = False
+        while i < len(lines) and lines[i].strip().startswith(":"):  # the directive's options
+            skipped |= lines[i].strip().replace(" ", "") == ":skipif:True"
+            i += 1
+        body = []
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+            body.append(lines[i])
+            i += 1
+        blocks.append((textwrap.dedent("\n".join(body)).strip() + "\n", skipped))
+    return blocks

@@ -289,6 +289,9 @@ class StatusReply(Msg):
     nodes: list["NodeInfo"] = []  # the node table (the head only)
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
     metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
+    fork_server_pid: int = 0
+    fork_server_cuda: str = ""  # what of CUDA the fork server initialized ("": nothing, as it must)
+    gpus: dict[str, list[str]] = {}  # each GPU id of the node -> the workers holding it (run/attempt/rank)
     store: StoreHealth | None = None  # the cluster store, where it is not this agent alone
 
 
@@ -686,6 +689,10 @@ class ForkTask(Msg):
 class ZygoteReady(Msg):
     preloaded: list[str]
     failed: dict[str, str]  # module -> why it did not import
+    # What of CUDA the server touched while preloading ("": nothing). Workers forked from a server
+    # that initialized CUDA cannot use a GPU, so the agent says so at once.
+    cuda_initialized: str = ""
+    cuda_driver_loaded: bool = False  # libcuda is mapped in the server (loading it alone is harmless)
 
 
 class Forked(Msg):

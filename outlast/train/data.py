@@ -132,6 +132,16 @@ class DataShard:
     def count(self) -> int:
         return len(self.indices)
 
+    def materialize(self) -> "DataShard":
+        """The shard itself: it is in memory already (what Ray Data's materialize() makes it)."""
+        return self
+
+    def to_pandas(self) -> Any:
+        """The whole shard as one pandas DataFrame."""
+        import pandas as pd
+
+        return next(self.iter_batches(batch_size=None, batch_format="pandas"), pd.DataFrame())
+
     def iter_batches(self, *, batch_size: int | None = 256, batch_format: str = "default", drop_last: bool = False,
                      local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
                      prefetch_batches: int = 1, **_: Any) -> Iterator[Any]:

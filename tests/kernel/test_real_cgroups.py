@@ -229,3 +229,27 @@ def test_outlast_start_with_isolation_and_status_shows_reservations_workers_and_
     finally:
         cli("stop")
         cg.remove()
+
+
+def test_with_isolation_on_nothing_a_rank_started_outlives_it(node, tmp_path):
+    """The rank's cgroup leaf is killed whole when it is reaped, besides its process group and orphans."""
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
+    from tests.integration.procs import alive
+    from tests.integration.test_rank_children import _kill_left, sleepers_then_die, started
+
+    _, start = node
+    start(extra=("--checkpoint-memory", "0"))  # the whole small node to the workloads
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    try:
+        result = Trainer(sleepers_then_die, train_loop_config={"dir": str(pids_dir)},
+                         scaling_config=ScalingConfig(num_workers=2),
+                         run_config=RunConfig(name="children-isolated", storage_path=str(storage),
+                                              failure_config=FailureConfig(max_failures=1))).fit()
+        assert result.error is None
+        pids = started(pids_dir)
+        assert len(pids) == 8 and [p for p in pids if alive(p)] == []
+    finally:
+        _kill_left(pids_dir)

@@ -81,3 +81,12 @@ def test_what_outlast_cannot_read_is_refused_with_what_to_pass_instead():
         to_source("train", 42)
     with pytest.raises(AttributeError, match="iter_batches, iter_torch_batches"):
         shard([1]).to_tf()
+
+
+def test_a_shard_materializes_to_itself_and_reads_as_one_pandas_frame_as_ray_datas_does():
+    rows = [{"x": x, "y": x + 1} for x in range(5)]
+    part = shard(rows, rank=1, world=2)
+    assert part.materialize() is part
+    frame = part.materialize().to_pandas()
+    assert frame.to_dict("records") == [{"x": 2, "y": 3}, {"x": 3, "y": 4}]
+    assert shard([], rank=0, world=1).to_pandas().empty

@@ -177,3 +177,29 @@ def test_the_memory_view_is_a_copy_that_marks_idle_and_killed_workloads():
     assert not view[102].already_killed  # the earlier snapshot did not change
     (msg,) = sent(sup.on_reaped(reaped(102, rank=1, sig=signal.SIGKILL, exit_code=None)))
     assert msg.kill_report == report and "over" in msg.oom_report
+
+
+def test_a_worker_that_sigkill_does_not_end_is_reported_by_pid_and_its_node_given_up():
+    from outlast.agent.supervisor import GiveUpNode
+
+    sup = Supervisor("n1", unkillable_after_s=30.0)
+    running(sup, [101, 102], timeout_s=1000.0)
+    assert kills(sup.stop_attempt("r1", 1, grace_s=2.0, now=10.0)) == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    assert kills(sup.tick(12.0)) == [(101, signal.SIGKILL), (102, signal.SIGKILL)]
+    [exited] = sent(sup.on_reaped(reaped(102, rank=1, sig=signal.SIGKILL, exit_code=None)))
+    assert exited.rank == 1 and exited.error is None  # one died as it should
+    for now in (12.1, 20.0, 41.9):  # the other did not, but not yet for long enough
+        assert sup.tick(now) == []
+    effects = sup.tick(42.2)
+    [exited] = sent(effects)
+    assert (exited.pid, exited.rank, exited.signal) == (101, 0, signal.SIGKILL)
+    assert exited.error.exc_type == "Unkillable" and "pid 101" in exited.error.message
+    assert "did not die 30 s after SIGKILL" in exited.error.message
+    [give_up] = [e for e in effects if isinstance(e, GiveUpNode)]
+    assert "pid 101" in give_up.reason and "node n1" in give_up.reason
+    assert sup.tick(100.0) == []  # said once
+    assert sup.usage() == {"r1": {"CPU": 1.0}}  # it still holds what it held: the node's capacity is honest
+    # It dies at last: nothing is reported again (its exit was told), its leaf is freed.
+    effects = sup.on_reaped(reaped(101, sig=signal.SIGKILL, exit_code=None))
+    assert sent(effects) == [] and any(isinstance(e, ReleaseLeaf) for e in effects)
+    assert any(isinstance(e, Warn) and "died at last" in e.text for e in effects)

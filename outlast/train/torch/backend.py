@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
+from outlast.agent.gpus import own_device_indices
 from outlast.client.preload import TORCH_MODULES
 from outlast.errors import WorkerSetupError
 from outlast.train.backend import Backend
@@ -44,7 +45,7 @@ class TorchBackend(Backend):
                                        f"{os.environ.get('OUTLAST_NODE_ID', '?')} sees no CUDA device (torch "
                                        f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); install "
                                        "a CUDA build of torch there, or start the node without --num-gpus")
-            torch.cuda.set_device(context.local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(own_device_indices(os.environ, context.local_rank, torch.cuda.device_count())[0])
         if "MASTER_PORT" not in os.environ:
             # A port free on rank 0's node, which only rank 0 can tell; every rank learns it from rank 0.
             from outlast.train import collective

@@ -7,19 +7,26 @@ from typing import Any
 from outlast.train._session import get_session
 
 
-def get_device():
+def get_devices() -> list:
+    """This worker's devices: the GPUs its node gave it (`resources_per_worker={"GPU": 2}` gives two),
+    or the CPU when it trains without NCCL."""
+    import os
+
     import torch
 
-    ctx = get_session("torch.get_device").context
+    from outlast.agent.gpus import own_device_indices
+
+    ctx = get_session("torch.get_devices").context
     if torch.cuda.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_backend() == "nccl":
-        return torch.device(f"cuda:{ctx.local_rank % torch.cuda.device_count()}")
-    return torch.device("cpu")
+        return [torch.device(f"cuda:{i}")
+                for i in own_device_indices(os.environ, ctx.local_rank, torch.cuda.device_count())]
+    return [torch.device("cpu")]
 
 
-def get_devices() -> list:
-    """This worker's devices: one per worker in outlast (`[get_device()]`)."""
-    return [get_device()]
+def get_device():
+    """This worker's first device (`cuda:0` for a run of one GPU per rank on a node of one GPU)."""
+    return get_devices()[0]
 
 
 def enable_reproducibility(seed: int = 0) -> None:
