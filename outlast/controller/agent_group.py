@@ -46,6 +46,7 @@ class AgentGroup:
         self._links: dict[str, zmq.Socket] = {}
         self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) already reported gone
         self._poller = zmq.Poller()
+        self._wake_fds: set[int] = set()
         self._poller.register(self.sock, zmq.POLLIN)
         self._poller.register(self._query, zmq.POLLIN)
 
@@ -105,9 +106,16 @@ class AgentGroup:
 
     # ---- events in ----------------------------------------------------------------------
 
+    def also_wake_on(self, fd: int) -> None:
+        """`events` returns early when `fd` is readable (the storage executor's answers); the caller reads it."""
+        self._wake_fds.add(fd)
+        self._poller.register(fd, zmq.POLLIN)
+
     def events(self, timeout_s: float) -> list[g.InEvent]:
         out: list[g.InEvent] = []
         for sock, _ in self._poller.poll(timeout=int(timeout_s * 1000)):
+            if isinstance(sock, int) and sock in self._wake_fds:
+                continue
             if sock is self.sock:
                 out += self._worker_messages()
             elif sock is self._query:

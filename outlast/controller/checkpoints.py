@@ -1,21 +1,40 @@
-"""The controller's writes of checkpoints to the run's history: commit, retention, what to restore.
+"""Checkpoints in the controller's core: the commit in two phases, retention, what a new attempt restores.
 
-A checkpoint is committed by its manifest. Nothing after the manifest (the run state,
-deleting old checkpoints) can take the commit back, so a failure there is logged and
-the ranks still hear "committed".
+Each storage call is an effect (`effects.py`) whose answer comes back as an event:
+
+1. A settled checkpoint (`commit.py`) gets its manifest written (`WriteManifest`); files that
+   ranks wrote differently are read back first (`ReadChecksums`, `file_merge.py` decides).
+2. Once storage says the manifest is written, the checkpoint is committed: the history names
+   it, its blocked ranks hear `Committed`, and retention hands storage the deletes, after the
+   run state that stops naming them.
+
+Nothing after the manifest can take the commit back. A write that still fails after its
+retries fails the run, saying what storage did (`on_storage_failed`); a delete that fails
+leaves the files, with a warning.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
+from outlast.controller import effects as fx
+from outlast.controller import lifecycle, on_workers
+from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
-from outlast.controller.file_merge import merge_and_note
+from outlast.controller.file_merge import DuplicateFiles, MergedFiles, merge_files, settle
 from outlast.controller.retention import checkpoints_to_delete
-from outlast.controller.runstate import RunBook
+from outlast.controller.states import Event
+from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
-from outlast.storage.records import CorruptDocument
+from outlast.protocol.messages import FileEntry
+from outlast.storage.records import Manifest
+from outlast.storage.retry import RETRY_S_VAR
+
+if TYPE_CHECKING:
+    from outlast.controller.core import ControllerCore
 
 log = logging.getLogger("outlast.controller")
 
@@ -27,78 +46,218 @@ class RetentionRule:
     score_order: str
 
 
-def commit(book: RunBook, pending: PendingCheckpoint, attempt: int, placement: dict[int, str],
-           retention: RetentionRule, duplicate_files: str, wall: float) -> m.Committed | m.CommitFailed:
-    """Write the manifest of a settled checkpoint; the answer its blocked ranks get."""
+@dataclass(frozen=True)
+class Committing:
+    """A manifest handed to storage, not yet said to be written."""
+
+    pending: PendingCheckpoint
+    attempt: int
+    manifest: Manifest
+
+
+# ---- the commit ---------------------------------------------------------------------------
+
+
+def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
+    """Phase one: check the settled checkpoint, and hand its manifest to storage."""
+    a = c.attempt
+    assert a is not None
+    if pending.missing_shards:
+        fail_commit(c, pending, a.number, pending.missing_reason(a.placement))
+        return
+    if pending.errors:
+        fail_commit(c, pending, a.number, "; ".join(f"rank {r}: {e}" for r, e in sorted(pending.errors.items())))
+        return
     try:
-        if pending.missing_shards:
-            raise ValueError(pending.missing_reason(placement))
-        if pending.errors:
-            raise ValueError("; ".join(f"rank {r}: {e}" for r, e in sorted(pending.errors.items())))
-        files = merge_and_note(pending.files, duplicate_files, book, pending.checkpoint_dir, wall)
-        book.commit_checkpoint(pending.checkpoint_dir, attempt, pending.index, sorted(pending.files), files,
-                               pending.metrics, wall)
-    except (ValueError, OSError) as e:
-        log.error("checkpoint %s not committed (the latest committed one stays %s): %s",
-                  pending.checkpoint_dir, book.state.latest_checkpoint, e)
-        if pending.missing_shards:
-            book.note_uncommitted(pending.checkpoint_dir, str(e), wall)
-        return m.CommitFailed(index=pending.index, reason=str(e))
-    apply_retention(book, retention)
-    return m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
+        merged = merge_files(pending.files, DuplicateFiles(c.plan.duplicate_files))
+    except ValueError as e:
+        fail_commit(c, pending, a.number, str(e))
+        return
+    if not merged.conflicts:
+        write_manifest(c, pending, a.number, merged.files)
+        return
+    paths = tuple((conflict.path, conflict.entries[0].checksum[0]) for conflict in merged.conflicts)
+    c.reading_back[pending.checkpoint_dir] = pending
+    c.ask_storage(lambda i: fx.ReadChecksums(i, pending.checkpoint_dir, paths),
+                  partial(_checksums_read, pending=pending, attempt=a.number, merged=merged))
 
 
-def apply_retention(book: RunBook, rule: RetentionRule) -> None:
-    doomed = checkpoints_to_delete(book.state.checkpoints, rule.num_to_keep, rule.score_attribute, rule.score_order)
+def in_progress(c: "ControllerCore") -> set[str]:
+    """Checkpoints whose commit has begun and not ended: their directories are not garbage."""
+    return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()}
+
+
+def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingCheckpoint, attempt: int,
+                    merged: MergedFiles) -> None:
+    c.reading_back.pop(pending.checkpoint_dir, None)
+    try:
+        merged = settle(merged, done.value)
+    except ValueError as e:
+        fail_commit(c, pending, attempt, str(e))
+        return
+    kept = ", ".join(f"{conflict.path!r} from rank {conflict.kept}" for conflict in merged.conflicts)
+    if c.book.note_once(merged.describe(), c.wall()):
+        log.warning("checkpoint %s: %s (this one kept %s)", pending.checkpoint_dir, merged.describe(), kept)
+    else:
+        log.debug("checkpoint %s kept %s", pending.checkpoint_dir, kept)
+    write_manifest(c, pending, attempt, merged.files)
+
+
+def write_manifest(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry]) -> None:
+    seq = max([r.seq for r in c.book.state.checkpoints] + [x.manifest.seq for x in c.committing.values()],
+              default=0) + 1
+    manifest = Manifest(checkpoint_dir=pending.checkpoint_dir, seq=seq, attempt=attempt,
+                        report_index=pending.index, committed_at=c.wall(), ranks=sorted(pending.files), files=files,
+                        metrics=pending.metrics)
+    effect_id = c.ask_storage(lambda i: fx.WriteManifest(i, manifest), _manifest_written)
+    c.committing[effect_id] = Committing(pending, attempt, manifest)
+
+
+def _manifest_written(c: "ControllerCore", done: fx.StorageDone) -> None:
+    """Phase two: committed. The history names it; its ranks hear it; retention lets old ones go."""
+    committing = c.committing.pop(done.id)
+    pending = committing.pending
+    c.book.record_commit(committing.manifest)
+    apply_retention(c)
+    a, s = c.attempt, c.state
+    if a is None or a.number != committing.attempt:
+        return  # its ranks are gone; the next attempt restores it
+    _tell_ranks(c, committing)
+    on_workers.finish_if_settled(c, a)
+
+
+def _tell_ranks(c: "ControllerCore", committing: Committing) -> None:
+    pending, s = committing.pending, c.state
+    reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
+    if isinstance(s, st.Preempting) and s.preemption.saved_by(pending.index, pending.files, c.horizons.watched):
+        verdict = s.preemption.decide(c.now, pending.checkpoint_dir, lifecycle.room_elsewhere(c, c.now))
+        if verdict.restart_now:
+            # The ranks stay blocked in that report() until the teardown reaches them: a step
+            # they took after it would be lost.
+            log.info("%s; restarting now", verdict.reason)
+            lifecycle.restart(c, Event.PREEMPTION_SAFE, s.preemption)
+            return
+        log.warning("%s", verdict.reason)
+        lifecycle.go(c, Event.SAVED_NOWHERE_TO_GO, st.Saved(s.preemption, pending.checkpoint_dir))
+        if s.preemption.notice.until_commit:
+            # Its nodes go away now that it is committed (a Slurm job is requeued): nothing the loop
+            # does from here is kept, so the ranks that wait for it wait until the teardown.
+            log.info("checkpoint %s is the last this attempt commits (the drain ends with it); its ranks wait in "
+                     "report() until the run stops", pending.checkpoint_dir)
+            return
+    for rank in sorted(pending.waiting):
+        c.send_to_rank(rank, reply, attempt=committing.attempt)
+
+
+def fail_commit(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, reason: str) -> None:
+    log.error("checkpoint %s not committed (the latest committed one stays %s): %s",
+              pending.checkpoint_dir, c.book.state.latest_checkpoint, reason)
+    if pending.missing_shards:
+        c.book.note_uncommitted(pending.checkpoint_dir, reason, c.wall())
+    a = c.attempt
+    if a is None or a.number != attempt:
+        return
+    for rank in sorted(pending.waiting):
+        c.send_to_rank(rank, m.CommitFailed(index=pending.index, reason=reason), attempt=attempt)
+    s = c.state
+    if isinstance(s, (st.Preempting, st.Saved)) and pending.missing_shards:
+        # Waiting longer cannot bring a lost shard back.
+        log.warning("restarting from %s now", c.book.state.latest_checkpoint or "scratch")
+        lifecycle.restart(c, Event.PREEMPTION_SAFE, s.preemption)
+        return
+    on_workers.finish_if_settled(c, a)
+
+
+def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.StorageFailed) -> None:
+    """Storage still failed after its retries. A lost write fails the run; a lost delete leaves files."""
+    said = (f"storage failed {failed.what} ({failed.error}), retried for {RETRY_S_VAR} seconds; the latest "
+            f"committed checkpoint stays {c.book.state.latest_checkpoint or 'none'}. Once storage is back, run "
+            "fit() again with the same RunConfig(name, storage_path) to go on from there")
+    if isinstance(effect, fx.DeleteCheckpoint):
+        log.warning("could not delete checkpoint %s, which CheckpointConfig(num_to_keep=%s) lets go (%s); the run "
+                    "goes on, and the files stay until deleted by hand", effect.checkpoint_dir, c.retention.num_to_keep,
+                    failed.error)
+        return
+    if isinstance(effect, fx.WriteManifest):
+        committing = c.committing.pop(failed.id)
+        fail_commit(c, committing.pending, committing.attempt, f"storage failed {failed.what}: {failed.error}")
+    if isinstance(effect, fx.ReadChecksums):
+        c.reading_back.pop(effect.checkpoint_dir, None)
+    if not c.state.kind.is_terminal:
+        lifecycle.give_up(c, said)
+    elif c.error is None:
+        from outlast.errors import TrainingFailedError
+
+        log.error("%s", said)
+        c.error = TrainingFailedError(f"training failed: {said}", list(c.failures))
+
+
+# ---- retention and clean-up ---------------------------------------------------------------
+
+
+def apply_retention(c: "ControllerCore") -> None:
+    rule = c.retention
+    doomed = checkpoints_to_delete(c.book.state.checkpoints, rule.num_to_keep, rule.score_attribute, rule.score_order)
     if not doomed:
         return
+    from outlast.controller.core import write_state
+
     # The run state stops naming them first, so a crash in between leaves only garbage.
-    book.forget_checkpoints({c.checkpoint_dir for c in doomed})
-    for c in doomed:
-        try:
-            book.store.delete_checkpoint(c.checkpoint_dir)
-        except OSError as e:
-            log.warning("could not delete checkpoint %s, which CheckpointConfig(num_to_keep=%s) lets go (%s); "
-                        "the run goes on, and the files stay until deleted by hand (grant the delete permission "
-                        "on the storage to have them removed)", c.checkpoint_dir, rule.num_to_keep, e)
+    c.book.forget_checkpoints({d.checkpoint_dir for d in doomed})
+    write_state(c)
+    for d in doomed:
+        c.ask_storage(lambda i, name=d.checkpoint_dir: fx.DeleteCheckpoint(i, name))
 
 
-def restorable(book: RunBook, wall: float) -> str | None:
-    """The latest committed checkpoint whose manifest is still readable; skip (and record) others.
-
-    Only the manifest is read here; the workers check the files against it when they fetch them.
-    A manifest that cannot be read for now (storage failing) is not skipped: the attempt restores it,
-    and its workers fail and retry if it is still unreadable for them.
-    """
-    while (latest := book.state.latest_checkpoint) is not None:
-        try:
-            if book.store.read_manifest(latest) is not None:
-                return latest
-            reason = "its manifest is gone from storage"
-        except CorruptDocument as e:
-            reason = str(e)
-        except OSError as e:
-            log.warning("could not read the manifest of checkpoint %s (%s); restoring it all the same", latest, e)
-            return latest
-        fallback = book.skip_checkpoint(latest, reason, wall)
-        log.warning("checkpoint %s cannot be restored (%s); using %s instead", latest, reason,
-                    fallback or "no checkpoint")
-    return None
-
-
-def shard_holders(book: RunBook, restore: str | None) -> set[int] | None:
-    if restore is None:
-        return None
-    try:
-        manifest = book.store.read_manifest(restore)
-    except (CorruptDocument, OSError):
-        return None
-    return set(manifest.ranks) if manifest is not None else None
-
-
-def remove_uncommitted(book: RunBook) -> None:
+def remove_uncommitted(c: "ControllerCore") -> None:
     """Only while no worker of this run is alive: an upload in flight has no manifest yet either."""
-    try:
-        book.store.remove_uncommitted({c.checkpoint_dir for c in book.state.checkpoints})
-    except OSError as e:
-        log.warning("could not remove uncommitted checkpoint directories: %s", e)
+    keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | in_progress(c))
+    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep))
+
+
+# ---- what a new attempt restores ------------------------------------------------------------
+
+
+def read_restorable(c: "ControllerCore", a: AttemptState) -> None:
+    """The latest committed checkpoint whose manifest is still readable; others are skipped (and recorded).
+
+    Only the manifests are read; the workers check the files against them when they fetch them.
+    """
+    latest = c.book.state.latest_checkpoint
+    if latest is None:
+        lifecycle.restore_read(c, a, None, None)
+        return
+    rest = [r.checkpoint_dir for r in sorted(c.book.state.checkpoints, key=lambda r: -r.seq)
+            if r.checkpoint_dir != latest]
+    candidates = (latest, *rest)
+    c.ask_storage(lambda i: fx.ReadManifests(i, candidates), partial(_restorable_read, a=a, asked=latest))
+
+
+def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState, asked: str) -> None:
+    if c.attempt is not a:
+        return
+    if c.book.state.latest_checkpoint != asked:  # a commit landed meanwhile: read again
+        read_restorable(c, a)
+        return
+    for read in done.value:
+        if read.ranks is not None:
+            lifecycle.restore_read(c, a, read.checkpoint_dir, set(read.ranks))
+            return
+        if read.unreadable is not None:
+            # Not skipped: storage may be failing for now. Its workers fail and retry if it still is.
+            log.warning("could not read the manifest of checkpoint %s (%s); restoring it all the same",
+                        read.checkpoint_dir, read.unreadable)
+            lifecycle.restore_read(c, a, read.checkpoint_dir, None)
+            return
+        fallback = c.book.skip_checkpoint(read.checkpoint_dir, read.skip or "unreadable", c.wall())
+        log.warning("checkpoint %s cannot be restored (%s); using %s instead", read.checkpoint_dir, read.skip,
+                    fallback or "no checkpoint")
+    lifecycle.restore_read(c, a, None, None)
+
+
+def finish_without_last_messages(c: "ControllerCore", a: AttemptState) -> None:
+    log.warning("finishing without the last messages of ranks %s%s",
+                sorted(set(range(c.plan.world_size)) - a.done),
+                "; an asynchronous upload never said it was done, so its checkpoint is not committed"
+                if c.commits.uploads_in_flight else "")
+    lifecycle.finish(c)

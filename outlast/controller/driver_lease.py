@@ -8,6 +8,7 @@ the run's store (nothing more is written to the run) and stops.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from typing import Callable
@@ -116,6 +117,24 @@ class LeaseKeeper:
             return self.lost
         self._lease, self._version = lease, version
         return None
+
+    def renew_in_background(self) -> Callable[[], None]:
+        """Renew on a thread of its own, so that a slow storage never holds up the controller's loop (which
+        reads `lost`); returns the function that stops it."""
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(min(1.0, self.ttl_s / 6)) and self.lost is None:
+                self.renew_if_due(self.clock())
+
+        thread = threading.Thread(target=renew, name="outlast-lease", daemon=True)
+        thread.start()
+
+        def stopper() -> None:
+            stop.set()
+            thread.join()
+
+        return stopper
 
     def release(self) -> None:
         """Let the run go (a driver started next takes it at once); nothing if we lost it."""

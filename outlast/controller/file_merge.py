@@ -14,8 +14,8 @@ statistics differ per rank) the policy decides:
   checkpoint stays the latest.
 - FAIL: refuse the checkpoint (`CheckpointConfig(duplicate_files="fail")`).
 
-`merge_files` and `settle` decide and have no effects; `merge_and_note` reads the stored
-checksums, logs and records the decision.
+`merge_files` and `settle` decide and have no effects; the core reads the stored checksums
+through storage (`effects.ReadChecksums`), then logs and records the decision (`checkpoints.py`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from outlast.protocol.messages import FileEntry
-from outlast.storage.checksum import hash_file, new_hasher
-
-if TYPE_CHECKING:
-    from outlast.controller.runstate import RunBook
 
 log = logging.getLogger("outlast.controller")
 
@@ -113,33 +108,3 @@ def settle(merged: MergedFiles, stored: Mapping[str, tuple[str, str] | None]) ->
         conflicts.append(Conflict(c.path, c.ranks, c.entries, kept=rank))
         replace[c.path] = entry
     return MergedFiles([replace.get(e.path, e) for e in merged.files], conflicts)
-
-
-def merge_and_note(files_by_rank: Mapping[int, list[FileEntry]], policy: DuplicateFiles | str,
-                   book: "RunBook", checkpoint_dir: str, wall: float) -> list[FileEntry]:
-    """`merge_files` and `settle`, then say what was dropped: a warning and a note in the run's history, once."""
-    merged = merge_files(files_by_rank, DuplicateFiles(policy))
-    if not merged.conflicts:
-        return merged.files
-    storage = book.store.storage
-    merged = settle(merged, {c.path: _stored_checksum(storage, book.store.path(checkpoint_dir, c.path),
-                                                      c.entries[0].checksum[0])
-                             for c in merged.conflicts})
-    kept = ", ".join(f"{c.path!r} from rank {c.kept}" for c in merged.conflicts)
-    if book.note_once(merged.describe(), wall):
-        log.warning("checkpoint %s: %s (this one kept %s)", checkpoint_dir, merged.describe(), kept)
-    else:
-        log.debug("checkpoint %s kept %s", checkpoint_dir, kept)
-    return merged.files
-
-
-def _stored_checksum(storage, path: str, algorithm: str) -> tuple[str, str] | None:
-    try:
-        local = storage.local_path(path)
-        if local is not None and local.exists():
-            return algorithm, hash_file(local, algorithm)[1]
-        digest = new_hasher(algorithm)
-        digest.update(storage.read_bytes(path))
-    except (FileNotFoundError, OSError):
-        return None
-    return algorithm, digest.hexdigest()

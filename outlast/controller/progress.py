@@ -1,6 +1,6 @@
 """A progress line on the driver's terminal while a run waits for something a person would wait
 for: capacity (what is missing), a restore being fetched (bytes, rate), a preemption (its deadline
-counting down), a relaunched driver's predecessor's lease.
+counting down), a relaunched driver's predecessor's lease, a storage call that is slow.
 
 `describe` decides what to say from the controller's state and what the workers told (pure, time
 as arguments); `ProgressLine` shows it: one line rewritten in place on a terminal, on stderr;
@@ -20,6 +20,7 @@ from outlast.protocol import messages as m
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
+    from outlast.controller.effects import StorageSlow
 
 log = logging.getLogger("outlast.progress")
 
@@ -47,8 +48,12 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def describe(state: st.AnyState, fetch: Fetch | None, now: float, capacity_s: float) -> tuple[str, str] | None:
+def describe(state: st.AnyState, fetch: Fetch | None, now: float, capacity_s: float,
+             storage_slow: "StorageSlow | None" = None) -> tuple[str, str] | None:
     """(what is waited for, the line) or None when nothing a person waits on is going on."""
+    if storage_slow is not None:
+        return "storage", (f"storage is slow: {storage_slow.what} ({storage_slow.for_s:.0f} s so far); training goes "
+                           "on, and what waits on it (a commit) waits")
     if isinstance(state, st.WaitingForCapacity):
         waited = now - state.since
         return "capacity", (f"waiting for capacity: {state.reason} (waited {waited:.0f} s, gives up in "
@@ -90,7 +95,7 @@ class ProgressLine:
             self._on_restore(event.msg, start)
         if self._fetch is not None and core.attempt is not None and core.attempt.number != self._fetch.attempt:
             self._fetch = None
-        self.show(describe(core.state, self._fetch, start, self._capacity_s), start)
+        self.show(describe(core.state, self._fetch, start, self._capacity_s, core.storage_slow), start)
 
     def _on_restore(self, msg: m.RestoreProgress, now: float) -> None:
         f = self._fetch

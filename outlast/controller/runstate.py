@@ -1,7 +1,9 @@
-"""The run's history as the controller keeps it: every change is written through.
+"""The run's history as the controller keeps it, in memory; a change marks it `dirty`.
 
-Writes go through `RunStore`, which replaces the document atomically, so a crash at
-any point leaves the previous version readable.
+The book never writes while the controller runs: the core hands the changed state to storage
+as an effect (`effects.WriteRunState`) after each step. `RunStore` replaces the document
+atomically, so a crash at any point leaves the previous version readable. Only `open` and
+`flush`, used before the controller's loop starts and after it ends, touch storage.
 """
 
 from __future__ import annotations
@@ -10,11 +12,10 @@ import logging
 
 import msgspec
 
-from outlast.faults import fault_point
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
     AttemptRecord, CheckpointRecord, CorruptDocument, FailureRecord, Manifest, Note, OutputFile, ResizeRecord,
-    RunState, SkippedCheckpoint, is_checkpoint_dir_name,
+    RunState, SkippedCheckpoint, encode, is_checkpoint_dir_name,
 )
 from outlast.storage.run_store import RunStore
 
@@ -27,6 +28,7 @@ class RunBook:
         self.state = state
         # The failure budget is per driver launch: a relaunched driver gets max_failures anew.
         self.budget_base = dict(state.failure_counts)
+        self.dirty = False
 
     @classmethod
     def open(cls, store: RunStore, name: str, now: float) -> "RunBook":
@@ -52,6 +54,7 @@ class RunBook:
                 pass  # judged when the attempt restores it (checkpoints.restorable)
         book = cls(store, state)
         book._adopt_orphan_manifests(now)
+        book.flush()
         return book
 
     def _adopt_orphan_manifests(self, now: float) -> None:
@@ -133,12 +136,23 @@ class RunBook:
     def _save(self, now: float | None = None) -> None:
         if now is not None:
             self.state.updated_at = now
-        try:
-            self.store.save_state(self.state)
-        except OSError as e:
-            # The history is behind until the next write succeeds; the run itself is not at risk,
-            # since a checkpoint is committed by its manifest.
-            log.error("could not write the run state of %s (%s); the next change retries", self.store.run_dir, e)
+        self.dirty = True
+
+    def take_snapshot(self) -> bytes | None:
+        """The state encoded, if it changed since the last snapshot; the caller writes it."""
+        if not self.dirty:
+            return None
+        self.dirty = False
+        return encode(self.state)
+
+    def flush(self) -> None:
+        """Write the state now, if it changed: only outside the controller's loop."""
+        data = self.take_snapshot()
+        if data is not None:
+            try:
+                self.store.save_state_encoded(data)
+            except OSError as e:
+                log.error("could not write the run state of %s (%s)", self.store.storage.uri(self.store.run_dir), e)
 
     def begin_attempt(self, now: float) -> int:
         number = self.state.attempts[-1].attempt + 1 if self.state.attempts else 1
@@ -193,23 +207,14 @@ class RunBook:
         self.state.failure_counts[count_as] = self.state.failure_counts.get(count_as, 0) + 1
         self._save(now)
 
-    def commit_checkpoint(self, checkpoint_dir: str, attempt: int, report_index: int, ranks: list[int],
-                          files, metrics: dict, now: float) -> None:
-        """Manifest first, then the run state: a checkpoint the state names always has its manifest."""
-        seq = max((c.seq for c in self.state.checkpoints), default=0) + 1
-        fault_point("commit.before_manifest")
-        self.store.write_manifest(Manifest(
-            checkpoint_dir=checkpoint_dir, seq=seq, attempt=attempt, report_index=report_index,
-            committed_at=now, ranks=ranks, files=files, metrics=metrics,
-        ))
+    def record_commit(self, manifest: Manifest) -> None:
+        """Phase two of a commit: its manifest is written, so the state may name it."""
         self.state.checkpoints.append(CheckpointRecord(
-            checkpoint_dir=checkpoint_dir, seq=seq, attempt=attempt, report_index=report_index,
-            committed_at=now, metrics=metrics,
+            checkpoint_dir=manifest.checkpoint_dir, seq=manifest.seq, attempt=manifest.attempt,
+            report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
         ))
-        self.state.latest_checkpoint = checkpoint_dir
-        fault_point("commit.after_manifest")
-        self._save(now)
-        fault_point("commit.after_run_state")
+        self.state.latest_checkpoint = manifest.checkpoint_dir
+        self._save(manifest.committed_at)
 
     def forget_checkpoints(self, names: set[str]) -> None:
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir not in names]

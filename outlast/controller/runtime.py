@@ -1,8 +1,9 @@
-"""The controller loop: events from the worker group into the core, the core's effects back out.
+"""The controller loop: events from the worker group and storage into the core, the core's effects back out.
 
 All decisions are in `core.py` (`ControllerCore.step(event, now) -> effects`); all I/O is
-in the worker group (`agent_group.py` over real agents, the simulator's in `outlast/sim/`).
-This loop only reads the clocks, keeps the driver lease, and turns Ctrl+C into an event.
+in the worker group (`agent_group.py` over real agents, the simulator's in `outlast/sim/`)
+and in the storage executor (`executor.py`, on a thread of its own: the loop never waits on
+storage). This loop only reads the clocks, keeps the driver lease, and turns Ctrl+C into an event.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import time
 import uuid
 from typing import Callable, Protocol
 
+from outlast.controller import effects as fx
 from outlast.controller.core import ControllerCore
+from outlast.controller.executor import StorageExecutor
 from outlast.controller.group import Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
@@ -30,15 +33,30 @@ class Watcher(Protocol):
 
 class Controller:
     def __init__(self, plan: RunPlan, group: WorkerGroup, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, watchers: list[Watcher] | None = None) -> None:
+                 wall: Callable[[], float] = time.time, watchers: list[Watcher] | None = None,
+                 storage: StorageExecutor | None = None) -> None:
         self.plan = plan
         self.watchers = watchers or []  # metrics, progress lines: shown each step, deciding nothing
         self.group = group
         self.clock = clock
         self.core = ControllerCore(plan, uuid.uuid4().hex[:12], group.address, wall)
+        self.storage = storage if storage is not None else StorageExecutor(plan.book.store)
+        wake_on = getattr(group, "also_wake_on", None)
+        if wake_on is not None:
+            wake_on(self.storage.wake_fd)
 
     def run(self) -> None:
         """Drive the run to a terminal state; raise `TrainingFailedError` if it errored."""
+        lease = self.plan.lease
+        stop_renewing = lease.renew_in_background() if lease is not None else None  # off the loop, as storage is
+        try:
+            self._run()
+        finally:
+            if stop_renewing is not None:
+                stop_renewing()
+            self.storage.close(timeout_s=0 if not self.core.closed else None)
+
+    def _run(self) -> None:
         nodes = self.group.refresh(timeout_s=10.0)
         if nodes is None:
             raise TrainingFailedError(f"the head at {getattr(self.group, 'head_address', '?')} did not answer", [])
@@ -47,11 +65,10 @@ class Controller:
         interrupted = False
         while not self.core.closed:
             try:
-                for event in self.group.events(POLL_S) or [Tick()]:
+                for event in self.group.events(POLL_S) + self.storage.take() or [Tick()]:
                     self._step(event)
                 lease = self.plan.lease
-                if lease is not None and not self.core.state.kind.is_terminal \
-                        and (lost := lease.renew_if_due(self.clock())):
+                if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))
             except KeyboardInterrupt:
                 if interrupted:
@@ -69,4 +86,7 @@ class Controller:
         for watcher in self.watchers:
             watcher.observe(event, effects, self.core, start, self.clock())
         for effect in effects:
-            self.group.perform(effect)
+            if isinstance(effect, fx.STORAGE_EFFECTS):
+                self.storage.submit(effect)
+            else:
+                self.group.perform(effect)

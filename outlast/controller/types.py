@@ -67,6 +67,8 @@ class AttemptState:
     failures: list[FailureRecord] = field(default_factory=list)
     done: set[int] = field(default_factory=set)
     restore: str | None = None  # the checkpoint this attempt restores
+    restore_ranks: set[int] | None = None  # the ranks with files in it, as its manifest says
+    prepared: bool = False  # storage has said what it restores: it may be placed
     placement: dict[int, str] = field(default_factory=dict)  # rank -> node id
     pids: dict[int, int] = field(default_factory=dict)  # rank -> its process, as its agent reported it
     lost: set[int] = field(default_factory=set)  # ranks gone with a preempted node, the run going on without them

@@ -144,6 +144,7 @@ class AgentNode:
                 if driver is not None:
                     driver.from_node(self.node_id, e.msg)
             elif isinstance(e, Kill):
+                self.sim.observer.on_kill(self.node_id, e)
                 self._signal(e.pid, e.sig)
             elif isinstance(e, Warn) and self.sim.world.tracing:
                 self.sim.world.note(f"node {self.node_id}: {e.text}")

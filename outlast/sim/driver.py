@@ -1,8 +1,10 @@
-"""A simulated driver: the real controller core, stepped on the virtual clock, behind a simulated worker group.
+"""A simulated driver: the real controller core, stepped on the virtual clock, behind a simulated worker group
+and a simulated storage executor.
 
 Every event reaches the core through `deliver`, one at a time, in the order its channel
-delivered it. A storage operation's latency keeps the driver busy: events that arrive
-meanwhile wait, as they would in the socket buffers of a driver blocked on storage.
+delivered it. The core's storage effects go to an executor of their own (`SimStorageExecutor`),
+carried out one after another on the virtual clock, their answers delivered when done: storage's
+latency delays what waits on it (a commit), never the heartbeats or the answers to ranks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.protocol import messages as m
+from outlast.controller import effects as fx
 from outlast.sim.cluster import node_table
+from outlast.sim.storage import SimStorageExecutor
 from outlast.sim.workers import Gang
 from outlast.sim.world import Channel
 from outlast.storage.run_store import RunStore
@@ -35,7 +39,7 @@ class SimDriver:
         self.identity = f"driver{generation}".encode()  # its socket's identity at the agents
         self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) reported gone
         self.alive = True
-        self.busy_until = 0.0
+        self.storage: SimStorageExecutor | None = None
         self._gangs: dict[int, Gang] = {}
         self._to_node: dict[str, Channel] = {}
         self._from_node: dict[str, Channel] = {}
@@ -62,14 +66,21 @@ class SimDriver:
             elastic=Elastic(s.min_workers, s.loop.world_size, s.resize_interval_s) if s.min_workers else None,
             hang_timeout_s=s.hang_timeout_s)
         self.core = ControllerCore(plan, f"driver{self.generation}", f"sim://driver{self.generation}", sim.wall)
+        self.storage = SimStorageExecutor(sim, sim.storage, self.deliver, self._storage_escaped)
         sim.storage.take_spent()
         self.deliver(g.NodeTable(node_table(sim.nodes, sim.world.now)))
         self.deliver(g.Started())
         sim.world.after(TICK_S, self._tick)
         return True
 
+    def _storage_escaped(self, effect: fx.StorageEffect, e: Exception) -> None:
+        self.sim.observer.escaped(self, effect, e)
+        self.die()
+
     def die(self) -> None:
         self.alive = False
+        if self.storage is not None:
+            self.storage.stop()
         for ch in [*self._to_node.values(), *self._from_node.values(), *self._to_rank.values(),
                    *self._from_rank.values(), self._head]:
             ch.open = False
@@ -94,9 +105,6 @@ class SimDriver:
         world = self.sim.world
         if not self.alive or self.core is None or self.core.closed:
             return
-        if world.now < self.busy_until:
-            world.at(self.busy_until, self.deliver, event)
-            return
         if world.tracing:
             world.note(f"driver{self.generation} <- {_describe(event)}")
         try:
@@ -105,11 +113,9 @@ class SimDriver:
             self.sim.observer.escaped(self, event, e)
             self.die()
             return
-        spent = self.sim.storage.take_spent()
-        self.busy_until = world.now + spent
         self.sim.observer.after_step(self, event, effects)
         for effect in effects:
-            if world.tracing and not isinstance(effect, (g.ToNode, g.QueryTable)):
+            if world.tracing and not isinstance(effect, (g.ToNode, g.QueryTable, fx.WriteRunState)):
                 world.note(f"driver{self.generation} -> {_describe_effect(effect)}")
             self.perform(effect)
         if self.core.closed:
@@ -135,9 +141,12 @@ class SimDriver:
 
     # ---- effects out ----------------------------------------------------------------------
 
-    def perform(self, effect: g.Effect) -> None:
+    def perform(self, effect: g.Effect | fx.StorageEffect) -> None:
         sim = self.sim
-        if isinstance(effect, g.ToRank):
+        if isinstance(effect, fx.STORAGE_EFFECTS):
+            assert self.storage is not None
+            self.storage.submit(effect)
+        elif isinstance(effect, g.ToRank):
             key = (effect.attempt, effect.rank)
             ch = self._to_rank.get(key)
             if ch is None:

@@ -14,6 +14,7 @@
   controller's own teardown (a SIGKILL after the stop's grace) costs nothing.
 - Every run ends, finished or with an error that says why, within a bound, and every attempt of
   its history is settled.
+- A live driver's workers are never killed for its silence, storage slow or not.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class Observer:
     def escaped(self, driver: "SimDriver", event: g.InEvent, e: Exception) -> None:
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip().replace("\n", " | ")
         self.violation(f"{type(e).__name__} escaped the controller on {type(event).__name__}: {e} [{tb}]")
+
+    def on_kill(self, node_id: str, kill) -> None:
+        """A live driver's workers are never killed for its silence: its loop never waits on storage."""
+        d = self.sim.driver
+        if d is None or not d.alive or d.core is None or d.core.closed:
+            return
+        if kill.reason == f"run {d.core.run_id}: its driver fell silent":
+            self.violation(f"node {node_id} killed pid {kill.pid} of live driver {d.core.run_id}: {kill.reason}")
 
     def after_step(self, driver: "SimDriver", event: g.InEvent, effects: list[g.Effect]) -> None:
         core = driver.core

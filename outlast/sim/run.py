@@ -150,6 +150,8 @@ class Sim:
             self._add_node()
         elif f.kind == "storage_fail":
             self.storage.failing.append((self.world.now, self.world.now + f.duration_s))
+        elif f.kind == "storage_slow":
+            self.storage.slow.append((self.world.now, self.world.now + f.duration_s, f.latency_s))
         elif f.kind in ("fork_server_death", "agent_death", "agent_restart"):
             self._agent_fault(f, live_nodes)
 

@@ -26,11 +26,13 @@ class LoopSpec:
 class Fault:
     at: float
     kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node | hang
+    #          | storage_slow (each call slower than the driver timeout, for duration_s)
     #          | fork_server_death | agent_death (an embedded node's: a new node replaces it) | agent_restart (a persistent node's)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
     same_host: bool = True  # agent_restart: the driver's machine, where it sees the agent's pid gone at once
+    latency_s: float = 0.0  # storage_slow: what each storage call takes meanwhile
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ def draw(seed: int, elastic: bool = False, nodes_model: str = "agent") -> Schedu
                            target=rng.randrange(max(s.loop.world_size, s.nodes)),
                            duration_s=rng.choice([rng.uniform(0.5, 5.0), rng.uniform(5.0, 60.0)]),
                            same_host=rng.random() < 0.7))
+    # Storage slower than the agents' patience with a silent driver: from a stream of its own, as above.
+    srng = random.Random(seed * 3 + 2 + (1 << 41))
+    if srng.random() < 0.15:
+        extra.append(Fault(srng.uniform(0.0, s.nominal_s * 1.2 + 0.5), "storage_slow", duration_s=srng.uniform(5.0, 40.0),
+                           latency_s=srng.uniform(6.0, 15.0)))
     return Schedule(**{**s.__dict__, "faults": sorted(s.faults + extra, key=lambda f: f.at)})
 
 

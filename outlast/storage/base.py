@@ -16,6 +16,10 @@ class StorageError(OSError):
     """A storage operation failed; the message names the path."""
 
 
+class StorageFenced(StorageError):
+    """A write refused by this process itself: another driver holds the run. Never retried."""
+
+
 class Storage(Protocol):
     def upload_dir(self, local_dir: Path, dest: str, move: bool = False, replace: bool = True) -> list[FileEntry]:
         """Copy every file under `local_dir` to `dest/`, returning sizes and checksums (of
@@ -35,6 +39,9 @@ class Storage(Protocol):
         """Raise FileNotFoundError when `path` does not exist."""
 
     def exists(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int:
+        """The size of the file at `path`; raise FileNotFoundError when there is none."""
 
     def list_dirs(self, path: str) -> list[str]:
         """Names of the directories directly under `path` (empty when it does not exist)."""

@@ -178,6 +178,10 @@ class LocalStorage:
     def exists(self, path: str) -> bool:
         return self._p(path).exists()
 
+    def size(self, path: str) -> int:
+        """Raise FileNotFoundError when `path` is not a file."""
+        return self._p(path).stat().st_size
+
     def list_dirs(self, path: str) -> list[str]:
         base = self._p(path)
         if not base.is_dir():

@@ -6,7 +6,6 @@ environment variables and config files, `AWS_ENDPOINT_URL` for S3-compatible ser
 
 from __future__ import annotations
 
-import contextlib
 import os
 from concurrent import futures
 from pathlib import Path
@@ -148,7 +147,7 @@ class RemoteStorage:
         try:
             self.fs.pipe_file(self._p(path), data)
         except Exception as e:
-            raise StorageError(f"could not write {self.uri(path)}: {e}") from e
+            raise _storage_error(f"could not write {self.uri(path)}", e) from e
 
     def read_bytes(self, path: str) -> bytes:
         try:
@@ -156,24 +155,56 @@ class RemoteStorage:
         except FileNotFoundError:
             raise
         except Exception as e:
-            raise StorageError(f"could not read {self.uri(path)}: {e}") from e
+            raise _storage_error(f"could not read {self.uri(path)}", e) from e
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(self._p(path))
+        try:
+            return self.fs.exists(self._p(path))
+        except Exception as e:
+            raise _storage_error(f"could not look for {self.uri(path)}", e) from e
+
+    def size(self, path: str) -> int:
+        try:
+            return int(self.fs.size(self._p(path)))
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            raise _storage_error(f"could not look for {self.uri(path)}", e) from e
 
     def list_dirs(self, path: str) -> list[str]:
         try:
             entries = self.fs.ls(self._p(path), detail=True)
         except FileNotFoundError:
             return []
+        except Exception as e:
+            raise _storage_error(f"could not list {self.uri(path)}", e) from e
         return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
 
     def delete(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.fs.rm(self._p(path), recursive=True)
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise _storage_error(f"could not delete {self.uri(path)}", e) from e
 
     def local_path(self, path: str) -> Path | None:
         return None  # files must be downloaded first
 
     def uri(self, path: str) -> str:
         return f"{self.url}/{path}" if path else self.url
+
+
+def _storage_error(what: str, e: Exception) -> StorageError:
+    """Every error of an object store's client (botocore's `EndpointConnectionError`, `NoCredentialsError`,
+    aiohttp's, fsspec's own) as a `StorageError` saying what was done: retried with backoff
+    (`outlast/storage/retry.py`), then reported as storage's. A refused permission stays one: waiting
+    cannot mend it."""
+    text = f"{what}: {type(e).__name__}: {e}"
+    if isinstance(e, PermissionError):
+        return StoragePermissionError(text)
+    return StorageError(text)
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """Storage refused the call (AccessDenied): not retried."""

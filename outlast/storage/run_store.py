@@ -7,7 +7,7 @@ import logging
 import msgspec
 
 from outlast.storage import records as r
-from outlast.storage.base import Storage, StorageError
+from outlast.storage.base import Storage, StorageError, StorageFenced
 from outlast.storage.conditional import conditional
 from outlast.storage.lease import Lease
 
@@ -60,9 +60,15 @@ class RunStore:
             return
         self.storage.write_atomic(self.path(r.RUN_STATE_NAME), r.encode(state))
 
+    def save_state_encoded(self, data: bytes) -> None:
+        """`save_state` of a run state encoded earlier (`records.encode`): the controller's snapshot."""
+        if not self._may_write("the run state"):
+            return
+        self.storage.write_atomic(self.path(r.RUN_STATE_NAME), data)
+
     def write_manifest(self, manifest: r.Manifest) -> None:
         if not self._may_write(f"the manifest of {manifest.checkpoint_dir}"):
-            raise StorageError(f"not committing {manifest.checkpoint_dir}: {self.fenced}")
+            raise StorageFenced(f"not committing {manifest.checkpoint_dir}: {self.fenced}")
         self.storage.write_atomic(self.path(manifest.checkpoint_dir, r.MANIFEST_NAME), r.encode(manifest))
 
     def read_manifest(self, checkpoint_dir: str) -> r.Manifest | None:

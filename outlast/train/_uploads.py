@@ -59,6 +59,7 @@ class Uploads:
         self._attempt, self._rank = attempt, rank
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: list[Future] = []
+        self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._sock_lock = threading.Lock()
         self.bandwidth_bps = 0.0  # of this rank's last upload; 0 until one is measured
@@ -102,7 +103,10 @@ class Uploads:
         # The training thread has its own socket; upload threads share this one, one at a time.
         with self._sock_lock:
             if self._sock is None:
-                self._sock = connect_dealer(zmq.Context.instance(), self._address, key=worker_key())
+                # A context of its own, terminated in close(): only a terminated context waits for its
+                # sockets' queued messages, and the worker's exit would drop the last UploadDone.
+                self._ctx = zmq.Context()
+                self._sock = connect_dealer(self._ctx, self._address, key=worker_key())
             self._sock.send(encode(done))
 
     def wait(self) -> None:
@@ -117,3 +121,5 @@ class Uploads:
             # Its last UploadDone must get out before we exit, even while a loaded machine slows
             # the handshake of this new socket; a worker that is done has nothing else to wait for.
             self._sock.close(linger=10000)
+            assert self._ctx is not None
+            self._ctx.term()  # returns once the last UploadDone is out, or the linger is over

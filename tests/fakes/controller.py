@@ -1,14 +1,22 @@
-"""A controller core built in-process over fake storage, stepped by hand with a virtual clock."""
+"""A controller core built in-process over fake storage, stepped by hand with a virtual clock.
+
+Storage effects are carried out at once, in order, by the real `storage_io.perform` (without
+retries), and their answers stepped in before `step` returns; `hold_storage` keeps them instead,
+for a test to answer by hand (`held`, `release`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from outlast.controller import effects as fx
 from outlast.controller import group as g
+from outlast.controller import storage_io
 from outlast.controller.core import ControllerCore
 from outlast.controller.runstate import RunBook
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.protocol import messages as m
+from outlast.storage.retry import retrying
 from outlast.storage.run_store import RunStore
 from tests.fakes.storage import MemoryStorage
 
@@ -24,12 +32,42 @@ class Harness:
     core: ControllerCore
     now: float = 100.0
     effects: list[g.Effect] = field(default_factory=list)
+    hold_storage: bool = False
+    held: list = field(default_factory=list)  # storage effects not carried out yet (hold_storage)
+    storage_log: list = field(default_factory=list)  # every storage effect, in the order handed over
 
     def step(self, event: g.InEvent | None = None, dt: float = 0.0) -> list[g.Effect]:
         self.now += dt
-        out = self.core.step(event or g.Tick(), self.now)
+        out = self._carry_out(self.core.step(event or g.Tick(), self.now))
         self.effects += out
         return out
+
+    def release(self, effect=None) -> list[g.Effect]:
+        """Carry out the held storage effects (or just `effect`) and step their answers in."""
+        todo = [effect] if effect is not None else list(self.held)
+        out: list[g.Effect] = []
+        for e in todo:
+            self.held.remove(e)
+            out += self._answer(e)
+        self.effects += out
+        return out
+
+    def _carry_out(self, effects: list) -> list[g.Effect]:
+        out: list[g.Effect] = []
+        for effect in effects:
+            if not isinstance(effect, fx.STORAGE_EFFECTS):
+                out.append(effect)
+                continue
+            self.storage_log.append(effect)
+            if self.hold_storage:
+                self.held.append(effect)
+            else:
+                out += self._answer(effect)
+        return out
+
+    def _answer(self, effect) -> list[g.Effect]:
+        answer = storage_io.perform(effect, self.core.book.store, lambda: retrying(0.0, sleep=lambda s: None))
+        return self._carry_out(self.core.step(answer, self.now))
 
     def wall(self) -> float:
         return WALL_OFFSET + self.now

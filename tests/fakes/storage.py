@@ -43,6 +43,12 @@ class MemoryStorage:
         except KeyError:
             raise FileNotFoundError(path) from None
 
+    def size(self, path: str) -> int:
+        try:
+            return len(self.files[path])
+        except KeyError:
+            raise FileNotFoundError(path) from None
+
     def exists(self, path: str) -> bool:
         return path in self.files or path in self._all_dirs()
 

@@ -117,3 +117,49 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_checkpoint(tmp_path)
         assert all((d / MANIFEST_NAME).exists() for d in (mount / "run").glob("checkpoint_*"))
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _stop_at_step(s3, events, step: int, outage_s: float | None):
+    def outage():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(e.get("step") == step for e in read_events(events)):
+            time.sleep(0.01)
+        s3.stop()
+        if outage_s is not None:
+            time.sleep(outage_s)
+            s3.start()
+
+    t = threading.Thread(target=outage)
+    t.start()
+    return t
+
+
+def test_an_s3_outage_of_a_few_seconds_is_ridden_out_by_the_controllers_retries_too(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_UPLOAD_TRIES", "10")  # the ranks' uploads wait it out as well
+    events = tmp_path / "events.jsonl"
+    t = _stop_at_step(s3, events, 4, outage_s=4.0)  # as checkpoint 4's manifest is written
+    result = _fit("s3://runs/short-outage", events, steps=15, step_sleep=0.05)
+    t.join()
+    assert result.last_metrics == {"step": 14}
+    state = RunStore(open_storage("s3://runs/short-outage"), "run").load_state()
+    assert state.status == "finished" and [c.report_index for c in state.checkpoints] == [4, 9, 14]
+
+
+def test_an_s3_outage_longer_than_the_retries_fails_the_run_saying_storage_failed(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_STORAGE_RETRY_S", "3")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries would stretch each call
+    events = tmp_path / "events.jsonl"
+    t = _stop_at_step(s3, events, 4, outage_s=None)
+    try:
+        with pytest.raises(TrainingFailedError) as failed:
+            Trainer(counting_loop, train_loop_config={"events": str(events), "steps": 200, "every": 5,
+                                                      "step_sleep": 0.05},
+                    scaling_config=ScalingConfig(num_workers=2),
+                    run_config=RunConfig(name="run", storage_path="s3://runs/long-outage",
+                                         failure_config=FailureConfig(max_failures=-1))).fit()
+    finally:
+        t.join()
+        s3.start()
+    text = str(failed.value)
+    assert "storage failed" in text and "OUTLAST_STORAGE_RETRY_S" in text
+    assert "EndpointConnectionError" in text or "Connect" in text

@@ -6,10 +6,10 @@ regression seed can show that the simulator catches that bug (and that the fix h
 
 from __future__ import annotations
 
-from outlast.controller import checkpoints, core, handlers, horizons, nodes
+from outlast.controller import core, handlers, horizons, lifecycle, nodes, storage_io
+from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
-from outlast.controller.retention import checkpoints_to_delete
 from outlast.agent import node_core
 from outlast.protocol import messages as m
 
@@ -86,81 +86,84 @@ class TrustingHorizonBook(horizons.HorizonBook):
         return [] if self.decision_index is not None or expired else self._decide()
 
 
-def _old_retention(book, rule) -> None:
-    """Issue 8 (c): a refused delete escapes."""
-    doomed = checkpoints_to_delete(book.state.checkpoints, rule.num_to_keep, rule.score_attribute, rule.score_order)
-    if doomed:
-        book.forget_checkpoints({c.checkpoint_dir for c in doomed})
-        for c in doomed:
-            book.store.delete_checkpoint(c.checkpoint_dir)
+def _old_retention(monkeypatch) -> None:
+    """Issue 8 (c): a refused delete escapes (from the storage effect that retention asked for)."""
+    real = storage_io.perform
+
+    def perform(effect, store, retry):
+        if isinstance(effect, fx.DeleteCheckpoint):
+            store.delete_checkpoint(effect.checkpoint_dir)
+        return real(effect, store, retry)
+
+    monkeypatch.setattr(storage_io, "perform", perform)
 
 
-def _old_spawn_refused(self, node_id, refused) -> None:
+def _old_spawn_refused(c, node_id, refused) -> None:
     """Ranks that had not said hello, on any node, were taken for never started."""
-    a = self.attempt
-    if a is None or refused.attempt != a.number or self.state.kind is not st.State.SCHEDULING:
+    a = c.attempt
+    if a is None or refused.attempt != a.number or c.state.kind is not st.State.SCHEDULING:
         return
-    self._on_failure(handlers.FailureRecord(
-        attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=self.wall(),
+    handlers.on_failure(c, handlers.FailureRecord(
+        attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
         exc_type="SpawnRefused", message=refused.reason))
-    for rank in range(self.plan.world_size):
+    for rank in range(c.plan.world_size):
         if rank not in a.hello:
-            a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
+            a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                      exit_code=None, signal=None, error=None, node_id=""))
-    self._settle_if_all_exited()
+    lifecycle.settle_if_all_exited(c)
 
 
-def _first_fix_spawn_refused(self, node_id, refused) -> None:
+def _first_fix_spawn_refused(c, node_id, refused) -> None:
     """The first fix of the above: a refusal that arrives after another one ended the attempt was dropped."""
-    a = self.attempt
-    if a is None or refused.attempt != a.number or self.state.kind is not st.State.SCHEDULING:
+    a = c.attempt
+    if a is None or refused.attempt != a.number or c.state.kind is not st.State.SCHEDULING:
         return
-    self._on_failure(handlers.FailureRecord(
-        attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=self.wall(),
+    handlers.on_failure(c, handlers.FailureRecord(
+        attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
         exc_type="SpawnRefused", message=refused.reason))
     for rank in a.ranks_on({node_id}):
-        a.exited.setdefault(rank, m.WorkerExited(run_id=self.run_id, attempt=a.number, rank=rank, pid=0,
+        a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))
-    self._settle_if_all_exited()
+    lifecycle.settle_if_all_exited(c)
 
 
 def _old_finishing(monkeypatch) -> None:
     """Issue 8 (b): ranks that all returned during a preemption left the run in PREEMPTING, with a timer
     that fired ALL_FINISHED whatever the state had become by then."""
-    real_exited, real_timers = handlers.Handlers._on_worker_exited, core.ControllerCore._timers
+    real_exited, real_timers = handlers.on_worker_exited, core.timers
 
-    def on_worker_exited(self, ev):
-        before = self.state
-        real_exited(self, ev)
-        if isinstance(before, (st.Preempting, st.Saved)) and isinstance(self.state, st.Finishing):
-            self.state = before
-            self.legacy_exited_ok_at = self._now
+    def on_worker_exited(c, ev):
+        before = c.state
+        real_exited(c, ev)
+        if isinstance(before, (st.Preempting, st.Saved)) and isinstance(c.state, st.Finishing):
+            c.state = before
+            c.legacy_exited_ok_at = c.now
 
-    def timers(self, now):
-        real_timers(self, now)
-        at = getattr(self, "legacy_exited_ok_at", None)
-        if at is not None and not self.closed and now - at > self.plan.timeouts.finish_settle_s:
-            self._finish()
+    def timers(c, now):
+        real_timers(c, now)
+        at = getattr(c, "legacy_exited_ok_at", None)
+        if at is not None and not c.closing and now - at > c.plan.timeouts.finish_settle_s:
+            lifecycle.finish(c)
 
-    monkeypatch.setattr(handlers.Handlers, "_on_worker_exited", on_worker_exited)
-    monkeypatch.setattr(core.ControllerCore, "_timers", timers)
+    monkeypatch.setattr(handlers, "on_worker_exited", on_worker_exited)
+    monkeypatch.setattr(core, "timers", timers)
 
 
 def reinject(bug: str, monkeypatch) -> None:
     if bug == "a":
-        monkeypatch.setattr(core, "HorizonBook", LegacyHorizonBook)
+        monkeypatch.setattr(lifecycle, "HorizonBook", LegacyHorizonBook)
     elif bug == "live_grants_trusted":
-        monkeypatch.setattr(core, "HorizonBook", TrustingHorizonBook)
+        monkeypatch.setattr(lifecycle, "HorizonBook", TrustingHorizonBook)
     elif bug == "b":
         _old_finishing(monkeypatch)
     elif bug == "c":
-        monkeypatch.setattr(checkpoints, "apply_retention", _old_retention)
+        _old_retention(monkeypatch)
     elif bug == "drain_deadline_charged":
-        monkeypatch.setattr(core.ControllerCore, "_preempted_by_drain", lambda self, a: None)
+        monkeypatch.setattr(lifecycle, "preempted_by_drain", lambda c, a: None)
     elif bug == "refusal_takes_other_nodes":
-        monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _old_spawn_refused)
+        monkeypatch.setitem(handlers.AGENT_EVENTS, m.SpawnRefused, _old_spawn_refused)
     elif bug == "second_refusal_dropped":
-        monkeypatch.setattr(handlers.Handlers, "_on_spawn_refused", _first_fix_spawn_refused)
+        monkeypatch.setitem(handlers.AGENT_EVENTS, m.SpawnRefused, _first_fix_spawn_refused)
     elif bug == "agent_gone_for_good":  # a node whose agent was gone stayed lost after a restart
         monkeypatch.setattr(nodes.NodeBook, "_forget_gone_agent", lambda self, node_id, agent_pid: None)
     elif bug == "spawn_to_any_agent":  # a spawn placed with a stale table was taken by the agent started since

@@ -1,6 +1,7 @@
 import pytest
 
-from outlast.controller.file_merge import DuplicateFiles, merge_and_note, merge_files, settle
+from outlast.controller.file_merge import DuplicateFiles, merge_files, settle
+from outlast.protocol import messages as m
 from outlast.controller.runstate import RunBook
 from outlast.protocol.messages import FileEntry
 from outlast.storage.run_store import RunStore
@@ -62,17 +63,24 @@ def test_the_description_leaves_out_the_checkpoint_so_repeats_read_the_same():
     assert "keeps rank 0's copy" in one.describe()
 
 
-def test_merge_and_note_records_the_conflict_in_the_history_once(caplog):
+def test_the_core_records_a_conflict_in_the_history_once_reading_back_the_stored_copy(caplog):
     import hashlib
 
+    from tests.fakes.controller import make, start
+
     mem = MemoryStorage()
-    book = RunBook.open(RunStore(mem, "run"), "exp", now=1.0)
+    h = make(mem, world_size=2)
+    start(h)
     data = b"rank zero"
     sha = hashlib.sha256(data).hexdigest()
-    for ckpt in ("checkpoint_001_000000", "checkpoint_001_000001"):
+    for index in (0, 1):
+        ckpt = f"checkpoint_001_{index:06d}"
         mem.write_atomic(f"run/{ckpt}/model.pt", data)
-        files = merge_and_note({0: [FileEntry("model.pt", 9, sha)], 1: [FileEntry("model.pt", 9, "f" * 64)]},
-                               "keep_rank0", book, ckpt, wall=2.0)
-        assert files == [FileEntry("model.pt", 9, sha)]
-    assert len(book.state.notes) == 1 and "'model.pt' (ranks 0, 1)" in book.state.notes[0].text
+        for rank, digest in ((0, sha), (1, "f" * 64)):
+            h.worker(m.Report(attempt=1, rank=rank, index=index, metrics={}, checkpoint_dir=ckpt,
+                              files=[FileEntry("model.pt", 9, digest)]))
+        manifest = h.core.book.store.read_manifest(ckpt)
+        assert manifest is not None and manifest.files == [FileEntry("model.pt", 9, sha)]
+    notes = h.core.book.state.notes
+    assert len(notes) == 1 and "'model.pt' (ranks 0, 1)" in notes[0].text
     assert sum("model.pt" in r.getMessage() for r in caplog.records) == 1

@@ -123,3 +123,11 @@ def test_the_worker_side_reporter_sends_the_bytes_on_disk_then_finished(tmp_path
         thread.join(5)
         router.close(linger=0)
         ctx.term()
+
+
+def test_a_slow_storage_call_is_said_with_what_it_is_and_how_long_it_has_taken():
+    from outlast.controller.effects import StorageSlow
+
+    what, line = describe(st.Running(), None, 10.0, 600.0, StorageSlow(3, "deleting checkpoint_001_000001", 12.4))
+    assert what == "storage"
+    assert "deleting checkpoint_001_000001" in line and "12 s" in line

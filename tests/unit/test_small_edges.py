@@ -15,16 +15,26 @@ from outlast.storage.run_store import RunStore
 ENTRY = FileEntry("model.pt", 1, "0" * 64)
 
 
+def commit(book: RunBook, name: str, attempt: int, index: int, metrics: dict, now: float) -> None:
+    """A commit as the controller makes it: the manifest written, then the run state naming it."""
+    seq = max((c.seq for c in book.state.checkpoints), default=0) + 1
+    manifest = Manifest(checkpoint_dir=name, seq=seq, attempt=attempt, report_index=index, committed_at=now,
+                        ranks=[0], files=[ENTRY], metrics=metrics)
+    book.store.write_manifest(manifest)
+    book.record_commit(manifest)
+    book.flush()
+
+
 def test_an_orphan_manifest_older_than_the_named_checkpoints_keeps_its_place(tmp_path):
     """A fenced driver's last commit (attempt 1) wrote its manifest but never the run state, which the driver
     after it filled with attempt 2's checkpoints; a third launch adopts it."""
     store = RunStore(LocalStorage(str(tmp_path)), "run")
     book = RunBook.open(store, "exp", now=1.0)
     book.begin_attempt(1.0)
-    book.commit_checkpoint("checkpoint_001_000004", 1, 4, [0], [ENTRY], {"step": 4}, now=2.0)
+    commit(book, "checkpoint_001_000004", 1, 4, {"step": 4}, now=2.0)
     book.begin_attempt(3.0)
-    book.commit_checkpoint("checkpoint_002_000002", 2, 2, [0], [ENTRY], {"step": 12}, now=4.0)
-    book.commit_checkpoint("checkpoint_002_000004", 2, 4, [0], [ENTRY], {"step": 14}, now=5.0)
+    commit(book, "checkpoint_002_000002", 2, 2, {"step": 12}, now=4.0)
+    commit(book, "checkpoint_002_000004", 2, 4, {"step": 14}, now=5.0)
     store.write_manifest(Manifest(checkpoint_dir="checkpoint_001_000009", seq=2, attempt=1, report_index=9,
                                   committed_at=2.5, ranks=[0], files=[ENTRY], metrics={"step": 9}))
 
@@ -44,7 +54,7 @@ def test_orphans_newer_than_every_named_checkpoint_come_last_in_their_order(tmp_
     store = RunStore(LocalStorage(str(tmp_path)), "run")
     book = RunBook.open(store, "exp", now=1.0)
     book.begin_attempt(1.0)
-    book.commit_checkpoint("checkpoint_001_000004", 1, 4, [0], [ENTRY], {}, now=2.0)
+    commit(book, "checkpoint_001_000004", 1, 4, {}, now=2.0)
     for index in (14, 9):
         store.write_manifest(Manifest(checkpoint_dir=f"checkpoint_001_{index:06d}", seq=index, attempt=1,
                                       report_index=index, committed_at=3.0, ranks=[0], files=[ENTRY]))

@@ -1,0 +1,145 @@
+"""What the controller's core asks of storage, and what storage answers: effects out, events back in.
+
+The core never calls storage. It returns one of these effects, each with an id; an executor
+(`executor.py` on a thread of the driver, `outlast/sim/storage.py` on the simulator's clock)
+carries them out in the order given, off the loop that sends heartbeats and answers ranks, and
+each one's outcome comes back as an event with the same id. `storage_io.perform` is the one
+place that turns an effect into storage calls, for both executors.
+
+Order is the contract: effects are carried out one after another, in the order the core
+returned them. A run-state write is of the latest state the core gave (an older one still
+queued is not written: the newer includes it), so it is never behind what was committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from outlast.storage.records import Manifest
+
+# ---- effects out ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteRunState:
+    id: int
+    data: bytes  # the run state, encoded when the core gave it
+    names_commit: bool = False  # the first state to name a newly committed checkpoint
+
+
+@dataclass(frozen=True)
+class WriteManifest:
+    """Phase one of a commit: the manifest is the commit point. The ranks hear `Committed` after it."""
+
+    id: int
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class DeleteCheckpoint:
+    """Retention: the run state stopped naming it in an earlier effect."""
+
+    id: int
+    checkpoint_dir: str
+
+
+@dataclass(frozen=True)
+class RemoveUncommitted:
+    """Delete checkpoint directories without a manifest, except `keep`; only while no worker is alive."""
+
+    id: int
+    keep: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ReadManifests:
+    """What a new attempt restores: read `candidates` (best first) until one is readable."""
+
+    id: int
+    candidates: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReadChecksums:
+    """The stored copies of files that ranks wrote differently (file_merge.py): path -> algorithm."""
+
+    id: int
+    checkpoint_dir: str
+    paths: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class CheckUploads:
+    """Are these files in storage at these sizes? For an upload whose done message never came."""
+
+    id: int
+    checkpoint_dir: str
+    files: tuple[tuple[str, int], ...]  # (path under the checkpoint directory, size)
+
+
+StorageEffect = Union[WriteRunState, WriteManifest, DeleteCheckpoint, RemoveUncommitted, ReadManifests,
+                      ReadChecksums, CheckUploads]
+STORAGE_EFFECTS = (WriteRunState, WriteManifest, DeleteCheckpoint, RemoveUncommitted, ReadManifests, ReadChecksums,
+                   CheckUploads)
+
+
+def describe(effect: StorageEffect) -> str:
+    """The effect in words, for the log and the progress line."""
+    if isinstance(effect, WriteRunState):
+        return "writing the run state"
+    if isinstance(effect, WriteManifest):
+        return f"writing the manifest of {effect.manifest.checkpoint_dir}"
+    if isinstance(effect, DeleteCheckpoint):
+        return f"deleting {effect.checkpoint_dir}"
+    if isinstance(effect, RemoveUncommitted):
+        return "removing uncommitted checkpoint directories"
+    if isinstance(effect, ReadManifests):
+        return f"reading the manifest of {effect.candidates[0]}" if effect.candidates else "reading manifests"
+    if isinstance(effect, ReadChecksums):
+        return f"reading back files of {effect.checkpoint_dir} that ranks wrote differently"
+    return f"looking for the files of {effect.checkpoint_dir}"
+
+
+# ---- events back in ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StorageDone:
+    """The effect `id` was carried out; `value` is what it found (see `storage_io.perform`)."""
+
+    id: int
+    value: object = None
+    warning: str | None = None  # done, but not wholly: a refused delete
+
+
+@dataclass(frozen=True)
+class StorageFailed:
+    """The effect `id` still failed after its retries; `error` is what storage said."""
+
+    id: int
+    what: str
+    error: str
+
+
+@dataclass(frozen=True)
+class StorageSlow:
+    """The effect `id` has been running `for_s` seconds (it goes on)."""
+
+    id: int
+    what: str
+    for_s: float
+
+
+StorageEvent = Union[StorageDone, StorageFailed, StorageSlow]
+
+
+@dataclass(frozen=True)
+class ManifestRead:
+    """One candidate of `ReadManifests`: `ranks` when readable, `skip` when it cannot be restored,
+    `unreadable` when storage failed (it is restored all the same: its workers retry)."""
+
+    checkpoint_dir: str
+    ranks: tuple[int, ...] | None = None
+    skip: str | None = None
+    unreadable: str | None = None

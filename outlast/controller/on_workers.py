@@ -1,0 +1,130 @@
+"""What the controller's core does with each message from a worker: hello, reports, uploads done,
+collectives, preemption queries, progress and stacks, done.
+
+Plain functions over the core's state (`core.ControllerCore`), found by the message's type in
+`WORKER_MESSAGES`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from outlast.controller import checkpoints, handlers, hang_steps, lifecycle
+from outlast.controller import states as st
+from outlast.controller.states import Event, State
+from outlast.controller.types import AttemptState
+from outlast.protocol import messages as m
+
+if TYPE_CHECKING:
+    from outlast.controller.core import ControllerCore
+
+log = logging.getLogger("outlast.controller")
+
+# ---- workers ---------------------------------------------------------------------
+
+
+def on_worker_message(c: "ControllerCore", msg: m.WorkerMessage) -> None:
+    a = c.attempt
+    if a is None or msg.attempt != a.number:
+        return  # a straggler of an attempt that was torn down
+    handler = WORKER_MESSAGES.get(type(msg))
+    if handler is not None:
+        handler(c, a, msg)
+
+
+def _on_upload_done(c: "ControllerCore", a: AttemptState, msg: m.UploadDone) -> None:
+    c.uploads.on_upload_done(msg.rank, msg.index)
+    for pending in c.commits.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
+        checkpoints.begin_commit(c, pending)
+    finish_if_settled(c, a)
+
+
+def _on_hello(c: "ControllerCore", a: AttemptState, msg: m.WorkerHello) -> None:
+    a.hello.add(msg.rank)
+    if c.state.kind is State.SCHEDULING and len(a.hello) == c.plan.world_size:
+        lifecycle.go(c, Event.WORKERS_STARTED, st.Running())
+
+
+def _on_query(c: "ControllerCore", a: AttemptState, msg: m.PreemptionQuery) -> None:
+    lifecycle.answer(c, c.horizons.on_query(msg.rank, msg.index, c.now))
+
+
+def _on_done(c: "ControllerCore", a: AttemptState, msg: m.WorkerDone) -> None:
+    a.done.add(msg.rank)
+    finish_if_settled(c, a)
+
+
+def finish_if_settled(c: "ControllerCore", a: AttemptState) -> None:
+    if c.state.kind is State.FINISHING and settled(c, a):
+        lifecycle.finish(c)
+
+
+def settled(c: "ControllerCore", a: AttemptState) -> bool:
+    """Every rank said it is done, every asynchronous upload it reported said so too, and every
+    commit begun has ended. The upload thread has a connection of its own, so its last UploadDone
+    may arrive after the rank's WorkerDone and its exit: finishing before it, or before its
+    commit's manifest is written, would drop the last checkpoint."""
+    return a.done >= set(range(c.plan.world_size)) and not c.commits.uploads_in_flight \
+        and not checkpoints.in_progress(c)
+
+
+def on_report(c: "ControllerCore", a: AttemptState, msg: m.Report) -> None:
+    p = lifecycle.preemption(c)
+    if msg.saw_preemption and p is not None:
+        p.jit_reports.add((msg.rank, msg.index))
+    if msg.rank == 0:
+        c.last_metrics = msg.metrics
+    if msg.upload_pending and msg.checkpoint_dir is not None:
+        c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
+        if p is not None:
+            handlers.forecast_uploads(c, p)
+    try:
+        ready = c.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
+                                       msg.upload_pending)
+    except ValueError as e:
+        log.warning("ignored a report: %s", e)
+        return
+    for pending in ready:
+        checkpoints.begin_commit(c, pending)
+
+
+# ---- collectives -----------------------------------------------------------------
+
+
+def on_collective(c: "ControllerCore", a: AttemptState, msg: m.CollectiveRequest) -> None:
+    try:
+        complete = c.collectives.arrive(msg.rank, msg.seq, msg.op, msg.payload, c.now)
+    except ValueError as e:
+        log.error("%s", e)
+        return
+    if complete is not None:
+        reply_collective(c, complete)
+
+
+def reply_collective(c: "ControllerCore", complete) -> None:
+    reply = m.CollectiveReply(seq=complete.seq, payload=complete.payload)
+    for rank in range(c.plan.world_size):
+        if rank not in c.collectives.lost:
+            c.send_to_rank(rank, reply)
+
+
+def on_overdue_collective(c: "ControllerCore", o) -> None:
+    if not o.timed_out:
+        log.warning("%s #%d has waited %.0f s for ranks %s", o.op, o.seq, o.waited_s, o.missing)
+        return
+    reply = m.CollectiveTimeout(seq=o.seq, op=o.op, missing_ranks=o.missing, waited_s=o.waited_s)
+    for rank in o.arrived:
+        c.send_to_rank(rank, reply)
+
+
+
+
+def _on_watch(c: "ControllerCore", a: AttemptState, msg: m.Progress | m.StackDump) -> None:
+    hang_steps.on_watch_message(c, msg)
+
+
+WORKER_MESSAGES = {
+    m.Report: on_report, m.UploadDone: _on_upload_done, m.WorkerHello: _on_hello, m.CollectiveRequest: on_collective,
+    m.PreemptionQuery: _on_query, m.Progress: _on_watch, m.StackDump: _on_watch, m.WorkerDone: _on_done,
+}

@@ -1,0 +1,50 @@
+"""Retrying a storage call that failed for a while (an outage, throttling), with backoff.
+
+What is retried: any `OSError` (every storage error is one: `StorageError` wraps the object
+stores' own), except those that waiting cannot mend: a path that is not there, a permission
+refused. The budget is the time spent waiting between tries, `OUTLAST_STORAGE_RETRY_S`
+(default 60 s); past it, the error is raised. `sleep` is injected, so the simulator waits on
+its own clock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import tenacity
+
+from outlast.storage.base import StorageFenced
+
+RETRY_S_VAR = "OUTLAST_STORAGE_RETRY_S"
+DEFAULT_RETRY_S = 60.0
+
+
+def retry_budget_s(env=os.environ) -> float:
+    text = env.get(RETRY_S_VAR)
+    if text is None:
+        return DEFAULT_RETRY_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{RETRY_S_VAR}={text!r} is not a number of seconds; set it to e.g. 60") from None
+    if value < 0:
+        raise ValueError(f"{RETRY_S_VAR}={text!r} is negative; set it to 0 (no retries) or more")
+    return value
+
+
+def transient(e: BaseException) -> bool:
+    return isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                                         NotADirectoryError, StorageFenced))
+
+
+def retrying(budget_s: float, sleep: Callable[[float], None] = time.sleep,
+             on_retry: Callable[[tenacity.RetryCallState], None] | None = None) -> tenacity.Retrying:
+    """Tries until the call succeeds, fails for good, or `budget_s` of waiting is spent; then re-raises."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(transient),
+        wait=tenacity.wait_exponential(multiplier=0.25, min=0.25, max=5.0),
+        stop=lambda state: state.idle_for >= budget_s,
+        sleep=sleep, reraise=True, before_sleep=on_retry,
+    )
