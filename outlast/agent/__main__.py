@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
@@ -12,7 +11,6 @@ import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
 from outlast.agent.gpus import dev_names, node_gpu_ids
-from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     node_id = args.node_id or uuid.uuid4().hex[:8]
     try:
         spec = spec_from_args(args, secrets)
-        isolation = dataclasses.replace(config_from_args(args), checkpoint_memory=spec.checkpoint_memory)
+        isolation = config_from_args(args)
         where = endpoint(args.metrics_port, args.metrics_host)
         agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
                       isolation=isolation, spec=spec)
@@ -119,8 +117,9 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-user", default=None, help="etcd user (its password in $OUTLAST_ETCD_PASSWORD)")
     p.add_argument("--checkpoint-memory", default=None, metavar="SIZE",
                    help="RAM this node keeps checkpoint copies in, its own ranks' and a peer's, e.g. 8GiB; 0 turns "
-                        "the memory tier off (default: 2GiB; reserved beside the system's memory with "
-                        "--enable-resource-isolation)")
+                        "the memory tier off (default: 2GiB, or an eighth of the memory of a node under 16GiB; with "
+                        "--enable-resource-isolation, reserved beside the system's memory, and the default never "
+                        "more than leaves the workloads 64MiB)")
     p.add_argument("--worker-user", default=None, metavar="USER",
                    help="run workers as USER (the agent runs as root): they cannot read the node's state directory "
                         "(cluster key, node file, other runs' output) nor signal the agent")
@@ -188,8 +187,7 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
     elif key is None:
         key = ClusterKey.load(key_file)
     node_ip = args.node_ip or (args.host if args.host not in ("0.0.0.0", "*") else route_ip(head))
-    tier = DEFAULT_BUDGET_BYTES if args.checkpoint_memory is None else parse_bytes(args.checkpoint_memory,
-                                                                                   "--checkpoint-memory")
+    tier = None if args.checkpoint_memory is None else parse_bytes(args.checkpoint_memory, "--checkpoint-memory")
     worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
     return NodeSpec(resources=resources, labels=_pairs("--labels", args.labels), failure_domain=args.failure_domain,
                     node_ip=node_ip, head_address=head, key=key, node_timeout_s=args.node_timeout, etcd=etcd,

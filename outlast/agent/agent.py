@@ -31,13 +31,13 @@ from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
 from outlast.agent.tier_server import TierServer, start_tier
-from outlast.storage.tier_store import DEFAULT_BUDGET_BYTES
 from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.agent.node_core import FinishOutput, Fork, NodeCore, NodeEffect
 from outlast.agent.supervisor import UNKILLABLE_AFTER_S, GiveUpNode, Kill, ReleaseLeaf, Send, Warn
 from outlast.client.liveness import host_id
 from outlast.cluster.etcd_store import EtcdConfig
 from outlast.isolation.config import IsolationConfig
+from outlast.isolation.reservations import Reservations, default_checkpoint_memory
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
@@ -59,9 +59,16 @@ class NodeSpec:
     key: ClusterKey | None = None
     node_timeout_s: float = 5.0
     etcd: EtcdConfig | None = None  # the cluster lives in etcd: no head process, the head role elected
-    checkpoint_memory: int = DEFAULT_BUDGET_BYTES  # the memory tier's budget; 0: no tier
+    checkpoint_memory: int | None = None  # the memory tier's budget; 0: no tier; None: fitted to the node
     embedded: bool = False  # its node id dies with it, and so does its memory tier
     worker_user: WorkerUser | None = None  # workers drop to this user (outlast/agent/worker_user.py)
+
+
+def tier_budget(given: int | None, reserved: Reservations | None, machine_memory: int) -> int:
+    """The memory tier's budget: with isolation, the one reserved for it; else as given, or fitted to the machine."""
+    if reserved is not None:
+        return reserved.checkpoint_memory
+    return default_checkpoint_memory(machine_memory) if given is None else given
 
 
 class Agent:
@@ -94,10 +101,12 @@ class Agent:
         self._poller = zmq.Poller()
         # Before the fork server starts: the agent moves itself into system/, and the server
         # (its child) starts there too.
-        self.guard = MemoryGuard.start(isolation, node_id) if isolation and isolation.enable_resource_isolation \
-            else None
+        self.guard = MemoryGuard.start(replace(isolation, checkpoint_memory=self.spec.checkpoint_memory), node_id) \
+            if isolation and isolation.enable_resource_isolation else None
         try:
-            self.tier = start_tier(self.ctx, self.spec.key, node_id, host, self.spec.checkpoint_memory)
+            budget = tier_budget(self.spec.checkpoint_memory, self.guard.iso.reservations if self.guard else None,
+                                 psutil.virtual_memory().total)
+            self.tier = start_tier(self.ctx, self.spec.key, node_id, host, budget)
             if self.spec.etcd is not None:
                 self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
             else:

@@ -24,7 +24,7 @@ class IsolationConfig:
     system_reserved_memory: int | str | None = None
     kill_at: float = 0.95  # fraction of the workloads' limit at which outlast kills
     target: float = 0.90  # kill until memory would be below this fraction
-    checkpoint_memory: int = 0  # the node's memory tier (`--checkpoint-memory`), reserved with the system's
+    checkpoint_memory: int | None = 0  # the node's memory tier, reserved with the system's; None: fitted to the node
 
     def __post_init__(self) -> None:
         if not self.enable_resource_isolation:

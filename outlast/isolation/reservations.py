@@ -18,6 +18,17 @@ DEFAULT_CPU_MIN = 1.0
 DEFAULT_CPU_MAX = 3.0
 # Workloads need something to run in; a reservation that leaves them less is a mistake.
 MIN_USER_MEMORY = 64 * MiB
+# The memory tier's budget when `--checkpoint-memory` is not given: 2 GiB, or an eighth of a node
+# under 16 GiB, and never more than leaves the workloads MIN_USER_MEMORY: a default that refuses to
+# start a small node would be a default no one can use there.
+DEFAULT_CHECKPOINT_MEMORY = 2 * GiB
+DEFAULT_CHECKPOINT_FRACTION = 1 / 8
+
+
+def default_checkpoint_memory(total_memory: int, reserved: int = 0) -> int:
+    """The memory tier's default budget on a node of `total_memory`, `reserved` of it kept for the system."""
+    room = max(total_memory - reserved - MIN_USER_MEMORY, 0)
+    return min(DEFAULT_CHECKPOINT_MEMORY, int(total_memory * DEFAULT_CHECKPOINT_FRACTION), room)
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,7 @@ class Reservations:
     total_cpus: float
     system_cpus: float
     reason: str  # where the numbers came from, for the log and `outlast status`
+    checkpoint_memory: int = 0  # the memory tier's budget, part of system_memory
 
     @property
     def user_cpus(self) -> float:
@@ -45,9 +57,10 @@ def _clamp(x: float, lo: float, hi: float) -> float:
 
 def compute_reservations(physical_memory: int, cgroup_limit: int | None, cpus: float,
                          reserved_memory: int | None = None, reserved_cpus: float | None = None,
-                         checkpoint_memory: int = 0) -> Reservations:
+                         checkpoint_memory: int | None = 0) -> Reservations:
     """Defaults: 10% of memory (500 MiB to 10 GiB) and 5% of the cores (1 to 3), never all of either.
-    The memory tier's budget (`checkpoint_memory`) is the agent's too, so it is reserved on top."""
+    The memory tier's budget (`checkpoint_memory`) is the agent's too, so it is reserved on top;
+    None: its default, fitted to the node (default_checkpoint_memory)."""
     total = physical_memory if cgroup_limit is None else min(physical_memory, cgroup_limit)
     why = [f"total memory {format_bytes(total)} = min(physical {format_bytes(physical_memory)}, "
            f"cgroup limit {format_bytes(cgroup_limit) if cgroup_limit is not None else 'none'})"]
@@ -57,11 +70,16 @@ def compute_reservations(physical_memory: int, cgroup_limit: int | None, cpus: f
     else:
         mem = reserved_memory
         why.append(f"reserved memory {format_bytes(mem)} (--system-reserved-memory)")
-    if checkpoint_memory:
-        mem += checkpoint_memory
+    given = checkpoint_memory is not None
+    if checkpoint_memory is None:
+        checkpoint_memory = default_checkpoint_memory(total, mem)
+        why.append(f"+ {format_bytes(checkpoint_memory)} of checkpoint memory (default: 2 GiB, at most an eighth "
+                   "of the node's memory, and what leaves the workloads 64 MiB)")
+    elif checkpoint_memory:
         why.append(f"+ {format_bytes(checkpoint_memory)} of checkpoint memory (--checkpoint-memory)")
+    mem += checkpoint_memory
     if total - mem < MIN_USER_MEMORY:
-        if checkpoint_memory:
+        if checkpoint_memory and given:
             raise BadSetting(
                 f"reserving {format_bytes(mem)} for the system, {format_bytes(checkpoint_memory)} of it checkpoint "
                 f"memory, leaves {format_bytes(max(total - mem, 0))} of {format_bytes(total)} to workloads; lower "
@@ -83,4 +101,4 @@ def compute_reservations(physical_memory: int, cgroup_limit: int | None, cpus: f
     # a weight, not a hard cap, so workloads still use idle cycles; keep it below the total.
     cpu = min(cpu, cpus * 0.5) if reserved_cpus is None and cpus <= 2 else cpu
     return Reservations(total_memory=total, system_memory=mem, user_memory=total - mem,
-                        total_cpus=cpus, system_cpus=cpu, reason="; ".join(why))
+                        total_cpus=cpus, system_cpus=cpu, reason="; ".join(why), checkpoint_memory=checkpoint_memory)

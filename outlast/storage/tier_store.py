@@ -39,7 +39,6 @@ from outlast.statedir import private_dir
 from outlast.storage.checksum import hash_file
 from outlast.storage.memtier import Admission, Copy, CopyKey, TierBook
 
-DEFAULT_BUDGET_BYTES = 2 << 30  # an embedded node's: a laptop's or CI runner's model, not a cluster's
 _PARTIAL = ".partial"
 
 

@@ -25,7 +25,9 @@ from tests.kernel.cgroups import ScratchCgroup, kernel_oom_kills, start_agent
 
 MiB = 1024**2
 NODE_MEMORY = 1536 * MiB
-RESERVED = "512MiB"  # leaves the workloads 1 GiB
+RESERVED = "512MiB"
+TIER = 192 * MiB  # the memory tier's default budget here: an eighth of the node, reserved beside the system's
+LIMIT = NODE_MEMORY - 512 * MiB - TIER  # the workloads' limit: 832 MiB
 SLOW = float(os.environ.get("OUTLAST_TEST_SLOWDOWN", "1"))  # the emulated guest runs Python slower
 
 pytestmark = [pytest.mark.usefixtures("real_cgroups"), pytest.mark.timeout(int(300 * SLOW))]
@@ -102,7 +104,7 @@ def test_the_layout_is_built_and_stop_leaves_the_cgroup_as_found(node):
     status = _status(address, log)
     iso = status.isolation
     assert iso is not None and iso.total_memory == NODE_MEMORY
-    assert iso.user_limit == NODE_MEMORY - 512 * MiB and iso.system_reserved_memory == 512 * MiB
+    assert iso.user_limit == LIMIT and iso.system_reserved_memory == 512 * MiB + TIER
     root = Path(iso.root)
     assert proc.pid in [int(p) for p in (root / "system" / "cgroup.procs").read_text().split()]
     assert (root / "user" / "workers").is_dir() and (root / "user" / "non-outlast").is_dir()
@@ -110,6 +112,15 @@ def test_the_layout_is_built_and_stop_leaves_the_cgroup_as_found(node):
     proc.wait(timeout=30 * SLOW)
     for d in cg.dirs:
         assert not [e for e in os.listdir(d) if e.startswith("outlast_")], f"{d} still has the node's tree"
+
+
+def test_a_checkpoint_memory_given_that_does_not_fit_the_node_is_refused_saying_so(node):
+    cg, start = node
+    with pytest.raises(RuntimeError, match="exited with 3") as e:
+        start("toobig", extra=("--checkpoint-memory", "1GiB"))  # 512 MiB + 1 GiB: nothing left
+    assert "1.00 GiB of it checkpoint memory" in str(e.value) and "lower --checkpoint-memory" in str(e.value)
+    for d in cg.dirs:
+        assert not [e for e in os.listdir(d) if e.startswith("outlast_")]
 
 
 def test_a_crashed_agents_tree_is_cleaned_up_by_the_next_agent(node):
@@ -166,7 +177,7 @@ def test_a_memory_hog_task_is_killed_by_outlast_not_by_the_kernel(node, tmp_path
     kept = [w for w in first.considered if not w.selected]
     assert kept and all(w.age_s > victim.age_s for w in kept)  # the older steady task kept its work
     report = e.value.kill_report
-    assert report.limit_bytes == NODE_MEMORY - 512 * MiB and report.node_total_bytes == NODE_MEMORY
+    assert report.limit_bytes == LIMIT and report.node_total_bytes == NODE_MEMORY
     assert "KILLED task-" in str(e.value)
     assert kernel_oom_kills() == oom_before, "the kernel's OOM killer acted"
     assert watch.failures == 0 and watch.worst < 1.0 * SLOW, f"the agent stalled ({watch.worst:.2f} s)"
@@ -219,7 +230,7 @@ def test_outlast_start_with_isolation_and_status_shows_reservations_workers_and_
             out = cli("status").stdout
             steady.result(timeout=60 * SLOW)
         assert f"resource isolation: cgroup v{cg.version}" in out
-        assert "reserved for the system 512 MiB, workloads' limit 1.00 GiB" in out
+        assert "reserved for the system 704 MiB, workloads' limit 832 MiB" in out
         assert "in use: system" in out and "workers killed for memory: 1" in out
         assert "task " in out and "memory " in out  # the steady task, with its leaf's memory
         assert "recent kills (1)" in out and "KILLED task-" in out

@@ -267,7 +267,8 @@ def _restore_and_read(args):
 
 from outlast.agent.__main__ import add_cluster_arguments, spec_from_args  # noqa: E402
 from outlast.isolation.errors import BadSetting  # noqa: E402
-from outlast.isolation.reservations import GiB, compute_reservations  # noqa: E402
+from outlast.isolation.reservations import GiB, MIN_USER_MEMORY, compute_reservations  # noqa: E402
+from outlast.isolation.reservations import default_checkpoint_memory  # noqa: E402
 
 
 def _spec(tmp_path, *argv):
@@ -279,8 +280,8 @@ def _spec(tmp_path, *argv):
     return spec_from_args(p.parse_args(["--cluster-key", str(tmp_path / "k"), *argv]))
 
 
-def test_checkpoint_memory_defaults_to_two_gib_and_takes_units(tmp_path):
-    assert _spec(tmp_path).checkpoint_memory == 2 * GiB
+def test_checkpoint_memory_not_given_is_left_to_fit_the_node_and_takes_units(tmp_path):
+    assert _spec(tmp_path).checkpoint_memory is None
     assert _spec(tmp_path, "--checkpoint-memory", "512MiB").checkpoint_memory == 512 * MB
     assert _spec(tmp_path, "--checkpoint-memory", "0").checkpoint_memory == 0
 
@@ -296,6 +297,48 @@ def test_with_isolation_the_checkpoint_memory_is_reserved_beside_the_systems():
     assert "of checkpoint memory (--checkpoint-memory)" in res.reason
     with pytest.raises(BadSetting, match="lower --checkpoint-memory"):
         compute_reservations(4 * GiB, None, 8.0, reserved_memory=1 * GiB, checkpoint_memory=3 * GiB)
+
+
+def test_the_default_budget_is_two_gib_or_an_eighth_of_a_smaller_node():
+    assert default_checkpoint_memory(16 * GiB) == 2 * GiB  # where the eighth reaches 2 GiB
+    assert default_checkpoint_memory(512 * GiB) == 2 * GiB
+    assert default_checkpoint_memory(16 * GiB - 8 * MB) == (16 * GiB - 8 * MB) // 8
+    assert default_checkpoint_memory(1536 * MB) == 192 * MB
+
+
+def test_with_isolation_the_default_budget_fits_a_small_node_and_is_reserved():
+    res = compute_reservations(1536 * MB, None, 2.0, reserved_memory=512 * MB, checkpoint_memory=None)
+    assert res.checkpoint_memory == 192 * MB and res.system_memory == 704 * MB and res.user_memory == 832 * MB
+    assert "192 MiB of checkpoint memory (default: 2 GiB, at most an eighth" in res.reason
+    big = compute_reservations(64 * GiB, None, 8.0, checkpoint_memory=None)
+    assert big.checkpoint_memory == 2 * GiB and big.system_memory == int(6.4 * GiB) + 2 * GiB
+
+
+def test_the_default_budget_shrinks_to_leave_the_workloads_their_least_and_never_refuses():
+    # 600 MiB: the system's 500 MiB leaves 100; an eighth (75 MiB) would leave 25, under the least.
+    res = compute_reservations(600 * MB, None, 2.0, checkpoint_memory=None)
+    assert res.user_memory == MIN_USER_MEMORY and res.checkpoint_memory == 100 * MB - MIN_USER_MEMORY
+    # All that is left to workloads is their least: no tier, and still a node.
+    res = compute_reservations(564 * MB, None, 2.0, checkpoint_memory=None)
+    assert res.checkpoint_memory == 0 and res.user_memory == MIN_USER_MEMORY
+    # A system reservation that does not fit alone is refused for what it is.
+    with pytest.raises(BadSetting, match="lower --system-reserved-memory or give the node more memory"):
+        compute_reservations(1 * GiB, None, 2.0, reserved_memory=1 * GiB, checkpoint_memory=None)
+
+
+def test_an_explicit_budget_that_does_not_fit_is_still_refused():
+    with pytest.raises(BadSetting, match="2.00 GiB of it checkpoint memory.*lower --checkpoint-memory"):
+        compute_reservations(1536 * MB, None, 2.0, reserved_memory=512 * MB, checkpoint_memory=2 * GiB)
+
+
+def test_the_agents_tier_takes_the_reserved_budget_with_isolation_else_the_given_or_fitted_one():
+    from outlast.agent.agent import tier_budget
+
+    res = compute_reservations(1536 * MB, None, 2.0, reserved_memory=512 * MB, checkpoint_memory=None)
+    assert tier_budget(None, res, 64 * GiB) == 192 * MB  # the node's cgroup, not the machine, sets it
+    assert tier_budget(None, None, 1536 * MB) == 192 * MB
+    assert tier_budget(None, None, 64 * GiB) == 2 * GiB
+    assert tier_budget(5 * MB, None, 1536 * MB) == 5 * MB and tier_budget(0, None, 64 * GiB) == 0
 
 
 def test_a_budget_larger_than_the_tmpfs_is_refused_saying_what_to_do(tmp_path):
@@ -322,3 +365,15 @@ time.sleep(60)
         child.kill()
         child.wait()
     TierStore(root, "n1", 1 << 30).open()  # once it is gone, the node's next agent takes it
+
+
+def test_a_pull_brings_a_peers_copy_into_this_nodes_tier_checked(pair, tmp_path):
+    ctx, key, (a, b) = pair
+    files = write_files(tmp_path / "ckpt", {"model.pt": CHUNK + 7})
+    a.store.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    stored = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c1", rank=0, from_address=a.address))
+    assert stored.ok and stored.node_id == "n2" and stored.nbytes == CHUNK + 7, stored
+    assert b.store.verify(CopyKey("run", "c1", 0)) is None
+    missing = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c9", rank=0, from_address=a.address))
+    assert not missing.ok and "not held on n1" in missing.reason
+    assert b.store.records()[0].checkpoint_dir == "c1" and len(b.store.records()) == 1
