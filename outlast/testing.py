@@ -60,7 +60,9 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file = self.workdir / "cluster.key"
         # The nodes' memory tiers: RAM as on machines, apart from other clusters' nodes of the same names.
-        self.tier_dir = default_tier_root() / f"cluster-{self.workdir.name}"
+        tiers = default_tier_root()
+        tiers.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.tier_dir = Path(tempfile.mkdtemp(prefix="cluster-", dir=tiers))
         self.nodes: dict[str, LocalNode] = {}
         self._saved_env: dict[str, str | None] = {}
         self._ctx = zmq.Context()

@@ -8,6 +8,7 @@ silent for `timeout_s` fails the transfer, saying so.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -81,9 +82,10 @@ def _expect_ack(reply: m.TierReply, peer: str) -> None:
         raise TransferError(f"{peer} answered a chunk with {type(reply).__name__}")
 
 
-def fetch(ctx: zmq.Context, key_pair: ClusterKey, address: str, key: CopyKey, dest: Path,
-          timeout_s: float = 30.0) -> m.TierOffer:
-    """Copy a peer's held copy into `dest` (created); its record, whose checksums the caller checks."""
+def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: CopyKey, dest: Path | None,
+          timeout_s: float = 30.0, dest_for: Callable[[m.TierOffer], Path] | None = None) -> m.TierOffer:
+    """Copy a peer's held copy into `dest` (created), or where `dest_for(its record)` says (it raises
+    TransferError to refuse); the record, whose checksums the caller checks."""
     sock = connect_dealer(ctx, address, key=key_pair)
     try:
         ask = dict(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank)
@@ -93,6 +95,7 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey, address: str, key: CopyKey, de
             raise TransferError(offer.reason)
         if not isinstance(offer, m.TierOffer):
             raise TransferError(f"{address} answered a fetch with {type(offer).__name__}")
+        dest = dest_for(offer) if dest_for is not None else dest
         dest.mkdir(parents=True, exist_ok=True)
         handles: dict[str, int] = {}
         pending = list(_chunks(offer.files))

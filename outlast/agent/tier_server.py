@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.tier_client import TransferError, push
+from outlast.agent.tier_client import TransferError, fetch, push
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
@@ -40,11 +40,11 @@ class TierServer:
         self._lock = threading.Lock()  # the store: both threads use it
         self._sock, self.address = bind_router(ctx, host, port, key)
         self._replies = f"inproc://outlast-tier-{id(self)}"
-        self._holds: queue.Queue[tuple[bytes, m.TierHold, float] | None] = queue.Queue()
+        self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         self._writing: dict[tuple[bytes, CopyKey], dict[str, int]] = {}  # offers being received: path -> fd
         self._stop = threading.Event()
-        self._pull = ctx.socket(zmq.PULL)
-        self._pull.bind(self._replies)
+        self._inbox = ctx.socket(zmq.PULL)
+        self._inbox.bind(self._replies)
         self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
                          threading.Thread(target=self._hold_loop, name="outlast-tier-hold", daemon=True)]
 
@@ -64,12 +64,12 @@ class TierServer:
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._inbox, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 for sock, _ in poller.poll(200):
-                    if sock is self._pull:
-                        ident, data = self._pull.recv_multipart()
+                    if sock is self._inbox:
+                        ident, data = self._inbox.recv_multipart()
                         self._sock.send_multipart([ident, data])
                         continue
                     ident, data = self._sock.recv_multipart()
@@ -86,11 +86,11 @@ class TierServer:
                 for fd in fds.values():
                     os.close(fd)
             self._sock.close(linger=0)
-            self._pull.close(linger=0)
+            self._inbox.close(linger=0)
 
     def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
         node = self.store.node_id
-        if isinstance(msg, m.TierHold):
+        if isinstance(msg, (m.TierHold, m.TierPull)):
             self._holds.put((ident, msg, time.monotonic()))
             return None
         if isinstance(msg, m.TierList):
@@ -165,7 +165,14 @@ class TierServer:
         try:
             while (item := self._holds.get()) is not None:
                 ident, hold, asked_at = item
-                reply = self._hold(hold, asked_at, peers)
+                try:
+                    reply = self._pull(hold, asked_at) if isinstance(hold, m.TierPull) else \
+                        self._hold(hold, asked_at, peers)
+                except Exception as e:  # a bug here must not leave every later hold unanswered
+                    log.exception("the memory tier failed on %s", type(hold).__name__)
+                    reply = m.TierStored(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank,
+                                         node_id=self.store.node_id, ok=False,
+                                         reason=f"the tier server failed: {type(e).__name__}: {e}")
                 out.send_multipart([ident, encode(reply)])
         finally:
             for sock in peers.values():
@@ -206,6 +213,36 @@ class TierServer:
                             reason="" if src is not None else "evicted before its replica was made",
                             replica_node=replica_node, replica_reason=replica_reason,
                             seconds=time.monotonic() - asked_at, replica_seconds=replica_s)
+
+    def _pull(self, pull: m.TierPull, asked_at: float) -> m.TierStored:
+        node = self.store.node_id
+        ids = dict(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank)
+        key = CopyKey(pull.run, pull.checkpoint_dir, pull.rank)
+        with self._lock:
+            record = self.store.record(key)
+        if record is not None:
+            return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
+
+        def room(offer: m.TierOffer) -> Path:
+            with self._lock:
+                admission, partial = self.store.begin(pull.run, pull.checkpoint_dir, pull.rank, offer.seq,
+                                                      offer.files, primary=False)
+            if partial is None:
+                raise TransferError(admission.reason if not admission.admit else "already held")
+            return partial
+
+        offer = None
+        try:
+            offer = fetch(self._ctx, self._key, pull.from_address, key, None, dest_for=room)
+        except (TransferError, OSError) as e:
+            with self._lock:
+                self.store.abort(key)
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {e}",
+                                seconds=time.monotonic() - asked_at)
+        with self._lock:
+            why = self.store.finish(key)
+        return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "",
+                            nbytes=sum(f.size for f in offer.files), seconds=time.monotonic() - asked_at)
 
     def _copy_in(self, hold: m.TierHold) -> str | None:
         with self._lock:

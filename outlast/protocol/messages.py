@@ -549,6 +549,15 @@ class TierHold(Msg):
     peer_address: str = ""  # the peer's tier server; empty: no replica
 
 
+class TierPull(Msg):
+    """Fetch a copy from the tier server at `from_address` into this node's tier (before a restore here)."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    from_address: str
+
+
 class TierOffer(Msg):
     """A copy follows, as `TierChunk`s then `TierOfferEnd`; answered with `TierStored` at the end."""
 
@@ -636,7 +645,7 @@ class TierHoldings(Msg):
     copies: list[TierCopyInfo]
 
 
-TierRequest = Union[TierHold, TierOffer, TierChunk, TierOfferEnd, TierFetch, TierCommit, TierFree, TierList]
+TierRequest = Union[TierHold, TierPull, TierOffer, TierChunk, TierOfferEnd, TierFetch, TierCommit, TierFree, TierList]
 TierReply = Union[TierStored, TierHoldings, TierOffer, TierChunk, TierAck]
 
 

@@ -1,21 +1,20 @@
 """The memory tier's decisions: what a node keeps in RAM, where the replica goes, what a restore reads.
 
-Pure: no files, sockets or clocks. The agent's tier store (`outlast/agent/tier_store.py`)
-carries the decisions out on its files, the controller asks it which level a checkpoint has
-reached and which one to restore, and the simulator drives the same functions.
+Pure: no files, sockets or clocks. The tier store (`outlast/storage/tier_store.py`) carries
+out the budget's decisions on a node's files; `choose_peer`, `memory_committed`,
+`choose_restore` and `sources` are the placement of replicas, the commit levels and the
+restore choice, for whoever keeps a run's checkpoints.
 
 Levels. A checkpoint is committed in *memory* once every rank that wrote files for it has
 them on its own node and on a peer in another failure domain: one node or one domain lost
-still leaves a copy. It is *durable* once it is in `storage_path`. A run with
-`CheckpointConfig(checkpoint_storage="memory_and_storage")` (the default) tells its ranks a
-checkpoint is committed only once it is durable, as before the tier; with "memory_only" it
-tells them at the memory level and never uploads, accepting that a loss of both holders
-of a rank's files falls back to the newest durable checkpoint, or to the start.
+still leaves a copy (`memory_committed`). It is *durable* once it is in `storage_path`. A
+restore takes the newest committed checkpoint that still exists, durable or with a live copy
+of every rank's files, and says how many steps an older one costs (`choose_restore`).
 
 Budget. Each node keeps at most its budget of bytes (`outlast start --checkpoint-memory`).
 To make room it evicts the oldest copies first, and never a copy of a run's newest committed
 checkpoint: that one is what a restore after a failure reads. A copy that cannot fit without
-it is refused, and the checkpoint is then committed at the durable level alone.
+it is refused, saying what to raise; storage keeps its own copy either way.
 """
 
 from __future__ import annotations
@@ -29,13 +28,6 @@ class Level(enum.Enum):
     NONE = "none"
     MEMORY = "memory"  # every rank's files on its node and on a peer in another failure domain
     DURABLE = "durable"  # in storage_path
-
-
-class Durability(enum.Enum):
-    """`CheckpointConfig.checkpoint_storage`: at which level `report()` returns."""
-
-    MEMORY_AND_STORAGE = "memory_and_storage"
-    MEMORY_ONLY = "memory_only"
 
 
 class SourceKind(enum.Enum):

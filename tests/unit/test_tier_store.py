@@ -365,3 +365,15 @@ time.sleep(60)
         child.kill()
         child.wait()
     TierStore(root, "n1", 1 << 30).open()  # once it is gone, the node's next agent takes it
+
+
+def test_a_pull_brings_a_peers_copy_into_this_nodes_tier_checked(pair, tmp_path):
+    ctx, key, (a, b) = pair
+    files = write_files(tmp_path / "ckpt", {"model.pt": CHUNK + 7})
+    a.store.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    stored = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c1", rank=0, from_address=a.address))
+    assert stored.ok and stored.node_id == "n2" and stored.nbytes == CHUNK + 7, stored
+    assert b.store.verify(CopyKey("run", "c1", 0)) is None
+    missing = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c9", rank=0, from_address=a.address))
+    assert not missing.ok and "not held on n1" in missing.reason
+    assert b.store.records()[0].checkpoint_dir == "c1" and len(b.store.records()) == 1
