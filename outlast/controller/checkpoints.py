@@ -139,6 +139,12 @@ def _tell_ranks(c: "ControllerCore", committing: Committing) -> None:
             return
         log.warning("%s", verdict.reason)
         lifecycle.go(c, Event.SAVED_NOWHERE_TO_GO, st.Saved(s.preemption, pending.checkpoint_dir))
+        if s.preemption.notice.until_commit:
+            # Its nodes go away now that it is committed (a Slurm job is requeued): nothing the loop
+            # does from here is kept, so the ranks that wait for it wait until the teardown.
+            log.info("checkpoint %s is the last this attempt commits (the drain ends with it); its ranks wait in "
+                     "report() until the run stops", pending.checkpoint_dir)
+            return
     for rank in sorted(pending.waiting):
         c.send_to_rank(rank, reply, attempt=committing.attempt)
 

@@ -14,10 +14,12 @@ from outlast.controller import checkpoints, lifecycle, on_workers
 from outlast.controller import states as st
 from outlast.controller.group import ForgetNode
 from outlast.controller.preemption import Preemption
+from outlast.controller.resize import Resize
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import DrainRecord, FailureRecord
 
 if TYPE_CHECKING:
@@ -52,7 +54,25 @@ def on_node_draining(c: "ControllerCore", node_id: str, notice: m.NodeDraining) 
     nodes = set(notice.node_ids) | {notice.node_id}
     c.nodes.note_draining(notice)
     grace = c.plan.preemption_grace_s
+    if isinstance(s, st.Preempting) and isinstance(s.preemption, Resize) and a is not None \
+            and nodes & set(a.placement.values()):
+        # A drain during a pending grow is a preemption of its own: the ranks hear of the drain (its nodes,
+        # ranks and deadline) from now on, and a checkpoint saved for the grow answers it too.
+        grow = s.preemption
+        p = Preemption.begin(notice, a.placement, sorted(nodes & set(a.placement.values())),
+                             grow.reports_at_notice, now, c.wall(), grace, exited=a.exited)
+        p.jit_reports |= grow.jit_reports
+        log.warning("node %s is draining (%s: %s) while the run was to grow; ranks %s of attempt %d are "
+                    "preempted, and every rank has %.1f s to save a checkpoint", ", ".join(p.node_ids),
+                    notice.reason, notice.message, p.ranks, a.number, p.deadline - now)
+        c.state = st.Preempting(p)
+        a.preemption = p
+        return
     if isinstance(s, (st.Preempting, st.Saved)):
+        added = s.preemption.widen(notice, a.placement, a.exited) if a is not None else []
+        if added:
+            log.warning("node%s %s of attempt %d %s draining too; ranks %s are preempted", "s"[:len(added) - 1],
+                        ", ".join(added), a.number, "are" if len(added) > 1 else "is", s.preemption.ranks)
         left = s.preemption.tighten(notice, now, c.wall(), grace)
         if left is not None:
             log.warning("node %s is draining too, with an earlier deadline; the run has %.1f s",
@@ -98,7 +118,7 @@ def on_spawn_refused(c: "ControllerCore", node_id: str, refused: m.SpawnRefused)
     if c.state.kind is State.SCHEDULING:
         log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
         on_failure(c, FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
-                                       time=c.wall(), exc_type="SpawnRefused", message=refused.reason))
+                                       time=c.wall(), exc_type=FailureKind.SPAWN_REFUSED, message=refused.reason))
     # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
@@ -119,7 +139,7 @@ def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
             on_worker_exited(c, m.WorkerExited(
                 run_id=c.run_id, attempt=a.number, rank=rank, pid=a.pids.get(rank, 0), exit_code=None,
                 signal=None, node_id=node_id,
-                error=m.WorkerError(exc_type="NodeLost", message=why, traceback="", phase="train")))
+                error=m.WorkerError(exc_type=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
             if c.closed or c.attempt is not a:
                 return
 
@@ -181,6 +201,7 @@ def on_failure(c: "ControllerCore", record: FailureRecord) -> None:
     # with the attempt's settlement, not one run-state write each.
     c.book.add_failure(record, save=c.state.kind.has_live_workers)
     if c.state.kind.has_live_workers:
+        c.attempt.failed = True
         lifecycle.restart(c, Event.WORKER_FAILED, lifecycle.preemption(c))
 
 

@@ -15,6 +15,7 @@ from outlast.controller.hangs import HangWatch
 from outlast.controller.states import State
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import FailureRecord
 
 if TYPE_CHECKING:
@@ -61,10 +62,10 @@ def end_hung_attempt(c: "ControllerCore", a: AttemptState, w: HangWatch) -> None
     if not w.explained(c.now) or c.state.kind not in _WATCHED or c.attempt is not a:
         return
     assert w.hang is not None
-    record, rank = w.record(c.wall()), w.hang.ranks[0]
+    record, rank = w.record(c.wall()), w.blamed()
     w.hang = None  # explained once
     c.book.state.hangs.append(record)  # written with the failure, below
     log.error("attempt %d hung: %s", a.number, record.summary)
     handlers.on_failure(c, FailureRecord(
         attempt=a.number, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
-        signal=None, time=c.wall(), exc_type="Hang", message=record.summary))
+        signal=None, time=c.wall(), exc_type=FailureKind.HANG, message=record.summary))

@@ -119,6 +119,17 @@ class HorizonBook:
         self._parked.pop(rank, None)
         return self._decide_if_exact() if self.noticed_at is not None else []
 
+    def release(self) -> list[Answer]:
+        """The attempt is over (an interrupt, a lost lease, a restart): the ranks still waiting for an answer
+        get it now, the notice fixed from what is known, so none waits on a decision that will not come."""
+        if not self._parked:
+            return []
+        if self.decision_index is not None:
+            answers = [Answer(r, i, Decision(self.decision_index)) for r, i in sorted(self._parked.items())]
+            self._parked.clear()
+            return answers
+        return self._decide()
+
     @property
     def watched(self) -> bool:
         """Whether the loop asks get_preemption_info() at all (then it is waited for to save)."""

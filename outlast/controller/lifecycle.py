@@ -16,7 +16,7 @@ from outlast.controller.commit import CommitTracker
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
 from outlast.controller.horizons import Answer, Decision, HorizonBook
 from outlast.controller.placement import NoCapacity
-from outlast.controller.policy import is_symptom, is_users_error
+from outlast.controller.policy import caused_by_drain
 from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event, State
@@ -42,6 +42,9 @@ def go(c: "ControllerCore", event: Event, new: st.AnyState) -> None:
                                    f"not {new.kind.value}")
     log.debug("%s --%s--> %s", c.state.kind.value, event.value, new.kind.value)
     c.state = new
+    p = getattr(new, "preemption", None)
+    if p is not None and c.attempt is not None:
+        c.attempt.preemption = p
 
 
 def enter_placing(c: "ControllerCore", now: float) -> None:
@@ -140,7 +143,12 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
     if not isinstance(s, st.Restarting) or a is None or not a.all_exited(c.plan.world_size):
         return
     p = c.plan
-    preemption = s.preemption or preempted_by_drain(c, a)
+    preemption = s.preemption
+    if preemption is not None and a.failed and not caused_by_drain(a.failures, {*preemption.node_ids}):
+        log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "
+                    "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
+        preemption = None
+    preemption = preemption or preempted_by_drain(c, a)
     settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports, c.wall()) \
         or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
                           p.max_failures, p.max_preemption_failures, c.wall())
@@ -160,7 +168,7 @@ def preempted_by_drain(c: "ControllerCore", a: AttemptState) -> Preemption | Non
     drained = {n: d for n in sorted(set(a.placement.values())) if (d := c.nodes.drain_of(n)) is not None}
     if not drained or not a.failures:
         return None
-    if not all(is_symptom(f) or (f.node_id in drained and not is_users_error(f)) for f in a.failures):
+    if not caused_by_drain(a.failures, set(drained)):
         return None
     notice = next(iter(drained.values()))
     return Preemption.begin(notice, a.placement, sorted(drained), c.commits.reports, c.now, c.wall(),
@@ -188,6 +196,7 @@ def stop_workers(c: "ControllerCore") -> None:
     a = c.attempt
     if a is None:
         return
+    answer(c, c.horizons.release())  # no rank waits on a decision while it is stopped
     stop = m.StopWorkers(run_id=c.run_id, attempt=a.number, grace_s=c.plan.timeouts.teardown_grace_s)
     for node_id in sorted(set(a.placement.values())):
         if node_id in c.nodes.heard:
@@ -294,9 +303,11 @@ def preemption(c: "ControllerCore") -> Preemption | None:
 
 
 def answer(c: "ControllerCore", answers: list[Answer]) -> None:
-    a, p = c.attempt, preemption(c)
+    a = c.attempt
+    p = preemption(c) or (a.preemption if a is not None else None)
     for ans in answers:
         if isinstance(ans.reply, Decision):
+            # A decision is only ever fixed after a notice, and the attempt keeps its preemption.
             assert p is not None and a is not None, "a preemption decision without a preemption"
             msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)
         else:

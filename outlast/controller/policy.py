@@ -64,6 +64,13 @@ def is_users_error(f: FailureRecord) -> bool:
     return bool(f.exc_type) and f.exc_type not in _NOT_THE_USERS and not is_symptom(f)
 
 
+def caused_by_drain(failures: list[FailureRecord], drained: set[str]) -> bool:
+    """Whether a drain of the nodes `drained` explains every one of the failures: each is a peer's death seen
+    from a survivor, or the loss of a drained node. A user's exception, a hang, or the loss of a node that
+    is not drained has a cause of its own, charged to max_failures."""
+    return all(is_symptom(f) or (f.node_id in drained and not is_users_error(f)) for f in failures)
+
+
 def pick_root_cause(failures: list[FailureRecord]) -> FailureRecord:
     """The failure that most likely started it, from all the failures of one attempt.
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol.kinds import FailureKind
 from outlast.protocol import messages as m
@@ -58,6 +60,19 @@ class Preemption:
         return cls(notice=notice, ranks=ranks, node_ids=node_ids, noticed_at=wall,
                    deadline=now + window_s(notice, wall, grace_s), reports_at_notice=list(reports),
                    node_to_ranks=node_to_ranks)
+
+    def widen(self, notice: m.NodeDraining, placement: dict[int, str], exited=()) -> list[str]:
+        """Another drain while saving for this one (a whole Slurm job, drained node by node): its nodes of the
+        attempt join this preemption, so that a rank told from now on hears of every node. Returns the nodes
+        added."""
+        added = [n for n in dict.fromkeys([notice.node_id, *notice.node_ids])
+                 if n and n not in self.node_to_ranks and n in placement.values()]
+        for node in added:
+            self.node_ids.append(node)
+            self.node_to_ranks[node] = sorted(r for r, n in placement.items() if n == node)
+        self.ranks = sorted(r for rs in self.node_to_ranks.values() for r in rs if r not in exited)
+        self.notice = msgspec.structs.replace(self.notice, until_commit=self.notice.until_commit or notice.until_commit)
+        return added
 
     def tighten(self, notice: m.NodeDraining, now: float, wall: float, grace_s: float) -> float | None:
         """A second drain while saving for the first: the ranks already told keep their answer, but the
@@ -121,7 +136,7 @@ class Preemption:
         return FailureRecord(
             attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
             signal=None, time=self.noticed_at, exc_type=FailureKind.PREEMPTION,
-            message=f"node {n.node_id} is draining ({n.reason}: {n.message}; {when})",
+            message=f"{_nodes(self.node_ids or [n.node_id])} draining ({n.reason}: {n.message}; {when})",
         )
 
     def notice_message(self, index: int, decision_index: int) -> m.PreemptionNotice:
@@ -130,6 +145,10 @@ class Preemption:
             index=index, decision_index=decision_index, node_ids=self.node_ids, node_to_ranks=self.node_to_ranks,
             ranks=self.ranks, reason=n.reason, message=n.message,
             deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None)
+
+
+def _nodes(ids: list[str]) -> str:
+    return f"node {ids[0]} is" if len(ids) == 1 else f"nodes {', '.join(ids)} are"
 
 
 def window_s(notice: m.NodeDraining, wall: float, grace_s: float) -> float:

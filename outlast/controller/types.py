@@ -12,6 +12,7 @@ from outlast.storage.records import FailureRecord
 
 if TYPE_CHECKING:
     from outlast.controller.driver_lease import LeaseKeeper
+    from outlast.controller.preemption import Preemption
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class AttemptState:
     placement: dict[int, str] = field(default_factory=dict)  # rank -> node id
     pids: dict[int, int] = field(default_factory=dict)  # rank -> its process, as its agent reported it
     lost: set[int] = field(default_factory=set)  # ranks gone with a preempted node, the run going on without them
+    # The attempt's preemption, kept once the state that held it is left (an interrupt, a lost lease, a
+    # restart): a rank that asks then is still answered with its notice.
+    preemption: "Preemption | None" = None
+    failed: bool = False  # a failure ended it (not a preemption's restart, whose teardown may fail too)
 
     def ranks_on(self, node_ids) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)

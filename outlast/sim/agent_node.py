@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from outlast.client.restarts import GiveUp, RestartPolicy
 from outlast.agent.node_core import Fork, NodeCore, NodeEffect
-from outlast.agent.supervisor import Kill, Send, Warn
+from outlast.agent.supervisor import GiveUpNode, Kill, Send, Warn
 from outlast.protocol import messages as m
 from outlast.sim.cluster import HEAD_DEAD_AFTER_S
 from outlast.sim.workers import SimRank
@@ -59,6 +59,7 @@ class AgentNode:
         self.core = NodeCore(self.node_id, self.agent_pid)
         self.sup = self.core.sup
         self.procs: dict[int, SimRank] = {}
+        self.groups: dict[int, SimRank] = {}  # every rank forked here, by its process group's id (its pid)
         self.drivers: dict[bytes, "SimDriver"] = {}
         self.fork_policy = RestartPolicy()
         self.fork_gen, self.fork_up = 0, True
@@ -97,6 +98,7 @@ class AgentNode:
                     driver.worker_channel(msg.attempt, spec.rank, uploads=True))
         w.pid = self.sim.new_pid()
         self.procs[w.pid] = w
+        self.groups[w.pid] = w
         self.sim.observer.worker_started(w)
         self.apply(self.core.on_fork_server(m.Forked(run_id=msg.run_id, attempt=msg.attempt, rank=spec.rank,
                                                      pid=w.pid), self.sim.wall()))
@@ -146,12 +148,22 @@ class AgentNode:
             elif isinstance(e, Kill):
                 self.sim.observer.on_kill(self.node_id, e)
                 self._signal(e.pid, e.sig)
+            elif isinstance(e, GiveUpNode):  # the agent drains itself, as a drain-node order would
+                self.sim.drain_node(self, e.reason)
             elif isinstance(e, Warn) and self.sim.world.tracing:
                 self.sim.world.note(f"node {self.node_id}: {e.text}")
 
     def _signal(self, pid: int, sig: int) -> None:
+        """A `Kill` signals the workload's process group: its children too, whether it lives or not."""
+        group = self.groups.get(pid)
+        if group is not None:
+            self._end_children(group)
         w = self.procs.get(pid)
         if w is None or not w.alive:
+            return
+        if (stuck := w.unkillable_until - self.sim.world.now) > 0:
+            if sig == signal.SIGKILL and stuck != float("inf"):  # delivered once it is out of the kernel
+                self.sim.world.after(stuck, self._signal, pid, sig)
             return
         if sig == signal.SIGKILL:
             w.kill()
@@ -165,8 +177,9 @@ class AgentNode:
             self.worker_exited(w, None, signal.SIGTERM, None)
 
     def worker_exited(self, w: SimRank, code: int | None, sig: int | None, error: m.WorkerError | None) -> None:
-        """The fork server reaped it: the supervisor reports its end."""
+        """The fork server reaped it, killing its process group first (`zygote.py`); the core reports its end."""
         w.alive = False
+        self._end_children(w)
         self.sim.observer.worker_gone(w)
         if self.procs.pop(w.pid, None) is None:
             return
@@ -176,26 +189,36 @@ class AgentNode:
                                                      exit_code=code, signal=sig, error=error), self.sim.wall()))
         self._tick_soon()
 
-    def _vanish(self, w: SimRank) -> None:
-        """A worker dies with its parent: nobody reaps or reports it here."""
+    def _vanish(self, w: SimRank, children_too: bool = False) -> None:
+        """A worker dies with its parent: nobody reaps or reports it here. Its children live on unless
+        `children_too` (the machine goes, or the fork server ends them on its way out)."""
         w.kill()
+        if children_too:
+            self._end_children(w)
         self.sim.observer.worker_gone(w)
         self.procs.pop(w.pid, None)
 
-    def wedge_worker(self, rank: int) -> bool:
+    def _end_children(self, w: SimRank) -> None:
+        self.sim.observer.children_ended(w, w.children)
+        w.children = set()
+
+    def wedge_worker(self, rank: int, until: float = 0.0) -> SimRank | None:
+        """It stops in user code; `until` > now: in the kernel, where no signal reaches it before then."""
         for w in self.procs.values():
             if w.rank == rank and w.alive and not w.wedged:
                 w.wedge()
-                return True
-        return False
+                w.unkillable_until = until
+                return w
+        return None
 
-    def kill_worker(self, rank: int) -> bool:
+    def kill_worker(self, rank: int) -> SimRank | None:
+        """Someone else's SIGKILL (the kernel's OOM killer, a user): the rank alone, not its group."""
         for w in list(self.procs.values()):
-            if w.rank == rank and w.alive:
+            if w.rank == rank and w.alive and w.unkillable_until <= self.sim.world.now:
                 w.kill()
                 self.worker_exited(w, None, signal.SIGKILL, None)
-                return True
-        return False
+                return w
+        return None
 
     # ---- time --------------------------------------------------------------------------------------
 
@@ -204,8 +227,12 @@ class AgentNode:
         run's heartbeat timeout), which keeps thousands of schedules fast."""
         if not self.alive:
             return
-        due = min([w.kill_at for w in self.sup.workloads.values() if w.kill_at is not None]
-                  + [r.last_heard + r.timeout_s for r in self.sup.runs.values() if not r.ended], default=None)
+        sup, now, inf = self.sup, self.sim.world.now, float("inf")
+        due = min([w.kill_at for w in sup.workloads.values() if w.kill_at is not None and w.kill_at != inf]
+                  # a workload SIGKILLed and not reaped: seen by the next tick, given up after the timeout
+                  + [now if w.killed_at is None else w.killed_at + sup.unkillable_after_s
+                     for w in sup.workloads.values() if w.kill_at == inf and not w.given_up]
+                  + [r.last_heard + r.timeout_s for r in sup.runs.values() if not r.ended], default=None)
         if due is None or due == float("inf"):
             return
         at = max(due + TICK_S, self.sim.world.now)
@@ -239,7 +266,7 @@ class AgentNode:
         self.alive = False
         self.died_at = self.sim.world.now
         for w in list(self.procs.values()):
-            self._vanish(w)
+            self._vanish(w, children_too=True)  # the fork server's SIGTERM ends every group (`zygote.py`)
 
     def agent_gone(self) -> str | None:
         """What a driver on the same machine sees of the agent's pid: why it is lost, or None."""

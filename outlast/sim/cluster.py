@@ -34,9 +34,9 @@ class NodeModel(Protocol):
 
     def start(self) -> None: ...
 
-    def kill_worker(self, rank: int) -> bool: ...
+    def kill_worker(self, rank: int) -> SimRank | None: ...
 
-    def wedge_worker(self, rank: int) -> bool: ...
+    def wedge_worker(self, rank: int, until: float = 0.0) -> SimRank | None: ...
 
     def worker_exited(self, w: SimRank, code: int | None, signal: int | None, error: m.WorkerError | None) -> None: ...
 
@@ -137,20 +137,20 @@ class SimNode:
                 run_id=w.run_id, attempt=w.attempt, rank=w.rank, pid=0, exit_code=code, signal=signal, error=error,
                 node_id=self.node_id))
 
-    def wedge_worker(self, rank: int) -> bool:
+    def wedge_worker(self, rank: int, until: float = 0.0) -> SimRank | None:
         for w in self.workers.values():
             if w.rank == rank and w.alive and not w.wedged:
                 w.wedge()
-                return True
-        return False
+                return w
+        return None
 
-    def kill_worker(self, rank: int) -> bool:
+    def kill_worker(self, rank: int) -> SimRank | None:
         for w in list(self.workers.values()):
             if w.rank == rank and w.alive:
                 w.kill()
                 self.worker_exited(w, None, 9, None)
-                return True
-        return False
+                return w
+        return None
 
     def _check(self) -> None:
         """The agent kills the workers of a run whose driver fell silent."""

@@ -129,10 +129,10 @@ class SimDriver:
             ch = self._from_node[node_id] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
         ch.send(self.deliver, g.FromAgent(node_id, event))
 
-    def worker_channel(self, attempt: int, rank: int, uploads: bool = False):
+    def worker_channel(self, attempt: int, rank: int, uploads: bool = False) -> "Link":
         """A rank's socket to the controller (the upload thread has one of its own: no order between them)."""
         ch = self._from_rank[(attempt, rank, uploads)] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
-        return lambda msg: ch.send(self.deliver, g.FromWorker(msg))
+        return Link(ch, self.deliver)
 
     def gang(self, attempt: int, size: int) -> Gang:
         if attempt not in self._gangs:
@@ -173,6 +173,23 @@ class SimDriver:
 
     def _table_answer(self) -> None:
         self.deliver(g.NodeTable(node_table(self.sim.nodes, self.sim.world.now)))
+
+
+class Link:
+    """A rank's socket: what it sends arrives in order, unless the process exits first (`lose_pending`:
+    `os._exit` throws away what the socket's I/O thread still holds)."""
+
+    def __init__(self, ch: Channel, deliver) -> None:
+        self._ch, self._deliver = ch, deliver
+
+    def __call__(self, msg: m.WorkerMessage) -> None:
+        self._ch.send(self._deliver, g.FromWorker(msg))
+
+    def lose_pending(self) -> int:
+        """How many messages were lost."""
+        lost = self._ch.in_flight if self._ch.open else 0
+        self._ch.open = False
+        return lost
 
 
 def _describe(event: g.InEvent) -> str:

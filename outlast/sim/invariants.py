@@ -15,15 +15,25 @@
 - Every run ends, finished or with an error that says why, within a bound, and every attempt of
   its history is settled.
 - A live driver's workers are never killed for its silence, storage slow or not.
+- No complete checkpoint of a finished run is deleted: the newest checkpoint of the last attempt
+  that every rank reported and whose every file was written is committed, with its files.
+- With `edges`: each failure is charged to its cause's budget: a rank killed, or its node lost,
+  on a node that was not draining, while its attempt was in a drain, is charged to max_failures,
+  never to max_preemption_failures; and every state answers every message without raising: each
+  state the controller enters is handed, in a copy, each message a worker or an agent may send
+  (stale ones too).
+- No process a rank started outlives the rank (its children, in its process group).
 """
 
 from __future__ import annotations
 
+import copy
 import traceback
 from typing import TYPE_CHECKING
 
 from outlast.controller import group as g
 from outlast.controller import states as st
+from outlast.controller.resize import RESIZE
 from outlast.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -46,6 +56,11 @@ class Observer:
         self.harm = 0  # worker deaths, node losses and fork-server or agent deaths the schedule caused
         self.transitions: set[tuple[str, str]] = set()
         self._last_kind: dict[int, str] = {}
+        self._struck: list[tuple[str, int, int, str, float, bool]] = []  # run, attempt, rank, node, when, in a drain
+        self._preemptions: dict[int, int] = {}  # driver generation -> failures charged to preemption so far
+        self._parts: dict[tuple[int, str], dict[str, set[int]]] = {}  # (attempt, checkpoint) -> part -> ranks
+        self._world: dict[int, int] = {}
+        self._probed: set[tuple[int, str]] = set()
 
     def violation(self, what: str) -> None:
         self.sim.world.note(f"VIOLATION {what}")
@@ -73,6 +88,8 @@ class Observer:
         if before != s.kind.value:
             self.transitions.add((before, s.kind.value))
             self._last_kind[driver.generation] = s.kind.value
+        if isinstance(s, st.Preempting) and s.preemption.notice.reason == RESIZE and self.sim.armed_in_grow:
+            self.sim.grow_noticed()
         if isinstance(s, (st.Preempting, st.Saved)) and a is not None:
             key = (core.run_id, a.number)
             if key not in self.noticed:
@@ -80,14 +97,55 @@ class Observer:
                 self.noticed[key] = min(began, default=self.sim.world.now)
         for effect in effects:
             if isinstance(effect, g.Spawn):
-                self._check_spawn(core.run_id, effect.msg)
+                self._check_spawn(core.run_id, effect.msg, effect.node_id)
+        if self.sim.edges:
+            self._check_budget(driver)
+        # Initializing lasts from the node table to Started, two steps of one call: nothing comes between.
+        if self.sim.edges and s.kind is not st.State.INITIALIZING and (driver.generation, s.kind.value) not in self._probed:
+            self._probed.add((driver.generation, s.kind.value))
+            self._probe(driver)
 
-    def _check_spawn(self, run_id: str, spawn: m.SpawnWorkers) -> None:
+    def _check_budget(self, driver: "SimDriver") -> None:
+        core = driver.core
+        charged = core.book.state.failure_counts.get("preemption", 0)
+        before = self._preemptions.setdefault(driver.generation, charged)
+        self._preemptions[driver.generation] = charged
+        ended = [a for a in core.book.state.attempts if a.ended_at is not None]
+        if charged <= before or not ended:
+            return
+        attempt = ended[-1].attempt  # the one just settled (the next may have started in the same step)
+        drained = self.sim.drained_at
+        for run_id, a, rank, node_id, when, in_drain in self._struck:
+            if run_id == core.run_id and a == attempt and in_drain and not drained.get(node_id, when + 1) <= when:
+                self.violation(f"rank {rank} of attempt {a}, killed at t={when:.3f} on node {node_id}, which was not "
+                               "draining, was charged to max_preemption_failures")
+
+    def _probe(self, driver: "SimDriver") -> None:
+        """The state just entered, in a copy (its storage a copy too), handed each message in turn."""
+        core, sim = driver.core, self.sim
+        a = core.attempt.number if core.attempt is not None else 0
+        node = sorted(core.nodes.heard)[0] if core.nodes.heard else "n0"
+        sim.facts["states_probed"] += 1
+        for event in probes(core.run_id, a, node, sim.wall()):
+            storage = copy.copy(sim.storage)
+            storage.files, storage.failing = dict(sim.storage.files), list(sim.storage.failing)
+            twin = copy.deepcopy(core, memo={id(sim): sim, id(sim.storage): storage})
+            try:
+                twin.step(event, sim.world.now)
+            except Exception as e:  # noqa: BLE001 - what the probe looks for
+                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip().replace("\n", " | ")
+                self.violation(f"{type(e).__name__} escaped the controller in state {core.state.kind.value} on "
+                               f"{_describe(event)}: {e} [{tb}]")
+                return
+
+    def _check_spawn(self, run_id: str, spawn: m.SpawnWorkers, node_id: str) -> None:
         key = (run_id, spawn.attempt)
-        if key in self._checked_spawns:
+        # A rank stuck in the kernel cannot be waited for: the next attempt may start, on other nodes.
+        older = sorted({(w.attempt, w.rank) for w in self.live.values() if w.attempt < spawn.attempt
+                        and (w.unkillable_until <= self.sim.world.now or w.node.node_id == node_id)})
+        if key in self._checked_spawns and not older:
             return
         self._checked_spawns.add(key)
-        older = sorted({(w.attempt, w.rank) for w in self.live.values() if w.attempt < spawn.attempt})
         if older:
             self.violation(f"attempt {spawn.attempt} started while workers (attempt, rank) {older} live")
         if self.durable and (spawn.restore_checkpoint is None or spawn.restore_checkpoint < self.durable[-1]):
@@ -101,6 +159,32 @@ class Observer:
 
     def worker_gone(self, w: "SimRank") -> None:
         self.live.pop((w.run_id, w.attempt, w.rank), None)
+        self.sim.world.after(0.0, self._children_gone, w)  # once its end has been handled, whatever killed it
+
+    def _children_gone(self, w: "SimRank") -> None:
+        if w.children:
+            self.violation(f"processes {sorted(w.children)} started by rank {w.rank} of attempt {w.attempt} "
+                           "outlived it")
+            w.children = set()
+
+    def children_ended(self, w: "SimRank", pids: set[int]) -> None:
+        pass
+
+    def struck(self, w: "SimRank") -> None:
+        """A fault of the schedule hit this rank: it dies (or hangs) of something that is not a drain."""
+        self.harm += 1
+        driver = self.sim.driver
+        state = driver.core.state if driver is not None and driver.core is not None else None
+        in_drain = isinstance(state, (st.Preempting, st.Saved))
+        self._struck.append((w.run_id, w.attempt, w.rank, w.node.node_id, self.sim.world.now, in_drain))
+        if in_drain:
+            grow = state.preemption.notice.reason == RESIZE
+            self.sim.facts["failures_in_grows" if grow else "failures_in_drains"] += 1
+
+    def checkpoint_part(self, w: "SimRank", name: str, part: str) -> None:
+        """`report`: the rank reported the checkpoint; `files`: its files are all on storage."""
+        self._parts.setdefault((w.attempt, name), {}).setdefault(part, set()).add(w.rank)
+        self._world[w.attempt] = w.world_size
 
     def restored(self, w: "SimRank", name: str, step: int) -> None:
         pass
@@ -151,6 +235,8 @@ class Observer:
             return
         if book.state.status == "errored" and not (book.state.error or "").strip():
             self.violation("the run errored without saying why")
+        if self.sim.edges and book.state.status == "finished" and book.state.attempts:
+            self._check_last_checkpoint(book)
         unsettled = [a.attempt for a in book.state.attempts if a.ended_at is None]
         if unsettled:
             self.violation(f"attempts {unsettled} were never settled")
@@ -158,3 +244,47 @@ class Observer:
         if not sim.storage_faults and charged > self.harm:
             self.violation(f"{charged} failures drawn on max_failures, but the schedule killed only {self.harm} "
                            f"workers or nodes: {dict(book.state.failure_counts)}")
+
+    def _check_last_checkpoint(self, book) -> None:
+        last = book.state.attempts[-1].attempt
+        writers = set(range(self._world.get(last, 0))) if self.sim.schedule.loop.sharded else {0}
+        complete = [name for (a, name), parts in self._parts.items() if a == last
+                    and parts.get("report", set()) >= set(range(self._world[a])) and parts.get("files", set()) >= writers]
+        if not complete:
+            return
+        newest = max(complete)
+        files = self.sim.storage.files
+        missing = [r for r in sorted(writers) if f"run/{newest}/rank_{r}.bin" not in files]
+        if newest not in {c.checkpoint_dir for c in book.state.checkpoints} or missing:
+            self.violation(f"the run finished without its last complete checkpoint {newest}: "
+                           + (f"the files of ranks {missing} are gone" if missing else "it was never committed"))
+
+
+def probes(run_id: str, a: int, node: str, wall: float) -> list[g.InEvent]:
+    """What a worker or an agent may send at any time: late, early, for this attempt or an older one."""
+    far = 10**6
+    return [
+        g.FromWorker(m.PreemptionQuery(attempt=a, rank=0, index=0)),
+        g.FromWorker(m.PreemptionQuery(attempt=a, rank=0, index=far)),
+        g.FromWorker(m.Report(attempt=a, rank=0, index=far, metrics={})),
+        g.FromWorker(m.Report(attempt=a, rank=0, index=far, metrics={}, checkpoint_dir="checkpoint_999_000000",
+                              upload_pending=True)),
+        g.FromWorker(m.UploadDone(attempt=a, rank=0, index=far, checkpoint_dir="checkpoint_999_000000", files=[],
+                                  error=None)),
+        g.FromWorker(m.CollectiveRequest(attempt=a, rank=0, seq=far, op="barrier")),
+        g.FromWorker(m.WorkerHello(attempt=a, rank=0, pid=1)),
+        g.FromWorker(m.WorkerDone(attempt=a, rank=0, reports=0)),
+        g.FromWorker(m.PreemptionQuery(attempt=max(0, a - 1), rank=0, index=0)),
+        g.FromAgent(node, m.WorkerStarted(run_id=run_id, attempt=a, rank=0, pid=1)),
+        g.FromAgent(node, m.WorkerExited(run_id=run_id, attempt=a, rank=0, pid=1, exit_code=0, signal=None,
+                                         error=None, node_id=node)),
+        g.FromAgent(node, m.SpawnRefused(run_id=run_id, attempt=a, reason="probe")),
+        g.FromAgent(node, m.NodeDraining(node_id=node, reason="spot", message="probe", deadline_unix_s=wall,
+                                         node_ids=[node])),
+        g.Tick(), g.Interrupted(), g.LeaseLost("probe"),
+    ]
+
+
+def _describe(event: g.InEvent) -> str:
+    inner = getattr(event, "msg", None) or getattr(event, "event", None)
+    return type(inner).__name__ if inner is not None else type(event).__name__

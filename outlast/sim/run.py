@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 from dataclasses import dataclass
 
+from outlast.controller import group as g
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
 from outlast.sim.agent_node import AgentNode
 from outlast.sim.cluster import NodeModel, SimNode
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
-from outlast.sim.schedule import Fault, Schedule, draw
+from outlast.sim.schedule import FAIL_KINDS, Fault, Schedule, draw
 from outlast.sim.storage import SimStorage
 from outlast.sim.workers import SimRank
 from outlast.sim.world import World
@@ -33,8 +35,12 @@ class Outcome:
 
 
 class Sim:
-    def __init__(self, schedule: Schedule, trace: bool = False) -> None:
+    def __init__(self, schedule: Schedule, trace: bool = False, edges: bool = False) -> None:
+        """`edges`: the invariants of the edge schedules too: every state the controller enters is also
+        asked, in a copy, what it makes of each message a worker or an agent may send, and each failure
+        must be charged to its cause's budget (`invariants.py`)."""
         self.schedule = schedule
+        self.edges = edges
         self.world = World(random.Random(schedule.seed ^ 0x5EED), trace=trace)
         self.storage = SimStorage(lambda: self.world.now)
         self.storage.latency_s = schedule.storage_latency_s
@@ -48,6 +54,10 @@ class Sim:
         self.generations = 0
         self.closed = False
         self.own_faults = {"fork_server_deaths": 0, "agent_deaths": 0, "agent_restarts": 0}  # those that struck
+        self.armed_in_grow: Fault | None = None  # struck by the observer once a grow's notice is out
+        self.facts = dict.fromkeys(["interrupts", "lease_losses", "unkillable_ranks", "children_started",
+                                    "uploads_lost_at_exit", "failures_in_drains", "failures_in_grows",
+                                    "states_probed"], 0)
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
             + 12 * schedule.storage_latency_s
@@ -90,7 +100,8 @@ class Sim:
                  "durable_checkpoints": len(ob.durable), "driver_launches": self.generations,
                  "attempts": len(book.state.attempts) if book else 0,
                  "resizes": len(book.state.resizes) if book else 0,
-                 "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0, **self.own_faults}
+                 "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0, **self.own_faults,
+                 **self.facts}
         return Outcome(s.seed, list(ob.violations), book.state.status if book else "?", self.world.now,
                        self.world.trace, facts)
 
@@ -126,9 +137,24 @@ class Sim:
             return
         self.world.note(f"FAULT {f}")
         live_nodes = [n for n in self.nodes if n.alive]
+        rank = f.target % self.schedule.loop.world_size
         if f.kind == "kill_worker":
-            if any(n.kill_worker(f.target % self.schedule.loop.world_size) for n in live_nodes):
-                self.observer.harm += 1
+            if hit := next((w for n in live_nodes if (w := n.kill_worker(rank)) is not None), None):
+                self.observer.struck(hit)
+        elif f.kind == "unkillable":
+            until = self.world.now + f.duration_s
+            if hit := next((w for n in live_nodes if (w := n.wedge_worker(rank, until)) is not None), None):
+                self.observer.struck(hit)
+                self.facts["unkillable_ranks"] += 1
+                if until != float("inf"):  # out of the kernel, the kill it was sent (or the error it met) ends it
+                    self.world.at(until, self._unstuck, hit)
+        elif f.kind == "arm_in_grow":
+            self.armed_in_grow = f
+        elif f.kind in ("interrupt", "lease_lost"):
+            if self.driver is not None and self.driver.alive:
+                self.facts["interrupts" if f.kind == "interrupt" else "lease_losses"] += 1
+                self.driver.deliver(g.Interrupted() if f.kind == "interrupt"
+                                    else g.LeaseLost("simulated: another driver took the run's lease"))
         elif f.kind == "lose_node":
             node = self.nodes[f.target % len(self.nodes)]
             if node.alive:  # with workers, or placed on before the head declares it dead
@@ -144,8 +170,8 @@ class Sim:
                 died = self.wall()
                 self.world.after(RELAUNCH_AFTER_S, self._launch, died)
         elif f.kind == "hang":
-            if any(n.wedge_worker(f.target % self.schedule.loop.world_size) for n in live_nodes):
-                self.observer.harm += 1
+            if hit := next((w for n in live_nodes if (w := n.wedge_worker(rank)) is not None), None):
+                self.observer.struck(hit)
         elif f.kind == "add_node":
             self._add_node()
         elif f.kind == "storage_fail":
@@ -176,10 +202,29 @@ class Sim:
             node.agent_dies()
             self.world.after(f.duration_s, self._restart_agent, node)
 
+    def grow_noticed(self) -> None:
+        """A grow's notice went out: an armed failure strikes within its window."""
+        f, self.armed_in_grow = self.armed_in_grow, None
+        if f is not None:
+            kind = FAIL_KINDS[int(f.deadline_s or 0)]
+            self.world.after(f.duration_s, self._inject, Fault(self.world.now + f.duration_s, kind, f.target))
+
+    def _unstuck(self, w: SimRank) -> None:
+        if w.alive and w.node.alive:
+            w.kill()
+            w.node.worker_exited(w, None, signal.SIGKILL, None)
+
     def _restart_agent(self, node: AgentNode) -> None:
         if not node.alive:
             node.start()
             self.world.note(f"node {node.node_id} agent started again (pid {node.agent_pid})")
+
+    def drain_node(self, node: NodeModel, why: str) -> None:
+        """A node drains itself (it gave up a workload that SIGKILL did not end): no deadline."""
+        if node.alive and node.core.draining is None:
+            self.drained_at.setdefault(node.node_id, self.world.now)
+            node.drain(m.NodeDraining(node_id=node.node_id, reason="other", message=why, deadline_unix_s=None,
+                                      node_ids=[node.node_id]))
 
     def _drain(self, node: NodeModel, deadline_s: float | None) -> None:
         self.drained_at.setdefault(node.node_id, self.world.now)
@@ -198,8 +243,9 @@ class Sim:
         self.world.note(f"node {node.node_id} joined")
 
 
-def run_seed(seed: int, trace: bool = False, elastic: bool = False, nodes_model: str = "agent") -> Outcome:
-    return Sim(draw(seed, elastic, nodes_model), trace=trace).run()
+def run_seed(seed: int, trace: bool = False, elastic: bool = False, nodes_model: str = "agent",
+             edges: bool = False) -> Outcome:
+    return Sim(draw(seed, elastic, nodes_model, edges), trace=trace, edges=edges).run()
 
 
 def quiet() -> None:

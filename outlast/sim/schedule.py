@@ -20,6 +20,8 @@ class LoopSpec:
     sharded: bool  # every rank writes files (else rank 0 alone)
     done_lost: bool  # rank 0's last message (WorkerDone) never arrives: the process exited before it left
     async_upload: bool  # report(upload_mode=ASYNC): the files follow on the upload thread's own socket
+    children: int = 0  # processes each rank starts (a data loader's workers): none may outlive the rank
+    exit_loses_messages: bool = False  # what a rank's upload socket still holds when it exits is lost
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class Fault:
     kind: str  # kill_worker | lose_node | drain | drain_empty | driver_death | storage_fail | add_node | hang
     #          | storage_slow (each call slower than the driver timeout, for duration_s)
     #          | fork_server_death | agent_death (an embedded node's: a new node replaces it) | agent_restart (a persistent node's)
+    #          | arm_in_grow (FAIL_KINDS[deadline_s] strikes duration_s after the next grow's notice)
+    #          | interrupt (Ctrl+C in the driver) | lease_lost | unkillable (a rank stuck in the kernel: no signal
+    #          ends it until duration_s has passed, inf: never)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
@@ -68,10 +73,19 @@ AGENT_KINDS = ["fork_server_death", "fork_server_death", "agent_death", "agent_r
                "kill_worker", "driver_death"]
 
 
-def draw(seed: int, elastic: bool = False, nodes_model: str = "agent") -> Schedule:
+# The edges: faults one step off the tested path, drawn (with `edges=True`) from a stream of their own again.
+EDGE_KINDS = ["drain_then_fail", "drain_then_fail", "grow_then_fail", "interrupt", "lease_lost", "unkillable"]
+FAIL_KINDS = ["kill_worker", "kill_worker", "lose_node", "fork_server_death"]
+
+
+def draw(seed: int, elastic: bool = False, nodes_model: str = "agent", edges: bool = False) -> Schedule:
     """`elastic`: the same schedule as an elastic run (num_workers=(min, world)), with nodes that join; drawn
     from a second generator, so that the seed's other choices stay as they are. `nodes_model`: "agent" runs
-    the agent's real supervisor and adds faults of outlast's own processes; "simple" neither."""
+    the agent's real core and adds faults of outlast's own processes; "simple" neither. `edges`: besides,
+    failures during drains and grows, Ctrl+C and lease loss at any instant, unkillable ranks, ranks with
+    children, and messages lost at a rank's exit; a third of them elastic."""
+    if edges:
+        return _edges(seed, draw(seed, elastic or random.Random(seed ^ 0xED6E).random() < 0.35, nodes_model))
     s = _draw(seed, elastic)
     if nodes_model != "agent":
         return Schedule(**{**s.__dict__, "nodes_model": nodes_model})
@@ -128,3 +142,30 @@ def _draw(seed: int, elastic: bool) -> Schedule:
         max_delay_s=rng.choice([0.0, 0.002, 0.02, 0.1]), storage_latency_s=rng.choice([0.0, 0.0, 0.01, 0.5]),
         refuse_deletes=rng.random() < 0.15, faults=sorted(faults, key=lambda f: f.at),
     )
+
+
+def _edges(seed: int, s: Schedule) -> Schedule:
+    rng = random.Random(seed * 3 + 7 + (1 << 41))
+    loop = LoopSpec(**{**s.loop.__dict__, "children": rng.choice([0, 0, 1, 2]),
+                       "exit_loses_messages": rng.random() < 0.5})
+    extra: list[Fault] = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        kind, at = rng.choice(EDGE_KINDS), rng.uniform(0.0, s.nominal_s * 1.2 + 0.5)
+        target = rng.randrange(max(s.loop.world_size, s.nodes))
+        if kind in ("drain_then_fail", "grow_then_fail"):
+            then = rng.choice(FAIL_KINDS)
+            other = rng.randrange(max(s.loop.world_size, s.nodes))
+            if kind == "drain_then_fail":
+                extra += [Fault(at, "drain", target, rng.choice([None, rng.uniform(0.5, 30.0)])),
+                          Fault(at + rng.uniform(0.0, 3.0), then, target=other)]
+            else:  # the failure waits for the grow's notice, then strikes within its window
+                extra += [Fault(at, "add_node"), Fault(at, "arm_in_grow", other, duration_s=rng.uniform(0.0, 0.1),
+                                                        deadline_s=float(FAIL_KINDS.index(then)))]
+        elif kind == "unkillable":  # and then a failure that needs it gone: a peer's death, or Ctrl+C
+            extra.append(Fault(at, kind, target, duration_s=rng.choice([float("inf"), rng.uniform(1.0, 30.0)])))
+            peer = (target + 1) % s.loop.world_size
+            extra.append(Fault(at + rng.uniform(0.0, 3.0), "kill_worker" if peer != target % s.loop.world_size
+                               else "interrupt", peer))
+        else:
+            extra.append(Fault(at, kind, target))
+    return Schedule(**{**s.__dict__, "loop": loop, "faults": sorted(s.faults + extra, key=lambda f: f.at)})

@@ -79,6 +79,8 @@ class SimRank:
         self._waiting = False
         self.where = "start (sim)"  # what its stack would show
         self.wedged = False  # a "hang" fault: it never comes back from where it is
+        self.unkillable_until = 0.0  # stuck in the kernel until then: no signal ends it before
+        self.children: set[int] = set()  # live processes it started, in its process group
         self._resumes = 0
         self._sent_at = float("-inf")
 
@@ -86,6 +88,8 @@ class SimRank:
 
     def start(self) -> None:
         self._send(self.core.hello(0))
+        self.children = {self.sim.new_pid() for _ in range(self.loop.children)}
+        self.sim.facts["children_started"] += len(self.children)
         self._gen = self._main()
         self.resume(None)
 
@@ -96,11 +100,11 @@ class SimRank:
         try:
             req = self._gen.send(value)
         except StopIteration:
-            if not (self.loop.done_lost and self.rank == 0):
-                self._sends(self.core.done())
-            self.node.worker_exited(self, 0, None, None)
+            # done(): the uploads in flight end first, then WorkerDone, then the process exits.
+            self.sim.world.after(max(0.0, self._upload_done_at - self.sim.world.now), self._exit_done)
             return
         except WorkerFailed as e:
+            self.exit_process()
             self.node.worker_exited(self, 1, None, m.WorkerError(exc_type=e.exc_type, message=str(e),
                                                                   traceback="", phase="train"))
             return
@@ -113,6 +117,20 @@ class SimRank:
         else:
             self._waiting = True
 
+    def _exit_done(self) -> None:
+        if not self.alive or self.wedged:
+            return
+        if not (self.loop.done_lost and self.rank == 0):
+            self._sends(self.core.done())
+        self.exit_process()
+        self.node.worker_exited(self, 0, None, None)
+
+    def exit_process(self) -> None:
+        """With `exit_loses_messages`, what the upload thread's socket still holds never arrives: its context
+        is never terminated, so nothing lingers for it at the exit (the training socket's does, `worker_main.py`)."""
+        if self.loop.exit_loses_messages:
+            self.sim.facts["uploads_lost_at_exit"] += self.uploads_to_controller.lose_pending()
+
     def fail_later(self, exc_type: str, message: str) -> None:
         def fail() -> None:
             if self.alive and self._gen is not None:
@@ -120,6 +138,7 @@ class SimRank:
                     self._gen.throw(WorkerFailed(exc_type, message))
                 except (WorkerFailed, StopIteration):
                     pass
+                self.exit_process()
                 self.node.worker_exited(self, 1, None, m.WorkerError(exc_type=exc_type, message=message,
                                                                       traceback="", phase="train"))
         self.sim.world.after(0.01, fail)
@@ -220,6 +239,8 @@ class SimRank:
         has_files = checkpoint and (self.loop.sharded or self.rank == 0)
         if not has_files:
             self._sends(self.core.report(slot, metrics))
+            if checkpoint:
+                self.sim.observer.checkpoint_part(self, slot.name, "report")
             self.sim.observer.report_returned(self, slot.index, slot.name if checkpoint else None)
             return
         data = f"{self.rank}:{step}".encode()
@@ -229,6 +250,7 @@ class SimRank:
                 yield "sleep", wait
             self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
                                          bandwidth_bps=self._last_bps))
+            self.sim.observer.checkpoint_part(self, slot.name, "report")
             took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
             self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
             self._upload_done_at = max(self._upload_done_at, self.sim.world.now + took)
@@ -243,6 +265,8 @@ class SimRank:
         if spent:
             yield "sleep", spent
         entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.sim.observer.checkpoint_part(self, slot.name, "files")
+        self.sim.observer.checkpoint_part(self, slot.name, "report")
         yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now))
         self.sim.observer.report_returned(self, slot.index, slot.name)
 
@@ -253,6 +277,7 @@ class SimRank:
         try:
             self.sim.storage.write_atomic(f"run/{name}/{path}", data)
             files = [m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())]
+            self.sim.observer.checkpoint_part(self, name, "files")
         except OSError as e:
             error = f"OSError: {e}"
         finally:

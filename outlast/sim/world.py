@@ -47,6 +47,7 @@ class Channel:
         self.max_delay_s = max_delay_s
         self._last = 0.0
         self.open = True
+        self.in_flight = 0
 
     def send(self, fn: Callable[..., Any], *args: Any) -> None:
         if not self.open:
@@ -54,8 +55,10 @@ class Channel:
         w = self.world
         t = max(self._last, w.now + w.rng.random() * self.max_delay_s)
         self._last = t
+        self.in_flight += 1
         w.at(t, self._deliver, fn, args)
 
     def _deliver(self, fn, args) -> None:
+        self.in_flight -= 1
         if self.open:
             fn(*args)

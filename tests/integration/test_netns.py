@@ -154,3 +154,44 @@ def test_a_node_cut_off_the_network_is_declared_dead_and_the_run_restarts_on_the
     while cluster.leftover_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not cluster.leftover_pids(), f"processes left in the namespaces: {cluster.leftover_pids()}"
+
+
+def test_a_node_cut_off_for_less_than_the_node_timeout_keeps_its_ranks_and_the_attempt_goes_on(
+        cluster, storage_path, tmp_path):
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
+
+    events = str(tmp_path / "events.jsonl")
+    where = cluster.node_of_netns()
+    cut: dict = {}
+
+    def cut_briefly() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            evs = read_events(events)
+            placed = {where.get(e["netns"]) for e in evs if e["event"] == "where"}
+            members = sorted(n for n in placed if n and n != "head")
+            if members and any(e["event"] == "step" and e["step"] >= 5 for e in evs):
+                cut["node"] = members[0]
+                cluster.cut(members[0])
+                time.sleep(NODE_TIMEOUT_S * 0.4)
+                cut["states"] = {n.node_id: n.state for n in cluster.node_table()}
+                cluster.heal(members[0])
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=cut_briefly, daemon=True)
+    t.start()
+    result = Trainer(
+        located_counting_loop,
+        train_loop_config={"events": events, "steps": 30, "every": 5, "step_sleep": 0.1},
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD"),
+        run_config=RunConfig(name="short-cut", storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=0)),
+    ).fit()
+    t.join(timeout=30)
+    assert "node" in cut, "no member node held a rank to cut"
+    assert cut["states"][cut["node"]] == "alive", f"a cut shorter than the node timeout lost the node: {cut}"
+    assert result.last_metrics["step"] == 29
+    assert {e["attempt"] for e in read_events(events)} == {1}, "the short cut ended the attempt"
+    state = json.loads((Path(storage_path) / "short-cut" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and not state["attempts"][0]["failures"], state["attempts"]

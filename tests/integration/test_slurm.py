@@ -290,7 +290,6 @@ def test_the_nodes_of_the_job_join_as_slurm_names_them_with_what_slurm_gave_the_
     assert not _job_processes(slurm, job.id)
 
 
-@pytest.mark.xfail(strict=True, reason="the loop trains on after the just-in-time commit until the requeue stops it")
 def test_a_whole_job_preempted_is_one_notice_naming_every_node_and_rank_and_loses_no_step(slurm, tmp_path):
     """Two ranks on the job's two nodes: USR1 drains both, so every rank's PreemptionInfo names both nodes and
     both ranks, from the first call that sees it; the ranks are held once the just-in-time checkpoint is
@@ -325,4 +324,6 @@ def test_a_whole_job_preempted_is_one_notice_naming_every_node_and_rank_and_lose
     restored = [e["restored"] for e in evs if e["ev"] == "start" and e["attempt"] > preempted]
     assert restored and restored[0] == trained, (f"the requeued run restored step {restored[0]}, but the preempted "
                                                  f"attempt trained up to step {trained}: steps lost")
-    assert job.state().status == "finished"
+    state = RunStore(open_storage(str(storage)), "run").load_state()
+    assert state.status == "finished" and state.failure_counts.get("worker", 0) == 0
+    assert any(f"Slurm job {job.id} (restart 0) got SIGUSR1" in m for m in _preemptions(state)), _preemptions(state)

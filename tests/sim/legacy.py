@@ -178,3 +178,25 @@ def reinject(bug: str, monkeypatch) -> None:
         monkeypatch.setattr(nodes.NodeBook, "note_pid", lambda self, node_id, pid: None)
     else:
         raise ValueError(bug)
+
+
+def reinject_edge(bug: str, monkeypatch) -> None:
+    """Bugs of the agent's core that the edge invariants guard against, put back."""
+    from outlast.agent import supervisor
+
+    if bug == "heartbeat_ignored":  # a run's heartbeats kept nothing alive: its live driver's workers went
+        def heartbeat(self, to, run_id, timeout_s, last_commit_at, now):
+            run = self.runs.get(run_id) or self._touch(to, run_id, now, timeout_s)
+            run.timeout_s, run.last_commit_at = timeout_s, last_commit_at
+        monkeypatch.setattr(supervisor.Supervisor, "heartbeat", heartbeat)
+    elif bug == "unkillable_waited_for":  # a workload SIGKILL did not end was waited for forever
+        def give_up(self, w, waited_s):
+            w.given_up = True  # nothing reported, nothing drained
+            return []
+        monkeypatch.setattr(supervisor.Supervisor, "_give_up", give_up)
+    elif bug == "lost_groups_left":  # ranks lost with their fork server were reported, their process groups not killed
+        real = supervisor.Supervisor.lose_all
+        monkeypatch.setattr(supervisor.Supervisor, "lose_all", lambda self, why: [
+            e for e in real(self, why) if not isinstance(e, supervisor.Kill)])
+    else:
+        raise ValueError(bug)

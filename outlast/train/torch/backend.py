@@ -52,9 +52,10 @@ class TorchBackend(Backend):
 
             os.environ["MASTER_PORT"] = str(collective.broadcast_from_rank_zero(
                 _free_port() if context.world_rank == 0 else None))
-        # Loopback rendezvous on one node; gloo otherwise guesses an interface from the hostname.
-        if os.environ.get("MASTER_ADDR") == "127.0.0.1":
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # gloo otherwise binds to what the hostname resolves to, often 127.0.x.1, which ranks on
+        # other nodes cannot reach: bind to the interface this node reaches rank 0's node through.
+        if "GLOO_SOCKET_IFNAME" not in os.environ and (iface := interface_toward(os.environ.get("MASTER_ADDR"))):
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
         init = "env://" if self.config.init_method == "env" else \
             f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         dist.init_process_group(
@@ -67,6 +68,26 @@ class TorchBackend(Backend):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def interface_toward(addr: str | None) -> str | None:
+    """The name of the network interface this host sends to `addr` from, or None if unknown."""
+    import socket
+
+    import psutil
+
+    if not addr:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # a UDP connect sends nothing: it only picks the route
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name
+    return None
 
 
 def _free_port() -> int:
