@@ -200,8 +200,9 @@ class NetnsCluster:
         if self.nodes:
             args += ["--address", self.head_address]
         log_path = self.workdir / f"{node_id}.log"
-        # Each node keeps its own state (node file, checkpoint cache), as a machine would.
-        env = {**os.environ, "OUTLAST_HOME": str(self.workdir / node_id)}
+        # Each node keeps its own state (node file, checkpoint cache, memory tier), as a machine would, so
+        # two clusters on one host with the same node ids never share a tier.
+        env = {**os.environ, "OUTLAST_HOME": str(self.workdir / node_id), "OUTLAST_TIER_DIR": str(self.workdir / "tier")}
         env.pop("OUTLAST_ADDRESS", None)
         r, w = os.pipe()
         prefix = ["ip", "netns", "exec", netns] if netns else []  # execs in place: the pid is the agent's
