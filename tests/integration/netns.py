@@ -202,7 +202,8 @@ class NetnsCluster:
         log_path = self.workdir / f"{node_id}.log"
         # Each node keeps its own state (node file, checkpoint cache, memory tier), as a machine would, so
         # two clusters on one host with the same node ids never share a tier.
-        env = {**os.environ, "OUTLAST_HOME": str(self.workdir / node_id), "OUTLAST_TIER_DIR": str(self.workdir / "tier")}
+        env = {**os.environ, "OUTLAST_HOME": str(self.workdir / node_id),
+               "OUTLAST_TIER_DIR": str(self.workdir / "tier")}
         env.pop("OUTLAST_ADDRESS", None)
         r, w = os.pipe()
         prefix = ["ip", "netns", "exec", netns] if netns else []  # execs in place: the pid is the agent's
