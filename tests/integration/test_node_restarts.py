@@ -112,7 +112,7 @@ def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_
     assert result.last_metrics == {"step": 19}
     if victim_rank == 1:
         assert seen["table"][victim] == "dead"  # the head's table: never "alive" once its agent is gone
-    assert f"agents/{victim}: left by an agent (pid" in seen["log"]  # the restarted agent cleaned up
+    assert f"agents/{victim}: left by an agent that is gone (pid " in seen["log"]  # the restarted agent cleaned up
     assert "on the 1 usable node(s)" in seen["waiting_for"]
     assert set(_placed(events, 2).values()) == set(_placed(events, 1).values())  # the restarted node is used
     state = _state(storage_path, "run")
