@@ -153,7 +153,9 @@ class PreemptionCheckpointCallback(pl.callbacks.Callback):
     run is moved; the next attempt resumes from it (`trainer.fit(model, ckpt_path=...)`) at the same step.
 
     `get_preemption_info()` costs well under a microsecond while nothing is pending, so asking on every
-    batch costs nothing; every rank gets the notice on the same call, so they save on the same batch."""
+    batch costs nothing; every rank gets the notice on the same call, so they save on the same batch.
+    `on_preemption` runs on that call, before the save: override it to log or flush what the save needs
+    (asking `get_preemption_info()` again there may land on either side of that call)."""
 
     CHECKPOINT_NAME = RayTrainReportCallback.CHECKPOINT_NAME
 
@@ -168,7 +170,11 @@ class PreemptionCheckpointCallback(pl.callbacks.Callback):
         if info is None or info == self.saved_for:
             return
         self.saved_for = info
+        self.on_preemption(trainer, info)
         metrics = {k: v.item() for k, v in trainer.callback_metrics.items()}
         metrics.update(epoch=trainer.current_epoch, step=trainer.global_step, preempted=True)
         _save_and_report(trainer, _scratch(f"preemption-{trainer.global_step}"), self.CHECKPOINT_NAME, metrics,
                          self.checkpoint_upload_mode)
+
+    def on_preemption(self, trainer: pl.Trainer, info: Any) -> None:
+        """Called once per notice, on the batch whose checkpoint it makes, before that checkpoint is saved."""

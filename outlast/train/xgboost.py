@@ -179,7 +179,8 @@ class RayTrainReportCallback(TrainingCallback):
 class PreemptionCheckpointCallback(RayTrainReportCallback):
     """outlast's own: on a drain notice (`get_preemption_info()`, the same round on every rank), the model
     after this round is saved and reported with the round's results, so the run moves without losing a
-    round. Put it beside `RayTrainReportCallback` (same `filename`)."""
+    round. Put it beside `RayTrainReportCallback` (same `filename`). `on_preemption` runs on that round,
+    before the save: override it to log or flush what the save needs."""
 
     def __init__(self, metrics: str | list[str] | dict[str, str] | None = None,
                  filename: str = RayTrainReportCallback.CHECKPOINT_NAME) -> None:
@@ -190,8 +191,12 @@ class PreemptionCheckpointCallback(RayTrainReportCallback):
         info = train.get_preemption_info()
         if info is not None and info != self._saved_for:
             self._saved_for = info
+            self.on_preemption(model, info)
             self._save_and_report({**self._report_dict(evals_log), "preempted": True}, model)
         return False
+
+    def on_preemption(self, model, info) -> None:
+        """Called once per notice, on the round whose model it saves, before the save."""
 
 
 class XGBoostTrainer(DataParallelTrainer):

@@ -31,13 +31,6 @@ def _step(config: dict, step: int) -> None:
     time.sleep(config.get("step_sleep", 0.0))
 
 
-def _notice_is_new(saved_for) -> bool:
-    """Whether the callback about to run saves a checkpoint for a notice (logged first: the run may be
-    moved as soon as that checkpoint is committed)."""
-    info = train.get_preemption_info()
-    return info is not None and info != saved_for
-
-
 def lightning_loop(config: dict) -> None:
     import lightning.pytorch as pl
     import torch
@@ -48,10 +41,8 @@ def lightning_loop(config: dict) -> None:
     )
 
     class LoggedJit(PreemptionCheckpointCallback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if _notice_is_new(self.saved_for):
-                log_event(config, event="jit", step=trainer.global_step)
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        def on_preemption(self, trainer, info):
+            log_event(config, event="jit", step=trainer.global_step)
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -112,10 +103,8 @@ def transformers_loop(config: dict) -> None:
             _step(config, state.global_step)
 
     class LoggedJit(PreemptionCheckpointCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if _notice_is_new(self.saved_for):
-                log_event(config, event="jit", step=state.global_step)
-            return super().on_step_end(args, state, control, **kwargs)
+        def on_preemption(self, state, info):
+            log_event(config, event="jit", step=state.global_step)
 
     model_config = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
                                            num_attention_heads=2, intermediate_size=16, max_position_embeddings=16)
@@ -158,10 +147,8 @@ def xgboost_loop(config: dict) -> None:
             return False
 
     class LoggedJit(PreemptionCheckpointCallback):
-        def after_iteration(self, model, epoch, evals_log):
-            if _notice_is_new(self._saved_for):
-                log_event(config, event="jit", step=model.num_boosted_rounds())
-            return super().after_iteration(model, epoch, evals_log)
+        def on_preemption(self, model, info):
+            log_event(config, event="jit", step=model.num_boosted_rounds())
 
     checkpoint = train.get_checkpoint()
     model = RayTrainReportCallback.get_model(checkpoint) if checkpoint else None

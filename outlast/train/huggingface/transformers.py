@@ -55,7 +55,8 @@ class RayTrainReportCallback(TrainerCallback):
 
 class PreemptionCheckpointCallback(TrainerCallback):
     """outlast's own: on a drain notice, the Trainer saves at the end of this step (every rank gets the
-    notice on the same call, so all save the same step), and `RayTrainReportCallback` reports it."""
+    notice on the same call, so all save the same step), and `RayTrainReportCallback` reports it.
+    `on_preemption` runs on that call: override it to log or flush what the save needs."""
 
     def __init__(self) -> None:
         self.saved_for: object = None
@@ -64,8 +65,12 @@ class PreemptionCheckpointCallback(TrainerCallback):
         info = train.get_preemption_info()
         if info is not None and info != self.saved_for:
             self.saved_for = info
+            self.on_preemption(state, info)
             control.should_save = True
         return control
+
+    def on_preemption(self, state, info) -> None:
+        """Called once per notice, on the step whose checkpoint it makes, before the Trainer saves it."""
 
 
 class _Batches(IterableDataset):
