@@ -60,11 +60,13 @@ NOTES: dict[str, Note] = {
     "report.checkpoint_upload_fn": Note(UNSUPPORTED, "", lambda: _train().report({}, checkpoint_upload_fn=print)),
     "report.validation": Note(UNSUPPORTED, "", lambda: _train().report({}, validation=True)),
     "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, ordered as Ray orders them "
-                                                  "(by score, the best last); a checkpoint reported with ASYNC whose "
-                                                  "commit is on its way may be missing"),
+                                                  "(by score, the best last), once every checkpoint the rank reported "
+                                                  "(ASYNC ones too) is committed or refused, as Ray waits for its "
+                                                  "reports in flight"),
     "get_all_reported_checkpoints.consistency_mode": Note(DIFFERS, "outlast has no validation: COMMITTED and VALIDATED "
                                                                    "both give the committed checkpoints"),
-    "get_all_reported_checkpoints.timeout_s": Note(DIFFERS, "accepted; the call reads the run's history and does not wait"),
+    "get_all_reported_checkpoints.timeout_s": Note(DIFFERS, "accepted and not applied: the wait ends with the commits, and every commit "
+                                                            "ends (refused at worst, after storage's retries)"),
     "get_dataset_shard": Note(DIFFERS, "the dataset given to the trainer, in memory (torch Dataset, Hugging Face "
                                        "datasets.Dataset, numpy/torch arrays, dict of columns, pandas DataFrame, list "
                                        "of rows), cut into equal contiguous shards; the shard offers iter_torch_batches, "

@@ -87,6 +87,12 @@ def in_progress(c: "ControllerCore") -> set[str]:
     return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()}
 
 
+def unsettled_below(c: "ControllerCore", a: AttemptState, index: int) -> bool:
+    """Whether a checkpoint of attempt `a` among reports below `index` is neither committed nor refused yet."""
+    return c.commits.unsettled_below(index) or any(p.index < index for p in c.reading_back.values()) \
+        or any(x.attempt == a.number and x.pending.index < index for x in c.committing.values())
+
+
 def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingCheckpoint, attempt: int,
                     merged: MergedFiles) -> None:
     c.reading_back.pop(pending.checkpoint_dir, None)

@@ -125,6 +125,10 @@ class CommitTracker:
                 pending.awaiting.add(rank)
         return self._ready()
 
+    def unsettled_below(self, index: int) -> bool:
+        """Some checkpoint reported below `index` still waits for a rank's report or upload."""
+        return any(i < index for i in self._pending)
+
     @property
     def uploads_in_flight(self) -> bool:
         """Some rank reported a checkpoint whose asynchronous upload has not said it is done."""

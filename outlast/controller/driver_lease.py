@@ -90,7 +90,7 @@ class LeaseKeeper:
         self._lease, self._version = lease, new_version
         self._next_renewal = self.clock() + self.ttl_s / 3
 
-    def renew_if_due(self, now: float) -> str | None:
+    def renew_if_due(self, now: float, _adopted: bool = False) -> str | None:
         """Renew the lease; return why we lost it, if another driver took it."""
         if self.lost is not None:
             return self.lost
@@ -107,9 +107,16 @@ class LeaseKeeper:
             return None
         if version is None:
             try:
-                current, _ = self.store.read_lease()
+                current, current_version = self.store.read_lease()
             except OSError:
-                current = None
+                return None  # cannot tell yet; the next renewal asks again
+            if current is not None and current.driver_id == self.driver_id and not current.released \
+                    and not _adopted:
+                # Ours: an earlier renewal was written but its answer was lost (a timeout after the
+                # store applied it), so the version we held is stale. Go on from what is stored.
+                self._lease, self._version = current, current_version
+                self._next_renewal = now  # renew from it at once: others watch for a change
+                return self.renew_if_due(now, _adopted=True)
             who = f" ({current.who()})" if current is not None else ""
             self.lost = (f"another driver{who} took over this run's lease; this driver stops and writes nothing "
                          "more to the run, so that two drivers never write one run")

@@ -55,7 +55,25 @@ def _on_done(c: "ControllerCore", a: AttemptState, msg: m.WorkerDone) -> None:
     finish_if_settled(c, a)
 
 
+def _on_checkpoints_query(c: "ControllerCore", a: AttemptState, msg: m.CheckpointsQuery) -> None:
+    a.checkpoint_queries[msg.rank] = msg.reports
+    answer_checkpoint_queries(c, a)
+
+
+def answer_checkpoint_queries(c: "ControllerCore", a: AttemptState) -> None:
+    """Each waiting rank gets the kept checkpoints once none of those it reported is still on its way."""
+    for rank, reports in sorted(a.checkpoint_queries.items()):
+        if checkpoints.unsettled_below(c, a, reports):
+            continue
+        del a.checkpoint_queries[rank]
+        kept = [m.KeptCheckpoint(checkpoint_dir=r.checkpoint_dir, seq=r.seq, metrics=r.metrics)
+                for r in c.book.state.checkpoints]
+        c.send_to_rank(rank, m.CheckpointsList(checkpoints=kept), attempt=a.number)
+
+
 def finish_if_settled(c: "ControllerCore", a: AttemptState) -> None:
+    """Called whenever a report, an upload or a commit has settled."""
+    answer_checkpoint_queries(c, a)
     if c.state.kind is State.FINISHING and settled(c, a):
         lifecycle.finish(c)
 
@@ -127,4 +145,5 @@ def _on_watch(c: "ControllerCore", a: AttemptState, msg: m.Progress | m.StackDum
 WORKER_MESSAGES = {
     m.Report: on_report, m.UploadDone: _on_upload_done, m.WorkerHello: _on_hello, m.CollectiveRequest: on_collective,
     m.PreemptionQuery: _on_query, m.Progress: _on_watch, m.StackDump: _on_watch, m.WorkerDone: _on_done,
+    m.CheckpointsQuery: _on_checkpoints_query,
 }

@@ -76,6 +76,7 @@ class AttemptState:
     # restart): a rank that asks then is still answered with its notice.
     preemption: "Preemption | None" = None
     failed: bool = False  # a failure ended it (not a preemption's restart, whose teardown may fail too)
+    checkpoint_queries: dict[int, int] = field(default_factory=dict)  # rank -> its reports, until answered
 
     def ranks_on(self, node_ids) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2  # 2: every frame starts with outlast/protocol/transport.py's HEADER
+PROTOCOL_VERSION = 3  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -457,6 +457,15 @@ class WorkerDone(Msg):
     reports: int
 
 
+class CheckpointsQuery(Msg):
+    """get_all_reported_checkpoints(): answered once each checkpoint among the rank's first `reports`
+    reports is committed or refused, from the controller's history (the run state in storage lags it)."""
+
+    attempt: int
+    rank: int
+    reports: int
+
+
 class Progress(Msg):
     """From a rank's watch thread, about once a second: how many times its loop has called into outlast
     (report, get_preemption_info, collectives, heartbeat) so far."""
@@ -487,6 +496,18 @@ class Committed(Msg):
 class CommitFailed(Msg):
     index: int
     reason: str
+
+
+class KeptCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
+    checkpoint_dir: str
+    seq: int
+    metrics: dict[str, Any] = {}
+
+
+class CheckpointsList(Msg):
+    """The run's committed checkpoints still kept, in commit order."""
+
+    checkpoints: list[KeptCheckpoint]
 
 
 class PreemptionGrant(Msg):
@@ -656,9 +677,9 @@ AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, 
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
 WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress,
-                      Progress, StackDump]
+                      Progress, StackDump, CheckpointsQuery]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice,
-                           DumpStacks]
+                           DumpStacks, CheckpointsList]
 
 
 # ---- node agent <-> its fork server (the zygote) ---------------------------------

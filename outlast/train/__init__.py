@@ -62,7 +62,8 @@ def get_all_reported_checkpoints(
 ) -> list[ReportedCheckpoint]:
     """The run's committed checkpoints that are still kept (CheckpointConfig.num_to_keep), with their
     metrics, ordered by checkpoint_score_attribute with the best last (report order without one), as
-    Ray orders them. A checkpoint reported with ASYNC whose commit is still on its way may be missing."""
+    Ray orders them. It waits until every checkpoint this rank reported (ASYNC ones too) is committed or
+    refused, and asks the controller, whose history is ahead of the run state in storage."""
     CheckpointConsistencyMode(consistency_mode)
     return get_session("get_all_reported_checkpoints").get_all_reported_checkpoints()
 

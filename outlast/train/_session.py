@@ -24,7 +24,6 @@ from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
-from outlast.storage.run_store import RunStore
 from outlast.train._uploads import Uploads, dir_bytes
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
 from outlast.train.context import TrainContext
@@ -167,11 +166,10 @@ class WorkerSession:
         them: by CheckpointConfig's score, the best last (report order without a score)."""
         from outlast.train.result import rank_checkpoints
 
-        self.wait_for_uploads()
-        state = RunStore(self._storage, self._run_dir).load_state()
+        self.wait_for_uploads()  # their UploadDone reaches the controller before the question does
+        kept = self._run(self._core.kept_checkpoints(time.monotonic()))
         order, _, attribute = os.environ.get("OUTLAST_CHECKPOINT_SCORE", "").partition(":")
-        records = rank_checkpoints(state.checkpoints if state is not None else [], None, attribute or None,
-                                   order or "max")
+        records = rank_checkpoints(kept, None, attribute or None, order or "max")
         return [ReportedCheckpoint(Checkpoint(self._storage.uri(f"{self._run_dir}/{c.checkpoint_dir}")),
                                    dict(c.metrics)) for c in records]
 

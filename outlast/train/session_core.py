@@ -187,6 +187,14 @@ class SessionCore:
                          lambda r: isinstance(r, (m.CollectiveReply, m.CollectiveTimeout)) and r.seq == seq,
                          complete, f"{op} #{seq}", now)
 
+    # -- what the run kept --------------------------------------------------------------
+
+    def kept_checkpoints(self, now: float = 0.0) -> Step:
+        """Its value is the controller's list of kept checkpoints, once this rank's reports have settled."""
+        return self._ask(m.CheckpointsQuery(attempt=self.attempt, rank=self.rank, reports=self.reports),
+                         lambda r: isinstance(r, m.CheckpointsList),
+                         lambda reply, at: Step(value=list(reply.checkpoints)), "the kept checkpoints", now)
+
     # -- the end ----------------------------------------------------------------------
 
     def done(self) -> Step:

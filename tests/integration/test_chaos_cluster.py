@@ -21,9 +21,6 @@ from tests.integration.netns import unavailable_reason
 
 @pytest.mark.torch
 @pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
-@pytest.mark.xfail(strict=False, reason="a lease renewal whose write lands but whose reply is lost (a store outage "
-                                        "resetting the connection) reads the driver's own lease as another's, and "
-                                        "the driver stops the run")
 def test_eight_faults_of_every_kind_on_a_cluster_and_nothing_lost(tmp_path):
     from bench.chaos import run
 

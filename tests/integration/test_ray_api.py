@@ -14,8 +14,6 @@ from tests.integration.jobs import read_events
 
 
 @pytest.mark.torch
-@pytest.mark.xfail(strict=False, reason="open: in a full suite, the rank's get_all_reported_checkpoints() right after "
-                   "its last report can list the checkpoints from before that commit's retention (epochs 0 and 1)")
 def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_it(storage_path, tmp_path):
     from outlast.train.torch import TorchConfig, TorchTrainer
     from tests.integration.ray_api_jobs import every_name_loop

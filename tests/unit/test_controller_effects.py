@@ -229,3 +229,39 @@ def test_a_run_whose_last_commit_is_reading_back_its_files_finishes_only_after_a
     assert h.state is State.FINISHED and h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
     removals = [e for e in h.storage_log if isinstance(e, fx.RemoveUncommitted)]
     assert all("checkpoint_001_000000" in e.keep for e in removals[1:])  # the first one is the attempt's start
+
+
+def _kept(h, rank):
+    return [[c.checkpoint_dir for c in x.checkpoints] for x in h.to_rank(rank) if isinstance(x, m.CheckpointsList)]
+
+
+def test_the_kept_checkpoints_are_answered_from_the_history_once_the_asking_ranks_reports_are_committed():
+    h, _ = started(num_to_keep=1)
+    report(h, 0, 0)
+    report(h, 1, 0)
+    h.release()
+    report(h, 0, 1)
+    report(h, 1, 1)
+    h.effects.clear()
+    # Rank 1 asks while checkpoint 1's manifest is still being written: it waits, and storage's
+    # run state (which names checkpoint 0 still) is never what it is told.
+    h.worker(m.CheckpointsQuery(attempt=1, rank=1, reports=2))
+    assert _kept(h, 1) == []
+    h.release()
+    assert _kept(h, 1) == [["checkpoint_001_000001"]]  # checkpoint 0 is gone by retention
+    # A rank whose reports have all settled is answered at once.
+    h.worker(m.CheckpointsQuery(attempt=1, rank=0, reports=2))
+    assert _kept(h, 0) == [["checkpoint_001_000001"]]
+
+
+def test_a_rank_asking_for_the_kept_checkpoints_waits_for_its_asynchronous_upload_and_the_other_ranks_report():
+    h, _ = started()
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={}, checkpoint_dir="checkpoint_001_000000",
+                      upload_pending=True))
+    h.worker(m.CheckpointsQuery(attempt=1, rank=0, reports=1))
+    h.worker(m.UploadDone(attempt=1, rank=0, index=0, checkpoint_dir="checkpoint_001_000000", files=[ENTRY]))
+    h.release()
+    assert _kept(h, 0) == []  # rank 1 has not reported checkpoint 0 yet: it is not settled
+    report(h, 1, 0)
+    h.release()
+    assert _kept(h, 0) == [["checkpoint_001_000000"]]

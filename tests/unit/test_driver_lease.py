@@ -123,3 +123,22 @@ def test_a_store_without_compare_and_swap_still_gets_one_driver_and_a_warning(ca
     first = cas.write_if("run/lease", b"a", None)
     assert first is not None and cas.write_if("run/lease", b"b", None) is None
     assert cas.write_if("run/lease", b"c", first) is not None and cas.read_versioned("run/lease").data == b"c"
+
+
+def test_a_renewal_written_whose_answer_was_lost_is_not_taken_for_another_drivers_takeover(tmp_path):
+    clock = Clock()
+    k = keeper(tmp_path, "machine-a/boot-1/pid:[1]", clock)
+    k.acquire()
+    write = k.store.write_lease_if
+
+    def applied_then_timed_out(lease, expected):
+        write(lease, expected)
+        raise TimeoutError("the store applied the write, and its answer never came")
+
+    k.store.write_lease_if = applied_then_timed_out
+    assert k.renew_if_due(clock() + 10) is None  # said as trouble with storage, and training goes on
+    k.store.write_lease_if = write
+    assert k.renew_if_due(clock() + 20) is None and k.lost is None  # its own write, not a takeover
+    assert k.renew_if_due(clock() + 30) is None and k.lost is None  # and renewals go on from it
+    stored, _ = k.store.read_lease()
+    assert stored.driver_id == k.driver_id and stored.renewals == 3
