@@ -215,10 +215,12 @@ def apply_retention(c: "ControllerCore") -> None:
         c.ask_storage(lambda i, name=d.checkpoint_dir: fx.DeleteCheckpoint(i, name))
 
 
-def remove_uncommitted(c: "ControllerCore") -> None:
-    """Only while no worker of this run is alive: an upload in flight has no manifest yet either."""
+def remove_uncommitted(c: "ControllerCore", from_attempt: int | None = None) -> None:
+    """Only while no worker of an attempt before `from_attempt` is alive: an upload in flight has no manifest
+    yet either. Storage may reach it late (effects go in order, and it may be slow), so the directories of
+    `from_attempt` and later, whose ranks may have started by then, are never garbage to it."""
     keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | in_progress(c))
-    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep))
+    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep, from_attempt))
 
 
 # ---- what a new attempt restores ------------------------------------------------------------

@@ -46,10 +46,12 @@ class DeleteCheckpoint:
 
 @dataclass(frozen=True)
 class RemoveUncommitted:
-    """Delete checkpoint directories without a manifest, except `keep`; only while no worker is alive."""
+    """Delete checkpoint directories without a manifest, except `keep`, and those of attempts from
+    `from_attempt` on: a new attempt's ranks may be uploading by the time a slow storage reaches it."""
 
     id: int
     keep: frozenset[str]
+    from_attempt: int | None = None
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ def enter_placing(c: "ControllerCore", now: float) -> None:
     """A new attempt: its place in the history now; what it restores once storage has said (`restore_read`)."""
     from outlast.controller.core import new_collectives
 
-    checkpoints.remove_uncommitted(c)
     number = c.book.begin_attempt(c.wall())
+    checkpoints.remove_uncommitted(c, from_attempt=number)
     c.attempt = AttemptState(number=number, started_at=now)
     c.commits = CommitTracker(c.plan.world_size)
     c.collectives = new_collectives(c)

@@ -50,7 +50,7 @@ def _perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.Stor
         return fx.StorageDone(effect.id)
     if isinstance(effect, fx.RemoveUncommitted):
         try:
-            retry()(store.remove_uncommitted, set(effect.keep))
+            retry()(store.remove_uncommitted, set(effect.keep), effect.from_attempt)
         except OSError as e:  # garbage left for the next time; nothing is lost
             return fx.StorageDone(effect.id, warning=f"could not remove uncommitted checkpoint directories: {e}")
         return fx.StorageDone(effect.id)

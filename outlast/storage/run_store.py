@@ -78,10 +78,11 @@ class RunStore:
             return None
         return r.decode(data, r.Manifest, self.storage.uri(self.path(checkpoint_dir, r.MANIFEST_NAME)))
 
-    def remove_uncommitted(self, committed: set[str]) -> list[str]:
-        """Delete checkpoint directories that never got a manifest (a crash mid-upload).
+    def remove_uncommitted(self, committed: set[str], from_attempt: int | None = None) -> list[str]:
+        """Delete checkpoint directories that never got a manifest (a crash mid-upload), except those of
+        attempts numbered `from_attempt` or higher.
 
-        Call only while no worker of this run is alive: an upload in flight has no
+        Only while no worker of an attempt below `from_attempt` is alive: an upload in flight has no
         manifest yet either.
         """
         removed: list[str] = []
@@ -89,6 +90,8 @@ class RunStore:
             return removed
         for name in self.storage.list_dirs(self.run_dir):
             if not r.is_checkpoint_dir_name(name) or name in committed:
+                continue
+            if from_attempt is not None and int(name.split("_")[1]) >= from_attempt:
                 continue
             if self.storage.exists(self.path(name, r.MANIFEST_NAME)):
                 continue
