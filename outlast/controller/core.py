@@ -75,6 +75,9 @@ class ControllerCore:
         self.storage_slow: fx.StorageSlow | None = None  # the call storage has been slow on, while it goes on
         self.committing: dict[int, checkpoints.Committing] = {}  # manifests being written, by effect id
         self.reading_back: dict[str, PendingCheckpoint] = {}  # checkpoints whose stored copies are being read
+        # CheckUploads asked, by effect id: (attempt, rank, report index, checkpoint) of an upload whose rank
+        # exited before its UploadDone came
+        self.checking_uploads: dict[int, tuple[int, int, int, str]] = {}
         self._next_id = 0
         self.written_latest = plan.book.state.latest_checkpoint  # as the last run state handed to storage named it
         self.out: list[Effect | fx.StorageEffect] = []

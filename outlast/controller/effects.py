@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from outlast.protocol.messages import FileEntry
 from outlast.storage.records import Manifest
 
 # ---- effects out ------------------------------------------------------------------------
@@ -73,7 +74,8 @@ class ReadChecksums:
 
 @dataclass(frozen=True)
 class CheckUploads:
-    """Are these files in storage at these sizes? For an upload whose done message never came."""
+    """Are these files in storage at these sizes? For an asynchronous upload whose rank exited before its
+    done message came. Answered with `UploadsFound`."""
 
     id: int
     checkpoint_dir: str
@@ -137,11 +139,22 @@ StorageEvent = Union[StorageDone, StorageFailed, StorageSlow]
 
 
 @dataclass(frozen=True)
+class UploadsFound:
+    """What `CheckUploads` found: `files` with their checksums (of the stored bytes) when every one is
+    there at its size; else `missing`, each "path: why"."""
+
+    files: tuple[FileEntry, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ManifestRead:
     """One candidate of `ReadManifests`: `ranks` when readable, `skip` when it cannot be restored,
-    `unreadable` when storage failed (it is restored all the same: its workers retry)."""
+    `unreadable` when storage failed (it is restored all the same: its workers retry), `newer` when a newer
+    outlast wrote it (the run stops)."""
 
     checkpoint_dir: str
     ranks: tuple[int, ...] | None = None
     skip: str | None = None
     unreadable: str | None = None
+    newer: str | None = None

@@ -244,7 +244,7 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s:
+    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads:
         checkpoints.finish_without_last_messages(c, a)
 
 

@@ -284,3 +284,24 @@ def test_the_clean_up_a_restart_asks_for_spares_the_new_attempts_uploads_when_sl
     h.release(removal)
     assert not storage.exists("run/checkpoint_001_000003")
     assert storage.read_bytes("run/checkpoint_002_000000/model.pt") == b"attempt 2, uploading"
+
+
+def test_a_restore_that_finds_the_manifest_rewritten_by_a_newer_outlast_stops_the_run_saying_so():
+    """Neither skipped (restarting from an older checkpoint would lose the newer run's work) nor restored."""
+    import json
+
+    h, placement = started(max_failures=1)
+    report(h, 0, 0)
+    report(h, 1, 0)
+    h.release()
+    storage = h.core.book.store.storage
+    path = f"run/checkpoint_001_000000/{MANIFEST_NAME}"
+    doc = json.loads(storage.read_bytes(path))
+    storage.write_atomic(path, json.dumps({**doc, "version": doc["version"] + 1}).encode())
+    for rank, node_id in placement.items():
+        h.agent(node_id, h.exited(rank, node_id, code=1))
+    h.release()
+    assert h.state is State.ERRORED
+    assert "written by a newer outlast" in str(h.core.error) and "upgrade outlast" in str(h.core.error)
+    assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000" and not h.core.book.state.skipped_checkpoints
+    assert json.loads(storage.read_bytes(path))["version"] == doc["version"] + 1
