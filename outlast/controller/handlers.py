@@ -8,6 +8,7 @@ event's type.
 from __future__ import annotations
 
 import logging
+import signal
 from typing import TYPE_CHECKING
 
 from outlast.controller import checkpoints, lifecycle, on_workers
@@ -155,8 +156,7 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
     p = lifecycle.preemption(c)
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)
-    elif failed and not (s.kind is State.RESTARTING and ev.error is None and ev.signal is not None):
-        # (while restarting, a death by a signal alone is our own stop: SIGTERM, or SIGKILL after its grace)
+    elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
         on_failure(c, _failure_record(ev, c.wall()))
     elif s.kind in _PREEMPTED:
         # The others go on saving; if every rank returns, the training is over and the run finishes.
@@ -173,6 +173,16 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
             lifecycle.go(c, Event.ALL_EXITED, st.Finishing(since=c.now))
     elif c.state.kind.is_terminal:
         lifecycle.close_if_stopped(c, c.now)
+
+
+def _our_stop(c: "ControllerCore", a: AttemptState, ev: m.WorkerExited) -> bool:
+    """A death by a signal alone that our stop explains: SIGTERM, or SIGKILL once its grace is over. A SIGKILL
+    before that is someone else's (a kill -9, the kernel), and a failure of its own."""
+    if ev.error is not None or ev.signal is None:
+        return False
+    if ev.signal != signal.SIGKILL:
+        return True
+    return a.stopped_at is not None and c.now >= a.stopped_at + c.plan.timeouts.teardown_grace_s
 
 
 def lose_preempted_rank(c: "ControllerCore", a: AttemptState, p: Preemption, ev: m.WorkerExited,

@@ -144,7 +144,9 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
         return
     p = c.plan
     preemption = s.preemption
-    if preemption is not None and a.failed and not caused_by_drain(a.failures, {*preemption.node_ids}):
+    # Its teardown counts too: a rank that a stop cannot end (stuck in the kernel), or killed by someone else
+    # before the stop's grace was over, has a cause of its own, even once the drain's checkpoint is committed.
+    if preemption is not None and a.failures and not caused_by_drain(a.failures, {*preemption.node_ids}):
         log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "
                     "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
         preemption = None
@@ -197,6 +199,8 @@ def stop_workers(c: "ControllerCore") -> None:
     if a is None:
         return
     answer(c, c.horizons.release())  # no rank waits on a decision while it is stopped
+    if a.stopped_at is None:
+        a.stopped_at = c.now
     stop = m.StopWorkers(run_id=c.run_id, attempt=a.number, grace_s=c.plan.timeouts.teardown_grace_s)
     for node_id in sorted(set(a.placement.values())):
         if node_id in c.nodes.heard:

@@ -77,6 +77,7 @@ class AttemptState:
     preemption: "Preemption | None" = None
     failed: bool = False  # a failure ended it (not a preemption's restart, whose teardown may fail too)
     checkpoint_queries: dict[int, int] = field(default_factory=dict)  # rank -> its reports, until answered
+    stopped_at: float | None = None  # when its workers were first told to stop (SIGTERM, SIGKILL after the grace)
 
     def ranks_on(self, node_ids) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)

@@ -50,6 +50,10 @@ HOLD = [
     # A relaunched driver's spawn was taken at once on a node where the dead driver's rank, SIGKILLed, is stuck
     # in the kernel: the new attempt started beside it (the node now holds the spawn until it has exited).
     pytest.param(876, id="unkillable-placed-beside-876"),
+    # A preempted attempt's teardown: a rank killed -9 by someone else before the stop's grace was over was taken
+    # for the stop (1561), and a rank the stop could not end, on a node not drained, was charged to the drain (799).
+    pytest.param(1561, id="sigkill-before-the-grace-taken-for-the-stop-1561"),
+    pytest.param(799, id="unkillable-in-a-preempted-teardown-799"),
 ]
 
 
@@ -144,6 +148,5 @@ def test_edge_schedules_reach_every_new_fault():
     assert summary["outcomes"].get("finished", 0) > 100 and summary["outcomes"].get("aborted", 0) > 10
 
 
-@pytest.mark.xfail(strict=True, reason="open: the seeds above, and their kin")
 def test_three_hundred_edge_schedules_hold_every_invariant():
     assert run_many(0, 300, jobs=1, edges=True)["violations"] == 0

@@ -248,3 +248,57 @@ def test_without_until_the_commit_a_saved_run_with_nowhere_to_go_trains_on():
     _jit_report(h, 1, 0, checkpoint=False)
     assert h.state is State.SAVED
     assert [x.index for x in h.to_rank(0) if isinstance(x, m.Committed)] == [0]
+
+
+# ---- the teardown of a preempted attempt ------------------------------------------------------
+
+
+def _killed(h, rank, node_id, sig=9, error=None):
+    return h.agent(node_id, m.WorkerExited(run_id=h.core.run_id, attempt=h.core.attempt.number, rank=rank,
+                                           pid=100 + rank, exit_code=None, signal=sig, error=error, node_id=node_id))
+
+
+def _saved_and_restarting(h, placement):
+    """Node 0 drains, the just-in-time checkpoint commits, and the attempt restarts for the drain."""
+    for rank in (0, 1):
+        ask(h, rank, 0)
+    drain(h, placement[0], deadline_s=30.0)
+    for rank in (0, 1):
+        ask(h, rank, 1)
+    _jit_report(h, 0, 0, checkpoint=True)
+    _jit_report(h, 1, 0, checkpoint=False)
+    assert h.state is State.RESTARTING and h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+
+
+def test_a_sigkill_before_the_stops_grace_is_over_is_not_the_stop_but_a_failure_of_its_own():
+    """Sim seed 1561: a rank killed -9 by someone else while the attempt is being stopped."""
+    h = make(nodes=("n1", "n2", "n3"), max_failures=2, max_preemption_failures=5)
+    placement = start(h)
+    _saved_and_restarting(h, placement)
+    _killed(h, 1, placement[1], sig=9)  # at once: the agent sends SIGKILL only once the grace is over
+    _killed(h, 0, placement[0], sig=15)
+    assert h.core.attempt.number == 2
+    assert h.core.book.failures_this_launch("worker") == 1 and h.core.book.failures_this_launch("preemption") == 0
+
+
+def test_a_sigkill_once_the_stops_grace_is_over_is_the_stop():
+    h = make(nodes=("n1", "n2", "n3"), max_failures=0, max_preemption_failures=5)
+    placement = start(h)
+    _saved_and_restarting(h, placement)
+    h.step(dt=h.core.plan.timeouts.teardown_grace_s)
+    _killed(h, 1, placement[1], sig=9)
+    _killed(h, 0, placement[0], sig=15)
+    assert h.core.attempt.number == 2 and h.core.book.failures_this_launch("preemption") == 1
+
+
+def test_a_rank_no_stop_could_end_on_a_node_not_drained_is_charged_to_max_failures():
+    """Sim seed 799: stuck in the kernel, given up by its node after the drain's checkpoint was committed."""
+    h = make(nodes=("n1", "n2", "n3"), max_failures=2, max_preemption_failures=5)
+    placement = start(h)
+    _saved_and_restarting(h, placement)
+    _killed(h, 0, placement[0], sig=15)
+    h.step(dt=30.0)
+    _killed(h, 1, placement[1], error=m.WorkerError(exc_type="Unkillable", message="pid 101 did not die",
+                                                    traceback="", phase="node"))
+    assert h.core.attempt.number == 2
+    assert h.core.book.failures_this_launch("worker") == 1 and h.core.book.failures_this_launch("preemption") == 0
