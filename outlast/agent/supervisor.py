@@ -311,7 +311,7 @@ class Supervisor:
         text = (f"pid {w.pid}, {who} of run {w.run_id}, did not die {waited_s:.0f} s after SIGKILL: it is stuck "
                 f"in the kernel (an NFS or FUSE read, a GPU fault, a frozen cgroup); node {self.node_id} takes no new "
                 "work until it is restarted")
-        error = m.WorkerError(exc_type="Unkillable", message=text, traceback="", phase="node")
+        error = m.WorkerError(exc_type=FailureKind.UNKILLABLE, message=text, traceback="", phase="node")
         return [Warn(text), GiveUpNode(text)] + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid,
                                                                    None, signal.SIGKILL, error, w.kill_report)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 from typing import TYPE_CHECKING
 
 from outlast.controller import checkpoints, resize
@@ -22,6 +23,7 @@ from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.errors import TrainingFailedError
+from outlast.protocol.kinds import FailureKind
 from outlast.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -144,9 +146,11 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
         return
     p = c.plan
     preemption = s.preemption
-    # Its teardown counts too: a rank that a stop cannot end (stuck in the kernel), or killed by someone else
-    # before the stop's grace was over, has a cause of its own, even once the drain's checkpoint is committed.
-    if preemption is not None and a.failures and not caused_by_drain(a.failures, {*preemption.node_ids}):
+    # Its teardown counts too: a rank that the stop could not end (stuck in the kernel), or killed by someone
+    # else before the stop's grace was over, has a cause of its own, even once the drain's checkpoint is committed.
+    own = a.failed or any(f.exc_type == FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.exc_type is None)
+                          for f in a.failures)
+    if preemption is not None and own and not caused_by_drain(a.failures, {*preemption.node_ids}):
         log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "
                     "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
         preemption = None

@@ -19,6 +19,7 @@ class FailureKind(enum.StrEnum):
     HANG = "Hang"  # a rank made no progress for the hang timeout
     FORK_SERVER_DIED = "ForkServerDied"  # the node's fork server died, and its workloads with it
     CORRUPT_CHECKPOINT = "CorruptCheckpointError"  # the checkpoint to restore does not verify
+    UNKILLABLE = "Unkillable"  # a workload SIGKILL did not end, given up by its node
 
 
 # Kinds about a node, not about one process of the user's.

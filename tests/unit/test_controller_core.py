@@ -207,6 +207,7 @@ def test_a_rank_killed_after_the_stops_grace_is_the_teardown_not_a_failure_that_
             break
     assert h.state is State.RESTARTING
     # Rank 1 ignored the stop's SIGTERM; the agent's SIGKILL after the grace ended it.
+    h.step(dt=h.core.plan.timeouts.teardown_grace_s)
     h.agent(placement[1], msgspec.structs.replace(h.exited(1, placement[1]), exit_code=None, signal=9))
     assert h.core.attempt.number == 2
     assert h.core.book.state.failure_counts == {"preemption": 1}
