@@ -176,11 +176,12 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
 
 
 def _our_stop(c: "ControllerCore", a: AttemptState, ev: m.WorkerExited) -> bool:
-    """A death by a signal alone that our stop explains: SIGTERM, or SIGKILL once its grace is over. A SIGKILL
-    before that is someone else's (a kill -9, the kernel), and a failure of its own."""
+    """A death by a signal alone that our stop explains: SIGTERM; SIGKILL once its grace is over, or of a rank
+    whose start its agent never told (born after the stop, the agent kills it at once). A SIGKILL of a started
+    rank before the grace is over is someone else's (a kill -9, the kernel), and a failure of its own."""
     if ev.error is not None or ev.signal is None:
         return False
-    if ev.signal != signal.SIGKILL:
+    if ev.signal != signal.SIGKILL or ev.rank not in a.pids:
         return True
     return a.stopped_at is not None and c.now >= a.stopped_at + c.plan.timeouts.teardown_grace_s
 

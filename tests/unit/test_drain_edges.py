@@ -259,8 +259,9 @@ def _killed(h, rank, node_id, sig=9, error=None):
 
 
 def _saved_and_restarting(h, placement):
-    """Node 0 drains, the just-in-time checkpoint commits, and the attempt restarts for the drain."""
+    """Both ranks started, node 0 drains, the just-in-time checkpoint commits, and the attempt restarts."""
     for rank in (0, 1):
+        h.agent(placement[rank], m.WorkerStarted(run_id=h.core.run_id, attempt=1, rank=rank, pid=100 + rank))
         ask(h, rank, 0)
     drain(h, placement[0], deadline_s=30.0)
     for rank in (0, 1):
@@ -279,6 +280,18 @@ def test_a_sigkill_before_the_stops_grace_is_over_is_not_the_stop_but_a_failure_
     _killed(h, 0, placement[0], sig=15)
     assert h.core.attempt.number == 2
     assert h.core.book.failures_this_launch("worker") == 1 and h.core.book.failures_this_launch("preemption") == 0
+
+
+def test_a_sigkill_of_a_rank_born_after_the_stop_is_the_stop():
+    """Its agent kills it at once, and never told it started (sim seed 5762)."""
+    h = make(nodes=("n1", "n2", "n3"), max_failures=0, max_preemption_failures=5)
+    placement = start(h)
+    drain(h, placement[0], deadline_s=0.0)
+    h.step(dt=0.2)
+    assert h.state is State.RESTARTING
+    _killed(h, 1, placement[1], sig=9)
+    _killed(h, 0, placement[0], sig=15)
+    assert h.core.attempt.number == 2 and h.core.book.failures_this_launch("worker") == 0
 
 
 def test_a_sigkill_once_the_stops_grace_is_over_is_the_stop():
