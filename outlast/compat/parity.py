@@ -54,9 +54,10 @@ def _torch():
 
 _OUTLAST_URL = "give storage paths as URLs (s3://bucket/prefix, gs://...)"
 NOTES: dict[str, Note] = {
-    "report.checkpoint_dir_name": Note(DIFFERS, "outlast names the directory checkpoint_AAA_IIIIII (its recovery finds "
-                                                "checkpoints by that name); the name given is kept in the checkpoint's "
-                                                "metadata, `get_metadata()['checkpoint_dir_name']`"),
+    "report.checkpoint_dir_name": Note(DIFFERS, "the checkpoint is stored under the name given, as on Ray. A name the run "
+                                                "already holds (Ray writes the files over it), or that is not one "
+                                                "directory name, raises CheckpointNameError before anything is written; "
+                                                "ranks with files for one report pass the same name (Ray takes rank 0's)"),
     "report.checkpoint_upload_fn": Note(UNSUPPORTED, "", lambda: _train().report({}, checkpoint_upload_fn=print)),
     "report.validation": Note(UNSUPPORTED, "", lambda: _train().report({}, validation=True)),
     "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, ordered as Ray orders them "

@@ -6,12 +6,12 @@ import logging
 
 import msgspec
 
-from outlast.storage import records as r
+from outlast.storage import naming, records as r
 from outlast.storage.base import Storage, StorageError, StorageFenced
 from outlast.storage.conditional import conditional
 from outlast.storage.lease import Lease
 
-LEASE_NAME = "driver_lease.json"
+LEASE_NAME = r.LEASE_NAME
 
 log = logging.getLogger("outlast.storage")
 
@@ -78,6 +78,12 @@ class RunStore:
             return None
         return r.decode(data, r.Manifest, self.storage.uri(self.path(checkpoint_dir, r.MANIFEST_NAME)))
 
+    def checkpoint_dirs(self) -> list[str]:
+        """The run's checkpoint directories, committed or not: outlast's own names, and named ones by their
+        marker. Anything else under the run's directory is the user's, and left alone."""
+        return [name for name in self.storage.list_dirs(self.run_dir)
+                if naming.is_default_name(name) or self.storage.exists(self.path(name, naming.MARKER_NAME))]
+
     def remove_uncommitted(self, committed: set[str]) -> list[str]:
         """Delete checkpoint directories that never got a manifest (a crash mid-upload).
 
@@ -87,8 +93,8 @@ class RunStore:
         removed: list[str] = []
         if not self._may_write("(removing) uncommitted checkpoints"):
             return removed
-        for name in self.storage.list_dirs(self.run_dir):
-            if not r.is_checkpoint_dir_name(name) or name in committed:
+        for name in self.checkpoint_dirs():
+            if name in committed:
                 continue
             if self.storage.exists(self.path(name, r.MANIFEST_NAME)):
                 continue
