@@ -20,6 +20,7 @@ import zmq
 
 from outlast.faults import fault_point
 from outlast.protocol import messages as m
+from outlast.protocol.messages import ALLGATHER, read_gathered
 from outlast.protocol.transport import TO_WORKER, encode
 from outlast.storage import naming
 from outlast.storage.base import Storage, StorageError
@@ -179,10 +180,12 @@ class WorkerSession:
     def collective(self, op: str, obj: Any = None) -> Any:
         # With relaxed collectives any rank may be the source (the lowest that survives), so all send.
         source = self.context.world_rank == 0 or self._relaxed
-        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) else None
+        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) or op == ALLGATHER else None
         reply = self._run(self._core.collective(op, payload, time.monotonic()))
         if op == "broadcast":
             return cloudpickle.loads(reply) if reply is not None else None
+        if op == ALLGATHER:
+            return {rank: cloudpickle.loads(data) for rank, data in sorted(read_gathered(reply).items())}
         return None
 
     # -- end of the train function ------------------------------------------------
