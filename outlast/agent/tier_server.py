@@ -1,12 +1,14 @@
 """A node's tier server: keeps checkpoint copies in memory and trades them with peers.
 
-Two threads of the agent's process, neither of them its poll loop, which never waits on
+Three threads of the agent's process, none of them its poll loop, which never waits on
 a copy. The server thread owns a ROUTER socket (CURVE, the cluster key: the same
 authenticator as the agent's) and answers what takes a chunk's time at most: a peer's offer
-and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold thread does
+and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
 what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the replica to
 the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
-took) goes back through the server thread once the replica is there or has failed.
+took) goes back through the server thread once the replica is there or has failed. A hold
+without a peer (a copy in, which a commit waits for) has a thread of its own, so that it never
+waits behind another checkpoint's replica.
 """
 
 from __future__ import annotations
@@ -41,12 +43,18 @@ class TierServer:
         self._sock, self.address = bind_router(ctx, host, port, key)
         self._replies = f"inproc://outlast-tier-{id(self)}"
         self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
+        # Copies in from this node's own ranks, which a commit may wait for, never queue behind a replica's
+        # transfer to a peer: a thread of their own.
+        self._copies: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         self._writing: dict[tuple[bytes, CopyKey], dict[str, int]] = {}  # offers being received: path -> fd
         self._stop = threading.Event()
         self._inbox = ctx.socket(zmq.PULL)
         self._inbox.bind(self._replies)
         self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
-                         threading.Thread(target=self._hold_loop, name="outlast-tier-hold", daemon=True)]
+                         threading.Thread(target=self._hold_loop, args=(self._holds,), name="outlast-tier-hold",
+                                         daemon=True),
+                         threading.Thread(target=self._hold_loop, args=(self._copies,), name="outlast-tier-copy",
+                                         daemon=True)]
 
     def start(self) -> "TierServer":
         for t in self._threads:
@@ -56,6 +64,7 @@ class TierServer:
     def stop(self) -> None:
         self._stop.set()
         self._holds.put(None)
+        self._copies.put(None)
         for t in self._threads:
             t.join(timeout=10)
 
@@ -91,7 +100,8 @@ class TierServer:
     def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
         node = self.store.node_id
         if isinstance(msg, (m.TierHold, m.TierPull)):
-            self._holds.put((ident, msg, time.monotonic()))
+            local = isinstance(msg, m.TierHold) and not msg.peer_address
+            (self._copies if local else self._holds).put((ident, msg, time.monotonic()))
             return None
         if isinstance(msg, m.TierList):
             with self._lock:
@@ -158,12 +168,12 @@ class TierServer:
 
     # -- the hold thread ----------------------------------------------------------------------
 
-    def _hold_loop(self) -> None:
+    def _hold_loop(self, todo: queue.Queue) -> None:
         out = self._ctx.socket(zmq.PUSH)
         out.connect(self._replies)
         peers: dict[str, zmq.Socket] = {}
         try:
-            while (item := self._holds.get()) is not None:
+            while (item := todo.get()) is not None:
                 ident, hold, asked_at = item
                 try:
                     reply = self._pull(hold, asked_at) if isinstance(hold, m.TierPull) else \

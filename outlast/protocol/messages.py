@@ -411,6 +411,7 @@ class Report(Msg):
     saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
+    local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
 
 
 class RestoreProgress(Msg):
