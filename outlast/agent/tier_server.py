@@ -23,7 +23,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.tier_client import TransferError, fetch, push
+from outlast.agent.tier_client import TransferError, chunk_frames, fetch, file_view, push, write_all
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
@@ -81,14 +81,21 @@ class TierServer:
                         ident, data = self._inbox.recv_multipart()
                         self._sock.send_multipart([ident, data])
                         continue
-                    ident, data = self._sock.recv_multipart()
+                    frames = self._sock.recv_multipart(copy=False)
+                    if len(frames) < 2:
+                        continue
+                    ident = frames[0].bytes
                     try:
-                        msg = TIER_REQUESTS.decode(data)
+                        msg = TIER_REQUESTS.decode(frames[1].bytes)
                     except BadMessage as e:
                         log.warning("dropped a malformed tier request: %s", e)
                         continue
-                    reply = self._handle(ident, msg)
-                    if reply is not None:
+                    # A chunk's bytes are the frame after it (tier_client.chunk_frames), written from there.
+                    payload = frames[2].buffer if len(frames) > 2 else getattr(msg, "data", b"")
+                    reply = self._handle(ident, msg, payload)
+                    if isinstance(reply, tuple):
+                        self._sock.send_multipart([ident, *chunk_frames(*reply)], copy=False)
+                    elif reply is not None:
                         self._sock.send_multipart([ident, encode(reply)])
         finally:
             for fds in self._writing.values():
@@ -97,7 +104,8 @@ class TierServer:
             self._sock.close(linger=0)
             self._inbox.close(linger=0)
 
-    def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
+    def _handle(self, ident: bytes, msg: m.TierRequest, payload: memoryview | bytes = b"",
+                ) -> m.TierReply | tuple[m.TierChunk, memoryview] | None:
         node = self.store.node_id
         if isinstance(msg, (m.TierHold, m.TierPull)):
             local = isinstance(msg, m.TierHold) and not msg.peer_address
@@ -138,7 +146,7 @@ class TierServer:
             fds = self._writing.get((ident, key), {})
             if msg.path not in fds:
                 return m.TierStored(**ids, node_id=node, ok=False, reason=f"no offer of {msg.path} is open")
-            os.pwrite(fds[msg.path], msg.data, msg.offset)
+            write_all(fds[msg.path], payload, msg.offset)
             return m.TierAck(**ids, path=msg.path, offset=msg.offset)
         if isinstance(msg, m.TierOfferEnd):
             for fd in self._writing.pop((ident, key), {}).values():
@@ -150,7 +158,7 @@ class TierServer:
             return self._fetch(key, msg)
         return None
 
-    def _fetch(self, key: CopyKey, msg: m.TierFetch) -> m.TierReply:
+    def _fetch(self, key: CopyKey, msg: m.TierFetch) -> m.TierReply | tuple[m.TierChunk, memoryview]:
         ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)
         with self._lock:
             record, where = self.store.record(key), self.store.path(key)
@@ -160,11 +168,10 @@ class TierServer:
         if not msg.path:
             return m.TierOffer(**ids, seq=record.seq, files=record.files, primary=record.primary)
         try:
-            with open(where / msg.path, "rb") as f:
-                data = os.pread(f.fileno(), msg.length, msg.offset)
-        except OSError as e:
+            view = file_view(where / msg.path)
+        except (OSError, ValueError) as e:
             return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=f"cannot read {msg.path}: {e}")
-        return m.TierChunk(**ids, path=msg.path, offset=msg.offset, data=data)
+        return m.TierChunk(**ids, path=msg.path, offset=msg.offset), view[msg.offset:msg.offset + msg.length]
 
     # -- the hold thread ----------------------------------------------------------------------
 

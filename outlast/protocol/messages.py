@@ -599,7 +599,7 @@ class TierChunk(Msg):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one (tier_client.chunk_frames)
 
 
 class TierAck(Msg):
