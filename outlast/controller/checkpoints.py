@@ -83,9 +83,10 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
 
 
 def in_progress(c: "ControllerCore") -> set[str]:
-    """Checkpoints whose commit has begun and not ended: their directories are not garbage."""
+    """Checkpoints whose commit has begun and not ended, or whose uploads storage is asked about: their
+    directories are not garbage."""
     return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()} \
-        | memory_holds.pending_in_memory(c)
+        | {name for _, _, _, name in c.checking_uploads.values()} | memory_holds.pending_in_memory(c)
 
 
 def unsettled_below(c: "ControllerCore", a: AttemptState, index: int) -> bool:
@@ -189,6 +190,38 @@ def tell_ranks(c: "ControllerCore", committing: Committing) -> None:
         c.send_to_rank(rank, reply, attempt=committing.attempt)
 
 
+def check_uploads_of(c: "ControllerCore", a: AttemptState, rank: int) -> None:
+    """`rank` exited cleanly, and so every upload it began has ended; those whose UploadDone has not come
+    may have lost it at the exit (the upload thread's socket). Storage says whether their files are there."""
+    asked = {(r, i) for n, r, i, _ in c.checking_uploads.values() if n == a.number}
+    for pending in c.commits.awaiting_uploads_of(rank):
+        files = tuple((f.path, f.size) for f in pending.began_with.get(rank, []))
+        if not files or (rank, pending.index) in asked:  # a staged save writes its files after the report
+            continue
+        effect_id = c.ask_storage(lambda i, p=pending: fx.CheckUploads(i, p.checkpoint_dir, files),
+                                  _uploads_checked)
+        c.checking_uploads[effect_id] = (a.number, rank, pending.index, pending.checkpoint_dir)
+
+
+def _uploads_checked(c: "ControllerCore", done: fx.StorageDone) -> None:
+    number, rank, index, name = c.checking_uploads.pop(done.id)
+    found: fx.UploadsFound = done.value
+    a = c.attempt
+    if a is None or a.number != number or not any(p.index == index for p in c.commits.awaiting_uploads_of(rank)):
+        return  # its UploadDone came meanwhile, or the attempt is over
+    c.uploads.on_upload_done(rank, index)
+    error = None
+    if found.missing:
+        error = (f"rank {rank} exited before its asynchronous upload said it was done, and storage does not hold "
+                 f"what the upload began with: {'; '.join(found.missing)}")
+    else:
+        log.info("checkpoint %s: rank %d exited before its asynchronous upload said it was done; storage holds "
+                 "all %d files it began with, at their sizes", name, rank, len(found.files))
+    for pending in c.commits.on_upload_done(rank, index, name, list(found.files), error):
+        begin_commit(c, pending)
+    on_workers.finish_if_settled(c, a)
+
+
 def fail_commit(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, reason: str) -> None:
     log.error("checkpoint %s not committed (the latest committed one stays %s): %s",
               pending.checkpoint_dir, c.book.state.latest_checkpoint, reason)
@@ -223,6 +256,10 @@ def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.
         fail_commit(c, committing.pending, committing.attempt, f"storage failed {failed.what}: {failed.error}")
     if isinstance(effect, fx.ReadChecksums):
         c.reading_back.pop(effect.checkpoint_dir, None)
+    if isinstance(effect, fx.CheckUploads):  # not a write: the checkpoint is not committed, the run goes on
+        _uploads_checked(c, fx.StorageDone(failed.id, fx.UploadsFound(
+            missing=(f"storage failed {failed.what}: {failed.error}",))))
+        return
     if not c.state.kind.is_terminal:
         lifecycle.give_up(c, said)
     elif c.error is None:
@@ -249,10 +286,12 @@ def apply_retention(c: "ControllerCore") -> None:
         c.ask_storage(lambda i, name=d.checkpoint_dir: fx.DeleteCheckpoint(i, name))
 
 
-def remove_uncommitted(c: "ControllerCore") -> None:
-    """Only while no worker of this run is alive: an upload in flight has no manifest yet either."""
+def remove_uncommitted(c: "ControllerCore", from_attempt: int | None = None) -> None:
+    """Only while no worker of an attempt before `from_attempt` is alive: an upload in flight has no manifest
+    yet either. Storage may reach it late (effects go in order, and it may be slow), so the directories of
+    `from_attempt` and later, whose ranks may have started by then, are never garbage to it."""
     keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | in_progress(c))
-    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep))
+    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep, from_attempt))
 
 
 # ---- what a new attempt restores ------------------------------------------------------------
@@ -285,6 +324,9 @@ def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState,
         read_restorable(c, a)
         return
     for read in done.value:
+        if read.newer is not None:
+            lifecycle.give_up(c, read.newer)
+            return
         if read.ranks is not None:
             lifecycle.restore_read(c, a, read.checkpoint_dir, set(read.ranks))
             return
@@ -301,8 +343,10 @@ def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState,
 
 
 def finish_without_last_messages(c: "ControllerCore", a: AttemptState) -> None:
-    log.warning("finishing without the last messages of ranks %s%s",
-                sorted(set(range(c.plan.world_size)) - a.done),
-                "; an asynchronous upload never said it was done, so its checkpoint is not committed"
-                if c.commits.uploads_in_flight else "")
+    unsaid = [f"{p.checkpoint_dir} of ranks {sorted(p.awaiting)}" for r in range(c.plan.world_size)
+              for p in c.commits.awaiting_uploads_of(r) if min(p.awaiting) == r]
+    log.warning("finishing without the last messages of ranks %s%s", sorted(set(range(c.plan.world_size)) - a.done),
+                f"; asynchronous uploads never said they were done, and their files were not known when they began "
+                f"(a staged save writes them later), so these checkpoints are not committed: {', '.join(unsaid)}"
+                if unsaid else "")
     lifecycle.finish(c)

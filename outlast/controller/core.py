@@ -79,6 +79,9 @@ class ControllerCore:
         self.tier_asks: dict[int, memory_holds.OnTier | None] = {}  # asked of nodes' tiers, not yet answered
         self.local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
         self.tier_said: set[str] = set()  # why a copy was not kept in memory, each said once
+        # CheckUploads asked, by effect id: (attempt, rank, report index, checkpoint) of an upload whose rank
+        # exited before its UploadDone came
+        self.checking_uploads: dict[int, tuple[int, int, int, str]] = {}
         self._next_id = 0
         self.written_latest = plan.book.state.latest_checkpoint  # as the last run state handed to storage named it
         self.out: list[Effect | fx.StorageEffect] = []

@@ -240,7 +240,7 @@ def encode_compact(doc: msgspec.Struct) -> bytes:
     return msgspec.json.encode(doc)
 
 
-class _Versioned(msgspec.Struct):
+class Versioned(msgspec.Struct):
     version: int = SCHEMA_VERSION
 
 
@@ -249,7 +249,7 @@ def decode(data: bytes, kind: type, where: str) -> Any:
     # to upgrade rather than that the file is corrupt.
     newest = MANIFEST_VERSION if kind is Manifest else SCHEMA_VERSION
     try:
-        version = msgspec.json.decode(data, type=_Versioned).version
+        version = msgspec.json.decode(data, type=Versioned).version
     except (msgspec.DecodeError, msgspec.ValidationError):
         version = newest
     if version > newest:

@@ -9,7 +9,7 @@ import msgspec
 from outlast.storage import records as r
 from outlast.storage.base import Storage, StorageError, StorageFenced
 from outlast.storage.conditional import conditional
-from outlast.storage.lease import Lease
+from outlast.storage.lease import LEASE_VERSION, Lease
 
 LEASE_NAME = "driver_lease.json"
 
@@ -78,10 +78,11 @@ class RunStore:
             return None
         return r.decode(data, r.Manifest, self.storage.uri(self.path(checkpoint_dir, r.MANIFEST_NAME)))
 
-    def remove_uncommitted(self, committed: set[str]) -> list[str]:
-        """Delete checkpoint directories that never got a manifest (a crash mid-upload).
+    def remove_uncommitted(self, committed: set[str], from_attempt: int | None = None) -> list[str]:
+        """Delete checkpoint directories that never got a manifest (a crash mid-upload), except those of
+        attempts numbered `from_attempt` or higher.
 
-        Call only while no worker of this run is alive: an upload in flight has no
+        Only while no worker of an attempt below `from_attempt` is alive: an upload in flight has no
         manifest yet either.
         """
         removed: list[str] = []
@@ -89,6 +90,8 @@ class RunStore:
             return removed
         for name in self.storage.list_dirs(self.run_dir):
             if not r.is_checkpoint_dir_name(name) or name in committed:
+                continue
+            if from_attempt is not None and int(name.split("_")[1]) >= from_attempt:
                 continue
             if self.storage.exists(self.path(name, r.MANIFEST_NAME)):
                 continue
@@ -129,10 +132,17 @@ class RunStore:
 
     def read_lease(self) -> tuple[Lease | None, str | None]:
         """The current lease and its version on storage (for `write_lease_if`). An unreadable lease
-        counts as none (a crash mid-write cannot lock a run), but keeps its version."""
+        counts as none (a crash mid-write cannot lock a run), but keeps its version. A lease of a newer
+        version raises `NewerVersionError`: who holds it, and whether it lives, may be said otherwise there."""
         current = self._conditional().read_versioned(self.path(LEASE_NAME))
         if current is None:
             return None, None
+        try:  # the version first: a newer lease may not decode as this one's
+            version = msgspec.json.decode(current.data, type=r.Versioned).version
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            version = LEASE_VERSION
+        if version > LEASE_VERSION:
+            raise r.NewerVersionError(self.storage.uri(self.path(LEASE_NAME)), version, LEASE_VERSION)
         try:
             return msgspec.json.decode(current.data, type=Lease), current.version
         except (msgspec.DecodeError, msgspec.ValidationError):

@@ -27,7 +27,7 @@ from outlast.storage.checksum import hash_file
 from outlast.storage.local import walk_files
 from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
-from outlast.train._uploads import Uploads, dir_bytes
+from outlast.train._uploads import Uploads, dir_bytes, local_files
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
 from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
@@ -110,7 +110,8 @@ class WorkerSession:
             if slot.waits_for_uploads:
                 self._uploads.wait()  # before the Report
             self._run(self._core.report(slot, metrics, checkpoint=True, upload_bytes=nbytes,
-                                        bandwidth_bps=self._uploads.bandwidth_bps))
+                                        bandwidth_bps=self._uploads.bandwidth_bps,
+                                        upload_files=local_files(checkpoint.path) if write is None else None))
             self._uploads.start(slot.index, slot.name, dest, delete, urgent=slot.saw_preemption,
                                 local_dir=checkpoint.path if checkpoint is not None else None, write=write)
             return
