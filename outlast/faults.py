@@ -1,7 +1,8 @@
 """Named fault points, for tests that crash a process at each step of a protocol.
 
 `OUTLAST_FAULT_POINTS="commit.after_manifest=kill,upload.mid=raise"` makes the process
-that reaches a named point kill itself with SIGKILL (or raise). In a worker a point
+that reaches a named point kill itself with SIGKILL (or raise); `drop` tells the caller to
+leave out the message it was about to send, as if it were lost. In a worker a point
 fires in the first attempt only, so the restarted run can show what survived.
 Unset, a fault point costs one dictionary lookup.
 """
@@ -26,10 +27,13 @@ def _points() -> dict[str, str]:
     return _POINTS
 
 
-def fault_point(name: str) -> None:
+def fault_point(name: str) -> bool:
+    """True when the action is `drop`: the caller leaves out what it was about to send."""
     action = _points().get(name)
     if action is None or os.environ.get("OUTLAST_ATTEMPT", "1") != "1":
-        return
+        return False
+    if action == "drop":
+        return True
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFault(f"injected fault at {name}")

@@ -7,6 +7,7 @@ the workloads into candidates, kills the victims' leaves, and names the victims.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from outlast.agent.supervisor import WorkloadView
@@ -18,6 +19,8 @@ from outlast.protocol import messages as m
 
 log = logging.getLogger("outlast.agent")
 
+# A SIGKILLed process leaves its cgroup within milliseconds unless the kernel holds it (D state).
+LEAF_EMPTY_WAIT_S = 1.0
 THRESHOLD_INTERVAL_S = 0.25  # the threshold monitor: shared memory charged outside user/ sends no event
 
 
@@ -51,6 +54,11 @@ class MemoryGuard:
         self.iso.note_reaped(pid)
         if leaf:
             self.iso.kill_leaf(leaf)  # what the worker started and left behind goes with it
+            # The exit is reported after this: the run's fit() may return on it, and nothing the worker
+            # started may outlive that (nor may its empty leaf).
+            deadline = time.monotonic() + LEAF_EMPTY_WAIT_S
+            while self.iso.leaf_pids(leaf) and time.monotonic() < deadline:
+                time.sleep(0.002)
             self.iso.remove_leaf(leaf)
 
     # ---- monitors --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from outlast.agent.gpus import GpuBook
-from outlast.agent.supervisor import UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, spawn_refusal
+from outlast.agent.supervisor import UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, Warn, spawn_refusal
 from outlast.protocol import messages as m
 
 
@@ -52,6 +52,8 @@ class NodeCore:
         self.sup = Supervisor(node_id, unkillable_after_s)
         self.gpus = GpuBook(list(gpu_ids or []))  # which live worker holds which of the node's GPUs
         self.draining: m.NodeDraining | None = None
+        # Spawns that wait for workers of an earlier attempt of their run to exit (run id, attempt) -> (to, spawn)
+        self.held: dict[tuple[str, int], tuple[bytes, m.SpawnWorkers]] = {}
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -59,7 +61,7 @@ class NodeCore:
         """A request about runs and their workloads; None for any other (the agent answers those)."""
         if isinstance(req, m.RunHeartbeat):
             self.sup.heartbeat(to, req.run_id, req.timeout_s, req.last_commit_at, now)
-            return [Send(to, self.pong(head_address))]
+            return [Send(to, self.pong(head_address)), *self._release_held()]
         if isinstance(req, m.Ping):
             return [Send(to, self.pong(head_address))]
         if isinstance(req, m.SpawnWorkers):
@@ -67,9 +69,11 @@ class NodeCore:
         if isinstance(req, m.SpawnTask):
             return self._spawn_task(to, req, now)
         if isinstance(req, m.StopWorkers):
-            return list(self.sup.stop_attempt(req.run_id, req.attempt, req.grace_s, now))
+            return [*self._refuse_held(lambda k: k == (req.run_id, req.attempt), "stopped before its workers started"),
+                    *self.sup.stop_attempt(req.run_id, req.attempt, req.grace_s, now)]
         if isinstance(req, m.EndRun):
-            return [self._finish_output(req.run_id, None), *self.sup.end_run(req.run_id, now)]
+            return [*self._refuse_held(lambda k: k[0] == req.run_id, "ended before its workers started"),
+                    self._finish_output(req.run_id, None), *self.sup.end_run(req.run_id, now)]
         return None
 
     def pong(self, head_address: str = "") -> m.Pong:
@@ -78,11 +82,46 @@ class NodeCore:
     def _spawn(self, to: bytes, req: m.SpawnWorkers, now: float) -> list[NodeEffect]:
         if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, self.pid)) is not None:
             return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))]
+        effects: list[NodeEffect] = list(self.sup.admit(to, req.run_id, now, req.run_key))
+        if blockers := self._earlier_workers(req):
+            # A new attempt never runs beside its run's earlier one (they would share its checkpoint directory
+            # and the node's resources); killed, those go soon, or are given up and the node drains.
+            self.held[(req.run_id, req.attempt)] = (to, req)
+            return effects + [Warn(f"run {req.run_id}: attempt {req.attempt} waits to start here until pids "
+                                   f"{blockers} of an earlier attempt of its run, being killed, have exited")]
+        return effects + self._forks(to, req)
+
+    def _earlier_workers(self, req: m.SpawnWorkers) -> list[int]:
+        """Live workers here of an earlier attempt of `req`'s run, its own or an older driver's (same run key)."""
+        def earlier(w) -> bool:
+            if w.run_id == req.run_id:
+                return w.attempt < req.attempt
+            run = self.sup.runs.get(w.run_id)
+            return bool(req.run_key) and run is not None and run.run_key == req.run_key
+        return sorted(w.pid for w in self.sup.workloads.values() if not w.is_task and earlier(w))
+
+    def _release_held(self) -> list[NodeEffect]:
+        out: list[NodeEffect] = []
+        for key, (to, req) in list(self.held.items()):
+            if not self._earlier_workers(req):
+                del self.held[key]
+                out += self._forks(to, req)
+        return out
+
+    def _refuse_held(self, which, why: str) -> list[NodeEffect]:
+        out: list[NodeEffect] = []
+        for key in [k for k in self.held if which(k)]:
+            to, req = self.held.pop(key)
+            out.append(Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt,
+                                               reason=f"node {self.node_id}: attempt {req.attempt} {why}")))
+        return out
+
+    def _forks(self, to: bytes, req: m.SpawnWorkers) -> list[NodeEffect]:
         envs = self.gpus.worker_envs([(req.run_id, req.attempt, s.rank, "") for s in req.workers],
                                      req.resources.get("GPU", 0.0), req.env)
         if isinstance(envs, str):
             return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=f"node {self.node_id}: {envs}"))]
-        effects: list[NodeEffect] = list(self.sup.admit(to, req.run_id, now, req.run_key))
+        effects: list[NodeEffect] = []
         for spec in req.workers:
             key = (req.run_id, req.attempt, spec.rank, "")
             placement = Placement(world_size=spec.world_size, demand=dict(req.resources))
@@ -110,7 +149,7 @@ class NodeCore:
         # Its last lines, then its exit.
         key = (msg.run_id, msg.attempt, msg.rank, msg.task_id)
         self.gpus.release(key)
-        return [self._finish_output(msg.run_id, key), *self.sup.on_reaped(msg)]
+        return [self._finish_output(msg.run_id, key), *self.sup.on_reaped(msg), *self._release_held()]
 
     def _finish_output(self, run_id: str, key: Key | None) -> FinishOutput:
         run = self.sup.runs.get(run_id)  # before the end is told: that may forget the run
@@ -121,4 +160,5 @@ class NodeCore:
     def drain(self, notice: m.NodeDraining) -> list[NodeEffect]:
         """Take no new workers; tell every run with workloads here (forks on their way included)."""
         self.draining = notice
-        return [Send(run.controller, notice) for run in self.sup.runs_with_workloads()]
+        return [*self._refuse_held(lambda k: True, f"was not started: the node is draining ({notice.message})"),
+                *(Send(run.controller, notice) for run in self.sup.runs_with_workloads())]

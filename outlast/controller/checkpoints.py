@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from outlast.controller import effects as fx
-from outlast.controller import lifecycle, on_workers
+from outlast.controller import lifecycle, memory_holds, on_workers
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.file_merge import DuplicateFiles, MergedFiles, merge_files, settle
@@ -74,7 +74,7 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
         fail_commit(c, pending, a.number, str(e))
         return
     if not merged.conflicts:
-        write_manifest(c, pending, a.number, merged.files)
+        commit_files(c, pending, a.number, merged.files)
         return
     paths = tuple((conflict.path, conflict.entries[0].checksum[0]) for conflict in merged.conflicts)
     c.reading_back[pending.checkpoint_dir] = pending
@@ -83,14 +83,17 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
 
 
 def in_progress(c: "ControllerCore") -> set[str]:
-    """Checkpoints whose commit has begun and not ended: their directories are not garbage."""
-    return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()}
+    """Checkpoints whose commit has begun and not ended, or whose uploads storage is asked about: their
+    directories are not garbage."""
+    return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()} \
+        | {name for _, _, _, name in c.checking_uploads.values()} | memory_holds.pending_in_memory(c)
 
 
 def unsettled_below(c: "ControllerCore", a: AttemptState, index: int) -> bool:
     """Whether a checkpoint of attempt `a` among reports below `index` is neither committed nor refused yet."""
     return c.commits.unsettled_below(index) or any(p.index < index for p in c.reading_back.values()) \
-        or any(x.attempt == a.number and x.pending.index < index for x in c.committing.values())
+        or any(x.attempt == a.number and x.pending.index < index for x in c.committing.values()) \
+        or any(h.attempt == a.number and h.on_all is not None and h.index < index for h in c.holds.values())
 
 
 def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingCheckpoint, attempt: int,
@@ -106,15 +109,45 @@ def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingC
         log.warning("checkpoint %s: %s (this one kept %s)", pending.checkpoint_dir, merged.describe(), kept)
     else:
         log.debug("checkpoint %s kept %s", pending.checkpoint_dir, kept)
-    write_manifest(c, pending, attempt, merged.files)
+    commit_files(c, pending, attempt, merged.files)
 
 
-def write_manifest(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry]) -> None:
-    seq = max([r.seq for r in c.book.state.checkpoints] + [x.manifest.seq for x in c.committing.values()],
-              default=0) + 1
+def _next_seq(c: "ControllerCore") -> int:
+    return max([r.seq for r in c.book.state.checkpoints] + [x.manifest.seq for x in c.committing.values()]
+               + [h.seq for h in c.holds.values()], default=0) + 1
+
+
+def commit_files(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry]) -> None:
+    """The checked files' commit, at the run's level: the manifest now (and copies in memory beside it),
+    or once two nodes keep every rank's files in memory (`memory_holds.py`)."""
+    seq = _next_seq(c)
+    local_dirs = memory_holds.local_dirs_of(c, pending, attempt)
+    if c.plan.checkpoint_storage != memory_holds.MEMORY:
+        write_manifest(c, pending, attempt, files, seq)
+        memory_holds.keep_beside(c, pending, attempt, seq, local_dirs)
+        return
+
+    def held(c: "ControllerCore", h: memory_holds.Holding) -> None:
+        ok, why = memory_holds.in_memory(c, h)
+        if not ok:
+            c.holds.pop(h.checkpoint_dir, None)
+            fail_commit(c, pending, attempt, f"not committed in memory: {why}")
+            return
+        write_manifest(c, pending, attempt, files, seq,
+                       memory=sorted(set().union(*h.holders.values())), durable=False)
+
+    why = memory_holds.commit_in_memory(c, pending, attempt, seq, local_dirs, held)
+    if why is not None:
+        fail_commit(c, pending, attempt, why)
+
+
+def write_manifest(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry], seq: int,
+                   memory: list[str] | None = None, durable: bool = True) -> None:
+    now = c.wall()
     manifest = Manifest(checkpoint_dir=pending.checkpoint_dir, seq=seq, attempt=attempt,
-                        report_index=pending.index, committed_at=c.wall(), ranks=sorted(pending.files), files=files,
-                        metrics=pending.metrics)
+                        report_index=pending.index, committed_at=now, ranks=sorted(pending.files), files=files,
+                        metrics=pending.metrics, memory=memory or [], memory_at=now if memory else None,
+                        durable=durable)
     effect_id = c.ask_storage(lambda i: fx.WriteManifest(i, manifest), _manifest_written)
     c.committing[effect_id] = Committing(pending, attempt, manifest)
 
@@ -126,13 +159,15 @@ def _manifest_written(c: "ControllerCore", done: fx.StorageDone) -> None:
     c.book.record_commit(committing.manifest)
     apply_retention(c)
     a, s = c.attempt, c.state
+    if memory_holds.hold_commit_back(c, pending.checkpoint_dir, committing):
+        return  # its ranks hear it once their nodes have copied their files (memory_holds.py)
     if a is None or a.number != committing.attempt:
         return  # its ranks are gone; the next attempt restores it
-    _tell_ranks(c, committing)
+    tell_ranks(c, committing)
     on_workers.finish_if_settled(c, a)
 
 
-def _tell_ranks(c: "ControllerCore", committing: Committing) -> None:
+def tell_ranks(c: "ControllerCore", committing: Committing) -> None:
     pending, s = committing.pending, c.state
     reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
     if isinstance(s, st.Preempting) and s.preemption.saved_by(pending.index, pending.files, c.horizons.watched):
@@ -153,6 +188,38 @@ def _tell_ranks(c: "ControllerCore", committing: Committing) -> None:
             return
     for rank in sorted(pending.waiting):
         c.send_to_rank(rank, reply, attempt=committing.attempt)
+
+
+def check_uploads_of(c: "ControllerCore", a: AttemptState, rank: int) -> None:
+    """`rank` exited cleanly, and so every upload it began has ended; those whose UploadDone has not come
+    may have lost it at the exit (the upload thread's socket). Storage says whether their files are there."""
+    asked = {(r, i) for n, r, i, _ in c.checking_uploads.values() if n == a.number}
+    for pending in c.commits.awaiting_uploads_of(rank):
+        files = tuple((f.path, f.size) for f in pending.began_with.get(rank, []))
+        if not files or (rank, pending.index) in asked:  # a staged save writes its files after the report
+            continue
+        effect_id = c.ask_storage(lambda i, p=pending: fx.CheckUploads(i, p.checkpoint_dir, files),
+                                  _uploads_checked)
+        c.checking_uploads[effect_id] = (a.number, rank, pending.index, pending.checkpoint_dir)
+
+
+def _uploads_checked(c: "ControllerCore", done: fx.StorageDone) -> None:
+    number, rank, index, name = c.checking_uploads.pop(done.id)
+    found: fx.UploadsFound = done.value
+    a = c.attempt
+    if a is None or a.number != number or not any(p.index == index for p in c.commits.awaiting_uploads_of(rank)):
+        return  # its UploadDone came meanwhile, or the attempt is over
+    c.uploads.on_upload_done(rank, index)
+    error = None
+    if found.missing:
+        error = (f"rank {rank} exited before its asynchronous upload said it was done, and storage does not hold "
+                 f"what the upload began with: {'; '.join(found.missing)}")
+    else:
+        log.info("checkpoint %s: rank %d exited before its asynchronous upload said it was done; storage holds "
+                 "all %d files it began with, at their sizes", name, rank, len(found.files))
+    for pending in c.commits.on_upload_done(rank, index, name, list(found.files), error):
+        begin_commit(c, pending)
+    on_workers.finish_if_settled(c, a)
 
 
 def fail_commit(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, reason: str) -> None:
@@ -189,6 +256,10 @@ def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.
         fail_commit(c, committing.pending, committing.attempt, f"storage failed {failed.what}: {failed.error}")
     if isinstance(effect, fx.ReadChecksums):
         c.reading_back.pop(effect.checkpoint_dir, None)
+    if isinstance(effect, fx.CheckUploads):  # not a write: the checkpoint is not committed, the run goes on
+        _uploads_checked(c, fx.StorageDone(failed.id, fx.UploadsFound(
+            missing=(f"storage failed {failed.what}: {failed.error}",))))
+        return
     if not c.state.kind.is_terminal:
         lifecycle.give_up(c, said)
     elif c.error is None:
@@ -215,10 +286,12 @@ def apply_retention(c: "ControllerCore") -> None:
         c.ask_storage(lambda i, name=d.checkpoint_dir: fx.DeleteCheckpoint(i, name))
 
 
-def remove_uncommitted(c: "ControllerCore") -> None:
-    """Only while no worker of this run is alive: an upload in flight has no manifest yet either."""
+def remove_uncommitted(c: "ControllerCore", from_attempt: int | None = None) -> None:
+    """Only while no worker of an attempt before `from_attempt` is alive: an upload in flight has no manifest
+    yet either. Storage may reach it late (effects go in order, and it may be slow), so the directories of
+    `from_attempt` and later, whose ranks may have started by then, are never garbage to it."""
     keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | in_progress(c))
-    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep))
+    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep, from_attempt))
 
 
 # ---- what a new attempt restores ------------------------------------------------------------
@@ -230,6 +303,11 @@ def read_restorable(c: "ControllerCore", a: AttemptState) -> None:
     Only the manifests are read; the workers check the files against them when they fetch them.
     """
     latest = c.book.state.latest_checkpoint
+    while latest is not None and (why := memory_holds.held_nowhere(c, latest)) is not None:
+        fallback = c.book.skip_checkpoint(latest, why, c.wall())
+        log.warning("checkpoint %s cannot be restored (%s); restoring %s instead", latest, why,
+                    fallback or "no checkpoint: the run starts over")
+        latest = fallback
     if latest is None:
         lifecycle.restore_read(c, a, None, None)
         return
@@ -246,6 +324,9 @@ def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState,
         read_restorable(c, a)
         return
     for read in done.value:
+        if read.newer is not None:
+            lifecycle.give_up(c, read.newer)
+            return
         if read.ranks is not None:
             lifecycle.restore_read(c, a, read.checkpoint_dir, set(read.ranks))
             return
@@ -262,8 +343,10 @@ def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState,
 
 
 def finish_without_last_messages(c: "ControllerCore", a: AttemptState) -> None:
-    log.warning("finishing without the last messages of ranks %s%s",
-                sorted(set(range(c.plan.world_size)) - a.done),
-                "; an asynchronous upload never said it was done, so its checkpoint is not committed"
-                if c.commits.uploads_in_flight else "")
+    unsaid = [f"{p.checkpoint_dir} of ranks {sorted(p.awaiting)}" for r in range(c.plan.world_size)
+              for p in c.commits.awaiting_uploads_of(r) if min(p.awaiting) == r]
+    log.warning("finishing without the last messages of ranks %s%s", sorted(set(range(c.plan.world_size)) - a.done),
+                f"; asynchronous uploads never said they were done, and their files were not known when they began "
+                f"(a staged save writes them later), so these checkpoints are not committed: {', '.join(unsaid)}"
+                if unsaid else "")
     lifecycle.finish(c)

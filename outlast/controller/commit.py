@@ -42,6 +42,7 @@ class PendingCheckpoint:
     files: dict[int, list[FileEntry]] = field(default_factory=dict)  # rank -> its files
     metrics: dict = field(default_factory=dict)
     awaiting: set[int] = field(default_factory=set)  # ranks whose asynchronous upload is still running
+    began_with: dict[int, list[FileEntry]] = field(default_factory=dict)  # rank -> what its upload began with
     waiting: set[int] = field(default_factory=set)  # ranks blocked in report() until the commit
     errors: dict[int, str] = field(default_factory=dict)  # rank -> why its upload failed
     # Lost ranks whose shard never arrived. Each also has an entry in `errors`, so a commit
@@ -92,7 +93,7 @@ class CommitTracker:
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict,
-        upload_pending: bool = False,
+        upload_pending: bool = False, upload_files: list[FileEntry] | None = None,
     ) -> list[PendingCheckpoint]:
         """Record report `index` of `rank`; return the checkpoints that just settled, oldest first.
 
@@ -127,7 +128,12 @@ class CommitTracker:
                 self._record_upload(pending, rank, early_files, error)
             else:
                 pending.awaiting.add(rank)
+                pending.began_with[rank] = list(upload_files or [])
         return self._ready()
+
+    def awaiting_uploads_of(self, rank: int) -> list[PendingCheckpoint]:
+        """The checkpoints whose asynchronous upload by `rank` has not said it is done, oldest first."""
+        return [self._pending[i] for i in sorted(self._pending) if rank in self._pending[i].awaiting]
 
     def unsettled_below(self, index: int) -> bool:
         """Some checkpoint reported below `index` still waits for a rank's report or upload."""

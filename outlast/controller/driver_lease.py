@@ -17,6 +17,7 @@ import msgspec
 
 from outlast.identity import host_id
 from outlast.storage.lease import Lease, decide_takeover, holder_alive, this_process
+from outlast.storage.records import NewerVersionError
 from outlast.storage.run_store import RunStore
 from outlast.errors import RunInUseError
 
@@ -110,6 +111,10 @@ class LeaseKeeper:
                 current, current_version = self.store.read_lease()
             except OSError:
                 return None  # cannot tell yet; the next renewal asks again
+            except NewerVersionError as e:
+                self.lost = f"a newer outlast's driver took over this run's lease ({e}); this driver stops"
+                self.store.fence(self.lost)
+                return self.lost
             if current is not None and current.driver_id == self.driver_id and not current.released \
                     and not _adopted:
                 # Ours: an earlier renewal was written but its answer was lost (a timeout after the

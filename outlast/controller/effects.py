@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from outlast.protocol.messages import FileEntry
 from outlast.storage.records import Manifest
 
 # ---- effects out ------------------------------------------------------------------------
@@ -46,10 +47,12 @@ class DeleteCheckpoint:
 
 @dataclass(frozen=True)
 class RemoveUncommitted:
-    """Delete checkpoint directories without a manifest, except `keep`; only while no worker is alive."""
+    """Delete checkpoint directories without a manifest, except `keep`, and those of attempts from
+    `from_attempt` on: a new attempt's ranks may be uploading by the time a slow storage reaches it."""
 
     id: int
     keep: frozenset[str]
+    from_attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class ReadChecksums:
 
 @dataclass(frozen=True)
 class CheckUploads:
-    """Are these files in storage at these sizes? For an upload whose done message never came."""
+    """Are these files in storage at these sizes? For an asynchronous upload whose rank exited before its
+    done message came. Answered with `UploadsFound`."""
 
     id: int
     checkpoint_dir: str
@@ -99,6 +103,18 @@ def describe(effect: StorageEffect) -> str:
     if isinstance(effect, ReadChecksums):
         return f"reading back files of {effect.checkpoint_dir} that ranks wrote differently"
     return f"looking for the files of {effect.checkpoint_dir}"
+
+
+@dataclass(frozen=True)
+class TierAsk:
+    """A request to a node's memory tier (`outlast/agent/tier_server.py`): keep a rank's copy, replicate
+    it, mark a checkpoint committed. Carried out by `tier_executor.TierExecutor`, never by storage's."""
+
+    id: int
+    node_id: str
+    address: str  # the node's tier server
+    msg: object  # a TierHold, TierCommit or TierPull
+    timeout_s: float = 600.0
 
 
 # ---- events back in ---------------------------------------------------------------------
@@ -135,11 +151,31 @@ StorageEvent = Union[StorageDone, StorageFailed, StorageSlow]
 
 
 @dataclass(frozen=True)
+class TierAnswered:
+    """The tier request `id` was answered (`reply`, a TierStored or TierAck), or failed (`error`)."""
+
+    id: int
+    reply: object = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class UploadsFound:
+    """What `CheckUploads` found: `files` with their checksums (of the stored bytes) when every one is
+    there at its size; else `missing`, each "path: why"."""
+
+    files: tuple[FileEntry, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ManifestRead:
     """One candidate of `ReadManifests`: `ranks` when readable, `skip` when it cannot be restored,
-    `unreadable` when storage failed (it is restored all the same: its workers retry)."""
+    `unreadable` when storage failed (it is restored all the same: its workers retry), `newer` when a newer
+    outlast wrote it (the run stops)."""
 
     checkpoint_dir: str
     ranks: tuple[int, ...] | None = None
     skip: str | None = None
     unreadable: str | None = None
+    newer: str | None = None

@@ -150,6 +150,8 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
         return
     a.exited[ev.rank] = ev
     failed = ev.exit_code != 0 or ev.error is not None
+    if not failed:
+        checkpoints.check_uploads_of(c, a, ev.rank)
     p = lifecycle.preemption(c)
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)

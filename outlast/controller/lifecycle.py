@@ -51,8 +51,8 @@ def enter_placing(c: "ControllerCore", now: float) -> None:
     """A new attempt: its place in the history now; what it restores once storage has said (`restore_read`)."""
     from outlast.controller.core import new_collectives
 
-    checkpoints.remove_uncommitted(c)
     number = c.book.begin_attempt(c.wall())
+    checkpoints.remove_uncommitted(c, from_attempt=number)
     c.attempt = AttemptState(number=number, started_at=now)
     c.commits = CommitTracker(c.plan.world_size)
     c.collectives = new_collectives(c)
@@ -244,7 +244,7 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s:
+    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads:
         checkpoints.finish_without_last_messages(c, a)
 
 

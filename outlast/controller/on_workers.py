@@ -93,18 +93,23 @@ def on_report(c: "ControllerCore", a: AttemptState, msg: m.Report) -> None:
         p.jit_reports.add((msg.rank, msg.index))
     if msg.rank == 0:
         c.last_metrics = msg.metrics
+    if msg.local_dir and msg.checkpoint_dir is not None:
+        c.local_dirs[(a.number, msg.index, msg.rank)] = msg.local_dir
     if msg.upload_pending and msg.checkpoint_dir is not None:
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
         if p is not None:
             handlers.forecast_uploads(c, p)
     try:
         ready = c.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
-                                       msg.upload_pending)
+                                    msg.upload_pending, msg.upload_files)
     except ValueError as e:
         log.warning("ignored a report: %s", e)
         return
     for pending in ready:
         checkpoints.begin_commit(c, pending)
+    exit = a.exited.get(msg.rank)
+    if msg.upload_pending and exit is not None and exit.exit_code == 0 and exit.error is None:
+        checkpoints.check_uploads_of(c, a, msg.rank)  # the report came after the rank's exit
 
 
 # ---- collectives -----------------------------------------------------------------

@@ -14,7 +14,8 @@ import tenacity
 
 from outlast.controller import effects as fx
 from outlast.faults import fault_point
-from outlast.storage.checksum import hash_file, new_hasher
+from outlast.protocol.messages import FileEntry
+from outlast.storage.checksum import ALGORITHM, hash_file, new_hasher
 from outlast.storage.records import CorruptDocument, NewerVersionError
 from outlast.storage.run_store import RunStore
 
@@ -50,7 +51,7 @@ def _perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.Stor
         return fx.StorageDone(effect.id)
     if isinstance(effect, fx.RemoveUncommitted):
         try:
-            retry()(store.remove_uncommitted, set(effect.keep))
+            retry()(store.remove_uncommitted, set(effect.keep), effect.from_attempt)
         except OSError as e:  # garbage left for the next time; nothing is lost
             return fx.StorageDone(effect.id, warning=f"could not remove uncommitted checkpoint directories: {e}")
         return fx.StorageDone(effect.id)
@@ -60,7 +61,7 @@ def _perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.Stor
         return fx.StorageDone(effect.id, {path: _stored_checksum(store, effect.checkpoint_dir, path, algorithm, retry)
                                           for path, algorithm in effect.paths})
     if isinstance(effect, fx.CheckUploads):
-        return fx.StorageDone(effect.id, _missing_files(effect, store, retry))
+        return fx.StorageDone(effect.id, _check_uploads(effect, store, retry))
     raise TypeError(f"not a storage effect: {effect!r}")
 
 
@@ -72,6 +73,9 @@ def _read_manifests(candidates: tuple[str, ...], store: RunStore, retry: Retry) 
         except CorruptDocument as e:
             out.append(fx.ManifestRead(name, skip=str(e)))
             continue
+        except NewerVersionError as e:  # neither skipped nor restored: a newer outlast must go on from it
+            out.append(fx.ManifestRead(name, newer=str(e)))
+            return out
         except OSError as e:
             out.append(fx.ManifestRead(name, unreadable=str(e)))
             return out
@@ -97,17 +101,27 @@ def _stored_checksum(store: RunStore, checkpoint_dir: str, path: str, algorithm:
     return algorithm, digest.hexdigest()
 
 
-def _missing_files(effect: fx.CheckUploads, store: RunStore, retry: Retry) -> list[str]:
-    """The files of `effect` that storage lacks or holds at another size (sizes alone: the bytes
-    were checked by the rank that uploaded them, and a restore checks them again)."""
-    missing = []
+def _check_uploads(effect: fx.CheckUploads, store: RunStore, retry: Retry) -> fx.UploadsFound:
+    """Every file of `effect` in storage at its size, or what is not. Each file is written whole (a
+    rename, or one object), so one there at its size is the rank's; its checksum, of the stored bytes,
+    is what the manifest gets and a restore compares with."""
+    missing: list[str] = []
     for path, size in effect.files:
         try:
             stored = retry()(store.storage.size, store.path(effect.checkpoint_dir, path))
         except FileNotFoundError:
-            stored = None
-        except OSError:
-            return [path for path, _ in effect.files]  # cannot tell: as good as missing
+            missing.append(f"{path}: not in storage")
+            continue
+        except OSError as e:
+            return fx.UploadsFound(missing=(f"{path}: storage could not say ({e})",))
         if stored != size:
-            missing.append(path)
-    return missing
+            missing.append(f"{path}: {stored} bytes in storage, {size} when the upload began")
+    if missing:
+        return fx.UploadsFound(missing=tuple(missing))
+    found = []
+    for path, size in effect.files:
+        checksum = _stored_checksum(store, effect.checkpoint_dir, path, ALGORITHM, retry)
+        if checksum is None:
+            return fx.UploadsFound(missing=(f"{path}: could not be read back",))
+        found.append(FileEntry(path=path, size=size, **{checksum[0]: checksum[1]}))
+    return fx.UploadsFound(files=tuple(found))

@@ -100,6 +100,9 @@ class NodeIsolation:
     def kill_leaf(self, name: str) -> None:
         self.driver.kill_leaf(name)
 
+    def leaf_pids(self, name: str) -> list[int]:
+        return self.driver.leaf_pids(name)
+
     def leaf_memory(self, name: str) -> int:
         return self.driver.leaf_memory(name)
 

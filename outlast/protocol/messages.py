@@ -408,9 +408,14 @@ class Report(Msg):
     checkpoint_dir: str | None = None  # set by a rank that has files for this checkpoint
     files: list[FileEntry] = []
     upload_pending: bool = False  # the files follow in an UploadDone (asynchronous upload)
+    # An asynchronous upload's files as the rank knew them when it began (paths and sizes, no checksums;
+    # none for a staged save, which writes them later): what the controller looks for in storage when
+    # the rank exits before its UploadDone arrives.
+    upload_files: list[FileEntry] = []
     saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
+    local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
 
 
 class RestoreProgress(Msg):
@@ -610,7 +615,7 @@ class TierChunk(Msg):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one (tier_client.chunk_frames)
 
 
 class TierAck(Msg):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from outlast.controller import group as g
 from outlast.controller.core import ControllerCore
+from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.resize import Elastic
 from outlast.controller.runstate import RunBook
 from outlast.controller.types import RunPlan, Timeouts
@@ -52,7 +53,12 @@ class SimDriver:
     def launch(self, last_seen: float | None) -> bool:
         """Open the run as `fit()` does; False if it had already finished."""
         sim, s = self.sim, self.sim.schedule
-        book = RunBook.open(RunStore(sim.storage, "run"), "exp", sim.wall())
+        store = RunStore(sim.storage, "run")
+        # As fit() does: the lease first (every simulated driver runs on one host, and the one before is dead),
+        # then the run's history.
+        LeaseKeeper(store, ttl_s=10.0, clock=lambda: sim.world.now, wall=sim.wall, sleep=lambda s: None,
+                    alive=lambda lease: False, host="sim").acquire(wait_s=0)
+        book = RunBook.open(store, "exp", sim.wall())
         if book.state.status == "finished":
             return False
         book.close_dead_drivers_attempt(sim.wall(), last_seen)

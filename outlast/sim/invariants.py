@@ -7,7 +7,8 @@
   gets None.
 - A checkpoint whose `report()` returned on every rank is restored by the next attempt, or a
   newer one is.
-- No attempt starts while a worker of an earlier attempt lives.
+- No attempt starts while a worker of an earlier attempt lives: a rank stuck in the kernel (unkillable)
+  excepted, on other nodes than its own.
 - Preemptions never draw on `max_failures`: the failures charged to it are at most the worker
   deaths, node losses and deaths of outlast's own processes (a fork server, an agent: one
   failure each) the schedule caused; so a relaunched driver, a restarted agent or the
@@ -23,6 +24,8 @@
   state the controller enters is handed, in a copy, each message a worker or an agent may send
   (stale ones too).
 - No process a rank started outlives the rank (its children, in its process group).
+- A driver that opens a run a newer outlast wrote (its run state, latest manifest or lease) refuses it, saying
+  which document and to upgrade, and changes nothing but its own lease.
 """
 
 from __future__ import annotations
@@ -140,9 +143,10 @@ class Observer:
 
     def _check_spawn(self, run_id: str, spawn: m.SpawnWorkers, node_id: str) -> None:
         key = (run_id, spawn.attempt)
-        # A rank stuck in the kernel cannot be waited for: the next attempt may start, on other nodes.
+        # A rank stuck in the kernel cannot be waited for: the next attempt may be asked for, and starts on
+        # other nodes, or on its node once it is gone (`worker_started`); a relaunched driver cannot know of it.
         older = sorted({(w.attempt, w.rank) for w in self.live.values() if w.attempt < spawn.attempt
-                        and (w.unkillable_until <= self.sim.world.now or w.node.node_id == node_id)})
+                        and w.unkillable_until <= self.sim.world.now})
         if key in self._checked_spawns and not older:
             return
         self._checked_spawns.add(key)
@@ -152,9 +156,30 @@ class Observer:
             self.violation(f"attempt {spawn.attempt} restores {spawn.restore_checkpoint}, older than "
                            f"{self.durable[-1]}, whose report() returned on every rank")
 
+    def refused(self, e: Exception, before: dict[str, bytes]) -> None:
+        """A driver refused the run as written by a newer outlast: it must say which document and what to do,
+        and leave storage as it was (but its own lease, unless the lease is what is newer)."""
+        sim = self.sim
+        sim.facts["refused_as_newer"] += 1
+        text = str(e)
+        if not sim.newer or not any(path in text for path in sim.newer):
+            self.violation(f"a driver refused the run, naming no document a newer outlast wrote ({text})")
+        if "upgrade outlast" not in text:
+            self.violation(f"the refusal does not say what to do: {text}")
+        lease = "run/driver_lease.json"
+        spare = set() if lease in sim.newer else {lease}
+        after = sim.storage.files
+        changed = sorted(p for p in set(before) | set(after) if p not in spare and before.get(p) != after.get(p))
+        if changed:
+            self.violation(f"refusing a run written by a newer outlast changed {changed}")
+
     # ---- workers ---------------------------------------------------------------------------
 
     def worker_started(self, w: "SimRank") -> None:
+        beside = sorted((o.attempt, o.rank) for o in self.live.values() if o.attempt < w.attempt and o.node is w.node)
+        if beside:
+            self.violation(f"rank {w.rank} of attempt {w.attempt} started on node {w.node.node_id} beside workers "
+                           f"(attempt, rank) {beside} of an earlier attempt")
         self.live[(w.run_id, w.attempt, w.rank)] = w
 
     def worker_gone(self, w: "SimRank") -> None:
@@ -228,6 +253,8 @@ class Observer:
             state = core.state.kind.value if core is not None else "no driver"
             self.violation(f"the run did not end within {limit_s:.0f} s (state {state})")
             return
+        if sim.refused is not None:
+            return  # the run is the newer outlast's now: `refused` judged the refusal
         # The history as the last driver left it in memory: a final write that storage refused is
         # retried by the next change, and a closed run has none.
         book = sim.driver.core.book if sim.driver is not None and sim.driver.core is not None else sim.final_book()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import signal
@@ -14,10 +15,12 @@ from outlast.sim.agent_node import AgentNode
 from outlast.sim.cluster import NodeModel, SimNode
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
-from outlast.sim.schedule import FAIL_KINDS, Fault, Schedule, draw
+from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, Fault, Schedule, draw
 from outlast.sim.storage import SimStorage
 from outlast.sim.workers import SimRank
 from outlast.sim.world import World
+from outlast.storage.lease import LEASE_VERSION
+from outlast.storage.records import MANIFEST_NAME, MANIFEST_VERSION, SCHEMA_VERSION, NewerVersionError
 from outlast.storage.run_store import RunStore
 
 WALL0 = 1_800_000_000.0
@@ -57,7 +60,9 @@ class Sim:
         self.armed_in_grow: Fault | None = None  # struck by the observer once a grow's notice is out
         self.facts = dict.fromkeys(["interrupts", "lease_losses", "unkillable_ranks", "children_started",
                                     "uploads_lost_at_exit", "failures_in_drains", "failures_in_grows",
-                                    "states_probed"], 0)
+                                    "states_probed", "newer_documents", "refused_as_newer"], 0)
+        self.newer: dict[str, str] = {}  # path -> which document a newer outlast rewrote
+        self.refused: str | None = None  # why a driver refused to open the run
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
             + 12 * schedule.storage_latency_s
@@ -102,15 +107,22 @@ class Sim:
                  "resizes": len(book.state.resizes) if book else 0,
                  "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0, **self.own_faults,
                  **self.facts}
-        return Outcome(s.seed, list(ob.violations), book.state.status if book else "?", self.world.now,
-                       self.world.trace, facts)
+        status = "refused" if self.refused is not None else book.state.status if book else "?"
+        return Outcome(s.seed, list(ob.violations), status, self.world.now, self.world.trace, facts)
 
     def _launch(self, last_seen: float | None) -> None:
         self.generations += 1
         self.driver = SimDriver(self, self.generations)
         self.world.note(f"driver{self.generations} launched")
+        before = dict(self.storage.files)
         try:
             launched = self.driver.launch(last_seen)
+        except NewerVersionError as e:  # fit() refuses the run: the user upgrades outlast, or starts another run
+            self.world.note(f"driver{self.generations} refused the run: {e}")
+            self.driver.die()
+            self.observer.refused(e, before)
+            self.refused, self.closed = str(e), True
+            return
         except OSError as e:  # fit() raises before its run starts; the user launches it again
             self.world.note(f"driver{self.generations} could not open the run: {e}")
             self.driver.die()
@@ -118,6 +130,9 @@ class Sim:
             return
         if not launched:
             self.closed = True
+        elif self.newer:
+            self.observer.violation(f"driver{self.generations} opened the run although a newer outlast wrote its "
+                                    f"{', '.join(sorted(self.newer.values()))}")
 
     def driver_closed(self, driver: SimDriver) -> None:
         if driver is self.driver:
@@ -127,7 +142,7 @@ class Sim:
         self.storage.failing.clear()
         try:
             return RunBook.open(RunStore(self.storage, "run"), "exp", self.wall())
-        except OSError:
+        except (OSError, NewerVersionError):
             return None
 
     # ---- faults ----------------------------------------------------------------------------
@@ -180,6 +195,24 @@ class Sim:
             self.storage.slow.append((self.world.now, self.world.now + f.duration_s, f.latency_s))
         elif f.kind in ("fork_server_death", "agent_death", "agent_restart"):
             self._agent_fault(f, live_nodes)
+        elif f.kind == "newer_document" and not (self.driver is not None and self.driver.alive):
+            self._write_newer(NEWER_DOCUMENTS[f.target % len(NEWER_DOCUMENTS)])
+
+    def _write_newer(self, which: str) -> None:
+        """A newer outlast drove the run meanwhile: one of its documents is of a newer version, with fields of
+        its own. The latest manifest is the one the run state names (none yet: the run state instead)."""
+        files = self.storage.files
+        state = json.loads(files["run/run_state.json"]) if "run/run_state.json" in files else {}
+        latest = state.get("latest_checkpoint")
+        if which == "latest manifest" and latest is None:
+            which = "run state"
+        path, newest = {"run state": ("run/run_state.json", SCHEMA_VERSION), "lease": ("run/driver_lease.json",
+                        LEASE_VERSION), "latest manifest": (f"run/{latest}/{MANIFEST_NAME}", MANIFEST_VERSION)}[which]
+        doc = json.loads(files[path]) if path in files else {}
+        doc.update(version=newest + 1, recorded_by_the_newer_version={"kept": True})
+        files[path] = json.dumps(doc).encode()
+        self.newer[path] = which
+        self.facts["newer_documents"] += 1
 
     def _agent_fault(self, f: Fault, live_nodes: list[NodeModel]) -> None:
         """The node's own processes die: a node with workers if there is one, else any."""

@@ -33,6 +33,7 @@ class Fault:
     #          | arm_in_grow (FAIL_KINDS[deadline_s] strikes duration_s after the next grow's notice)
     #          | interrupt (Ctrl+C in the driver) | lease_lost | unkillable (a rank stuck in the kernel: no signal
     #          ends it until duration_s has passed, inf: never)
+    #          | newer_document (while no driver lives, a newer outlast rewrites NEWER_DOCUMENTS[target])
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
@@ -76,6 +77,7 @@ AGENT_KINDS = ["fork_server_death", "fork_server_death", "agent_death", "agent_r
 # The edges: faults one step off the tested path, drawn (with `edges=True`) from a stream of their own again.
 EDGE_KINDS = ["drain_then_fail", "drain_then_fail", "grow_then_fail", "interrupt", "lease_lost", "unkillable"]
 FAIL_KINDS = ["kill_worker", "kill_worker", "lose_node", "fork_server_death"]
+NEWER_DOCUMENTS = ["run state", "latest manifest", "lease"]
 
 
 def draw(seed: int, elastic: bool = False, nodes_model: str = "agent", edges: bool = False) -> Schedule:
@@ -168,4 +170,10 @@ def _edges(seed: int, s: Schedule) -> Schedule:
                                else "interrupt", peer))
         else:
             extra.append(Fault(at, kind, target))
+    # A newer outlast drives the run while this one's driver is dead: from a stream of its own again.
+    vrng = random.Random(seed * 7 + 17 + (1 << 43))
+    if vrng.random() < 0.06:
+        at = vrng.uniform(0.0, s.nominal_s * 1.2 + 0.5)
+        extra += [Fault(at, "driver_death"), Fault(at + vrng.uniform(0.0, 5.0), "newer_document",
+                                                   target=vrng.randrange(len(NEWER_DOCUMENTS)))]
     return Schedule(**{**s.__dict__, "loop": loop, "faults": sorted(s.faults + extra, key=lambda f: f.at)})

@@ -249,7 +249,8 @@ class SimRank:
             if slot.waits_for_uploads and (wait := self._upload_done_at - self.sim.world.now) > 0:
                 yield "sleep", wait
             self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
-                                         bandwidth_bps=self._last_bps))
+                                         bandwidth_bps=self._last_bps,
+                                         upload_files=[m.FileEntry(path=path, size=len(data))]))
             self.sim.observer.checkpoint_part(self, slot.name, "report")
             took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
             self._last_bps = UPLOAD_BYTES / max(took, 1e-3)

@@ -21,7 +21,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+from outlast.procutil import die_with_parent
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "scancel", "sinfo")
 NODE_FEATURES = ("rack_a", "rack_a", "rack_b", "rack_b")  # node i's feature: a failure domain for the tests
@@ -136,8 +139,11 @@ PartitionName=high Nodes={all_nodes} MaxTime=INFINITE State=UP PriorityTier=10 P
 
 
 class LocalSlurm:
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, die_with_caller: bool = False) -> None:
+        """`die_with_caller`: the daemons get SIGTERM when the process that started them ends, however
+        it ends (a test session killed before its teardown leaves no cluster running)."""
         self.layout = layout
+        self.die_with_caller = die_with_caller
 
     # ---- effects ---------------------------------------------------------------------------
 
@@ -227,7 +233,8 @@ class LocalSlurm:
         log = open(self.layout.root / "log" / f"{name}.out", "ab")
         with log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, **self.layout.env})
+                                    env={**os.environ, **self.layout.env},
+                                    preexec_fn=partial(die_with_parent, signal.SIGTERM) if self.die_with_caller else None)
         (self.layout.root / "run" / f"{name}.started").write_text(str(proc.pid))
 
     def _pid(self, name: str) -> int | None:

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 import msgspec
 
 
+LEASE_VERSION = 2  # the newest lease this outlast reads: a newer one is refused (`RunStore.read_lease`)
+
+
 class Lease(msgspec.Struct, kw_only=True):
-    version: int = 2
+    version: int = LEASE_VERSION
     driver_id: str
     host: str  # outlast.identity.host_id(); a hostname in leases written before version 2
     hostname: str = ""  # for people: which machine that is

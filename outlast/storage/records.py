@@ -74,6 +74,11 @@ class Manifest(msgspec.Struct, kw_only=True):
     ranks: list[int]
     files: list[FileEntry]
     metrics: dict[str, Any] = {}
+    # Its level when committed (docs/guide/memory-tier.md): the nodes keeping its files in memory, and
+    # whether its files are in storage_path. Older manifests: durable, in no node's memory.
+    memory: list[str] = []
+    memory_at: float | None = None
+    durable: bool = True
 
 
 class OutputFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +118,11 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     report_index: int
     committed_at: float
     metrics: dict[str, Any] = {}
+    # Where it is held: the nodes with a copy in memory (since `memory_at`, every rank's files on two
+    # nodes in different failure domains), and in storage_path unless `durable` is false.
+    memory: list[str] = []
+    memory_at: float | None = None
+    durable: bool = True
 
 
 class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -232,7 +242,7 @@ def encode_compact(doc: msgspec.Struct) -> bytes:
     return msgspec.json.encode(doc)
 
 
-class _Versioned(msgspec.Struct):
+class Versioned(msgspec.Struct):
     version: int = SCHEMA_VERSION
 
 
@@ -241,7 +251,7 @@ def decode(data: bytes, kind: type, where: str) -> Any:
     # to upgrade rather than that the file is corrupt.
     newest = MANIFEST_VERSION if kind is Manifest else SCHEMA_VERSION
     try:
-        version = msgspec.json.decode(data, type=_Versioned).version
+        version = msgspec.json.decode(data, type=Versioned).version
     except (msgspec.DecodeError, msgspec.ValidationError):
         version = newest
     if version > newest:

@@ -9,7 +9,7 @@ import msgspec
 from outlast.storage import naming, records as r
 from outlast.storage.base import Storage, StorageError, StorageFenced
 from outlast.storage.conditional import conditional
-from outlast.storage.lease import Lease
+from outlast.storage.lease import LEASE_VERSION, Lease
 
 LEASE_NAME = r.LEASE_NAME
 
@@ -78,23 +78,36 @@ class RunStore:
             return None
         return r.decode(data, r.Manifest, self.storage.uri(self.path(checkpoint_dir, r.MANIFEST_NAME)))
 
-    def checkpoint_dirs(self) -> list[str]:
-        """The run's checkpoint directories, committed or not: outlast's own names, and named ones by their
-        marker. Anything else under the run's directory is the user's, and left alone."""
-        return [name for name in self.storage.list_dirs(self.run_dir)
-                if naming.is_default_name(name) or self.storage.exists(self.path(name, naming.MARKER_NAME))]
+    def checkpoint_dirs(self) -> dict[str, int | None]:
+        """The run's checkpoint directories, committed or not, and the attempt that wrote each (None: its marker
+        cannot be read): outlast's own names, and named ones by their marker. Anything else under the run's
+        directory is the user's, and left alone."""
+        found: dict[str, int | None] = {}
+        for name in self.storage.list_dirs(self.run_dir):
+            if naming.is_default_name(name):
+                found[name] = int(name.split("_")[1])
+                continue
+            try:
+                marker = naming.decode_marker(self.storage.read_bytes(self.path(name, naming.MARKER_NAME)))
+            except FileNotFoundError:
+                continue
+            found[name] = marker.attempt if marker is not None else None
+        return found
 
-    def remove_uncommitted(self, committed: set[str]) -> list[str]:
-        """Delete checkpoint directories that never got a manifest (a crash mid-upload).
+    def remove_uncommitted(self, committed: set[str], from_attempt: int | None = None) -> list[str]:
+        """Delete checkpoint directories that never got a manifest (a crash mid-upload), except those of
+        attempts numbered `from_attempt` or higher.
 
-        Call only while no worker of this run is alive: an upload in flight has no
+        Only while no worker of an attempt below `from_attempt` is alive: an upload in flight has no
         manifest yet either.
         """
         removed: list[str] = []
         if not self._may_write("(removing) uncommitted checkpoints"):
             return removed
-        for name in self.checkpoint_dirs():
+        for name, attempt in self.checkpoint_dirs().items():
             if name in committed:
+                continue
+            if from_attempt is not None and attempt is not None and attempt >= from_attempt:
                 continue
             if self.storage.exists(self.path(name, r.MANIFEST_NAME)):
                 continue
@@ -135,10 +148,17 @@ class RunStore:
 
     def read_lease(self) -> tuple[Lease | None, str | None]:
         """The current lease and its version on storage (for `write_lease_if`). An unreadable lease
-        counts as none (a crash mid-write cannot lock a run), but keeps its version."""
+        counts as none (a crash mid-write cannot lock a run), but keeps its version. A lease of a newer
+        version raises `NewerVersionError`: who holds it, and whether it lives, may be said otherwise there."""
         current = self._conditional().read_versioned(self.path(LEASE_NAME))
         if current is None:
             return None, None
+        try:  # the version first: a newer lease may not decode as this one's
+            version = msgspec.json.decode(current.data, type=r.Versioned).version
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            version = LEASE_VERSION
+        if version > LEASE_VERSION:
+            raise r.NewerVersionError(self.storage.uri(self.path(LEASE_NAME)), version, LEASE_VERSION)
         try:
             return msgspec.json.decode(current.data, type=Lease), current.version
         except (msgspec.DecodeError, msgspec.ValidationError):

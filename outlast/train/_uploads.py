@@ -24,11 +24,13 @@ from pathlib import Path
 import tenacity
 import zmq
 
+from outlast.faults import fault_point
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer, encode
 from outlast.storage import priority
 from outlast.storage.base import Storage, StorageError
+from outlast.storage.local import walk_files
 
 log = logging.getLogger("outlast.worker")
 
@@ -37,6 +39,12 @@ _UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))
 
 def dir_bytes(path: str | os.PathLike[str]) -> int:
     return sum(e.stat().st_size for e in Path(path).rglob("*") if e.is_file())
+
+
+def local_files(path: str | os.PathLike[str]) -> list[m.FileEntry]:
+    """The files under `path` as an upload of it will name them: '/'-separated relative paths, sizes."""
+    files, _ = walk_files(Path(path))
+    return [m.FileEntry(path=rel, size=(Path(path) / rel).stat().st_size) for rel in files]
 
 
 def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False,
@@ -100,6 +108,8 @@ class Uploads:
             shutil.rmtree(local_dir, ignore_errors=True)
         done = m.UploadDone(attempt=self._attempt, rank=self._rank, index=index, checkpoint_dir=name,
                             files=files, error=error)
+        if fault_point("upload.done_message"):
+            return  # lost, as at an exit that throws the socket's queue away
         # The training thread has its own socket; upload threads share this one, one at a time.
         with self._sock_lock:
             if self._sock is None:

@@ -148,16 +148,17 @@ class SessionCore:
 
     def report(self, slot: ReportSlot, metrics: dict[str, Any], checkpoint: bool = False,
                files: list[m.FileEntry] | None = None, upload_bytes: int = 0, bandwidth_bps: float = 0.0,
-               now: float = 0.0) -> Step:
+               now: float = 0.0, upload_files: list[m.FileEntry] | None = None, local_dir: str = "") -> Step:
         """The report's message. A checkpoint with `files` (uploaded in the calling thread) waits for its
-        commit; one without them (`files=None`) is pending: its upload says when it is done."""
+        commit; one without them (`files=None`) is pending: its upload says when it is done, and
+        `upload_files` are the files it begins with (paths and sizes), when they are known already."""
         base = dict(attempt=self.attempt, rank=self.rank, index=slot.index, metrics=metrics)
         if not checkpoint:
             return Step(send=(m.Report(**base),))
         if files is None:
             return Step(send=(m.Report(**base, checkpoint_dir=slot.name, upload_pending=True,
                                        saw_preemption=slot.saw_preemption, upload_bytes=upload_bytes,
-                                       upload_bandwidth_bps=bandwidth_bps),))
+                                       upload_bandwidth_bps=bandwidth_bps, upload_files=list(upload_files or [])),))
 
         def complete(reply: m.Committed | m.CommitFailed, at: float) -> Step:
             if isinstance(reply, m.CommitFailed):
@@ -165,7 +166,7 @@ class SessionCore:
             return Step()
 
         msg = m.Report(**base, checkpoint_dir=slot.name, files=files, saw_preemption=slot.saw_preemption,
-                       upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps)
+                       upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps, local_dir=local_dir)
         return self._ask(msg, lambda r: isinstance(r, (m.Committed, m.CommitFailed)) and r.index == slot.index,
                          complete, f"the commit of checkpoint {slot.name} (report #{slot.index})", now)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -82,6 +83,8 @@ def counting_loop(config: dict) -> None:
         name = f"step_{step}" if config.get("named") and (step + 1) % config.get("every", 5) == 0 else None
         train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=config.get("upload_mode", "SYNC"),
                      checkpoint_dir_name=name)
+        if checkpoint is not None and config.get("delete_after_report"):
+            shutil.rmtree(checkpoint.path)  # Ray's pattern: a temporary directory, gone once report() returns
         log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
         _fault(config, step, "after_report")
         time.sleep(config.get("step_sleep", 0.0))

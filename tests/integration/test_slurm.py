@@ -46,7 +46,8 @@ def slurm(tmp_path_factory):
         pytest.skip("the local Slurm cluster runs its daemons as root")
     # Ports of its own, so that other clusters (scripts/slurm-cluster, another session's) can run beside it.
     base = free_port_block(4)
-    cluster = LocalSlurm(Layout(root=tmp_path_factory.mktemp("slurm"), ctld_port=base, first_node_port=base + 1))
+    cluster = LocalSlurm(Layout(root=tmp_path_factory.mktemp("slurm"), ctld_port=base, first_node_port=base + 1),
+                         die_with_caller=True)
     cluster.start()
     yield cluster
     cluster.stop()
@@ -327,3 +328,30 @@ def test_a_whole_job_preempted_is_one_notice_naming_every_node_and_rank_and_lose
     state = RunStore(open_storage(str(storage)), "run").load_state()
     assert state.status == "finished" and state.failure_counts.get("worker", 0) == 0
     assert any(f"Slurm job {job.id} (restart 0) got SIGUSR1" in m for m in _preemptions(state)), _preemptions(state)
+
+
+_STARTS_A_CLUSTER = """
+import sys
+from pathlib import Path
+from outlast.slurm.local_cluster import Layout, LocalSlurm, free_port_block
+base = free_port_block(4)
+c = LocalSlurm(Layout(root=Path(sys.argv[1]), ctld_port=base, first_node_port=base + 1), die_with_caller=True)
+c.start()
+print(" ".join(str(c._pid(n)) for n in c.running()), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_cluster_tied_to_its_caller_stops_when_the_caller_is_killed_before_any_teardown(slurm, tmp_path):
+    caller = subprocess.Popen([sys.executable, "-c", _STARTS_A_CLUSTER, str(tmp_path / "slurm")], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in caller.stdout.readline().split()]
+        assert len(pids) == 5  # munged, slurmctld and three slurmd
+        caller.kill()  # SIGKILL: nothing of the caller's runs after this
+        caller.wait()
+        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                   for p in pids), 30, "the daemons to stop")
+    finally:
+        caller.kill()
+        LocalSlurm(Layout(root=tmp_path / "slurm")).stop(timeout_s=5)  # whatever is left, if the test failed

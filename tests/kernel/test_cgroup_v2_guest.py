@@ -1,26 +1,23 @@
 """The cgroup v2 tier, run from the ordinary test command: the real-kernel tests in a guest kernel.
 
 Hosts like ours bind memory and cpu to cgroup v1 for good, so v2 needs its own kernel:
-scripts/test-cgroup-v2 boots one (user-mode Linux or QEMU TCG), installing what it needs.
+scripts/test-cgroup-v2 boots one (user-mode Linux or QEMU TCG), installing what it needs. It starts
+beside the rest of the session (tests/conftest.py, tests/kernel/guest_tier.py).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.kernel import guest_tier
 from tests.kernel.cgroups import cgroup_version
 from tests.kernel.conftest import real_cgroups_unavailable
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _why_not() -> str | None:
+def why_not() -> str | None:
     if os.environ.get("OUTLAST_IN_GUEST"):
         return "this is the guest: the v2 tests run directly here"
     if cgroup_version() == 2 and real_cgroups_unavailable() is None:
@@ -34,12 +31,10 @@ def _why_not() -> str | None:
 
 @pytest.mark.timeout(1800)
 def test_the_real_kernel_tests_pass_on_cgroup_v2_in_a_guest_kernel():
-    why = _why_not()
+    why = why_not()
     if why:
         pytest.skip(why)
-    proc = subprocess.run([str(ROOT / "scripts" / "test-cgroup-v2")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1700, env={**os.environ, "PYTHON": sys.executable})
-    out = proc.stdout + proc.stderr
+    code, out = guest_tier.start().wait(timeout_s=1700)  # started when the session was collected
     tail = "\n".join(line for line in out.splitlines() if not line.startswith(" [<"))[-6000:]
-    assert proc.returncode == 0, f"the cgroup v2 tier failed (exit {proc.returncode}):\n{tail}"
+    assert code == 0, f"the cgroup v2 tier failed (exit {code}):\n{tail}"
     assert " passed" in out and "GUEST_EXIT_CODE=0" in out, tail

@@ -112,3 +112,13 @@ def test_ranks_that_name_it_alike_commit_it_whole():
     tracker.on_report(0, 0, "full_model", [entry], {})
     (pending,) = tracker.on_report(1, 0, "full_model", [entry], {})
     assert not pending.errors and set(pending.files) == {0, 1}
+
+
+def test_a_restarts_clean_up_spares_the_new_attempts_named_directories_by_their_marker(tmp_path):
+    store = _store(tmp_path)
+    for d, attempt in [("epoch_1", 1), ("epoch_2", 2), ("epoch_3", 3)]:
+        (tmp_path / "run" / d).mkdir()
+        (tmp_path / "run" / d / naming.MARKER_NAME).write_bytes(naming.encode_marker(attempt, 0))
+    assert store.checkpoint_dirs() == {"epoch_1": 1, "epoch_2": 2, "epoch_3": 3}
+    assert store.remove_uncommitted(set(), from_attempt=2) == ["epoch_1"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch_2", "epoch_3"]

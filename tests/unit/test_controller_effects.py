@@ -265,3 +265,43 @@ def test_a_rank_asking_for_the_kept_checkpoints_waits_for_its_asynchronous_uploa
     report(h, 1, 0)
     h.release()
     assert _kept(h, 0) == [["checkpoint_001_000000"]]
+
+
+def test_the_clean_up_a_restart_asks_for_spares_the_new_attempts_uploads_when_slow_storage_reaches_it_late():
+    """Effects go in order: behind a slow call, the removal of attempt 1's garbage may run after attempt 2's
+    ranks started uploading (sim seed 556). Their directories, with no manifest yet, are not garbage."""
+    h, placement = started(max_failures=1)
+    h.agent(placement[1], h.exited(1, placement[1], code=1))
+    h.agent(placement[0], h.exited(0, placement[0], code=1))
+    removal = [e for e in h.held if isinstance(e, fx.RemoveUncommitted)][-1]
+    assert h.core.attempt.number == 2
+    while h.held[0] is not removal:
+        h.release(h.held[0])
+    assert h.spawned() and h.core.attempt.number == 2  # attempt 2 is placed before storage reaches the removal
+    storage = h.core.book.store.storage
+    storage.write_atomic("run/checkpoint_001_000003/model.pt", b"attempt 1, never reported")
+    storage.write_atomic("run/checkpoint_002_000000/model.pt", b"attempt 2, uploading")
+    h.release(removal)
+    assert not storage.exists("run/checkpoint_001_000003")
+    assert storage.read_bytes("run/checkpoint_002_000000/model.pt") == b"attempt 2, uploading"
+
+
+def test_a_restore_that_finds_the_manifest_rewritten_by_a_newer_outlast_stops_the_run_saying_so():
+    """Neither skipped (restarting from an older checkpoint would lose the newer run's work) nor restored."""
+    import json
+
+    h, placement = started(max_failures=1)
+    report(h, 0, 0)
+    report(h, 1, 0)
+    h.release()
+    storage = h.core.book.store.storage
+    path = f"run/checkpoint_001_000000/{MANIFEST_NAME}"
+    doc = json.loads(storage.read_bytes(path))
+    storage.write_atomic(path, json.dumps({**doc, "version": doc["version"] + 1}).encode())
+    for rank, node_id in placement.items():
+        h.agent(node_id, h.exited(rank, node_id, code=1))
+    h.release()
+    assert h.state is State.ERRORED
+    assert "written by a newer outlast" in str(h.core.error) and "upgrade outlast" in str(h.core.error)
+    assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000" and not h.core.book.state.skipped_checkpoints
+    assert json.loads(storage.read_bytes(path))["version"] == doc["version"] + 1

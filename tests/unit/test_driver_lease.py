@@ -142,3 +142,35 @@ def test_a_renewal_written_whose_answer_was_lost_is_not_taken_for_another_driver
     assert k.renew_if_due(clock() + 30) is None and k.lost is None  # and renewals go on from it
     stored, _ = k.store.read_lease()
     assert stored.driver_id == k.driver_id and stored.renewals == 3
+
+
+def _newer_lease(tmp_path, **fields) -> bytes:
+    """A lease as a newer outlast might write it: its version higher, its fields its own."""
+    path = tmp_path / "run" / "driver_lease.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 3, "holder": {"pid": 1, "where": "elsewhere"}, **fields}))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("fields", [{}, {"driver_id": "x", "host": "h1", "pid": 1, "pid_started_at": 0.0,
+                                         "acquired_at": 0.0, "renewed_at": 0.0, "ttl_s": 10.0, "released": True}])
+def test_a_lease_of_a_newer_version_is_refused_and_left_as_it_is(tmp_path, fields):
+    """Undecodable as this version's, or decodable and saying it is released: neither counts as no lease."""
+    from outlast.storage.records import NewerVersionError
+
+    before = _newer_lease(tmp_path, **fields)
+    k = keeper(tmp_path, "h1", Clock(), alive=lambda lease: False)
+    with pytest.raises(NewerVersionError, match="driver_lease.json has schema version 3, written by a newer outlast"):
+        k.acquire(wait_s=0)
+    assert (tmp_path / "run" / "driver_lease.json").read_bytes() == before
+
+
+def test_a_renewal_that_finds_a_newer_outlasts_lease_stops_the_driver_and_fences_the_run(tmp_path):
+    clock = Clock()
+    k = keeper(tmp_path, "h1", clock)
+    k.acquire()
+    _newer_lease(tmp_path)
+    clock.t += 10.0
+    lost = k.renew_if_due(clock())
+    assert lost is not None and "a newer outlast's driver took over this run's lease" in lost
+    assert k.store.fenced == lost

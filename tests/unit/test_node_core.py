@@ -100,3 +100,50 @@ def test_a_task_is_forked_with_its_resources_as_its_demand():
     [fork] = core.on_request(C, task, now=0.0)
     assert fork.task is task and fork.key == ("e", 0, -1, "t1") and fork.leaf == "task-t1"
     assert fork.placement.demand == {"CPU": 2.0, "memory": 1024.0} and not fork.placement.retriable
+
+
+def _reaped(run_id, attempt, rank, pid) -> m.Reaped:
+    return m.Reaped(run_id=run_id, attempt=attempt, rank=rank, pid=pid, exit_code=None, signal=signal.SIGKILL,
+                    error=None)
+
+
+def _forks(effects):
+    return [e for e in effects if isinstance(e, Fork)]
+
+
+def _stuck_old_driver(core):
+    """An older driver's rank 1 of its run, SIGKILLed by the new driver's admission, not yet dead."""
+    core.on_request(b"old", spawn(run_id="old", ranks=(0, 1), run_key="s3://b/run"), now=0.0)
+    core.on_fork_server(m.Forked(run_id="old", attempt=1, rank=1, pid=11), wall=0.0)
+    effects = core.on_request(C, spawn(run_id="new", attempt=2, ranks=(0,), run_key="s3://b/run"), now=20.0)
+    assert Kill(11, signal.SIGKILL, "run s3://b/run: a new driver took over from run old") in effects
+    return effects
+
+
+def test_a_new_drivers_spawn_waits_until_the_old_drivers_worker_on_the_node_has_exited():
+    core = NodeCore("n", pid=42)
+    effects = _stuck_old_driver(core)
+    assert _forks(effects) == []  # not beside it: it may be stuck in the kernel
+    assert _forks(core.on_request(C, m.RunHeartbeat(run_id="new", timeout_s=5.0), now=21.0)) == []
+    forks = _forks(core.on_fork_server(_reaped("old", 1, 1, 11), wall=30.0))
+    assert [f.key for f in forks] == [("new", 2, 0, "")]
+    assert core.held == {}
+
+
+def test_a_spawn_held_for_an_earlier_attempt_is_refused_when_stopped_or_when_the_node_drains():
+    for ask, said in ((m.StopWorkers(run_id="new", attempt=2, grace_s=1.0), "stopped before its workers started"),
+                      (m.EndRun(run_id="new"), "ended before its workers started"),
+                      (None, "the node is draining (going away)")):
+        core = NodeCore("n", pid=42)
+        _stuck_old_driver(core)
+        effects = core.drain(draining()) if ask is None else core.on_request(C, ask, now=21.0)
+        [refused] = [e.msg for e in effects if isinstance(e, Send) and isinstance(e.msg, m.SpawnRefused)]
+        assert refused.attempt == 2 and said in refused.reason
+        assert _forks(core.on_fork_server(_reaped("old", 1, 1, 11), wall=30.0)) == [] and core.held == {}
+
+
+def test_a_spawn_beside_another_run_or_the_same_attempt_is_not_held():
+    core = NodeCore("n", pid=42)
+    core.on_request(b"other", spawn(run_id="other", ranks=(0,), run_key="s3://b/other"), now=0.0)
+    core.on_fork_server(m.Forked(run_id="other", attempt=1, rank=0, pid=11), wall=0.0)
+    assert len(_forks(core.on_request(C, spawn(run_id="r", ranks=(0,), run_key="s3://b/run"), now=1.0))) == 1

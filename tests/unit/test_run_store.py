@@ -75,3 +75,11 @@ def test_delete_checkpoint_deletes_the_manifest_before_the_directory():
     store.delete_checkpoint("c")
     assert mem.ops == [("delete", f"run/c/{MANIFEST}"), ("delete", "run/c")]
     assert mem.files == {}
+
+
+def test_remove_uncommitted_from_an_attempt_on_keeps_that_attempts_directories_and_later_ones(store):
+    s = store.storage
+    for name in ("checkpoint_001_000004", "checkpoint_002_000000", "checkpoint_003_000001"):
+        s.write_atomic(f"runs/exp/{name}/model.pt", b"no manifest yet")
+    assert store.remove_uncommitted(set(), from_attempt=2) == ["checkpoint_001_000004"]
+    assert s.list_dirs("runs/exp") == ["checkpoint_002_000000", "checkpoint_003_000001"]

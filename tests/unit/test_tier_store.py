@@ -1,5 +1,6 @@
 """The memory tier on its files and between two tier servers over CURVE with the cluster key."""
 
+import mmap
 import os
 import subprocess
 import sys
@@ -377,3 +378,16 @@ def test_a_pull_brings_a_peers_copy_into_this_nodes_tier_checked(pair, tmp_path)
     missing = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c9", rank=0, from_address=a.address))
     assert not missing.ok and "not held on n1" in missing.reason
     assert b.store.records()[0].checkpoint_dir == "c1" and len(b.store.records()) == 1
+
+
+def test_a_chunks_bytes_travel_beside_its_header_straight_from_the_file(tmp_path):
+    from outlast.agent.tier_client import chunk_frames, file_view
+
+    (tmp_path / "f").write_bytes(b"x" * (3 * MB))
+    view = file_view(tmp_path / "f")
+    header, data = chunk_frames(m.TierChunk(run="r", checkpoint_dir="c", rank=0, path="f", offset=MB),
+                                view[MB:2 * MB])
+    assert len(header) < 200 and data.nbytes == MB and isinstance(data.obj, mmap.mmap)
+    assert bytes(data[:3]) == b"xxx"
+    (tmp_path / "empty").write_bytes(b"")
+    assert len(file_view(tmp_path / "empty")) == 0
