@@ -192,3 +192,32 @@ def test_memory_a_checkpoint_whose_every_holder_is_gone_is_skipped_for_the_one_b
     assert [s.checkpoint_dir for s in skipped] == ["checkpoint_001_000001"]
     assert "kept in memory only" in skipped[0].reason and "the 1 reports between them" in skipped[0].reason
     assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+
+
+def test_memory_a_new_attempt_starts_its_ranks_once_their_nodes_have_pulled_the_files_they_lack():
+    h, placement = tiered(checkpoint_storage="memory", max_failures=1)
+    assert sorted(placement.values()) == ["n1", "n2"]
+    report(h, 0)
+    report(h, 1)
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    h.release()
+    assert h.core.book.state.checkpoints[-1].memory == ["n1", "n2", "n3"]
+    # n2 dies: the new attempt goes to n1 and n3, which hold rank 0's copy and rank 1's replica.
+    table = [msgspec.structs.replace(n, state="dead" if n.node_id == "n2" else n.state)
+             for n in h.core.nodes.nodes.values()]
+    h.core.nodes.set_table(table)
+    h.agent("n1", h.exited(0, "n1", code=1))
+    h.agent("n2", h.exited(1, "n2", code=1))
+    spawns_before = len([e for e in h.effects if type(e).__name__ == "Spawn"])
+    for _ in range(5):
+        h.release()
+        h.step(dt=0.5)
+    pulls = asks(h, m.TierPull)
+    assert sorted((a.node_id, a.msg.rank, a.msg.from_address) for a in pulls) == [
+        ("n1", 0, "tcp://n3:9"), ("n1", 1, "tcp://n3:9"), ("n3", 0, "tcp://n1:9"), ("n3", 1, "tcp://n1:9")]
+    assert len([e for e in h.effects if type(e).__name__ == "Spawn"]) == spawns_before  # not yet
+    for a in pulls:
+        h.step(stored(a))
+    spawned = h.spawned()
+    assert sorted(spawned.values()) == ["n1", "n3"] and h.core.attempt.number == 2
