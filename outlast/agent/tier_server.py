@@ -282,12 +282,20 @@ class TierServer:
 
 
 def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
-               root: Path | None = None) -> TierServer | None:
-    """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget."""
+               root: Path | None = None, fitted: bool = False) -> TierServer | None:
+    """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget.
+
+    `fitted`: the budget is outlast's default, not the user's, so it shrinks to half of a small tmpfs
+    (a container's /dev/shm is 64 MiB by default) instead of refusing the node."""
     if budget_bytes <= 0:
         return None
     root = root or default_root()
     room = shutil.disk_usage(_existing(root)).total
+    if fitted and budget_bytes > room // 2:
+        log.info("the memory tier's default budget (%.2f GiB) is lowered to half of the %.2f GiB file system "
+                 "behind %s; give --checkpoint-memory or OUTLAST_TIER_DIR for more", budget_bytes / 2**30,
+                 room / 2**30, root)
+        budget_bytes = room // 2
     if budget_bytes > room:
         raise ValueError(f"--checkpoint-memory {budget_bytes / 2**30:.2f} GiB is more than the whole of the file "
                          f"system behind {root} ({room / 2**30:.2f} GiB); lower it, or set OUTLAST_TIER_DIR to a "

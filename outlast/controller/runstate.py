@@ -15,7 +15,7 @@ import msgspec
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
     AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, Note, OutputFile,
-    ResizeRecord, RunState, SkippedCheckpoint, encode, is_checkpoint_dir_name,
+    ResizeRecord, RunState, SkippedCheckpoint, encode,
 )
 from outlast.storage.run_store import RunStore
 
@@ -61,8 +61,8 @@ class RunBook:
         known = {c.checkpoint_dir for c in self.state.checkpoints} | {
             s.checkpoint_dir for s in self.state.skipped_checkpoints}
         adopted = []
-        for name in self.store.storage.list_dirs(self.store.run_dir):
-            if not is_checkpoint_dir_name(name) or name in known:
+        for name in self.store.checkpoint_dirs():
+            if name in known:
                 continue
             try:
                 manifest = self.store.read_manifest(name)

@@ -444,8 +444,8 @@ class CollectiveRequest(Msg):
     attempt: int
     rank: int
     seq: int
-    op: str  # "barrier" | "broadcast"
-    payload: bytes | None = None  # rank 0's pickled object for a broadcast
+    op: str  # "barrier" | "broadcast" | "allgather"
+    payload: bytes | None = None  # rank 0's pickled object for a broadcast; each rank's for an allgather
 
 
 class PreemptionQuery(Msg):
@@ -540,7 +540,19 @@ class DumpStacks(Msg):
 
 class CollectiveReply(Msg):
     seq: int
-    payload: bytes | None = None
+    payload: bytes | None = None  # a broadcast's source payload; an allgather's, `gathered_payload`
+
+
+ALLGATHER = "allgather"
+
+
+def gathered_payload(by_rank: dict[int, bytes]) -> bytes:
+    """An allgather's reply: each surviving rank's payload by rank, passed on unread."""
+    return msgspec.msgpack.encode(by_rank)
+
+
+def read_gathered(payload: bytes) -> dict[int, bytes]:
+    return msgspec.msgpack.decode(payload, type=dict[int, bytes])
 
 
 class CollectiveTimeout(Msg):

@@ -16,6 +16,8 @@ from outlast.protocol.messages import FileEntry
 
 MANIFEST_NAME = ".outlast-manifest.json"
 RUN_STATE_NAME = "run_state.json"
+LEASE_NAME = "driver_lease.json"
+RETURN_VALUE_NAME = "return_value.pkl"  # rank 0's return value, written when its train function returns
 REPORTS_DIR = "reports"  # beside the run state: rank 0's reports, in ReportSegment documents
 REPORTS_PER_SEGMENT = 1000
 SCHEMA_VERSION = 1
@@ -260,15 +262,6 @@ def decode(data: bytes, kind: type, where: str) -> Any:
         raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
 
 
-def checkpoint_dir_name(attempt: int, report_index: int) -> str:
-    """Every rank derives the same name from counts it already has: no agreement needed."""
-    return f"checkpoint_{attempt:03d}_{report_index:06d}"
-
-
 def report_segment_name(attempt: int, first_index: int) -> str:
     return f"{REPORTS_DIR}/{attempt:04d}_{first_index:08d}.json"
 
-
-def is_checkpoint_dir_name(name: str) -> bool:
-    parts = name.split("_")
-    return len(parts) == 3 and parts[0] == "checkpoint" and parts[1].isdigit() and parts[2].isdigit()

@@ -21,10 +21,13 @@ import zmq
 
 from outlast.faults import fault_point
 from outlast.protocol import messages as m
+from outlast.protocol.messages import ALLGATHER, read_gathered
 from outlast.protocol.transport import TO_WORKER, encode
+from outlast.storage import naming
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.checksum import hash_file
 from outlast.storage.local import walk_files
+from outlast.storage.records import MANIFEST_NAME
 from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.train._uploads import Uploads, dir_bytes, local_files
@@ -37,6 +40,7 @@ from outlast.errors import NotInWorkerError
 log = logging.getLogger("outlast.worker")
 
 _WAIT_LOG_INTERVAL_S = float(os.environ.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", "60"))
+_MARKER_GRACE_S = 5.0
 
 
 class WorkerSession:
@@ -87,15 +91,11 @@ class WorkerSession:
         off the training thread, then uploaded (ASYNC)."""
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
-        if dir_name is not None:
-            if not isinstance(dir_name, str) or not dir_name or "/" in dir_name:
-                raise ValueError(f"report(checkpoint_dir_name=...) must be a name without '/', got {dir_name!r}")
-            if checkpoint is not None:
-                # outlast's own directory name is what its recovery finds checkpoints by; the name asked
-                # for travels with the checkpoint's files.
-                checkpoint.update_metadata({"checkpoint_dir_name": dir_name})
+        name = naming.check_name(dir_name) if dir_name is not None else None
         upload_mode = CheckpointUploadMode(upload_mode)
-        slot = self._core.begin_report()
+        if name is not None and not self._memory_only and (checkpoint is not None or write is not None):
+            self._claim(name, self._core.reports)  # before the report counts: a clash loses nothing
+        slot = self._core.begin_report(name)
         if checkpoint is None and write is None:
             self._run(self._core.report(slot, metrics))
             return
@@ -125,6 +125,33 @@ class WorkerSession:
         self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
                                     bandwidth_bps=self._uploads.bandwidth_bps, now=time.monotonic(), local_dir=here))
         fault_point("report.after_commit")
+
+    def _claim(self, name: str, index: int) -> None:
+        """Mark `name`'s directory as the checkpoint of report `index` before any file goes there, or raise
+        `CheckpointNameError` when it holds something else."""
+        dest = f"{self._run_dir}/{name}"
+        marker = f"{dest}/{naming.MARKER_NAME}"
+        found = None
+        occupied = self._storage.exists(dest)
+        if occupied:
+            # Another rank of this report may have made the directory a moment ago, its marker still on the
+            # way (a file system makes the directory before the marker's rename lands in it): give it time
+            # before taking the directory for one of the user's own.
+            deadline = time.monotonic() + _MARKER_GRACE_S
+            while True:
+                try:
+                    found = naming.decode_marker(self._storage.read_bytes(marker))
+                except FileNotFoundError:
+                    found = None
+                if found is not None or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        committed = found is not None and self._storage.exists(f"{dest}/{MANIFEST_NAME}")
+        problem = naming.clash(name, self._storage.uri(dest), self.context.attempt, index, found, committed, occupied)
+        if problem is not None:
+            raise naming.CheckpointNameError(problem)
+        if found is None:
+            self._storage.write_atomic(marker, naming.encode_marker(self.context.attempt, index))
 
     def _report_in_memory(self, slot, metrics: dict[str, Any], checkpoint: Checkpoint | None,
                           write: Callable[[Path], None] | None, nbytes: int, delete: bool) -> None:
@@ -181,10 +208,12 @@ class WorkerSession:
     def collective(self, op: str, obj: Any = None) -> Any:
         # With relaxed collectives any rank may be the source (the lowest that survives), so all send.
         source = self.context.world_rank == 0 or self._relaxed
-        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) else None
+        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) or op == ALLGATHER else None
         reply = self._run(self._core.collective(op, payload, time.monotonic()))
         if op == "broadcast":
             return cloudpickle.loads(reply) if reply is not None else None
+        if op == ALLGATHER:
+            return {rank: cloudpickle.loads(data) for rank, data in sorted(read_gathered(reply).items())}
         return None
 
     # -- end of the train function ------------------------------------------------

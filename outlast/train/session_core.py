@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from outlast.errors import CheckpointCommitError, CollectiveTimeoutError
 from outlast.protocol import messages as m
-from outlast.storage.records import checkpoint_dir_name
+from outlast.storage.naming import default_name
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,11 @@ class SessionCore:
 
     # -- reports --------------------------------------------------------------------
 
-    def begin_report(self) -> ReportSlot:
+    def begin_report(self, name: str | None = None) -> ReportSlot:
+        """`name`: the checkpoint directory asked for (checked already), else outlast's own."""
         index = self.reports
         self.reports += 1
-        return ReportSlot(index, checkpoint_dir_name(self.attempt, index), self.saw_preemption)
+        return ReportSlot(index, name or default_name(self.attempt, index), self.saw_preemption)
 
     def report(self, slot: ReportSlot, metrics: dict[str, Any], checkpoint: bool = False,
                files: list[m.FileEntry] | None = None, upload_bytes: int = 0, bandwidth_bps: float = 0.0,

@@ -1,4 +1,4 @@
-"""Ray Train's framework integrations on outlast: a Lightning, Transformers, XGBoost and JAX run each
+"""Ray Train's framework integrations on outlast: a Lightning, Transformers, XGBoost, LightGBM and JAX run each
 survives a killed rank (it resumes from the latest committed checkpoint) and a drain (it moves to the
 other node from the checkpoint saved on the notice, so no step is lost). Two nodes on this machine
 (`LocalCluster`), real worker processes, gloo or the framework's own collective; tiny models, few steps."""
@@ -186,6 +186,49 @@ def test_a_drained_xgboost_run_moves_with_its_just_in_time_checkpoint(cluster, s
     restored = _check_drain(events, storage_path)
     assert 2 <= restored < 30
     assert RayTrainReportCallback.get_model(result.checkpoint).num_boosted_rounds() == 30
+
+
+# ---- LightGBM ------------------------------------------------------------------------------------------------
+
+def _lightgbm_fit(storage_path, events, **extra):
+    pytest.importorskip("lightgbm")
+    from outlast.train.lightgbm import LightGBMTrainer
+    from tests.integration.framework_jobs import lightgbm_loop
+
+    config = {"events": str(events), "rounds": 12, "frequency": 3, **extra}
+    return LightGBMTrainer(lightgbm_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                           run_config=_run_config(storage_path, max_failures=1)).fit()
+
+
+def test_a_lightgbm_run_resumes_from_its_latest_checkpoint_after_a_worker_dies(cluster, storage_path, tmp_path):
+    from outlast.train.lightgbm import RayTrainReportCallback
+
+    events = tmp_path / "events.jsonl"
+    result = _lightgbm_fit(storage_path, events, kill={"rank": 1, "step": 7})
+    _check_kill(events, storage_path, committed_step=6)
+    # Both workers train one model in LightGBM's data-parallel learner: each listens on its own port and
+    # knows every other's, in rank order; a new attempt gets new ports.
+    for attempt in (1, 2):
+        starts = sorted(_starts(events, attempt), key=lambda e: e["rank"])
+        machines = starts[0]["machines"].split(",")
+        assert [e["num_machines"] for e in starts] == [2, 2] and all(e["machines"] == starts[0]["machines"]
+                                                                     for e in starts)
+        assert [int(m.rsplit(":", 1)[1]) for m in machines] == [e["local_listen_port"] for e in starts]
+    model = RayTrainReportCallback.get_model(result.checkpoint)
+    assert model.current_iteration() == 12
+    assert "train-l2" in result.metrics
+
+
+def test_a_drained_lightgbm_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path):
+    from outlast.train.lightgbm import RayTrainReportCallback
+
+    events = tmp_path / "events.jsonl"
+    drainer = _drain_at(cluster, events, 2)
+    result = _lightgbm_fit(storage_path, events, rounds=30, frequency=100, step_sleep=0.15)
+    drainer.join()
+    restored = _check_drain(events, storage_path)
+    assert 2 <= restored < 30
+    assert RayTrainReportCallback.get_model(result.checkpoint).current_iteration() == 30
 
 
 # ---- JAX ------------------------------------------------------------------------------------------------------

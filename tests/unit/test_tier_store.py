@@ -349,6 +349,18 @@ def test_a_budget_larger_than_the_tmpfs_is_refused_saying_what_to_do(tmp_path):
         start_tier(zmq.Context.instance(), None, "n1", "127.0.0.1", 1 << 60, root=tmp_path / "tier")
 
 
+def test_the_default_budget_shrinks_to_half_a_small_tmpfs_instead_of_refusing_the_node(tmp_path):
+    import shutil
+
+    from outlast.agent.tier_server import start_tier
+
+    server = start_tier(zmq.Context.instance(), None, "n1", "127.0.0.1", 1 << 60, root=tmp_path / "tier", fitted=True)
+    try:
+        assert server.store.book.budget_bytes == shutil.disk_usage(tmp_path).total // 2
+    finally:
+        server.stop()
+
+
 def test_a_second_live_agent_of_the_same_node_id_cannot_take_its_tier(root):
     child = subprocess.Popen([sys.executable, "-c", f"""
 import time
