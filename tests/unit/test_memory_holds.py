@@ -221,3 +221,17 @@ def test_memory_a_new_attempt_starts_its_ranks_once_their_nodes_have_pulled_the_
         h.step(stored(a))
     spawned = h.spawned()
     assert sorted(spawned.values()) == ["n1", "n3"] and h.core.attempt.number == 2
+
+
+def test_memory_ranks_writing_one_file_differently_keep_rank_0s_copy_without_reading_storage():
+    h, placement = tiered(checkpoint_storage="memory")
+    mine = {0: m.FileEntry("model.pt", 1, "0" * 64), 1: m.FileEntry("model.pt", 1, "1" * 64)}
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}, checkpoint_dir=DIR, files=[mine[rank]],
+                          local_dir=f"/tmp/rank{rank}"))
+    assert not [e for e in h.held if isinstance(e, fx.ReadChecksums)]  # storage has no copy to read back
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    manifest = next(e for e in h.held if isinstance(e, fx.WriteManifest)).manifest
+    assert manifest.files == [mine[0]]
+    assert "keeps rank 0's copy" in h.core.book.state.notes[0].text
