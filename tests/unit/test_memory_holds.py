@@ -235,3 +235,23 @@ def test_memory_ranks_writing_one_file_differently_keep_rank_0s_copy_without_rea
     manifest = next(e for e in h.held if isinstance(e, fx.WriteManifest)).manifest
     assert manifest.files == [mine[0]]
     assert "keeps rank 0's copy" in h.core.book.state.notes[0].text
+
+
+def test_the_tier_executor_answers_a_silent_node_with_an_error_and_never_holds_the_driver_at_exit():
+    import select
+    import threading
+
+    import zmq
+
+    from outlast.controller.tier_executor import TierExecutor
+
+    ctx = zmq.Context()
+    ex = TierExecutor(ctx, None)
+    ex.submit(fx.TierAsk(7, "n9", "tcp://127.0.0.1:9", m.TierList(), timeout_s=0.3))
+    assert select.select([ex.wake_fd], [], [], 10)[0]
+    (answer,) = ex.take()
+    assert answer.id == 7 and answer.reply is None and "the memory tier of n9 did not answer" in answer.error
+    ex.submit(fx.TierAsk(8, "n9", "tcp://127.0.0.1:9", m.TierList(), timeout_s=60))
+    ex.close()  # returns at once, the request still waiting
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("outlast-tier-ask"))
+    ctx.term()  # the waiting request's poll ends with the context (ETERM), and its socket is closed
