@@ -76,6 +76,13 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
     if not merged.conflicts:
         commit_files(c, pending, a.number, merged.files)
         return
+    if c.plan.checkpoint_storage == memory_holds.MEMORY:
+        # Nothing is in storage to read back: every rank's copy is in its own node's memory, so the
+        # lowest rank's (rank 0's, where it wrote one) is the one kept.
+        kept = settle(merged, {x.path: x.entries[0].checksum for x in merged.conflicts})
+        _say_kept(c, pending, kept)
+        commit_files(c, pending, a.number, kept.files)
+        return
     paths = tuple((conflict.path, conflict.entries[0].checksum[0]) for conflict in merged.conflicts)
     c.reading_back[pending.checkpoint_dir] = pending
     c.ask_storage(lambda i: fx.ReadChecksums(i, pending.checkpoint_dir, paths),
@@ -104,12 +111,16 @@ def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingC
     except ValueError as e:
         fail_commit(c, pending, attempt, str(e))
         return
+    _say_kept(c, pending, merged)
+    commit_files(c, pending, attempt, merged.files)
+
+
+def _say_kept(c: "ControllerCore", pending: PendingCheckpoint, merged: MergedFiles) -> None:
     kept = ", ".join(f"{conflict.path!r} from rank {conflict.kept}" for conflict in merged.conflicts)
     if c.book.note_once(merged.describe(), c.wall()):
         log.warning("checkpoint %s: %s (this one kept %s)", pending.checkpoint_dir, merged.describe(), kept)
     else:
         log.debug("checkpoint %s kept %s", pending.checkpoint_dir, kept)
-    commit_files(c, pending, attempt, merged.files)
 
 
 def _next_seq(c: "ControllerCore") -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from outlast.controller import effects as fx
+from outlast.controller.group import Spawn
 from outlast.protocol import messages as m
 from outlast.storage.memtier import PeerCandidate, choose_peer, memory_committed
 
@@ -303,3 +304,50 @@ def _record(c: "ControllerCore", h: Holding) -> None:
             ask_tier(c, node, address, m.TierCommit(run=run, checkpoint_dir=h.checkpoint_dir), None, 30.0)
     if not h.waiting and all(len(h.holders.get(r, ())) >= 2 or r in h.refused for r in h.asked):
         c.holds.pop(h.checkpoint_dir, None)  # every answer is in
+
+
+# ---- a new attempt: its nodes fetch what they lack before its ranks start ----------------------
+
+
+def pull_then(c: "ControllerCore", a, sends: list) -> None:
+    """A "memory" run: each node of the attempt first pulls, from a node that holds the checkpoint it
+    restores, the files of every rank it lacks (`TierPull`), as storage has none; its ranks are started
+    once every pull has answered, kept or not. A "storage" run reads what its nodes lack from storage,
+    which is never slower to reach than a wait for a transfer first."""
+    if c.plan.checkpoint_storage != MEMORY or a.restore is None:
+        c.out += sends
+        return
+    record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
+    ranks = sorted(a.restore_ranks or ())
+    sources = [n for n in (record.memory if record is not None else []) if c.nodes.reachable(n) and tier_of(c, n)]
+    nodes = sorted({n for n in a.placement.values() if tier_of(c, n)})
+    todo = [(node, rank, [s for s in sources if s != node]) for node in nodes for rank in ranks
+            if node not in sources or len(sources) > 1]
+    todo = [t for t in todo if t[2]]
+    if not todo:
+        c.out += sends
+        return
+    c.out += [e for e in sends if not isinstance(e, Spawn)]  # the agents know the run meanwhile
+    spawns = [e for e in sends if isinstance(e, Spawn)]
+    left = set(range(len(todo)))
+
+    def ask_one(i: int, node: str, rank: int, candidates: list[str]) -> None:
+        src, rest = candidates[0], candidates[1:]
+
+        def answered(c: "ControllerCore", e: fx.TierAnswered) -> None:
+            stored = e.reply if isinstance(e.reply, m.TierStored) else None
+            if (stored is None or not stored.ok) and rest:
+                ask_one(i, node, rank, rest)  # that node may keep other ranks' files only
+                return
+            if stored is None or not stored.ok:
+                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from storage",
+                         node, a.restore, rank, stored.reason if stored is not None else e.error)
+            left.discard(i)
+            if not left and c.attempt is a:
+                c.out.extend(spawns)
+
+        pull = m.TierPull(run=run_key(c), checkpoint_dir=a.restore, rank=rank, from_address=tier_of(c, src))
+        ask_tier(c, node, tier_of(c, node), pull, answered, REPLICA_TIMEOUT_S)
+
+    for i, (node, rank, candidates) in enumerate(todo):
+        ask_one(i, node, rank, candidates)

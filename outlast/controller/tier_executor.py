@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
@@ -26,19 +26,29 @@ log = logging.getLogger("outlast.controller")
 class TierExecutor:
     def __init__(self, ctx: zmq.Context, key: ClusterKey | None, threads: int = 4) -> None:
         self._ctx, self._key = ctx, key
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="outlast-tier-ask")
+        # Daemon threads: a request still waiting on a dead node when the run ends must not keep the
+        # driver's process from exiting (a pool's threads are joined at exit).
+        self._todo: queue.Queue[fx.TierAsk | None] = queue.Queue()
+        self._threads = [threading.Thread(target=self._run, name=f"outlast-tier-ask-{i}", daemon=True)
+                         for i in range(threads)]
         self._answers: deque[fx.TierAnswered] = deque()
         self._lock = threading.Lock()
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
+        for t in self._threads:
+            t.start()
 
     @property
     def wake_fd(self) -> int:
         return self._read_fd
 
     def submit(self, effect: fx.TierAsk) -> None:
-        self._pool.submit(self._ask, effect)
+        self._todo.put(effect)
+
+    def _run(self) -> None:
+        while (effect := self._todo.get()) is not None:
+            self._ask(effect)
 
     def take(self) -> list[fx.TierAnswered]:
         try:
@@ -52,8 +62,14 @@ class TierExecutor:
         return out
 
     def close(self) -> None:
-        """Requests still running are let go: their copies are the nodes' to keep or evict."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Requests not begun are dropped, those running let go: their copies are the nodes' to keep or evict."""
+        while True:
+            try:
+                self._todo.get_nowait()
+            except queue.Empty:
+                break
+        for _ in self._threads:
+            self._todo.put(None)
 
     def _request(self, effect: fx.TierAsk) -> m.TierReply:
         sock = connect_dealer(self._ctx, effect.address, key=self._key)

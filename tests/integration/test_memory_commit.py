@@ -1,10 +1,12 @@
-"""Runs on two real nodes that keep their checkpoints in memory: the controller has each rank's node copy its
+"""Runs on real nodes that keep their checkpoints in memory: the controller has each rank's node copy its
 files and replicate them to the other node; a killed rank restores from its node's memory, a lost node's
-ranks from the replica on the node that is left, and a memory-only run commits without uploading a file."""
+ranks from the replica on the node that is left, a memory-only run commits without uploading a file, and
+one moved to a third node restores from copies its nodes pull from the others."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -103,3 +105,33 @@ def test_a_memory_only_run_commits_without_storage_and_restores_from_memory(clus
         manifest = json.loads((Path(storage_path) / "run" / r["checkpoint_dir"] / MANIFEST_NAME).read_text())
         assert manifest["durable"] is False and manifest["memory"] == ["node-0", "node-1"]
         assert {f["path"] for f in manifest["files"]} == {"state.json", "state_rank0.json", "state_rank1.json"}
+
+
+def test_a_memory_only_run_moved_to_a_third_node_restores_from_copies_pulled_from_the_peers(monkeypatch, tmp_path,
+                                                                                            storage_path, capfd):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=3, node_timeout_s=2, cpus_per_node=1, workdir=tmp_path / "cl") as cluster:
+        def kill_once_replicated():
+            def replicated():
+                try:
+                    return any(r["report_index"] == 5 and r["memory_at"] for r in _state(storage_path)["checkpoints"])
+                except (FileNotFoundError, json.JSONDecodeError):
+                    return False
+
+            wait_until(replicated, 60, "checkpoint 5 held on two nodes")
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 7 for e in read_events(events)), 60,
+                       "step 7")
+            cluster.kill_node("node-1")
+
+        killer = threading.Thread(target=kill_once_replicated, daemon=True)
+        killer.start()
+        result = _fit(storage_path, events, steps=40, every=6, storage="memory")
+        killer.join()
+    assert result.last_metrics == {"step": 39}
+    starts = [e for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2]
+    assert len(starts) == 2 and min(e["restored_step"] for e in starts) >= 5
+    said = "".join(capfd.readouterr())
+    # node-2 held only rank 1's replica, node-0 only rank 0's own copy: each pulled the other's.
+    restored = re.findall(r"\[rank (\d) (node-\d) a2\] outlast INFO rank \d restored checkpoint_001_\d+ from (\w+)", said)
+    assert sorted(restored) == [("0", "node-0", "local_memory"), ("1", "node-2", "local_memory")], said[-3000:]

@@ -192,3 +192,66 @@ def test_memory_a_checkpoint_whose_every_holder_is_gone_is_skipped_for_the_one_b
     assert [s.checkpoint_dir for s in skipped] == ["checkpoint_001_000001"]
     assert "kept in memory only" in skipped[0].reason and "the 1 reports between them" in skipped[0].reason
     assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+
+
+def test_memory_a_new_attempt_starts_its_ranks_once_their_nodes_have_pulled_the_files_they_lack():
+    h, placement = tiered(checkpoint_storage="memory", max_failures=1)
+    assert sorted(placement.values()) == ["n1", "n2"]
+    report(h, 0)
+    report(h, 1)
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    h.release()
+    assert h.core.book.state.checkpoints[-1].memory == ["n1", "n2", "n3"]
+    # n2 dies: the new attempt goes to n1 and n3, which hold rank 0's copy and rank 1's replica.
+    table = [msgspec.structs.replace(n, state="dead" if n.node_id == "n2" else n.state)
+             for n in h.core.nodes.nodes.values()]
+    h.core.nodes.set_table(table)
+    h.agent("n1", h.exited(0, "n1", code=1))
+    h.agent("n2", h.exited(1, "n2", code=1))
+    spawns_before = len([e for e in h.effects if type(e).__name__ == "Spawn"])
+    for _ in range(5):
+        h.release()
+        h.step(dt=0.5)
+    pulls = asks(h, m.TierPull)
+    assert sorted((a.node_id, a.msg.rank, a.msg.from_address) for a in pulls) == [
+        ("n1", 0, "tcp://n3:9"), ("n1", 1, "tcp://n3:9"), ("n3", 0, "tcp://n1:9"), ("n3", 1, "tcp://n1:9")]
+    assert len([e for e in h.effects if type(e).__name__ == "Spawn"]) == spawns_before  # not yet
+    for a in pulls:
+        h.step(stored(a))
+    spawned = h.spawned()
+    assert sorted(spawned.values()) == ["n1", "n3"] and h.core.attempt.number == 2
+
+
+def test_memory_ranks_writing_one_file_differently_keep_rank_0s_copy_without_reading_storage():
+    h, placement = tiered(checkpoint_storage="memory")
+    mine = {0: m.FileEntry("model.pt", 1, "0" * 64), 1: m.FileEntry("model.pt", 1, "1" * 64)}
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}, checkpoint_dir=DIR, files=[mine[rank]],
+                          local_dir=f"/tmp/rank{rank}"))
+    assert not [e for e in h.held if isinstance(e, fx.ReadChecksums)]  # storage has no copy to read back
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    manifest = next(e for e in h.held if isinstance(e, fx.WriteManifest)).manifest
+    assert manifest.files == [mine[0]]
+    assert "keeps rank 0's copy" in h.core.book.state.notes[0].text
+
+
+def test_the_tier_executor_answers_a_silent_node_with_an_error_and_never_holds_the_driver_at_exit():
+    import select
+    import threading
+
+    import zmq
+
+    from outlast.controller.tier_executor import TierExecutor
+
+    ctx = zmq.Context()
+    ex = TierExecutor(ctx, None)
+    ex.submit(fx.TierAsk(7, "n9", "tcp://127.0.0.1:9", m.TierList(), timeout_s=0.3))
+    assert select.select([ex.wake_fd], [], [], 10)[0]
+    (answer,) = ex.take()
+    assert answer.id == 7 and answer.reply is None and "the memory tier of n9 did not answer" in answer.error
+    ex.submit(fx.TierAsk(8, "n9", "tcp://127.0.0.1:9", m.TierList(), timeout_s=60))
+    ex.close()  # returns at once, the request still waiting
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("outlast-tier-ask"))
+    ctx.term()  # the waiting request's poll ends with the context (ETERM), and its socket is closed
