@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -185,6 +186,10 @@ def test_a_crash_mid_commit_of_a_named_checkpoint_restores_it_by_its_name(point,
     assert json.loads((Path(storage_path) / "run" / "step_9" / "state.json").read_text()) == {"step": 9}
     assert_every_checkpoint_whole(storage_path)
     assert (own / "todo.txt").read_text() == "mine"
+    shown = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", str(storage_path), "run"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "  step_4  " in shown.stdout and re.search(r"  step_9  .*<- latest", shown.stdout), shown.stdout
 
 
 def test_a_corrupted_checkpoint_file_falls_back_to_the_previous_checkpoint(storage_path, tmp_path):
