@@ -233,3 +233,29 @@ def jax_loop(config: dict) -> None:
                 json.dump({"w": np.asarray(w).tolist(), "step": step + 1}, f)
             checkpoint = Checkpoint.from_directory(d)
         train.report({"step": step + 1}, checkpoint=checkpoint if due else None)
+
+
+def make_trainer(framework: str, storage_path: str, config: dict):
+    """The trainer of a framework's test run (`config` is its train_loop_config), as the tests and the
+    relaunched drivers of tests/integration/framework_driver.py build it."""
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig
+
+    env = {"JAX_PLATFORMS": "cpu"} if framework == "jax" else None  # Ray's way to JAX's runtime without accelerators
+    common = dict(train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                  run_config=RunConfig(name="run", storage_path=storage_path, failure_config=FailureConfig(max_failures=1),
+                                       worker_runtime_env={"env_vars": env} if env else None))
+    if framework in ("lightning", "transformers"):
+        from outlast.train.torch import TorchTrainer
+
+        return TorchTrainer(lightning_loop if framework == "lightning" else transformers_loop, **common)
+    if framework == "xgboost":
+        from outlast.train.xgboost import XGBoostTrainer
+
+        return XGBoostTrainer(xgboost_loop, **common)
+    if framework == "lightgbm":
+        from outlast.train.lightgbm import LightGBMTrainer
+
+        return LightGBMTrainer(lightgbm_loop, **common)
+    from outlast.train.jax import JaxConfig, JaxTrainer
+
+    return JaxTrainer(jax_loop, jax_config=JaxConfig(use_gpu=True), **common)
