@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from outlast.protocol.kinds import NODE_KINDS
+from outlast.storage.naming import CheckpointNameError as CheckpointNameError  # report(checkpoint_dir_name=...)
 from outlast.storage.records import FailureRecord
 from outlast.storage.records import NewerVersionError as NewerVersionError  # a run written by a newer outlast
 

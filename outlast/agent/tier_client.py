@@ -3,10 +3,16 @@
 Both directions go in chunks of `CHUNK` bytes with at most `WINDOW` unanswered, so a server's
 thread never holds more than a chunk of anyone's copy and never waits on a slow peer; a peer
 silent for `timeout_s` fails the transfer, saying so.
+
+A chunk's bytes travel as a frame of their own after its `TierChunk` (`chunk_frames`), never
+inside the msgpack: they are sent straight from a map of the file (the page cache, or the tier's
+tmpfs) and written from the frame they arrive in, so that the only copies on the way are the
+transport's (CURVE's encryption, the kernel's socket) and the write into the file.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +33,29 @@ class TransferError(RuntimeError):
 
 
 def _recv(sock: zmq.Socket, timeout_s: float, what: str) -> m.TierReply:
+    return _recv_frames(sock, timeout_s, what)[0]
+
+
+def _recv_frames(sock: zmq.Socket, timeout_s: float, what: str) -> tuple[m.TierReply, memoryview | bytes]:
+    """An answer, and the bytes that follow a chunk (empty for any other answer)."""
     if not sock.poll(int(timeout_s * 1000)):
         raise TransferError(f"no answer from {what} for {timeout_s:.0f} s")
-    return TIER_REPLIES.decode(sock.recv())
+    frames = sock.recv_multipart(copy=False)
+    reply = TIER_REPLIES.decode(frames[0].bytes)
+    return reply, frames[1].buffer if len(frames) > 1 else getattr(reply, "data", b"")
+
+
+def file_view(path: Path) -> memoryview:
+    """The file's bytes, mapped (nothing read into a buffer); empty for an empty file. The map is closed
+    when the last slice of it is let go, by zmq once a frame made of it is sent."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+
+
+def chunk_frames(chunk: m.TierChunk, data: memoryview) -> list:
+    """A chunk as it goes on the wire: its header (data left empty), then its bytes as they are."""
+    return [encode(chunk), data]
 
 
 def _chunks(files: list[m.FileEntry]):
@@ -47,24 +73,20 @@ def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src
     if isinstance(reply, m.TierStored):
         return reply  # refused: its reason says why
     in_flight = 0
-    handles: dict[str, int] = {}
-    try:
-        for entry, offset, length in _chunks(files):
-            fd = handles.get(entry.path)
-            if fd is None:
-                fd = handles[entry.path] = os.open(src / entry.path, os.O_RDONLY)
-            data = os.pread(fd, length, offset) if length else b""
-            if len(data) != length:
-                raise TransferError(f"file {entry.path} under {src} is shorter than its record says")
-            while in_flight >= WINDOW:
-                _expect_ack(_recv(sock, timeout_s, peer), peer)
-                in_flight -= 1
-            sock.send(encode(m.TierChunk(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank,
-                                         path=entry.path, offset=offset, data=data)))
-            in_flight += 1
-    finally:
-        for fd in handles.values():
-            os.close(fd)
+    views: dict[str, memoryview] = {}
+    for entry, offset, length in _chunks(files):
+        view = views.get(entry.path)
+        if view is None:
+            view = views[entry.path] = file_view(src / entry.path)
+        if len(view) < offset + length:
+            raise TransferError(f"file {entry.path} under {src} is shorter than its record says")
+        while in_flight >= WINDOW:
+            _expect_ack(_recv(sock, timeout_s, peer), peer)
+            in_flight -= 1
+        sock.send_multipart(chunk_frames(m.TierChunk(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank,
+                                                     path=entry.path, offset=offset),
+                                         view[offset:offset + length]), copy=False)
+        in_flight += 1
     while in_flight:
         _expect_ack(_recv(sock, timeout_s, peer), peer)
         in_flight -= 1
@@ -111,12 +133,12 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
                     entry, offset, length = pending[asked]
                     sock.send(encode(m.TierFetch(**ask, path=entry.path, offset=offset, length=length)))
                     asked += 1
-                chunk = _recv(sock, timeout_s, address)
+                chunk, data = _recv_frames(sock, timeout_s, address)
                 if isinstance(chunk, m.TierStored):
                     raise TransferError(chunk.reason)
                 if not isinstance(chunk, m.TierChunk) or chunk.path not in handles:
                     raise TransferError(f"{address} answered a chunk request with {type(chunk).__name__}")
-                os.pwrite(handles[chunk.path], chunk.data, chunk.offset)
+                write_all(handles[chunk.path], data, chunk.offset)
                 done += 1
         finally:
             for fd in handles.values():
@@ -124,6 +146,13 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
         return offer
     finally:
         sock.close(linger=0)
+
+
+def write_all(fd: int, data: memoryview | bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def ask(ctx: zmq.Context, key_pair: ClusterKey, address: str, msg: m.Msg, timeout_s: float = 600.0) -> m.TierReply:

@@ -1,12 +1,14 @@
 """A node's tier server: keeps checkpoint copies in memory and trades them with peers.
 
-Two threads of the agent's process, neither of them its poll loop, which never waits on
+Three threads of the agent's process, none of them its poll loop, which never waits on
 a copy. The server thread owns a ROUTER socket (CURVE, the cluster key: the same
 authenticator as the agent's) and answers what takes a chunk's time at most: a peer's offer
-and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold thread does
+and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
 what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the replica to
 the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
-took) goes back through the server thread once the replica is there or has failed.
+took) goes back through the server thread once the replica is there or has failed. A hold
+without a peer (a copy in, which a commit waits for) has a thread of its own, so that it never
+waits behind another checkpoint's replica.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.tier_client import TransferError, fetch, push
+from outlast.agent.tier_client import TransferError, chunk_frames, fetch, file_view, push, write_all
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
@@ -41,12 +43,18 @@ class TierServer:
         self._sock, self.address = bind_router(ctx, host, port, key)
         self._replies = f"inproc://outlast-tier-{id(self)}"
         self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
+        # Copies in from this node's own ranks, which a commit may wait for, never queue behind a replica's
+        # transfer to a peer: a thread of their own.
+        self._copies: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         self._writing: dict[tuple[bytes, CopyKey], dict[str, int]] = {}  # offers being received: path -> fd
         self._stop = threading.Event()
         self._inbox = ctx.socket(zmq.PULL)
         self._inbox.bind(self._replies)
         self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
-                         threading.Thread(target=self._hold_loop, name="outlast-tier-hold", daemon=True)]
+                         threading.Thread(target=self._hold_loop, args=(self._holds,), name="outlast-tier-hold",
+                                         daemon=True),
+                         threading.Thread(target=self._hold_loop, args=(self._copies,), name="outlast-tier-copy",
+                                         daemon=True)]
 
     def start(self) -> "TierServer":
         for t in self._threads:
@@ -56,6 +64,7 @@ class TierServer:
     def stop(self) -> None:
         self._stop.set()
         self._holds.put(None)
+        self._copies.put(None)
         for t in self._threads:
             t.join(timeout=10)
 
@@ -72,14 +81,21 @@ class TierServer:
                         ident, data = self._inbox.recv_multipart()
                         self._sock.send_multipart([ident, data])
                         continue
-                    ident, data = self._sock.recv_multipart()
+                    frames = self._sock.recv_multipart(copy=False)
+                    if len(frames) < 2:
+                        continue
+                    ident = frames[0].bytes
                     try:
-                        msg = TIER_REQUESTS.decode(data)
+                        msg = TIER_REQUESTS.decode(frames[1].bytes)
                     except BadMessage as e:
                         log.warning("dropped a malformed tier request: %s", e)
                         continue
-                    reply = self._handle(ident, msg)
-                    if reply is not None:
+                    # A chunk's bytes are the frame after it (tier_client.chunk_frames), written from there.
+                    payload = frames[2].buffer if len(frames) > 2 else getattr(msg, "data", b"")
+                    reply = self._handle(ident, msg, payload)
+                    if isinstance(reply, tuple):
+                        self._sock.send_multipart([ident, *chunk_frames(*reply)], copy=False)
+                    elif reply is not None:
                         self._sock.send_multipart([ident, encode(reply)])
         finally:
             for fds in self._writing.values():
@@ -88,10 +104,12 @@ class TierServer:
             self._sock.close(linger=0)
             self._inbox.close(linger=0)
 
-    def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
+    def _handle(self, ident: bytes, msg: m.TierRequest, payload: memoryview | bytes = b"",
+                ) -> m.TierReply | tuple[m.TierChunk, memoryview] | None:
         node = self.store.node_id
         if isinstance(msg, (m.TierHold, m.TierPull)):
-            self._holds.put((ident, msg, time.monotonic()))
+            local = isinstance(msg, m.TierHold) and not msg.peer_address
+            (self._copies if local else self._holds).put((ident, msg, time.monotonic()))
             return None
         if isinstance(msg, m.TierList):
             with self._lock:
@@ -128,7 +146,7 @@ class TierServer:
             fds = self._writing.get((ident, key), {})
             if msg.path not in fds:
                 return m.TierStored(**ids, node_id=node, ok=False, reason=f"no offer of {msg.path} is open")
-            os.pwrite(fds[msg.path], msg.data, msg.offset)
+            write_all(fds[msg.path], payload, msg.offset)
             return m.TierAck(**ids, path=msg.path, offset=msg.offset)
         if isinstance(msg, m.TierOfferEnd):
             for fd in self._writing.pop((ident, key), {}).values():
@@ -140,7 +158,7 @@ class TierServer:
             return self._fetch(key, msg)
         return None
 
-    def _fetch(self, key: CopyKey, msg: m.TierFetch) -> m.TierReply:
+    def _fetch(self, key: CopyKey, msg: m.TierFetch) -> m.TierReply | tuple[m.TierChunk, memoryview]:
         ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)
         with self._lock:
             record, where = self.store.record(key), self.store.path(key)
@@ -150,20 +168,19 @@ class TierServer:
         if not msg.path:
             return m.TierOffer(**ids, seq=record.seq, files=record.files, primary=record.primary)
         try:
-            with open(where / msg.path, "rb") as f:
-                data = os.pread(f.fileno(), msg.length, msg.offset)
-        except OSError as e:
+            view = file_view(where / msg.path)
+        except (OSError, ValueError) as e:
             return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=f"cannot read {msg.path}: {e}")
-        return m.TierChunk(**ids, path=msg.path, offset=msg.offset, data=data)
+        return m.TierChunk(**ids, path=msg.path, offset=msg.offset), view[msg.offset:msg.offset + msg.length]
 
     # -- the hold thread ----------------------------------------------------------------------
 
-    def _hold_loop(self) -> None:
+    def _hold_loop(self, todo: queue.Queue) -> None:
         out = self._ctx.socket(zmq.PUSH)
         out.connect(self._replies)
         peers: dict[str, zmq.Socket] = {}
         try:
-            while (item := self._holds.get()) is not None:
+            while (item := todo.get()) is not None:
                 ident, hold, asked_at = item
                 try:
                     reply = self._pull(hold, asked_at) if isinstance(hold, m.TierPull) else \
@@ -265,12 +282,20 @@ class TierServer:
 
 
 def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
-               root: Path | None = None) -> TierServer | None:
-    """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget."""
+               root: Path | None = None, fitted: bool = False) -> TierServer | None:
+    """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget.
+
+    `fitted`: the budget is outlast's default, not the user's, so it shrinks to half of a small tmpfs
+    (a container's /dev/shm is 64 MiB by default) instead of refusing the node."""
     if budget_bytes <= 0:
         return None
     root = root or default_root()
     room = shutil.disk_usage(_existing(root)).total
+    if fitted and budget_bytes > room // 2:
+        log.info("the memory tier's default budget (%.2f GiB) is lowered to half of the %.2f GiB file system "
+                 "behind %s; give --checkpoint-memory or OUTLAST_TIER_DIR for more", budget_bytes / 2**30,
+                 room / 2**30, root)
+        budget_bytes = room // 2
     if budget_bytes > room:
         raise ValueError(f"--checkpoint-memory {budget_bytes / 2**30:.2f} GiB is more than the whole of the file "
                          f"system behind {root} ({room / 2**30:.2f} GiB); lower it, or set OUTLAST_TIER_DIR to a "

@@ -117,10 +117,18 @@ def render(state: RunState, where: str) -> str:
     for c in sorted(state.checkpoints, key=lambda c: c.seq):
         mark = "  <- latest" if c.checkpoint_dir == state.latest_checkpoint else ""
         metrics = ", ".join(f"{k}={v}" for k, v in c.metrics.items())
-        lines.append(f"  {c.checkpoint_dir}  {_when(c.committed_at)}  {metrics}{mark}")
+        lines.append(f"  {c.checkpoint_dir}  {_when(c.committed_at)}  {level(c)}  {metrics}{mark}")
     for s in state.skipped_checkpoints:
         lines.append(f"  skipped {s.checkpoint_dir} at {_when(s.time)}: {s.reason}")
     if state.notes:
         lines.append("notes:")
         lines += [f"  {_when(n.time)}  {n.text}" for n in state.notes]
     return "\n".join(lines)
+
+
+def level(c) -> str:
+    """Where a committed checkpoint is held (docs/guide/memory-tier.md): in storage, in which nodes' memory."""
+    where = "durable" if c.durable else "not in storage"
+    if c.memory:
+        where += f", memory: [{', '.join(c.memory)}]" + ("" if c.memory_at is not None else " (one copy)")
+    return where

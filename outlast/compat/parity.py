@@ -31,7 +31,7 @@ MODULES: dict[str, str | None] = {
     "ray.train.lightning": "outlast.train.lightning",
     "ray.train.huggingface.transformers": "outlast.train.huggingface.transformers",
     "ray.train.xgboost": "outlast.train.xgboost", "ray.train.v2.jax": "outlast.train.jax",
-    "ray.train.lightgbm": None, "ray.train.tensorflow": None, "ray.train.horovod": None,
+    "ray.train.lightgbm": "outlast.train.lightgbm", "ray.train.tensorflow": None, "ray.train.horovod": None,
 }
 
 SAME, DIFFERS, UNSUPPORTED, DEPRECATED = "same", "differs", "not supported", "deprecated in Ray"
@@ -54,9 +54,10 @@ def _torch():
 
 _OUTLAST_URL = "give storage paths as URLs (s3://bucket/prefix, gs://...)"
 NOTES: dict[str, Note] = {
-    "report.checkpoint_dir_name": Note(DIFFERS, "outlast names the directory checkpoint_AAA_IIIIII (its recovery finds "
-                                                "checkpoints by that name); the name given is kept in the checkpoint's "
-                                                "metadata, `get_metadata()['checkpoint_dir_name']`"),
+    "report.checkpoint_dir_name": Note(DIFFERS, "the checkpoint is stored under the name given, as on Ray. A name the run "
+                                                "already holds (Ray writes the files over it), or that is not one "
+                                                "directory name, raises CheckpointNameError before anything is written; "
+                                                "ranks with files for one report pass the same name (Ray takes rank 0's)"),
     "report.checkpoint_upload_fn": Note(UNSUPPORTED, "", lambda: _train().report({}, checkpoint_upload_fn=print)),
     "report.validation": Note(UNSUPPORTED, "", lambda: _train().report({}, validation=True)),
     "get_all_reported_checkpoints": Note(DIFFERS, "the committed checkpoints still kept, ordered as Ray orders them "
@@ -174,6 +175,24 @@ NOTES: dict[str, Note] = {
                                                           "CommunicatorContext around the train function itself"),
     "ray.train.xgboost:XGBoostCheckpoint": Note(UNSUPPORTED, "deprecated in Ray: save with RayTrainReportCallback, read with "
                                            "RayTrainReportCallback.get_model(checkpoint)"),
+    "ray.train.lightgbm:RayTrainReportCallback.filename": Note(SAME, "'model.txt', Ray's "
+                                                                     "RayReportCallback.CHECKPOINT_NAME"),
+    "ray.train.lightgbm:RayTrainReportCallback.get_model.filename": Note(SAME, "'model.txt', as on Ray"),
+    "ray.train.lightgbm:LightGBMTrainer": Note(DIFFERS, "the ranks exchange the addresses LightGBM listens on through "
+                                                        "outlast's collective (Ray's driver gathers them); a restarted "
+                                                        "attempt gets new ports"),
+    "ray.train.lightgbm:LightGBMTrainer.validation_config": Note(UNSUPPORTED, "validate in the train function and report "
+                                                                             "the validation metrics with the checkpoint"),
+    "ray.train.lightgbm:LightGBMTrainer.resume_from_checkpoint": Note(UNSUPPORTED, "a run continues from its own latest "
+                                                                    "checkpoint (lightgbm.train(init_model="
+                                                                    "RayTrainReportCallback.get_model(get_checkpoint())))"),
+    "ray.train.lightgbm:LightGBMTrainer.metadata": Note(DIFFERS, "accepted and not used (deprecated in Ray)"),
+    "ray.train.lightgbm:LightGBMConfig.backend_cls": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.lightgbm:LightGBMConfig.framework": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.lightgbm:LightGBMConfig.to_dict": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.lightgbm:LightGBMConfig.train_func_context": Note(UNSUPPORTED, "Ray's backend internals"),
+    "ray.train.lightgbm:LightGBMCheckpoint": Note(UNSUPPORTED, "deprecated in Ray: save with RayTrainReportCallback, read "
+                                                              "with RayTrainReportCallback.get_model(checkpoint)"),
     "ray.train.v2.jax:JaxTrainer": Note(DIFFERS, "tested on CPUs (JAX_PLATFORMS=cpu with JaxConfig(use_gpu=True) runs JAX's "
                                 "multi-process runtime there, as on Ray); the CUDA and TPU branches follow Ray's "
                                 "code untested; one TPU slice per run (no MEGASCALE_* multi-slice)"),

@@ -48,14 +48,17 @@ FRAMEWORK_MODULES = {
     "ray.train.xgboost": "outlast.train.xgboost",
     "ray.train.v2.xgboost": "outlast.train.xgboost",
     "ray.train.v2.xgboost.xgboost_trainer": "outlast.train.xgboost",
+    "ray.train.lightgbm": "outlast.train.lightgbm",
+    "ray.train.v2.lightgbm": "outlast.train.lightgbm",
+    "ray.train.v2.lightgbm.lightgbm_trainer": "outlast.train.lightgbm",
     "ray.train.v2.jax": "outlast.train.jax",
     "ray.train.v2.jax.jax_trainer": "outlast.train.jax",
     "ray.train.v2.jax.config": "outlast.train.jax",
 }
-SUPPORTED = ("ray.train, ray.train.torch, ray.train.lightning, ray.train.huggingface.transformers, ray.train.xgboost "
-             "and ray.train.v2.jax; ray.init/shutdown/is_initialized; ray.data.from_items/from_numpy/from_pandas/"
+SUPPORTED = ("ray.train, ray.train.torch, ray.train.lightning, ray.train.huggingface.transformers, ray.train.xgboost, "
+             "ray.train.lightgbm and ray.train.v2.jax; ray.init/shutdown/is_initialized; ray.data.from_items/from_numpy/from_pandas/"
              "from_torch/from_huggingface")
-NOT_SUPPORTED = ("ray.train.lightgbm, ray.train.tensorflow, ray.train.horovod, Ray Tune, Ray Data pipelines, "
+NOT_SUPPORTED = ("ray.train.tensorflow, ray.train.horovod, Ray Tune, Ray Data pipelines, "
                  "Ray Serve, tasks and actors (ray.remote, ray.get, ray.put)")
 _DATA_BUILDERS = ("from_items", "from_numpy", "from_pandas", "from_torch", "from_huggingface")
 

@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from outlast.controller import effects as fx
-from outlast.controller import lifecycle, on_workers
+from outlast.controller import lifecycle, memory_holds, on_workers
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.file_merge import DuplicateFiles, MergedFiles, merge_files, settle
@@ -74,7 +74,14 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
         fail_commit(c, pending, a.number, str(e))
         return
     if not merged.conflicts:
-        write_manifest(c, pending, a.number, merged.files)
+        commit_files(c, pending, a.number, merged.files)
+        return
+    if c.plan.checkpoint_storage == memory_holds.MEMORY:
+        # Nothing is in storage to read back: every rank's copy is in its own node's memory, so the
+        # lowest rank's (rank 0's, where it wrote one) is the one kept.
+        kept = settle(merged, {x.path: x.entries[0].checksum for x in merged.conflicts})
+        _say_kept(c, pending, kept)
+        commit_files(c, pending, a.number, kept.files)
         return
     paths = tuple((conflict.path, conflict.entries[0].checksum[0]) for conflict in merged.conflicts)
     c.reading_back[pending.checkpoint_dir] = pending
@@ -86,13 +93,14 @@ def in_progress(c: "ControllerCore") -> set[str]:
     """Checkpoints whose commit has begun and not ended, or whose uploads storage is asked about: their
     directories are not garbage."""
     return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()} \
-        | {name for _, _, _, name in c.checking_uploads.values()}
+        | {name for _, _, _, name in c.checking_uploads.values()} | memory_holds.pending_in_memory(c)
 
 
 def unsettled_below(c: "ControllerCore", a: AttemptState, index: int) -> bool:
     """Whether a checkpoint of attempt `a` among reports below `index` is neither committed nor refused yet."""
     return c.commits.unsettled_below(index) or any(p.index < index for p in c.reading_back.values()) \
-        or any(x.attempt == a.number and x.pending.index < index for x in c.committing.values())
+        or any(x.attempt == a.number and x.pending.index < index for x in c.committing.values()) \
+        or any(h.attempt == a.number and h.on_all is not None and h.index < index for h in c.holds.values())
 
 
 def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingCheckpoint, attempt: int,
@@ -103,20 +111,54 @@ def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingC
     except ValueError as e:
         fail_commit(c, pending, attempt, str(e))
         return
+    _say_kept(c, pending, merged)
+    commit_files(c, pending, attempt, merged.files)
+
+
+def _say_kept(c: "ControllerCore", pending: PendingCheckpoint, merged: MergedFiles) -> None:
     kept = ", ".join(f"{conflict.path!r} from rank {conflict.kept}" for conflict in merged.conflicts)
     if c.book.note_once(merged.describe(), c.wall()):
         log.warning("checkpoint %s: %s (this one kept %s)", pending.checkpoint_dir, merged.describe(), kept)
     else:
         log.debug("checkpoint %s kept %s", pending.checkpoint_dir, kept)
-    write_manifest(c, pending, attempt, merged.files)
 
 
-def write_manifest(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry]) -> None:
-    seq = max([r.seq for r in c.book.state.checkpoints] + [x.manifest.seq for x in c.committing.values()],
-              default=0) + 1
+def _next_seq(c: "ControllerCore") -> int:
+    return max([r.seq for r in c.book.state.checkpoints] + [x.manifest.seq for x in c.committing.values()]
+               + [h.seq for h in c.holds.values()], default=0) + 1
+
+
+def commit_files(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry]) -> None:
+    """The checked files' commit, at the run's level: the manifest now (and copies in memory beside it),
+    or once two nodes keep every rank's files in memory (`memory_holds.py`)."""
+    seq = _next_seq(c)
+    local_dirs = memory_holds.local_dirs_of(c, pending, attempt)
+    if c.plan.checkpoint_storage != memory_holds.MEMORY:
+        write_manifest(c, pending, attempt, files, seq)
+        memory_holds.keep_beside(c, pending, attempt, seq, local_dirs)
+        return
+
+    def held(c: "ControllerCore", h: memory_holds.Holding) -> None:
+        ok, why = memory_holds.in_memory(c, h)
+        if not ok:
+            c.holds.pop(h.checkpoint_dir, None)
+            fail_commit(c, pending, attempt, f"not committed in memory: {why}")
+            return
+        write_manifest(c, pending, attempt, files, seq,
+                       memory=sorted(set().union(*h.holders.values())), durable=False)
+
+    why = memory_holds.commit_in_memory(c, pending, attempt, seq, local_dirs, held)
+    if why is not None:
+        fail_commit(c, pending, attempt, why)
+
+
+def write_manifest(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry], seq: int,
+                   memory: list[str] | None = None, durable: bool = True) -> None:
+    now = c.wall()
     manifest = Manifest(checkpoint_dir=pending.checkpoint_dir, seq=seq, attempt=attempt,
-                        report_index=pending.index, committed_at=c.wall(), ranks=sorted(pending.files), files=files,
-                        metrics=pending.metrics)
+                        report_index=pending.index, committed_at=now, ranks=sorted(pending.files), files=files,
+                        metrics=pending.metrics, memory=memory or [], memory_at=now if memory else None,
+                        durable=durable)
     effect_id = c.ask_storage(lambda i: fx.WriteManifest(i, manifest), _manifest_written)
     c.committing[effect_id] = Committing(pending, attempt, manifest)
 
@@ -128,13 +170,15 @@ def _manifest_written(c: "ControllerCore", done: fx.StorageDone) -> None:
     c.book.record_commit(committing.manifest)
     apply_retention(c)
     a, s = c.attempt, c.state
+    if memory_holds.hold_commit_back(c, pending.checkpoint_dir, committing):
+        return  # its ranks hear it once their nodes have copied their files (memory_holds.py)
     if a is None or a.number != committing.attempt:
         return  # its ranks are gone; the next attempt restores it
-    _tell_ranks(c, committing)
+    tell_ranks(c, committing)
     on_workers.finish_if_settled(c, a)
 
 
-def _tell_ranks(c: "ControllerCore", committing: Committing) -> None:
+def tell_ranks(c: "ControllerCore", committing: Committing) -> None:
     pending, s = committing.pending, c.state
     reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
     if isinstance(s, st.Preempting) and s.preemption.saved_by(pending.index, pending.files, c.horizons.watched):
@@ -270,6 +314,11 @@ def read_restorable(c: "ControllerCore", a: AttemptState) -> None:
     Only the manifests are read; the workers check the files against them when they fetch them.
     """
     latest = c.book.state.latest_checkpoint
+    while latest is not None and (why := memory_holds.held_nowhere(c, latest)) is not None:
+        fallback = c.book.skip_checkpoint(latest, why, c.wall())
+        log.warning("checkpoint %s cannot be restored (%s); restoring %s instead", latest, why,
+                    fallback or "no checkpoint: the run starts over")
+        latest = fallback
     if latest is None:
         lifecycle.restore_read(c, a, None, None)
         return

@@ -1,4 +1,7 @@
-"""Barrier and broadcast across ranks, tracked as data with time as an argument.
+"""Barrier, broadcast and allgather across ranks, tracked as data with time as an argument.
+
+An allgather's reply is every surviving rank's payload, by rank (`gathered_payload`), encoded
+without being read: the controller never unpickles what ranks send.
 
 With `relax_collectives_on_preemption` the runtime calls `lose_ranks` for the ranks of a
 lost node: a collective then completes once every surviving rank has arrived, and later
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from outlast.protocol.messages import ALLGATHER, gathered_payload
 
 
 @dataclass
@@ -58,9 +63,10 @@ class CollectiveTracker:
         pending.arrived.add(rank)
         if rank == 0 or payload is not None:
             pending.payloads[rank] = payload
-        pending.payload = self._source_payload(pending)
+        if op != ALLGATHER:
+            pending.payload = self._source_payload(pending)
         if self._survivors() <= pending.arrived:
-            return self._pending.pop(seq)
+            return self._complete(self._pending.pop(seq))
         return None
 
     def lose_ranks(self, ranks: Iterable[int]) -> list[PendingCollective]:
@@ -72,8 +78,14 @@ class CollectiveTracker:
             pending = self._pending[seq]
             if survivors <= pending.arrived:
                 pending.payload = self._source_payload(pending)
-                out.append(self._pending.pop(seq))
+                out.append(self._complete(self._pending.pop(seq)))
         return out
+
+    def _complete(self, pending: PendingCollective) -> PendingCollective:
+        if pending.op == ALLGATHER:
+            pending.payload = gathered_payload({r: p for r, p in pending.payloads.items()
+                                                if r not in self.lost and p is not None})
+        return pending
 
     def overdue(self, now: float) -> list[Overdue]:
         """Collectives to warn about (at most once per warning interval) or to fail."""

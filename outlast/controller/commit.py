@@ -114,6 +114,10 @@ class CommitTracker:
             pending = self._pending.get(index)
             if pending is None:
                 pending = self._pending[index] = PendingCheckpoint(index, checkpoint_dir)
+            elif checkpoint_dir != pending.checkpoint_dir:
+                pending.errors[rank] = (
+                    f"rank {rank} stored its files under {checkpoint_dir!r}, another rank under "
+                    f"{pending.checkpoint_dir!r}: pass the same checkpoint_dir_name on every rank that reports files")
             if rank == 0 or not pending.metrics:
                 pending.metrics = metrics
             if not upload_pending:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, on_workers, resize
+from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, memory_holds, on_workers, resize
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
@@ -75,6 +75,10 @@ class ControllerCore:
         self.storage_slow: fx.StorageSlow | None = None  # the call storage has been slow on, while it goes on
         self.committing: dict[int, checkpoints.Committing] = {}  # manifests being written, by effect id
         self.reading_back: dict[str, PendingCheckpoint] = {}  # checkpoints whose stored copies are being read
+        self.holds: dict[str, memory_holds.Holding] = {}  # checkpoints whose copies in memory are being made
+        self.tier_asks: dict[int, memory_holds.OnTier | None] = {}  # asked of nodes' tiers, not yet answered
+        self.local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
+        self.tier_said: set[str] = set()  # why a copy was not kept in memory, each said once
         # CheckUploads asked, by effect id: (attempt, rank, report index, checkpoint) of an upload whose rank
         # exited before its UploadDone came
         self.checking_uploads: dict[int, tuple[int, int, int, str]] = {}
@@ -208,12 +212,13 @@ def _on_storage_slow(c: ControllerCore, event: fx.StorageSlow) -> None:
                 "answered), and a commit waits for it", event.what, event.for_s)
 
 
-STORAGE_EVENTS = (fx.StorageDone, fx.StorageFailed, fx.StorageSlow)
+STORAGE_EVENTS = (fx.StorageDone, fx.StorageFailed, fx.StorageSlow, fx.TierAnswered)
 
 EVENTS: dict[type, Callable] = {
     FromWorker: _on_worker, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
     Started: _on_started, LeaseLost: _on_lease_lost, Interrupted: _on_interrupted, Tick: lambda c, e: None,
     fx.StorageDone: _on_storage_done, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,
+    fx.TierAnswered: memory_holds.on_tier_answered,
 }
 
 

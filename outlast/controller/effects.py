@@ -105,6 +105,18 @@ def describe(effect: StorageEffect) -> str:
     return f"looking for the files of {effect.checkpoint_dir}"
 
 
+@dataclass(frozen=True)
+class TierAsk:
+    """A request to a node's memory tier (`outlast/agent/tier_server.py`): keep a rank's copy, replicate
+    it, mark a checkpoint committed. Carried out by `tier_executor.TierExecutor`, never by storage's."""
+
+    id: int
+    node_id: str
+    address: str  # the node's tier server
+    msg: object  # a TierHold, TierCommit or TierPull
+    timeout_s: float = 600.0
+
+
 # ---- events back in ---------------------------------------------------------------------
 
 
@@ -136,6 +148,15 @@ class StorageSlow:
 
 
 StorageEvent = Union[StorageDone, StorageFailed, StorageSlow]
+
+
+@dataclass(frozen=True)
+class TierAnswered:
+    """The tier request `id` was answered (`reply`, a TierStored or TierAck), or failed (`error`)."""
+
+    id: int
+    reply: object = None
+    error: str = ""
 
 
 @dataclass(frozen=True)

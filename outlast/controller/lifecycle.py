@@ -11,7 +11,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, resize
+from outlast.controller import checkpoints, memory_holds, resize
 from outlast.controller import states as st
 from outlast.controller.commit import CommitTracker
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
@@ -121,16 +121,18 @@ def place(c: "ControllerCore", now: float) -> None:
     if len(by_node) > 1:
         log.info("attempt %d: ranks placed on %s", a.number,
                  ", ".join(f"{n} {[s.rank for s in specs]}" for n, specs in by_node.items()))
+    sends: list = []
     for node_id, specs in by_node.items():
         if c.nodes.link(node_id, now):
-            c.out.append(ToNode(node_id, heartbeat(c)))  # the agent knows the run before its workers
-        c.out.append(Spawn(node_id, m.SpawnWorkers(
+            sends.append(ToNode(node_id, heartbeat(c)))  # the agent knows the run before its workers
+        sends.append(Spawn(node_id, m.SpawnWorkers(
             run_id=c.run_id, attempt=a.number, controller_address=c.address, workers=specs,
             payload=c.plan.payload, env=env, cwd=c.plan.cwd, sys_path=c.plan.sys_path,
             run_name=c.plan.name, restore_checkpoint=a.restore, resources=c.plan.per_worker,
             run_key=c.book.store.storage.uri(c.book.store.run_dir), forward_output=c.plan.forward_output,
             agent_pid=c.nodes.nodes[node_id].agent_pid,
         )))
+    memory_holds.pull_then(c, a, sends)
 
 
 def restart(c: "ControllerCore", event: Event, preemption: Preemption | None) -> None:

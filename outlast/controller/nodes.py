@@ -146,6 +146,13 @@ class NodeBook:
         self.heard.pop(node_id, None)
         self._pids.pop(node_id, None)
 
+    def reachable(self, node_id: str) -> bool:
+        """Whether the node's agent, as the table has it now, is one this driver has not lost: what it
+        keeps (its memory tier's copies) can still be asked for. An agent started again is reachable."""
+        info = self.nodes.get(node_id)
+        return info is not None and info.state != "dead" and node_id not in self._gone \
+            and (node_id, info.agent_pid) not in self._lost_here
+
     def lost_nodes(self, now: float, nodes: set[str]) -> dict[str, str]:
         """Of `nodes`, those lost now, with why."""
         out = {}

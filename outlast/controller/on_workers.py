@@ -93,6 +93,8 @@ def on_report(c: "ControllerCore", a: AttemptState, msg: m.Report) -> None:
         p.jit_reports.add((msg.rank, msg.index))
     if msg.rank == 0:
         c.last_metrics = msg.metrics
+    if msg.local_dir and msg.checkpoint_dir is not None:
+        c.local_dirs[(a.number, msg.index, msg.rank)] = msg.local_dir
     if msg.upload_pending and msg.checkpoint_dir is not None:
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
         if p is not None:

@@ -15,7 +15,7 @@ import msgspec
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
     AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, Note, OutputFile,
-    ResizeRecord, RunState, SkippedCheckpoint, encode, is_checkpoint_dir_name,
+    ResizeRecord, RunState, SkippedCheckpoint, encode,
 )
 from outlast.storage.run_store import RunStore
 
@@ -61,8 +61,8 @@ class RunBook:
         known = {c.checkpoint_dir for c in self.state.checkpoints} | {
             s.checkpoint_dir for s in self.state.skipped_checkpoints}
         adopted = []
-        for name in self.store.storage.list_dirs(self.store.run_dir):
-            if not is_checkpoint_dir_name(name) or name in known:
+        for name in self.store.checkpoint_dirs():
+            if name in known:
                 continue
             try:
                 manifest = self.store.read_manifest(name)
@@ -217,9 +217,21 @@ class RunBook:
         self.state.checkpoints.append(CheckpointRecord(
             checkpoint_dir=manifest.checkpoint_dir, seq=manifest.seq, attempt=manifest.attempt,
             report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
+            memory=list(manifest.memory), memory_at=manifest.memory_at, durable=manifest.durable,
         ))
         self.state.latest_checkpoint = manifest.checkpoint_dir
         self._save(manifest.committed_at)
+
+    def note_memory(self, checkpoint_dir: str, nodes: list[str], committed_at: float | None) -> None:
+        """Where a committed checkpoint's copies in memory are now (a change is saved, nothing else is)."""
+        for i, r in enumerate(self.state.checkpoints):
+            if r.checkpoint_dir != checkpoint_dir:
+                continue
+            at = r.memory_at if r.memory_at is not None else committed_at
+            if r.memory != nodes or r.memory_at != at:
+                self.state.checkpoints[i] = msgspec.structs.replace(r, memory=nodes, memory_at=at)
+                self._save()
+            return
 
     def forget_checkpoints(self, names: set[str]) -> None:
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir not in names]

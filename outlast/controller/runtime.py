@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 from outlast.controller import effects as fx
 from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
+from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
@@ -41,9 +42,14 @@ class Controller:
         self.clock = clock
         self.core = ControllerCore(plan, uuid.uuid4().hex[:12], group.address, wall)
         self.storage = storage if storage is not None else StorageExecutor(plan.book.store)
+        ctx = getattr(group, "ctx", None)
+        # The nodes' memory tiers, over the cluster's transport (a simulated group's nodes have none).
+        self.tiers = TierExecutor(ctx, getattr(group, "key", None)) if ctx is not None else None
         wake_on = getattr(group, "also_wake_on", None)
         if wake_on is not None:
             wake_on(self.storage.wake_fd)
+            if self.tiers is not None:
+                wake_on(self.tiers.wake_fd)
 
     def run(self) -> None:
         """Drive the run to a terminal state; raise `TrainingFailedError` if it errored."""
@@ -55,6 +61,8 @@ class Controller:
             if stop_renewing is not None:
                 stop_renewing()
             self.storage.close(timeout_s=0 if not self.core.closed else None)
+            if self.tiers is not None:
+                self.tiers.close()
 
     def _run(self) -> None:
         nodes = self.group.refresh(timeout_s=10.0)
@@ -65,7 +73,8 @@ class Controller:
         interrupted = False
         while not self.core.closed:
             try:
-                for event in self.group.events(POLL_S) + self.storage.take() or [Tick()]:
+                answers = self.tiers.take() if self.tiers is not None else []
+                for event in self.group.events(POLL_S) + self.storage.take() + answers or [Tick()]:
                     self._step(event)
                 lease = self.plan.lease
                 if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
@@ -88,5 +97,8 @@ class Controller:
         for effect in effects:
             if isinstance(effect, fx.STORAGE_EFFECTS):
                 self.storage.submit(effect)
+            elif isinstance(effect, fx.TierAsk):
+                if self.tiers is not None:
+                    self.tiers.submit(effect)
             else:
                 self.group.perform(effect)

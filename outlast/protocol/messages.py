@@ -415,6 +415,7 @@ class Report(Msg):
     saw_preemption: bool = False  # get_preemption_info() had returned the notice on this rank
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
+    local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
 
 
 class RestoreProgress(Msg):
@@ -443,8 +444,8 @@ class CollectiveRequest(Msg):
     attempt: int
     rank: int
     seq: int
-    op: str  # "barrier" | "broadcast"
-    payload: bytes | None = None  # rank 0's pickled object for a broadcast
+    op: str  # "barrier" | "broadcast" | "allgather"
+    payload: bytes | None = None  # rank 0's pickled object for a broadcast; each rank's for an allgather
 
 
 class PreemptionQuery(Msg):
@@ -539,7 +540,19 @@ class DumpStacks(Msg):
 
 class CollectiveReply(Msg):
     seq: int
-    payload: bytes | None = None
+    payload: bytes | None = None  # a broadcast's source payload; an allgather's, `gathered_payload`
+
+
+ALLGATHER = "allgather"
+
+
+def gathered_payload(by_rank: dict[int, bytes]) -> bytes:
+    """An allgather's reply: each surviving rank's payload by rank, passed on unread."""
+    return msgspec.msgpack.encode(by_rank)
+
+
+def read_gathered(payload: bytes) -> dict[int, bytes]:
+    return msgspec.msgpack.decode(payload, type=dict[int, bytes])
 
 
 class CollectiveTimeout(Msg):
@@ -602,7 +615,7 @@ class TierChunk(Msg):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one (tier_client.chunk_frames)
 
 
 class TierAck(Msg):

@@ -16,6 +16,8 @@ from outlast.protocol.messages import FileEntry
 
 MANIFEST_NAME = ".outlast-manifest.json"
 RUN_STATE_NAME = "run_state.json"
+LEASE_NAME = "driver_lease.json"
+RETURN_VALUE_NAME = "return_value.pkl"  # rank 0's return value, written when its train function returns
 REPORTS_DIR = "reports"  # beside the run state: rank 0's reports, in ReportSegment documents
 REPORTS_PER_SEGMENT = 1000
 SCHEMA_VERSION = 1
@@ -72,6 +74,11 @@ class Manifest(msgspec.Struct, kw_only=True):
     ranks: list[int]
     files: list[FileEntry]
     metrics: dict[str, Any] = {}
+    # Its level when committed (docs/guide/memory-tier.md): the nodes keeping its files in memory, and
+    # whether its files are in storage_path. Older manifests: durable, in no node's memory.
+    memory: list[str] = []
+    memory_at: float | None = None
+    durable: bool = True
 
 
 class OutputFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,6 +118,11 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     report_index: int
     committed_at: float
     metrics: dict[str, Any] = {}
+    # Where it is held: the nodes with a copy in memory (since `memory_at`, every rank's files on two
+    # nodes in different failure domains), and in storage_path unless `durable` is false.
+    memory: list[str] = []
+    memory_at: float | None = None
+    durable: bool = True
 
 
 class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -250,15 +262,6 @@ def decode(data: bytes, kind: type, where: str) -> Any:
         raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
 
 
-def checkpoint_dir_name(attempt: int, report_index: int) -> str:
-    """Every rank derives the same name from counts it already has: no agreement needed."""
-    return f"checkpoint_{attempt:03d}_{report_index:06d}"
-
-
 def report_segment_name(attempt: int, first_index: int) -> str:
     return f"{REPORTS_DIR}/{attempt:04d}_{first_index:08d}.json"
 
-
-def is_checkpoint_dir_name(name: str) -> bool:
-    parts = name.split("_")
-    return len(parts) == 3 and parts[0] == "checkpoint" and parts[1].isdigit() and parts[2].isdigit()

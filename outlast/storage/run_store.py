@@ -6,12 +6,12 @@ import logging
 
 import msgspec
 
-from outlast.storage import records as r
+from outlast.storage import naming, records as r
 from outlast.storage.base import Storage, StorageError, StorageFenced
 from outlast.storage.conditional import conditional
 from outlast.storage.lease import LEASE_VERSION, Lease
 
-LEASE_NAME = "driver_lease.json"
+LEASE_NAME = r.LEASE_NAME
 
 log = logging.getLogger("outlast.storage")
 
@@ -78,6 +78,22 @@ class RunStore:
             return None
         return r.decode(data, r.Manifest, self.storage.uri(self.path(checkpoint_dir, r.MANIFEST_NAME)))
 
+    def checkpoint_dirs(self) -> dict[str, int | None]:
+        """The run's checkpoint directories, committed or not, and the attempt that wrote each (None: its marker
+        cannot be read): outlast's own names, and named ones by their marker. Anything else under the run's
+        directory is the user's, and left alone."""
+        found: dict[str, int | None] = {}
+        for name in self.storage.list_dirs(self.run_dir):
+            if naming.is_default_name(name):
+                found[name] = int(name.split("_")[1])
+                continue
+            try:
+                marker = naming.decode_marker(self.storage.read_bytes(self.path(name, naming.MARKER_NAME)))
+            except FileNotFoundError:
+                continue
+            found[name] = marker.attempt if marker is not None else None
+        return found
+
     def remove_uncommitted(self, committed: set[str], from_attempt: int | None = None) -> list[str]:
         """Delete checkpoint directories that never got a manifest (a crash mid-upload), except those of
         attempts numbered `from_attempt` or higher.
@@ -88,10 +104,10 @@ class RunStore:
         removed: list[str] = []
         if not self._may_write("(removing) uncommitted checkpoints"):
             return removed
-        for name in self.storage.list_dirs(self.run_dir):
-            if not r.is_checkpoint_dir_name(name) or name in committed:
+        for name, attempt in self.checkpoint_dirs().items():
+            if name in committed:
                 continue
-            if from_attempt is not None and int(name.split("_")[1]) >= from_attempt:
+            if from_attempt is not None and attempt is not None and attempt >= from_attempt:
                 continue
             if self.storage.exists(self.path(name, r.MANIFEST_NAME)):
                 continue

@@ -38,11 +38,14 @@ def held_here(root: Path, node_id: str, run: str, checkpoint_dir: str) -> list[t
     return sorted(out, key=lambda rc: (not rc[0].primary, rc[0].rank))
 
 
-def assemble(root: Path, node_id: str, run: str, manifest: Manifest) -> tuple[Path | None, list[str]]:
-    """A directory with every file of `manifest` from this node's tier, each checked; else None and why."""
+def assemble(root: Path, node_id: str, run: str, manifest: Manifest,
+             replicas: list[int] | None = None) -> tuple[Path | None, list[str]]:
+    """A directory with every file of `manifest` from this node's tier, each checked; else None and why.
+    `replicas` gets the ranks whose files came from a replica of another node's copy."""
     copies = held_here(root, node_id, run, manifest.checkpoint_dir)
     chosen: dict[str, Path] = {}
     said: list[str] = []
+    replicas = replicas if replicas is not None else []
     for entry in manifest.files:
         for record, where in copies:
             if not any(f.path == entry.path and f.size == entry.size and f.checksum == entry.checksum
@@ -51,6 +54,8 @@ def assemble(root: Path, node_id: str, run: str, manifest: Manifest) -> tuple[Pa
             why = check_files(where, [entry])
             if why is None:
                 chosen[entry.path] = where / entry.path
+                if not record.primary and record.rank not in replicas:
+                    replicas.append(record.rank)
                 break
             said.append(f"the copy of rank {record.rank} in memory on {node_id} was skipped: {why}")
         else:
@@ -80,9 +85,10 @@ def assemble(root: Path, node_id: str, run: str, manifest: Manifest) -> tuple[Pa
 
 
 def restore(storage: Storage, run_dir: str, name: str, cache_root: Path, node_id: str,
-            root: Path | None = None) -> tuple[Path, SourceKind, list[str]]:
+            root: Path | None = None, replicas: list[int] | None = None) -> tuple[Path, SourceKind, list[str]]:
     """Checkpoint `name` from this node's memory first, then from storage: its directory, where it came
-    from, and why memory was passed over (empty when it was not)."""
+    from, and why memory was passed over (empty when it was not). `replicas` gets the ranks whose files were
+    read from a replica this node keeps of another node's copy."""
     store = RunStore(storage, run_dir)
     try:
         manifest = store.read_manifest(name)
@@ -90,7 +96,7 @@ def restore(storage: Storage, run_dir: str, name: str, cache_root: Path, node_id
         raise CorruptCheckpointError(name, str(e)) from None
     said: list[str] = []
     if manifest is not None and node_id:
-        path, said = assemble(root or default_root(), node_id, storage.uri(run_dir), manifest)
+        path, said = assemble(root or default_root(), node_id, storage.uri(run_dir), manifest, replicas)
         if path is not None:
             return path, SourceKind.LOCAL_MEMORY, said
     return materialize(storage, run_dir, name, cache_root), SourceKind.STORAGE, said

@@ -43,8 +43,10 @@ def report(
     the background; keep the directory until then (it is deleted after the upload
     unless `delete_local_checkpoint_after_upload=False`).
 
-    outlast names checkpoint directories itself (checkpoint_AAA_IIIIII, which its recovery relies
-    on); `checkpoint_dir_name` is kept in the checkpoint's metadata (`get_metadata()`).
+    The checkpoint is stored under `{storage_path}/{name}/{checkpoint_dir_name}`, as on Ray, or under
+    checkpoint_AAA_IIIIII without one. A name must be unique to its report across the run's
+    attempts; a name already taken, or not a valid directory name, raises `CheckpointNameError`
+    before anything is written. Ranks with files for the same report must pass the same name.
     """
     if checkpoint_upload_fn is not None:
         raise ValueError("report(checkpoint_upload_fn=...) is not supported: outlast uploads the checkpoint's files "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +21,13 @@ import zmq
 
 from outlast.faults import fault_point
 from outlast.protocol import messages as m
+from outlast.protocol.messages import ALLGATHER, read_gathered
 from outlast.protocol.transport import TO_WORKER, encode
+from outlast.storage import naming
 from outlast.storage.base import Storage, StorageError
+from outlast.storage.checksum import hash_file
+from outlast.storage.local import walk_files
+from outlast.storage.records import MANIFEST_NAME
 from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.train._uploads import Uploads, dir_bytes, local_files
@@ -34,6 +40,7 @@ from outlast.errors import NotInWorkerError
 log = logging.getLogger("outlast.worker")
 
 _WAIT_LOG_INTERVAL_S = float(os.environ.get("OUTLAST_COLLECTIVE_WARN_INTERVAL_S", "60"))
+_MARKER_GRACE_S = 5.0
 
 
 class WorkerSession:
@@ -62,6 +69,7 @@ class WorkerSession:
         self._preemption: PreemptionInfo | None = None
         self._uploads = Uploads(storage, controller_address, context.attempt, context.world_rank)
         self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
+        self._memory_only = os.environ.get("OUTLAST_CHECKPOINT_STORAGE") == "memory"
 
     def progress(self) -> int:
         """Calls into outlast so far, each one progress (read by the watch thread, `watch.py`)."""
@@ -83,20 +91,20 @@ class WorkerSession:
         off the training thread, then uploaded (ASYNC)."""
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
-        if dir_name is not None:
-            if not isinstance(dir_name, str) or not dir_name or "/" in dir_name:
-                raise ValueError(f"report(checkpoint_dir_name=...) must be a name without '/', got {dir_name!r}")
-            if checkpoint is not None:
-                # outlast's own directory name is what its recovery finds checkpoints by; the name asked
-                # for travels with the checkpoint's files.
-                checkpoint.update_metadata({"checkpoint_dir_name": dir_name})
+        name = naming.check_name(dir_name) if dir_name is not None else None
         upload_mode = CheckpointUploadMode(upload_mode)
-        slot = self._core.begin_report()
+        if name is not None and not self._memory_only and (checkpoint is not None or write is not None):
+            self._claim(name, self._core.reports)  # before the report counts: a clash loses nothing
+        slot = self._core.begin_report(name)
         if checkpoint is None and write is None:
             self._run(self._core.report(slot, metrics))
             return
         dest = f"{self._run_dir}/{slot.name}"
         nbytes = dir_bytes(checkpoint.path) if checkpoint is not None else 0
+        if self._memory_only:
+            self._report_in_memory(slot, metrics, checkpoint, write, nbytes,
+                                   delete=bool(delete_local_after_upload) or write is not None)
+            return
         if write is not None or upload_mode is CheckpointUploadMode.ASYNC:
             delete = True if delete_local_after_upload is None or write is not None else delete_local_after_upload
             if slot.waits_for_uploads:
@@ -112,9 +120,53 @@ class WorkerSession:
         fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
+        # The files stay where they are until the commit, which waits for this node's memory tier to copy them.
+        here = "" if delete_local_after_upload else os.path.abspath(checkpoint.path)
         self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
-                                    bandwidth_bps=self._uploads.bandwidth_bps, now=time.monotonic()))
+                                    bandwidth_bps=self._uploads.bandwidth_bps, now=time.monotonic(), local_dir=here))
         fault_point("report.after_commit")
+
+    def _claim(self, name: str, index: int) -> None:
+        """Mark `name`'s directory as the checkpoint of report `index` before any file goes there, or raise
+        `CheckpointNameError` when it holds something else."""
+        dest = f"{self._run_dir}/{name}"
+        marker = f"{dest}/{naming.MARKER_NAME}"
+        found = None
+        occupied = self._storage.exists(dest)
+        if occupied:
+            # Another rank of this report may have made the directory a moment ago, its marker still on the
+            # way (a file system makes the directory before the marker's rename lands in it): give it time
+            # before taking the directory for one of the user's own.
+            deadline = time.monotonic() + _MARKER_GRACE_S
+            while True:
+                try:
+                    found = naming.decode_marker(self._storage.read_bytes(marker))
+                except FileNotFoundError:
+                    found = None
+                if found is not None or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        committed = found is not None and self._storage.exists(f"{dest}/{MANIFEST_NAME}")
+        problem = naming.clash(name, self._storage.uri(dest), self.context.attempt, index, found, committed, occupied)
+        if problem is not None:
+            raise naming.CheckpointNameError(problem)
+        if found is None:
+            self._storage.write_atomic(marker, naming.encode_marker(self.context.attempt, index))
+
+    def _report_in_memory(self, slot, metrics: dict[str, Any], checkpoint: Checkpoint | None,
+                          write: Callable[[Path], None] | None, nbytes: int, delete: bool) -> None:
+        """CheckpointConfig(checkpoint_storage="memory"): nothing is uploaded; the files are listed and checked
+        here, and the commit waits until two nodes keep them in memory. A staged save is written first."""
+        local = checkpoint.path if checkpoint is not None else tempfile.mkdtemp(prefix=f"outlast-staged-{slot.name}-")
+        try:
+            if write is not None:
+                write(Path(local))
+            files = local_entries(Path(local))
+            self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
+                                        now=time.monotonic(), local_dir=os.path.abspath(local)))
+        finally:
+            if delete:
+                shutil.rmtree(local, ignore_errors=True)
 
     def wait_for_uploads(self) -> None:
         self._uploads.wait()
@@ -128,11 +180,13 @@ class WorkerSession:
             cache = self._cache_root or _default_cache()
             with reporting_fetch(self._storage, self._run_dir, self._restore, cache, self._controller_address,
                                  self.context.attempt, self.context.world_rank):
+                replicas: list[int] = []
                 path, source, passed_over = restore(self._storage, self._run_dir, self._restore, cache,
-                                                    os.environ.get("OUTLAST_NODE_ID", ""))
+                                                    os.environ.get("OUTLAST_NODE_ID", ""), replicas=replicas)
             for why in passed_over:
                 log.warning("restoring %s: %s", self._restore, why)
-            log.info("rank %d restored %s from %s", self.context.world_rank, self._restore, source.value)
+            log.info("rank %d restored %s from %s%s", self.context.world_rank, self._restore, source.value,
+                     f" (the files of ranks {sorted(replicas)} from the replicas kept here)" if replicas else "")
             self._restored = Checkpoint(path)
         return self._restored
 
@@ -154,10 +208,12 @@ class WorkerSession:
     def collective(self, op: str, obj: Any = None) -> Any:
         # With relaxed collectives any rank may be the source (the lowest that survives), so all send.
         source = self.context.world_rank == 0 or self._relaxed
-        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) else None
+        payload = cloudpickle.dumps(obj) if (op == "broadcast" and source) or op == ALLGATHER else None
         reply = self._run(self._core.collective(op, payload, time.monotonic()))
         if op == "broadcast":
             return cloudpickle.loads(reply) if reply is not None else None
+        if op == ALLGATHER:
+            return {rank: cloudpickle.loads(data) for rank, data in sorted(read_gathered(reply).items())}
         return None
 
     # -- end of the train function ------------------------------------------------
@@ -248,3 +304,13 @@ def get_session(caller: str) -> WorkerSession:
             "train function that you pass to a Trainer"
         )
     return _session
+
+
+def local_entries(local_dir: Path) -> list[m.FileEntry]:
+    """The files under `local_dir` as a manifest lists them, without a copy anywhere."""
+    out = []
+    for rel in walk_files(local_dir)[0]:
+        size, digest = hash_file(local_dir / rel)
+        out.append(m.FileEntry(path=rel, size=size, xxh3_128=digest))
+    return out
+

@@ -127,12 +127,18 @@ class FailureConfig:
 class CheckpointConfig:
     """Which committed checkpoints to keep (the latest always is), and what to do when ranks write one
     file with different contents: keep rank 0's copy and say so ("keep_rank0"; "keep_one" is accepted as
-    its former name), or refuse the checkpoint ("fail")."""
+    its former name), or refuse the checkpoint ("fail").
+
+    `checkpoint_storage`: where a checkpoint must be for `report()` to return (docs/guide/memory-tier.md).
+    "storage" (the default): in `storage_path`, with copies in the nodes' memory to restore from faster.
+    "memory": in the memory of two nodes in different failure domains, and never uploaded; a run that
+    loses both nodes at once goes back to its newest checkpoint still held, or starts over."""
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
     duplicate_files: str = "keep_rank0"
+    checkpoint_storage: str = "storage"
 
     def __post_init__(self) -> None:
         if self.duplicate_files == "keep_one":
@@ -140,6 +146,10 @@ class CheckpointConfig:
         if self.duplicate_files not in ("keep_rank0", "fail"):
             raise ValueError(f"CheckpointConfig.duplicate_files must be 'keep_rank0' (rank 0's copy) or 'fail', "
                              f"got {self.duplicate_files!r}")
+        if self.checkpoint_storage not in CHECKPOINT_STORAGE:
+            raise ValueError(f"CheckpointConfig.checkpoint_storage must be 'storage' (durable in storage_path, the "
+                             f"default) or 'memory' (in the memory of two nodes only, never uploaded), got "
+                             f"{self.checkpoint_storage!r}")
         if self.num_to_keep is not None:
             _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1)
         if self.checkpoint_score_attribute is not None and not isinstance(self.checkpoint_score_attribute, str):
@@ -154,6 +164,7 @@ class CheckpointConfig:
 
 
 WORKER_OUTPUT_MODES = ("prefixed", "plain", "off")
+CHECKPOINT_STORAGE = ("storage", "memory")
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from outlast.storage.records import CheckpointRecord, RunState
+from outlast.storage.records import RETURN_VALUE_NAME, CheckpointRecord, RunState
 from outlast.train.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outlast.train")
 
-RETURN_VALUE_NAME = "return_value.pkl"  # rank 0's return value, written when its train function returns
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from outlast.errors import CheckpointCommitError, CollectiveTimeoutError
 from outlast.protocol import messages as m
-from outlast.storage.records import checkpoint_dir_name
+from outlast.storage.naming import default_name
 
 
 @dataclass(frozen=True)
@@ -140,14 +140,15 @@ class SessionCore:
 
     # -- reports --------------------------------------------------------------------
 
-    def begin_report(self) -> ReportSlot:
+    def begin_report(self, name: str | None = None) -> ReportSlot:
+        """`name`: the checkpoint directory asked for (checked already), else outlast's own."""
         index = self.reports
         self.reports += 1
-        return ReportSlot(index, checkpoint_dir_name(self.attempt, index), self.saw_preemption)
+        return ReportSlot(index, name or default_name(self.attempt, index), self.saw_preemption)
 
     def report(self, slot: ReportSlot, metrics: dict[str, Any], checkpoint: bool = False,
                files: list[m.FileEntry] | None = None, upload_bytes: int = 0, bandwidth_bps: float = 0.0,
-               now: float = 0.0, upload_files: list[m.FileEntry] | None = None) -> Step:
+               now: float = 0.0, upload_files: list[m.FileEntry] | None = None, local_dir: str = "") -> Step:
         """The report's message. A checkpoint with `files` (uploaded in the calling thread) waits for its
         commit; one without them (`files=None`) is pending: its upload says when it is done, and
         `upload_files` are the files it begins with (paths and sizes), when they are known already."""
@@ -165,7 +166,7 @@ class SessionCore:
             return Step()
 
         msg = m.Report(**base, checkpoint_dir=slot.name, files=files, saw_preemption=slot.saw_preemption,
-                       upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps)
+                       upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps, local_dir=local_dir)
         return self._ask(msg, lambda r: isinstance(r, (m.Committed, m.CommitFailed)) and r.index == slot.index,
                          complete, f"the commit of checkpoint {slot.name} (report #{slot.index})", now)
 

@@ -161,6 +161,7 @@ class DataParallelTrainer:
             per_worker=self._per_worker(), strategy=self.scaling_config.placement_strategy,
             duplicate_files=rc.checkpoint_config.duplicate_files, forward_output=rc.worker_output != "off",
             elastic=elastic, hang_timeout_s=rc.failure_config.hang_timeout_s,
+            checkpoint_storage=rc.checkpoint_config.checkpoint_storage,
         )
         ctx = zmq.Context()
         access = embedded = None
@@ -231,9 +232,10 @@ def _result(book: RunBook, storage, store: RunStore, rc: RunConfig) -> Result:
 def _checkpoint_order(rc: RunConfig) -> dict[str, str]:
     """How workers order get_all_reported_checkpoints(), as the Result orders best_checkpoints."""
     cc = rc.checkpoint_config
-    if cc.checkpoint_score_attribute is None:
-        return {}
-    return {"OUTLAST_CHECKPOINT_SCORE": f"{cc.checkpoint_score_order}:{cc.checkpoint_score_attribute}"}
+    out = {"OUTLAST_CHECKPOINT_STORAGE": cc.checkpoint_storage} if cc.checkpoint_storage != "storage" else {}
+    if cc.checkpoint_score_attribute is not None:
+        out["OUTLAST_CHECKPOINT_SCORE"] = f"{cc.checkpoint_score_order}:{cc.checkpoint_score_attribute}"
+    return out
 
 
 def _with_ray_alias(fn: Callable[..., Any]) -> Any:

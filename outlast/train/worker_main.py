@@ -87,6 +87,21 @@ def _call_train_fn(fn: Callable[..., Any], config: dict | None) -> Any:
     return fn(config)
 
 
+def _say_in_output() -> None:
+    """outlast's lines about this rank (where its restore came from, what it skipped) go to the rank's
+    output, beside the user's; a handler of the user's own takes them instead."""
+    import logging
+    import sys
+
+    log = logging.getLogger("outlast.worker")
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("outlast %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def run(req: m.ForkWorker) -> int:
     become_clean_process(worker_env(os.environ, req.env), req.cwd, req.sys_path)
     spec = req.spec
@@ -98,6 +113,8 @@ def run(req: m.ForkWorker) -> int:
 
     from outlast.train import _session
     from outlast.train.context import TrainContext
+
+    _say_in_output()
 
     ctx = zmq.Context()
     identity = f"{req.attempt}:{spec.rank}".encode()

@@ -15,21 +15,19 @@ rounds left. `PreemptionCheckpointCallback` (outlast's own) saves the model on a
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from outlast import train
+from outlast.train._boosting import PreemptionWatch, ReportCallbackBase
 from outlast.train.backend import Backend
 from outlast.train.checkpoint import Checkpoint
-from outlast.train.config import RunConfig, ScalingConfig
+from outlast.train.config import ScalingConfig
 from outlast.train.context import TrainContext
-from outlast.train.data import DataConfig
-from outlast.train.trainer import DataParallelTrainer
+from outlast.train.framework_trainer import BOOSTING_LEGACY_ARGS, FrameworkTrainer, refuse_boosting_legacy_args
 
 __all__ = ["PreemptionCheckpointCallback", "RayTrainReportCallback", "XGBoostConfig", "XGBoostTrainer"]
 
@@ -88,18 +86,7 @@ class XGBoostBackend(Backend):
             self._waiter.join(timeout=5)
 
 
-def _flatten(results: dict, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in results.items():
-        name = f"{prefix}-{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name))
-        else:
-            flat[name] = value
-    return flat
-
-
-class RayTrainReportCallback(TrainingCallback):
+class RayTrainReportCallback(ReportCallbackBase, TrainingCallback):
     """Reports the last round's evaluation results (as "<eval name>-<metric>") after every round, and a
     checkpoint holding `filename` (rank 0's model) every `frequency` rounds (0: none during training)
     and at the end when `checkpoint_at_end`. `metrics` picks (list) or renames ({reported: xgboost's})
@@ -112,14 +99,7 @@ class RayTrainReportCallback(TrainingCallback):
                  results_postprocessing_fn: Callable[[dict], dict] | None = None) -> None:
         if TrainingCallback is object:
             raise ModuleNotFoundError("outlast.train.xgboost.RayTrainReportCallback needs xgboost: pip install xgboost")
-        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
-            raise ValueError(f"RayTrainReportCallback(frequency=...) must be a whole number of rounds >= 0, "
-                             f"got {frequency!r}")
-        self._metrics = [metrics] if isinstance(metrics, str) else metrics
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._results_postprocessing_fn = results_postprocessing_fn
+        super().__init__(metrics, filename, frequency, checkpoint_at_end, results_postprocessing_fn)
         self._evals_log: dict | None = None
         self._last_checkpoint_iteration: int | None = None
 
@@ -133,33 +113,10 @@ class RayTrainReportCallback(TrainingCallback):
             booster.load_model(Path(path, filename).as_posix())
             return booster
 
-    def _report_dict(self, evals_log: dict) -> dict[str, Any]:
-        results = {k: (v[-1] if isinstance(v, list) else v) for k, v in _flatten(evals_log).items()}
-        if not self._metrics:
-            report = results
-        elif isinstance(self._metrics, dict):
-            report = {key: results[metric] for key, metric in self._metrics.items()}
-        else:
-            report = {key: results[key] for key in self._metrics}
-        return self._results_postprocessing_fn(report) if self._results_postprocessing_fn else report
-
-    @contextmanager
-    def _checkpoint(self, model) -> Iterator[Checkpoint | None]:
-        if train.get_context().get_world_rank() != 0:
-            yield None
-            return
-        with tempfile.TemporaryDirectory() as d:
-            model.save_model(Path(d, self._filename).as_posix())
-            yield Checkpoint(d)
-
-    def _save_and_report(self, report: dict, model) -> None:
-        with self._checkpoint(model) as checkpoint:
-            train.report(report, checkpoint=checkpoint)
-
     def after_iteration(self, model, epoch: int, evals_log: dict) -> bool:
         self._evals_log = evals_log
         report = self._report_dict(evals_log)
-        if self._frequency and (epoch + 1) % self._frequency == 0:
+        if self._checkpoints_after(epoch):
             self._last_checkpoint_iteration = epoch
             self._save_and_report(report, model)
         else:
@@ -185,12 +142,11 @@ class PreemptionCheckpointCallback(RayTrainReportCallback):
     def __init__(self, metrics: str | list[str] | dict[str, str] | None = None,
                  filename: str = RayTrainReportCallback.CHECKPOINT_NAME) -> None:
         super().__init__(metrics=metrics, filename=filename, checkpoint_at_end=False)
-        self._saved_for: object = None
+        self._watch = PreemptionWatch()
 
     def after_iteration(self, model, epoch: int, evals_log: dict) -> bool:
-        info = train.get_preemption_info()
-        if info is not None and info != self._saved_for:
-            self._saved_for = info
+        info = self._watch.new_notice()
+        if info is not None:
             self.on_preemption(model, info)
             self._save_and_report({**self._report_dict(evals_log), "preempted": True}, model)
         return False
@@ -199,37 +155,19 @@ class PreemptionCheckpointCallback(RayTrainReportCallback):
         """Called once per notice, on the round whose model it saves, before the save."""
 
 
-class XGBoostTrainer(DataParallelTrainer):
-    """Data-parallel XGBoost: `train_loop_per_worker` calls `xgboost.train` on its shard, in XGBoost's collective."""
+class XGBoostTrainer(FrameworkTrainer):
+    """Data-parallel XGBoost: `train_loop_per_worker` calls `xgboost.train` on its shard, in XGBoost's collective.
+    `xgboost_config`: an `XGBoostConfig`."""
 
-    def __init__(
-        self,
-        train_loop_per_worker: Callable[..., Any],
-        *,
-        train_loop_config: dict | None = None,
-        xgboost_config: XGBoostConfig | None = None,
-        scaling_config: ScalingConfig | None = None,
-        run_config: RunConfig | None = None,
-        datasets: dict[str, Any] | None = None,
-        dataset_config: DataConfig | None = None,
-        validation_config: Any = None,
-        metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Any = None,
-        label_column: str | None = None,
-        params: dict[str, Any] | None = None,
-        num_boost_round: int | None = None,
-    ) -> None:
-        if label_column is not None or params is not None or num_boost_round is not None:
-            raise DeprecationWarning("XGBoostTrainer(label_column=, params=, num_boost_round=) is Ray's legacy API, "
-                                     "deprecated there and not offered here: pass a train_loop_per_worker that "
-                                     "calls xgboost.train(params, dtrain, num_boost_round, "
-                                     "callbacks=[RayTrainReportCallback()])")
-        super().__init__(
-            train_loop_per_worker, train_loop_config=train_loop_config, scaling_config=scaling_config,
-            run_config=run_config, backend=XGBoostBackend(xgboost_config), datasets=datasets,
-            dataset_config=dataset_config, validation_config=validation_config, metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-        )
+    config_arg = "xgboost_config"
+    own_args = BOOSTING_LEGACY_ARGS
+
+    def make_backend(self, config: XGBoostConfig | None, scaling_config: ScalingConfig) -> XGBoostBackend:
+        return XGBoostBackend(config)
+
+    def take_own_args(self, **legacy: Any) -> dict[str, Any]:
+        return refuse_boosting_legacy_args("XGBoostTrainer", "xgboost.train(params, dtrain, num_boost_round, "
+                                           "callbacks=[RayTrainReportCallback()])", **legacy)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint):

@@ -26,8 +26,7 @@ class Case:
 # (file in the wheel, the documented name) -> what to expect of its examples.
 CASES = {
     ("ray/train/v2/xgboost/xgboost_trainer.py", "XGBoostTrainer"): Case("xgboost"),
-    ("ray/train/v2/lightgbm/lightgbm_trainer.py", "LightGBMTrainer"): Case(
-        "lightgbm", runs=False, stops="import ray.train.lightgbm"),
+    ("ray/train/v2/lightgbm/lightgbm_trainer.py", "LightGBMTrainer"): Case("lightgbm"),
     ("ray/train/v2/jax/jax_trainer.py", "JaxTrainer"): Case(
         "jax", skipped_by_ray="it trains MaxText on a TPU slice (ScalingConfig(use_tpu=True, topology='4x4'))"),
 }

@@ -21,10 +21,11 @@ if __name__ == "__main__":
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--max-failures", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--named", action="store_true", help="report(checkpoint_dir_name='step_S')")
     args = p.parse_args()
     result = Trainer(getattr(jobs, args.loop),
                      train_loop_config={"events": args.events, "steps": args.steps, "every": args.every,
-                                        "step_sleep": args.step_sleep},
+                                        "step_sleep": args.step_sleep, "named": args.named},
                      scaling_config=ScalingConfig(num_workers=args.workers),
                      run_config=RunConfig(name=args.name, storage_path=args.storage,
                                           failure_config=FailureConfig(max_failures=args.max_failures))).fit()

@@ -161,6 +161,39 @@ def xgboost_loop(config: dict) -> None:
                              RayTrainReportCallback(frequency=config["frequency"])])
 
 
+def lightgbm_loop(config: dict) -> None:
+    import lightgbm
+    import numpy as np
+
+    from outlast.train.lightgbm import PreemptionCheckpointCallback, RayTrainReportCallback, get_network_params
+
+    rank, size = train.get_context().get_world_rank(), train.get_context().get_world_size()
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(256, 4))
+    data = lightgbm.Dataset(x, label=x @ np.array([1.0, -2.0, 0.5, 3.0]))
+
+    def steps(env):
+        _step(config, env.iteration)
+    steps.before_iteration = True
+
+    class LoggedJit(PreemptionCheckpointCallback):
+        def on_preemption(self, model, info):
+            log_event(config, event="jit", step=model.current_iteration())
+
+    checkpoint = train.get_checkpoint()
+    model = RayTrainReportCallback.get_model(checkpoint) if checkpoint else None
+    done = model.current_iteration() if model is not None else 0
+    network = get_network_params()
+    log_event(config, event="start", restored_step=done if model is not None else None, world_size=size,
+              num_machines=network["num_machines"], machines=network["machines"],
+              local_listen_port=network["local_listen_port"])
+    params = {"objective": "regression", "tree_learner": "data_parallel", "pre_partition": True, "num_leaves": 4,
+              "min_data_in_leaf": 5, "verbose": -1, "num_threads": 1, **network}
+    lightgbm.train(params, data, num_boost_round=config["rounds"] - done, init_model=model, valid_sets=[data],
+                   valid_names=["train"],
+                   callbacks=[steps, LoggedJit(), RayTrainReportCallback(frequency=config["frequency"])])
+
+
 def jax_loop(config: dict) -> None:
     import json
     import tempfile
@@ -200,3 +233,29 @@ def jax_loop(config: dict) -> None:
                 json.dump({"w": np.asarray(w).tolist(), "step": step + 1}, f)
             checkpoint = Checkpoint.from_directory(d)
         train.report({"step": step + 1}, checkpoint=checkpoint if due else None)
+
+
+def make_trainer(framework: str, storage_path: str, config: dict):
+    """The trainer of a framework's test run (`config` is its train_loop_config), as the tests and the
+    relaunched drivers of tests/integration/framework_driver.py build it."""
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig
+
+    env = {"JAX_PLATFORMS": "cpu"} if framework == "jax" else None  # Ray's way to JAX's runtime without accelerators
+    common = dict(train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                  run_config=RunConfig(name="run", storage_path=storage_path, failure_config=FailureConfig(max_failures=1),
+                                       worker_runtime_env={"env_vars": env} if env else None))
+    if framework in ("lightning", "transformers"):
+        from outlast.train.torch import TorchTrainer
+
+        return TorchTrainer(lightning_loop if framework == "lightning" else transformers_loop, **common)
+    if framework == "xgboost":
+        from outlast.train.xgboost import XGBoostTrainer
+
+        return XGBoostTrainer(xgboost_loop, **common)
+    if framework == "lightgbm":
+        from outlast.train.lightgbm import LightGBMTrainer
+
+        return LightGBMTrainer(lightgbm_loop, **common)
+    from outlast.train.jax import JaxConfig, JaxTrainer
+
+    return JaxTrainer(jax_loop, jax_config=JaxConfig(use_gpu=True), **common)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -78,7 +79,12 @@ def counting_loop(config: dict) -> None:
                 with open(os.path.join(d, "state.json"), "w") as f:
                     json.dump({"step": step}, f)
             checkpoint = Checkpoint.from_directory(d)
-        train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=config.get("upload_mode", "SYNC"))
+        # `named`: every report names its directory, as Ray's scripts may (checkpoint_dir_name="step_9").
+        name = f"step_{step}" if config.get("named") and (step + 1) % config.get("every", 5) == 0 else None
+        train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=config.get("upload_mode", "SYNC"),
+                     checkpoint_dir_name=name)
+        if checkpoint is not None and config.get("delete_after_report"):
+            shutil.rmtree(checkpoint.path)  # Ray's pattern: a temporary directory, gone once report() returns
         log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
         _fault(config, step, "after_report")
         time.sleep(config.get("step_sleep", 0.0))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from outlast import train
 from outlast.storage import open_storage
-from outlast.storage.records import checkpoint_dir_name
+from outlast.storage.naming import default_name
 from outlast.train import Checkpoint
 
 
@@ -24,7 +24,7 @@ def every_rank_saves_model_pt(config: dict) -> None:
     if rank == config["last"]:
         # Wait for the other rank's copy to be stored, so this rank's upload comes last.
         other = 1 - rank
-        stored = f"{config['name']}/{checkpoint_dir_name(ctx.get_attempt(), 0)}/model.pt"
+        stored = f"{config['name']}/{default_name(ctx.get_attempt(), 0)}/model.pt"
         storage, deadline = open_storage(config["storage"]), time.monotonic() + 120
         while True:
             try:

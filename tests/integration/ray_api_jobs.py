@@ -43,7 +43,8 @@ def every_name_loop(config):
             "rank": rank, "devices": [str(d) for d in get_devices()], "seen": seen,
             "whole": sum(1 for _ in whole.iter_rows()),
             "loader": [type(loader.dataset).__name__, loader.batch_size, len(loader)],
-            "reported": [[r.metrics["epoch"], r.checkpoint.get_metadata()] for r in reported],
+            "reported": [[r.metrics["epoch"], r.checkpoint.get_metadata(), os.path.basename(r.checkpoint.path)]
+                         for r in reported],
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "env": os.environ.get("RAYCOMPAT_ENV"),
         }) + "\n")
@@ -52,3 +53,56 @@ def every_name_loop(config):
 
 def failing_loop(config):
     raise ValueError("the loop's own error")
+
+
+def fsdp2_full_model_loop(config):
+    """Ray's FSDP2 tutorial, on CPU and small: a model sharded with `fully_shard`, a sharded checkpoint per
+    epoch (DCP, every rank, outlast's names), then `save_model_for_inference`: the full state dict gathered,
+    rank 0 saving full-model.pt, every rank reporting with checkpoint_dir_name="full_model"."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from outlast import train
+    from outlast.train import Checkpoint
+
+    torch.manual_seed(0)
+    rank = train.get_context().get_world_rank()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("data_parallel",))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(config.get("epochs", 2)):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with tempfile.TemporaryDirectory() as d:
+            dcp.save({"model": model.state_dict()}, checkpoint_id=d)
+            train.report({"loss": loss.item(), "epoch": epoch}, checkpoint=Checkpoint.from_directory(d))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = None
+        if rank == 0:
+            torch.save(state, os.path.join(d, "full-model.pt"))
+            checkpoint = Checkpoint.from_directory(d)
+        train.report({}, checkpoint=checkpoint, checkpoint_dir_name="full_model")
+
+
+def named_twice_loop(config):
+    """Reports two checkpoints under `config["names"]`, rank 0 only; the second clashes when they are alike."""
+    from outlast import train
+    from outlast.train import Checkpoint
+
+    for i, name in enumerate(config["names"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "n.json"), "w") as f:
+                json.dump({"report": i}, f)
+            ckpt = Checkpoint.from_directory(d) if train.get_context().get_world_rank() == 0 else None
+            train.report({"report": i}, checkpoint=ckpt, checkpoint_dir_name=name)
+        train.collective.barrier()  # rank 0 returns from report() once committed: the others wait for that

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,8 +51,8 @@ def assert_every_checkpoint_whole(storage_path, name="run") -> None:
         manifest = store.read_manifest(record.checkpoint_dir)
         assert manifest is not None, record.checkpoint_dir
         verify(Path(storage_path) / name / record.checkpoint_dir, manifest)
-    for d in (Path(storage_path) / name).glob("checkpoint_*"):
-        assert (d / ".outlast-manifest.json").exists(), f"{d.name} has no manifest"
+    for d in store.checkpoint_dirs():
+        assert (Path(storage_path) / name / d / ".outlast-manifest.json").exists(), f"{d} has no manifest"
 
 
 def _kill_after_checkpoint_9(storage_path, events) -> list[str]:
@@ -151,6 +152,44 @@ def test_a_crash_at_any_step_of_the_commit_restores_a_whole_checkpoint(point, vi
     assert_every_checkpoint_whole(storage_path)
     latest = Path(storage_path) / "run" / _state(storage_path)["latest_checkpoint"]
     assert json.loads((latest / "state.json").read_text()) == {"step": 9}
+
+
+# A named checkpoint left half-uploaded by a dead worker, or committed by a driver killed before its run
+# state named it: the next attempt tells both for checkpoints by their marker, so it neither trips over the
+# name when it reports it again nor restores from scratch. The user's own directory beside them stays.
+NAMED_COMMIT_FAULTS = [("upload.mid", "worker", None), ("report.after_commit", "worker", 4),
+                       ("commit.after_manifest", "driver", 4)]
+
+
+@pytest.mark.parametrize("point,victim,restored", NAMED_COMMIT_FAULTS)
+def test_a_crash_mid_commit_of_a_named_checkpoint_restores_it_by_its_name(point, victim, restored, storage_path,
+                                                                          tmp_path):
+    events = tmp_path / "events.jsonl"
+    own = Path(storage_path) / "run" / "notes"
+    own.mkdir(parents=True)
+    (own / "todo.txt").write_text("mine")
+    args = ["--name", "run", "--loop", "counting_loop", "--steps", "12", "--max-failures", "1", "--named"]
+    first = _driver(storage_path, events, *args, env={"OUTLAST_FAULT_POINTS": f"{point}=kill"})
+    out, err = first.communicate(timeout=120)
+    if victim == "driver":
+        assert first.returncode == -signal.SIGKILL
+        second = _driver(storage_path, events, *args)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode == 0, err
+    else:
+        assert first.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"step": 11}
+    assert _restored(events, 2) == {restored}
+    state = _state(storage_path)
+    assert [c["checkpoint_dir"] for c in state["checkpoints"]] == ["step_4", "step_9"]
+    assert state["latest_checkpoint"] == "step_9"
+    assert json.loads((Path(storage_path) / "run" / "step_9" / "state.json").read_text()) == {"step": 9}
+    assert_every_checkpoint_whole(storage_path)
+    assert (own / "todo.txt").read_text() == "mine"
+    shown = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", str(storage_path), "run"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "  step_4  " in shown.stdout and re.search(r"  step_9  .*<- latest", shown.stdout), shown.stdout
 
 
 def test_a_corrupted_checkpoint_file_falls_back_to_the_previous_checkpoint(storage_path, tmp_path):

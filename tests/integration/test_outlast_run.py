@@ -135,11 +135,16 @@ def test_ray_trains_framework_integrations_are_outlasts(tmp_path):
         from ray.train.v2.xgboost import XGBoostTrainer as V2XGBoostTrainer
         from ray.train.v2.jax import JaxTrainer, JaxConfig
         from ray.train.v2.jax.jax_trainer import JaxTrainer as ModuleJaxTrainer
+        import outlast.train.lightgbm
+        from ray.train.lightgbm import LightGBMTrainer, RayTrainReportCallback as LGBCallback, get_network_params
+        from ray.train.v2.lightgbm import LightGBMTrainer as V2LightGBMTrainer
         assert RayDDPStrategy is ray.train.lightning.RayDDPStrategy is outlast.train.lightning.RayDDPStrategy
         assert RayTrainReportCallback.CHECKPOINT_NAME == "checkpoint.ckpt" and prepare_trainer is outlast.train.lightning.prepare_trainer
         assert HFCallback is outlast.train.huggingface.transformers.RayTrainReportCallback and HFCallback.CHECKPOINT_NAME == "checkpoint"
         assert XGBCallback.CHECKPOINT_NAME == "model.ubj" and XGBoostTrainer is V2XGBoostTrainer is outlast.train.xgboost.XGBoostTrainer
         assert JaxTrainer is ModuleJaxTrainer is outlast.train.jax.JaxTrainer and JaxConfig is outlast.train.jax.JaxConfig
+        assert LightGBMTrainer is V2LightGBMTrainer is outlast.train.lightgbm.LightGBMTrainer
+        assert LGBCallback.CHECKPOINT_NAME == "model.txt" and get_network_params is outlast.train.lightgbm.get_network_params
         print("ok")
     """)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
@@ -149,11 +154,11 @@ def test_a_ray_train_integration_outlast_lacks_stops_naming_what_is_and_is_not_s
     proc = run_script(tmp_path, """
         import ray.train.torch
 
-        from ray.train.lightgbm import LightGBMTrainer
+        from ray.train.tensorflow import TensorflowTrainer
     """)
     assert proc.returncode == 2
-    assert f"import ray.train.lightgbm at {tmp_path / 'script.py'}, line 4 is not supported" in proc.stderr
+    assert f"import ray.train.tensorflow at {tmp_path / 'script.py'}, line 4 is not supported" in proc.stderr
     for supported in ("ray.train.lightning", "ray.train.huggingface.transformers", "ray.train.xgboost",
-                      "ray.train.v2.jax"):
+                      "ray.train.lightgbm", "ray.train.v2.jax"):
         assert supported in proc.stderr.split("nothing else of Ray")[0]
-    assert "ray.train.lightgbm" in proc.stderr.split("nothing else of Ray")[1]
+    assert "ray.train.tensorflow" in proc.stderr.split("nothing else of Ray")[1]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,9 +39,8 @@ def test_ray_names_in_one_run_duplicates_kept_once_and_the_result_as_ray_gives_i
     assert by_rank[0]["devices"] == ["cpu"] and by_rank[0]["deterministic"] is True
     assert by_rank[0]["env"] == by_rank[1]["env"] == "from runtime env"  # and DDP met over tcp://
     # The kept checkpoints (epochs 1 and 2: the best two on loss; epoch 2 is also the latest), ordered as
-    # Ray 2.60 orders them (by score, the best last), each with its metadata and the directory name asked for.
-    assert by_rank[1]["reported"] == [[2, {"epoch": 2, "checkpoint_dir_name": "epoch_2"}],
-                                      [1, {"epoch": 1, "checkpoint_dir_name": "epoch_1"}]]
+    # Ray 2.60 orders them (by score, the best last), each with its metadata, under the directory name asked for.
+    assert by_rank[1]["reported"] == [[2, {"epoch": 2}, "epoch_2"], [1, {"epoch": 1}, "epoch_1"]]
 
     # Ray V2: metrics of the latest checkpoint, best checkpoints best last, rank 0's return value.
     assert result.metrics == {"loss": 2.0, "epoch": 2}
@@ -84,3 +85,41 @@ def test_a_failing_loop_raises_worker_group_error_with_each_ranks_failure(storag
         TorchTrainer(failing_loop, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name="fails", storage_path=storage_path)).fit()
     assert "the loop's own error" in str(info.value.worker_failures[0])
+
+
+@pytest.mark.torch
+def test_the_fsdp2_tutorials_full_model_is_opened_after_fit_where_ray_puts_it(storage_path):
+    """Ray's FSDP2 tutorial reports its last save with checkpoint_dir_name="full_model" and, after fit(),
+    opens {storage_path}/{name}/full_model/full-model.pt."""
+    import torch
+
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.ray_api_jobs import fsdp2_full_model_loop
+
+    result = TorchTrainer(fsdp2_full_model_loop, scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="fsdp_mnist", storage_path=storage_path)).fit()
+    state = torch.load(f"{storage_path}/fsdp_mnist/full_model/full-model.pt")
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    plain.load_state_dict(state)  # whole tensors, not shards
+    assert result.checkpoint.path == f"{storage_path}/fsdp_mnist/full_model"
+    run = json.loads((Path(storage_path) / "fsdp_mnist" / "run_state.json").read_text())
+    assert [c["checkpoint_dir"] for c in run["checkpoints"]] == [
+        "checkpoint_001_000000", "checkpoint_001_000001", "full_model"]
+
+
+@pytest.mark.parametrize("names, said", [
+    (["same", "same"], "checkpoint_dir_name='same' is taken"),
+    (["first", "a/b"], "without '/'"),
+    (["first", "reports"], "the run directory keeps its own 'reports'"),
+])
+def test_a_name_taken_or_not_a_directory_name_fails_the_report_and_keeps_what_was_committed(
+        names, said, storage_path):
+    from outlast.train import Trainer
+    from tests.integration.ray_api_jobs import named_twice_loop
+
+    with pytest.raises(WorkerGroupError, match=re.escape(said)):
+        Trainer(named_twice_loop, train_loop_config={"names": names}, scaling_config=ScalingConfig(num_workers=2),
+                run_config=RunConfig(name="named", storage_path=storage_path)).fit()
+    run = json.loads((Path(storage_path) / "named" / "run_state.json").read_text())
+    assert [c["checkpoint_dir"] for c in run["checkpoints"]] == [names[0]]
+    assert json.loads((Path(storage_path) / "named" / names[0] / "n.json").read_text()) == {"report": 0}

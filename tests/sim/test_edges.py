@@ -138,6 +138,8 @@ def test_a_newer_lease_read_as_this_versions_is_caught(monkeypatch):
     assert any("opened the run although a newer outlast wrote its lease" in v for v in out.violations)
 
 
+# Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
+@pytest.mark.timeout(1200)
 def test_edge_schedules_reach_every_new_fault():
     summary = run_many(0, 300, jobs=1, edges=True)
     totals = summary["totals"]
@@ -148,5 +150,7 @@ def test_edge_schedules_reach_every_new_fault():
     assert summary["outcomes"].get("finished", 0) > 100 and summary["outcomes"].get("aborted", 0) > 10
 
 
+# Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
+@pytest.mark.timeout(1200)
 def test_three_hundred_edge_schedules_hold_every_invariant():
     assert run_many(0, 300, jobs=1, edges=True)["violations"] == 0

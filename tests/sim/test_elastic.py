@@ -132,6 +132,8 @@ def test_neither_a_fast_nor_a_slow_loop_is_taken_for_hung_by_the_adaptive_timeou
     assert out.status == "finished" and state.hangs == [] and len(state.attempts) == 1
 
 
+# Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
+@pytest.mark.timeout(1200)
 def test_two_thousand_elastic_schedules_hold_every_invariant_and_both_shrink_and_grow():
     from outlast.sim.__main__ import run_many
 

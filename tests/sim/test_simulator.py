@@ -86,6 +86,8 @@ def test_a_seed_of_a_fixed_bug_holds_every_invariant(seed):
     assert run_seed(seed).violations == []
 
 
+# Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
+@pytest.mark.timeout(1200)
 def test_ten_thousand_schedules_hold_every_invariant_and_reach_the_interesting_states():
     summary = run_many(0, 10_000, jobs=2)
     assert summary["schedules"] == 10_000

@@ -138,3 +138,23 @@ def test_overdue_does_not_list_lost_ranks_as_missing():
     t.lose_ranks({3})
     [w] = t.overdue(now=10.0)
     assert w.missing == [1, 2]
+
+
+def test_allgather_carries_every_ranks_payload_by_rank_whatever_the_order_of_arrival():
+    from outlast.protocol.messages import read_gathered
+
+    t = tracker(world_size=3)
+    assert t.arrive(2, 0, "allgather", b"two", 0.0) is None
+    assert t.arrive(0, 0, "allgather", b"zero", 0.0) is None
+    done = t.arrive(1, 0, "allgather", b"one", 0.0)
+    assert read_gathered(done.payload) == {0: b"zero", 1: b"one", 2: b"two"}
+
+
+def test_allgather_completed_by_a_loss_leaves_the_lost_rank_out_even_if_it_arrived_first():
+    from outlast.protocol.messages import read_gathered
+
+    t = tracker(world_size=3)
+    t.arrive(1, 0, "allgather", b"one", 0.0)
+    t.arrive(0, 0, "allgather", b"zero", 0.0)
+    [done] = t.lose_ranks({1, 2})
+    assert read_gathered(done.payload) == {0: b"zero"}

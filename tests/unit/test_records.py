@@ -96,22 +96,3 @@ def test_a_document_without_a_version_reads_as_the_current_version():
     doc = json.loads(r.encode(manifest()))
     del doc["version"]
     assert r.decode(json.dumps(doc).encode(), r.Manifest, "m").version == r.MANIFEST_VERSION
-
-
-def test_checkpoint_dir_name_pads_attempt_and_index():
-    assert r.checkpoint_dir_name(2, 15) == "checkpoint_002_000015"
-
-
-def test_checkpoint_dir_names_sort_in_commit_order():
-    made = [r.checkpoint_dir_name(a, i) for a, i in [(1, 0), (1, 9), (1, 10), (2, 0), (10, 0)]]
-    assert sorted(made) == made
-
-
-def test_a_made_name_is_recognised_as_a_checkpoint_dir():
-    assert r.is_checkpoint_dir_name(r.checkpoint_dir_name(1, 0))
-
-
-@pytest.mark.parametrize("name", ["checkpoint", "checkpoint_1", "checkpoint_1_2_3", "ckpt_1_2",
-                                  "checkpoint_a_1", "checkpoint__1", "run_state.json", "Checkpoint_1_2"])
-def test_other_names_are_not_checkpoint_dirs(name):
-    assert not r.is_checkpoint_dir_name(name)

@@ -1,5 +1,6 @@
 """The memory tier on its files and between two tier servers over CURVE with the cluster key."""
 
+import mmap
 import os
 import subprocess
 import sys
@@ -348,6 +349,18 @@ def test_a_budget_larger_than_the_tmpfs_is_refused_saying_what_to_do(tmp_path):
         start_tier(zmq.Context.instance(), None, "n1", "127.0.0.1", 1 << 60, root=tmp_path / "tier")
 
 
+def test_the_default_budget_shrinks_to_half_a_small_tmpfs_instead_of_refusing_the_node(tmp_path):
+    import shutil
+
+    from outlast.agent.tier_server import start_tier
+
+    server = start_tier(zmq.Context.instance(), None, "n1", "127.0.0.1", 1 << 60, root=tmp_path / "tier", fitted=True)
+    try:
+        assert server.store.book.budget_bytes == shutil.disk_usage(tmp_path).total // 2
+    finally:
+        server.stop()
+
+
 def test_a_second_live_agent_of_the_same_node_id_cannot_take_its_tier(root):
     child = subprocess.Popen([sys.executable, "-c", f"""
 import time
@@ -377,3 +390,16 @@ def test_a_pull_brings_a_peers_copy_into_this_nodes_tier_checked(pair, tmp_path)
     missing = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c9", rank=0, from_address=a.address))
     assert not missing.ok and "not held on n1" in missing.reason
     assert b.store.records()[0].checkpoint_dir == "c1" and len(b.store.records()) == 1
+
+
+def test_a_chunks_bytes_travel_beside_its_header_straight_from_the_file(tmp_path):
+    from outlast.agent.tier_client import chunk_frames, file_view
+
+    (tmp_path / "f").write_bytes(b"x" * (3 * MB))
+    view = file_view(tmp_path / "f")
+    header, data = chunk_frames(m.TierChunk(run="r", checkpoint_dir="c", rank=0, path="f", offset=MB),
+                                view[MB:2 * MB])
+    assert len(header) < 200 and data.nbytes == MB and isinstance(data.obj, mmap.mmap)
+    assert bytes(data[:3]) == b"xxx"
+    (tmp_path / "empty").write_bytes(b"")
+    assert len(file_view(tmp_path / "empty")) == 0

@@ -105,7 +105,8 @@ def run_view(state: RunState, location: str, reports: dict[int, list[ReportEntry
         "drains": [{"attempt": d.attempt, "start": d.time, "deadline": d.deadline, "node_ids": d.node_ids,
                     "reason": d.reason, "message": d.message, "ranks": d.ranks} for d in state.drains],
         "checkpoints": [{"dir": c.checkpoint_dir, "seq": c.seq, "attempt": c.attempt, "report_index": c.report_index,
-                         "time": c.committed_at, "metrics": c.metrics, "latest": c.checkpoint_dir == latest}
+                         "time": c.committed_at, "metrics": c.metrics, "latest": c.checkpoint_dir == latest,
+                         "durable": c.durable, "memory": c.memory, "memory_at": c.memory_at}
                         for c in sorted(state.checkpoints, key=lambda c: c.seq)],
         "restores": [{"attempt": a.attempt, "time": a.started_at, "from": a.restored_from}
                      for a in state.attempts if a.restored_from],

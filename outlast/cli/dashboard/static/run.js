@@ -41,7 +41,7 @@ function renderRun() {
   section("attempts-section", () => attemptsTable(d), JSON.stringify(d.attempts));
   section("failures-section", () => failures(d), JSON.stringify(d.attempts.map((a) => a.failures.length)));
   section("hangs-section", () => hangs(d), String(d.hangs.length));
-  section("checkpoints-section", () => checkpoints(d), JSON.stringify(d.checkpoints.map((c) => [c.dir, c.latest])));
+  section("checkpoints-section", () => checkpoints(d), JSON.stringify(d.checkpoints.map((c) => [c.dir, c.latest, c.memory, c.memory_at])));
   section("logs-section", () => logs(d), JSON.stringify(d.attempts.map((a) => a.ranks)));
   section("notes-section", () => notes(d), String(d.notes.length + d.skipped.length));
 }
@@ -217,6 +217,13 @@ function hangs(d) {
                          h("pre", {}, g.text)]))) : h("p", { class: "muted" }, "none")];
 }
 
+// Where a checkpoint is held: in storage ("durable"), and in which nodes' memory (one copy until two
+// nodes in different failure domains hold every rank's files).
+function level(c) {
+  const memory = (c.memory || []).length ? `memory: ${c.memory.join(", ")}${c.memory_at == null ? " (one copy)" : ""}` : "";
+  return [c.durable === false ? "not in storage" : "durable", memory].filter(Boolean).join("; ");
+}
+
 function checkpoints(d) {
   const base = runApi();
   const rows = d.checkpoints.slice().reverse().map((c) => {
@@ -229,10 +236,10 @@ function checkpoints(d) {
     if (d.checkpoints.length <= 30) load(false); else size.append(h("button", { onclick: () => load(false) }, "size"));
     return h("tr", { "data-checkpoint": c.dir }, h("td", {}, c.dir, c.latest ? h("span", { class: "muted" }, " (latest)") : null),
       h("td", { class: "num" }, c.attempt), h("td", { class: "num" }, c.report_index), h("td", {}, when(c.time)),
-      h("td", {}, metrics(c.metrics)), size, check);
+      h("td", { class: "level" }, level(c)), h("td", {}, metrics(c.metrics)), size, check);
   });
   return [h("h2", {}, `Checkpoints (${d.checkpoints.length}, newest first)`), d.checkpoints.length ? h("table", { id: "checkpoints" },
-    h("tr", {}, ["checkpoint", "attempt", "report", "committed", "metrics", "size", "checksums"].map((t) => h("th", {}, t))), rows)
+    h("tr", {}, ["checkpoint", "attempt", "report", "committed", "held", "metrics", "size", "checksums"].map((t) => h("th", {}, t))), rows)
     : h("p", { class: "muted" }, "none committed")];
 }
 
