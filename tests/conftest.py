@@ -38,7 +38,7 @@ def pytest_collection_finish(session):
     """The guest kernel's tier takes minutes on a core of its own: start it now, beside the rest."""
     from tests.kernel import guest_tier
 
-    if any(item.nodeid == guest_tier.TEST_ID for item in session.items):
+    if not session.config.option.collectonly and any(item.nodeid == guest_tier.TEST_ID for item in session.items):
         from tests.kernel.test_cgroup_v2_guest import why_not
 
         if why_not() is None:

@@ -33,13 +33,16 @@ class GuestRun:
             self.stop()
             raise
         shutil.rmtree(self.work, ignore_errors=True)
-        return code, self.output.read_text(errors="replace")
+        text = self.output.read_text(errors="replace")
+        self.output.unlink(missing_ok=True)
+        return code, text
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         shutil.rmtree(self.work, ignore_errors=True)
+        self.output.unlink(missing_ok=True)
 
 
 _run: GuestRun | None = None
