@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -21,6 +20,7 @@ from typing import Callable
 
 from outlast.controller import effects as fx
 from outlast.controller import storage_io
+from outlast.controller.wakeup import Wakeup
 from outlast.storage.retry import retry_budget_s, retrying
 from outlast.storage.run_store import RunStore
 
@@ -75,16 +75,14 @@ class StorageExecutor:
         self._current: tuple[fx.StorageEffect, float] | None = None
         self._slow_told: dict[int, float] = {}  # effect id -> how long it had run when last told
         self._stop = False
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
+        self._wakeup = Wakeup()
         self._thread = threading.Thread(target=self._run, name="outlast-storage", daemon=True)
         self._thread.start()
 
     @property
     def wake_fd(self) -> int:
         """Readable when answers are waiting in `take()`."""
-        return self._read_fd
+        return self._wakeup.fileno()
 
     def submit(self, effect: fx.StorageEffect) -> None:
         with self._cv:
@@ -92,11 +90,7 @@ class StorageExecutor:
             self._cv.notify()
 
     def take(self) -> list[fx.StorageEvent]:
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wakeup.drain()
         with self._cv:
             out = list(self._answers)
             self._answers.clear()
@@ -120,8 +114,7 @@ class StorageExecutor:
             log.warning("storage is still busy with %s; not waiting for it",
                         fx.describe(self._current[0]) if self._current else "what the run handed it")
             return
-        for fd in (self._read_fd, self._write_fd):
-            os.close(fd)
+        self._wakeup.close()
 
     def _run(self) -> None:
         while True:
@@ -131,7 +124,7 @@ class StorageExecutor:
                 effect, answered = self._queue.pop()
                 self._answers.extend(answered)
                 if effect is None:
-                    self._wake()
+                    self._wakeup.ring()
                     if self._stop:
                         return
                     continue
@@ -145,13 +138,7 @@ class StorageExecutor:
             with self._cv:
                 self._current = None
                 self._answers.append(event)
-            self._wake()
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._write_fd, b"x")
-        except (BlockingIOError, OSError):
-            pass  # the pipe is full: the loop has a wake-up waiting already
+            self._wakeup.ring()
 
     def _say_retry(self, state) -> None:
         e = state.outcome.exception() if state.outcome is not None else None

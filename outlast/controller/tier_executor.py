@@ -8,7 +8,6 @@ waits in `take()`, and a byte on `wake_fd` wakes the loop for it, as storage's a
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections import deque
@@ -16,6 +15,7 @@ from collections import deque
 import zmq
 
 from outlast.controller import effects as fx
+from outlast.controller.wakeup import Wakeup
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
@@ -33,15 +33,13 @@ class TierExecutor:
                          for i in range(threads)]
         self._answers: deque[fx.TierAnswered] = deque()
         self._lock = threading.Lock()
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
+        self._wakeup = Wakeup()
         for t in self._threads:
             t.start()
 
     @property
     def wake_fd(self) -> int:
-        return self._read_fd
+        return self._wakeup.fileno()
 
     def submit(self, effect: fx.TierAsk) -> None:
         self._todo.put(effect)
@@ -51,11 +49,7 @@ class TierExecutor:
             self._ask(effect)
 
     def take(self) -> list[fx.TierAnswered]:
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wakeup.drain()
         with self._lock:
             out = list(self._answers)
             self._answers.clear()
@@ -70,6 +64,7 @@ class TierExecutor:
                 break
         for _ in self._threads:
             self._todo.put(None)
+        self._wakeup.close()  # a request still running rings a closed pipe: nothing
 
     def _request(self, effect: fx.TierAsk) -> m.TierReply:
         sock = connect_dealer(self._ctx, effect.address, key=self._key)
@@ -91,7 +86,4 @@ class TierExecutor:
             answer = fx.TierAnswered(effect.id, error=f"{type(e).__name__}: {e}")
         with self._lock:
             self._answers.append(answer)
-        try:
-            os.write(self._write_fd, b"x")
-        except (BlockingIOError, OSError):
-            pass
+        self._wakeup.ring()
