@@ -24,6 +24,29 @@ def storage_path(tmp_path):
     return str(path)
 
 
+@pytest.fixture
+def s3(monkeypatch):
+    """The tests' S3-protocol server (moto) on loopback, with a bucket `runs`; what the test starts after
+    this (workers, a dashboard) reaches it through the same environment."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="runs")
+    yield server
+    server.stop()
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch  # noqa: F401

@@ -65,25 +65,3 @@ def dashboard():
     yield start
     for d in started:
         d.stop()
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """The tests' S3-protocol server (moto) on loopback, with a bucket `runs`; the dashboard started after
-    this reaches it through the same environment."""
-    from moto.server import ThreadedMotoServer
-
-    from tests.browser.server import free_port
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="runs")
-    yield server
-    server.stop()

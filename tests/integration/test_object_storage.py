@@ -4,7 +4,6 @@ through the same client code users run; and a file system that fills up."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -17,30 +16,6 @@ from outlast.storage.records import MANIFEST_NAME
 from outlast.storage.run_store import RunStore
 from outlast.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig, Trainer, TrainingFailedError
 from tests.integration.jobs import counting_loop, read_events
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="runs")
-    yield server
-    server.stop()
 
 
 def _fit(storage_path, events, **config):
