@@ -8,7 +8,6 @@ from outlast.controller.driver_lease import LeaseKeeper
 from outlast.storage import open_storage
 from outlast.storage.conditional import conditional
 from outlast.storage.run_store import RunStore
-from tests.integration.test_object_storage import s3  # noqa: F401  (the fixture)
 from tests.unit.test_driver_lease import race_for_the_lease
 
 

@@ -13,7 +13,6 @@ from outlast.storage import open_storage, remote
 from outlast.storage.records import Manifest
 from outlast.storage.restore import CorruptCheckpointError, materialize
 from outlast.storage.run_store import RunStore
-from tests.integration.test_object_storage import s3  # noqa: F401  (the fixture)
 
 NAME = "checkpoint_001_000000"
 

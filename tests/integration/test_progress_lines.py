@@ -14,7 +14,6 @@ from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer, Trai
 from tests.integration.jobs import counting_loop, node_logging_loop
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_multinode import _at_step, _fit, _placed, _when
-from tests.integration.test_object_storage import s3  # noqa: F401  (a fixture)
 
 
 def _progress(caplog) -> list[str]:

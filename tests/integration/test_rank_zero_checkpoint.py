@@ -13,7 +13,6 @@ from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train import CheckpointConfig, RunConfig, ScalingConfig, Trainer, TrainingFailedError
 from tests.integration.rank_zero_jobs import every_rank_saves_model_pt, model_bytes
-from tests.integration.test_object_storage import s3  # noqa: F401  (the fixture)
 
 
 def _fit(storage_path: str, last: int, policy: str | None = None):

@@ -11,7 +11,6 @@ import pytest
 import xxhash
 
 from outlast.storage import open_storage
-from tests.integration.test_object_storage import s3  # noqa: F401  (the fixture)
 
 
 def _rank_dir(tmp_path, rank):
