@@ -115,3 +115,39 @@ def test_a_corrupt_copy_in_ram_is_skipped_for_the_peers_and_the_history_says_so(
     notes = [n["text"] for n in _state(storage_path)["notes"]]
     assert any(f"restoring checkpoint_001_000005: the copy of rank 0 in memory on {home[0]} was skipped: file "
                "state.json does not match its checksum" in n for n in notes), notes
+
+
+def test_a_nodes_budget_evicts_the_oldest_copies_and_keeps_the_newest_committed(monkeypatch, tmp_path, storage_path):
+    import zmq
+
+    from outlast.agent.tier_client import ask
+    from outlast.protocol import messages as m
+    from outlast.protocol.auth import ClusterKey
+
+    events = tmp_path / "events.jsonl"
+    # Each checkpoint is about 2.1 MiB on each node (its rank's copy and the other's replica): two fit in 5 MiB.
+    with LocalCluster(num_nodes=2, cpus_per_node=1, workdir=tmp_path / "cl",
+                      node_args=["--checkpoint-memory", "5MiB"]) as cluster:
+        result = _fit(storage_path, events, steps=15, every=3, pad_bytes=1 << 20, step_sleep=0.05)
+        assert result.last_metrics == {"step": 14}
+        names = [r["checkpoint_dir"] for r in _state(storage_path)["checkpoints"]]
+        assert len(names) == 5
+        ctx = zmq.Context()
+        try:
+            key = ClusterKey.load(cluster.key_file)
+
+            def holdings():
+                return {n.node_id: ask(ctx, key, n.tier_address, m.TierList(), timeout_s=30)
+                        for n in cluster.node_table()}
+
+            # The last replicas may still be on their way when fit() returns.
+            wait_until(lambda: all(sorted(c.rank for c in h.copies if c.checkpoint_dir == names[-1]) == [0, 1]
+                                   for h in holdings().values()), 60, "the last checkpoint on both nodes")
+            for node, held in holdings().items():
+                assert held.used_bytes <= 5 << 20
+                kept = sorted({c.checkpoint_dir for c in held.copies})
+                # The oldest went first; the newest committed is there, its node's own copy told committed.
+                assert kept == names[-2:], (node, kept)
+                assert any(c.checkpoint_dir == names[-1] and c.primary and c.committed for c in held.copies)
+        finally:
+            ctx.destroy(linger=0)
