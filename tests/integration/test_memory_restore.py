@@ -151,3 +151,45 @@ def test_a_nodes_budget_evicts_the_oldest_copies_and_keeps_the_newest_committed(
                 assert any(c.checkpoint_dir == names[-1] and c.primary and c.committed for c in held.copies)
         finally:
             ctx.destroy(linger=0)
+
+
+def test_a_restarted_agent_reclaims_its_copies_and_its_ranks_restore_from_them(monkeypatch, tmp_path, storage_path,
+                                                                               capfd):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=2, node_timeout_s=2, cpus_per_node=1, workdir=tmp_path / "cl") as cluster:
+        def restart_once_replicated():
+            wait_until(lambda: _replicated(storage_path, 5), 60, "checkpoint 5 held on two nodes")
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 7 for e in read_events(events)), 60,
+                       "step 7")
+            cluster.kill_node("node-1")  # its workers die with it
+            cluster.restart_node("node-1")
+            _spoil_storage(storage_path)
+
+        thread = threading.Thread(target=restart_once_replicated, daemon=True)
+        thread.start()
+        result = _fit(storage_path, events)
+        thread.join()
+        log = cluster.nodes["node-1"].log_path.read_text()
+        import zmq
+
+        from outlast.agent.tier_client import ask
+        from outlast.protocol import messages as m
+        from outlast.protocol.auth import ClusterKey
+
+        ctx = zmq.Context()
+        try:
+            address = next(n.tier_address for n in cluster.node_table() if n.node_id == "node-1")
+            held = ask(ctx, ClusterKey.load(cluster.key_file), address, m.TierList(), timeout_s=30)
+        finally:
+            ctx.destroy(linger=0)
+    # The restarted agent holds what its predecessor kept, committed as it was.
+    assert ("checkpoint_001_000005", 1, True, True) in {(c.checkpoint_dir, c.rank, c.primary, c.committed)
+                                                         for c in held.copies}
+    assert result.last_metrics == {"step": 23}
+    assert re.search(r"reclaimed [1-9]\d* checkpoint copies in memory", log), log[-3000:]
+    starts = [e for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2]
+    assert [e["restored_step"] for e in starts] == [5, 5]
+    said = "".join(capfd.readouterr())
+    assert sorted(r[3] for r in re.findall(RESTORED, said)) == ["local_memory", "local_memory"], said[-4000:]
+    assert "from storage" not in said
