@@ -349,10 +349,13 @@ class Agent:
                 sources = self.guard.sources_by_fd()
                 for fd in sources:
                     poller.register(fd, zmq.POLLIN)
-            if self.forks.restart_if_due(self.clock()):
+            started = self.forks.restart_if_due(self.clock())
+            if started is not None:
                 servers = self._poll_fork_servers(servers)
-                log.info("fork server: pid %d; its standby: %s", self.forks.proc.pid,
-                         f"pid {self.forks.standby_pid}" if self.forks.standby_pid else "none")
+                if started == "server":
+                    log.info("started the fork server again (pid %d)", self.forks.proc.pid)
+                else:
+                    log.info("started a standby fork server (pid %d)", self.forks.spare.proc.pid)
             self._tick(self.clock())
         self.close()
 

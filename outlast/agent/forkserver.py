@@ -119,23 +119,23 @@ class ForkServer:
                                             f"took its place, and a new standby starts {when}")
         return how, decision
 
-    def restart_if_due(self, now: float) -> bool:
+    def restart_if_due(self, now: float) -> str | None:
         """Start the server, or a standby beside a ready one, when one is missing and its time has come.
-        Returns whether one was started."""
+        Returns which was started ("server", "standby"), or None."""
         if self.given_up or (self.restart_at is not None and now < self.restart_at):
-            return False
+            return None
         if self.active is None:
             self.restart_at = None
             self.start()
             self.restarts.restarted(now)
-            return True
+            return "server"
         if self.standby_enabled and self.spare is None and self.active.ready \
                 and now - self.last_fork >= STANDBY_AFTER_FORKS_S:
             self.restart_at = None
             self.spare = self._spawn()
             mark("agent.standby_start", server=self.spare.proc.pid)
-            return True
-        return False
+            return "standby"
+        return None
 
     def on_standby(self) -> str | None:
         """The standby's pipe is readable: it is ready, or it died (then a line for the log)."""
