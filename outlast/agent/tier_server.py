@@ -28,7 +28,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
 from outlast.storage.memtier import CopyKey
-from outlast.storage.tier_store import TierStore, default_root
+from outlast.storage.tier_store import TierStore, check_files, default_root
 
 log = logging.getLogger("outlast.agent.tier")
 
@@ -236,9 +236,18 @@ class TierServer:
         ids = dict(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank)
         key = CopyKey(pull.run, pull.checkpoint_dir, pull.rank)
         with self._lock:
-            record = self.store.record(key)
-        if record is not None:
-            return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
+            record, where = self.store.record(key), self.store.path(key)
+        skipped = ""
+        if record is not None and where is not None:
+            # Checked before it is trusted (off the lock: the server thread serves chunks meanwhile): a copy
+            # that differs from its record is dropped, and the peer's is fetched in its place.
+            why = check_files(where, record.files)
+            if why is None:
+                return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
+            with self._lock:
+                self.store.drop(key)
+            skipped = f"the copy of rank {pull.rank} in memory on {node} was skipped: {why}"
+            log.warning("%s; fetching it from %s", skipped, pull.from_address)
 
         def room(offer: m.TierOffer) -> Path:
             with self._lock:
@@ -255,10 +264,10 @@ class TierServer:
             with self._lock:
                 self.store.abort(key)
             return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {e}",
-                                seconds=time.monotonic() - asked_at)
+                                seconds=time.monotonic() - asked_at, skipped=skipped)
         with self._lock:
             why = self.store.finish(key)
-        return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "",
+        return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", skipped=skipped,
                             nbytes=sum(f.size for f in offer.files), seconds=time.monotonic() - asked_at)
 
     def _copy_in(self, hold: m.TierHold) -> str | None:

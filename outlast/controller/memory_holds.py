@@ -310,11 +310,12 @@ def _record(c: "ControllerCore", h: Holding) -> None:
 
 
 def pull_then(c: "ControllerCore", a, sends: list) -> None:
-    """A "memory" run: each node of the attempt first pulls, from a node that holds the checkpoint it
-    restores, the files of every rank it lacks (`TierPull`), as storage has none; its ranks are started
-    once every pull has answered, kept or not. A "storage" run reads what its nodes lack from storage,
-    which is never slower to reach than a wait for a transfer first."""
-    if c.plan.checkpoint_storage != MEMORY or a.restore is None:
+    """Each node of the attempt first pulls, from a node that holds the checkpoint it restores in memory, the
+    files of every rank it lacks (`TierPull`); its ranks are started once every pull has answered, kept or not.
+    So a restore reads this node's RAM, then a peer's, then storage (which a "memory" run lacks), each copy
+    checked against its record: the node's own copy before a pull counts (a corrupt one is dropped and fetched
+    again), the pulled one as it is kept, and the restore checks the manifest's checksums once more."""
+    if a.restore is None:
         c.out += sends
         return
     record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
@@ -330,18 +331,24 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
     c.out += [e for e in sends if not isinstance(e, Spawn)]  # the agents know the run meanwhile
     spawns = [e for e in sends if isinstance(e, Spawn)]
     left = set(range(len(todo)))
+    then = "storage" if record is not None and record.durable else "no copy: the restore fails"
 
     def ask_one(i: int, node: str, rank: int, candidates: list[str]) -> None:
         src, rest = candidates[0], candidates[1:]
 
         def answered(c: "ControllerCore", e: fx.TierAnswered) -> None:
             stored = e.reply if isinstance(e.reply, m.TierStored) else None
+            if stored is not None and stored.skipped:
+                # The node's own copy did not match its record: passed over for the peer's, and said.
+                text = f"restoring {a.restore}: {stored.skipped}"
+                if c.book.note_once(text, c.wall()):
+                    log.warning("%s", text)
             if (stored is None or not stored.ok) and rest:
                 ask_one(i, node, rank, rest)  # that node may keep other ranks' files only
                 return
             if stored is None or not stored.ok:
-                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from storage",
-                         node, a.restore, rank, stored.reason if stored is not None else e.error)
+                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from %s",
+                         node, a.restore, rank, stored.reason if stored is not None else e.error, then)
             left.discard(i)
             if not left and c.attempt is a:
                 c.out.extend(spawns)

@@ -675,6 +675,7 @@ class TierStored(Msg):
     nbytes: int = 0
     seconds: float = 0.0  # from the request to this answer
     replica_seconds: float = 0.0  # of these, the replica's transfer
+    skipped: str = ""  # a pull: why this node's own copy was passed over (it did not match its record)
 
 
 class TierHoldings(Msg):

@@ -255,3 +255,33 @@ def test_the_tier_executor_answers_a_silent_node_with_an_error_and_never_holds_t
     ex.close()  # returns at once, the request still waiting
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("outlast-tier-ask"))
     ctx.term()  # the waiting request's poll ends with the context (ETERM), and its socket is closed
+
+
+def test_storage_a_new_attempt_pulls_from_the_peers_memory_first_and_notes_a_corrupt_copy_passed_over():
+    h, placement = tiered(max_failures=1)
+    report(h, 0)
+    report(h, 1)
+    h.release()
+    for a in asks(h):
+        h.step(stored(a))
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    assert h.core.book.state.checkpoints[-1].memory == ["n1", "n2", "n3"]
+    table = [msgspec.structs.replace(n, state="dead" if n.node_id == "n2" else n.state)
+             for n in h.core.nodes.nodes.values()]
+    h.core.nodes.set_table(table)
+    h.agent("n1", h.exited(0, "n1", code=1))
+    h.agent("n2", h.exited(1, "n2", code=1))
+    for _ in range(5):
+        h.release()
+        h.step(dt=0.5)
+    pulls = asks(h, m.TierPull)
+    # Storage holds it too, but a peer's RAM comes first.
+    assert sorted((a.node_id, a.msg.rank) for a in pulls) == [("n1", 0), ("n1", 1), ("n3", 0), ("n3", 1)]
+    for a in pulls:
+        reply = m.TierStored(run=a.msg.run, checkpoint_dir=DIR, rank=a.msg.rank, node_id=a.node_id, ok=True,
+                             skipped="the copy of rank 0 in memory on n1 was skipped: bad" if a.node_id == "n1"
+                             and a.msg.rank == 0 else "")
+        h.step(fx.TierAnswered(a.id, reply=reply))
+    assert sorted(h.spawned().values()) == ["n1", "n3"]
+    assert any("the copy of rank 0 in memory on n1 was skipped: bad" in n.text for n in h.core.book.state.notes)
