@@ -30,6 +30,7 @@ from pathlib import Path
 from bench.chaos_cgroups import ClusterCgroups, unavailable_reason
 from bench.chaos_plan import Fault, Timeouts, pick_node, schedule, verdicts
 from bench.chaos_store import ObjectStore
+from outlast.client.preload import default_preload
 from outlast.procutil import pid_alive
 from outlast.storage.records import MANIFEST_NAME
 from tests.integration.jobs import read_events
@@ -63,7 +64,8 @@ class Chaos:
         self.cgroups = ClusterCgroups() if self.isolation == "on" else None
         try:
             self.cluster = StoredCluster(num_members=members, node_timeout_s=t.node_s, workdir=workdir / "cluster",
-                                         extra_args=self.cgroups.agent_args() if self.cgroups else [],
+                                         extra_args=["--preload", ",".join(default_preload()),
+                                                     *(self.cgroups.agent_args() if self.cgroups else [])],
                                          launcher=self.cgroups.launcher() if self.cgroups else None,
                                          keep_mounts=self.cgroups is not None)
             self.store = self.cluster.store
@@ -208,6 +210,7 @@ def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: 
         clean_rc = chaos.finish()
         clean_s = time.monotonic() - t0
         clean_digest = next((e["digest"] for e in read_events(events) if e["event"] == "weights"), None)
+        chaos.store.delete("runs/clean/")  # a restarted S3 server puts back what it holds: only the run under faults
 
         t0 = time.monotonic()
         events, orders = chaos.launch("chaos", steps)

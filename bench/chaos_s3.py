@@ -4,9 +4,10 @@
 
 moto serves the S3 protocol and keeps its buckets in memory, so it keeps them across a kill
 with its recorder: every request it takes is appended to `DIR/requests.jsonl` before it is
-carried out (`MOTO_ENABLE_RECORDING`), and a server started again on the same `DIR` replays
-them into its fresh backend before it listens, in-process, then writes the log again as one
-PUT per object it holds, so that a restart costs what is stored, not every request ever made.
+carried out. A server started again on the same `DIR` puts the objects of `DIR/snapshot.jsonl`
+back into its fresh backend, replays the logged requests on top of them (in-process, through
+moto's WSGI app), then writes a new snapshot of what it holds and empties the log before it
+listens: a restart costs what is stored plus the requests since the last one.
 A request cut off by the kill may have been logged and not answered: it is applied on restart,
 as a real store may apply a write whose reply was lost.
 
@@ -24,12 +25,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
-
-
-# moto takes the service from the credential scope; it checks no signature.
-SIGNED = {"Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, "
-                           "SignedHeaders=host, Signature=0"}
 
 
 def _delaying(app, delay_file: Path):
@@ -45,8 +40,8 @@ def _delaying(app, delay_file: Path):
     return wrapped
 
 
-def _replay(app, log: Path, host: str) -> int:
-    """Apply the logged requests in order; returns how many."""
+def _replay(app, log: Path) -> int:
+    """Apply the logged requests that change something, in order; returns how many."""
     from werkzeug.test import Client
 
     client = Client(app)
@@ -59,30 +54,46 @@ def _replay(app, log: Path, host: str) -> int:
         body = entry.get("body") or b""
         if entry.get("body_encoded"):
             body = base64.b64decode(body)
+        if entry["method"] in ("GET", "HEAD"):
+            continue  # changed nothing
         headers = {k: v for k, v in entry["headers"].items() if k.lower() != "transfer-encoding"}
         client.open(entry["url"], method=entry["method"], headers=headers, data=body).close()
         n += 1
     return n
 
 
-def _compact(log: Path, host: str) -> int:
-    """Write the log again as what the backend holds now: each bucket, then each object."""
+def _load(snapshot: Path) -> int:
+    """Put back the objects of the last snapshot, straight into moto's backend."""
+    from moto.s3.models import s3_backends
+
+    n = 0
+    for line in snapshot.read_text().splitlines():
+        e = json.loads(line)
+        backend = s3_backends[e["account"]][e["partition"]]
+        if "key" not in e:
+            backend.create_bucket(e["bucket"], e["region"])
+            continue
+        backend.put_object(e["bucket"], e["key"], base64.b64decode(e["value"]))
+        n += 1
+    return n
+
+
+def _snapshot(snapshot: Path, log: Path) -> int:
+    """Write what the backend holds now (each bucket, then each object), then empty the request log."""
     from moto.s3.models import s3_backends
 
     entries = []
-    for account in s3_backends.values():
-        for backend in account.values():
+    for account, partitions in s3_backends.items():
+        for partition, backend in partitions.items():
             for name, bucket in backend.buckets.items():
-                entries.append({"method": "PUT", "url": f"http://{host}/{name}", "headers": {"Host": host, **SIGNED},
-                                "body": "", "body_encoded": False})
-                for key in bucket.keys.values():
-                    value = key.value
-                    entries.append({"method": "PUT", "url": f"http://{host}/{name}/{quote(key.name)}",
-                                    "headers": {"Host": host, "Content-Length": str(len(value)), **SIGNED},
-                                    "body": base64.b64encode(value).decode(), "body_encoded": True})
-    tmp = log.with_suffix(".tmp")
+                where = {"account": account, "partition": partition, "bucket": name}
+                entries.append({**where, "region": bucket.region_name})
+                entries += [{**where, "key": key.name, "value": base64.b64encode(key.value).decode()}
+                            for key in bucket.keys.values()]
+    tmp = snapshot.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    os.replace(tmp, log)
+    os.replace(tmp, snapshot)
+    log.write_text("")  # killed before this line, the next start replays the requests again: the same result
     return len(entries)
 
 
@@ -102,11 +113,14 @@ def main(host: str, port: int, directory: str, standby: bool) -> None:
         # the replay, not plus a Python start, which takes seconds on a loaded machine.
         sys.stdin.readline()
     (d / "ready").unlink(missing_ok=True)
-    if log.exists():
+    snapshot = d / "snapshot.jsonl"
+    if log.exists() or snapshot.exists():
         recorder.stop_recording()
-        replayed = _replay(app, log, f"{host}:{port}")
-        kept = _compact(log, f"{host}:{port}")
-        print(f"replayed {replayed} requests; {kept} kept", flush=True)
+        t0 = time.monotonic()
+        loaded = _load(snapshot) if snapshot.exists() else 0
+        replayed = _replay(app, log) if log.exists() else 0
+        _snapshot(snapshot, log)
+        print(f"{loaded} objects loaded, {replayed} requests replayed in {time.monotonic() - t0:.1f} s", flush=True)
     recorder.start_recording()
     server = make_server(host, port, _delaying(app, d / "delay"), threaded=True, request_handler=MotoRequestHandler)
     (d / "ready").write_text(str(os.getpid()))

@@ -121,6 +121,12 @@ class ObjectStore:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
+    def delete(self, prefix: str) -> None:
+        keys = self.keys(prefix)
+        for i in range(0, len(keys), 1000):
+            self.client().delete_objects(Bucket=self.bucket,
+                                         Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+
     def close(self) -> None:
         self.kill()
         if self._standby is not None:
