@@ -290,6 +290,7 @@ class StatusReply(Msg):
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
     metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
     fork_server_pid: int = 0
+    fork_server_standby_pid: int = 0  # the standby that takes the server's place when it dies; 0: none
     fork_server_cuda: str = ""  # what of CUDA the fork server initialized ("": nothing, as it must)
     gpus: dict[str, list[str]] = {}  # each GPU id of the node -> the workers holding it (run/attempt/rank)
     store: StoreHealth | None = None  # the cluster store, where it is not this agent alone

@@ -36,6 +36,7 @@ from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
 from outlast.train.session_core import SessionCore, Step
 from outlast.errors import NotInWorkerError
+from outlast.trace import mark
 
 log = logging.getLogger("outlast.worker")
 
@@ -96,6 +97,8 @@ class WorkerSession:
         if name is not None and not self._memory_only and (checkpoint is not None or write is not None):
             self._claim(name, self._core.reports)  # before the report counts: a clash loses nothing
         slot = self._core.begin_report(name)
+        if self._core.reports == 1:
+            mark("worker.first_report", attempt=self.context.attempt, rank=self.context.world_rank)
         if checkpoint is None and write is None:
             self._run(self._core.report(slot, metrics))
             return
@@ -182,6 +185,7 @@ class WorkerSession:
         if self._restore is None:
             return None
         if self._restored is None:
+            mark("worker.restore_begin", attempt=self.context.attempt, rank=self.context.world_rank)
             cache = self._cache_root or _default_cache()
             with reporting_fetch(self._storage, self._run_dir, self._restore, cache, self._controller_address,
                                  self.context.attempt, self.context.world_rank):
@@ -193,6 +197,7 @@ class WorkerSession:
             log.info("rank %d restored %s from %s%s", self.context.world_rank, self._restore, source.value,
                      f" (the files of ranks {sorted(replicas)} from the replicas kept here)" if replicas else "")
             self._restored = Checkpoint(path)
+            mark("worker.restored", attempt=self.context.attempt, rank=self.context.world_rank, source=source.value)
         return self._restored
 
     # -- preemption -------------------------------------------------------------
