@@ -31,7 +31,7 @@ from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, c
 from outlast.storage import open_storage
 from outlast.storage.memtier import CopyKey
 from outlast.storage.tier_store import TierStore, check_files, default_root
-from outlast.train._uploads import upload_with_retries
+from outlast.storage.retry import upload_with_retries
 
 log = logging.getLogger("outlast.agent.tier")
 
