@@ -22,23 +22,39 @@ from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.jobs import preemptible_loop, read_events
 from tests.integration.procs import wait_until
+from tests.integration.throttle import Throttle
 
 ROOT = Path(__file__).resolve().parents[2]
 PAD = 12 << 20
-DELAY_S = 0.05  # per chunk of at most 64 KB sent to the store: under 1.3 MB/s, so the pad needs over 9 s
+RATE_BPS = 1e6  # the store's uplink once the drain comes: the pad needs over 12 s, the manifest a few ms
 DEADLINE_S = 5.0
 
 
-@pytest.fixture
-def slow_s3(monkeypatch):
-    """moto on loopback behind a proxy that can delay every chunk sent to it."""
-    from bench.chaos_store import ObjectStore
+class SlowS3:
+    """The tests' moto server behind a proxy whose uploads go at `rate_bps`; reads here go around it."""
 
-    store = ObjectStore("127.0.0.1", bucket="runs")
-    for k, v in store.env().items():
-        monkeypatch.setenv(k, v)
+    def __init__(self, endpoint: str) -> None:
+        import boto3
+
+        host, port = endpoint.rsplit("//", 1)[1].split(":")
+        self.proxy = Throttle((host, int(port)))
+        self.endpoint = f"http://127.0.0.1:{self.proxy.port}"
+        self._client = boto3.client("s3", endpoint_url=endpoint)
+
+    def read(self, key: str) -> bytes:
+        return self._client.get_object(Bucket="runs", Key=key)["Body"].read()
+
+    def keys(self, prefix: str) -> list[str]:
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket="runs", Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+@pytest.fixture
+def slow_s3(s3, monkeypatch):
+    store = SlowS3(os.environ["AWS_ENDPOINT_URL"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store.endpoint)
     yield store
-    store.close()
+    store.proxy.close()
 
 
 def test_a_drains_checkpoint_commits_in_a_peers_memory_before_the_deadline_and_is_durable_later(
@@ -53,7 +69,7 @@ def test_a_drains_checkpoint_commits_in_a_peers_memory_before_the_deadline_and_i
                        "step 5")
             node = next(e["node_id"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 0)
             seen["drained"] = node
-            slow_s3.proxy.delay_s = DELAY_S
+            slow_s3.proxy.rate_bps = RATE_BPS
             cluster.drain_node(node, deadline_s=DEADLINE_S)
             wait_until(lambda: any(e["event"] == "start" and e["attempt"] == 2 for e in read_events(events)), 60,
                        "attempt 2")
@@ -108,7 +124,7 @@ def test_a_drains_checkpoint_whose_both_holders_die_before_its_upload_falls_back
             wait_until(lambda: any(e["event"] == "step" and e["step"] >= 7 for e in read_events(events)), 90,
                        "step 7")
             node = next(e["node_id"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 0)
-            slow_s3.proxy.delay_s = 4 * DELAY_S  # the notice's checkpoint needs a minute to reach storage
+            slow_s3.proxy.rate_bps = RATE_BPS / 4  # the notice's checkpoint needs 50 s to reach storage
             cluster.drain_node(node, deadline_s=DEADLINE_S)
             wait_until(lambda: any(e["event"] == "start" and e["attempt"] == 2 for e in read_events(events)), 60,
                        "attempt 2")
