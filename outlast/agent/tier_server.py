@@ -237,8 +237,12 @@ class TierServer:
         key = CopyKey(pull.run, pull.checkpoint_dir, pull.rank)
         with self._lock:
             record = self.store.record(key)
-        if record is not None:
+            # A copy held here is what this node's ranks read: one that rotted is dropped and fetched again.
+            damaged = self.store.verify(key) if record is not None else None
+        if record is not None and damaged is None:
             return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
+        if damaged is not None:
+            log.warning("%s; fetching it again from %s", damaged, pull.from_address)
 
         def room(offer: m.TierOffer) -> Path:
             with self._lock:
