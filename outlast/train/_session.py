@@ -104,9 +104,12 @@ class WorkerSession:
             return
         dest = f"{self._run_dir}/{slot.name}"
         nbytes = dir_bytes(checkpoint.path) if checkpoint is not None else 0
-        if self._memory_only:
+        if self._memory_only or (slot.saw_preemption and self._core.through_peer):
+            # A notice's checkpoint through a peer is committed once in memory on two nodes, and uploaded from
+            # there afterwards: the deadline never waits on storage.
             self._report_in_memory(slot, metrics, checkpoint, write, nbytes,
-                                   delete=bool(delete_local_after_upload) or write is not None)
+                                   delete=bool(delete_local_after_upload) or write is not None,
+                                   in_memory=not self._memory_only)
             return
         if write is not None or upload_mode is CheckpointUploadMode.ASYNC:
             delete = True if delete_local_after_upload is None or write is not None else delete_local_after_upload
@@ -157,7 +160,8 @@ class WorkerSession:
             self._storage.write_atomic(marker, naming.encode_marker(self.context.attempt, index))
 
     def _report_in_memory(self, slot, metrics: dict[str, Any], checkpoint: Checkpoint | None,
-                          write: Callable[[Path], None] | None, nbytes: int, delete: bool) -> None:
+                          write: Callable[[Path], None] | None, nbytes: int, delete: bool,
+                          in_memory: bool = False) -> None:
         """CheckpointConfig(checkpoint_storage="memory"): nothing is uploaded; the files are listed and checked
         here, and the commit waits until two nodes keep them in memory. A staged save is written first."""
         local = checkpoint.path if checkpoint is not None else tempfile.mkdtemp(prefix=f"outlast-staged-{slot.name}-")
@@ -166,7 +170,8 @@ class WorkerSession:
                 write(Path(local))
             files = local_entries(Path(local))
             self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
-                                        now=time.monotonic(), local_dir=os.path.abspath(local)))
+                                        now=time.monotonic(), local_dir=os.path.abspath(local),
+                                        in_memory=in_memory))
         finally:
             if delete:
                 shutil.rmtree(local, ignore_errors=True)
