@@ -3,8 +3,9 @@
     sudo .venv/bin/python -m bench.chaos --seed 1 --faults 20 [--out bench/results/chaos-1.json]
 
 A head and three member agents, each member in a network namespace of its own
-(`tests/integration/netns.py`); a moto S3 server behind a proxy the harness can take down or slow
-(`bench/chaos_store.py`); a deterministic 2-rank DDP job (`bench/chaos_job.py`) driven by a driver
+(`tests/integration/netns.py`), all with resource isolation in a cgroup made for the run
+(`bench/chaos_cgroups.py`); an S3 server process (moto) the harness kills and starts again with
+its data, or slows (`bench/chaos_store.py`); a deterministic 2-rank DDP job (`bench/chaos_job.py`) driven by a driver
 process the harness can kill and relaunch (`bench/chaos_driver.py`). It first trains without
 faults, then trains again injecting the faults `bench/chaos_plan.schedule(seed, n)` draws, one
 at a time, each once the run is seen training again. It prints one JSON document: the fault log,
@@ -26,8 +27,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.chaos_cgroups import ClusterCgroups, unavailable_reason
 from bench.chaos_plan import Fault, Timeouts, pick_node, schedule, verdicts
 from bench.chaos_store import ObjectStore
+from outlast.client.preload import default_preload
 from outlast.procutil import pid_alive
 from outlast.storage.records import MANIFEST_NAME
 from tests.integration.jobs import read_events
@@ -43,7 +46,7 @@ class StoredCluster(NetnsCluster):
     reaches its workers without secrets."""
 
     def _start_agents(self) -> None:
-        self.store = ObjectStore(self.bridge_ip)
+        self.store = ObjectStore(self.bridge_ip, workdir=self.workdir / "s3")
         os.environ.update(self.store.env())
         super()._start_agents()
 
@@ -57,12 +60,18 @@ class StoredCluster(NetnsCluster):
 class Chaos:
     def __init__(self, workdir: Path, t: Timeouts, workers: int, members: int = 3) -> None:
         self.workdir, self.t, self.workers = workdir, t, workers
-        self.cluster = StoredCluster(num_members=members, node_timeout_s=t.node_s, workdir=workdir / "cluster")
-        self.store = self.cluster.store
+        self.isolation = unavailable_reason() or "on"
+        self.cgroups = ClusterCgroups() if self.isolation == "on" else None
         try:
+            self.cluster = StoredCluster(num_members=members, node_timeout_s=t.node_s, workdir=workdir / "cluster",
+                                         extra_args=["--preload", ",".join(default_preload()),
+                                                     *(self.cgroups.agent_args() if self.cgroups else [])],
+                                         launcher=self.cgroups.launcher() if self.cgroups else None,
+                                         keep_mounts=self.cgroups is not None)
+            self.store = self.cluster.store
             self.cluster.wait_joined()
         except BaseException:
-            self.cluster.shutdown()
+            self.close()
             raise
         self.driver: subprocess.Popen | None = None
         self.driver_args: list[str] = []
@@ -123,24 +132,30 @@ class Chaos:
             time.sleep(f.duration_s)
             self.cluster.heal(f.node)
         elif f.kind == "drain":
-            out = subprocess.run([str(Path(sys.executable).with_name("outlast")), "drain-node", "--node-id", f.node, "--reason", "preemption",
-                                  "--deadline-remaining-seconds", str(f.duration_s)],
-                                 env=self.env(), capture_output=True, text=True, timeout=30)
-            f.note = ("" if out.returncode == 0 else "FAILED: ") + (out.stdout + out.stderr).strip()
+            try:
+                out = subprocess.run([str(Path(sys.executable).with_name("outlast")), "drain-node", "--node-id", f.node,
+                                      "--reason", "preemption", "--deadline-remaining-seconds", str(f.duration_s)],
+                                     env=self.env(), capture_output=True, text=True, timeout=120)
+                f.note = ("" if out.returncode == 0 else "FAILED: ") + (out.stdout + out.stderr).strip()
+            except subprocess.TimeoutExpired as e:
+                # Said in every_fault_injected, and the run goes on: a stopped harness reports nothing.
+                f.note = f"FAILED: outlast drain-node did not answer in {e.timeout:.0f} s"
             time.sleep(f.duration_s)
             self.kill_node(f.node)  # the drained machine goes away at its deadline, and is replaced
             self.restart_node(f.node)
         elif f.kind == "store_outage":
-            self.store.proxy.down()
+            down = time.monotonic()
+            self.store.kill()
             time.sleep(f.duration_s)
-            self.store.proxy.up()
+            self.store.start()
+            f.note = f"the S3 server was down {time.monotonic() - down:.1f} s"
         elif f.kind == "store_slow":
-            self.store.proxy.delay_s = self.t.driver_s + 1.0
+            self.store.delay_s = self.t.driver_s + 1.0
             time.sleep(f.duration_s)
-            self.store.proxy.delay_s = 0.0
+            self.store.delay_s = 0.0
         elif f.kind == "driver_kill":
             # Slow the store so that the next checkpoint's asynchronous upload is still in flight.
-            self.store.proxy.delay_s = 1.0
+            self.store.delay_s = 1.0
             start = len(read_events(events_path))
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not any(
@@ -148,7 +163,7 @@ class Chaos:
                 time.sleep(0.02)
             self.driver.kill()
             self.driver.wait()
-            self.store.proxy.delay_s = 0.0
+            self.store.delay_s = 0.0
             time.sleep(f.duration_s)
             self._start_driver(name)
         elif f.kind == "rank_spawn":
@@ -177,10 +192,13 @@ class Chaos:
         return json.loads(data) if data else {}
 
     def close(self) -> None:
-        if self.driver is not None and self.driver.poll() is None:
+        if getattr(self, "driver", None) is not None and self.driver.poll() is None:
             self.driver.kill()
             self.driver.wait()
-        self.cluster.shutdown()
+        if getattr(self, "cluster", None) is not None:
+            self.cluster.shutdown()
+        if self.cgroups is not None:
+            self.cgroups.remove()
 
 
 def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: Path | None = None) -> dict:
@@ -196,6 +214,7 @@ def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: 
         clean_rc = chaos.finish()
         clean_s = time.monotonic() - t0
         clean_digest = next((e["digest"] for e in read_events(events) if e["event"] == "weights"), None)
+        chaos.store.delete("runs/clean/")  # a restarted S3 server puts back what it holds: only the run under faults
 
         t0 = time.monotonic()
         events, orders = chaos.launch("chaos", steps)
@@ -220,15 +239,18 @@ def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: 
         pids = {e["pid"] for e in evs} | {e["pid_spawned"] for e in evs if e["event"] == "spawned"}
         time.sleep(1.0)  # the fork servers reap and kill what the last workers left
         alive = sorted(p for p in pids if pid_alive(p))
+        leaves = chaos.cgroups.worker_leaves() if chaos.cgroups else []
         chaos.cluster.stop_agents()
         leftover = chaos.cluster.leftover_pids()
-        held = verdicts(faults, state, evs, clean_digest, seen, manifests, alive, leftover)
+        cgroups_left = chaos.cgroups.left() if chaos.cgroups else []
+        held = verdicts(faults, state, evs, clean_digest, seen, manifests, alive, leftover, leaves, cgroups_left)
         failed = [f"fault {f.index} ({f.kind}): {f.note}" for f in faults if f.note.startswith("FAILED")]
         held["every_fault_injected"] = stalled or ("; ".join(failed) if failed else None)
         held["driver_exit_0"] = None if (clean_rc, chaos_rc) == (0, 0) else f"exit codes {clean_rc}, {chaos_rc}"
         return {
             "seed": seed, "faults": n, "steps": steps, "workers": workers, "nodes": 1 + len(chaos.members()),
-            "timeouts": asdict(t), "pace_s": PACE_S,
+            "timeouts": asdict(t), "pace_s": PACE_S, "isolation": chaos.isolation,
+            "store_restarts": chaos.store.restarts,
             "mix": {k: sum(f.kind == k for f in faults) for k in sorted({f.kind for f in faults})},
             "clean_s": round(clean_s, 2), "chaos_s": round(chaos_s, 2), "ratio": round(chaos_s / clean_s, 2),
             "attempts": len(state.get("attempts", [])), "failure_counts": state.get("failure_counts", {}),

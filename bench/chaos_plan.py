@@ -72,7 +72,7 @@ def pick_node(fault: Fault, members: list[str], holders: list[str]) -> str | Non
 
 def verdicts(faults: list[Fault], state: dict, events: list[dict], clean_digest: str | None,
              seen_checkpoints: set[str], kept_manifests: set[str], alive_pids: list[int],
-             leftover: dict) -> dict[str, str | None]:
+             leftover: dict, worker_leaves: list[str] = (), cgroups_left: list[str] = ()) -> dict[str, str | None]:
     """Each promise -> None when it held, else what broke it."""
     out: dict[str, str | None] = {}
     digests = [e["digest"] for e in events if e["event"] == "weights"]
@@ -108,6 +108,9 @@ def verdicts(faults: list[Fault], state: dict, events: list[dict], clean_digest:
     out["no_step_lost_to_a_drain"] = f"steps redone after drains: {steps_lost}" if any(steps_lost.values()) else None
     out["no_orphan_process"] = (None if not alive_pids and not leftover
                                 else f"alive: {alive_pids}, left in the namespaces: {leftover}")
+    out["no_cgroup_left"] = (None if not worker_leaves and not cgroups_left else
+                             f"worker leaves once the run ended: {list(worker_leaves)}; "
+                             f"cgroups once the agents stopped: {list(cgroups_left)}")
     return out
 
 

@@ -1,117 +1,108 @@
-"""The chaos harness's object store: a moto S3 server, and a TCP proxy in front of it that the
-harness can take down (an outage: connections refused, open ones reset) or slow down (each
-request held for a while before it is passed on). Both listen on the cluster's bridge address,
-which the driver in the root namespace and the workers in the members' namespaces all reach.
-
-The outage is the proxy's, not moto's: moto keeps the bucket in memory, so killing it would lose
-what a real store keeps across a restart. To a client the two are the same: the endpoint refuses
-connections, then answers again with everything it held.
+"""The chaos harness's object store: an S3 server process (`bench/chaos_s3.py`, moto) that the
+harness kills and starts again on the same port with the same data (an outage: connections
+refused, open ones reset), or slows down (each request held for a while before it is carried
+out). It listens on the cluster's bridge address, which the driver in the root namespace and the
+workers in the members' namespaces all reach.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
-import threading
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-
-class DelayingProxy:
-    def __init__(self, host: str, upstream: tuple[str, int]) -> None:
-        self.host, self.upstream = host, upstream
-        self.delay_s = 0.0
-        self._lock = threading.Lock()
-        self._conns: set[socket.socket] = set()
-        self._listener: socket.socket | None = None
-        self.port = self._listen(0)
-
-    def _listen(self, port: int) -> int:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((self.host, port))
-        s.listen(128)
-        self._listener = s
-        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
-        return s.getsockname()[1]
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        try:
-            upstream = socket.create_connection(self.upstream, timeout=10)
-        except OSError:
-            client.close()
-            return
-        upstream.settimeout(None)
-        with self._lock:
-            self._conns |= {client, upstream}
-        threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-        self._pump(client, upstream, True)
-
-    def _pump(self, src: socket.socket, dst: socket.socket, delayed: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if delayed and self.delay_s:
-                    time.sleep(self.delay_s)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
-                with self._lock:
-                    self._conns.discard(s)
-
-    def down(self) -> None:
-        """Refuse new connections and reset the open ones."""
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        with self._lock:
-            conns, self._conns = list(self._conns), set()
-        for s in conns:
-            with contextlib.suppress(OSError):
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                s.close()
-
-    def up(self) -> None:
-        if self._listener is None:
-            self._listen(self.port)
-
-    def close(self) -> None:
-        self.down()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class ObjectStore:
-    """moto on a port of its own, a bucket, and the proxy that clients are given."""
+    """The server, a bucket, and what clients are given to reach them."""
 
-    def __init__(self, host: str, bucket: str = "chaos") -> None:
-        from moto.server import ThreadedMotoServer
-
+    def __init__(self, host: str, bucket: str = "chaos", workdir: Path | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="outlast-chaos-s3-") if workdir is None else None
+        self.dir = Path(workdir or self._tmp.name)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.host, self.bucket = host, bucket
         with socket.socket() as s:
             s.bind((host, 0))
-            moto_port = s.getsockname()[1]
-        self.server = ThreadedMotoServer(ip_address=host, port=moto_port, verbose=False)
-        self.server.start()
-        self.direct = f"http://{host}:{moto_port}"
-        self.proxy = DelayingProxy(host, (host, moto_port))
-        self.endpoint = f"http://{host}:{self.proxy.port}"
-        self.bucket = bucket
-        self.client().create_bucket(Bucket=bucket)
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://{host}:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._standby: subprocess.Popen | None = None
+        self.restarts = 0
+        try:
+            self.start()
+            self.client().create_bucket(Bucket=bucket)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- the faults -----------------------------------------------------------------------------
+
+    def _spawn(self, standby: bool) -> subprocess.Popen:
+        log = open(self.dir / "server.log", "ab")
+        try:
+            return subprocess.Popen([sys.executable, "-m", "bench.chaos_s3", self.host, str(self.port), str(self.dir),
+                                     *(["--standby"] if standby else [])], cwd=ROOT, stdout=log, stderr=log,
+                                    stdin=subprocess.PIPE if standby else subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start the server on its port; it replays what it held before it listens. The next one
+        waits, imported, to be started by the next call."""
+        (self.dir / "ready").unlink(missing_ok=True)
+        self.restarts += self.proc is not None
+        if self._standby is not None and self._standby.poll() is None:
+            self.proc, self._standby = self._standby, None
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        else:
+            self.proc = self._spawn(standby=False)
+        deadline = time.monotonic() + timeout_s
+        while not (self.dir / "ready").exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"the S3 server did not start on {self.endpoint}; see {self.dir / 'server.log'}:\n"
+                                   + (self.dir / "server.log").read_text(errors="replace")[-3000:])
+            time.sleep(0.02)
+        self._standby = self._spawn(standby=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server: its port refuses connections until `start`."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    @property
+    def delay_s(self) -> float:
+        try:
+            return float((self.dir / "delay").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0.0
+
+    @delay_s.setter
+    def delay_s(self, seconds: float) -> None:
+        tmp = self.dir / "delay.tmp"
+        tmp.write_text(str(seconds))
+        os.replace(tmp, self.dir / "delay")
+
+    # ---- clients ----------------------------------------------------------------------------
 
     def client(self):
-        """A client that goes around the proxy: the harness's own reads see no fault."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.direct, aws_access_key_id="testing",
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
                             aws_secret_access_key="testing", region_name="us-east-1")
 
     def env(self) -> dict[str, str]:
@@ -130,6 +121,17 @@ class ObjectStore:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
+    def delete(self, prefix: str) -> None:
+        keys = self.keys(prefix)
+        for i in range(0, len(keys), 1000):
+            self.client().delete_objects(Bucket=self.bucket,
+                                         Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+
     def close(self) -> None:
-        self.proxy.close()
-        self.server.stop()
+        self.kill()
+        if self._standby is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._standby.pid, signal.SIGKILL)
+            self._standby.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -18,6 +18,20 @@ def emit(path, **event):
         f.write(json.dumps(event) + "\n")
 
 
+def standbys_ready(kind):
+    """Whether the node's standbys are ready, read from outlast's trace (OUTLAST_TRACE_FILE): the kill
+    comes once they are, as on any node that has run longer than an `import torch`, and not while
+    they import (which takes the CPU from the restart)."""
+    path = os.environ.get("OUTLAST_TRACE_FILE")
+    if not path or not os.path.exists(path):
+        return True
+    phases = [json.loads(line)["phase"] for line in open(path) if line.strip()]
+    if kind == "forkserver":
+        return "agent.standby_ready" in phases
+    # The standby agent waits, and three fork servers have imported: the agent's, its standby, the standby agent's.
+    return "agent.standby_waiting" in phases and phases.count("zygote.ready") >= 3
+
+
 def loop(config):
     import psutil
     import torch
@@ -40,7 +54,8 @@ def loop(config):
         start = state["step"] + 1
     model = prepare_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(start, config["steps"]):
+    # After the restart, 15 steps more; before it, until the kill (once the standbys are ready).
+    for step in range(start, start + 15 if attempt > 1 else config["steps"]):
         g = torch.Generator().manual_seed(1000 * rank + step)
         x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
         opt.zero_grad()
@@ -54,7 +69,8 @@ def loop(config):
             checkpoint = Checkpoint.from_directory(d)
         train.report({"step": step}, checkpoint=checkpoint)
         emit(config["events"], ev="step", rank=rank, attempt=attempt, step=step, t=time.time())
-        if attempt == 1 and rank == 1 and step == config["kill_step"]:
+        if attempt == 1 and rank == 1 and step >= config["kill_step"] and (
+                standbys_ready(config["kill"]) or step >= config["steps"] - 5):
             kind = config["kill"]
             pid = {"worker": os.getpid(), "forkserver": os.getppid()}.get(kind) or psutil.Process(os.getppid()).ppid()
             emit(config["events"], ev="kill", kind=kind, pid=pid, t=time.time())
@@ -67,7 +83,7 @@ def main():
     p.add_argument("--kill", choices=["worker", "forkserver", "agent"], required=True)
     p.add_argument("--events", required=True)
     p.add_argument("--storage", required=True)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--kill-step", type=int, default=12)
     p.add_argument("--step-s", type=float, default=0.05)
     a = p.parse_args()

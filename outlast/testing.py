@@ -42,11 +42,13 @@ class LocalCluster:
     def __init__(self, num_nodes: int = 2, *, preload: list[str] | None = None, cpus_per_node: float | None = None,
                  failure_domains: list[str] | None = None, node_timeout_s: float = 3.0,
                  workdir: str | os.PathLike[str] | None = None, etcd: str | None = None,
-                 etcd_lease_ttl_s: int = 2) -> None:
+                 etcd_lease_ttl_s: int = 2, node_args: list[str] | None = None) -> None:
         """`failure_domains[i]`: the failure domain of node i ("" for none). `preload`: modules every
         node's fork server imports, so that workers start warm (default: the same as `outlast start`'s,
         `outlast.client.preload.default_preload()`). `etcd`: the client URLs of an etcd cluster that keeps
-        the cluster's state (no head process; the head role is elected)."""
+        the cluster's state (no head process; the head role is elected). `node_args`: more arguments of
+        every node's `outlast start` (e.g. `--checkpoint-memory 8MiB`)."""
+        self.node_args = list(node_args or [])
         self.etcd = etcd
         self.etcd_lease_ttl_s = etcd_lease_ttl_s
         if num_nodes < 1:
@@ -103,7 +105,7 @@ class LocalCluster:
             args += ["--num-cpus", str(self.cpus_per_node)]
         if domain:
             args += ["--failure-domain", domain]
-        self._start(node_id, args + (extra_args or []))
+        self._start(node_id, args + self.node_args + (extra_args or []))
         return node_id
 
     def restart_node(self, node_id: str) -> str:

@@ -10,6 +10,7 @@ import sys
 import uuid
 
 from outlast.agent.agent import Agent, NodeSpec, default_resources
+from outlast.agent.forkserver import ForkServer
 from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
@@ -22,6 +23,7 @@ from outlast.metrics import DEFAULT_HOST, HOST_VAR, NODE_PORT_VAR, MetricsError,
 from outlast.protocol.auth import SECRET_ENV, AuthError, ClusterKey
 from outlast.runenv import read_secrets, secrets_in, without_secrets, write_secrets
 from outlast.protocol.transport import route_ip
+from outlast.trace import mark
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--secrets-fd", type=int, default=None,
                    help="read the cluster key and etcd's password from this pipe (JSON), never from the environment")
     p.add_argument("--embedded", action="store_true", help="die with the parent process (a driver)")
+    p.add_argument("--standby-fd", type=int, default=None,
+                   help="a standby (outlast/client/embedded.py): start the fork server, then wait for a line on "
+                        "this fd before binding; exit at its end of file")
     p.add_argument("--die-with-parent", action="store_true", help="die with the parent process (tests)")
     p.add_argument("--node-file", action="store_true", help="publish the address for drivers and the CLI")
     add_arguments(p)
@@ -44,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     add_cluster_arguments(p)
     add_metrics_arguments(p)
     args = p.parse_args(argv)
+    mark("agent.main")
     secrets = read_secrets(args.secrets_fd) if args.secrets_fd is not None else {}
     if secrets_in(os.environ):
         exec_without_secrets(sys.argv[1:] if argv is None else argv, {**secrets_in(os.environ), **secrets})
@@ -56,8 +62,11 @@ def main(argv: list[str] | None = None) -> None:
         spec = spec_from_args(args, secrets)
         isolation = config_from_args(args)
         where = endpoint(args.metrics_port, args.metrics_host)
-        agent = Agent(node_id, args.host, args.port, [s for s in args.preload.split(",") if s],
-                      isolation=isolation, spec=spec)
+        preload = [s for s in args.preload.split(",") if s]
+        forks = None
+        if args.standby_fd is not None:
+            forks = wait_as_standby(args.standby_fd, preload, spec, isolation)
+        agent = Agent(node_id, args.host, args.port, preload, isolation=isolation, spec=spec, forks=forks)
     except (IsolationError, AuthError, ValueError, MetricsError, StoreUnavailable) as e:
         logging.error("%s", e)
         sys.exit(3)
@@ -84,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         agent.watch_cloud_notices([k for k in args.preemption_watchers.split(",") if k], urls)
     if args.node_file:
         write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id, process=this_process()))
+    mark("agent.listening", address=agent.address)
     if args.ready_fd is not None:
         os.write(args.ready_fd, (agent.address + "\n").encode())
         os.close(args.ready_fd)
@@ -93,6 +103,25 @@ def main(argv: list[str] | None = None) -> None:
         if args.node_file:
             remove_node_file(os.getpid())
     sys.exit(0)
+
+
+def wait_as_standby(fd: int, preload: list[str], spec: NodeSpec, isolation) -> ForkServer | None:
+    """Until the driver's word: the fork server imports its modules meanwhile, so that taking over costs a
+    bind, not a Python start and `import torch`. With isolation on, the fork server must start inside the
+    agent's cgroup, which the agent moves into once it takes over: then only the imports are done ahead."""
+    forks = None if isolation and isolation.enable_resource_isolation else ForkServer(preload, spec.worker_user)
+    mark("agent.standby_waiting")
+    try:
+        word = os.read(fd, 16)
+    except OSError:
+        word = b""
+    os.close(fd)
+    if not word:  # the driver stopped, or dropped its standby
+        if forks is not None:
+            forks.close()
+        sys.exit(0)
+    mark("agent.standby_go")
+    return forks
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:

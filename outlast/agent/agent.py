@@ -73,7 +73,9 @@ def tier_budget(given: int | None, reserved: Reservations | None, machine_memory
 
 class Agent:
     def __init__(self, node_id: str, host: str, port: int, preload: list[str], clock=time.monotonic,
-                 isolation: IsolationConfig | None = None, spec: NodeSpec | None = None) -> None:
+                 isolation: IsolationConfig | None = None, spec: NodeSpec | None = None,
+                 forks: ForkServer | None = None) -> None:
+        """`forks`: a fork server started ahead (a standby agent's: outlast/agent/__main__.py), else one is started."""
         self.node_id = node_id
         self.clock = clock
         self.started_at = time.time()
@@ -114,8 +116,10 @@ class Agent:
                 self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
                     MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
             self.role.join(self.me())
-            self.forks = ForkServer(preload, self.spec.worker_user)
+            self.forks = forks or ForkServer(preload, self.spec.worker_user)
         except BaseException:
+            if forks is not None:
+                forks.close()
             workdir.release(self.workdir)
             if self.guard:
                 self.guard.close()
@@ -167,7 +171,11 @@ class Agent:
 
     # ---- fork server --------------------------------------------------------------------------
 
-    def _on_fork_server(self) -> None:
+    def _on_fork_server(self, fd: int) -> None:
+        if fd != self.forks.fileno():
+            if (line := self.forks.on_standby()) is not None:
+                log.warning("%s", line)
+            return
         msg = self.forks.receive()
         if msg is None:
             self._fork_server_died()
@@ -186,7 +194,6 @@ class Agent:
         """Its workloads died with it: report them lost (their runs restart them), then start a new
         one (it imports the preloaded modules again), later if it keeps dying, or stop the node."""
         pid = self.forks.proc.pid
-        self._poller.unregister(self.forks.fileno())
         how, decision = self.forks.died(self.clock())
         self.core.gpus.release_all()
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
@@ -320,7 +327,7 @@ class Agent:
     def serve(self) -> None:
         poller = self._poller
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.forks.fileno(), zmq.POLLIN)
+        servers = self._poll_fork_servers(set())
         if self.role.sock is not None:
             poller.register(self.role.sock, zmq.POLLIN)  # drain orders from the head: taken in _tick
         sources = self.guard.sources_by_fd() if self.guard is not None else {}
@@ -332,8 +339,9 @@ class Agent:
                     self._drain_requests()
                 elif item in sources:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
-                elif self.forks.up and item == self.forks.fileno():
-                    self._on_fork_server()
+                elif item in servers and item in self.forks.fds():
+                    self._on_fork_server(item)
+                    servers = self._poll_fork_servers(servers)
             self._send_output(self.output.read_all())
             if self.guard is not None and self.guard.sources_by_fd() != sources:
                 for fd in sources:
@@ -341,11 +349,27 @@ class Agent:
                 sources = self.guard.sources_by_fd()
                 for fd in sources:
                     poller.register(fd, zmq.POLLIN)
-            if self.forks.restart_if_due(self.clock()):
-                self._poller.register(self.forks.fileno(), zmq.POLLIN)
-                log.info("started the fork server again (pid %d)", self.forks.proc.pid)
+            started = self.forks.restart_if_due(self.clock())
+            if started is not None:
+                servers = self._poll_fork_servers(servers)
+                if started == "server":
+                    log.info("started the fork server again (pid %d)", self.forks.proc.pid)
+                else:
+                    log.info("started a standby fork server (pid %d)", self.forks.spare.proc.pid)
             self._tick(self.clock())
         self.close()
+
+    def _poll_fork_servers(self, polled: set[int]) -> set[int]:
+        """Poll the pipes of the fork server and its standby, as they are now."""
+        now = self.forks.fds()
+        for fd in polled - now:
+            try:
+                self._poller.unregister(fd)
+            except KeyError:
+                pass
+        for fd in now - polled:
+            self._poller.register(fd, zmq.POLLIN)
+        return now
 
     def request_stop(self, *_args) -> None:
         self._stop = True

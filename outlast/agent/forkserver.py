@@ -1,8 +1,18 @@
-"""The agent's handle on its fork server (outlast/agent/zygote.py): the process and the pipe to it.
+"""The agent's handle on its fork server (outlast/agent/zygote.py): the process and the pipe to it,
+and a standby.
 
-A server that died is started again (`died`, then `restart_if_due`), later each time it keeps
-dying, until its restart policy gives up; what is asked of it in between waits here and goes to
-the new server, which reads it once its modules are imported.
+A fresh fork server imports the preloaded modules again (torch: seconds, and tens of seconds on a
+busy machine) before it can fork, so its death would cost the run that long. So once the server
+is ready, and no fork was asked for in the last `STANDBY_AFTER_FORKS_S`, a second one is started,
+the standby: it imports the same modules, then waits on its
+pipe and forks nothing. When the server dies, the standby takes its place at once, what is
+asked of it goes to the standby, and a new standby is started (by the restart policy: later
+each time servers keep dying, and never once it gives up). With no standby ready, what is
+asked waits here for the new server, which reads it once its modules are imported.
+`OUTLAST_FORK_SERVER_STANDBY=0` keeps no standby (its memory: docs/benchmarks.md).
+
+Both are the agent's children: each leads its own session, is a subreaper and gets SIGTERM when
+the agent dies, so a standby ends with its agent as the server does.
 """
 
 from __future__ import annotations
@@ -11,6 +21,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from outlast.agent.worker_user import WorkerUser
@@ -19,45 +31,135 @@ from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exi
 from outlast.protocol import messages as m
 from outlast.runenv import without_secrets
 from outlast.protocol.transport import FROM_ZYGOTE, encode
+from outlast.trace import mark
+
+STANDBY_VAR = "OUTLAST_FORK_SERVER_STANDBY"
+STANDBY_RETRY_S = 30.0  # a standby that died by itself (not on the restart path) is replaced after this
+# A standby's imports take the CPU for seconds: never while workers start. It waits until no fork was
+# asked for this long (the forks of a restart come together).
+STANDBY_AFTER_FORKS_S = 2.0
+
+
+@dataclass
+class _Server:
+    proc: subprocess.Popen
+    conn: Connection
+    ready: bool = False
 
 
 class ForkServer:
-    def __init__(self, preload: list[str], worker_user: WorkerUser | None = None) -> None:
+    def __init__(self, preload: list[str], worker_user: WorkerUser | None = None,
+                 standby: bool | None = None, clock=time.monotonic) -> None:
         self.preload = preload
         self.worker_user = worker_user
-        self.ready = False
-        self.proc: subprocess.Popen | None = None
-        self.conn: Connection | None = None
+        self.standby_enabled = os.environ.get(STANDBY_VAR, "1") != "0" if standby is None else standby
+        self.clock = clock
+        self.active: _Server | None = None
+        self.spare: _Server | None = None
         self.starts = 0
+        self.takeovers = 0  # deaths the standby answered
         self.restarts = RestartPolicy()
-        self.restart_at: float | None = None
+        self.restart_at: float | None = None  # when the next server (or standby) may start
+        self.given_up = False
+        self.last_fork = clock()
         self._waiting: list[m.ForkWorker | m.ForkTask] = []
         self.start()
 
-    def died(self, now: float) -> tuple[str, Restart | GiveUp]:
-        """After an end of file: reap it, and plan its restart or give up (the policy's decision,
-        with its reason). Returns how it ended too."""
-        how = describe_exit(self.reap())
-        decision = self.restarts.on_death(now, how)
-        if isinstance(decision, Restart):
-            self.restart_at = decision.at
-        return how, decision
-
-    def restart_if_due(self, now: float) -> bool:
-        if self.restart_at is None or now < self.restart_at:
-            return False
-        self.restart_at = None
-        self.start()
-        self.restarts.restarted(now)
-        return True
+    # ---- what the agent reads ----------------------------------------------------------------
 
     @property
     def up(self) -> bool:
-        return self.conn is not None
+        return self.active is not None
+
+    @property
+    def ready(self) -> bool:
+        return self.active is not None and self.active.ready
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.active.proc if self.active is not None else None
+
+    @property
+    def standby_pid(self) -> int:
+        """The standby's pid once it is ready to take over, else 0."""
+        return self.spare.proc.pid if self.spare is not None and self.spare.ready else 0
+
+    def fileno(self) -> int:
+        assert self.active is not None
+        return self.active.conn.fileno()
+
+    def fds(self) -> set[int]:
+        """What the agent polls: the server's pipe, and the standby's (its ready, or its end)."""
+        return {s.conn.fileno() for s in (self.active, self.spare) if s is not None}
+
+    # ---- life and death ----------------------------------------------------------------------
+
+    def died(self, now: float) -> tuple[str, Restart | GiveUp]:
+        """After an end of file: reap it, and plan its restart or give up (the policy's decision,
+        with its reason). A standby takes its place at once. Returns how it ended too."""
+        mark("agent.forkserver_died")
+        assert self.active is not None
+        how = describe_exit(_reap(self.active))
+        self.active = None
+        decision = self.restarts.on_death(now, how)
+        if isinstance(decision, GiveUp):
+            self.given_up = True
+            self._end_spare()
+            return how, decision
+        self.restart_at = decision.at
+        if self.spare is not None:
+            self.active, self.spare = self.spare, None
+            self.takeovers += 1
+            self.last_fork = now  # the restart's forks are on their way: the next standby waits for them
+            self.restarts.restarted(now)
+            mark("agent.standby_took_over", server=self.active.proc.pid, ready=self.active.ready)
+            self._send_waiting()
+            when = "now" if decision.at <= now else f"in {decision.at - now:.0f} s"
+            decision = Restart(decision.at, f"the fork server died ({how}); its standby (pid {self.active.proc.pid}) "
+                                            f"took its place, and a new standby starts {when}")
+        return how, decision
+
+    def restart_if_due(self, now: float) -> str | None:
+        """Start the server, or a standby beside a ready one, when one is missing and its time has come.
+        Returns which was started ("server", "standby"), or None."""
+        if self.given_up or (self.restart_at is not None and now < self.restart_at):
+            return None
+        if self.active is None:
+            self.restart_at = None
+            self.start()
+            self.restarts.restarted(now)
+            return "server"
+        if self.standby_enabled and self.spare is None and self.active.ready \
+                and now - self.last_fork >= STANDBY_AFTER_FORKS_S:
+            self.restart_at = None
+            self.spare = self._spawn()
+            mark("agent.standby_start", server=self.spare.proc.pid)
+            return "standby"
+        return None
+
+    def on_standby(self) -> str | None:
+        """The standby's pipe is readable: it is ready, or it died (then a line for the log)."""
+        assert self.spare is not None
+        try:
+            msg = FROM_ZYGOTE.decode(self.spare.conn.recv_bytes())
+        except (EOFError, OSError):
+            how = describe_exit(_reap(self.spare))
+            pid, self.spare = self.spare.proc.pid, None
+            self.restart_at = self.clock() + STANDBY_RETRY_S
+            return f"the standby fork server (pid {pid}) died ({how}); starting another in {STANDBY_RETRY_S:.0f} s"
+        if isinstance(msg, m.ZygoteReady):
+            self.spare.ready = True
+            mark("agent.standby_ready", server=self.spare.proc.pid)
+        return None
 
     def start(self) -> None:
+        self.active = self._spawn()
+        self._send_waiting()
+
+    def _spawn(self) -> _Server:
+        mark("agent.forkserver_start")
         ours, theirs = socket.socketpair()
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload),
              encode_user(self.worker_user) if self.worker_user else ""],
             pass_fds=[theirs.fileno()],
@@ -65,56 +167,64 @@ class ForkServer:
             env=without_secrets(os.environ),
         )
         theirs.close()
-        self.conn = Connection(ours.detach())
-        self.ready = False
         self.starts += 1
+        return _Server(proc, Connection(ours.detach()))
+
+    def _send_waiting(self) -> None:
         waiting, self._waiting = self._waiting, []
         for msg in waiting:
             self.send(msg)
 
-    def fileno(self) -> int:
-        assert self.conn is not None
-        return self.conn.fileno()
+    # ---- the pipe ----------------------------------------------------------------------------
 
     def send(self, msg: m.ForkWorker | m.ForkTask) -> None:
-        if self.conn is None:
+        self.last_fork = self.clock()
+        if self.active is None:
             self._waiting.append(msg)
             return
         try:
-            self.conn.send_bytes(encode(msg))
+            self.active.conn.send_bytes(encode(msg))
         except OSError:
             pass  # it died: the poll loop reads the end of file and reports the fork lost
 
     def receive(self) -> m.FromZygote | None:
         """The server's next report, or None once it died."""
-        assert self.conn is not None
+        assert self.active is not None
         try:
-            data = self.conn.recv_bytes()
+            data = self.active.conn.recv_bytes()
         except (EOFError, OSError):
             return None
         msg = FROM_ZYGOTE.decode(data)
         if isinstance(msg, m.ZygoteReady):
-            self.ready = True
+            mark("agent.forkserver_ready", server=self.active.proc.pid)
+            self.active.ready = True
         return msg
 
-    def reap(self, timeout_s: float = 1.0) -> int | None:
-        """After an end of file: close the pipe, and return the exit code (negative: the signal)."""
-        assert self.conn is not None and self.proc is not None
-        self.conn.close()
-        self.conn, self.ready = None, False
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()  # half dead (its pipe closed): it is ours, so it goes
-            return self.proc.wait()
-
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()  # the server exits on EOF
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        for s in (self.active, self.spare):
+            if s is not None:
+                s.conn.close()  # a server exits on EOF
+        for s in (self.active, self.spare):
+            if s is None:
+                continue
+            try:
+                s.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                s.proc.kill()
+                s.proc.wait()
+        self.active = self.spare = None
+
+    def _end_spare(self) -> None:
+        if self.spare is not None:
+            _reap(self.spare, end=True)
+            self.spare = None
+
+
+def _reap(s: _Server, timeout_s: float = 1.0, end: bool = False) -> int | None:
+    """Close the pipe (a server exits on EOF) and return the exit code (negative: the signal)."""
+    s.conn.close()
+    try:
+        return s.proc.wait(timeout=5.0 if end else timeout_s)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()  # half dead (its pipe closed), or deaf: it is ours, so it goes
+        return s.proc.wait()

@@ -1,6 +1,6 @@
 """A node's tier server: keeps checkpoint copies in memory and trades them with peers.
 
-Three threads of the agent's process, none of them its poll loop, which never waits on
+Four threads of the agent's process, none of them its poll loop, which never waits on
 a copy. The server thread owns a ROUTER socket (CURVE, the cluster key: the same
 authenticator as the agent's) and answers what takes a chunk's time at most: a peer's offer
 and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
@@ -8,7 +8,8 @@ what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the
 the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
 took) goes back through the server thread once the replica is there or has failed. A hold
 without a peer (a copy in, which a commit waits for) has a thread of its own, so that it never
-waits behind another checkpoint's replica.
+waits behind another checkpoint's replica; so has a `TierUpload` (a held copy, checked, uploaded to
+the run's storage: a drain's checkpoint committed in memory), which takes storage's time.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from outlast.agent.tier_client import TransferError, chunk_frames, fetch, file_v
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
+from outlast.storage import open_storage
 from outlast.storage.memtier import CopyKey
-from outlast.storage.tier_store import TierStore, default_root
+from outlast.storage.tier_store import TierStore, check_files, default_root
+from outlast.storage.retry import upload_with_retries
 
 log = logging.getLogger("outlast.agent.tier")
 
@@ -46,6 +49,8 @@ class TierServer:
         # Copies in from this node's own ranks, which a commit may wait for, never queue behind a replica's
         # transfer to a peer: a thread of their own.
         self._copies: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
+        # Uploads to storage take storage's time: a thread of their own, so that no pull or replica waits on one.
+        self._uploads: queue.Queue[tuple[bytes, m.TierUpload, float] | None] = queue.Queue()
         self._writing: dict[tuple[bytes, CopyKey], dict[str, int]] = {}  # offers being received: path -> fd
         self._stop = threading.Event()
         self._inbox = ctx.socket(zmq.PULL)
@@ -54,6 +59,8 @@ class TierServer:
                          threading.Thread(target=self._hold_loop, args=(self._holds,), name="outlast-tier-hold",
                                          daemon=True),
                          threading.Thread(target=self._hold_loop, args=(self._copies,), name="outlast-tier-copy",
+                                         daemon=True),
+                         threading.Thread(target=self._hold_loop, args=(self._uploads,), name="outlast-tier-upload",
                                          daemon=True)]
 
     def start(self) -> "TierServer":
@@ -63,8 +70,8 @@ class TierServer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._holds.put(None)
-        self._copies.put(None)
+        for todo in (self._holds, self._copies, self._uploads):
+            todo.put(None)
         for t in self._threads:
             t.join(timeout=10)
 
@@ -107,6 +114,9 @@ class TierServer:
     def _handle(self, ident: bytes, msg: m.TierRequest, payload: memoryview | bytes = b"",
                 ) -> m.TierReply | tuple[m.TierChunk, memoryview] | None:
         node = self.store.node_id
+        if isinstance(msg, m.TierUpload):
+            self._uploads.put((ident, msg, time.monotonic()))
+            return None
         if isinstance(msg, (m.TierHold, m.TierPull)):
             local = isinstance(msg, m.TierHold) and not msg.peer_address
             (self._copies if local else self._holds).put((ident, msg, time.monotonic()))
@@ -184,6 +194,7 @@ class TierServer:
                 ident, hold, asked_at = item
                 try:
                     reply = self._pull(hold, asked_at) if isinstance(hold, m.TierPull) else \
+                        self._upload(hold, asked_at) if isinstance(hold, m.TierUpload) else \
                         self._hold(hold, asked_at, peers)
                 except Exception as e:  # a bug here must not leave every later hold unanswered
                     log.exception("the memory tier failed on %s", type(hold).__name__)
@@ -236,13 +247,18 @@ class TierServer:
         ids = dict(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank)
         key = CopyKey(pull.run, pull.checkpoint_dir, pull.rank)
         with self._lock:
-            record = self.store.record(key)
-            # A copy held here is what this node's ranks read: one that rotted is dropped and fetched again.
-            damaged = self.store.verify(key) if record is not None else None
-        if record is not None and damaged is None:
-            return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
-        if damaged is not None:
-            log.warning("%s; fetching it again from %s", damaged, pull.from_address)
+            record, where = self.store.record(key), self.store.path(key)
+        skipped = ""
+        if record is not None and where is not None:
+            # Checked before it is trusted (off the lock: the server thread serves chunks meanwhile): a copy
+            # that differs from its record is dropped, and the peer's is fetched in its place.
+            why = check_files(where, record.files)
+            if why is None:
+                return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
+            with self._lock:
+                self.store.drop(key)
+            skipped = f"the copy of rank {pull.rank} in memory on {node} was skipped: {why}"
+            log.warning("%s; fetching it from %s", skipped, pull.from_address)
 
         def room(offer: m.TierOffer) -> Path:
             with self._lock:
@@ -259,11 +275,35 @@ class TierServer:
             with self._lock:
                 self.store.abort(key)
             return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {e}",
-                                seconds=time.monotonic() - asked_at)
+                                seconds=time.monotonic() - asked_at, skipped=skipped)
         with self._lock:
             why = self.store.finish(key)
-        return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "",
+        return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", skipped=skipped,
                             nbytes=sum(f.size for f in offer.files), seconds=time.monotonic() - asked_at)
+
+    def _upload(self, up: m.TierUpload, asked_at: float) -> m.TierStored:
+        """The held copy, checked against its record, uploaded to the run's storage."""
+        node = self.store.node_id
+        ids = dict(run=up.run, checkpoint_dir=up.checkpoint_dir, rank=up.rank)
+        key = CopyKey(up.run, up.checkpoint_dir, up.rank)
+        with self._lock:
+            record, where = self.store.record(key), self.store.path(key)
+        if record is None or where is None:
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"{up.checkpoint_dir} rank {up.rank} is not "
+                                f"held on {node}")
+        why = check_files(where, record.files)
+        if why is not None:
+            with self._lock:
+                self.store.drop(key)
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"the copy of rank {up.rank} in memory on "
+                                f"{node} was not uploaded: {why}", seconds=time.monotonic() - asked_at)
+        try:
+            upload_with_retries(open_storage(up.run), str(where), up.checkpoint_dir, replace=up.replace)
+        except Exception as e:  # noqa: BLE001 - any failure of storage's is the answer, not the thread's end
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"uploading from {node}'s memory to "
+                                f"{up.run}/{up.checkpoint_dir} failed: {type(e).__name__}: {e}",
+                                seconds=time.monotonic() - asked_at)
+        return m.TierStored(**ids, node_id=node, ok=True, nbytes=record.nbytes, seconds=time.monotonic() - asked_at)
 
     def _copy_in(self, hold: m.TierHold) -> str | None:
         with self._lock:

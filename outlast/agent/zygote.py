@@ -33,6 +33,7 @@ from outlast.agent.worker_user import decode as decode_user
 from outlast.procutil import become_subreaper, decode_wait_status, die_with_parent, kill_tree, own_children
 from outlast.protocol import messages as m
 from outlast.protocol.transport import TO_ZYGOTE, encode
+from outlast.trace import mark
 
 # What a forked child runs, by module path: the agent sits below the training runtime and the
 # executor, and starts their code without importing it (each module has a `run(request) -> exit code`).
@@ -41,8 +42,10 @@ TASK_ENTRY = "outlast.executor.task_main"
 
 
 def preload(modules: list[str]) -> m.ZygoteReady:
+    """Import `modules`, then the children's entries: outlast's training runtime costs a second or
+    more to import on a busy machine, which every restarted worker would pay after its fork."""
     done, failed = [], {}
-    for name in modules:
+    for name in [*modules, WORKER_ENTRY, TASK_ENTRY]:
         try:
             importlib.import_module(name)
             done.append(name)
@@ -119,6 +122,7 @@ class Zygote:
         if pid == 0:
             self._become_worker(req)  # never returns
         self.children[pid] = req
+        mark("zygote.fork", child=pid, attempt=_attempt(req), rank=_rank(req))
         self.conn.send_bytes(encode(m.Forked(run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
                                              task_id=_task_id(req), output_file=getattr(req, "output_file", ""))))
 
@@ -168,6 +172,7 @@ class Zygote:
                 return
             pid = info.si_pid
             req = self.children.pop(pid, None)
+            mark("zygote.reaped", child=pid, ours=req is not None)
             if req is not None:
                 kill_tree(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
@@ -232,7 +237,10 @@ def main() -> None:
     os.setsid()  # workers' process groups never include the agent
     become_subreaper()
     conn = Connection(fd)
-    conn.send_bytes(encode(preload(modules)))
+    mark("zygote.start")
+    ready = preload(modules)
+    mark("zygote.ready")
+    conn.send_bytes(encode(ready))
     Zygote(conn, worker_user).serve()
 
 

@@ -177,38 +177,88 @@ def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str
 
     The cluster key and etcd's password (in `env` or this process's environment) go to it over a
     pipe, never in its environment: its fork server, and so every worker, could read them there."""
+    launch = launch_agent(preload, embedded, extra_args, log_path, env)
+    return launch.proc, launch.address(timeout_s)
+
+
+@dataclass
+class AgentLaunch:
+    """An agent process on its way up; a standby's (`go_fd` set) waits for `go()` before it binds."""
+
+    proc: subprocess.Popen
+    ready_fd: int
+    log_path: Path | None = None
+    go_fd: int | None = None
+
+    def go(self) -> None:
+        """Tell a standby to become the node's agent (its predecessor is gone)."""
+        assert self.go_fd is not None
+        try:
+            os.write(self.go_fd, b"go\n")
+        except OSError:
+            pass  # it died: address() says so
+        self.close_go()
+
+    def close_go(self) -> None:
+        if self.go_fd is not None:
+            os.close(self.go_fd)  # a standby still waiting exits at the end of file
+            self.go_fd = None
+
+    def address(self, timeout_s: float = 30.0) -> str:
+        """Its address once it listens; raises AgentUnavailable (the process ended) when it does not in time."""
+        r, proc = self.ready_fd, self.proc
+        try:
+            deadline = time.monotonic() + timeout_s
+            buf = b""
+            while not buf.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([r], [], [], left)[0]:
+                    proc.kill()
+                    proc.wait()
+                    raise AgentUnavailable(f"the node agent did not start within {timeout_s:.0f} s")
+                chunk = os.read(r, 256)
+                if not chunk:
+                    code = proc.wait()
+                    where = f"; see {self.log_path}" if self.log_path else ""
+                    raise AgentUnavailable(f"the node agent exited with code {code} during start-up{where}")
+                buf += chunk
+        finally:
+            os.close(r)
+            self.close_go()
+        return buf.decode().strip()
+
+
+def launch_agent(preload: list[str], embedded: bool, extra_args: list[str] | None = None,
+                 log_path: Path | None = None, env: dict[str, str] | None = None,
+                 standby: bool = False) -> AgentLaunch:
+    """Start `python -m outlast.agent`; with `standby`, one that imports what it needs and starts its fork
+    server, then waits for `AgentLaunch.go()` before it binds (outlast/client/embedded.py)."""
     full_env = {**os.environ, **(env or {})}
     secrets_fd = write_secrets(secrets_in(full_env))
     r, w = os.pipe()
+    go_r, go_w = os.pipe() if standby else (None, None)
     cmd = [sys.executable, "-m", "outlast.agent", "--ready-fd", str(w), "--secrets-fd", str(secrets_fd),
            "--preload", ",".join(preload)]
     if embedded:
         cmd.append("--embedded")
+    if go_r is not None:
+        cmd += ["--standby-fd", str(go_r)]
     cmd += extra_args or []
     out = open(log_path, "ab") if log_path else None
     try:
         # Its own session: a Ctrl+C in the terminal reaches the driver, which tears down in order.
-        proc = subprocess.Popen(cmd, pass_fds=[w, secrets_fd], start_new_session=True, stdout=out, stderr=out,
+        proc = subprocess.Popen(cmd, pass_fds=[fd for fd in (w, secrets_fd, go_r) if fd is not None],
+                                start_new_session=True, stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, env=without_secrets(full_env))
+    except BaseException:
+        os.close(r)
+        if go_w is not None:
+            os.close(go_w)
+        raise
     finally:
-        os.close(w)
-        os.close(secrets_fd)
+        for fd in (w, secrets_fd, go_r):
+            if fd is not None:
+                os.close(fd)
         if out:
             out.close()
-    try:
-        deadline = time.monotonic() + timeout_s
-        buf = b""
-        while not buf.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                proc.kill()
-                raise AgentUnavailable(f"the node agent did not start within {timeout_s:.0f} s")
-            chunk = os.read(r, 256)
-            if not chunk:
-                code = proc.wait()
-                where = f"; see {log_path}" if log_path else ""
-                raise AgentUnavailable(f"the node agent exited with code {code} during start-up{where}")
-            buf += chunk
-    finally:
-        os.close(r)
-    return proc, buf.decode().strip()
+    return AgentLaunch(proc, r, log_path, go_w)

@@ -11,8 +11,9 @@ import importlib.util
 import os
 from collections.abc import Iterable, Mapping
 
-# torch and what DistributedDataParallel pulls in on first use.
-TORCH_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo")
+# torch, what DistributedDataParallel pulls in on first use, and outlast's helpers for it.
+TORCH_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch._dynamo",
+                 "outlast.train.torch")
 ENV_VAR = "OUTLAST_PRELOAD"  # comma-separated modules; set and empty: preload nothing
 
 

@@ -19,6 +19,7 @@ from outlast.controller import group as g
 from outlast.controller.store_table import StoreTable
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
+from outlast.trace import mark
 from outlast.protocol.transport import (
     AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, watch_identity,
 )
@@ -69,6 +70,8 @@ class AgentGroup:
             to = watch_identity if effect.watch else worker_identity
             self.sock.send_multipart([to(effect.attempt, effect.rank), encode(effect.msg)])
         elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
+            if not isinstance(effect, g.ToNode):
+                mark("controller." + type(effect).__name__.lower(), node=effect.node_id, attempt=effect.msg.attempt)
             self._send(effect.node_id, effect.msg)
         elif isinstance(effect, g.QueryTable) and self._store is not None:
             self._store.want()
@@ -98,6 +101,7 @@ class AgentGroup:
             pass
 
     def _send_query(self, now: float) -> None:
+        mark("controller.query")
         try:
             self._query.send(encode(m.ListNodes()), zmq.NOBLOCK)
             self._query_sent = now
@@ -130,6 +134,7 @@ class AgentGroup:
         for node in self._table:
             if (node.node_id, node.agent_pid) not in self._gone_told and (why := agent_gone(node)):
                 self._gone_told.add((node.node_id, node.agent_pid))
+                mark("controller.agent_gone", node=node.node_id)
                 out.append(g.AgentGone(node.node_id, why))
         return out
 
@@ -162,6 +167,8 @@ class AgentGroup:
                 if self._output is not None:
                     self._output(event)
             else:
+                if isinstance(event, m.WorkerExited):
+                    mark("controller.exited", node=node_id, attempt=event.attempt, rank=event.rank)
                 out.append(g.FromAgent(node_id, event))
 
     def _table_answers(self) -> list[g.NodeTable]:
@@ -177,6 +184,7 @@ class AgentGroup:
                 log.warning("dropped a malformed answer from the head: %s", e)
                 continue
             if isinstance(reply, m.NodeList):
+                mark("controller.table")
                 self._query_sent = None
                 out.append(g.NodeTable(self._take_table(reply.nodes)))
 

@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from outlast.controller import effects as fx
-from outlast.controller import lifecycle, memory_holds, on_workers
+from outlast.controller import lifecycle, memory_holds, on_workers, peer_uploads
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.file_merge import DuplicateFiles, MergedFiles, merge_files, settle
@@ -76,7 +76,7 @@ def begin_commit(c: "ControllerCore", pending: PendingCheckpoint) -> None:
     if not merged.conflicts:
         commit_files(c, pending, a.number, merged.files)
         return
-    if c.plan.checkpoint_storage == memory_holds.MEMORY:
+    if c.plan.checkpoint_storage == memory_holds.MEMORY or peer_uploads.is_through_peer(c, a.number, pending.index):
         # Nothing is in storage to read back: every rank's copy is in its own node's memory, so the
         # lowest rank's (rank 0's, where it wrote one) is the one kept.
         kept = settle(merged, {x.path: x.entries[0].checksum for x in merged.conflicts})
@@ -93,7 +93,8 @@ def in_progress(c: "ControllerCore") -> set[str]:
     """Checkpoints whose commit has begun and not ended, or whose uploads storage is asked about: their
     directories are not garbage."""
     return set(c.reading_back) | {x.manifest.checkpoint_dir for x in c.committing.values()} \
-        | {name for _, _, _, name in c.checking_uploads.values()} | memory_holds.pending_in_memory(c)
+        | {name for _, _, _, name in c.checking_uploads.values()} | memory_holds.pending_in_memory(c) \
+        | peer_uploads.in_flight(c)
 
 
 def unsettled_below(c: "ControllerCore", a: AttemptState, index: int) -> bool:
@@ -133,13 +134,18 @@ def commit_files(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, 
     or once two nodes keep every rank's files in memory (`memory_holds.py`)."""
     seq = _next_seq(c)
     local_dirs = memory_holds.local_dirs_of(c, pending, attempt)
-    if c.plan.checkpoint_storage != memory_holds.MEMORY:
+    through_peer = peer_uploads.is_through_peer(c, attempt, pending.index)  # a notice's: storage follows
+    if c.plan.checkpoint_storage != memory_holds.MEMORY and not through_peer:
         write_manifest(c, pending, attempt, files, seq)
         memory_holds.keep_beside(c, pending, attempt, seq, local_dirs)
         return
 
     def held(c: "ControllerCore", h: memory_holds.Holding) -> None:
         ok, why = memory_holds.in_memory(c, h)
+        for rank in pending.files:
+            c.uploads.on_upload_done(rank, pending.index)  # the copies to the peers have answered
+        if ok and through_peer:
+            peer_uploads.upload_after(c, h)
         if not ok:
             c.holds.pop(h.checkpoint_dir, None)
             fail_commit(c, pending, attempt, f"not committed in memory: {why}")
@@ -168,6 +174,7 @@ def _manifest_written(c: "ControllerCore", done: fx.StorageDone) -> None:
     committing = c.committing.pop(done.id)
     pending = committing.pending
     c.book.record_commit(committing.manifest)
+    peer_uploads.after_commit(c, committing.manifest)
     apply_retention(c)
     a, s = c.attempt, c.state
     if memory_holds.hold_commit_back(c, pending.checkpoint_dir, committing):

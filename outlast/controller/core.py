@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, memory_holds, on_workers, resize
+from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, memory_holds, on_workers, peer_uploads, resize
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
@@ -79,6 +79,9 @@ class ControllerCore:
         self.tier_asks: dict[int, memory_holds.OnTier | None] = {}  # asked of nodes' tiers, not yet answered
         self.local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
         self.tier_said: set[str] = set()  # why a copy was not kept in memory, each said once
+        self.peer_bps: dict[str, float] = {}  # node -> its last replica's rate to its peer
+        self.through_peer: set[tuple[int, int]] = set()  # (attempt, report) of notices' checkpoints through a peer
+        self.durable: dict[str, peer_uploads.Durable] = {}  # committed through a peer, being uploaded
         # CheckUploads asked, by effect id: (attempt, rank, report index, checkpoint) of an upload whose rank
         # exited before its UploadDone came
         self.checking_uploads: dict[int, tuple[int, int, int, str]] = {}

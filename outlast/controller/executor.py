@@ -23,6 +23,7 @@ from outlast.controller import storage_io
 from outlast.controller.wakeup import Wakeup
 from outlast.storage.retry import retry_budget_s, retrying
 from outlast.storage.run_store import RunStore
+from outlast.trace import mark
 
 log = logging.getLogger("outlast.controller")
 
@@ -129,12 +130,15 @@ class StorageExecutor:
                         return
                     continue
                 self._current = (effect, self._clock())
+            kind = type(effect).__name__
+            mark("storage.begin", effect=kind)
             try:
                 event = storage_io.perform(effect, self._store,
                                            lambda: retrying(self._budget, on_retry=self._say_retry))
             except Exception as e:  # noqa: BLE001 - the loop must hear of it, or it waits for ever
                 log.exception("storage effect %s raised", fx.describe(effect))
                 event = fx.StorageFailed(effect.id, fx.describe(effect), f"{type(e).__name__}: {e}")
+            mark("storage.end", effect=kind)
             with self._cv:
                 self._current = None
                 self._answers.append(event)

@@ -11,7 +11,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, lifecycle, on_workers
+from outlast.controller import checkpoints, lifecycle, on_workers, peer_uploads
 from outlast.controller import states as st
 from outlast.controller.group import ForgetNode
 from outlast.controller.preemption import Preemption
@@ -85,6 +85,9 @@ def on_node_draining(c: "ControllerCore", node_id: str, notice: m.NodeDraining) 
                          now, c.wall(), grace, exited=a.exited)
     if not p.ranks:
         return
+    p.through_peer, why = peer_uploads.decide(c, p)
+    log.info("the checkpoint saved for the drain %s: %s", "goes to a peer's memory first, then to storage"
+             if p.through_peer else "is uploaded to storage by its ranks", why)
     ranks = p.ranks
     c.book.note_drain(DrainRecord(attempt=a.number, node_ids=list(p.node_ids), reason=notice.reason,
                                   message=notice.message, time=c.wall(), deadline=notice.deadline_unix_s,

@@ -234,6 +234,9 @@ def close_if_stopped(c: "ControllerCore", now: float) -> None:
 
 def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
     """What the states wait for, with a deadline."""
+    from outlast.controller import peer_uploads
+
+    peer_uploads.on_timers(c)
     t, s = c.plan.timeouts, c.state
     if isinstance(s, st.Placing) and s.place_by is not None and now >= s.place_by:
         place(c, now)
@@ -254,7 +257,8 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads:
+    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads \
+            and not c.durable:  # a drain's checkpoint still going from a peer's memory to storage
         checkpoints.finish_without_last_messages(c, a)
 
 

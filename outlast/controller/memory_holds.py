@@ -184,12 +184,19 @@ def _local_answered(c: "ControllerCore", h: Holding, rank: int, e: fx.TierAnswer
 def _replica_answered(c: "ControllerCore", h: Holding, rank: int, e: fx.TierAnswered) -> None:
     stored = e.reply if isinstance(e.reply, m.TierStored) else None
     if stored is not None and stored.replica_node:
+        measured(c, h.node_of[rank], stored)
         h.holders.setdefault(rank, set()).add(stored.replica_node)
         log.info("checkpoint %s rank %d: a replica is in memory on %s (%.1f s)", h.checkpoint_dir, rank,
                  stored.replica_node, stored.replica_seconds)
     else:
         _refused(c, h, rank, (stored.replica_reason or stored.reason) if stored is not None else e.error)
     _record(c, h)
+
+
+def measured(c: "ControllerCore", node_id: str, stored: m.TierStored) -> None:
+    """The node's rate to its peer, as its last replica went: what a notice's copy through a peer is weighed at."""
+    if stored.replica_seconds > 0 and stored.nbytes:
+        c.peer_bps[node_id] = stored.nbytes / stored.replica_seconds
 
 
 def _refused(c: "ControllerCore", h: Holding, rank: int, why: str) -> None:
@@ -243,6 +250,7 @@ def _memory_answered(c: "ControllerCore", h: Holding, rank: int, e: fx.TierAnswe
     if stored is not None and stored.ok:
         h.holders.setdefault(rank, set()).add(stored.node_id)
         if stored.replica_node:
+            measured(c, stored.node_id, stored)
             h.holders[rank].add(stored.replica_node)
         else:
             h.refused[rank] = stored.replica_reason
@@ -271,7 +279,9 @@ def held_nowhere(c: "ControllerCore", checkpoint_dir: str) -> str | None:
     cost = (f"the {record.report_index - older.report_index} reports between them" if older is not None
             and older.attempt == record.attempt else
             f"every step since {older.checkpoint_dir}" if older is not None else "every step so far")
-    return (f"it was kept in memory only (CheckpointConfig(checkpoint_storage='memory')), on "
+    how = ("CheckpointConfig(checkpoint_storage='memory')" if c.plan.checkpoint_storage == MEMORY else
+           "a drain's checkpoint whose upload from memory was not in yet")
+    return (f"it was kept in memory only ({how}), on "
             f"{', '.join(record.memory) or 'no node'}, and every one of those nodes is gone; going back costs "
             f"{cost}")
 
@@ -317,16 +327,19 @@ def note_pulled(c: "ControllerCore", checkpoint_dir: str, node: str) -> None:
 
 
 def pull_then(c: "ControllerCore", a, sends: list) -> None:
-    """A "memory" run: each node of the attempt first pulls, from a node that holds the checkpoint it
-    restores, the files of every rank it lacks (`TierPull`), as storage has none; its ranks are started
-    once every pull has answered, kept or not. A "storage" run reads what its nodes lack from storage,
-    which is never slower to reach than a wait for a transfer first."""
-    if c.plan.checkpoint_storage != MEMORY or a.restore is None:
+    """Each node of the attempt first pulls, from a node that holds the checkpoint it restores in memory, the
+    files of every rank it lacks (`TierPull`); its ranks are started once every pull has answered, kept or not.
+    So a restore reads this node's RAM, then a peer's, then storage (which a "memory" run lacks), each copy
+    checked against its record: the node's own copy before a pull counts (a corrupt one is dropped and fetched
+    again), the pulled one as it is kept, and the restore checks the manifest's checksums once more."""
+    if a.restore is None:
         c.out += sends
         return
     record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
     ranks = sorted(a.restore_ranks or ())
-    sources = [n for n in (record.memory if record is not None else []) if c.nodes.reachable(n) and tier_of(c, n)]
+    draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
+    sources = sorted((n for n in (record.memory if record is not None else []) if c.nodes.reachable(n)
+                      and tier_of(c, n)), key=lambda n: (n in draining, n))
     nodes = sorted({n for n in a.placement.values() if tier_of(c, n)})
     todo = [(node, rank, [s for s in sources if s != node]) for node in nodes for rank in ranks
             if node not in sources or len(sources) > 1]
@@ -337,20 +350,26 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
     c.out += [e for e in sends if not isinstance(e, Spawn)]  # the agents know the run meanwhile
     spawns = [e for e in sends if isinstance(e, Spawn)]
     left = set(range(len(todo)))
+    then = "storage" if record is not None and record.durable else "no copy: the restore fails"
 
     def ask_one(i: int, node: str, rank: int, candidates: list[str]) -> None:
         src, rest = candidates[0], candidates[1:]
 
         def answered(c: "ControllerCore", e: fx.TierAnswered) -> None:
             stored = e.reply if isinstance(e.reply, m.TierStored) else None
+            if stored is not None and stored.skipped:
+                # The node's own copy did not match its record: passed over for the peer's, and said.
+                text = f"restoring {a.restore}: {stored.skipped}"
+                if c.book.note_once(text, c.wall()):
+                    log.warning("%s", text)
             if (stored is None or not stored.ok) and rest:
                 ask_one(i, node, rank, rest)  # that node may keep other ranks' files only
                 return
             if stored is not None and stored.ok:
                 note_pulled(c, a.restore, node)
             if stored is None or not stored.ok:
-                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from storage",
-                         node, a.restore, rank, stored.reason if stored is not None else e.error)
+                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from %s",
+                         node, a.restore, rank, stored.reason if stored is not None else e.error, then)
             left.discard(i)
             if not left and c.attempt is a:
                 c.out.extend(spawns)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, handlers, hang_steps, lifecycle
+from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, peer_uploads
 from outlast.controller import states as st
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
@@ -97,6 +97,14 @@ def on_report(c: "ControllerCore", a: AttemptState, msg: m.Report) -> None:
         c.local_dirs[(a.number, msg.index, msg.rank)] = msg.local_dir
     if msg.upload_pending and msg.checkpoint_dir is not None:
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
+        if p is not None:
+            handlers.forecast_uploads(c, p)
+    if msg.in_memory and msg.checkpoint_dir is not None:
+        # A notice's checkpoint through a peer: what the deadline weighs is its copy to the peer, at the rate
+        # this node's last replica went; it is done once the node's tier has answered for it.
+        c.through_peer.add((a.number, msg.index))
+        c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes,
+                            peer_uploads.peer_rate(c, a.placement.get(msg.rank, "")), c.now)
         if p is not None:
             handlers.forecast_uploads(c, p)
     try:

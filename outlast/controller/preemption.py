@@ -47,6 +47,7 @@ class Preemption:
     node_to_ranks: dict[str, list[int]] = field(default_factory=dict)  # the draining nodes' ranks
     jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing it
     forecast_told: bool = False  # the uploads-too-slow warning is said once
+    through_peer: bool = False  # its checkpoint goes to a peer's memory first (controller/peer_uploads.py)
 
     @classmethod
     def begin(cls, notice: m.NodeDraining, placement: dict[int, str], node_ids: list[str], reports: list[int],
@@ -106,7 +107,8 @@ class Preemption:
         if self.forecast_told or uploads.seconds is None or uploads.seconds <= left:
             return None
         self.forecast_told = True
-        return (f"the checkpoint saved for the preemption needs {uploads.seconds:.1f} s to upload "
+        how = "to reach a peer's memory" if self.through_peer else "to upload"
+        return (f"the checkpoint saved for the preemption needs {uploads.seconds:.1f} s {how} "
                 f"({uploads.reason}) and the deadline is in {left:.1f} s: unless the upload goes faster, the run "
                 f"restarts from {latest or 'scratch'} at the deadline; restarting from it now would lose the same "
                 f"steps and {left:.1f} s less of the node's time, but the rate is the last upload's, so the run "
@@ -144,7 +146,8 @@ class Preemption:
         return m.PreemptionNotice(
             index=index, decision_index=decision_index, node_ids=self.node_ids, node_to_ranks=self.node_to_ranks,
             ranks=self.ranks, reason=n.reason, message=n.message,
-            deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None)
+            deadline_unix_ms=int(n.deadline_unix_s * 1000) if n.deadline_unix_s is not None else None,
+            through_peer=self.through_peer)
 
 
 def _nodes(ids: list[str]) -> str:

@@ -227,6 +227,13 @@ class RunBook:
                 self._save()
             return
 
+    def note_durable(self, checkpoint_dir: str) -> None:
+        """A checkpoint committed in memory is in storage now, its manifest rewritten to say so."""
+        for i, r in enumerate(self.state.checkpoints):
+            if r.checkpoint_dir == checkpoint_dir and not r.durable:
+                self.state.checkpoints[i] = msgspec.structs.replace(r, durable=True)
+                self._save()
+
     def forget_checkpoints(self, names: set[str]) -> None:
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir not in names]
         self._save()

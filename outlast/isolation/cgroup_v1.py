@@ -131,6 +131,12 @@ class CgroupV1:
     def cleanup_stale(self) -> list[str]:
         done = []
         for h in (self.mem, self.cpu):
+            for leaf in self.fs.listdir(h.workers):  # left by this node's agent when it was killed
+                path = os.path.join(h.workers, leaf)
+                _kill_all(self.fs, path)
+                left = self.fs.remove_tree(path)
+                done.append(f"removed the worker leaf {path} left by this node's last agent" +
+                            (f" (could not remove {', '.join(left)})" if left else ""))
             for name in self.fs.listdir(h.base):
                 tree = os.path.join(h.base, name)
                 if not name.startswith(PREFIX) or tree == h.root or self._owner_alive(h, tree):

@@ -131,6 +131,12 @@ class CgroupV2:
     def cleanup_stale(self) -> list[str]:
         """Trees of agents that died without undoing: kill their workers, keep other processes, remove."""
         done = []
+        for leaf in self.fs.listdir(self.workers):  # left by this node's agent when it was killed
+            path = os.path.join(self.workers, leaf)
+            self._kill(path)
+            left = self.fs.remove_tree(path)
+            done.append(f"removed the worker leaf {path} left by this node's last agent" +
+                        (f" (could not remove {', '.join(left)})" if left else ""))
         for name in self.fs.listdir(self.base):
             tree = os.path.join(self.base, name)
             if not name.startswith(PREFIX) or tree == self.root or self._owner_alive(tree):

@@ -147,7 +147,12 @@ class Journal:
     refused: list[int] = field(default_factory=list)  # processes the kernel would not move
 
     def mkdir(self, path: str) -> None:
-        self.fs.mkdir(path)
+        """Create a cgroup, or take over one this node's agent left when it was killed (setup has
+        checked that no live agent owns it): either way it is ours to remove on undo."""
+        try:
+            self.fs.mkdir(path)
+        except FileExistsError:
+            pass
         self.entries.append(("mkdir", path))
 
     def write(self, path: str, value: str, undo: str | None) -> None:

@@ -290,6 +290,7 @@ class StatusReply(Msg):
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
     metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
     fork_server_pid: int = 0
+    fork_server_standby_pid: int = 0  # the standby that takes the server's place when it dies; 0: none
     fork_server_cuda: str = ""  # what of CUDA the fork server initialized ("": nothing, as it must)
     gpus: dict[str, list[str]] = {}  # each GPU id of the node -> the workers holding it (run/attempt/rank)
     store: StoreHealth | None = None  # the cluster store, where it is not this agent alone
@@ -416,6 +417,7 @@ class Report(Msg):
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
     local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
+    in_memory: bool = False  # not uploaded: the files are in local_dir only (a notice's checkpoint through a peer)
 
 
 class RestoreProgress(Msg):
@@ -530,6 +532,9 @@ class PreemptionNotice(Msg):
     reason: str
     message: str
     node_to_ranks: dict[str, list[int]] = {}
+    # The checkpoint saved for it goes to a peer's memory first (not uploaded by the ranks): committed once
+    # there, then uploaded to storage from the peer (controller/memory_holds.py).
+    through_peer: bool = False
 
 
 class DumpStacks(Msg):
@@ -594,6 +599,16 @@ class TierPull(Msg):
     checkpoint_dir: str
     rank: int
     from_address: str
+
+
+class TierUpload(Msg):
+    """Upload the held copy of a rank's files to the run's storage (`run` is its URI), into `checkpoint_dir`;
+    answered with `TierStored` once the files are there or the upload failed."""
+
+    run: str
+    checkpoint_dir: str
+    rank: int
+    replace: bool = True  # a file already there is replaced (False: the lowest rank's copy of a shared file stays)
 
 
 class TierOffer(Msg):
@@ -674,6 +689,7 @@ class TierStored(Msg):
     nbytes: int = 0
     seconds: float = 0.0  # from the request to this answer
     replica_seconds: float = 0.0  # of these, the replica's transfer
+    skipped: str = ""  # a pull: why this node's own copy was passed over (it did not match its record)
 
 
 class TierHoldings(Msg):
@@ -683,7 +699,7 @@ class TierHoldings(Msg):
     copies: list[TierCopyInfo]
 
 
-TierRequest = Union[TierHold, TierPull, TierOffer, TierChunk, TierOfferEnd, TierFetch, TierCommit, TierFree, TierList]
+TierRequest = Union[TierHold, TierPull, TierUpload, TierOffer, TierChunk, TierOfferEnd, TierFetch, TierCommit, TierFree, TierList]
 TierReply = Union[TierStored, TierHoldings, TierOffer, TierChunk, TierAck]
 
 

@@ -9,13 +9,18 @@ its own clock.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import tenacity
 
-from outlast.storage.base import StorageFenced
+from outlast.protocol.messages import FileEntry
+from outlast.storage.base import Storage, StorageError, StorageFenced
+
+log = logging.getLogger("outlast.storage")
 
 RETRY_S_VAR = "OUTLAST_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 60.0
@@ -48,3 +53,19 @@ def retrying(budget_s: float, sleep: Callable[[float], None] = time.sleep,
         stop=lambda state: state.idle_for >= budget_s,
         sleep=sleep, reraise=True, before_sleep=on_retry,
     )
+
+
+_UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))
+
+
+def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False,
+                        replace: bool = True) -> list[FileEntry]:
+    """A storage hiccup costs a retry with backoff, not the checkpoint."""
+    retry = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
+        wait=tenacity.wait_exponential(multiplier=0.2, max=5), reraise=True,
+        before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest, state.outcome.exception()),
+    )
+    # `move`: the caller deletes the local files after the upload anyway, so storage on the
+    # same file system may link them into place instead of copying.
+    return retry(storage.upload_dir, Path(local_dir), dest, move=move, replace=replace)

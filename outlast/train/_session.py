@@ -36,6 +36,7 @@ from outlast.train.context import TrainContext
 from outlast.train.preemption import PreemptionInfo
 from outlast.train.session_core import SessionCore, Step
 from outlast.errors import NotInWorkerError
+from outlast.trace import mark
 
 log = logging.getLogger("outlast.worker")
 
@@ -96,14 +97,19 @@ class WorkerSession:
         if name is not None and not self._memory_only and (checkpoint is not None or write is not None):
             self._claim(name, self._core.reports)  # before the report counts: a clash loses nothing
         slot = self._core.begin_report(name)
+        if self._core.reports == 1:
+            mark("worker.first_report", attempt=self.context.attempt, rank=self.context.world_rank)
         if checkpoint is None and write is None:
             self._run(self._core.report(slot, metrics))
             return
         dest = f"{self._run_dir}/{slot.name}"
         nbytes = dir_bytes(checkpoint.path) if checkpoint is not None else 0
-        if self._memory_only:
+        if self._memory_only or (slot.saw_preemption and self._core.through_peer):
+            # A notice's checkpoint through a peer is committed once in memory on two nodes, and uploaded from
+            # there afterwards: the deadline never waits on storage.
             self._report_in_memory(slot, metrics, checkpoint, write, nbytes,
-                                   delete=bool(delete_local_after_upload) or write is not None)
+                                   delete=bool(delete_local_after_upload) or write is not None,
+                                   in_memory=not self._memory_only)
             return
         if write is not None or upload_mode is CheckpointUploadMode.ASYNC:
             delete = True if delete_local_after_upload is None or write is not None else delete_local_after_upload
@@ -154,7 +160,8 @@ class WorkerSession:
             self._storage.write_atomic(marker, naming.encode_marker(self.context.attempt, index))
 
     def _report_in_memory(self, slot, metrics: dict[str, Any], checkpoint: Checkpoint | None,
-                          write: Callable[[Path], None] | None, nbytes: int, delete: bool) -> None:
+                          write: Callable[[Path], None] | None, nbytes: int, delete: bool,
+                          in_memory: bool = False) -> None:
         """CheckpointConfig(checkpoint_storage="memory"): nothing is uploaded; the files are listed and checked
         here, and the commit waits until two nodes keep them in memory. A staged save is written first."""
         local = checkpoint.path if checkpoint is not None else tempfile.mkdtemp(prefix=f"outlast-staged-{slot.name}-")
@@ -163,7 +170,8 @@ class WorkerSession:
                 write(Path(local))
             files = local_entries(Path(local))
             self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
-                                        now=time.monotonic(), local_dir=os.path.abspath(local)))
+                                        now=time.monotonic(), local_dir=os.path.abspath(local),
+                                        in_memory=in_memory))
         finally:
             if delete:
                 shutil.rmtree(local, ignore_errors=True)
@@ -177,6 +185,7 @@ class WorkerSession:
         if self._restore is None:
             return None
         if self._restored is None:
+            mark("worker.restore_begin", attempt=self.context.attempt, rank=self.context.world_rank)
             cache = self._cache_root or _default_cache()
             with reporting_fetch(self._storage, self._run_dir, self._restore, cache, self._controller_address,
                                  self.context.attempt, self.context.world_rank):
@@ -188,6 +197,7 @@ class WorkerSession:
             log.info("rank %d restored %s from %s%s", self.context.world_rank, self._restore, source.value,
                      f" (the files of ranks {sorted(replicas)} from the replicas kept here)" if replicas else "")
             self._restored = Checkpoint(path)
+            mark("worker.restored", attempt=self.context.attempt, rank=self.context.world_rank, source=source.value)
         return self._restored
 
     # -- preemption -------------------------------------------------------------

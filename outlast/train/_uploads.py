@@ -21,7 +21,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 
-import tenacity
 import zmq
 
 from outlast.faults import fault_point
@@ -29,12 +28,12 @@ from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer, encode
 from outlast.storage import priority
-from outlast.storage.base import Storage, StorageError
+from outlast.storage.base import Storage
+from outlast.storage.retry import upload_with_retries
 from outlast.storage.local import walk_files
 
 log = logging.getLogger("outlast.worker")
 
-_UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))
 
 
 def dir_bytes(path: str | os.PathLike[str]) -> int:
@@ -45,19 +44,6 @@ def local_files(path: str | os.PathLike[str]) -> list[m.FileEntry]:
     """The files under `path` as an upload of it will name them: '/'-separated relative paths, sizes."""
     files, _ = walk_files(Path(path))
     return [m.FileEntry(path=rel, size=(Path(path) / rel).stat().st_size) for rel in files]
-
-
-def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool = False,
-                        replace: bool = True) -> list[m.FileEntry]:
-    """A storage hiccup costs a retry with backoff, not the checkpoint."""
-    retry = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
-        wait=tenacity.wait_exponential(multiplier=0.2, max=5), reraise=True,
-        before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest, state.outcome.exception()),
-    )
-    # `move`: the caller deletes the local files after the upload anyway, so storage on the
-    # same file system may link them into place instead of copying.
-    return retry(storage.upload_dir, Path(local_dir), dest, move=move, replace=replace)
 
 
 class Uploads:

@@ -134,6 +134,11 @@ class SessionCore:
                          complete, f"the answer to get_preemption_info() call #{index}", now)
 
     @property
+    def through_peer(self) -> bool:
+        """Whether what the loop saves now answers a notice whose checkpoint goes to a peer's memory first."""
+        return self.saw_preemption and self.notice is not None and self.notice.through_peer
+
+    @property
     def saw_preemption(self) -> bool:
         """Whether the loop has been handed the notice: what it saves from now on answers it."""
         return self.notice is not None and self.preemption_calls > self.horizon
@@ -148,7 +153,8 @@ class SessionCore:
 
     def report(self, slot: ReportSlot, metrics: dict[str, Any], checkpoint: bool = False,
                files: list[m.FileEntry] | None = None, upload_bytes: int = 0, bandwidth_bps: float = 0.0,
-               now: float = 0.0, upload_files: list[m.FileEntry] | None = None, local_dir: str = "") -> Step:
+               now: float = 0.0, upload_files: list[m.FileEntry] | None = None, local_dir: str = "",
+               in_memory: bool = False) -> Step:
         """The report's message. A checkpoint with `files` (uploaded in the calling thread) waits for its
         commit; one without them (`files=None`) is pending: its upload says when it is done, and
         `upload_files` are the files it begins with (paths and sizes), when they are known already."""
@@ -166,7 +172,8 @@ class SessionCore:
             return Step()
 
         msg = m.Report(**base, checkpoint_dir=slot.name, files=files, saw_preemption=slot.saw_preemption,
-                       upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps, local_dir=local_dir)
+                       upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps, local_dir=local_dir,
+                       in_memory=in_memory)
         return self._ask(msg, lambda r: isinstance(r, (m.Committed, m.CommitFailed)) and r.index == slot.index,
                          complete, f"the commit of checkpoint {slot.name} (report #{slot.index})", now)
 

@@ -25,6 +25,7 @@ from outlast.protocol.transport import connect_dealer
 from outlast.runenv import worker_env
 from outlast.storage.base import Storage
 from outlast.train import watch
+from outlast.trace import mark
 
 
 @dataclass
@@ -103,6 +104,7 @@ def _say_in_output() -> None:
 
 
 def run(req: m.ForkWorker) -> int:
+    mark("worker.run", attempt=req.attempt, rank=req.spec.rank)
     become_clean_process(worker_env(os.environ, req.env), req.cwd, req.sys_path)
     spec = req.spec
     os.environ.update({
@@ -136,8 +138,10 @@ def run(req: m.ForkWorker) -> int:
                                           controller_address=req.controller_address)
         _session.set_session(session)
         session.hello(os.getpid())
+        mark("worker.hello", attempt=req.attempt, rank=spec.rank)
         watch.start(req.attempt, spec.rank, req.controller_address, session.progress)  # progress; stacks on a hang
         backend.on_start(context)
+        mark("worker.rendezvous", attempt=req.attempt, rank=spec.rank)
         phase = "train"
         returned = _call_train_fn(payload.train_fn, payload.train_loop_config)
         phase = "shutdown"

@@ -230,15 +230,23 @@ def data_loader_loop(config: dict) -> None:
 
 
 def preemptible_loop(config: dict) -> None:
-    """Asks get_preemption_info() every step; on a notice, saves one just-in-time checkpoint and goes on."""
+    """Asks get_preemption_info() every step; on a notice, saves one just-in-time checkpoint and goes on.
+    `every`: rank 0 also checkpoints every that many steps."""
     ctx = train.get_context()
     start, ckpt = _restored_start()
-    log_event(config, event="start", restored_step=start - 1 if ckpt else None)
+    log_event(config, event="start", restored_step=start - 1 if ckpt else None,
+              node_id=os.environ.get("OUTLAST_NODE_ID"))
     saved = False
     for step in range(start, config["steps"]):
         train.collective.barrier()  # lock step, as a gradient all-reduce would
         info = train.get_preemption_info()
         checkpoint = None
+        regular = config.get("every") and (step + 1) % config["every"] == 0
+        if regular and ctx.get_world_rank() == 0:
+            d = tempfile.mkdtemp()
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"step": step}, f)
+            checkpoint = Checkpoint.from_directory(d)
         if info is not None and not saved:
             saved = True
             log_event(config, event="notice", step=step, call=step - start, node_ids=info.node_ids,
@@ -247,6 +255,9 @@ def preemptible_loop(config: dict) -> None:
                 d = tempfile.mkdtemp()
                 with open(os.path.join(d, "state.json"), "w") as f:
                     json.dump({"step": step}, f)
+                if config.get("pad_bytes"):  # a checkpoint large enough to take its time in storage
+                    with open(os.path.join(d, "pad.bin"), "wb") as f:
+                        f.write(os.urandom(config["pad_bytes"]))
                 checkpoint = Checkpoint.from_directory(d)
         train.report({"step": step}, checkpoint=checkpoint)
         log_event(config, event="step", step=step)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,10 @@ class NetnsCluster:
     workdir: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 60.0
+    launcher: Callable[[], None] | None = None  # run in each agent's process before it execs (e.g. enter a cgroup)
+    # `ip netns exec` mounts a sysfs of the namespace's own over /sys, which hides /sys/fs/cgroup;
+    # nsenter enters the network namespace alone, so that an agent there can use cgroups.
+    keep_mounts: bool = False
 
     def __post_init__(self) -> None:
         self.token = secrets.token_hex(2)
@@ -206,12 +211,14 @@ class NetnsCluster:
                "OUTLAST_TIER_DIR": str(self.workdir / "tier")}
         env.pop("OUTLAST_ADDRESS", None)
         r, w = os.pipe()
-        prefix = ["ip", "netns", "exec", netns] if netns else []  # execs in place: the pid is the agent's
+        # Either execs in place: the pid is the agent's.
+        prefix = ([] if not netns else ["nsenter", f"--net=/run/netns/{netns}", "--"] if self.keep_mounts
+                  else ["ip", "netns", "exec", netns])
         cmd = [*prefix, sys.executable, "-m", "outlast.agent", "--ready-fd", str(w), *args]
         with open(log_path, "ab") as out:
             try:
                 proc = subprocess.Popen(cmd, pass_fds=[w], start_new_session=True, stdout=out, stderr=out,
-                                        stdin=subprocess.DEVNULL, env=env)
+                                        stdin=subprocess.DEVNULL, env=env, preexec_fn=self.launcher)
             finally:
                 os.close(w)
         # Registered before it is known to work, so that shutdown() stops it whatever happens.

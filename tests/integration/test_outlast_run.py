@@ -15,7 +15,7 @@ def run_script(tmp_path: Path, body: str, *, through_outlast: bool = True) -> su
     script.write_text(textwrap.dedent(body))
     cmd = [sys.executable, "-m", "outlast.cli.main", "run", str(script)] if through_outlast \
         else [sys.executable, str(script)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_ray_train_names_are_outlasts_and_init_shutdown_are_accepted(tmp_path):

@@ -135,6 +135,20 @@ def test_a_crashed_agents_tree_is_cleaned_up_by_the_next_agent(node):
     assert _status(address2, log).isolation is not None
 
 
+def test_an_agent_killed_and_started_again_with_its_node_id_takes_its_tree_back(node):
+    cg, start = node
+    proc, address, log1 = start("again")
+    root = _status(address, log1).isolation.root
+    proc.kill()
+    proc.wait()
+    proc2, address2, log = start("again")
+    assert _status(address2, log).isolation.root == root
+    assert proc2.pid in [int(p) for p in (Path(root) / "system" / "cgroup.procs").read_text().split()]
+    proc2.send_signal(signal.SIGTERM)
+    proc2.wait(timeout=30 * SLOW)
+    assert not os.path.exists(root)
+
+
 def _touch_after_first_kill(log: str, release: str) -> None:
     deadline = time.monotonic() + 300 * SLOW
     while time.monotonic() < deadline and not os.path.exists(release):

@@ -255,3 +255,107 @@ def test_the_tier_executor_answers_a_silent_node_with_an_error_and_never_holds_t
     ex.close()  # returns at once, the request still waiting
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("outlast-tier-ask"))
     ctx.term()  # the waiting request's poll ends with the context (ETERM), and its socket is closed
+
+
+def test_storage_a_new_attempt_pulls_from_the_peers_memory_first_and_notes_a_corrupt_copy_passed_over():
+    h, placement = tiered(max_failures=1)
+    report(h, 0)
+    report(h, 1)
+    h.release()
+    for a in asks(h):
+        h.step(stored(a))
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    assert h.core.book.state.checkpoints[-1].memory == ["n1", "n2", "n3"]
+    table = [msgspec.structs.replace(n, state="dead" if n.node_id == "n2" else n.state)
+             for n in h.core.nodes.nodes.values()]
+    h.core.nodes.set_table(table)
+    h.agent("n1", h.exited(0, "n1", code=1))
+    h.agent("n2", h.exited(1, "n2", code=1))
+    for _ in range(5):
+        h.release()
+        h.step(dt=0.5)
+    pulls = asks(h, m.TierPull)
+    # Storage holds it too, but a peer's RAM comes first.
+    assert sorted((a.node_id, a.msg.rank) for a in pulls) == [("n1", 0), ("n1", 1), ("n3", 0), ("n3", 1)]
+    for a in pulls:
+        reply = m.TierStored(run=a.msg.run, checkpoint_dir=DIR, rank=a.msg.rank, node_id=a.node_id, ok=True,
+                             skipped="the copy of rank 0 in memory on n1 was skipped: bad" if a.node_id == "n1"
+                             and a.msg.rank == 0 else "")
+        h.step(fx.TierAnswered(a.id, reply=reply))
+    assert sorted(h.spawned().values()) == ["n1", "n3"]
+    assert any("the copy of rank 0 in memory on n1 was skipped: bad" in n.text for n in h.core.book.state.notes)
+
+
+def test_a_drains_checkpoint_goes_through_a_peer_weighed_at_the_peers_rate_then_becomes_durable_from_it():
+    h, placement = tiered()
+    h.core.peer_bps[placement[0]] = 10e6  # its last replica went at 10 MB/s
+    drained = placement[0]
+    h.agent(drained, m.NodeDraining(node_id=drained, reason="spot", message="", deadline_unix_s=h.wall() + 20))
+    assert h.core.state.preemption.through_peer
+    # The ranks report the notice's checkpoint without uploading it.
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}, checkpoint_dir=DIR,
+                          files=[ENTRY], local_dir=f"/tmp/rank{rank}", in_memory=True, saw_preemption=True,
+                          upload_bytes=10**9))
+    notes = [n.text for n in h.core.book.state.notes]
+    # 1 GB at the peer's 10 MB/s is 100 s: said at once, as the copy to a peer's memory.
+    assert any("needs 100.0 s to reach a peer's memory" in n for n in notes), notes
+    holds = asks(h)
+    assert all(a.msg.peer_address and a.msg.peer_address != f"tcp://{drained}:9" for a in holds)
+    assert not [e for e in h.held if isinstance(e, fx.WriteManifest)]  # nothing before two nodes hold it
+    peer = {a.msg.rank: a.msg.peer_address.split("//")[1].split(":")[0] for a in holds}
+    for a in holds:
+        h.step(stored(a, replica=peer[a.msg.rank]))
+    (write,) = [e for e in h.held if isinstance(e, fx.WriteManifest)]
+    assert write.manifest.durable is False
+    h.release()
+    record = h.core.book.state.checkpoints[-1]
+    assert record.checkpoint_dir == DIR and record.durable is False and record.memory_at is not None
+    # Uploaded by a holder that is not draining: rank 0's peer, rank 1's own node.
+    uploads = asks(h, m.TierUpload)
+    assert sorted((a.msg.rank, a.node_id) for a in uploads) == [(0, peer[0]), (1, placement[1])]
+    assert "durable" not in " ".join(n.text for n in h.core.book.state.notes)
+    first, second = sorted(uploads, key=lambda a: a.msg.rank)
+    h.step(stored(first))
+    h.step(fx.TierAnswered(second.id, reply=m.TierStored(run=second.msg.run, checkpoint_dir=DIR, rank=1,
+                                                         node_id=second.node_id, ok=False, reason="storage said no")))
+    # A failed upload goes on from the rank's next holder.
+    (retry,) = asks(h, m.TierUpload)
+    assert retry.msg.rank == 1 and retry.node_id == peer[1]
+    h.step(stored(retry))
+    (write,) = [e for e in h.held if isinstance(e, fx.WriteManifest)]
+    assert write.manifest.durable is True
+    h.release()
+    assert h.core.book.state.checkpoints[-1].durable is True
+    assert any("committed in memory for the drain, is durable" in n.text for n in h.core.book.state.notes)
+
+
+def test_an_upload_from_a_holder_that_dies_goes_on_from_the_next_and_with_none_left_the_history_says_so():
+    h, placement = tiered()
+    drained = placement[0]
+    h.agent(drained, m.NodeDraining(node_id=drained, reason="spot", message="", deadline_unix_s=h.wall() + 20))
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir=DIR, files=[ENTRY],
+                      local_dir="/tmp/rank0", in_memory=True, saw_preemption=True, upload_bytes=1))
+    h.worker(m.Report(attempt=1, rank=1, index=0, metrics={"step": 0}, in_memory=False, saw_preemption=True))
+    (hold,) = asks(h)
+    peer = hold.msg.peer_address.split("//")[1].split(":")[0]
+    h.step(stored(hold, replica=peer))
+    h.release()
+    (up,) = asks(h, m.TierUpload)
+    assert up.node_id == peer
+    for dead in (peer, drained):
+        table = [msgspec.structs.replace(n, state="dead" if n.node_id == dead else n.state)
+                 for n in h.core.nodes.nodes.values()]
+        h.core.nodes.set_table(table)
+        h.step(dt=0.5)
+        h.release()
+        nxt = asks(h, m.TierUpload)
+        assert [a.node_id for a in nxt] == ([drained] if dead == peer else [])
+    assert not h.core.durable
+    # Both holders gone: the next attempt skips it, saying why and what it costs.
+    skipped = h.core.book.state.skipped_checkpoints
+    assert [s.checkpoint_dir for s in skipped] == [DIR] and "whose upload from memory was not in yet" in skipped[0].reason
+    assert "every step so far" in skipped[0].reason
+    assert any(f"checkpoint {DIR} stays committed in memory only" in n.text and "is gone" in n.text
+               for n in h.core.book.state.notes)

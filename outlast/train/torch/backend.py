@@ -46,22 +46,35 @@ class TorchBackend(Backend):
                                        f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); install "
                                        "a CUDA build of torch there, or start the node without --num-gpus")
             torch.cuda.set_device(own_device_indices(os.environ, context.local_rank, torch.cuda.device_count())[0])
+        timeout = timedelta(seconds=self.config.timeout_s)
+        store = None
         if "MASTER_PORT" not in os.environ:
-            # A port free on rank 0's node, which only rank 0 can tell; every rank learns it from rank 0.
+            # Rank 0's store listens on a port of its choosing before any rank learns the port, which
+            # every rank hears from rank 0. A rank that reached for the store before it listened would
+            # wait out torch's connect backoff (a third of a second here), and a port found free, closed
+            # and bound again later could be someone else's by then.
             from outlast.train import collective
 
+            if context.world_rank == 0:
+                store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), 0, context.world_size,
+                                      is_master=True, timeout=timeout, wait_for_workers=False)
             os.environ["MASTER_PORT"] = str(collective.broadcast_from_rank_zero(
-                _free_port() if context.world_rank == 0 else None))
+                store.port if store is not None else None))
+            if store is None:
+                store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), context.world_size,
+                                      is_master=False, timeout=timeout)
         # gloo otherwise binds to what the hostname resolves to, often 127.0.x.1, which ranks on
         # other nodes cannot reach: bind to the interface this node reaches rank 0's node through.
         if "GLOO_SOCKET_IFNAME" not in os.environ and (iface := interface_toward(os.environ.get("MASTER_ADDR"))):
             os.environ["GLOO_SOCKET_IFNAME"] = iface
+        if store is not None:
+            dist.init_process_group(backend=backend, store=store, rank=context.world_rank,
+                                    world_size=context.world_size, timeout=timeout)
+            return
         init = "env://" if self.config.init_method == "env" else \
             f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        dist.init_process_group(
-            backend=backend, init_method=init, rank=context.world_rank, world_size=context.world_size,
-            timeout=timedelta(seconds=self.config.timeout_s),
-        )
+        dist.init_process_group(backend=backend, init_method=init, rank=context.world_rank,
+                                world_size=context.world_size, timeout=timeout)
 
     def on_shutdown(self) -> None:
         import torch.distributed as dist
@@ -88,11 +101,3 @@ def interface_toward(addr: str | None) -> str | None:
         if any(a.family == socket.AF_INET and a.address == local for a in addrs):
             return name
     return None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

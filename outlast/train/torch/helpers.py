@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from outlast.train._session import get_session
+from outlast.trace import mark
 
 
 def get_devices() -> list:
@@ -80,7 +81,10 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
     kwargs = dict(parallel_strategy_kwargs or {})
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device])
-    return DistributedDataParallel(model, **kwargs)
+    mark("worker.ddp_begin", rank=dist.get_rank())
+    wrapped = DistributedDataParallel(model, **kwargs)
+    mark("worker.ddp", rank=dist.get_rank())
+    return wrapped
 
 
 def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_device: bool = True,

@@ -99,3 +99,22 @@ def test_a_crashed_agents_tree_is_removed_from_both_hierarchies(tree):
     d.setup(RES)
     assert len(d.cleanup_stale()) == 2
     assert not any(os.path.exists(f"{h}/job/outlast_gone") for h in mounts.values())
+
+
+def test_an_agent_started_again_with_its_node_id_takes_back_the_tree_its_killed_self_left(tree):
+    """A node whose agent was killed (kill -9, the machine's processes lost) starts again with the
+    same node id: its old tree is there, owned by no live process, with a dead worker's leaf."""
+    fs, mounts = tree
+    for h in mounts.values():  # the kernel took the dead processes out of cgroup.procs
+        for sub in ("", "/system", "/user", "/user/workers", "/user/workers/old-leaf", "/user/non-outlast"):
+            fs.make(f"{h}/job/outlast_n1{sub}")
+    d = driver(tree)
+    d.validate()
+    d.setup(RES)
+    notes = d.cleanup_stale()
+    for h in mounts.values():
+        assert AGENT in fs.pids(f"{h}/job/outlast_n1/system")
+        assert not os.path.exists(f"{h}/job/outlast_n1/user/workers/old-leaf")
+    assert any("old-leaf" in n for n in notes)
+    assert d.teardown() == []
+    assert not any(os.path.exists(f"{h}/job/outlast_n1") for h in mounts.values())

@@ -165,3 +165,21 @@ def test_the_starting_limit_is_the_smallest_on_the_way_up(tree):
     fs._put(f"{mount}/svc/memory.max", str(3 * GiB))
     fs.make(f"{mount}/svc/inner", memory__max="max")
     assert CgroupV2(mount, "/svc/inner", "n1", fs=fs).starting_limit() == 3 * GiB
+
+
+def test_an_agent_started_again_with_its_node_id_takes_back_the_tree_its_killed_self_left(tree):
+    """A node whose agent was killed starts again with the same node id: its old tree is there,
+    owned by no live process, with a dead worker's leaf and a process it had found at its start."""
+    fs, mount = tree
+    old = f"{mount}/svc/outlast_n1"
+    for sub in ("", "/system", "/user", "/user/workers", "/user/workers/old-leaf", "/user/non-outlast"):
+        fs.make(old + sub, procs=[OTHER] if sub == "/user/non-outlast" else None)
+    d = driver(tree)
+    d.validate()
+    d.setup(RES)
+    notes = d.cleanup_stale()
+    assert AGENT in fs.pids(f"{old}/system") and OTHER in fs.pids(f"{old}/user/non-outlast")
+    assert not os.path.exists(f"{old}/user/workers/old-leaf") and any("old-leaf" in n for n in notes)
+    fs.write(f"{mount}/svc/cgroup.procs", str(OTHER))  # it leaves: the fake lists a pid until it moves
+    d.teardown()
+    assert not os.path.exists(old)

@@ -1,0 +1,85 @@
+"""The standbys that keep a restart from importing torch again: a ready second fork server takes
+the place of a killed one, and a driver's standby agent (with its fork server already warm) takes
+the place of a killed embedded agent. Each standby ends with what it stands by, and nothing is left."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from outlast.protocol import messages as m
+from outlast.testing import LocalCluster
+from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
+from tests.integration.procs import alive, wait_until
+from tests.integration.standby_jobs import kill_once_loop
+from tests.integration.jobs import read_events
+
+
+def _status(cluster: LocalCluster) -> m.StatusReply:
+    reply = cluster._request(cluster.head_address, m.StatusRequest())
+    assert isinstance(reply, m.StatusReply)
+    return reply
+
+
+def _fit(storage_path, tmp_path, kill: str):
+    events = tmp_path / "events.jsonl"
+    result = Trainer(kill_once_loop, train_loop_config={"events": str(events), "kill": kill},
+                     scaling_config=ScalingConfig(num_workers=1),
+                     run_config=RunConfig(name=f"standby-{kill}", storage_path=storage_path,
+                                          failure_config=FailureConfig(max_failures=1))).fit()
+    assert result.error is None and result.last_metrics == {"attempt": 2}
+    return {(e["attempt"], e["event"]): e for e in read_events(events)}
+
+
+@pytest.mark.torch
+def test_a_killed_fork_server_gives_way_to_its_ready_standby_which_forks_the_next_worker(storage_path, tmp_path):
+    with LocalCluster(num_nodes=1) as cluster:  # the default preload: torch
+        cluster.wait_ready()
+        wait_until(lambda: _status(cluster).fork_server_standby_pid != 0, 300, "a ready standby fork server")
+        before = _status(cluster)
+        server, standby = before.fork_server_pid, before.fork_server_standby_pid
+        standby_started = psutil.Process(standby).create_time()
+        seen = _fit(storage_path, tmp_path, "forkserver")
+        assert seen[(1, "start")]["ppid"] == server and seen[(1, "kill")]["victim"] == server
+        # The next worker is the standby's child, and the standby had imported torch before the kill.
+        assert seen[(2, "start")]["ppid"] == standby
+        assert standby_started < seen[(1, "kill")]["t"]
+        assert not alive(server)
+        after = _status(cluster)
+        assert after.fork_server_pid == standby
+        # A new standby comes once no fork is on its way.
+        wait_until(lambda: _status(cluster).fork_server_standby_pid not in (0, standby), 300, "a new standby")
+        spare = _status(cluster).fork_server_standby_pid
+        agent = cluster.nodes["node-0"].proc.pid
+        assert {p.pid for p in psutil.Process(agent).children()} >= {standby, spare}
+    # Shut down with its agent: both servers, and every worker, are gone.
+    for pid in (standby, spare, seen[(1, "start")]["pid"], seen[(2, "start")]["pid"]):
+        wait_until(lambda pid=pid: not alive(pid), 30, f"process {pid} to end with its agent")
+
+
+def test_a_killed_agent_takes_its_standby_fork_server_with_it(tmp_path):
+    with LocalCluster(num_nodes=1, preload=["json"]) as cluster:
+        cluster.wait_ready()
+        wait_until(lambda: _status(cluster).fork_server_standby_pid != 0, 120, "a ready standby fork server")
+        status = _status(cluster)
+        cluster.kill_node("node-0")
+        for pid in (status.fork_server_pid, status.fork_server_standby_pid):
+            wait_until(lambda pid=pid: not alive(pid), 30, f"fork server {pid} to end with its agent")
+
+
+@pytest.mark.torch
+def test_a_killed_embedded_agent_gives_way_to_the_drivers_standby_agent_and_its_warm_fork_server(
+        storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_TRACE_FILE", str(tmp_path / "trace.jsonl"))  # how the loop sees the standby
+    monkeypatch.delenv("OUTLAST_ADDRESS", raising=False)
+    driver = psutil.Process()
+    seen = _fit(storage_path, tmp_path, "agent")
+    standby_agent, standby_server = seen[(1, "standby")]["standby"]
+    assert seen[(1, "kill")]["victim"] != standby_agent
+    # The next worker was forked by the standby agent's fork server, which was ready before the kill.
+    assert (seen[(2, "start")]["ppid"], seen[(2, "start")]["grandparent"]) == (standby_server, standby_agent)
+    # fit() stopped the node: no agent of it, standby or not, nor any fork server, is left.
+    for pid in (standby_agent, standby_server, seen[(1, "kill")]["victim"], seen[(2, "start")]["pid"]):
+        wait_until(lambda pid=pid: not alive(pid), 30, f"process {pid} to end with the run")
+    left = [p for p in driver.children(recursive=True) if "outlast.agent" in " ".join(p.cmdline())]
+    assert not left, left
