@@ -65,8 +65,8 @@ class SimTier:
         self.data: dict[CopyKey, dict[str, bytes]] = {}  # the RAM: path -> bytes of each copy held
         self.stored_in: dict[CopyKey, int] = {}  # the agent's incarnation that took each copy in
         self._pending: dict[CopyKey, TierRecord] = {}
-        self._queues: dict[str, deque] = {"copy": deque(), "hold": deque()}
-        self._busy: dict[str, bool] = {"copy": False, "hold": False}
+        self._queues: dict[str, deque] = {"copy": deque(), "hold": deque(), "upload": deque()}
+        self._busy: dict[str, bool] = {"copy": False, "hold": False, "upload": False}
         self._begun_why = ""
 
     @property
@@ -112,8 +112,9 @@ class SimTier:
     def receive(self, msg: m.Msg, reply: Callable[[m.TierReply], None]) -> None:
         if not self.node.alive:
             return  # nobody answers: the asker's timeout does
-        if isinstance(msg, (m.TierHold, m.TierPull)):
-            q = "copy" if isinstance(msg, m.TierHold) and not msg.peer_address else "hold"
+        if isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
+            q = "upload" if isinstance(msg, m.TierUpload) else \
+                "copy" if isinstance(msg, m.TierHold) and not msg.peer_address else "hold"
             self._queues[q].append((msg, reply))
             self._next(q)
         elif isinstance(msg, m.TierCommit):
@@ -132,7 +133,8 @@ class SimTier:
             return
         msg, reply = self._queues[q].popleft()
         self._busy[q] = True
-        work = self._pull(msg) if isinstance(msg, m.TierPull) else self._hold(msg)
+        work = self._pull(msg) if isinstance(msg, m.TierPull) else self._upload(msg) \
+            if isinstance(msg, m.TierUpload) else self._hold(msg)
         self._step(q, work, reply, self.node.incarnations)
 
     def _step(self, q: str, work: Generator, reply, incarnation: int) -> None:
@@ -241,6 +243,37 @@ class SimTier:
             return failed(f"{pull.checkpoint_dir} rank {pull.rank} is not held on {src.node.node_id}")
         why = self._finish(key, dict(src.data[key]))
         return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", nbytes=offer.nbytes)
+
+    def _upload(self, up: m.TierUpload) -> Generator[float, None, m.TierStored]:
+        """The held copy, checked against its record, uploaded to the run's storage (its upload thread)."""
+        node = self.node.node_id
+        ids = dict(run=up.run, checkpoint_dir=up.checkpoint_dir, rank=up.rank)
+        key = CopyKey(up.run, up.checkpoint_dir, up.rank)
+        record = self.records.get(key)
+        if record is None:
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"{up.checkpoint_dir} rank {up.rank} is not "
+                                f"held on {node}")
+        data = self.data[key]
+        why = check_all(data, record.files)
+        if why is not None:
+            self._drop(key)
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"the copy of rank {up.rank} in memory on "
+                                f"{node} was not uploaded: {why}")
+        storage = self.sim.storage
+        saved, storage.spent = storage.spent, 0.0
+        try:
+            for entry in record.files:
+                path = f"run/{up.checkpoint_dir}/{entry.path}"
+                if up.replace or path not in storage.files:
+                    storage.write_atomic(path, data[entry.path])
+            failed = None
+        except OSError as e:
+            failed = f"uploading from {node}'s memory to {up.run}/{up.checkpoint_dir} failed: OSError: {e}"
+        took, storage.spent = storage.spent, saved
+        yield took + self._wait(TRANSFER_S)
+        if failed is not None:
+            return m.TierStored(**ids, node_id=node, ok=False, reason=failed)
+        return m.TierStored(**ids, node_id=node, ok=True, nbytes=record.nbytes)
 
     # ---- what the tier server's own thread does (a peer's offer) ----------------------------------------
 
