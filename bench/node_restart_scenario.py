@@ -19,10 +19,11 @@ def emit(path, **event):
 
 
 def standbys_ready(kind):
-    """Whether the node's standbys for `kind` are ready, read from outlast's trace (OUTLAST_TRACE_FILE):
-    the kill comes once they are, as on any node that has run longer than an `import torch`."""
+    """Whether the node's standbys are ready, read from outlast's trace (OUTLAST_TRACE_FILE): the kill
+    comes once they are, as on any node that has run longer than an `import torch`, and not while
+    they import (which takes the CPU from the restart)."""
     path = os.environ.get("OUTLAST_TRACE_FILE")
-    if kind == "worker" or not path or not os.path.exists(path):
+    if not path or not os.path.exists(path):
         return True
     phases = [json.loads(line)["phase"] for line in open(path) if line.strip()]
     if kind == "forkserver":

@@ -290,9 +290,16 @@ def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.
 # ---- retention and clean-up ---------------------------------------------------------------
 
 
+def restoring(c: "ControllerCore") -> set[str]:
+    """The checkpoint the attempt now running restores: a commit of the attempt before it may land once it has
+    begun, and the ranks may still be reading it."""
+    return {c.attempt.restore} if c.attempt is not None and c.attempt.restore else set()
+
+
 def apply_retention(c: "ControllerCore") -> None:
     rule = c.retention
     doomed = checkpoints_to_delete(c.book.state.checkpoints, rule.num_to_keep, rule.score_attribute, rule.score_order)
+    doomed = [d for d in doomed if d.checkpoint_dir not in restoring(c)]  # the next commit lets it go
     if not doomed:
         return
     from outlast.controller.core import write_state

@@ -319,6 +319,13 @@ def _record(c: "ControllerCore", h: Holding) -> None:
 # ---- a new attempt: its nodes fetch what they lack before its ranks start ----------------------
 
 
+def note_pulled(c: "ControllerCore", checkpoint_dir: str, node: str) -> None:
+    """A node that pulled a copy holds it too: once the nodes that held it first are gone, it is still there."""
+    record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == checkpoint_dir), None)
+    if record is not None and node not in record.memory:
+        c.book.note_memory(checkpoint_dir, sorted({*record.memory, node}), None)
+
+
 def pull_then(c: "ControllerCore", a, sends: list) -> None:
     """Each node of the attempt first pulls, from a node that holds the checkpoint it restores in memory, the
     files of every rank it lacks (`TierPull`); its ranks are started once every pull has answered, kept or not.
@@ -358,6 +365,8 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
             if (stored is None or not stored.ok) and rest:
                 ask_one(i, node, rank, rest)  # that node may keep other ranks' files only
                 return
+            if stored is not None and stored.ok:
+                note_pulled(c, a.restore, node)
             if stored is None or not stored.ok:
                 log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from %s",
                          node, a.restore, rank, stored.reason if stored is not None else e.error, then)

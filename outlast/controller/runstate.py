@@ -76,9 +76,7 @@ class RunBook:
         # An orphan is not always the newest: a driver fenced mid-commit leaves one older than what the
         # driver after it committed. Commit order is (attempt, report index) across drivers, and seq
         # (what retention and results order by) is renumbered to follow it.
-        merged = self.state.checkpoints + [CheckpointRecord(
-            checkpoint_dir=mf.checkpoint_dir, seq=0, attempt=mf.attempt, report_index=mf.report_index,
-            committed_at=mf.committed_at, metrics=mf.metrics) for mf in adopted]
+        merged = self.state.checkpoints + [record_of(mf, seq=0) for mf in adopted]
         first = min((c.seq for c in self.state.checkpoints), default=1)
         merged.sort(key=lambda c: (c.attempt, c.report_index))
         self.state.checkpoints = [msgspec.structs.replace(c, seq=seq) for seq, c in enumerate(merged, start=first)]
@@ -214,11 +212,7 @@ class RunBook:
 
     def record_commit(self, manifest: Manifest) -> None:
         """Phase two of a commit: its manifest is written, so the state may name it."""
-        self.state.checkpoints.append(CheckpointRecord(
-            checkpoint_dir=manifest.checkpoint_dir, seq=manifest.seq, attempt=manifest.attempt,
-            report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
-            memory=list(manifest.memory), memory_at=manifest.memory_at, durable=manifest.durable,
-        ))
+        self.state.checkpoints.append(record_of(manifest, manifest.seq))
         self.state.latest_checkpoint = manifest.checkpoint_dir
         self._save(manifest.committed_at)
 
@@ -250,3 +244,12 @@ class RunBook:
         if last_metrics is not None:
             self.state.last_metrics = last_metrics
         self._save()
+
+
+def record_of(manifest: Manifest, seq: int) -> CheckpointRecord:
+    """A committed checkpoint as the history names it, with its level: a manifest adopted by a relaunched
+    driver keeps saying that it is held in memory only, and on which nodes, or its restore pulls nothing."""
+    return CheckpointRecord(
+        checkpoint_dir=manifest.checkpoint_dir, seq=seq, attempt=manifest.attempt,
+        report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
+        memory=list(manifest.memory), memory_at=manifest.memory_at, durable=manifest.durable)

@@ -26,6 +26,13 @@ class Settled:
     error: TrainingFailedError | None = None  # set when the run gives up
 
 
+def restored_by(book: RunBook, attempt: int) -> str | None:
+    """The checkpoint attempt `attempt` restored, which its ranks found corrupt, while it is still committed: not
+    the latest, which may be newer (a commit of the attempt before landed once it had begun) and unharmed."""
+    restored = next((a.restored_from for a in book.state.attempts if a.attempt == attempt), None)
+    return restored if any(r.checkpoint_dir == restored for r in book.state.checkpoints) else None
+
+
 def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], history: list[FailureRecord],
                    preemption: Preemption | None, max_failures: int, max_preemption_failures: int,
                    wall: float) -> Settled:
@@ -40,7 +47,9 @@ def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], h
     if corrupt or root.exc_type == FailureKind.SPAWN_REFUSED:
         book.settle_failed_attempt(root, Budget.CORRUPT_CHECKPOINT if corrupt else Budget.PLACEMENT, wall)
         if corrupt:
-            fallback = book.skip_checkpoint(book.state.latest_checkpoint, root.message or "unreadable", wall)
+            restored = restored_by(book, attempt)  # None: it is gone already, and the next attempt takes the latest
+            fallback = book.skip_checkpoint(restored, root.message or "unreadable", wall) if restored \
+                else book.state.latest_checkpoint
             log.warning("%s; restarting from %s instead (not counted against max_failures)", root.message,
                         fallback or "scratch")
         return Settled(retry=True)

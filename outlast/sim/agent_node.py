@@ -25,6 +25,7 @@ from outlast.agent.node_core import Fork, NodeCore, NodeEffect
 from outlast.agent.supervisor import GiveUpNode, Kill, Send, Warn
 from outlast.protocol import messages as m
 from outlast.sim.cluster import HEAD_DEAD_AFTER_S
+from outlast.sim.tier import COPY_BYTES, SimTier
 from outlast.sim.workers import SimRank
 
 if TYPE_CHECKING:
@@ -46,6 +47,11 @@ class AgentNode:
         self.died_at: float | None = None
         self.agent_pid = 0
         self.incarnations = 0
+        spec = sim.schedule.tier
+        self.tier = SimTier(self, spec.budget_copies * COPY_BYTES) if spec is not None else None
+        index = int(node_id[1:]) if node_id[1:].isdigit() else 0
+        self.failure_domain = f"d{index % spec.domains}" if spec is not None and spec.domains else ""
+        self.local: dict[str, dict[str, bytes]] = {}  # the node's disk: a rank's checkpoint directory -> its files
 
     @property
     def workers(self) -> dict[int, SimRank]:
@@ -65,6 +71,8 @@ class AgentNode:
         self.fork_gen, self.fork_up = 0, True
         self.fork_queue: list[tuple["SimDriver", m.SpawnWorkers, m.WorkerSpec]] = []
         self._tick_at: float | None = None
+        if self.tier is not None:
+            self.tier.reclaim()
         self._tick_soon()
 
     # ---- requests from a controller ------------------------------------------------------------------
@@ -258,6 +266,9 @@ class AgentNode:
         """The machine is gone, and everything on it: not the drivers' machine, whose processes would be gone too."""
         self.same_host = False
         self.agent_dies()
+        self.local.clear()
+        if self.tier is not None:
+            self.tier.lose()
 
     def agent_dies(self) -> None:
         """The agent's process ends; its fork server and workers end with it."""
@@ -282,4 +293,5 @@ class AgentNode:
         return m.NodeInfo(node_id=self.node_id, address=f"sim://{self.node_id}", host=self.node_id,
                           resources={"CPU": float(self.cpus)}, state=state, draining=self.core.draining,
                           used=self.sup.usage() if self.alive else {}, agent_pid=self.agent_pid,
-                          host_id=SIM_HOST if self.same_host else "")
+                          host_id=SIM_HOST if self.same_host else "", failure_domain=self.failure_domain,
+                          tier_address=self.tier.address if self.tier is not None else "")

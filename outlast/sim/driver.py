@@ -21,6 +21,7 @@ from outlast.protocol import messages as m
 from outlast.controller import effects as fx
 from outlast.sim.cluster import node_table
 from outlast.sim.storage import SimStorageExecutor
+from outlast.sim.tier import SimTierAsks
 from outlast.sim.workers import Gang
 from outlast.sim.world import Channel
 from outlast.storage.run_store import RunStore
@@ -41,6 +42,7 @@ class SimDriver:
         self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) reported gone
         self.alive = True
         self.storage: SimStorageExecutor | None = None
+        self.tiers: SimTierAsks | None = None
         self._gangs: dict[int, Gang] = {}
         self._to_node: dict[str, Channel] = {}
         self._from_node: dict[str, Channel] = {}
@@ -70,9 +72,11 @@ class SimDriver:
             score_order="max", env={}, cwd="/", sys_path=[], timeouts=TIMEOUTS, max_preemption_failures=-1,
             per_worker={"CPU": 1.0}, strategy=s.strategy,
             elastic=Elastic(s.min_workers, s.loop.world_size, s.resize_interval_s) if s.min_workers else None,
-            hang_timeout_s=s.hang_timeout_s)
+            hang_timeout_s=s.hang_timeout_s,
+            checkpoint_storage=s.tier.checkpoint_storage if s.tier is not None else "storage")
         self.core = ControllerCore(plan, f"driver{self.generation}", f"sim://driver{self.generation}", sim.wall)
         self.storage = SimStorageExecutor(sim, sim.storage, self.deliver, self._storage_escaped)
+        self.tiers = SimTierAsks(self)
         sim.storage.take_spent()
         self.deliver(g.NodeTable(node_table(sim.nodes, sim.world.now)))
         self.deliver(g.Started())
@@ -152,6 +156,8 @@ class SimDriver:
         if isinstance(effect, fx.STORAGE_EFFECTS):
             assert self.storage is not None
             self.storage.submit(effect)
+        elif isinstance(effect, fx.TierAsk):
+            self.tiers.submit(effect)
         elif isinstance(effect, g.ToRank):
             key = (effect.attempt, effect.rank)
             ch = self._to_rank.get(key)

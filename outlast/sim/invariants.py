@@ -26,6 +26,9 @@
 - No process a rank started outlives the rank (its children, in its process group).
 - A driver that opens a run a newer outlast wrote (its run state, latest manifest or lease) refuses it, saying
   which document and to upgrade, and changes nothing but its own lease.
+- With memory tiers on the nodes: those of `tier_invariants.py` (restores read only copies that match their
+  checksums; a checkpoint committed in memory is restored while one copy of it lives; a fallback past one whose
+  copies are gone is in the history with its cost; no budget evicts the newest committed checkpoint).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from outlast.controller import group as g
 from outlast.controller import states as st
 from outlast.controller.resize import RESIZE
 from outlast.protocol import messages as m
+from outlast.sim.tier_invariants import TierWatch
 
 if TYPE_CHECKING:
     from outlast.sim.driver import SimDriver
@@ -64,6 +68,7 @@ class Observer:
         self._parts: dict[tuple[int, str], dict[str, set[int]]] = {}  # (attempt, checkpoint) -> part -> ranks
         self._world: dict[int, int] = {}
         self._probed: set[tuple[int, str]] = set()
+        self.tier = TierWatch(sim) if sim.schedule.tier is not None else None  # the memory tier's invariants
 
     def violation(self, what: str) -> None:
         self.sim.world.note(f"VIOLATION {what}")
@@ -101,6 +106,8 @@ class Observer:
         for effect in effects:
             if isinstance(effect, g.Spawn):
                 self._check_spawn(core.run_id, effect.msg, effect.node_id)
+        if self.tier is not None:
+            self.tier.after_step(driver)
         if self.sim.edges:
             self._check_budget(driver)
         # Initializing lasts from the node table to Started, two steps of one call: nothing comes between.
@@ -152,7 +159,9 @@ class Observer:
         self._checked_spawns.add(key)
         if older:
             self.violation(f"attempt {spawn.attempt} started while workers (attempt, rank) {older} live")
-        if self.durable and (spawn.restore_checkpoint is None or spawn.restore_checkpoint < self.durable[-1]):
+        if self.tier is not None:
+            self.tier.spawned(spawn, self.durable)
+        elif self.durable and (spawn.restore_checkpoint is None or spawn.restore_checkpoint < self.durable[-1]):
             self.violation(f"attempt {spawn.attempt} restores {spawn.restore_checkpoint}, older than "
                            f"{self.durable[-1]}, whose report() returned on every rank")
 
@@ -213,6 +222,28 @@ class Observer:
 
     def restored(self, w: "SimRank", name: str, step: int) -> None:
         pass
+
+    def call_failed(self, w: "SimRank", error: Exception) -> None:
+        """A run that keeps checkpoints in memory only refuses a commit that cannot reach two failure domains
+        (the cluster shrank to one, a budget was full): that attempt's failure is the schedule's doing."""
+        if self.tier is not None and self.tier.memory_only and type(error).__name__ == "CheckpointCommitError":
+            self.harm += 1
+
+    def wrote(self, w: "SimRank", name: str, entry: m.FileEntry) -> None:
+        if self.tier is not None:
+            self.tier.wrote(w, name, entry)
+
+    def read_checkpoint(self, w: "SimRank", manifest, read: dict[str, bytes], source: str) -> None:
+        if self.tier is not None:
+            self.tier.read(w, manifest, read, source)
+
+    def restore_failed(self, w: "SimRank", name: str, why: str) -> None:
+        if self.tier is not None:
+            self.tier.restore_failed(w, name, why)
+
+    def evicted(self, node_id: str, copies) -> None:
+        if self.tier is not None:
+            self.tier.evicted(node_id, copies)
 
     def preemption_answer(self, w: "SimRank", index: int, notice: m.PreemptionNotice | None) -> None:
         key, now = (w.run_id, w.attempt), self.sim.world.now

@@ -17,6 +17,7 @@ from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
 from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, Fault, Schedule, draw
 from outlast.sim.storage import SimStorage
+from outlast.sim.tier import SimTier
 from outlast.sim.workers import SimRank
 from outlast.sim.world import World
 from outlast.storage.lease import LEASE_VERSION
@@ -60,7 +61,8 @@ class Sim:
         self.armed_in_grow: Fault | None = None  # struck by the observer once a grow's notice is out
         self.facts = dict.fromkeys(["interrupts", "lease_losses", "unkillable_ranks", "children_started",
                                     "uploads_lost_at_exit", "failures_in_drains", "failures_in_grows",
-                                    "states_probed", "newer_documents", "refused_as_newer"], 0)
+                                    "states_probed", "newer_documents", "refused_as_newer",
+                                    "copies_corrupted", "holders_lost", "restores_from_memory", "evictions"], 0)
         self.newer: dict[str, str] = {}  # path -> which document a newer outlast rewrote
         self.refused: str | None = None  # why a driver refused to open the run
         loop = schedule.loop
@@ -81,6 +83,12 @@ class Sim:
 
     def node(self, node_id: str) -> NodeModel | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)
+
+    def tier_at(self, address: str) -> SimTier | None:
+        """The tier server at `address`: of a live agent, the one that bound it (a new agent binds another)."""
+        node = next((n for n in self.nodes if isinstance(n, AgentNode) and n.tier is not None
+                     and n.tier.address == address), None)
+        return node.tier if node is not None and node.alive else None
 
     def rank_of(self, driver: SimDriver, attempt: int, rank: int) -> SimRank | None:
         assert driver.core is not None
@@ -197,6 +205,37 @@ class Sim:
             self._agent_fault(f, live_nodes)
         elif f.kind == "newer_document" and not (self.driver is not None and self.driver.alive):
             self._write_newer(NEWER_DOCUMENTS[f.target % len(NEWER_DOCUMENTS)])
+        elif f.kind == "corrupt_copy":
+            self._corrupt(f.target)
+        elif f.kind == "lose_holders":
+            self._lose_holders(f.target)
+
+    def _corrupt(self, target: int) -> None:
+        tiers = [n.tier for n in self.nodes if isinstance(n, AgentNode) and n.alive and n.tier is not None
+                 and n.tier.records]
+        if not tiers:
+            return
+        tier = tiers[target % len(tiers)]
+        newest = max(tier.records, key=lambda k: (tier.records[k].seq, k))
+        hits = [(t, newest) for t in tiers if newest in t.data] if target % 2 else [(tier, newest)]
+        for t, key in hits:
+            t.corrupt(key)
+            if self.observer.tier is not None:
+                self.observer.tier.corrupted(t.node.node_id, key)
+            self.facts["copies_corrupted"] += 1
+            if self.world.tracing:
+                self.world.note(f"node {t.node.node_id}: copy {key} corrupted in RAM")
+
+    def _lose_holders(self, target: int) -> None:
+        """The machines that hold the newest committed checkpoint go: one of them, or all."""
+        core = self.driver.core if self.driver is not None else None
+        book = core.book if core is not None else self.final_book()
+        record = max(book.state.checkpoints, key=lambda r: r.seq, default=None) if book is not None else None
+        holders = [n for n in self.nodes if record is not None and n.node_id in record.memory and n.alive]
+        for node in holders if target % 2 else holders[:1]:
+            self.observer.harm += 1
+            self.facts["holders_lost"] += 1
+            node.die()
 
     def _write_newer(self, which: str) -> None:
         """A newer outlast drove the run meanwhile: one of its documents is of a newer version, with fields of
@@ -277,8 +316,8 @@ class Sim:
 
 
 def run_seed(seed: int, trace: bool = False, elastic: bool = False, nodes_model: str = "agent",
-             edges: bool = False) -> Outcome:
-    return Sim(draw(seed, elastic, nodes_model, edges), trace=trace, edges=edges).run()
+             edges: bool = False, tier: bool = False) -> Outcome:
+    return Sim(draw(seed, elastic, nodes_model, edges, tier), trace=trace, edges=edges).run()
 
 
 def quiet() -> None:

@@ -34,11 +34,23 @@ class Fault:
     #          | interrupt (Ctrl+C in the driver) | lease_lost | unkillable (a rank stuck in the kernel: no signal
     #          ends it until duration_s has passed, inf: never)
     #          | newer_document (while no driver lives, a newer outlast rewrites NEWER_DOCUMENTS[target])
+    #          | corrupt_copy (a bit flips in a node's RAM, in its newest copy; odd target: in every copy of it)
+    #          | lose_holders (the nodes holding the newest committed checkpoint: odd target, all; even, one)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
     same_host: bool = True  # agent_restart: the driver's machine, where it sees the agent's pid gone at once
     latency_s: float = 0.0  # storage_slow: what each storage call takes meanwhile
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """The nodes keep checkpoints in memory (`outlast start --checkpoint-memory`), and the run says where a
+    checkpoint must be for report() to return (`CheckpointConfig(checkpoint_storage=...)`)."""
+
+    checkpoint_storage: str  # "storage" (durable, with copies in memory beside) or "memory" (memory only)
+    budget_copies: int  # each node's budget, in copies of one rank's files of one checkpoint
+    domains: int  # 0: every node a failure domain of its own; k: node i in domain i % k
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Schedule:
     resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
     hang_timeout_s: float = float("inf")  # finite: ranks send progress, and a "hang" fault wedges one
     nodes_model: str = "agent"  # "agent": the agent's real supervisor (outlast/sim/agent_node.py); "simple"
+    tier: TierSpec | None = None  # the nodes' memory tiers (outlast/sim/tier.py); None: the nodes keep none
 
     @property
     def nominal_s(self) -> float:
@@ -80,14 +93,17 @@ FAIL_KINDS = ["kill_worker", "kill_worker", "lose_node", "fork_server_death"]
 NEWER_DOCUMENTS = ["run state", "latest manifest", "lease"]
 
 
-def draw(seed: int, elastic: bool = False, nodes_model: str = "agent", edges: bool = False) -> Schedule:
+def draw(seed: int, elastic: bool = False, nodes_model: str = "agent", edges: bool = False,
+         tier: bool = False) -> Schedule:
     """`elastic`: the same schedule as an elastic run (num_workers=(min, world)), with nodes that join; drawn
     from a second generator, so that the seed's other choices stay as they are. `nodes_model`: "agent" runs
     the agent's real core and adds faults of outlast's own processes; "simple" neither. `edges`: besides,
     failures during drains and grows, Ctrl+C and lease loss at any instant, unkillable ranks, ranks with
-    children, and messages lost at a rank's exit; a third of them elastic."""
+    children, and messages lost at a rank's exit; a third of them elastic. `tier`: the nodes keep checkpoints in
+    memory (`_tier`)."""
     if edges:
-        return _edges(seed, draw(seed, elastic or random.Random(seed ^ 0xED6E).random() < 0.35, nodes_model))
+        return _edges(seed, draw(seed, elastic or random.Random(seed ^ 0xED6E).random() < 0.35, nodes_model,
+                                 tier=tier))
     s = _draw(seed, elastic)
     if nodes_model != "agent":
         return Schedule(**{**s.__dict__, "nodes_model": nodes_model})
@@ -103,7 +119,28 @@ def draw(seed: int, elastic: bool = False, nodes_model: str = "agent", edges: bo
     if srng.random() < 0.15:
         extra.append(Fault(srng.uniform(0.0, s.nominal_s * 1.2 + 0.5), "storage_slow", duration_s=srng.uniform(5.0, 40.0),
                            latency_s=srng.uniform(6.0, 15.0)))
-    return Schedule(**{**s.__dict__, "faults": sorted(s.faults + extra, key=lambda f: f.at)})
+    spec, tier_faults = _tier(seed, s) if tier else (None, [])
+    # A run kept in memory only, on what shrank to one failure domain, has each commit refused: with endless
+    # retries it never ends, as it is told.
+    retries = 10 if spec is not None and spec.checkpoint_storage == "memory" and s.max_failures < 0 else s.max_failures
+    return Schedule(**{**s.__dict__, "tier": spec, "max_failures": retries,
+                       "faults": sorted(s.faults + extra + tier_faults, key=lambda f: f.at)})
+
+
+def _tier(seed: int, s: Schedule) -> tuple[TierSpec | None, list[Fault]]:
+    """Memory tiers on the nodes, in either mode, with budgets that evict, faults that corrupt copies in RAM and
+    that take the nodes holding one: from a stream of their own, so that the rest of the schedule stays as it is."""
+    rng = random.Random(seed * 5 + 3 + (1 << 44))
+    rng.random()
+    domains = rng.choice([0, 0, 0, 2])
+    # Memory only where the cluster starts with two failure domains: elsewhere every commit is refused.
+    mode = rng.choice(["storage", "memory", "memory"]) if s.nodes > 1 else "storage"
+    spec = TierSpec(checkpoint_storage=mode, budget_copies=rng.choice([10_000, 10_000, 8, 6]), domains=domains)
+    faults = []
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        faults.append(Fault(rng.uniform(0.0, s.nominal_s * 1.2 + 0.5), rng.choice(["corrupt_copy", "lose_holders"]),
+                            target=rng.randrange(8)))
+    return spec, faults
 
 
 def _draw(seed: int, elastic: bool) -> Schedule:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol import messages as m
 from outlast.storage.records import CorruptDocument
+from outlast.sim.tier import COPY_BYTES, check
 from outlast.storage.run_store import RunStore
+from outlast.storage.tier_restore import choose_copies
 from outlast.train.session_core import SessionCore, Step
 
 if TYPE_CHECKING:
@@ -188,6 +190,7 @@ class SimRank:
             step = yield "reply", None
             self._sends(step)
         if step.error is not None:
+            self.sim.observer.call_failed(self, step.error)
             raise WorkerFailed(type(step.error).__name__, str(step.error))
         return step.value
 
@@ -224,6 +227,8 @@ class SimRank:
             self.sim.storage.take_spent()
         if manifest is None:
             raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} has no manifest")
+        if self.sim.schedule.tier is not None:
+            self._read_files(manifest)
         self.sim.observer.restored(self, name, int(manifest.metrics.get("step", -1)))
         return int(manifest.metrics.get("step", -1)) + 1
 
@@ -245,6 +250,10 @@ class SimRank:
             return
         data = f"{self.rank}:{step}".encode()
         path = f"rank_{self.rank}.bin"
+        tier = self.sim.schedule.tier
+        if tier is not None:
+            yield from self._report_beside_tier(slot, metrics, step, path, tier.checkpoint_storage == "memory")
+            return
         if self.loop.async_upload:
             if slot.waits_for_uploads and (wait := self._upload_done_at - self.sim.world.now) > 0:
                 yield "sleep", wait
@@ -270,6 +279,62 @@ class SimRank:
         self.sim.observer.checkpoint_part(self, slot.name, "report")
         yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now))
         self.sim.observer.report_returned(self, slot.index, slot.name)
+
+    def _report_beside_tier(self, slot, metrics: dict, step: int, path: str, memory_only: bool) -> Generator:
+        """With memory tiers on the nodes: the rank's files stay in its directory on its node until the commit,
+        which waits for its node's tier to copy them (`_session.py`); a run that keeps checkpoints in memory
+        only uploads nothing, whatever its upload mode."""
+        data = f"{self.rank}:{step}".encode().ljust(COPY_BYTES, b".")
+        local_dir = f"/local/{self.node.node_id}/{slot.name}/rank-{self.rank}"
+        self.node.local[local_dir] = {path: data}
+        entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.sim.observer.wrote(self, slot.name, entry)
+        if not memory_only and self.loop.async_upload:
+            self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
+                                         bandwidth_bps=self._last_bps, upload_files=[m.FileEntry(path=path,
+                                                                                                 size=len(data))]))
+            self.sim.observer.checkpoint_part(self, slot.name, "report")
+            took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
+            self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
+            self._upload_done_at = max(self._upload_done_at, self.sim.world.now + took)
+            self.sim.world.after(took, self._upload_done, slot.index, slot.name, path, data)
+            return
+        if not memory_only:
+            try:
+                self.sim.storage.write_atomic(f"run/{slot.name}/{path}", data)
+            except OSError as e:
+                raise WorkerFailed("OSError", f"upload of {slot.name} failed: {e}") from None
+            finally:
+                spent = self.sim.storage.take_spent()
+            if spent:
+                yield "sleep", spent
+            self.sim.observer.checkpoint_part(self, slot.name, "files")
+        self.sim.observer.checkpoint_part(self, slot.name, "report")
+        yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now,
+                                               local_dir=local_dir))
+        self.sim.observer.report_returned(self, slot.index, slot.name)
+
+    def _read_files(self, manifest) -> None:
+        """`tier_restore.restore`: every file of the checkpoint from this node's memory when each has a whole
+        copy here (as `choose_copies` picks them), else from storage, each checked against the manifest."""
+        name = manifest.checkpoint_dir
+        tier = getattr(self.node, "tier", None)
+        copies = tier.held(self.sim.storage.uri("run"), name) if tier is not None else []
+        chosen, _, _ = choose_copies(manifest.files, copies, self.node.node_id, check)
+        if chosen is not None:
+            read = {path: where[path] for path, where in chosen.items()}
+            self.sim.facts["restores_from_memory"] += 1
+            self.sim.observer.read_checkpoint(self, manifest, read, "memory")
+            return
+        read = {}
+        for entry in manifest.files:
+            data = self.sim.storage.files.get(f"run/{name}/{entry.path}")
+            why = check({entry.path: data} if data is not None else {}, entry)
+            if why is not None:
+                self.sim.observer.restore_failed(self, name, why)
+                raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} cannot be restored: {why}")
+            read[entry.path] = data
+        self.sim.observer.read_checkpoint(self, manifest, read, "storage")
 
     def _upload_done(self, index: int, name: str, path: str, data: bytes) -> None:
         if not self.alive:

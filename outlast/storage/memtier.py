@@ -122,6 +122,22 @@ class TierBook:
             f"newest committed ones ({', '.join(kept) or 'none'}) frees only {_size(free)} of the node's "
             f"{_size(self.budget_bytes)}; raise `outlast start --checkpoint-memory` to keep it in memory"))
 
+    def begin(self, new: Copy) -> tuple[Admission, list[Copy]]:
+        """Make room for `new`, about to be written: the copies `plan` evicts go now (returned), and `new`
+        is held only once `finish` says so. Nothing changes when it does not fit or is held already."""
+        admission = self.plan(new)
+        if not admission.admit or new.key in self.copies:
+            return admission, []
+        return admission, self.apply(new, Admission(False, admission.evict, admission.reason))
+
+    def finish(self, new: Copy) -> tuple[Admission, list[Copy]]:
+        """`new` is written: it is held if it still fits (what was evicted for it is gone, and a newer copy
+        may have come meanwhile), evicting again as `plan` says; returns the copies evicted."""
+        admission = self.plan(new)
+        if not admission.admit:
+            return admission, []
+        return admission, self.apply(new, admission)
+
     def apply(self, new: Copy, admission: Admission) -> list[Copy]:
         """Record an admission that was carried out; returns the evicted copies."""
         gone = [self.copies.pop(k) for k in admission.evict if k in self.copies]

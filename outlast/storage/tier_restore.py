@@ -14,10 +14,13 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
+from outlast.protocol.messages import FileEntry
 from outlast.storage.base import Storage
 from outlast.storage.memtier import SourceKind
 from outlast.storage.records import CorruptDocument, Manifest
@@ -25,9 +28,11 @@ from outlast.storage.restore import CorruptCheckpointError, materialize
 from outlast.storage.run_store import RunStore
 from outlast.storage.tier_store import TierRecord, check_files, default_root, run_dir_name
 
+W = TypeVar("W")  # where a copy's files are
+
 
 def held_here(root: Path, node_id: str, run: str, checkpoint_dir: str) -> list[tuple[TierRecord, Path]]:
-    """The copies of `checkpoint_dir` this node holds (records and their directories), primary ones first."""
+    """The copies of `checkpoint_dir` this node holds: their records and directories."""
     out = []
     for record_path in sorted((root / node_id / run_dir_name(run) / checkpoint_dir).glob("rank-*.json")):
         try:
@@ -35,7 +40,37 @@ def held_here(root: Path, node_id: str, run: str, checkpoint_dir: str) -> list[t
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             continue  # being replaced, or torn: not a copy to read
         out.append((record, record_path.with_suffix("")))
-    return sorted(out, key=lambda rc: (not rc[0].primary, rc[0].rank))
+    return out
+
+
+def choose_copies(files: list[FileEntry], copies: list[tuple[TierRecord, W]], node_id: str,
+                  check: Callable[[W, FileEntry], str | None]) -> tuple[dict[str, W] | None, list[str], list[int]]:
+    """For each file of a manifest, the copy to read it from: the first held here (primary ones first) whose
+    record names the same file and whose file passes `check` (size and checksum against the manifest).
+
+    Returns (path -> the copy's place, or None when some file has no whole copy here; what was passed over
+    and why; the ranks whose files come from a replica of another node's copy). Pure but for `check`, so
+    that whatever keeps copies (files here, a simulated node's memory) decides as a restore does."""
+    ordered = sorted(copies, key=lambda rc: (not rc[0].primary, rc[0].rank))
+    chosen: dict[str, W] = {}
+    said: list[str] = []
+    replicas: list[int] = []
+    for entry in files:
+        for record, where in ordered:
+            if not any(f.path == entry.path and f.size == entry.size and f.checksum == entry.checksum
+                       for f in record.files):
+                continue
+            why = check(where, entry)
+            if why is None:
+                chosen[entry.path] = where
+                if not record.primary and record.rank not in replicas:
+                    replicas.append(record.rank)
+                break
+            said.append(f"the copy of rank {record.rank} in memory on {node_id} was skipped: {why}")
+        else:
+            said.append(f"file {entry.path} has no whole copy in memory on {node_id}")
+            return None, said, replicas
+    return chosen, said, replicas
 
 
 def assemble(root: Path, node_id: str, run: str, manifest: Manifest,
@@ -43,24 +78,13 @@ def assemble(root: Path, node_id: str, run: str, manifest: Manifest,
     """A directory with every file of `manifest` from this node's tier, each checked; else None and why.
     `replicas` gets the ranks whose files came from a replica of another node's copy."""
     copies = held_here(root, node_id, run, manifest.checkpoint_dir)
-    chosen: dict[str, Path] = {}
-    said: list[str] = []
-    replicas = replicas if replicas is not None else []
-    for entry in manifest.files:
-        for record, where in copies:
-            if not any(f.path == entry.path and f.size == entry.size and f.checksum == entry.checksum
-                       for f in record.files):
-                continue
-            why = check_files(where, [entry])
-            if why is None:
-                chosen[entry.path] = where / entry.path
-                if not record.primary and record.rank not in replicas:
-                    replicas.append(record.rank)
-                break
-            said.append(f"the copy of rank {record.rank} in memory on {node_id} was skipped: {why}")
-        else:
-            said.append(f"file {entry.path} has no whole copy in memory on {node_id}")
-            return None, said
+    found, said, from_replicas = choose_copies(manifest.files, copies, node_id,
+                                               lambda where, entry: check_files(where, [entry]))
+    if replicas is not None:
+        replicas.extend(r for r in from_replicas if r not in replicas)
+    if found is None:
+        return None, said
+    chosen = {path: where / path for path, where in found.items()}
     restores = root / node_id / "restores" / run_dir_name(run)
     restores.mkdir(parents=True, exist_ok=True)
     target = restores / manifest.checkpoint_dir

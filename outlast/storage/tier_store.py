@@ -182,12 +182,12 @@ class TierStore:
         """Make room for a copy (evicting as `TierBook.plan` says) and give the directory to write it in."""
         record = TierRecord(run=run, checkpoint_dir=checkpoint_dir, rank=rank, seq=seq, files=list(files),
                             stored_at=self._clock(), primary=primary)
-        admission = self.book.plan(record.copy())
-        if not admission.admit or record.key in self._records:
-            return admission, None
-        for gone in self.book.apply(record.copy(), Admission(False, admission.evict, admission.reason)):
+        admission, evicted = self.book.begin(record.copy())
+        for gone in evicted:
             self._remove(gone.key)
             self._records.pop(gone.key, None)
+        if not admission.admit or record.key in self._records:
+            return admission, None
         partial = self._partial(record.key)
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -204,11 +204,11 @@ class TierStore:
         if why is not None:
             shutil.rmtree(partial, ignore_errors=True)
             return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: {why}"
-        admission = self.book.plan(record.copy())  # what was evicted for it is gone; a newer copy may have come
+        admission, evicted = self.book.finish(record.copy())
         if not admission.admit:
             shutil.rmtree(partial, ignore_errors=True)
             return admission.reason
-        for gone in self.book.apply(record.copy(), admission):
+        for gone in evicted:
             self._remove(gone.key)
             self._records.pop(gone.key, None)
         final = copy_dir(self.root, self.node_id, key)

@@ -6,12 +6,13 @@ regression seed can show that the simulator catches that bug (and that the fix h
 
 from __future__ import annotations
 
-from outlast.controller import core, handlers, horizons, lifecycle, nodes, storage_io
+from outlast.controller import core, handlers, horizons, lifecycle, memory_holds, nodes, runstate, storage_io
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
 from outlast.agent import node_core
 from outlast.protocol import messages as m
+from outlast.storage.records import CheckpointRecord
 
 
 class LegacyHorizonBook(horizons.HorizonBook):
@@ -147,6 +148,18 @@ def _old_finishing(monkeypatch) -> None:
 
     monkeypatch.setattr(handlers, "on_worker_exited", on_worker_exited)
     monkeypatch.setattr(core, "timers", timers)
+
+
+def reinject_tier(bug: str, monkeypatch) -> None:
+    """Bugs of the memory tier's schedules (`outlast/sim/tier.py`), put back."""
+    if bug == "adopted_manifest_loses_level":  # an adopted manifest was taken for durable, held nowhere
+        monkeypatch.setattr(runstate, "record_of", lambda mf, seq: CheckpointRecord(
+            checkpoint_dir=mf.checkpoint_dir, seq=seq, attempt=mf.attempt, report_index=mf.report_index,
+            committed_at=mf.committed_at, metrics=mf.metrics))
+    elif bug == "pulled_copies_unrecorded":  # copies a node pulled for a restore were not counted as held
+        monkeypatch.setattr(memory_holds, "note_pulled", lambda c, checkpoint_dir, node: None)
+    else:
+        raise ValueError(bug)
 
 
 def reinject(bug: str, monkeypatch) -> None:

@@ -392,6 +392,19 @@ def test_a_pull_brings_a_peers_copy_into_this_nodes_tier_checked(pair, tmp_path)
     assert b.store.records()[0].checkpoint_dir == "c1" and len(b.store.records()) == 1
 
 
+def test_a_pull_to_a_node_whose_own_copy_rotted_fetches_the_peers_whole_one(pair, tmp_path):
+    ctx, key, (a, b) = pair
+    files = write_files(tmp_path / "ckpt", {"model.pt": 1000})
+    for server in (a, b):
+        server.store.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    copy = CopyKey("run", "c1", 0)
+    with open(copy_dir(b.store.root, "n2", copy) / "model.pt", "r+b") as f:
+        f.write(b"\xff")  # same size, another checksum: what a restore there would skip, for storage
+    stored = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c1", rank=0, from_address=a.address))
+    assert stored.ok and stored.reason != "already held", stored
+    assert b.store.verify(copy) is None
+
+
 def test_a_chunks_bytes_travel_beside_its_header_straight_from_the_file(tmp_path):
     from outlast.agent.tier_client import chunk_frames, file_view
 
