@@ -7,7 +7,7 @@ faults and the run without):
 - `pace`: seconds to sleep after each step while faults are being injected (absent: none);
 - `spawn-<i>`: rank `<i's content>` starts a daemon of its own (`setsid`, reparented away from
   it), logs its pid and claims the order by creating `spawned-<i>`.
-On a drain notice rank 0 saves a checkpoint at once, so that a drain costs no step.
+On a drain notice rank 0 saves a checkpoint at once and reports it SYNC, so that a drain costs no step.
 """
 
 from __future__ import annotations
@@ -83,7 +83,10 @@ def chaos_loop(config: dict) -> None:
             checkpoint = Checkpoint.from_directory(d)
         if notice:
             log_event(config, event="notice", step=step, node_ids=list(info.node_ids))
-        train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=config.get("upload_mode", "SYNC"))
+        # The notice's checkpoint SYNC, as docs/guide/preemption.md says to lose no step: its ranks wait in
+        # report() until the restart stops them. The others upload in the background as configured.
+        mode = "SYNC" if notice else config.get("upload_mode", "SYNC")
+        train.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
         log_event(config, event="step", step=step, saved=checkpoint is not None)
         _obey_spawn_orders(config, rank)
         try:

@@ -45,6 +45,7 @@ class AgentGroup:
         self._store = StoreTable.from_env(key)  # a cluster in etcd: the table from a watch, not from a head
         self._addresses: dict[str, str] = {}  # node id -> its agent's address, from the last table
         self._links: dict[str, zmq.Socket] = {}
+        self._linked_to: dict[str, str] = {}  # node id -> the address its link was made to
         self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) already reported gone
         self._poller = zmq.Poller()
         self._wake_fds: set[int] = set()
@@ -80,19 +81,26 @@ class AgentGroup:
             if self._query_sent is None or now - self._query_sent > QUERY_RETRY_S:
                 self._send_query(now)
         elif isinstance(effect, g.ForgetNode):
-            link = self._links.pop(effect.node_id, None)
-            if link is not None:
-                self._poller.unregister(link)
-                link.close(linger=0)
+            self._unlink(effect.node_id)
+
+    def _unlink(self, node_id: str) -> None:
+        link = self._links.pop(node_id, None)
+        self._linked_to.pop(node_id, None)
+        if link is not None:
+            self._poller.unregister(link)
+            link.close(linger=0)
 
     def _send(self, node_id: str, msg: m.Msg) -> None:
+        address = self._addresses.get(node_id)
+        if address is not None and self._linked_to.get(node_id, address) != address:
+            self._unlink(node_id)  # its agent was started again at another address: the old link leads nowhere
         link = self._links.get(node_id)
         if link is None:
-            address = self._addresses.get(node_id)
             if address is None:
                 log.warning("no address known for node %s; dropped a %s for it", node_id, type(msg).__name__)
                 return
             link = self._links[node_id] = connect_dealer(self.ctx, address, key=self.key)
+            self._linked_to[node_id] = address
             self._poller.register(link, zmq.POLLIN)
         # A node that went away must not block the controller once its queue is full.
         try:
@@ -198,6 +206,7 @@ class AgentGroup:
         for link in self._links.values():
             link.close(linger=linger_ms)
         self._links.clear()
+        self._linked_to.clear()
         if self._store is not None:
             self._store.close()
         self._query.close(linger=0)

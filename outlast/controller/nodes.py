@@ -94,12 +94,16 @@ class NodeBook:
     def link(self, node_id: str, now: float) -> bool:
         """Start hearing from a node; True if it is new to this run (it gets the run's heartbeat first)."""
         info = self.nodes.get(node_id)
+        linked_pid = self._pids.get(node_id, 0)
         # New ranks go to the agent there now: if it was started since, it is not the one gone.
-        self._forget_gone_agent(node_id, self._pids.get(node_id, 0))
+        self._forget_gone_agent(node_id, linked_pid)
         self._forget_gone_agent(node_id, info.agent_pid if info else 0)
         if info is not None and info.agent_pid:  # the agent placed on (the spawn names it: another refuses)
             self._pids[node_id] = info.agent_pid
-        if node_id in self.heard:
+        # An agent started since this run last heard the node (while none of its ranks were there) has
+        # said nothing to this run yet: its silence begins now, not when the old one last answered.
+        started_since = bool(info is not None and info.agent_pid and linked_pid and linked_pid != info.agent_pid)
+        if node_id in self.heard and not started_since:
             return False
         self.heard[node_id] = now
         return True

@@ -24,9 +24,6 @@ from tests.integration.netns import unavailable_reason
 @pytest.mark.torch
 @pytest.mark.timeout(1500)
 @pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
-@pytest.mark.xfail(strict=False, reason="a drain's just-in-time checkpoint is committed and the run restarts from it, "
-                                        "but a rank whose report() carries no checkpoint may finish a step after it "
-                                        "before it is stopped: that step is redone (no_step_lost_to_a_drain)")
 def test_twenty_faults_of_every_kind_on_a_cluster_and_nothing_lost(tmp_path):
     from bench.chaos import run
 

@@ -49,6 +49,21 @@ def test_placing_binds_the_node_to_the_agent_in_the_table():
     assert book.lost_nodes(2.0, {"n1"}) == {}
 
 
+def test_a_node_whose_agent_was_started_again_while_it_held_no_ranks_is_not_lost_the_moment_ranks_go_there():
+    # Found by the chaos harness: a drained node's agent was stopped and started again while the run
+    # trained elsewhere; the next attempt placed a rank there and lost it at once, "silent for 9 s",
+    # counting the silence from the old agent's last answer.
+    book = NodeBook(node_timeout_s=2.0)
+    book.set_table([_node(100)])
+    assert book.link("n1", 0.0)
+    book.note_pid("n1", 100)
+    book.set_table([_node(200)])  # the old agent stopped; a new one joined, and this run held nothing there
+    assert book.link("n1", 9.0)  # new to the run: it gets the run's heartbeat first
+    assert book.lost_nodes(9.5, {"n1"}) == {}
+    assert "silent for" in book.lost_nodes(11.5, {"n1"})["n1"]  # and it is judged from its placement on
+    assert not book.link("n1", 12.0)  # the same agent again: nothing new
+
+
 def test_an_agent_refuses_a_spawn_placed_on_another_or_while_draining():
     notice = m.NodeDraining(node_id="n1", reason="spot", message="going", deadline_unix_s=None, node_ids=["n1"])
     assert spawn_refusal("n1", None, 100, 100) is None
