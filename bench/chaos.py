@@ -201,8 +201,9 @@ class Chaos:
             self.cgroups.remove()
 
 
-def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: Path | None = None) -> dict:
-    t = Timeouts()
+def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: Path | None = None,
+        timeouts: Timeouts | None = None) -> dict:
+    t = timeouts or Timeouts()
     faults = schedule(seed, n, t, workers)
     steps = steps or 60 + 25 * n
     tmp = tempfile.TemporaryDirectory(prefix="outlast-chaos-") if workdir is None else None
