@@ -257,15 +257,28 @@ class SimRank:
         if self.loop.async_upload:
             if slot.waits_for_uploads and (wait := self._upload_done_at - self.sim.world.now) > 0:
                 yield "sleep", wait
-            self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
-                                         bandwidth_bps=self._last_bps,
-                                         upload_files=[m.FileEntry(path=path, size=len(data))]))
-            self.sim.observer.checkpoint_part(self, slot.name, "report")
-            took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
-            self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
-            self._upload_done_at = max(self._upload_done_at, self.sim.world.now + took)
-            self.sim.world.after(took, self._upload_done, slot.index, slot.name, path, data)
+            self._upload_in_background(slot, metrics, path, data)
             return
+        yield from self._upload(slot, path, data)
+        entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.sim.observer.checkpoint_part(self, slot.name, "files")
+        self.sim.observer.checkpoint_part(self, slot.name, "report")
+        yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now))
+        self.sim.observer.report_returned(self, slot.index, slot.name)
+
+    def _upload_in_background(self, slot, metrics: dict, path: str, data: bytes) -> None:
+        """An ASYNC report: its upload says when it is done, as the upload thread does."""
+        self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
+                                     bandwidth_bps=self._last_bps,
+                                     upload_files=[m.FileEntry(path=path, size=len(data))]))
+        self.sim.observer.checkpoint_part(self, slot.name, "report")
+        took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
+        self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
+        self._upload_done_at = max(self._upload_done_at, self.sim.world.now + took)
+        self.sim.world.after(took, self._upload_done, slot.index, slot.name, path, data)
+
+    def _upload(self, slot, path: str, data: bytes) -> Generator:
+        """A SYNC upload in the rank's own thread; the time storage spent on it is the rank's."""
         try:
             self.sim.storage.write_atomic(f"run/{slot.name}/{path}", data)
         except OSError as e:
@@ -274,11 +287,6 @@ class SimRank:
             spent = self.sim.storage.take_spent()
         if spent:
             yield "sleep", spent
-        entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
-        self.sim.observer.checkpoint_part(self, slot.name, "files")
-        self.sim.observer.checkpoint_part(self, slot.name, "report")
-        yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now))
-        self.sim.observer.report_returned(self, slot.index, slot.name)
 
     def _report_beside_tier(self, slot, metrics: dict, step: int, path: str, memory_only: bool) -> Generator:
         """With memory tiers on the nodes: the rank's files stay in its directory on its node until the commit,
@@ -290,24 +298,10 @@ class SimRank:
         entry = m.FileEntry(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest())
         self.sim.observer.wrote(self, slot.name, entry)
         if not memory_only and self.loop.async_upload:
-            self._sends(self.core.report(slot, metrics, checkpoint=True, upload_bytes=UPLOAD_BYTES,
-                                         bandwidth_bps=self._last_bps, upload_files=[m.FileEntry(path=path,
-                                                                                                 size=len(data))]))
-            self.sim.observer.checkpoint_part(self, slot.name, "report")
-            took = self.sim.world.rng.uniform(0.0, 0.5) + self.sim.storage.latency_s
-            self._last_bps = UPLOAD_BYTES / max(took, 1e-3)
-            self._upload_done_at = max(self._upload_done_at, self.sim.world.now + took)
-            self.sim.world.after(took, self._upload_done, slot.index, slot.name, path, data)
+            self._upload_in_background(slot, metrics, path, data)
             return
         if not memory_only:
-            try:
-                self.sim.storage.write_atomic(f"run/{slot.name}/{path}", data)
-            except OSError as e:
-                raise WorkerFailed("OSError", f"upload of {slot.name} failed: {e}") from None
-            finally:
-                spent = self.sim.storage.take_spent()
-            if spent:
-                yield "sleep", spent
+            yield from self._upload(slot, path, data)
             self.sim.observer.checkpoint_part(self, slot.name, "files")
         self.sim.observer.checkpoint_part(self, slot.name, "report")
         yield from self._call(self.core.report(slot, metrics, checkpoint=True, files=[entry], now=self.sim.world.now,
