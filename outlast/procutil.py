@@ -85,6 +85,25 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+FORK_SERVER_MODULE = "outlast.agent.zygote"
+
+
+def is_fork_server(pid: int) -> bool:
+    """Whether `pid` runs outlast's fork server (or is a worker it forked and has not yet moved)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return FORK_SERVER_MODULE.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def holds_an_agent(pids: list[int]) -> bool:
+    """Whether a tree's system/ processes (`pids`) include a live agent. A killed agent's fork servers
+    outlive it by the moment they take to end its workers (they get SIGTERM when it dies), and must not
+    make its tree look owned: the next agent would refuse or keep a tree that nobody runs."""
+    return any(pid_alive(p) and not is_fork_server(p) for p in pids)
+
+
 def user_traceback(exc: BaseException, runtime_file: str) -> str:
     """The traceback from the user's code down: the frames of `runtime_file` above it are noise."""
     tb = exc.__traceback__

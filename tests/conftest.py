@@ -31,6 +31,7 @@ def s3(monkeypatch):
     import socket
 
     import boto3
+    import requests
     from moto.server import ThreadedMotoServer
 
     with socket.socket() as s:
@@ -39,6 +40,9 @@ def s3(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    # moto keeps its buckets in the process, not in the server: without a reset a test would find the runs an
+    # earlier test left under the same names (and "resume" a finished one).
+    requests.post(f"{endpoint}/moto-api/reset", timeout=30).raise_for_status()
     for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)

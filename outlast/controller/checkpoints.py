@@ -291,9 +291,13 @@ def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.
 
 
 def restoring(c: "ControllerCore") -> set[str]:
-    """The checkpoint the attempt now running restores: a commit of the attempt before it may land once it has
-    begun, and the ranks may still be reading it."""
-    return {c.attempt.restore} if c.attempt is not None and c.attempt.restore else set()
+    """The checkpoint the attempt now running restores, until that attempt commits one of its own: a commit of
+    the attempt before it may land once it has begun, while the ranks may still be reading it. A commit of its
+    own means every rank has read past its restore, and the usual `num_to_keep` holds again."""
+    a = c.attempt
+    if a is None or not a.restore or any(r.attempt == a.number for r in c.book.state.checkpoints):
+        return set()
+    return {a.restore}
 
 
 def apply_retention(c: "ControllerCore") -> None:

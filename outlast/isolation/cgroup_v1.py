@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-from outlast.procutil import pid_alive
+from outlast.procutil import holds_an_agent
 from outlast.faults import fault_point
 from outlast.isolation.cgroup_v2 import PREFIX
 from outlast.isolation.errors import IsolationUnavailable
@@ -126,7 +126,7 @@ class CgroupV1:
 
     def _owner_alive(self, h: _Hierarchy, tree: str | None = None) -> bool:
         tree = tree or h.root
-        return any(pid_alive(p) for p in self.fs.pids(os.path.join(tree, "system")))
+        return holds_an_agent(self.fs.pids(os.path.join(tree, "system")))
 
     def cleanup_stale(self) -> list[str]:
         done = []

@@ -18,7 +18,7 @@ from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, Inotify, PsiTrigger
 from outlast.isolation.reservations import Reservations
 from outlast.protocol.messages import Resources
-from outlast.procutil import pid_alive
+from outlast.procutil import holds_an_agent
 
 CONTROLLERS = ("cpu", "memory")
 PREFIX = "outlast_"
@@ -126,7 +126,7 @@ class CgroupV2:
     # ---- what a crashed agent left ---------------------------------------------------------
 
     def _owner_alive(self, tree: str) -> bool:
-        return any(pid_alive(p) for p in self.fs.pids(os.path.join(tree, "system")))
+        return holds_an_agent(self.fs.pids(os.path.join(tree, "system")))
 
     def cleanup_stale(self) -> list[str]:
         """Trees of agents that died without undoing: kill their workers, keep other processes, remove."""

@@ -113,7 +113,6 @@ def test_fault_tolerance_worker_without_retries_fails(tmp_path: Path, home: Path
 # ---- examples/checkpoint_save_restore.py ----------------------------------------------------
 
 
-@pytest.mark.xfail(strict=False, reason="retention keeps the checkpoint a new attempt restored from past num_to_keep (controller/checkpoints.py, restoring): three are left where two should be")
 def test_checkpoint_save_restore_continues_from_saved_epoch(tmp_path: Path, home: Path) -> None:
     import torch
 

@@ -122,9 +122,9 @@ def _resumed_after_jit(state: RunState) -> bool:
     return any(a.restored_from == newest.checkpoint_dir for a in state.attempts)
 
 
-def _resumed_with_no_step_lost(state: RunState) -> None:
+def _resumed_with_no_step_lost(state: RunState, steps: int = STEPS) -> None:
     assert state.status == "finished"
-    assert _last_step(state) == STEPS - 1
+    assert _last_step(state) == steps - 1
     assert _resumed_after_jit(state), (state.attempts, [(c.checkpoint_dir, c.metrics) for c in state.checkpoints])
 
 
@@ -153,7 +153,8 @@ def _job_processes(slurm: LocalSlurm, job_id: str) -> list[psutil.Process]:
 
 
 def test_preempted_by_a_high_partition_job_it_saves_a_jit_checkpoint_is_requeued_and_resumes(slurm, tmp_path):
-    job = _submit(slurm, tmp_path)
+    steps = STEPS * 3  # still training when the preemption comes, on a loaded machine too
+    job = _submit(slurm, tmp_path, steps=steps)
     wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "-o", str(tmp_path / "high.out"),
                            "--wrap", "echo high ran"], env=_env(slurm), capture_output=True, text=True, timeout=30)
@@ -161,7 +162,7 @@ def test_preempted_by_a_high_partition_job_it_saves_a_jit_checkpoint_is_requeued
     job.wait_done(restarts=1)
     assert (tmp_path / "high.out").read_text().strip() == "high ran"
     state = job.state()
-    _resumed_with_no_step_lost(state)
+    _resumed_with_no_step_lost(state, steps)
     assert any(f"Slurm job {job.id} (restart 0) got SIGUSR1: preempted" in m for m in _preemptions(state)), \
         _preemptions(state)
     assert job.info().state == "COMPLETED"
@@ -242,9 +243,12 @@ def test_with_etcd_every_node_joins_the_store_and_a_preemption_still_saves_reque
     etcd = EtcdCluster(tmp_path / "etcd").start()
     try:
         storage, out = tmp_path / "storage", tmp_path / "job.out"
+        # Long enough that the preemption finds it training, however slow the etcd query and the
+        # second sbatch are on a loaded machine (100 steps could end first: no notice, no checkpoint).
+        steps = STEPS * 4
         example = ROOT / "examples" / "preemption_jit_checkpoint.py"
         wrap = (f"exec outlast slurm --etcd {etcd.urls} -- python {example} --storage_path {storage} "
-                f"--run_name jit-$SLURM_JOB_ID --steps {STEPS} --step_s 0.05 --checkpoint_every 10")
+                f"--run_name jit-$SLURM_JOB_ID --steps {steps} --step_s 0.05 --checkpoint_every 10")
         done = subprocess.run(["sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "--requeue", "-o", str(out), "--open-mode=append",
                                "--signal=B:USR1@30", "--chdir", str(ROOT), "--wrap", wrap],
                               env=_env(slurm), capture_output=True, text=True, timeout=30)
@@ -260,9 +264,9 @@ def test_with_etcd_every_node_joins_the_store_and_a_preemption_still_saves_reque
         assert high.returncode == 0, high.stderr
         job.wait_done(restarts=1, timeout_s=300)
         state = job.state()
-        assert state.status == "finished" and _last_step(state) == STEPS - 1
+        assert state.status == "finished" and _last_step(state) == steps - 1, job.output()
         jit = [c for c in state.checkpoints if c.metrics.get("preempted")]
-        assert jit, [c.metrics for c in state.checkpoints]
+        assert jit, ([(c.attempt, c.metrics) for c in state.checkpoints], job.output()[-4000:])
         # The run may train a few steps past the just-in-time checkpoint before the requeue: the
         # next start restores the newest commit of the preempted attempt, the checkpoint or later.
         newest = max((c for c in state.checkpoints if c.attempt == jit[0].attempt), key=lambda c: c.metrics["step"])

@@ -10,7 +10,7 @@ import pytest
 from outlast.protocol import messages as m
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
-from tests.integration.procs import alive, wait_until
+from tests.integration.procs import alive, live_descendants_running, wait_until
 from tests.integration.standby_jobs import kill_once_loop
 from tests.integration.jobs import read_events
 
@@ -81,5 +81,5 @@ def test_a_killed_embedded_agent_gives_way_to_the_drivers_standby_agent_and_its_
     # fit() stopped the node: no agent of it, standby or not, nor any fork server, is left.
     for pid in (standby_agent, standby_server, seen[(1, "kill")]["victim"], seen[(2, "start")]["pid"]):
         wait_until(lambda pid=pid: not alive(pid), 30, f"process {pid} to end with the run")
-    left = [p for p in driver.children(recursive=True) if "outlast.agent" in " ".join(p.cmdline())]
+    left = live_descendants_running(driver, "outlast.agent")
     assert not left, left

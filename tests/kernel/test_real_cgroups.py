@@ -135,7 +135,6 @@ def test_a_crashed_agents_tree_is_cleaned_up_by_the_next_agent(node):
     assert _status(address2, log).isolation is not None
 
 
-@pytest.mark.xfail(strict=False, reason="the killed agent's standby fork server can still be in its tree when the agent starts again at once, and setup refuses the tree as a running agent's")
 def test_an_agent_killed_and_started_again_with_its_node_id_takes_its_tree_back(node):
     cg, start = node
     proc, address, log1 = start("again")

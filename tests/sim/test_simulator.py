@@ -70,7 +70,7 @@ TIER = [
     ("adopted_manifest_loses_level", 1861),
     # the copies a node pulled for a restore were not counted as held: once the first holders were gone, a
     # checkpoint still in memory there was skipped as held nowhere
-    ("pulled_copies_unrecorded", 1712),
+    ("pulled_copies_unrecorded", 53),
 ]
 # Seeds of bugs fixed where no single piece can be put back: each must hold every invariant.
 HOLD = [

@@ -305,3 +305,30 @@ def test_a_restore_that_finds_the_manifest_rewritten_by_a_newer_outlast_stops_th
     assert "written by a newer outlast" in str(h.core.error) and "upgrade outlast" in str(h.core.error)
     assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000" and not h.core.book.state.skipped_checkpoints
     assert json.loads(storage.read_bytes(path))["version"] == doc["version"] + 1
+
+
+def test_the_checkpoint_an_attempt_restores_outlives_num_to_keep_only_until_that_attempt_commits_its_own():
+    h, placement = started(max_failures=1, num_to_keep=1)
+    for index in (0, 1):
+        report(h, 0, index)
+        report(h, 1, index)
+        h.release()
+    for rank, node_id in placement.items():
+        h.agent(node_id, h.exited(rank, node_id, code=1))
+    h.release()
+    assert h.core.attempt.number == 2 and h.core.attempt.restore == "checkpoint_001_000001"
+    start(h)
+
+    def report2(index):
+        for rank in (0, 1):
+            h.worker(m.Report(attempt=2, rank=rank, index=index, metrics={"step": 10 + index},
+                              checkpoint_dir=f"checkpoint_002_{index:06d}", files=[ENTRY]))
+        h.release()
+
+    report2(0)  # its first commit: every rank has read past its restore
+    kept = [r.checkpoint_dir for r in h.core.book.state.checkpoints]
+    assert kept == ["checkpoint_002_000000"], kept
+    report2(1)
+    assert [r.checkpoint_dir for r in h.core.book.state.checkpoints] == ["checkpoint_002_000001"]
+    deleted = [e.checkpoint_dir for e in h.storage_log if isinstance(e, fx.DeleteCheckpoint)]
+    assert deleted == ["checkpoint_001_000000", "checkpoint_001_000001", "checkpoint_002_000000"]

@@ -101,6 +101,19 @@ def test_a_crashed_agents_tree_is_removed_from_both_hierarchies(tree):
     assert not any(os.path.exists(f"{h}/job/outlast_gone") for h in mounts.values())
 
 
+def test_a_killed_agents_fork_server_still_ending_does_not_keep_its_tree_in_either_hierarchy(tree, dying_fork_server):
+    fs, mounts = tree
+    for h in mounts.values():
+        fs.make(f"{h}/job/outlast_n1/system", procs=[dying_fork_server])
+    driver(tree).validate()  # the same node id again: not refused as a running agent's
+    for h in mounts.values():
+        fs.make(f"{h}/job/outlast_gone/system", procs=[dying_fork_server])
+    d = driver(tree, node="n2")
+    d.setup(RES)
+    assert len([n for n in d.cleanup_stale() if "left by an agent that is gone" in n]) == 4
+    assert not any(os.path.exists(f"{h}/job/outlast_gone") for h in mounts.values())
+
+
 def test_an_agent_started_again_with_its_node_id_takes_back_the_tree_its_killed_self_left(tree):
     """A node whose agent was killed (kill -9, the machine's processes lost) starts again with the
     same node id: its old tree is there, owned by no live process, with a dead worker's leaf."""

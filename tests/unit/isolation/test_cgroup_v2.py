@@ -167,6 +167,27 @@ def test_the_starting_limit_is_the_smallest_on_the_way_up(tree):
     assert CgroupV2(mount, "/svc/inner", "n1", fs=fs).starting_limit() == 3 * GiB
 
 
+def test_a_killed_agents_fork_server_still_ending_does_not_make_its_tree_look_owned(tree, dying_fork_server):
+    fs, mount = tree
+    stale = f"{mount}/svc/outlast_old"
+    fs.make(f"{stale}/system", procs=[dying_fork_server])
+    d = driver(tree)
+    d.setup(RES)
+    notes = d.cleanup_stale()
+    assert not os.path.exists(stale) and "outlast_old" in notes[0]
+    assert dying_fork_server in fs.pids(f"{mount}/svc/outlast_n1/user/non-outlast")  # moved out, not signalled
+
+
+def test_the_same_node_id_is_refused_while_its_agent_lives_and_not_while_only_its_fork_server_does(
+        tree, dying_fork_server):
+    fs, mount = tree
+    fs.make(f"{mount}/svc/outlast_n1/system", procs=[dying_fork_server, os.getppid()])
+    with pytest.raises(IsolationUnavailable, match="belongs to a running agent"):
+        driver(tree).validate()
+    fs._put(f"{mount}/svc/outlast_n1/system/cgroup.procs", str(dying_fork_server))  # the agent is gone
+    driver(tree).validate()
+
+
 def test_an_agent_started_again_with_its_node_id_takes_back_the_tree_its_killed_self_left(tree):
     """A node whose agent was killed starts again with the same node id: its old tree is there,
     owned by no live process, with a dead worker's leaf and a process it had found at its start."""
