@@ -204,11 +204,12 @@ class ForkServer:
         for s in (self.active, self.spare):
             if s is not None:
                 s.conn.close()  # a server exits on EOF
+        deadline = time.monotonic() + 5.0  # one for both: they end side by side, and the agent's stop has a budget
         for s in (self.active, self.spare):
             if s is None:
                 continue
             try:
-                s.proc.wait(timeout=5)
+                s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 s.proc.kill()
                 s.proc.wait()

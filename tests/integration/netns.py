@@ -278,8 +278,9 @@ class NetnsCluster:
 
     # ---- teardown -----------------------------------------------------------------------------
 
-    def stop_agents(self, timeout_s: float = 10.0) -> None:
-        """SIGINT every agent (stop at once, no drain); SIGKILL what is left after `timeout_s`."""
+    def stop_agents(self, timeout_s: float = 30.0) -> None:
+        """SIGINT every agent (stop at once, no drain); SIGKILL what is left after `timeout_s`. Generous:
+        an agent killed before its teardown leaves its cgroup tree, and four stop at once on a loaded machine."""
         for node in reversed(list(self.nodes.values())):
             if node.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
