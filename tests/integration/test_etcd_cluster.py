@@ -167,8 +167,16 @@ def test_one_lost_etcd_member_changes_nothing_and_a_lost_majority_stops_placemen
         assert "nothing new is placed" in status
         events_b, stop_b = tmp_path / "b.jsonl", tmp_path / "stop-b"
         run_b, box_b = _fit_in_thread(storage_path, "b", events_b, stop_b, workers=1)
-        wait_until(lambda: (Path(storage_path) / "b" / "run_state.json").exists()
-                   and _state(storage_path, "b")["status"] == "waiting_for_capacity", 60, "run b to wait")
+        seen_b = {"status": "no run_state.json yet"}
+
+        def b_waits() -> bool:
+            if (Path(storage_path) / "b" / "run_state.json").exists():
+                seen_b["status"] = _state(storage_path, "b")["status"]
+            return seen_b["status"] == "waiting_for_capacity"
+        try:  # a ceiling, not a timing: once failed at a load of 5 after 60 s
+            wait_until(b_waits, 120, "run b to wait")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; run b's status: {seen_b['status']}") from None
         seen = len(_steps(events))
         wait_until(lambda: len(_steps(events)) >= seen + 20, 60, "run a to train on without a majority")
         assert not read_events(events_b), "run b was placed while etcd had no majority"
