@@ -85,7 +85,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-FORK_SERVER_MODULE = "outlast.agent.zygote"
+FORK_SERVER_MODULE = "outlast.agent.zygote"  # what forkserver.py runs, and what marks its processes
 
 
 def is_fork_server(pid: int) -> bool:

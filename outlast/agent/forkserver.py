@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from outlast.agent.worker_user import WorkerUser
 from outlast.agent.worker_user import encode as encode_user
 from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exit
+from outlast.procutil import FORK_SERVER_MODULE
 from outlast.protocol import messages as m
 from outlast.runenv import without_secrets
 from outlast.protocol.transport import FROM_ZYGOTE, encode
@@ -160,7 +161,7 @@ class ForkServer:
         mark("agent.forkserver_start")
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "outlast.agent.zygote", str(theirs.fileno()), ",".join(self.preload),
+            [sys.executable, "-m", FORK_SERVER_MODULE, str(theirs.fileno()), ",".join(self.preload),
              encode_user(self.worker_user) if self.worker_user else ""],
             pass_fds=[theirs.fileno()],
             # Its environment block is every worker's (fork, no exec): never a secret in it.
