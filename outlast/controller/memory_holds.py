@@ -337,9 +337,15 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
         return
     record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
     ranks = sorted(a.restore_ranks or ())
-    draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
-    sources = sorted((n for n in (record.memory if record is not None else []) if c.nodes.reachable(n)
-                      and tier_of(c, n)), key=lambda n: (n in draining, n))
+
+    def holders() -> list[str]:
+        """The nodes reachable now that hold the checkpoint, those not draining first."""
+        record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
+        draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
+        return sorted((n for n in (record.memory if record is not None else []) if c.nodes.reachable(n)
+                       and tier_of(c, n)), key=lambda n: (n in draining, n))
+
+    sources = holders()
     nodes = sorted({n for n in a.placement.values() if tier_of(c, n)})
     todo = [(node, rank, [s for s in sources if s != node]) for node in nodes for rank in ranks
             if node not in sources or len(sources) > 1]
@@ -352,8 +358,9 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
     left = set(range(len(todo)))
     then = "storage" if record is not None and record.durable else "no copy: the restore fails"
 
-    def ask_one(i: int, node: str, rank: int, candidates: list[str]) -> None:
+    def ask_one(i: int, node: str, rank: int, candidates: list[str], tried: frozenset[str]) -> None:
         src, rest = candidates[0], candidates[1:]
+        tried = tried | {src}
 
         def answered(c: "ControllerCore", e: fx.TierAnswered) -> None:
             stored = e.reply if isinstance(e.reply, m.TierStored) else None
@@ -362,9 +369,13 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
                 text = f"restoring {a.restore}: {stored.skipped}"
                 if c.book.note_once(text, c.wall()):
                     log.warning("%s", text)
-            if (stored is None or not stored.ok) and rest:
-                ask_one(i, node, rank, rest)  # that node may keep other ranks' files only
-                return
+            if stored is None or not stored.ok:
+                # The next holder: one named at placement, else one reachable since (an agent started again
+                # with its copies while this pull waited); that node may keep other ranks' files only.
+                rest_now = rest or [n for n in holders() if n != node and n not in tried]
+                if rest_now and c.attempt is a:
+                    ask_one(i, node, rank, rest_now, tried)
+                    return
             if stored is not None and stored.ok:
                 note_pulled(c, a.restore, node)
             if stored is None or not stored.ok:
@@ -378,4 +389,4 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
         ask_tier(c, node, tier_of(c, node), pull, answered, REPLICA_TIMEOUT_S)
 
     for i, (node, rank, candidates) in enumerate(todo):
-        ask_one(i, node, rank, candidates)
+        ask_one(i, node, rank, candidates, frozenset())

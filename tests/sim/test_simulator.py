@@ -112,9 +112,9 @@ def test_a_memory_tier_seed_of_a_fixed_bug_holds_every_invariant(seed):
     assert run_seed(seed, tier=True).violations == []
 
 
-@pytest.mark.xfail(strict=True, reason="open: a rank's restore of a checkpoint kept in memory only fails while a "
-                                       "valid copy of its files lives on another node")
-def test_a_memory_only_restore_finds_a_valid_copy_that_lives_elsewhere():
+def test_a_pull_whose_holders_all_failed_asks_a_holder_whose_agent_came_back_meanwhile():
+    # Seed 998: the only holder reachable at placement has a corrupt copy, and the other holder's agent, down then,
+    # is back with its copies by the time that pull fails. The pull asks it; it once gave up and the restore failed.
     assert run_seed(998, tier=True).violations == []
 
 
