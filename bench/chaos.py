@@ -170,10 +170,13 @@ class Chaos:
             Path(orders, f"spawn-{f.index}").write_text(str(f.rank))
         f.t_end = time.time()
 
-    def wait_training(self, events_path: str, since: float, timeout_s: float = 180.0) -> bool:
+    def wait_training(self, events_path: str, since: float, after_attempt: int = 0, timeout_s: float = 180.0) -> bool:
+        """A step since `since` by an attempt newer than `after_attempt`: the ranks of an attempt a fault ended
+        (a driver killed, say) may step on for a moment, and a fault aimed at them would end no attempt."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if any(e["event"] == "step" and e["t"] > since for e in read_events(events_path)):
+            if any(e["event"] == "step" and e["t"] > since and e["attempt"] > after_attempt
+                   for e in read_events(events_path)):
                 return True
             if self.driver.poll() is not None:
                 return False
@@ -223,7 +226,9 @@ def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: 
         seen: set[str] = set()
         stalled = None
         for f in faults:
-            if not chaos.wait_training(events, since=(faults[f.index - 1].t_end if f.index else 0.0)):
+            before = faults[f.index - 1] if f.index else None
+            if not chaos.wait_training(events, since=before.t_end if before else 0.0,
+                                       after_attempt=before.attempt if before and before.ends_attempt else 0):
                 stalled = f"the run was not training before fault {f.index} ({f.kind})"
                 break
             time.sleep(f.gap_s)
