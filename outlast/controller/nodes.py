@@ -163,10 +163,10 @@ class NodeBook:
         for node_id in sorted(nodes):
             info, heard = self.nodes.get(node_id), self.heard.get(node_id)
             address = info.address if info is not None else "?"
-            if info is not None and info.state == "dead":
-                out[node_id] = f"the head declared node {node_id} ({address}) dead"
-            elif node_id in self._gone:
+            if node_id in self._gone:  # why its agent is gone says more than the head's "dead", which may follow it
                 out[node_id] = self._gone[node_id][1]
+            elif info is not None and info.state == "dead":
+                out[node_id] = f"the head declared node {node_id} ({address}) dead"
             elif heard is not None and now - heard > self.node_timeout_s:
                 out[node_id] = f"node {node_id} ({address}) stopped answering (silent for {now - heard:.1f} s)"
         return out

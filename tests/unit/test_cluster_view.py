@@ -64,3 +64,9 @@ def test_a_node_whose_agent_is_known_gone_is_lost_at_once_and_a_dead_one_too(boo
     book.note_gone("b", "the node agent at tcp://b:1 exited")
     assert book.lost_nodes(100.0, {"b", "c"}) == {"b": "the node agent at tcp://b:1 exited",
                                                  "c": "the head declared node c (tcp://c:1) dead"}
+
+
+def test_a_dead_node_whose_agent_is_known_gone_is_lost_with_why_its_agent_went(book):
+    # The head may declare it dead first, from the same process table: its "dead" says less than the reason.
+    book.note_gone("c", "the node agent of node c (pid 42) is gone from this machine")
+    assert book.lost_nodes(100.0, {"c"}) == {"c": "the node agent of node c (pid 42) is gone from this machine"}
