@@ -40,8 +40,11 @@ def stepping_loop(config: dict) -> None:
     log_event(config, event="start", node_id=os.environ.get("OUTLAST_NODE_ID"), restored=start - 1 if ckpt else None)
     saved = False
     step = start
-    while not os.path.exists(config["stop"]) and not (ckpt is not None and step >= start + config["after_restore"]):
-        train.collective.barrier()
+    while not (ckpt is not None and step >= start + config["after_restore"]):
+        # Rank 0 reads the stop file for all, in lock step: a rank that saw it alone and ended would leave
+        # the others waiting at the next step's collective.
+        if train.collective.broadcast_from_rank_zero(os.path.exists(config["stop"])):
+            break
         info = train.get_preemption_info()
         checkpoint = None
         if info is not None and not saved:
