@@ -44,6 +44,8 @@ def _fault(config: dict, step: int, when: str) -> None:
     log_event(config, event="fault", step=step, kind=fault["kind"])
     if fault["kind"] == "raise":
         raise RuntimeError(f"injected failure at step {step}")
+    if fault["kind"] == "hold":  # until the test kills it: no checkpoint after this step commits meanwhile
+        time.sleep(3600)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
