@@ -15,7 +15,7 @@ import pytest
 
 from outlast.protocol import messages as m
 from outlast.testing import LocalCluster
-from outlast.train import RunConfig, ScalingConfig
+from outlast.train import FailureConfig, RunConfig, ScalingConfig
 
 VARS = ("CUDA_VISIBLE_DEVICES", "OUTLAST_CUDA_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
         "NODE_RANK", "OUTLAST_NODE_ID")
@@ -43,7 +43,10 @@ def _run(cluster_dir: Path, storage_path: str, workers: int, per_worker: dict) -
     out.mkdir()
     TorchTrainer(record_env, train_loop_config={"out": str(out)},
                  scaling_config=ScalingConfig(num_workers=workers, resources_per_worker=per_worker),
-                 run_config=RunConfig(name=f"run-{workers}-{per_worker['GPU']}", storage_path=storage_path)).fit()
+                 # One restart for a gloo set-up that failed ("connectFullMesh ... Connection closed by peer", seen
+                 # twice in whole-suite runs, not yet explained): what is asserted is each attempt's environment.
+                 run_config=RunConfig(name=f"run-{workers}-{per_worker['GPU']}", storage_path=storage_path,
+                                      failure_config=FailureConfig(max_failures=1))).fit()
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
 
 
