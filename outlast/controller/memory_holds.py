@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from outlast.controller.checkpoints import Committing
     from outlast.controller.commit import PendingCheckpoint
     from outlast.controller.core import ControllerCore
+    from outlast.storage.records import CheckpointRecord
 
 log = logging.getLogger("outlast.controller")
 
@@ -270,9 +271,14 @@ def in_memory(c: "ControllerCore", h: Holding) -> tuple[bool, str]:
     return ok, why
 
 
+def record_of(c: "ControllerCore", checkpoint_dir: str) -> "CheckpointRecord | None":
+    """The run's record of a checkpoint, as it is now (its holders change as copies are pulled), or None."""
+    return next((r for r in c.book.state.checkpoints if r.checkpoint_dir == checkpoint_dir), None)
+
+
 def held_nowhere(c: "ControllerCore", checkpoint_dir: str) -> str | None:
     """Why a checkpoint kept in memory only can no longer be restored: every node that held it is gone."""
-    record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == checkpoint_dir), None)
+    record = record_of(c, checkpoint_dir)
     if record is None or record.durable or any(c.nodes.reachable(n) for n in record.memory):
         return None
     older = max((r for r in c.book.state.checkpoints if r.seq < record.seq), key=lambda r: r.seq, default=None)
@@ -321,7 +327,7 @@ def _record(c: "ControllerCore", h: Holding) -> None:
 
 def note_pulled(c: "ControllerCore", checkpoint_dir: str, node: str) -> None:
     """A node that pulled a copy holds it too: once the nodes that held it first are gone, it is still there."""
-    record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == checkpoint_dir), None)
+    record = record_of(c, checkpoint_dir)
     if record is not None and node not in record.memory:
         c.book.note_memory(checkpoint_dir, sorted({*record.memory, node}), None)
 
@@ -335,12 +341,12 @@ def pull_then(c: "ControllerCore", a, sends: list) -> None:
     if a.restore is None:
         c.out += sends
         return
-    record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
+    record = record_of(c, a.restore)
     ranks = sorted(a.restore_ranks or ())
 
     def holders() -> list[str]:
         """The nodes reachable now that hold the checkpoint, those not draining first."""
-        record = next((r for r in c.book.state.checkpoints if r.checkpoint_dir == a.restore), None)
+        record = record_of(c, a.restore)
         draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
         return sorted((n for n in (record.memory if record is not None else []) if c.nodes.reachable(n)
                        and tier_of(c, n)), key=lambda n: (n in draining, n))
