@@ -7,6 +7,7 @@ acts on the job as Slurm or an administrator would, and reads the run's history 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -171,9 +172,12 @@ def test_preempted_by_a_high_partition_job_it_saves_a_jit_checkpoint_is_requeued
 def test_at_its_time_limit_it_checkpoints_on_the_signal_and_resumes_after_the_requeue(slurm, tmp_path):
     job = _submit(slurm, tmp_path, "--time=10", "--signal=B:USR1@40", steps=STEPS * 100)
     wait_until(lambda: job.checkpoints() >= 1, 90, lambda: f"the first checkpoint; output:\n{job.output()}")
-    # A one-minute limit now: USR1 when 40 s are left (give or take Slurm's periodic check), while it trains.
-    slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=1"])
-    wait_until(lambda: job.info().restarts == 1, 120, lambda: f"the requeue at the time limit; output:\n{job.output()}")
+    # A limit that ends 80-140 s from now, while it trains: USR1 when 40 s are left. slurmctld checks time
+    # limits every 30 s or so, and a signal whose time has already passed goes out at the next check (seen:
+    # a one-minute limit set 30 s into the job got its signal 1.6 s before the end, too late to save).
+    elapsed = time.time() - (job.info().end_time - 600)
+    slurm._slurm(["scontrol", "update", f"jobid={job.id}", f"timelimit={math.ceil((elapsed + 80) / 60)}"])
+    wait_until(lambda: job.info().restarts == 1, 180, lambda: f"the requeue at the time limit; output:\n{job.output()}")
     slurm._slurm(["scontrol", "update", f"jobid={job.id}", "timelimit=10"])  # no second signal while we look
 
     def resumed_and_trained():
