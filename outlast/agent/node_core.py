@@ -60,7 +60,7 @@ class NodeCore:
     def on_request(self, to: bytes, req: m.AgentRequest, now: float, head_address: str = "") -> list[NodeEffect] | None:
         """A request about runs and their workloads; None for any other (the agent answers those)."""
         if isinstance(req, m.RunHeartbeat):
-            self.sup.heartbeat(to, req.run_id, req.timeout_s, req.last_commit_at, now)
+            self.sup.heartbeat(to, req, now)
             return [Send(to, self.pong(head_address)), *self._release_held()]
         if isinstance(req, m.Ping):
             return [Send(to, self.pong(head_address))]

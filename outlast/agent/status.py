@@ -35,6 +35,8 @@ def node_status(agent: Agent) -> m.StatusReply:
         nodes=agent.role.nodes(agent.me(), agent.clock()) if not agent.role.head_address else [],
         store=agent.role.store_health(),
         run_commits={r.run_id: r.last_commit_at for r in agent.sup.runs.values() if r.last_commit_at is not None},
+        run_drain_saves={r.run_id: r.saved_for_drain_at for r in agent.sup.runs.values()
+                         if r.saved_for_drain_at is not None},
         metrics_url=agent.metrics.url if agent.metrics is not None else "",
         fork_server_pid=agent.forks.proc.pid if agent.forks.proc is not None else 0,
         fork_server_standby_pid=agent.forks.standby_pid,

@@ -69,6 +69,7 @@ class Run:
     stopped_attempts: set[int] = field(default_factory=set)
     ended: bool = False
     last_commit_at: float | None = None  # wall clock, from the controller's heartbeat
+    saved_for_drain_at: float | None = None  # the same
     run_key: str = ""
 
 
@@ -154,9 +155,10 @@ class Supervisor:
 
     # ---- runs -------------------------------------------------------------------------------
 
-    def heartbeat(self, to: bytes, run_id: str, timeout_s: float, last_commit_at: float | None, now: float) -> None:
-        run = self._touch(to, run_id, now, timeout_s)
-        run.timeout_s, run.last_commit_at = timeout_s, last_commit_at
+    def heartbeat(self, to: bytes, beat: m.RunHeartbeat, now: float) -> None:
+        run = self._touch(to, beat.run_id, now, beat.timeout_s)
+        run.timeout_s, run.last_commit_at, run.saved_for_drain_at = \
+            beat.timeout_s, beat.last_commit_at, beat.saved_for_drain_at
 
     def admit(self, to: bytes, run_id: str, now: float, run_key: str = "") -> list[Effect]:
         """A controller asks for workloads: its run is alive now. A run key seen under an older run id

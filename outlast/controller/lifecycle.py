@@ -264,7 +264,16 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
 
 def heartbeat(c: "ControllerCore") -> m.RunHeartbeat:
     return m.RunHeartbeat(run_id=c.run_id, timeout_s=c.plan.timeouts.driver_lost_after_s,
-                          last_commit_at=last_commit_this_attempt(c))
+                          last_commit_at=last_commit_this_attempt(c), saved_for_drain_at=saved_for_drain_at(c))
+
+
+def saved_for_drain_at(c: "ControllerCore") -> float | None:
+    """When the checkpoint the loop saved for the drain it is in was committed: it is `Saved` with nowhere to go
+    (a run that found room elsewhere restarts there at once)."""
+    s = c.state
+    if not isinstance(s, st.Saved):
+        return None
+    return next((r.committed_at for r in reversed(c.book.state.checkpoints) if r.checkpoint_dir == s.checkpoint), None)
 
 
 def last_commit_this_attempt(c: "ControllerCore") -> float | None:

@@ -141,6 +141,10 @@ class RunHeartbeat(Msg):
     # Wall-clock time (time.time()) of the run's latest committed checkpoint, None before the
     # first: the kill policy weighs a training worker by the work since then.
     last_commit_at: float | None = None
+    # Wall-clock time the checkpoint the loop saved for a drain of this attempt's nodes was committed; None
+    # until then. Another checkpoint committed after the drain (one reported before its ranks heard of it)
+    # is not it: what a Slurm job waits for before it is requeued.
+    saved_for_drain_at: float | None = None
 
 
 class EndRun(Msg):
@@ -288,6 +292,7 @@ class StatusReply(Msg):
     head_address: str = ""  # empty when this agent is the head
     nodes: list["NodeInfo"] = []  # the node table (the head only)
     run_commits: dict[str, float] = {}  # run id -> wall time of its latest commit this attempt (heartbeats)
+    run_drain_saves: dict[str, float] = {}  # run id -> when the checkpoint it saved for a drain committed (heartbeats)
     metrics_url: str = ""  # where the node's Prometheus metrics are served; empty when off
     fork_server_pid: int = 0
     fork_server_standby_pid: int = 0  # the standby that takes the server's place when it dies; 0: none

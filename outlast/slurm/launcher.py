@@ -239,7 +239,7 @@ class Job:
         verdict, why = policy.after_drain(policy.AfterDrain(
             now=now, drained_at=d.since, drained=frozenset(d.node_ids), job_nodes=frozenset(self.alloc.nodes),
             had_workers=d.had_workers, workers_on=workers_on,
-            commits=tuple(t for st in statuses for t in st.run_commits.values()), idle_since=d.idle_since,
+            drain_saves=tuple(t for st in statuses for t in st.run_drain_saves.values()), idle_since=d.idle_since,
             deadline=d.deadline), margin_s=self.options.requeue_margin_s)
         if verdict == "moved":
             log.info("%s; no requeue", why)

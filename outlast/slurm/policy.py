@@ -91,7 +91,7 @@ class AfterDrain(msgspec.Struct, frozen=True, kw_only=True):
     job_nodes: frozenset[str]
     had_workers: bool  # the run had workers when the first drain went out
     workers_on: frozenset[str]  # nodes with workers now
-    commits: tuple[float, ...]  # the run's latest commit times, as the agents know them
+    drain_saves: tuple[float, ...]  # when the checkpoint the run saved for the drain committed, as the agents know it
     idle_since: float | None  # since when no node has had workers (None: some have now)
     deadline: float | None  # Slurm's, wall clock
 
@@ -105,7 +105,7 @@ def after_drain(s: AfterDrain, margin_s: float = 3.0, idle_s: float = 3.0) -> tu
     if s.deadline is not None and s.now >= s.deadline - margin_s:
         return "requeue", "Slurm's deadline is near: the job resumes from the latest committed checkpoint"
     if s.drained >= s.job_nodes:
-        if any(t >= s.drained_at for t in s.commits):
+        if any(t >= s.drained_at for t in s.drain_saves):
             return "requeue", "the checkpoint asked for at the drain is committed"
         if not s.workers_on:
             return "requeue", "the run stopped its workers for the drain"

@@ -235,6 +235,33 @@ def test_a_drain_until_the_commit_holds_the_ranks_once_the_checkpoint_is_committ
     assert h.core.book.failures_this_launch("preemption") == 1 and h.core.book.failures_this_launch("worker") == 0
 
 
+def test_only_the_checkpoint_saved_for_the_drain_is_the_commit_a_requeue_waits_for():
+    # Seen on Slurm: a checkpoint every 10 steps of 50 ms, one reported before the ranks heard of the drain
+    # committed 0.2 s after it, the job was requeued on that commit, and the steps since were lost.
+    from outlast.controller.lifecycle import heartbeat
+
+    h = make(nodes=("n1", "n2"), max_preemption_failures=-1)
+    start(h)
+    for rank in (0, 1):
+        ask(h, rank, 0)
+    h.agent("n1", m.NodeDraining(node_id="n1", reason="preemption", message="Slurm job 7 got SIGUSR1",
+                                 deadline_unix_s=h.wall() + 55.0, node_ids=["n1", "n2"], until_commit=True))
+    for rank in (0, 1):  # the loop's periodic checkpoint, reported before it asked again
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 9},
+                          checkpoint_dir="checkpoint_001_000000" if rank == 0 else None,
+                          files=[ENTRY] if rank == 0 else []))
+    assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+    assert heartbeat(h.core).last_commit_at is not None and heartbeat(h.core).saved_for_drain_at is None
+    for rank in (0, 1):
+        ask(h, rank, 1)
+    _jit_report(h, 0, 1, checkpoint=True)
+    _jit_report(h, 1, 1, checkpoint=False)
+    assert h.state is State.SAVED
+    beat = heartbeat(h.core)
+    assert beat.saved_for_drain_at == h.core.book.state.checkpoints[-1].committed_at
+    assert h.core.book.state.checkpoints[-1].checkpoint_dir == "checkpoint_001_000001"
+
+
 def test_without_until_the_commit_a_saved_run_with_nowhere_to_go_trains_on():
     h = make(nodes=("n1", "n2"))
     start(h)

@@ -29,7 +29,7 @@ def sent(effects) -> list[m.Msg]:
 
 
 def running(sup: Supervisor, pids: list[int], now: float = 0.0, timeout_s: float = 5.0, attempt: int = 1) -> None:
-    sup.heartbeat(CTRL, "r1", timeout_s, None, now)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=timeout_s), now)
     sup.admit(CTRL, "r1", now)
     for rank, pid in enumerate(pids):
         sup.expect(("r1", attempt, rank, ""), Placement(world_size=len(pids), demand={"CPU": 1.0}))
@@ -38,7 +38,7 @@ def running(sup: Supervisor, pids: list[int], now: float = 0.0, timeout_s: float
 
 def test_a_spawned_worker_is_announced_to_its_controller_and_holds_its_demand():
     sup = Supervisor("n1")
-    sup.heartbeat(CTRL, "r1", 5.0, None, 0.0)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), 0.0)
     sup.expect(("r1", 1, 0, ""), Placement(world_size=2, demand={"CPU": 1.0}))
     effects = sup.on_forked(forked(101), wall=1000.0)
     assert effects == [Send(CTRL, m.WorkerStarted(run_id="r1", attempt=1, rank=0, pid=101))]
@@ -82,7 +82,7 @@ def test_a_heartbeat_keeps_the_run_alive():
     sup = Supervisor("n1")
     running(sup, [101], timeout_s=5.0)
     for t in range(1, 20):
-        sup.heartbeat(CTRL, "r1", 5.0, None, float(t))
+        sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), float(t))
         assert sup.tick(float(t) + 0.5) == []
 
 
@@ -91,17 +91,17 @@ def test_a_stopped_attempt_gets_sigterm_then_sigkill_at_its_deadline():
     running(sup, [101, 102])
     effects = sup.stop_attempt("r1", 1, grace_s=2.0, now=10.0)
     assert sorted(kills(effects)) == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    sup.heartbeat(CTRL, "r1", 5.0, None, 11.0)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), 11.0)
     assert kills(sup.tick(11.9)) == []
     sup.on_reaped(reaped(101))  # one went in its grace
     assert kills(sup.tick(12.0)) == [(102, signal.SIGKILL)]
-    sup.heartbeat(CTRL, "r1", 5.0, None, 12.5)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), 12.5)
     assert kills(sup.tick(13.0)) == []
 
 
 def test_a_worker_born_after_its_attempt_stopped_is_killed_and_never_announced():
     sup = Supervisor("n1")
-    sup.heartbeat(CTRL, "r1", 5.0, None, 0.0)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), 0.0)
     sup.stop_attempt("r1", 1, 1.0, 0.0)
     effects = sup.on_forked(forked(101), wall=0.0)
     assert kills(effects) == [(101, signal.SIGKILL)] and sent(effects) == []
@@ -122,7 +122,7 @@ def test_end_of_run_terminates_its_workers_and_forgets_the_run_once_they_are_gon
 
 def test_end_of_a_run_without_workers_forgets_it_at_once():
     sup = Supervisor("n1")
-    sup.heartbeat(CTRL, "r1", 5.0, None, 0.0)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), 0.0)
     assert sup.end_run("r1", 1.0) == [] and sup.runs == {}
 
 
@@ -166,7 +166,7 @@ def test_the_memory_view_is_a_copy_that_marks_idle_and_killed_workloads():
     sup = Supervisor("n1")
     running(sup, [101, 102])
     sup.stop_attempt("r1", 1, 1.0, 0.0)
-    sup.heartbeat(CTRL, "r1", 5.0, 900.0, 0.5)
+    sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0, last_commit_at=900.0), 0.5)
     report = m.KillReport(node_id="n1", time=0.0, trigger="test", usage_bytes=2, limit_bytes=1, node_total_bytes=4,
                           target_bytes=1, policy="p", considered=[], selected=["x"], reason="over")
     view = {v.pid: v for v in sup.memory_view()}

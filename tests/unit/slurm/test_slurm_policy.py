@@ -68,13 +68,13 @@ def test_failure_domain_from_a_feature_prefix():
 
 def seen(**kw) -> AfterDrain:
     base = dict(now=NOW, drained_at=NOW - 5, drained=frozenset({"n1", "n2"}), job_nodes=frozenset({"n1", "n2"}),
-                had_workers=True, workers_on=frozenset({"n1"}), commits=(), idle_since=None, deadline=NOW + 60)
+                had_workers=True, workers_on=frozenset({"n1"}), drain_saves=(), idle_since=None, deadline=NOW + 60)
     return AfterDrain(**{**base, **kw})
 
 
 def test_with_every_node_drained_the_job_is_requeued_once_the_checkpoint_is_committed():
-    assert after_drain(seen(commits=(NOW - 10,)))[0] == "wait"  # committed before the drain: not the one
-    verdict, why = after_drain(seen(commits=(NOW - 10, NOW - 1)))
+    assert after_drain(seen(drain_saves=(NOW - 10,)))[0] == "wait"  # committed before the drain: not the one
+    verdict, why = after_drain(seen(drain_saves=(NOW - 10, NOW - 1)))
     assert verdict == "requeue" and "committed" in why
     assert after_drain(seen(workers_on=frozenset()))[0] == "requeue"  # the run stopped for the drain
 
