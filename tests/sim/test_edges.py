@@ -140,17 +140,12 @@ def test_a_newer_lease_read_as_this_versions_is_caught(monkeypatch):
 
 # Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
 @pytest.mark.timeout(1200)
-def test_edge_schedules_reach_every_new_fault():
+def test_three_hundred_edge_schedules_hold_every_invariant_and_reach_every_new_fault():
     summary = run_many(0, 300, jobs=1, edges=True)
-    totals = summary["totals"]
     assert summary["schedules"] == 300
+    assert summary["violations"] == 0, summary
+    totals = summary["totals"]
     for fact in ("interrupts", "lease_losses", "unkillable_ranks", "children_started", "uploads_lost_at_exit",
                  "failures_in_drains", "states_probed", "newer_documents", "refused_as_newer"):
         assert totals[fact] > 0, (fact, totals)
     assert summary["outcomes"].get("finished", 0) > 100 and summary["outcomes"].get("aborted", 0) > 10
-
-
-# Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
-@pytest.mark.timeout(1200)
-def test_three_hundred_edge_schedules_hold_every_invariant():
-    assert run_many(0, 300, jobs=1, edges=True)["violations"] == 0
