@@ -2,8 +2,9 @@
 
 Four threads of the agent's process, none of them its poll loop, which never waits on
 a copy. The server thread owns a ROUTER socket (CURVE, the cluster key: the same
-authenticator as the agent's) and answers what takes a chunk's time at most: a peer's offer
-and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
+authenticator as the agent's) and a plain one for the bytes of copies, sealed under a key
+each transfer gets over the first (`tier_client.Sealer`), and answers what takes a chunk's time
+at most: a peer's offer and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
 what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the replica to
 the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
 took) goes back through the server thread once the replica is there or has failed. A hold
@@ -22,9 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import zmq
 
-from outlast.agent.tier_client import TransferError, chunk_frames, fetch, file_view, push, write_all
+from outlast.agent.tier_client import (SERVER, Sealer, TransferError, fetch, file_view, new_transfer, push,
+                                       write_all)
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
@@ -35,6 +38,23 @@ from outlast.storage.retry import upload_with_retries
 
 log = logging.getLogger("outlast.agent.tier")
 
+SESSION_IDLE_S = 600.0  # a transfer unused this long is forgotten (its asker died): tier_client's timeouts are far shorter
+
+
+class _Session:
+    """A transfer open on this server: an offer being received (its files open for writing), or a fetch."""
+
+    def __init__(self, transfer: m.Transfer, key: CopyKey, fds: dict[str, int] | None, now: float) -> None:
+        self.sealer = Sealer(transfer, SERVER)
+        self.key = key
+        self.fds = fds  # path -> fd for an offer; None for a fetch
+        self.used = now
+
+    def close(self) -> None:
+        for fd in (self.fds or {}).values():
+            os.close(fd)
+        self.fds = {}
+
 
 class TierServer:
     def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
@@ -44,6 +64,8 @@ class TierServer:
         self.store = store
         self._lock = threading.Lock()  # the store: both threads use it
         self._sock, self.address = bind_router(ctx, host, port, key)
+        self._data, self.data_address = bind_router(ctx, host, 0, None)  # sealed bytes only (see the module)
+        self._sessions: dict[bytes, _Session] = {}
         self._replies = f"inproc://outlast-tier-{id(self)}"
         self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         # Copies in from this node's own ranks, which a commit may wait for, never queue behind a replica's
@@ -51,7 +73,7 @@ class TierServer:
         self._copies: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         # Uploads to storage take storage's time: a thread of their own, so that no pull or replica waits on one.
         self._uploads: queue.Queue[tuple[bytes, m.TierUpload, float] | None] = queue.Queue()
-        self._writing: dict[tuple[bytes, CopyKey], dict[str, int]] = {}  # offers being received: path -> fd
+        self._writing: dict[tuple[bytes, CopyKey], bytes] = {}  # offers being received: their sessions
         self._stop = threading.Event()
         self._inbox = ctx.socket(zmq.PULL)
         self._inbox.bind(self._replies)
@@ -79,8 +101,9 @@ class TierServer:
 
     def _serve(self) -> None:
         poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._inbox, zmq.POLLIN)
+        for sock in (self._sock, self._data, self._inbox):
+            poller.register(sock, zmq.POLLIN)
+        swept = time.monotonic()
         try:
             while not self._stop.is_set():
                 for sock, _ in poller.poll(200):
@@ -88,31 +111,77 @@ class TierServer:
                         ident, data = self._inbox.recv_multipart()
                         self._sock.send_multipart([ident, data])
                         continue
-                    frames = self._sock.recv_multipart(copy=False)
+                    frames = sock.recv_multipart(copy=False)
                     if len(frames) < 2:
                         continue
-                    ident = frames[0].bytes
+                    ident, head = frames[0].bytes, frames[1].bytes
                     try:
-                        msg = TIER_REQUESTS.decode(frames[1].bytes)
+                        msg = TIER_REQUESTS.decode(head)
                     except BadMessage as e:
                         log.warning("dropped a malformed tier request: %s", e)
                         continue
-                    # A chunk's bytes are the frame after it (tier_client.chunk_frames), written from there.
-                    payload = frames[2].buffer if len(frames) > 2 else getattr(msg, "data", b"")
-                    reply = self._handle(ident, msg, payload)
-                    if isinstance(reply, tuple):
-                        self._sock.send_multipart([ident, *chunk_frames(*reply)], copy=False)
+                    if sock is self._data:
+                        # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
+                        reply = self._handle_data(msg, head, frames[2].buffer if len(frames) > 2 else b"")
+                    else:
+                        reply = self._handle(ident, msg)
+                    if isinstance(reply, list):
+                        sock.send_multipart([ident, *reply], copy=False)
                     elif reply is not None:
-                        self._sock.send_multipart([ident, encode(reply)])
+                        sock.send_multipart([ident, encode(reply)])
+                if time.monotonic() - swept > 10:
+                    swept = time.monotonic()
+                    self._forget_idle(swept)
         finally:
-            for fds in self._writing.values():
-                for fd in fds.values():
-                    os.close(fd)
+            for session in self._sessions.values():
+                session.close()
             self._sock.close(linger=0)
+            self._data.close(linger=0)
             self._inbox.close(linger=0)
 
-    def _handle(self, ident: bytes, msg: m.TierRequest, payload: memoryview | bytes = b"",
-                ) -> m.TierReply | tuple[m.TierChunk, memoryview] | None:
+    def _forget_idle(self, now: float) -> None:
+        for sid in [sid for sid, sess in self._sessions.items() if now - sess.used > SESSION_IDLE_S]:
+            self._sessions.pop(sid).close()
+        live = set(self._sessions)
+        for writing in [w for w, sid in self._writing.items() if sid not in live]:
+            del self._writing[writing]
+
+    def _open(self, key: CopyKey, fds: dict[str, int] | None) -> m.Transfer:
+        transfer = new_transfer(self.data_address)
+        self._sessions[transfer.session] = _Session(transfer, key, fds, time.monotonic())
+        return transfer
+
+    def _handle_data(self, msg: m.TierRequest, head: bytes, sealed: memoryview | bytes,
+                     ) -> m.TierReply | list | None:
+        """A chunk of an offer, or a fetch of one, on the data socket: only within a transfer this server opened."""
+        if not isinstance(msg, (m.TierChunk, m.TierFetch)):
+            return None  # nothing else is asked here, and the data socket answers no stranger more than it must
+        ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)
+        session = self._sessions.get(msg.session)
+        if session is None or session.key != CopyKey(msg.run, msg.checkpoint_dir, msg.rank):
+            return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                reason=f"no transfer of {msg.checkpoint_dir} rank {msg.rank} is open on "
+                                       f"{self.store.node_id}")
+        session.used = time.monotonic()
+        if isinstance(msg, m.TierChunk) and session.fds is not None:
+            if msg.path not in session.fds:
+                return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                    reason=f"no offer of {msg.path} is open")
+            try:
+                data = session.sealer.open(head, msg, sealed)
+            except TransferError as e:
+                return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=str(e))
+            write_all(session.fds[msg.path], data, msg.offset)
+            return m.TierAck(**ids, path=msg.path, offset=msg.offset)
+        if isinstance(msg, m.TierFetch) and session.fds is None and msg.path:
+            reply = self._fetch(session.key, msg)
+            if isinstance(reply, tuple):
+                return session.sealer.seal(*reply)
+            return reply
+        return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                            reason=f"a {type(msg).__name__} does not belong on the data socket")
+
+    def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
         node = self.store.node_id
         if isinstance(msg, m.TierUpload):
             self._uploads.put((ident, msg, time.monotonic()))
@@ -150,23 +219,23 @@ class TierServer:
                 path = partial / entry.path
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            self._writing[(ident, key)] = fds
-            return m.TierAck(**ids)
-        if isinstance(msg, m.TierChunk):
-            fds = self._writing.get((ident, key), {})
-            if msg.path not in fds:
-                return m.TierStored(**ids, node_id=node, ok=False, reason=f"no offer of {msg.path} is open")
-            write_all(fds[msg.path], payload, msg.offset)
-            return m.TierAck(**ids, path=msg.path, offset=msg.offset)
+            transfer = self._open(key, fds)
+            self._writing[(ident, key)] = transfer.session
+            return m.TierAck(**ids, transfer=transfer)
         if isinstance(msg, m.TierOfferEnd):
-            for fd in self._writing.pop((ident, key), {}).values():
-                os.close(fd)
+            session = self._sessions.pop(self._writing.pop((ident, key), b""), None)
+            if session is not None:
+                session.close()
             with self._lock:
                 why = self.store.finish(key)
             return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "")
-        if isinstance(msg, m.TierFetch):
-            return self._fetch(key, msg)
-        return None
+        if isinstance(msg, m.TierFetch) and not msg.path:
+            offer = self._fetch(key, msg)
+            if isinstance(offer, m.TierOffer):
+                return msgspec.structs.replace(offer, transfer=self._open(key, None))
+            return offer
+        return m.TierStored(**ids, node_id=node, ok=False,
+                            reason=f"a {type(msg).__name__} goes to the data socket of the transfer it belongs to")
 
     def _fetch(self, key: CopyKey, msg: m.TierFetch) -> m.TierReply | tuple[m.TierChunk, memoryview]:
         ids = dict(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank)

@@ -585,6 +585,15 @@ class TierCopyInfo(msgspec.Struct, frozen=True, kw_only=True):
     committed: bool
 
 
+class Transfer(msgspec.Struct, frozen=True, kw_only=True):
+    """One copy's bytes between two tier servers, given over the CURVE socket: they go through the server's
+    plain data socket, sealed with AES-256-GCM under `key`, fresh for this transfer."""
+
+    data_address: str
+    session: bytes
+    key: bytes
+
+
 class TierHold(Msg):
     """Keep a rank's reported files (in `source_dir` on this node) in memory, then a replica on `peer`."""
 
@@ -625,6 +634,7 @@ class TierOffer(Msg):
     seq: int
     files: list[FileEntry]
     primary: bool = False
+    transfer: Transfer | None = None  # the answer to a fetch: where and how to ask for its chunks
 
 
 class TierChunk(Msg):
@@ -635,7 +645,9 @@ class TierChunk(Msg):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes = b""  # empty on the wire: the bytes are the frame after this one (tier_client.chunk_frames)
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.Sealer)
+    session: bytes = b""  # the transfer's, on the data socket (tier_client.Sealer)
+    nonce: int = 0  # the sender's count within the transfer: the sealed bytes' nonce
 
 
 class TierAck(Msg):
@@ -647,6 +659,7 @@ class TierAck(Msg):
     rank: int
     path: str = ""
     offset: int = 0
+    transfer: Transfer | None = None  # an offer accepted: where and how its chunks go
 
 
 class TierOfferEnd(Msg):
@@ -665,6 +678,7 @@ class TierFetch(Msg):
     path: str = ""
     offset: int = 0
     length: int = 0
+    session: bytes = b""  # a chunk asked on the data socket: the transfer's
 
 
 class TierCommit(Msg):

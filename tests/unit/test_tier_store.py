@@ -15,6 +15,7 @@ from outlast.agent.tier_client import CHUNK, TransferError, ask, fetch
 from outlast.agent.tier_server import TierServer
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
+from outlast.protocol.transport import TIER_REPLIES, TIER_REQUESTS, connect_dealer, encode
 from outlast.storage.checksum import hash_file
 from outlast.storage.memtier import CopyKey
 from outlast.storage.tier_store import TierStore, copy_dir
@@ -405,14 +406,56 @@ def test_a_pull_to_a_node_whose_own_copy_rotted_fetches_the_peers_whole_one(pair
     assert b.store.verify(copy) is None
 
 
-def test_a_chunks_bytes_travel_beside_its_header_straight_from_the_file(tmp_path):
-    from outlast.agent.tier_client import chunk_frames, file_view
+def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_own_transfer(tmp_path):
+    from outlast.agent.tier_client import ASKER, SERVER, Sealer, file_view, new_transfer
 
-    (tmp_path / "f").write_bytes(b"x" * (3 * MB))
+    payload = os.urandom(MB)
+    (tmp_path / "f").write_bytes(b"x" * MB + payload + b"y" * MB)
     view = file_view(tmp_path / "f")
-    header, data = chunk_frames(m.TierChunk(run="r", checkpoint_dir="c", rank=0, path="f", offset=MB),
-                                view[MB:2 * MB])
-    assert len(header) < 200 and data.nbytes == MB and isinstance(data.obj, mmap.mmap)
-    assert bytes(data[:3]) == b"xxx"
+    assert isinstance(view.obj, mmap.mmap)
+    transfer = new_transfer("tcp://127.0.0.1:1")
+    sender, receiver = Sealer(transfer, ASKER), Sealer(transfer, SERVER)
+    chunk = m.TierChunk(run="r", checkpoint_dir="c", rank=0, path="f", offset=MB)
+    head, sealed = sender.seal(chunk, view[MB:2 * MB])
+    assert len(head) < 200 and len(sealed) == MB + 16 and payload[:64] not in sealed  # the bytes travel encrypted
+    sent = TIER_REQUESTS.decode(head)
+    assert sent.session == transfer.session and sent.nonce == 1
+    assert receiver.open(head, sent, sealed) == payload
+    # A changed byte, a header that moves the chunk elsewhere, another transfer's key, and a chunk sent back to
+    # its own sender: none opens.
+    flipped = bytearray(sealed)
+    flipped[5] ^= 1
+    moved = encode(msgspec.structs.replace(sent, offset=0))
+    for opener, h, c, data in ((receiver, head, sent, bytes(flipped)),
+                               (receiver, moved, TIER_REQUESTS.decode(moved), sealed),
+                               (Sealer(new_transfer("tcp://127.0.0.1:1"), SERVER), head, sent, sealed),
+                               (sender, head, sent, sealed)):
+        with pytest.raises(TransferError, match="failed its seal"):
+            opener.open(h, c, data)
+    # Each seal takes a nonce of its own.
+    assert TIER_REQUESTS.decode(sender.seal(chunk, b"z")[0]).nonce == 2
     (tmp_path / "empty").write_bytes(b"")
     assert len(file_view(tmp_path / "empty")) == 0
+
+
+def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pair, tmp_path):
+    ctx, key, (a, _b) = pair
+    files = write_files(tmp_path / "ckpt", {"model.pt": 1000})
+    a.store.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    assert a.data_address != a.address
+    sock = connect_dealer(ctx, a.data_address)  # no cluster key: the data socket has none
+    try:
+        for session in (b"", os.urandom(16)):
+            sock.send(encode(m.TierFetch(run="run", checkpoint_dir="c1", rank=0, path="model.pt", length=1000,
+                                         session=session)))
+            assert sock.poll(5000)
+            reply = TIER_REPLIES.decode(sock.recv_multipart()[0])
+            assert isinstance(reply, m.TierStored) and not reply.ok and "no transfer" in reply.reason, reply
+        sock.send(encode(m.TierList()))  # only chunks are asked there: nothing else is answered
+        assert not sock.poll(500)
+    finally:
+        sock.close(linger=0)
+    # The record asked over the CURVE socket opens a transfer, and its chunks come back through the data socket.
+    fetched = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
+    assert fetched.transfer is not None and fetched.transfer.data_address == a.data_address
+    assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
