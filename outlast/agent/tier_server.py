@@ -7,10 +7,12 @@ each transfer gets over the first (`tier_client.Sealer`), and answers what takes
 at most: a peer's offer and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
 what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the replica to
 the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
-took) goes back through the server thread once the replica is there or has failed. A hold
-without a peer (a copy in, which a commit waits for) has a thread of its own, so that it never
-waits behind another checkpoint's replica; so has a `TierUpload` (a held copy, checked, uploaded to
-the run's storage: a drain's checkpoint committed in memory), which takes storage's time.
+took) goes back through the server thread once the replica is there or has failed. What a
+commit or a restore waits for (a hold that copies a rank's files in, with the replica of a
+checkpoint committed in memory, such as a drain's; a pull) has a thread of its own, so that it
+never waits behind a replica made beside a durable commit; so has a `TierUpload` (a held copy,
+checked, uploaded to the run's storage: a drain's checkpoint committed in memory), which takes
+storage's time.
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class _Session:
         self.fds = {}
 
 
+def queue_for(msg: m.TierHold | m.TierPull | m.TierUpload) -> str:
+    """The thread a request waits for: "upload" (storage's time), "waited" (what a commit or a restore waits
+    for: a hold with files to copy in, a pull) or "hold" (a replica of a copy held already, beside a durable
+    commit)."""
+    if isinstance(msg, m.TierUpload):
+        return "upload"
+    return "waited" if isinstance(msg, m.TierPull) or msg.source_dir else "hold"
+
+
 class TierServer:
     def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
                  port: int = 0) -> None:
@@ -68,9 +79,9 @@ class TierServer:
         self._sessions: dict[bytes, _Session] = {}
         self._replies = f"inproc://outlast-tier-{id(self)}"
         self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
-        # Copies in from this node's own ranks, which a commit may wait for, never queue behind a replica's
-        # transfer to a peer: a thread of their own.
-        self._copies: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
+        # What a commit or a restore waits for never queues behind a replica made beside a durable commit (seen:
+        # a drain's 2 GB checkpoint missed its 10 s deadline behind the replica of the checkpoint before it).
+        self._waited: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         # Uploads to storage take storage's time: a thread of their own, so that no pull or replica waits on one.
         self._uploads: queue.Queue[tuple[bytes, m.TierUpload, float] | None] = queue.Queue()
         self._writing: dict[tuple[bytes, CopyKey], bytes] = {}  # offers being received: their sessions
@@ -80,7 +91,7 @@ class TierServer:
         self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
                          threading.Thread(target=self._hold_loop, args=(self._holds,), name="outlast-tier-hold",
                                          daemon=True),
-                         threading.Thread(target=self._hold_loop, args=(self._copies,), name="outlast-tier-copy",
+                         threading.Thread(target=self._hold_loop, args=(self._waited,), name="outlast-tier-waited",
                                          daemon=True),
                          threading.Thread(target=self._hold_loop, args=(self._uploads,), name="outlast-tier-upload",
                                          daemon=True)]
@@ -92,7 +103,7 @@ class TierServer:
 
     def stop(self) -> None:
         self._stop.set()
-        for todo in (self._holds, self._copies, self._uploads):
+        for todo in (self._holds, self._waited, self._uploads):
             todo.put(None)
         for t in self._threads:
             t.join(timeout=10)
@@ -183,12 +194,9 @@ class TierServer:
 
     def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
         node = self.store.node_id
-        if isinstance(msg, m.TierUpload):
-            self._uploads.put((ident, msg, time.monotonic()))
-            return None
-        if isinstance(msg, (m.TierHold, m.TierPull)):
-            local = isinstance(msg, m.TierHold) and not msg.peer_address
-            (self._copies if local else self._holds).put((ident, msg, time.monotonic()))
+        if isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
+            queues = {"upload": self._uploads, "waited": self._waited, "hold": self._holds}
+            queues[queue_for(msg)].put((ident, msg, time.monotonic()))
             return None
         if isinstance(msg, m.TierList):
             with self._lock:

@@ -7,8 +7,9 @@ real code's: the budget and its evictions are a real `TierBook` (`outlast/storag
 `begin` and `finish` as `TierStore` calls them), what to ask of which node is the controller's
 (`outlast/controller/memory_holds.py`), and what a restore reads is `tier_restore.choose_copies`.
 
-A node's tier server answers a hold with a peer, and a pull, on one thread, and a hold without one
-(a rank's copy in, which a commit waits for) on another (`tier_server.py`): two queues here. The
+A node's tier server answers what a commit or a restore waits for (a hold with files to copy in, a
+pull) on one thread, a replica of a copy held already on another, and an upload on a third
+(`tier_server.queue_for`): three queues here, chosen by the same function. The
 driver's requests go out on a pool of `POOL` threads (`tier_executor.py`), each waiting for its
 answer for the request's timeout, which answers for a node that died with the request.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Generator
 
 import msgspec
 
+from outlast.agent.tier_server import queue_for
 from outlast.controller import effects as fx
 from outlast.protocol import messages as m
 from outlast.sim.world import Channel
@@ -65,8 +67,8 @@ class SimTier:
         self.data: dict[CopyKey, dict[str, bytes]] = {}  # the RAM: path -> bytes of each copy held
         self.stored_in: dict[CopyKey, int] = {}  # the agent's incarnation that took each copy in
         self._pending: dict[CopyKey, TierRecord] = {}
-        self._queues: dict[str, deque] = {"copy": deque(), "hold": deque(), "upload": deque()}
-        self._busy: dict[str, bool] = {"copy": False, "hold": False, "upload": False}
+        self._queues: dict[str, deque] = {"waited": deque(), "hold": deque(), "upload": deque()}
+        self._busy: dict[str, bool] = {"waited": False, "hold": False, "upload": False}
         self._begun_why = ""
 
     @property
@@ -113,8 +115,7 @@ class SimTier:
         if not self.node.alive:
             return  # nobody answers: the asker's timeout does
         if isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
-            q = "upload" if isinstance(msg, m.TierUpload) else \
-                "copy" if isinstance(msg, m.TierHold) and not msg.peer_address else "hold"
+            q = queue_for(msg)
             self._queues[q].append((msg, reply))
             self._next(q)
         elif isinstance(msg, m.TierCommit):
