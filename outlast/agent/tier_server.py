@@ -291,33 +291,50 @@ class TierServer:
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
         with self._lock:
             held = self.store.record(key) is not None
-        if not held:
+        replica: tuple[str, str, float] | None = None
+        if not held and hold.peer_address:
+            # A commit waits for both copies (a drain's checkpoint, a run kept in memory): the replica goes from
+            # the rank's own files while they are copied in, not after.
+            copied: list[str | None] = []
+            copying = threading.Thread(target=lambda: copied.append(self._copy_in(hold)), name="outlast-tier-copy-in",
+                                       daemon=True)
+            copying.start()
+            replica = self._push(hold, key, Path(hold.source_dir), peers)
+            copying.join()
+            why = copied[0] if copied else f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: the copy failed"
+        elif not held:
             why = self._copy_in(hold)
-            if why is not None:
-                return m.TierStored(**ids, node_id=node, ok=False, reason=why, nbytes=nbytes,
-                                    seconds=time.monotonic() - asked_at)
+        else:
+            why = None
+        if why is not None:
+            replica_node, replica_reason, replica_s = replica or ("", "", 0.0)
+            return m.TierStored(**ids, node_id=node, ok=False, reason=why, nbytes=nbytes, replica_node=replica_node,
+                                replica_reason=replica_reason, seconds=time.monotonic() - asked_at,
+                                replica_seconds=replica_s)
         with self._lock:
             src = self.store.path(key)
-        replica_node, replica_reason, replica_s = "", "", 0.0
-        if hold.peer_address and src is not None:
-            started = time.monotonic()
-            sock = peers.get(hold.peer_address)
-            if sock is None:
-                sock = peers[hold.peer_address] = connect_dealer(self._ctx, hold.peer_address, key=self._key)
-            try:
-                stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address)
-                if stored.ok:
-                    replica_node = stored.node_id
-                else:
-                    replica_reason = f"{stored.node_id} did not keep the replica: {stored.reason}"
-            except (TransferError, OSError) as e:
-                replica_reason = f"the replica to {hold.peer_address} failed: {e}"
-                peers.pop(hold.peer_address).close(linger=0)  # its answers may still come: a fresh socket
-            replica_s = time.monotonic() - started
+        if replica is None and hold.peer_address and src is not None:
+            replica = self._push(hold, key, src, peers)
+        replica_node, replica_reason, replica_s = replica or ("", "", 0.0)
         return m.TierStored(**ids, node_id=node, ok=src is not None, nbytes=nbytes,
                             reason="" if src is not None else "evicted before its replica was made",
                             replica_node=replica_node, replica_reason=replica_reason,
                             seconds=time.monotonic() - asked_at, replica_seconds=replica_s)
+
+    def _push(self, hold: m.TierHold, key: CopyKey, src: Path, peers: dict[str, zmq.Socket]) -> tuple[str, str, float]:
+        """The replica of the files under `src` on the hold's peer: (the node that keeps it, or "" and why not; seconds)."""
+        started = time.monotonic()
+        sock = peers.get(hold.peer_address)
+        if sock is None:
+            sock = peers[hold.peer_address] = connect_dealer(self._ctx, hold.peer_address, key=self._key)
+        try:
+            stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address)
+            if stored.ok:
+                return stored.node_id, "", time.monotonic() - started
+            return "", f"{stored.node_id} did not keep the replica: {stored.reason}", time.monotonic() - started
+        except (TransferError, OSError) as e:
+            peers.pop(hold.peer_address).close(linger=0)  # its answers may still come: a fresh socket
+            return "", f"the replica to {hold.peer_address} failed: {e}", time.monotonic() - started
 
     def _pull(self, pull: m.TierPull, asked_at: float) -> m.TierStored:
         node = self.store.node_id

@@ -160,23 +160,39 @@ class SimTier:
         ids = dict(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank)
         nbytes = sum(f.size for f in hold.files)
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
-        if key not in self.records:
-            why = yield from self._copy_in(hold, key)
-            if why is not None:
-                return m.TierStored(**ids, node_id=node, ok=False, reason=why, nbytes=nbytes)
-        src = self.data.get(key)
-        replica_node, replica_reason = "", ""
-        if hold.peer_address and src is not None:
-            stored, failed = yield from self._push(key, hold.seq, hold.files, dict(src), hold.peer_address)
-            if stored is not None and stored.ok:
-                replica_node = stored.node_id
-            elif stored is not None:
-                replica_reason = f"{stored.node_id} did not keep the replica: {stored.reason}"
+        replica: tuple[str, str] | None = None
+        if key not in self.records and hold.peer_address:
+            # The server pushes the replica from the rank's own files while it copies them in: the push here,
+            # then the copy, whose time the push's covered.
+            source = self.node.local.get(hold.source_dir) or {}
+            if all(e.path in source for e in hold.files):
+                replica = yield from self._replica(key, hold, {e.path: source[e.path] for e in hold.files})
             else:
-                replica_reason = f"the replica to {hold.peer_address} failed: {failed}"
+                replica = "", f"the replica to {hold.peer_address} failed: no such file in {hold.source_dir}"
+            why = yield from self._copy_in(hold, key)
+        elif key not in self.records:
+            why = yield from self._copy_in(hold, key)
+        else:
+            why = None
+        if why is not None:
+            replica_node, replica_reason = replica or ("", "")
+            return m.TierStored(**ids, node_id=node, ok=False, reason=why, nbytes=nbytes, replica_node=replica_node,
+                                replica_reason=replica_reason)
+        src = self.data.get(key)
+        if replica is None and hold.peer_address and src is not None:
+            replica = yield from self._replica(key, hold, dict(src))
+        replica_node, replica_reason = replica or ("", "")
         return m.TierStored(**ids, node_id=node, ok=src is not None, nbytes=nbytes,
                             reason="" if src is not None else "evicted before its replica was made",
                             replica_node=replica_node, replica_reason=replica_reason)
+
+    def _replica(self, key: CopyKey, hold: m.TierHold, data: dict[str, bytes]) -> Generator[float, None, tuple[str, str]]:
+        stored, failed = yield from self._push(key, hold.seq, hold.files, data, hold.peer_address)
+        if stored is not None and stored.ok:
+            return stored.node_id, ""
+        if stored is not None:
+            return "", f"{stored.node_id} did not keep the replica: {stored.reason}"
+        return "", f"the replica to {hold.peer_address} failed: {failed}"
 
     def _copy_in(self, hold: m.TierHold, key: CopyKey) -> Generator[float, None, str | None]:
         if self._begin(key, hold.seq, hold.files, primary=True) is not None:
