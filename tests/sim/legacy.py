@@ -198,9 +198,9 @@ def reinject_edge(bug: str, monkeypatch) -> None:
     from outlast.agent import supervisor
 
     if bug == "heartbeat_ignored":  # a run's heartbeats kept nothing alive: its live driver's workers went
-        def heartbeat(self, to, run_id, timeout_s, last_commit_at, now):
-            run = self.runs.get(run_id) or self._touch(to, run_id, now, timeout_s)
-            run.timeout_s, run.last_commit_at = timeout_s, last_commit_at
+        def heartbeat(self, to, beat, now):
+            run = self.runs.get(beat.run_id) or self._touch(to, beat.run_id, now, beat.timeout_s)
+            run.timeout_s, run.last_commit_at = beat.timeout_s, beat.last_commit_at
         monkeypatch.setattr(supervisor.Supervisor, "heartbeat", heartbeat)
     elif bug == "unkillable_waited_for":  # a workload SIGKILL did not end was waited for forever
         def give_up(self, w, waited_s):
