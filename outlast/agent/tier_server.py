@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from outlast.agent.tier_client import (SERVER, Sealer, TransferError, fetch, file_view, new_transfer, push,
+from outlast.agent.tier_client import (CHUNK, SERVER, Sealer, TransferError, fetch, file_view, new_transfer, push,
                                        write_all)
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -75,7 +75,9 @@ class TierServer:
         self.store = store
         self._lock = threading.Lock()  # the store: both threads use it
         self._sock, self.address = bind_router(ctx, host, port, key)
-        self._data, self.data_address = bind_router(ctx, host, 0, None)  # sealed bytes only (see the module)
+        # Sealed bytes only (see the module); a socket without the cluster key takes no frame larger than a sealed
+        # chunk from anyone.
+        self._data, self.data_address = bind_router(ctx, host, 0, None, max_frame=CHUNK + (64 << 10))
         self._sessions: dict[bytes, _Session] = {}
         self._replies = f"inproc://outlast-tier-{id(self)}"
         self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()

@@ -104,11 +104,12 @@ def tune(sock: zmq.Socket) -> zmq.Socket:
 
 
 def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
-                key: "ClusterKey | None" = None) -> tuple[zmq.Socket, str]:
+                key: "ClusterKey | None" = None, max_frame: int = -1) -> tuple[zmq.Socket, str]:
     """With a cluster key the socket only talks to peers holding it (the context needs
-    `auth.start_authenticator`)."""
+    `auth.start_authenticator`). `max_frame`: a peer that sends a larger frame is disconnected (-1: any size)."""
     sock = tune(ctx.socket(zmq.ROUTER))
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a peer that went away must not raise on send
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
     if key is not None:
         key.serve(sock)
     if port:

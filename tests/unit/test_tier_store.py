@@ -455,6 +455,14 @@ def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pa
         assert not sock.poll(500)
     finally:
         sock.close(linger=0)
+    # A frame larger than a sealed chunk ends the stranger's connection before it is read.
+    sock = connect_dealer(ctx, a.data_address)
+    try:
+        sock.send_multipart([encode(m.TierFetch(run="run", checkpoint_dir="c1", rank=0, path="model.pt", length=1000,
+                                                session=b"x" * 16)), b"\0" * (CHUNK + (1 << 20))])
+        assert not sock.poll(1000)
+    finally:
+        sock.close(linger=0)
     # The record asked over the CURVE socket opens a transfer, and its chunks come back through the data socket.
     fetched = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
     assert fetched.transfer is not None and fetched.transfer.data_address == a.data_address
