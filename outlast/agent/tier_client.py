@@ -82,8 +82,6 @@ def _nonce(side: int, count: int) -> bytes:
     return bytes([side]) + count.to_bytes(11, "big")
 
 
-
-
 def _recv(sock: zmq.Socket, timeout_s: float, what: str) -> m.TierReply:
     return _recv_sealed(sock, timeout_s, what)[1]
 

@@ -271,9 +271,8 @@ def saved_for_drain_at(c: "ControllerCore") -> float | None:
     """When the checkpoint the loop saved for the drain it is in was committed: it is `Saved` with nowhere to go
     (a run that found room elsewhere restarts there at once)."""
     s = c.state
-    if not isinstance(s, st.Saved):
-        return None
-    return next((r.committed_at for r in reversed(c.book.state.checkpoints) if r.checkpoint_dir == s.checkpoint), None)
+    record = memory_holds.record_of(c, s.checkpoint) if isinstance(s, st.Saved) else None
+    return record.committed_at if record is not None else None
 
 
 def last_commit_this_attempt(c: "ControllerCore") -> float | None:
