@@ -15,7 +15,7 @@ import zmq
 from outlast.agent.__main__ import add_cluster_arguments, add_metrics_arguments, metrics_args
 from outlast.cli.store_status import render_store
 from outlast.client.discovery import (
-    AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, read_node_file, request,
+    AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, published_node, read_node_file, request,
     start_agent_process, state_dir,
 )
 from outlast.cli.dashboard.command import add_parser as add_dashboard_parser
@@ -31,7 +31,6 @@ from outlast.isolation.policy import render_report
 from outlast.isolation.units import format_bytes
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey
-from outlast.procutil import pid_alive
 from outlast.identity import still_running
 from outlast.statedir import UnsafeStateError
 
@@ -41,10 +40,9 @@ def _default_preload() -> str:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    running = _agent_on_this_machine()
+    running = published_node()
     if running is not None:
-        info = read_node_file()
-        print(f"an outlast node is already running at {running} (pid {info.pid if info else '?'}); "
+        print(f"an outlast node is already running at {running.address} (pid {running.pid}); "
               "run `outlast stop` first", file=sys.stderr)
         return 1
     try:
@@ -108,21 +106,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(local_key)
     print("Trainer.fit() on this machine now uses it; `outlast stop` stops it.")
     return 0
-
-
-def _agent_on_this_machine() -> str | None:
-    """The agent `outlast start` published in $OUTLAST_HOME ($OUTLAST_ADDRESS may name another machine's)."""
-    info = read_node_file()
-    if info is None or not pid_alive(info.pid):
-        return None
-    ctx = zmq.Context()
-    try:
-        request(ctx, info.address, m.Ping(), timeout_s=2.0)
-    except AgentUnavailable:
-        return None
-    finally:
-        ctx.term()
-    return info.address
 
 
 def _key_file(args: argparse.Namespace) -> str | None:

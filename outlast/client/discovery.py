@@ -14,9 +14,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from outlast.procutil import pid_alive
 from outlast.runenv import secrets_in, without_secrets, write_secrets
-from outlast.identity import ProcessIdentity
+from outlast.identity import ProcessIdentity, still_running
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, VersionMismatch, tune, encode
@@ -110,26 +109,43 @@ def request(ctx: zmq.Context, address: str, msg: m.Msg, timeout_s: float = 2.0,
         sock.close(linger=0)
 
 
+NODE_ANSWER_S = 30.0  # how long a node that runs may take to answer; a starved machine can take seconds
+
+
+def published_node() -> NodeFile | None:
+    """The node `outlast start` published in $OUTLAST_HOME, if the process that published it still runs."""
+    info = read_node_file()
+    if info is None:
+        return None
+    return info if still_running(info.process, info.pid)[0] else None
+
+
 def find_running_agent(ctx: zmq.Context) -> str | None:
-    """The address of a live agent: $OUTLAST_ADDRESS, or the one `outlast start` published."""
+    """The address of a live agent: $OUTLAST_ADDRESS, or the one `outlast start` published.
+
+    A published node whose process runs is waited for, never passed over: were a slow answer
+    taken for no node, the caller would start an embedded one without that node's settings
+    (its resource isolation first).
+    """
     explicit = os.environ.get("OUTLAST_ADDRESS")
     if explicit:
         address = explicit if "://" in explicit else f"tcp://{explicit}"
-        request(ctx, address, m.Ping(), timeout_s=5.0)  # a wrong address must fail loudly, not start a node
+        request(ctx, address, m.Ping(), timeout_s=NODE_ANSWER_S)  # a wrong address must fail loudly
         return address
-    info = read_node_file()
-    if info is None or not pid_alive(info.pid):
+    info = published_node()
+    if info is None:
         return None
     try:
-        request(ctx, info.address, m.Ping(), timeout_s=2.0)
-    except AgentUnavailable:
-        return None
+        request(ctx, info.address, m.Ping(), timeout_s=NODE_ANSWER_S)
+    except AgentUnavailable as e:
+        raise AgentUnavailable(f"the node `outlast start` started on this machine (pid {info.pid}) runs but did "
+                               f"not answer: {e}; wait until it does, or stop it with `outlast stop`") from None
     return info.address
 
 
 def head_of(ctx: zmq.Context, address: str) -> str:
     """The head of the cluster the agent at `address` belongs to (itself when it is the head)."""
-    pong = request(ctx, address, m.Ping(), timeout_s=5.0)
+    pong = request(ctx, address, m.Ping(), timeout_s=NODE_ANSWER_S)
     return pong.head_address if isinstance(pong, m.Pong) and pong.head_address else address
 
 
