@@ -1,4 +1,5 @@
-"""What the standbys cost in memory: a node's standby fork server, and a driver's standby agent.
+"""What the standbys cost in memory: a node's standby fork server, its fork server's spares, and a
+driver's standby agent.
 
     .venv/bin/python bench/standby_memory.py [--out FILE]
 
@@ -6,7 +7,9 @@ Starts one node (LocalCluster, the default preload: torch), waits until its stan
 ready, and reads the PSS, USS and RSS of the agent, its fork server and the standby
 (/proc/PID/smaps_rollup through psutil). Then starts a standby agent as a driver does for its
 embedded node (`launch_agent(standby=True)`), waits until its fork server has imported, and reads
-the same of the standby agent and its fork server. PSS splits shared pages (torch's libraries)
+the same of the standby agent and its fork server. Between the two, a run of 2 ranks on the node
+leaves its fork server with 2 spares (children forked ahead of a restart's ranks): their memory
+is read too. PSS splits shared pages (torch's libraries)
 between the processes that map them; USS is what ending the process gives back.
 """
 import argparse
@@ -22,6 +25,12 @@ from outlast.client.discovery import launch_agent
 from outlast.client.preload import default_preload
 from outlast.protocol import messages as m
 from outlast.testing import LocalCluster
+from outlast.train import RunConfig, ScalingConfig, Trainer
+
+
+def one_report(config):
+    from outlast import train
+    train.report({"rank": train.get_context().get_world_rank()})
 
 
 def mem(pid):
@@ -60,6 +69,16 @@ def main():
             s = status()
             out["node"] = {"agent": mem(cluster.nodes["node-0"].proc.pid), "fork_server": mem(s.fork_server_pid),
                            "standby_fork_server": mem(s.fork_server_standby_pid)}
+            Trainer(one_report, scaling_config=ScalingConfig(num_workers=2),
+                    run_config=RunConfig(name="spares", storage_path=os.path.join(tmp, "storage"))).fit()
+
+            def spares():
+                with open(trace) as f:
+                    pids = [e["child"] for e in map(json.loads, f) if e["phase"] == "zygote.spare"]
+                return pids if len(pids) >= 2 else None
+
+            time.sleep(1)  # the spares touch what they touch as they start
+            out["node"]["spares"] = [mem(pid) for pid in wait(spares, 120, "the fork server's two spares")]
             standby = launch_agent(cluster.preload, embedded=False, standby=True,
                                    extra_args=["--die-with-parent", "--cluster-key", str(cluster.key_file)])
             try:
@@ -80,6 +99,8 @@ def main():
     out["cost_mib"] = {
         "standby_fork_server_pss": node["standby_fork_server"]["pss_mib"],
         "standby_fork_server_uss": node["standby_fork_server"]["uss_mib"],
+        "spares_pss": round(sum(sp["pss_mib"] for sp in node["spares"]), 1),
+        "spares_uss": round(sum(sp["uss_mib"] for sp in node["spares"]), 1),
         "standby_agent_pss": round(agent["agent"]["pss_mib"] + agent["fork_server"]["pss_mib"], 1),
         "standby_agent_uss": round(agent["agent"]["uss_mib"] + agent["fork_server"]["uss_mib"], 1),
     }

@@ -1,7 +1,9 @@
 """The fork server: imports the heavy modules once, then forks a worker per request.
 
-A restarted worker costs a fork, not a Python start and `import torch`. The server
-starts no threads and touches no accelerator before forking. It is also the workers'
+A restarted worker costs a fork, not a Python start and `import torch`, and most often not even
+the fork: once the server has run ranks it keeps as many spares, children forked while it is idle
+that wait on a pipe for their request, so a restart's ranks begin at once (`Zygote.spares`). The
+server starts no threads and touches no accelerator before forking. It is also the workers'
 parent, so it reaps them the moment they die and reports how (exit code or signal,
 and the error the worker wrote to its error file).
 
@@ -91,12 +93,25 @@ class Zygote:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd does the work
         signal.signal(signal.SIGTERM, lambda *_: None)  # the agent died: end the workers, then go
+        # Children forked ahead of their request, each waiting on a pipe (pid -> its write end): a
+        # restart's ranks start without waiting for a fork of this large process. As many as the most
+        # ranks this server has run at once, since a restart asks for them all again; none until then.
+        self.spares: dict[int, int] = {}
+        self.spare_target = 0
 
     def serve(self) -> None:
         while True:
+            idle_s = 0.0 if len(self.spares) < self.spare_target else None
             try:
-                ready, _, _ = select.select([self.conn.fileno(), self.wake_r], [], [])
+                ready, _, _ = select.select([self.conn.fileno(), self.wake_r], [], [], idle_s)
             except InterruptedError:
+                continue
+            if not ready:  # nothing asked for: the time to fork a spare
+                try:
+                    self.fork_spare()
+                except OSError as e:  # no memory or pids for one: restarts fork as they did
+                    print(f"outlast fork server: no spare ({e}); workers are forked when asked for", file=sys.stderr)
+                    self.spare_target = len(self.spares)
                 continue
             if self.wake_r in ready:
                 signals = b""
@@ -118,20 +133,79 @@ class Zygote:
                 self.fork(TO_ZYGOTE.decode(data))
 
     def fork(self, req: m.ForkWorker | m.ForkTask) -> None:
-        pid = os.fork()
-        if pid == 0:
-            self._become_worker(req)  # never returns
+        pid = self._hand_to_spare(req)
+        if pid is None:
+            pid = os.fork()
+            if pid == 0:
+                self._leave_the_server()
+                self._become_worker(req)  # never returns
         self.children[pid] = req
+        ranks = sum(isinstance(r, m.ForkWorker) for r in self.children.values())
+        self.spare_target = max(self.spare_target, ranks)
         mark("zygote.fork", child=pid, attempt=_attempt(req), rank=_rank(req))
         self.conn.send_bytes(encode(m.Forked(run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
                                              task_id=_task_id(req), output_file=getattr(req, "output_file", ""))))
 
-    def _become_worker(self, req: m.ForkWorker | m.ForkTask) -> None:
-        code = 70
+    def fork_spare(self) -> None:
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            raise
+        if pid == 0:
+            os.close(w)
+            self._leave_the_server()
+            self._become_worker(self._wait_as_spare(r))  # never returns
+        os.close(r)
+        self.spares[pid] = w
+        mark("zygote.spare", child=pid)
+
+    def _hand_to_spare(self, req: m.ForkWorker | m.ForkTask) -> int | None:
+        """The pid of the spare that took `req`, or None when there is none (or each was gone)."""
+        data = encode(req)
+        while self.spares:
+            pid, w = self.spares.popitem()
+            try:
+                with os.fdopen(w, "wb") as f:
+                    f.write(len(data).to_bytes(8, "big") + data)
+                return pid
+            except OSError:  # it died before its request; its reap is an orphan's
+                continue
+        return None
+
+    @staticmethod
+    def _wait_as_spare(r: int) -> m.ForkWorker | m.ForkTask:
+        try:
+            with os.fdopen(r, "rb") as f:
+                head = f.read(8)
+                data = f.read(int.from_bytes(head, "big")) if len(head) == 8 else b""
+            if not data:
+                os._exit(0)  # the fork server ended: no request will come
+            return TO_ZYGOTE.decode(data)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(70)
+
+    def _leave_the_server(self) -> None:
+        """In a child just forked: what it must not share with the server, done before anything else."""
         try:
             os.setsid()  # a group of its own from the first instant: what it starts is killed with it
             become_subreaper()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (self.wake_r, self.wake_w, *self.spares.values()):
+                os.close(fd)
+            self.conn.close()
+        except BaseException:
+            traceback.print_exc()
+            os._exit(70)
+
+    def _become_worker(self, req: m.ForkWorker | m.ForkTask) -> None:
+        code = 70
+        try:
             # Into its own cgroup leaf before anything else: what it allocates from here on is
             # charged to the workloads, never to the node's own processes.
             for procs in req.cgroup_procs:
@@ -139,11 +213,6 @@ class Zygote:
                     f.write(str(os.getpid()))
             if getattr(req, "output_file", ""):
                 redirect_to(req.output_file)  # docs/architecture.md, "Worker output"
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-            self.conn.close()
             entry = importlib.import_module(TASK_ENTRY if isinstance(req, m.ForkTask) else WORKER_ENTRY)
             if self.worker_user is not None:  # outlast/agent/worker_user.py
                 fd = open_error_file(req.error_file, self.worker_user)
@@ -172,6 +241,9 @@ class Zygote:
                 return
             pid = info.si_pid
             req = self.children.pop(pid, None)
+            spare = self.spares.pop(pid, None)
+            if spare is not None:
+                os.close(spare)  # killed before a request came; another is forked when idle
             mark("zygote.reaped", child=pid, ours=req is not None)
             if req is not None:
                 kill_tree(pid, signal.SIGKILL)
@@ -187,7 +259,7 @@ class Zygote:
 
     def kill_orphans(self) -> None:
         """Kill what dead workers left: every child of ours that we did not fork (docstring above)."""
-        for pid in own_children() - set(self.children):
+        for pid in own_children() - set(self.children) - set(self.spares):
             try:
                 leads_group = os.getpgid(pid) == pid
             except ProcessLookupError:
@@ -203,7 +275,7 @@ class Zygote:
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Kill every worker's group, then reap until no child is left (each dead one may hand
         us orphans), for at most `timeout_s`."""
-        for pid in list(self.children):
+        for pid in [*self.children, *self.spares]:
             kill_tree(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

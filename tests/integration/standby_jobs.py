@@ -58,3 +58,23 @@ def kill_once_loop(config: dict) -> None:
         os.kill(victim, signal.SIGKILL)
         time.sleep(120)  # dies with its fork server
     train.report({"attempt": ctx.get_attempt()})
+
+
+def spare_loop(config: dict) -> None:
+    """Two ranks. In attempt 1, once the fork server has its two spares, rank 1 SIGKILLs one of them
+    (as anyone on the machine might), waits for its replacement, then SIGKILLs itself."""
+    ctx = train.get_context()
+    _log(config, event="start")
+    if ctx.get_attempt() == 1:
+        if ctx.get_world_rank() == 1:
+            deadline = time.monotonic() + 120
+            while len(_traced("zygote.spare")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            victim = _traced("zygote.spare")[0]["child"]
+            os.kill(victim, signal.SIGKILL)
+            while len(_traced("zygote.spare")) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _log(config, event="kill", spare_killed=victim, spares=[e["child"] for e in _traced("zygote.spare")])
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)  # stopped when rank 1 dies
+    train.report({"attempt": ctx.get_attempt()})

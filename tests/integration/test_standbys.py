@@ -1,8 +1,12 @@
 """The standbys that keep a restart from importing torch again: a ready second fork server takes
 the place of a killed one, and a driver's standby agent (with its fork server already warm) takes
-the place of a killed embedded agent. Each standby ends with what it stands by, and nothing is left."""
+the place of a killed embedded agent; and the fork server's spares, forked ahead, that keep a
+restart from waiting for a fork. Each standby ends with what it stands by, and nothing is left."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import psutil
 import pytest
@@ -11,7 +15,7 @@ from outlast.protocol import messages as m
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.procs import alive, live_descendants_running, wait_until
-from tests.integration.standby_jobs import kill_once_loop
+from tests.integration.standby_jobs import kill_once_loop, spare_loop
 from tests.integration.jobs import read_events
 
 
@@ -83,3 +87,27 @@ def test_a_killed_embedded_agent_gives_way_to_the_drivers_standby_agent_and_its_
         wait_until(lambda pid=pid: not alive(pid), 30, f"process {pid} to end with the run")
     left = live_descendants_running(driver, "outlast.agent")
     assert not left, left
+
+
+def test_a_restarted_rank_is_a_spare_forked_before_the_kill_and_a_spare_killed_by_anyone_is_replaced_unheard(
+        storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_TRACE_FILE", str(tmp_path / "trace.jsonl"))  # where the loop sees the spares
+    monkeypatch.delenv("OUTLAST_ADDRESS", raising=False)
+    events = tmp_path / "events.jsonl"
+    result = Trainer(spare_loop, train_loop_config={"events": str(events)}, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name="spares", storage_path=storage_path,
+                                          failure_config=FailureConfig(max_failures=1))).fit()
+    assert result.error is None and result.last_metrics == {"attempt": 2}
+    evs = read_events(events)
+    kill = next(e for e in evs if e["event"] == "kill")
+    restarted = {e["pid"] for e in evs if e["event"] == "start" and e["attempt"] == 2}
+    # Both ranks of attempt 2 are spares that were waiting before the kill, the killed spare not among them.
+    assert len(restarted) == 2 and restarted <= set(kill["spares"]) - {kill["spare_killed"]}, (restarted, kill)
+    # The spare killed from outside cost the run nothing: the one failure is rank 1's own death.
+    attempts = json.loads((Path(storage_path) / "spares" / "run_state.json").read_text())["attempts"]
+    assert [f["rank"] for f in attempts[0]["failures"]] == [1] and len(attempts) == 2, attempts
+    # fit() stopped the node: no spare is left, used or not.
+    spares = {e["child"] for e in map(json.loads, (tmp_path / "trace.jsonl").read_text().splitlines())
+              if e["phase"] == "zygote.spare"}
+    for pid in spares:
+        wait_until(lambda pid=pid: not alive(pid), 30, f"spare {pid} to end with the node")
