@@ -1,7 +1,7 @@
 """One training job, run unchanged on Ray Train V2 or on outlast.
 
     python bench/core_scenario.py --framework ray|outlast --mode startup|report|kill \
-        --events FILE [--address auto] [--reports N] [--kill-step K] [--ckpt-every K]
+        --events FILE [--address auto|ADDRESS] [--reports N] [--kill-step K] [--ckpt-every K] [--workers N]
 
 Only the imports differ between the two frameworks. Workers and the driver
 append JSON lines to --events; bench_core.py turns them into figures.
@@ -63,7 +63,7 @@ def train_loop_per_worker(config):
     train = api.train
     events, mode = config["events"], config["mode"]
     rank = train.get_context().get_world_rank()
-    # Both runtimes get the same thread budget: 2 workers on 2 cores.
+    # Both runtimes get the same thread budget: one thread a rank.
     torch.set_num_threads(1)
 
     torch.manual_seed(0)
@@ -140,6 +140,7 @@ def main():
     p.add_argument("--reports", type=int, default=2000)
     p.add_argument("--kill-step", type=int, default=25)
     p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--workers", type=int, default=2, help="ranks (each takes one CPU)")
     args = p.parse_args()
     events = os.path.abspath(args.events)
 
@@ -158,7 +159,7 @@ def main():
                 "framework": args.framework, "mode": args.mode, "events": events,
                 "reports": args.reports, "kill_step": args.kill_step,
                 "ckpt_every": args.ckpt_every},
-            scaling_config=api.ScalingConfig(num_workers=2, use_gpu=False),
+            scaling_config=api.ScalingConfig(num_workers=args.workers, use_gpu=False),
             run_config=api.RunConfig(
                 name=f"core-{args.mode}", storage_path=storage,
                 failure_config=api.FailureConfig(max_failures=3),
