@@ -348,9 +348,7 @@ def main() -> int:
            "machine": harness.machine({}), "summary": by, "runs": runs,
            "committed_before_deadline": {n: [r.get("committed_before_deadline") for r in rs] for n, rs in runs.items()},
            "steps_lost": {n: [r.get("steps_lost") for r in rs] for n, rs in runs.items()}}
-    text = json.dumps(doc, indent=1)
-    print(text)
-    harness.write_json(doc, args.out)
+    harness.publish(doc, args.out)
     return 0
 
 

@@ -120,9 +120,7 @@ def main() -> int:
            "summary": by, "runs": runs,
            "ratio_ray_over_outlast_kill_to_training": harness.ratio(by["ray"].get("kill_to_training_s"),
                                                                     by["outlast"].get("kill_to_training_s"))}
-    text = json.dumps(doc, indent=1)
-    print(text)
-    harness.write_json(doc, args.out)
+    harness.publish(doc, args.out)
     return 0
 
 

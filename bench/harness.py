@@ -77,6 +77,12 @@ def write_json(doc, path):
             f.write("\n")
 
 
+def publish(doc, path):
+    """The benchmark's one JSON document: on stdout, and in `path` when given."""
+    print(json.dumps(doc, indent=1))
+    write_json(doc, path)
+
+
 def stamp():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 

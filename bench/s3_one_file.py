@@ -92,11 +92,7 @@ def main() -> int:
                "over_fsspec_put": {k: harness.ratio(v, figs["fsspec_put"]) for k, v in figs.items()}}
     finally:
         moto.kill()
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    harness.publish(doc, args.out)
     return 0
 
 
