@@ -120,23 +120,24 @@ def published_node() -> NodeFile | None:
     return info if still_running(info.process, info.pid)[0] else None
 
 
-def find_running_agent(ctx: zmq.Context) -> str | None:
+def find_running_agent(ctx: zmq.Context, answer_within_s: float | None = None) -> str | None:
     """The address of a live agent: $OUTLAST_ADDRESS, or the one `outlast start` published.
 
-    A published node whose process runs is waited for, never passed over: were a slow answer
-    taken for no node, the caller would start an embedded one without that node's settings
-    (its resource isolation first).
+    A published node whose process runs is waited for (`answer_within_s`, NODE_ANSWER_S unless
+    given), never passed over: were a slow answer taken for no node, the caller would start an
+    embedded one without that node's settings (its resource isolation first).
     """
+    within = NODE_ANSWER_S if answer_within_s is None else answer_within_s
     explicit = os.environ.get("OUTLAST_ADDRESS")
     if explicit:
         address = explicit if "://" in explicit else f"tcp://{explicit}"
-        request(ctx, address, m.Ping(), timeout_s=NODE_ANSWER_S)  # a wrong address must fail loudly
+        request(ctx, address, m.Ping(), timeout_s=within)  # a wrong address must fail loudly
         return address
     info = published_node()
     if info is None:
         return None
     try:
-        request(ctx, info.address, m.Ping(), timeout_s=NODE_ANSWER_S)
+        request(ctx, info.address, m.Ping(), timeout_s=within)
     except AgentUnavailable as e:
         raise AgentUnavailable(f"the node `outlast start` started on this machine (pid {info.pid}) runs but did "
                                f"not answer: {e}; wait until it does, or stop it with `outlast stop`") from None

@@ -204,7 +204,7 @@ def _cluster(timeout_s: float) -> dict[str, Any]:
     ctx = zmq.Context()
     try:
         try:
-            here = find_running_agent(ctx)
+            here = find_running_agent(ctx, answer_within_s=timeout_s)  # a page never waits longer than asked
             if here is None:
                 raise Unavailable("no outlast node runs on this machine (start one with `outlast start`, or set "
                                   "$OUTLAST_ADDRESS to a node's address); the runs' pages work from storage alone")
