@@ -41,6 +41,7 @@ from outlast.trace import mark
 # executor, and starts their code without importing it (each module has a `run(request) -> exit code`).
 WORKER_ENTRY = "outlast.train.worker_main"
 TASK_ENTRY = "outlast.executor.task_main"
+SPARE_AFTER_IDLE_S = 0.05
 
 
 def preload(modules: list[str]) -> m.ZygoteReady:
@@ -101,12 +102,14 @@ class Zygote:
 
     def serve(self) -> None:
         while True:
-            idle_s = 0.0 if len(self.spares) < self.spare_target else None
+            # A spare is forked once nothing was asked for a moment, not between the requests of a burst
+            # (a restart's ranks come a few ms apart), which it would delay by a fork each.
+            idle_s = SPARE_AFTER_IDLE_S if len(self.spares) < self.spare_target else None
             try:
                 ready, _, _ = select.select([self.conn.fileno(), self.wake_r], [], [], idle_s)
             except InterruptedError:
                 continue
-            if not ready:  # nothing asked for: the time to fork a spare
+            if not ready:  # nothing asked for a while: the time to fork a spare
                 try:
                     self.fork_spare()
                 except OSError as e:  # no memory or pids for one: restarts fork as they did
@@ -166,7 +169,8 @@ class Zygote:
         """The pid of the spare that took `req`, or None when there is none (or each was gone)."""
         data = encode(req)
         while self.spares:
-            pid, w = self.spares.popitem()
+            pid = next(iter(self.spares))  # the oldest
+            w = self.spares.pop(pid)
             try:
                 with os.fdopen(w, "wb") as f:
                     f.write(len(data).to_bytes(8, "big") + data)

@@ -101,13 +101,15 @@ def test_a_restarted_rank_is_a_spare_forked_before_the_kill_and_a_spare_killed_b
     evs = read_events(events)
     kill = next(e for e in evs if e["event"] == "kill")
     restarted = {e["pid"] for e in evs if e["event"] == "start" and e["attempt"] == 2}
-    # Both ranks of attempt 2 are spares that were waiting before the kill, the killed spare not among them.
-    assert len(restarted) == 2 and restarted <= set(kill["spares"]) - {kill["spare_killed"]}, (restarted, kill)
+    spares = {e["child"] for e in map(json.loads, (tmp_path / "trace.jsonl").read_text().splitlines())
+              if e["phase"] == "zygote.spare"}
+    # Both ranks of attempt 2 are spares, the killed one not among them, and a spare waiting before the kill
+    # took the first (a spare forked after it may take the second, on a machine slow between the requests).
+    assert len(restarted) == 2 and restarted <= spares - {kill["spare_killed"]}, (restarted, spares, kill)
+    assert restarted & set(kill["spares"]), (restarted, kill)
     # The spare killed from outside cost the run nothing: the one failure is rank 1's own death.
     attempts = json.loads((Path(storage_path) / "spares" / "run_state.json").read_text())["attempts"]
     assert [f["rank"] for f in attempts[0]["failures"]] == [1] and len(attempts) == 2, attempts
     # fit() stopped the node: no spare is left, used or not.
-    spares = {e["child"] for e in map(json.loads, (tmp_path / "trace.jsonl").read_text().splitlines())
-              if e["phase"] == "zygote.spare"}
     for pid in spares:
         wait_until(lambda pid=pid: not alive(pid), 30, f"spare {pid} to end with the node")
