@@ -23,7 +23,7 @@ def _log(config: dict, **fields) -> None:
         f.write(json.dumps(fields) + "\n")
 
 
-def _traced(phase: str) -> list[dict]:
+def traced(phase: str) -> list[dict]:
     with open(os.environ[ENV_VAR]) as f:
         return [e for e in map(json.loads, f) if e["phase"] == phase]
 
@@ -31,8 +31,8 @@ def _traced(phase: str) -> list[dict]:
 def standby_agent() -> tuple[int, int] | None:
     """The standby agent's pid and its fork server's, once that server has imported its modules
     (read from outlast's trace, which every process of the run writes)."""
-    for waiting in _traced("agent.standby_waiting"):
-        for ready in _traced("zygote.ready"):
+    for waiting in traced("agent.standby_waiting"):
+        for ready in traced("zygote.ready"):
             try:
                 if psutil.Process(ready["pid"]).ppid() == waiting["pid"]:
                     return waiting["pid"], ready["pid"]
@@ -68,13 +68,13 @@ def spare_loop(config: dict) -> None:
     if ctx.get_attempt() == 1:
         if ctx.get_world_rank() == 1:
             deadline = time.monotonic() + 120
-            while len(_traced("zygote.spare")) < 2 and time.monotonic() < deadline:
+            while len(traced("zygote.spare")) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            victim = _traced("zygote.spare")[0]["child"]
+            victim = traced("zygote.spare")[0]["child"]
             os.kill(victim, signal.SIGKILL)
-            while len(_traced("zygote.spare")) < 3 and time.monotonic() < deadline:
+            while len(traced("zygote.spare")) < 3 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            _log(config, event="kill", spare_killed=victim, spares=[e["child"] for e in _traced("zygote.spare")])
+            _log(config, event="kill", spare_killed=victim, spares=[e["child"] for e in traced("zygote.spare")])
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)  # stopped when rank 1 dies
     train.report({"attempt": ctx.get_attempt()})

@@ -29,6 +29,13 @@ def sleeper():
     proc.wait()
 
 
+def _publish(home: Path, pid: int, process: ProcessIdentity | None, node_id: str = "slow") -> None:
+    """A node file as `outlast start` leaves it, at an address where nothing answers."""
+    home.mkdir(mode=0o700, exist_ok=True)
+    (home / "node.json").write_bytes(msgspec.json.encode(
+        NodeFile(address="tcp://127.0.0.1:9", pid=pid, node_id=node_id, process=process)))
+
+
 def stop(home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OUTLAST_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "outlast.cli.main", "stop", "--timeout", "2"], cwd=ROOT,
@@ -38,25 +45,17 @@ def stop(home: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("recorded", ["agent-that-died", "nothing"])
 def test_stop_leaves_alone_an_unrelated_process_that_has_the_dead_agents_pid(tmp_path, sleeper, recorded):
     home = tmp_path / "home"
-    home.mkdir(mode=0o700)
     now = identify(sleeper.pid)
     # What the dead agent recorded: its own start time and command line, at the same pid.
     process = (ProcessIdentity(pid=sleeper.pid, started_at=now.started_at - 60,
                                cmdline=[sys.executable, "-m", "outlast.agent"])
                if recorded == "agent-that-died" else None)
-    (home / "node.json").write_bytes(msgspec.json.encode(
-        NodeFile(address="tcp://127.0.0.1:9", pid=sleeper.pid, node_id="gone", process=process)))
+    _publish(home, sleeper.pid, process, node_id="gone")
     result = stop(home)
     assert result.returncode == 1
     assert "was stale" in result.stderr and "signalled nothing" in result.stderr
     assert alive(sleeper.pid) and sleeper.poll() is None
     assert not (home / "node.json").exists()
-
-
-def _publish(home: Path, pid: int, process: ProcessIdentity | None) -> None:
-    home.mkdir(mode=0o700, exist_ok=True)
-    (home / "node.json").write_bytes(msgspec.json.encode(
-        NodeFile(address="tcp://127.0.0.1:9", pid=pid, node_id="slow", process=process)))
 
 
 def test_a_node_that_runs_and_does_not_answer_is_waited_for_and_never_replaced(tmp_path, sleeper, monkeypatch):

@@ -15,7 +15,7 @@ from outlast.protocol import messages as m
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.procs import alive, live_descendants_running, wait_until
-from tests.integration.standby_jobs import kill_once_loop, spare_loop
+from tests.integration.standby_jobs import kill_once_loop, spare_loop, traced
 from tests.integration.jobs import read_events
 
 
@@ -101,8 +101,7 @@ def test_a_restarted_rank_is_a_spare_forked_before_the_kill_and_a_spare_killed_b
     evs = read_events(events)
     kill = next(e for e in evs if e["event"] == "kill")
     restarted = {e["pid"] for e in evs if e["event"] == "start" and e["attempt"] == 2}
-    spares = {e["child"] for e in map(json.loads, (tmp_path / "trace.jsonl").read_text().splitlines())
-              if e["phase"] == "zygote.spare"}
+    spares = {e["child"] for e in traced("zygote.spare")}
     # Both ranks of attempt 2 are spares, the killed one not among them, and a spare waiting before the kill
     # took the first (a spare forked after it may take the second, on a machine slow between the requests).
     assert len(restarted) == 2 and restarted <= spares - {kill["spare_killed"]}, (restarted, spares, kill)
