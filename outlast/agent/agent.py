@@ -284,6 +284,8 @@ class Agent:
         """Stop taking workers here; tell every run with workers here. Returns how many runs were told."""
         told = self.core.drain(notice)
         self.role.drained_here()
+        if self.tier is not None:
+            self.tier.drain(notice.deadline_unix_s)
         self.apply(told)
         left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
         log.warning("node %s is draining (%s: %s, %s); told %d run(s)", self.node_id, notice.reason, notice.message,

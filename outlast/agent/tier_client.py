@@ -25,6 +25,7 @@ import mmap
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 import zmq
@@ -34,6 +35,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
+from outlast.storage.checksum import InOrderDigests
 from outlast.storage.memtier import CopyKey
 
 CHUNK = 8 << 20
@@ -101,8 +103,9 @@ def _chunks(files: list[m.FileEntry]):
 
 
 def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src: Path, peer: str,
-         timeout_s: float = 30.0) -> m.TierStored:
-    """Send the files under `src` to the tier server behind `sock` as a replica; its answer at the end."""
+         timeout_s: float = 30.0, turn: Callable[[], None] | None = None) -> m.TierStored:
+    """Send the files under `src` to the tier server behind `sock` as a replica; its answer at the end.
+    `turn`, called before each chunk, returns when the replica may go on."""
     sock.send(encode(m.TierOffer(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, seq=seq,
                                  files=files, primary=False)))
     reply = _recv(sock, timeout_s, peer)
@@ -124,6 +127,8 @@ def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src
             while in_flight >= WINDOW:
                 _expect_ack(_recv(data, timeout_s, peer), peer)
                 in_flight -= 1
+            if turn is not None:
+                turn()
             data.send_multipart(sealer.seal(m.TierChunk(run=key.run, checkpoint_dir=key.checkpoint_dir,
                                                         rank=key.rank, path=entry.path, offset=offset),
                                             view[offset:offset + length]), copy=False)
@@ -147,10 +152,21 @@ def _expect_ack(reply: m.TierReply, peer: str) -> None:
         raise TransferError(f"{peer} answered a chunk with {type(reply).__name__}")
 
 
+def digests_for(files: list[m.FileEntry]) -> InOrderDigests:
+    """Checksums of `files` as their chunks are written (an entry without one is refused where it is checked)."""
+    return InOrderDigests({f.path: ("xxh3_128" if f.xxh3_128 is not None else "sha256", f.size) for f in files
+                           if f.xxh3_128 is not None or f.sha256 is not None})
+
+
+class Fetched(NamedTuple):
+    offer: m.TierOffer  # the copy's record, whose checksums the caller checks
+    digests: dict[str, str]  # of the bytes written, by path (`InOrderDigests`): what that check need not read
+
+
 def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: CopyKey, dest: Path | None,
-          timeout_s: float = 30.0, dest_for: Callable[[m.TierOffer], Path] | None = None) -> m.TierOffer:
+          timeout_s: float = 30.0, dest_for: Callable[[m.TierOffer], Path] | None = None) -> Fetched:
     """Copy a peer's held copy into `dest` (created), or where `dest_for(its record)` says (it raises
-    TransferError to refuse); the record, whose checksums the caller checks."""
+    TransferError to refuse)."""
     sock = connect_dealer(ctx, address, key=key_pair)
     data = None
     try:
@@ -166,6 +182,7 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
         dest = dest_for(offer) if dest_for is not None else dest
         dest.mkdir(parents=True, exist_ok=True)
         handles: dict[str, int] = {}
+        digests = digests_for(offer.files)
         pending = list(_chunks(offer.files))
         asked = 0
         try:
@@ -185,12 +202,14 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
                     raise TransferError(chunk.reason)
                 if not isinstance(chunk, m.TierChunk) or chunk.path not in handles:
                     raise TransferError(f"{address} answered a chunk request with {type(chunk).__name__}")
-                write_all(handles[chunk.path], sealer.open(head, chunk, sealed), chunk.offset)
+                plain = sealer.open(head, chunk, sealed)
+                write_all(handles[chunk.path], plain, chunk.offset)
+                digests.update(chunk.path, chunk.offset, plain)
                 done += 1
         finally:
             for fd in handles.values():
                 os.close(fd)
-        return offer
+        return Fetched(offer, digests.digests())
     finally:
         sock.close(linger=0)
         if data is not None:

@@ -12,11 +12,15 @@ commit or a restore waits for (a hold that copies a rank's files in, with the re
 checkpoint committed in memory, such as a drain's; a pull) has a thread of its own, so that it
 never waits behind a replica made beside a durable commit; so has a `TierUpload` (a held copy,
 checked, uploaded to the run's storage: a drain's checkpoint committed in memory), which takes
-storage's time.
+storage's time. While the node drains, replicas beside durable commits wait until the
+checkpoint saved for the drain is held (or the deadline), as they share the node's cores and
+memory bandwidth with its save and its copy (seen: a 2 GB replica of the checkpoint before
+still going while a drain's checkpoint was saved).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -28,8 +32,8 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from outlast.agent.tier_client import (CHUNK, SERVER, Sealer, TransferError, fetch, file_view, new_transfer, push,
-                                       write_all)
+from outlast.agent.tier_client import (CHUNK, SERVER, Sealer, TransferError, digests_for, fetch, file_view,
+                                       new_transfer, push, write_all)
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
@@ -40,16 +44,19 @@ from outlast.storage.retry import upload_with_retries
 
 log = logging.getLogger("outlast.agent.tier")
 
+DRAIN_HOLD_S = 120.0  # a drain without a deadline holds replicas beside durable commits back this long at most
 SESSION_IDLE_S = 600.0  # a transfer unused this long is forgotten (its asker died): tier_client's timeouts are far shorter
 
 
 class _Session:
     """A transfer open on this server: an offer being received (its files open for writing), or a fetch."""
 
-    def __init__(self, transfer: m.Transfer, key: CopyKey, fds: dict[str, int] | None, now: float) -> None:
+    def __init__(self, transfer: m.Transfer, key: CopyKey, fds: dict[str, int] | None, now: float,
+                 files: list[m.FileEntry] = ()) -> None:
         self.sealer = Sealer(transfer, SERVER)
         self.key = key
         self.fds = fds  # path -> fd for an offer; None for a fetch
+        self.digests = digests_for(list(files))  # an offer's, as its chunks are written
         self.used = now
 
     def close(self) -> None:
@@ -83,20 +90,51 @@ class TierServer:
         self._holds: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         # What a commit or a restore waits for never queues behind a replica made beside a durable commit (seen:
         # a drain's 2 GB checkpoint missed its 10 s deadline behind the replica of the checkpoint before it).
-        self._waited: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
+        self._waiting: queue.Queue[tuple[bytes, m.TierHold | m.TierPull, float] | None] = queue.Queue()
         # Uploads to storage take storage's time: a thread of their own, so that no pull or replica waits on one.
         self._uploads: queue.Queue[tuple[bytes, m.TierUpload, float] | None] = queue.Queue()
         self._writing: dict[tuple[bytes, CopyKey], bytes] = {}  # offers being received: their sessions
         self._stop = threading.Event()
+        # While the node drains, replicas beside durable commits wait (`_background_turn`) until this time, or
+        # until what the drain's commit waits for has been held; None: they go.
+        self._drain_hold_until: float | None = None
+        self._waited_busy = 0  # requests in the "waited" queue or being carried out
+        self._waited_done = False  # one of them ended since the drain began
+        self._turn = threading.Condition()
         self._inbox = ctx.socket(zmq.PULL)
         self._inbox.bind(self._replies)
         self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
                          threading.Thread(target=self._hold_loop, args=(self._holds,), name="outlast-tier-hold",
                                          daemon=True),
-                         threading.Thread(target=self._hold_loop, args=(self._waited,), name="outlast-tier-waited",
+                         threading.Thread(target=self._hold_loop, args=(self._waiting,), name="outlast-tier-waited",
                                          daemon=True),
                          threading.Thread(target=self._hold_loop, args=(self._uploads,), name="outlast-tier-upload",
                                          daemon=True)]
+
+    def drain(self, deadline_unix_s: float | None) -> None:
+        """The node drains: its cores and its bandwidth go to the checkpoint saved for the drain. Replicas beside
+        durable commits (in storage already) wait until that checkpoint is held here and on its peer (what the
+        drain's commit waits for), or until the deadline (`DRAIN_HOLD_S` without one)."""
+        with self._turn:
+            self._drain_hold_until = deadline_unix_s if deadline_unix_s is not None else time.time() + DRAIN_HOLD_S
+            self._waited_done = False
+            self._turn.notify_all()
+
+    def _background_turn(self) -> None:
+        with self._turn:
+            while not self._stop.is_set() and self._drain_hold_until is not None:
+                left = self._drain_hold_until - time.time()
+                if left <= 0 or (self._waited_done and not self._waited_busy):
+                    self._drain_hold_until = None
+                    break
+                self._turn.wait(min(left, 1.0))
+
+    def _waited(self, delta: int) -> None:
+        with self._turn:
+            self._waited_busy += delta
+            if delta < 0:
+                self._waited_done = True
+            self._turn.notify_all()
 
     def start(self) -> "TierServer":
         for t in self._threads:
@@ -105,7 +143,7 @@ class TierServer:
 
     def stop(self) -> None:
         self._stop.set()
-        for todo in (self._holds, self._waited, self._uploads):
+        for todo in (self._holds, self._waiting, self._uploads):
             todo.put(None)
         for t in self._threads:
             t.join(timeout=10)
@@ -159,9 +197,9 @@ class TierServer:
         for writing in [w for w, sid in self._writing.items() if sid not in live]:
             del self._writing[writing]
 
-    def _open(self, key: CopyKey, fds: dict[str, int] | None) -> m.Transfer:
+    def _open(self, key: CopyKey, fds: dict[str, int] | None, files: list[m.FileEntry] = ()) -> m.Transfer:
         transfer = new_transfer(self.data_address)
-        self._sessions[transfer.session] = _Session(transfer, key, fds, time.monotonic())
+        self._sessions[transfer.session] = _Session(transfer, key, fds, time.monotonic(), files)
         return transfer
 
     def _handle_data(self, msg: m.TierRequest, head: bytes, sealed: memoryview | bytes,
@@ -185,6 +223,7 @@ class TierServer:
             except TransferError as e:
                 return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=str(e))
             write_all(session.fds[msg.path], data, msg.offset)
+            session.digests.update(msg.path, msg.offset, data)
             return m.TierAck(**ids, path=msg.path, offset=msg.offset)
         if isinstance(msg, m.TierFetch) and session.fds is None and msg.path:
             reply = self._fetch(session.key, msg)
@@ -197,7 +236,9 @@ class TierServer:
     def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
         node = self.store.node_id
         if isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
-            queues = {"upload": self._uploads, "waited": self._waited, "hold": self._holds}
+            queues = {"upload": self._uploads, "waited": self._waiting, "hold": self._holds}
+            if queue_for(msg) == "waited":
+                self._waited(+1)
             queues[queue_for(msg)].put((ident, msg, time.monotonic()))
             return None
         if isinstance(msg, m.TierList):
@@ -229,7 +270,7 @@ class TierServer:
                 path = partial / entry.path
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            transfer = self._open(key, fds)
+            transfer = self._open(key, fds, msg.files)
             self._writing[(ident, key)] = transfer.session
             return m.TierAck(**ids, transfer=transfer)
         if isinstance(msg, m.TierOfferEnd):
@@ -237,7 +278,8 @@ class TierServer:
             if session is not None:
                 session.close()
             with self._lock:
-                why = self.store.finish(key)
+                # The checksums of what came in order were computed as it was written: nothing is read again.
+                why = self.store.finish(key, session.digests.digests() if session is not None else None)
             return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "")
         if isinstance(msg, m.TierFetch) and not msg.path:
             offer = self._fetch(key, msg)
@@ -281,6 +323,8 @@ class TierServer:
                                          node_id=self.store.node_id, ok=False,
                                          reason=f"the tier server failed: {type(e).__name__}: {e}")
                 out.send_multipart([ident, encode(reply)])
+                if todo is self._waiting:
+                    self._waited(-1)
         finally:
             for sock in peers.values():
                 sock.close(linger=0)
@@ -330,7 +374,8 @@ class TierServer:
         if sock is None:
             sock = peers[hold.peer_address] = connect_dealer(self._ctx, hold.peer_address, key=self._key)
         try:
-            stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address)
+            turn = self._background_turn if queue_for(hold) == "hold" else None
+            stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address, turn=turn)
             if stored.ok:
                 return stored.node_id, "", time.monotonic() - started
             return "", f"{stored.node_id} did not keep the replica: {stored.reason}", time.monotonic() - started
@@ -364,16 +409,15 @@ class TierServer:
                 raise TransferError(admission.reason if not admission.admit else "already held")
             return partial
 
-        offer = None
         try:
-            offer = fetch(self._ctx, self._key, pull.from_address, key, None, dest_for=room)
+            offer, digests = fetch(self._ctx, self._key, pull.from_address, key, None, dest_for=room)
         except (TransferError, OSError) as e:
             with self._lock:
                 self.store.abort(key)
             return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {e}",
                                 seconds=time.monotonic() - asked_at, skipped=skipped)
         with self._lock:
-            why = self.store.finish(key)
+            why = self.store.finish(key, digests)
         return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", skipped=skipped,
                             nbytes=sum(f.size for f in offer.files), seconds=time.monotonic() - asked_at)
 
@@ -407,17 +451,22 @@ class TierServer:
         if partial is None:
             return None if admission.admit else admission.reason
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
+        linked: dict[str, str] = {}
         try:
             for entry in hold.files:
-                target = partial / entry.path
+                source, target = Path(hold.source_dir) / entry.path, partial / entry.path
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(Path(hold.source_dir) / entry.path, target)
-        except OSError as e:
+                if hold.link and _linked(source, target):
+                    # The rank's own file, whose checksum it has just taken; every later use checks it again.
+                    linked[entry.path] = entry.checksum[1]
+                else:
+                    shutil.copyfile(source, target)
+        except (OSError, ValueError) as e:
             with self._lock:
                 self.store.abort(key)
             return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: {e}"
         with self._lock:
-            return self.store.finish(key)
+            return self.store.finish(key, linked)
 
 
 
@@ -447,6 +496,18 @@ def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str
     log.info("keeping checkpoint copies in memory: up to %.2f GiB in %s, served at %s", budget_bytes / 2**30,
              store.home, server.address)
     return server
+
+
+def _linked(source: Path, target: Path) -> bool:
+    """A hard link of `source` at `target`; False where the two are on different file systems or the kernel
+    refuses it (a file of another user, with protected hard links), and the file is copied instead."""
+    try:
+        os.link(source, target)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP):
+            return False
+        raise
 
 
 def _existing(path: Path) -> Path:

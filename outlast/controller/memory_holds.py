@@ -102,8 +102,12 @@ def peer_for(c: "ControllerCore", node_id: str) -> tuple[str, str, str]:
 
 
 def _hold(c: "ControllerCore", h: Holding, rank: int, source_dir: str, peer_address: str) -> m.TierHold:
+    # A draining node's copy is the rank's own files, linked: a drain's deadline is no time to copy them
+    # on a node that is going away, and its replica is what the restart reads.
+    node = c.nodes.nodes.get(h.node_of.get(rank, ""))
     return m.TierHold(run=run_key(c), checkpoint_dir=h.checkpoint_dir, rank=rank, seq=h.seq, files=h.files[rank],
-                      source_dir=source_dir, peer_address=peer_address)
+                      source_dir=source_dir, peer_address=peer_address,
+                      link=bool(source_dir) and node is not None and node.state == "draining")
 
 
 def local_dirs_of(c: "ControllerCore", pending: "PendingCheckpoint", attempt: int) -> dict[int, str]:

@@ -604,6 +604,8 @@ class TierHold(Msg):
     files: list[FileEntry]
     source_dir: str
     peer_address: str = ""  # the peer's tier server; empty: no replica
+    # This node is draining: its copy links the rank's files (on the same file system) instead of copying them.
+    link: bool = False
 
 
 class TierPull(Msg):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import xxhash
@@ -43,6 +44,29 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = ALGORITHM) -> tuple
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
+
+
+class InOrderDigests:
+    """Checksums of files computed from their bytes as they are written, for the files whose chunks come in
+    order (a transfer's do: one connection, sent in order), so that checking them reads nothing again.
+    A file whose chunks come otherwise is left out of `digests()`: whoever checks it reads it."""
+
+    def __init__(self, files: Mapping[str, tuple[str, int]]) -> None:
+        """`files`: path -> (checksum algorithm, size)."""
+        self._hashers = {path: new_hasher(algorithm) for path, (algorithm, _) in files.items()}
+        self._sizes = {path: size for path, (_, size) in files.items()}
+        self._next = dict.fromkeys(files, 0)  # the offset the next chunk must start at; -1: out of order
+
+    def update(self, path: str, offset: int, data: memoryview | bytes) -> None:
+        if path in self._next and self._next[path] == offset:
+            self._hashers[path].update(data)
+            self._next[path] = offset + len(data)
+        elif path in self._next:
+            self._next[path] = -1
+
+    def digests(self) -> dict[str, str]:
+        """path -> hex digest of each file hashed whole, in order."""
+        return {path: h.hexdigest() for path, h in self._hashers.items() if self._next[path] == self._sizes[path]}
 
 
 def copy_file(src: Path, dst: Path) -> None:

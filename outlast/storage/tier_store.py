@@ -10,7 +10,9 @@ or dropped), those of agents of this user that are gone are freed.
 
 The agent's tier thread copies a rank's files in, so with isolation on their pages are
 charged to the agent's cgroup (`system/`), whose `memory.low` counts the budget
-(`outlast/isolation/reservations.py`), never to a workload's limit.
+(`outlast/isolation/reservations.py`), never to a workload's limit. A draining node links
+them instead (`TierHold.link`): no copy while the deadline runs, on a node that is going
+away, and their pages stay charged where the rank wrote them.
 
 Layout under the root (`$OUTLAST_TIER_DIR`, else /dev/shm/outlast-<uid>):
 
@@ -28,7 +30,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import msgspec
@@ -82,8 +84,12 @@ def copy_dir(root: Path, node_id: str, key: CopyKey) -> Path:
     return root / node_id / run_dir_name(key.run) / key.checkpoint_dir / f"rank-{key.rank}"
 
 
-def check_files(where: Path, files: Iterable[FileEntry]) -> str | None:
-    """Why the files under `where` differ from `files` (sizes, then checksums); None when they match."""
+def check_files(where: Path, files: Iterable[FileEntry], known: Mapping[str, str] | None = None) -> str | None:
+    """Why the files under `where` differ from `files` (sizes, then checksums); None when they match.
+
+    `known`: hex digests of files by path that need not be read again here: computed over their bytes as they
+    were written (`InOrderDigests`), or, for a rank's file linked in, the checksum the rank took of it."""
+    known = known or {}
     for entry in files:
         path = where / entry.path
         try:
@@ -93,7 +99,8 @@ def check_files(where: Path, files: Iterable[FileEntry]) -> str | None:
         if size != entry.size:
             return f"file {entry.path} has {size} bytes, the record says {entry.size}"
         algorithm, expected = entry.checksum
-        if hash_file(path, algorithm)[1] != expected:
+        digest = known.get(entry.path) or hash_file(path, algorithm)[1]
+        if digest != expected:
             return f"file {entry.path} does not match its checksum ({algorithm})"
     return None
 
@@ -194,13 +201,14 @@ class TierStore:
         self._pending[record.key] = record
         return admission, partial
 
-    def finish(self, key: CopyKey) -> str | None:
-        """Check the written files against their record and keep them; why not, when they differ."""
+    def finish(self, key: CopyKey, known: Mapping[str, str] | None = None) -> str | None:
+        """Check the written files against their record (`known`: as `check_files`) and keep them; why not, when
+        they differ."""
         record = self._pending.pop(key, None)
         if record is None:
             return f"{key.checkpoint_dir} rank {key.rank} was not being written"
         partial = self._partial(key)
-        why = check_files(partial, record.files)
+        why = check_files(partial, record.files, known)
         if why is not None:
             shutil.rmtree(partial, ignore_errors=True)
             return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: {why}"

@@ -45,8 +45,8 @@ def test_a_restarted_agent_reclaims_its_copies_and_its_peer_still_serves_the_rep
 
         cluster.kill_node("node-1")
         # While node-1 is down, the replica on node-0 is what a restore fetches.
-        offer = fetch(ctx, key, tier_of(cluster, "node-0"), CopyKey("run", "checkpoint_000_000001", 0),
-                      tmp_path / "fetched", timeout_s=30)
+        offer, _ = fetch(ctx, key, tier_of(cluster, "node-0"), CopyKey("run", "checkpoint_000_000001", 0),
+                         tmp_path / "fetched", timeout_s=30)
         assert offer.files == files and hash_file(tmp_path / "fetched/model.pt")[1] == files[0].xxh3_128
 
         cluster.restart_node("node-1")

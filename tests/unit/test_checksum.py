@@ -26,3 +26,22 @@ def test_copy_file_copies_every_byte_and_replaces_an_older_target(tmp_path):
     (tmp_path / "dst").write_bytes(b"x" * (8 << 20))
     copy_file(tmp_path / "src", tmp_path / "dst")
     assert (tmp_path / "dst").read_bytes() == data
+
+
+def test_in_order_digests_are_of_files_whose_chunks_all_came_in_order_and_nothing_else():
+    from outlast.storage.checksum import InOrderDigests
+
+    a, b, c = os.urandom(10), os.urandom(6), os.urandom(8)
+    d = InOrderDigests({"a": ("xxh3_128", 10), "b": ("sha256", 6), "c": ("xxh3_128", 8), "empty": ("xxh3_128", 0),
+                        "short": ("xxh3_128", 4)})
+    d.update("a", 0, a[:4])
+    d.update("a", 4, a[4:])
+    d.update("b", 0, b)
+    d.update("c", 4, c[4:])  # out of order: c is read again by whoever checks it
+    d.update("c", 0, c[:4])
+    d.update("short", 0, b"ab")  # never whole
+    d.update("stranger", 0, b"x")  # no such file: ignored
+    assert d.digests() == {"a": xxhash.xxh3_128(a).hexdigest(), "b": hashlib.sha256(b).hexdigest(),
+                           "empty": xxhash.xxh3_128(b"").hexdigest()}
+    d.update("a", 0, a)  # a chunk again, over what was written: a's digest is no longer known
+    assert "a" not in d.digests()

@@ -303,6 +303,9 @@ def test_a_drains_checkpoint_goes_through_a_peer_weighed_at_the_peers_rate_then_
     assert any("needs 100.0 s to reach a peer's memory" in n for n in notes), notes
     holds = asks(h)
     assert all(a.msg.peer_address and a.msg.peer_address != f"tcp://{drained}:9" for a in holds)
+    # The drained node links its rank's files into its memory, with no time to copy them; the other copies.
+    assert {a.msg.rank: a.msg.link for a in holds} == {r: placement[r] == drained for r in (0, 1)}
+    assert placement[0] != placement[1]
     assert not [e for e in h.held if isinstance(e, fx.WriteManifest)]  # nothing before two nodes hold it
     peer = {a.msg.rank: a.msg.peer_address.split("//")[1].split(":")[0] for a in holds}
     for a in holds:

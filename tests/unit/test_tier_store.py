@@ -2,8 +2,10 @@
 
 import mmap
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -145,11 +147,85 @@ def test_a_hold_keeps_the_files_on_the_node_and_a_replica_on_the_peer(pair, tmp_
     copy = CopyKey("run", "c1", 3)
     assert b.store.verify(copy) is None and a.store.verify(copy) is None
     assert b.store.record(copy).primary is False
-    fetched = fetch(ctx, key, b.address, copy, tmp_path / "back")
+    fetched, digests = fetch(ctx, key, b.address, copy, tmp_path / "back")
     assert fetched.files == files
+    # Every file came in order, so its checksum was computed as it was written, an empty one too.
+    assert digests == {f.path: f.xxh3_128 for f in files}
     assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
     listed = ask(ctx, key, b.address, m.TierList())
     assert [(c.checkpoint_dir, c.rank, c.primary) for c in listed.copies] == [("c1", 3, False)]
+
+
+def test_a_draining_nodes_hold_links_the_ranks_files_and_copies_those_on_another_file_system(pair, tmp_path):
+    ctx, key, (a, b) = pair
+    here = a.store.root.parent / "rank-dir"  # the tier's file system
+    files = write_files(here, {"model.pt": CHUNK + 3, "step.json": 10})
+    hold = m.TierHold(run="run", checkpoint_dir="c1", rank=0, seq=1, files=files, source_dir=str(here),
+                      peer_address=b.address, link=True)
+    stored = ask(ctx, key, a.address, hold)
+    assert stored.ok and stored.replica_node == "n2", stored
+    copy = CopyKey("run", "c1", 0)
+    held = copy_dir(a.store.root, "n1", copy)
+    assert all((held / f.path).stat().st_ino == (here / f.path).stat().st_ino for f in files)
+    assert a.store.verify(copy) is None and b.store.verify(copy) is None
+    # The rank's directory removed (its report returned): the linked copy is still whole, and still checked.
+    for f in files:
+        (here / f.path).unlink()
+    assert a.store.verify(copy) is None
+    with open(held / "model.pt", "r+b") as f:
+        f.write(b"\xff")
+    assert "does not match its checksum" in a.store.verify(copy)
+
+    # Where the rank's files are on another file system than the tier (/dev/shm), they are copied.
+    other = next(d for d in ("/dev/shm", "/var/tmp", "/tmp") if os.stat(d).st_dev != os.stat(a.store.root).st_dev)
+    elsewhere = Path(tempfile.mkdtemp(dir=other))
+    try:
+        files = write_files(elsewhere, {"model.pt": 100})
+        stored = ask(ctx, key, a.address, msgspec.structs.replace(hold, checkpoint_dir="c2", files=files,
+                                                                  source_dir=str(elsewhere)))
+        assert stored.ok, stored
+        held = copy_dir(a.store.root, "n1", CopyKey("run", "c2", 0))
+        assert (held / "model.pt").read_bytes() == (elsewhere / "model.pt").read_bytes()
+        assert os.stat(held / "model.pt").st_dev != os.stat(elsewhere / "model.pt").st_dev
+    finally:
+        shutil.rmtree(elsewhere)
+
+
+def test_a_draining_node_holds_replicas_beside_durable_commits_back_until_the_drains_checkpoint_is_held(pair,
+                                                                                                       tmp_path):
+    ctx, key, (a, b) = pair
+    old = write_files(tmp_path / "old", {"model.pt": 3 * MB})
+    a.store.put_dir("run", "c0", 0, 1, old, tmp_path / "old")
+    a.drain(time.time() + 60)
+    background = connect_dealer(ctx, a.address, key=key)
+    try:
+        # The replica of a copy held already (beside a durable commit): it waits while the node drains.
+        background.send(encode(m.TierHold(run="run", checkpoint_dir="c0", rank=0, seq=1, files=old, source_dir="",
+                                          peer_address=b.address)))
+        assert not background.poll(1000)
+        new = write_files(tmp_path / "new", {"model.pt": 2 * MB})
+        stored = ask(ctx, key, a.address, m.TierHold(run="run", checkpoint_dir="c1", rank=0, seq=2, files=new,
+                                                      source_dir=str(tmp_path / "new"), peer_address=b.address))
+        assert stored.ok and stored.replica_node == "n2", stored
+        # The drain's checkpoint is on both nodes: the replica held back goes now.
+        assert background.poll(30_000)
+        replica = TIER_REPLIES.decode(background.recv())
+        assert replica.ok and replica.checkpoint_dir == "c0" and replica.replica_node == "n2", replica
+    finally:
+        background.close(linger=0)
+    # A drain whose checkpoint never comes holds them back until its deadline only.
+    a.store.put_dir("run", "c2", 0, 3, old, tmp_path / "old")
+    a.drain(time.time() + 1.5)
+    background = connect_dealer(ctx, a.address, key=key)
+    try:
+        background.send(encode(m.TierHold(run="run", checkpoint_dir="c2", rank=0, seq=3, files=old, source_dir="",
+                                          peer_address=b.address)))
+        assert not background.poll(500)
+        assert background.poll(30_000)
+        replica = TIER_REPLIES.decode(background.recv())
+        assert replica.ok and replica.checkpoint_dir == "c2" and replica.replica_node == "n2", replica
+    finally:
+        background.close(linger=0)
 
 
 def test_a_replica_the_peer_cannot_fit_is_said_and_the_local_copy_stays(pair, tmp_path):
@@ -159,6 +235,21 @@ def test_a_replica_the_peer_cannot_fit_is_said_and_the_local_copy_stays(pair, tm
     stored = ask(ctx, key, a.address, m.TierHold(run="run", checkpoint_dir="c1", rank=0, seq=1, files=files,
                                                   source_dir=str(tmp_path / "ckpt"), peer_address=b.address))
     assert stored.ok and stored.replica_node == "" and "--checkpoint-memory" in stored.replica_reason
+
+
+def test_a_replica_whose_bytes_differ_from_its_record_is_refused_by_the_peer(pair, tmp_path):
+    from outlast.agent.tier_client import push
+
+    ctx, key, (_a, b) = pair
+    files = write_files(tmp_path / "ckpt", {"model.pt": 2 * CHUNK + 5})
+    (tmp_path / "ckpt/model.pt").write_bytes(os.urandom(2 * CHUNK + 5))  # changed since its checksum was taken
+    sock = connect_dealer(ctx, b.address, key=key)
+    try:
+        stored = push(sock, CopyKey("run", "c1", 0), 1, files, tmp_path / "ckpt", b.address)
+    finally:
+        sock.close(linger=0)
+    assert not stored.ok and "does not match its checksum" in stored.reason, stored
+    assert b.store.records() == [] and b.store.book.used() == 0
 
 
 def test_a_peer_without_the_cluster_key_gets_nothing(pair, tmp_path):
@@ -464,7 +555,7 @@ def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pa
     finally:
         sock.close(linger=0)
     # The record asked over the CURVE socket opens a transfer, and its chunks come back through the data socket.
-    fetched = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
+    fetched, _ = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
     assert fetched.transfer is not None and fetched.transfer.data_address == a.data_address
     assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
 
