@@ -257,6 +257,9 @@ def _memory_answered(c: "ControllerCore", h: Holding, rank: int, e: fx.TierAnswe
         if stored.replica_node:
             measured(c, stored.node_id, stored)
             h.holders[rank].add(stored.replica_node)
+            log.info("checkpoint %s rank %d: %.1f MB in memory on %s and %s in %.1f s (the replica %.1f s)",
+                     h.checkpoint_dir, rank, stored.nbytes / 1e6, stored.node_id, stored.replica_node,
+                     stored.seconds, stored.replica_seconds)
         else:
             h.refused[rank] = stored.replica_reason
     else:
