@@ -1,7 +1,7 @@
 """A drain with a short deadline of a run whose checkpoint is large: what each framework commits in time.
 
     .venv/bin/python bench/bench_drain_deadline.py [--gb 2] [--deadline-s 10] [--repeats 2] [--only outlast|ray]
-        [--out bench/results/drain-deadline-1gb.json]
+        [--out bench/results/drain-deadline-2gb.json]
 
 The same scenario on outlast and on Ray Train V2 2.60 (bench/.ray-venv), interleaved: a head that takes
 no workers and two 1-CPU worker nodes on loopback (outlast: `LocalCluster`, each node with
