@@ -77,6 +77,8 @@ class ControllerCore:
         self.reading_back: dict[str, PendingCheckpoint] = {}  # checkpoints whose stored copies are being read
         self.holds: dict[str, memory_holds.Holding] = {}  # checkpoints whose copies in memory are being made
         self.tier_asks: dict[int, memory_holds.OnTier | None] = {}  # asked of nodes' tiers, not yet answered
+        self.freeing: set[int] = set()  # the run's end: nodes asked to free its copies, not yet answered
+        self.free_by = 0.0  # when the close stops waiting for them
         self.local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
         self.tier_said: set[str] = set()  # why a copy was not kept in memory, each said once
         self.peer_bps: dict[str, float] = {}  # node -> its last replica's rate to its peer
@@ -109,7 +111,7 @@ class ControllerCore:
             if not self.closing:
                 timers(self, now)
             write_state(self)
-            if self.closing and not self.storage:
+            if self.closing and not self.storage and (not self.freeing or now >= self.free_by):
                 self.closed = True
         out, self.out = self.out, []
         return out

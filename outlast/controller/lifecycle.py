@@ -229,6 +229,7 @@ def close_if_stopped(c: "ControllerCore", now: float) -> None:
     c.book.finish(s.kind.value, error=str(c.error) if isinstance(s, st.Errored) else None,
                   last_metrics=c.last_metrics)
     c.out += [ToNode(n, m.EndRun(run_id=c.run_id)) for n in sorted(c.nodes.heard)]
+    memory_holds.free_at_end(c)
     c.closing = True
 
 

@@ -42,6 +42,8 @@ log = logging.getLogger("outlast.controller")
 STORAGE, MEMORY = "storage", "memory"
 LOCAL_COPY_TIMEOUT_S = 120.0  # a copy at memory speed; a commit waits on it in "storage" mode
 REPLICA_TIMEOUT_S = 600.0
+FREE_TIMEOUT_S = 10.0
+FREE_WAIT_S = 5.0  # a run's close waits this long at most for its nodes to free its copies
 
 OnTier = Callable[["ControllerCore", fx.TierAnswered], None]
 
@@ -327,6 +329,34 @@ def _record(c: "ControllerCore", h: Holding) -> None:
             ask_tier(c, node, address, m.TierCommit(run=run, checkpoint_dir=h.checkpoint_dir), None, 30.0)
     if not h.waiting and all(len(h.holders.get(r, ())) >= 2 or r in h.refused for r in h.asked):
         c.holds.pop(h.checkpoint_dir, None)  # every answer is in
+
+
+# ---- the run's end -------------------------------------------------------------------------------
+
+
+def free_at_end(c: "ControllerCore") -> None:
+    """A "storage" run that ends with every checkpoint durable frees its copies in memory on every node that
+    holds one: else each node's copy of its newest committed checkpoint, which the budget never evicts, would
+    take that node's memory for good. The run's close waits for the answers `FREE_WAIT_S` at most
+    (`ControllerCore.freeing`). A "memory" run's copies are its only ones: they stay."""
+    records = c.book.state.checkpoints
+    if c.plan.checkpoint_storage != STORAGE or not records or not all(r.durable for r in records) or c.durable:
+        return
+    nodes = {n for r in records for n in r.memory} | {n for h in c.holds.values() for ns in h.holders.values()
+                                                       for n in ns}
+    run = run_key(c)
+    for node in sorted(nodes):
+        address = tier_of(c, node)
+        if address:
+            c.freeing.add(ask_tier(c, node, address, m.TierFree(run=run), _freed, FREE_TIMEOUT_S))
+    c.free_by = c.now + FREE_WAIT_S
+
+
+def _freed(c: "ControllerCore", e: fx.TierAnswered) -> None:
+    c.freeing.discard(e.id)
+    if not isinstance(e.reply, m.TierAck):
+        log.info("copies in memory of this run may stay on a node (%s); its budget evicts them as it needs",
+                 e.error or type(e.reply).__name__)
 
 
 # ---- a new attempt: its nodes fetch what they lack before its ranks start ----------------------

@@ -90,6 +90,10 @@ def counting_loop(config: dict) -> None:
         log_event(config, event="step", step=step, checkpointed=checkpoint is not None)
         _fault(config, step, "after_report")
         time.sleep(config.get("step_sleep", 0.0))
+    if config.get("end_when"):  # a file the test writes once it has looked at the nodes while the run lives
+        deadline = time.time() + 120
+        while not os.path.exists(config["end_when"]) and time.time() < deadline:
+            time.sleep(0.05)
     log_event(config, event="end")
 
 

@@ -51,6 +51,21 @@ def _spoil_storage(storage_path) -> list[Path]:
     return spoiled
 
 
+def _holdings_of(cluster, node_id: str):
+    import zmq
+
+    from outlast.agent.tier_client import ask
+    from outlast.protocol import messages as m
+    from outlast.protocol.auth import ClusterKey
+
+    ctx = zmq.Context()
+    try:
+        address = next(n.tier_address for n in cluster.node_table() if n.node_id == node_id)
+        return ask(ctx, ClusterKey.load(cluster.key_file), address, m.TierList(), timeout_s=30)
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_a_lost_nodes_ranks_on_a_third_node_restore_from_the_peers_memory_not_from_storage(monkeypatch, tmp_path,
                                                                                          storage_path, capfd):
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
@@ -124,14 +139,12 @@ def test_a_nodes_budget_evicts_the_oldest_copies_and_keeps_the_newest_committed(
     from outlast.protocol import messages as m
     from outlast.protocol.auth import ClusterKey
 
-    events = tmp_path / "events.jsonl"
+    events, looked = tmp_path / "events.jsonl", tmp_path / "looked"
+    names = [f"checkpoint_001_{i:06d}" for i in (2, 5, 8, 11, 14)]  # a checkpoint every 3 steps of 15
+    seen: dict = {}
     # Each checkpoint is about 2.1 MiB on each node (its rank's copy and the other's replica): two fit in 5 MiB.
     with LocalCluster(num_nodes=2, cpus_per_node=1, workdir=tmp_path / "cl",
                       node_args=["--checkpoint-memory", "5MiB"]) as cluster:
-        result = _fit(storage_path, events, steps=15, every=3, pad_bytes=1 << 20, step_sleep=0.05)
-        assert result.last_metrics == {"step": 14}
-        names = [r["checkpoint_dir"] for r in _state(storage_path)["checkpoints"]]
-        assert len(names) == 5
         ctx = zmq.Context()
         try:
             key = ClusterKey.load(cluster.key_file)
@@ -140,15 +153,32 @@ def test_a_nodes_budget_evicts_the_oldest_copies_and_keeps_the_newest_committed(
                 return {n.node_id: ask(ctx, key, n.tier_address, m.TierList(), timeout_s=30)
                         for n in cluster.node_table()}
 
-            # The last replicas may still be on their way when fit() returns.
-            wait_until(lambda: all(sorted(c.rank for c in h.copies if c.checkpoint_dir == names[-1]) == [0, 1]
-                                   for h in holdings().values()), 60, "the last checkpoint on both nodes")
-            for node, held in holdings().items():
+            def look_while_the_run_lives():
+                try:
+                    wait_until(lambda: all(sorted(c.rank for c in h.copies if c.checkpoint_dir == names[-1]) == [0, 1]
+                                           for h in holdings().values()), 60, "the last checkpoint on both nodes")
+                    seen.update(holdings())
+                finally:
+                    looked.touch()
+
+            looker = threading.Thread(target=look_while_the_run_lives, daemon=True)
+            looker.start()
+            result = _fit(storage_path, events, steps=15, every=3, pad_bytes=1 << 20, step_sleep=0.05,
+                          end_when=str(looked))
+            looker.join()
+            assert result.last_metrics == {"step": 14}
+            assert [r["checkpoint_dir"] for r in _state(storage_path)["checkpoints"]] == names
+            assert sorted(seen) == ["node-0", "node-1"]
+            for node, held in seen.items():
                 assert held.used_bytes <= 5 << 20
                 kept = sorted({c.checkpoint_dir for c in held.copies})
                 # The oldest went first; the newest committed is there, its node's own copy told committed.
                 assert kept == names[-2:], (node, kept)
                 assert any(c.checkpoint_dir == names[-1] and c.primary and c.committed for c in held.copies)
+            # The run ended with every checkpoint in storage: its copies in memory are freed on both nodes, the
+            # newest committed too, which no budget would evict.
+            for node, held in holdings().items():
+                assert held.copies == [] and held.used_bytes == 0, (node, held)
         finally:
             ctx.destroy(linger=0)
 
@@ -157,33 +187,27 @@ def test_a_restarted_agent_reclaims_its_copies_and_its_ranks_restore_from_them(m
                                                                                capfd):
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     events = tmp_path / "events.jsonl"
+    looked, held = tmp_path / "looked", None
     with LocalCluster(num_nodes=2, node_timeout_s=2, cpus_per_node=1, workdir=tmp_path / "cl") as cluster:
         def restart_once_replicated():
-            wait_until(lambda: _replicated(storage_path, 5), 60, "checkpoint 5 held on two nodes")
-            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 7 for e in read_events(events)), 60,
-                       "step 7")
-            cluster.kill_node("node-1")  # its workers die with it
-            cluster.restart_node("node-1")
-            _spoil_storage(storage_path)
+            nonlocal held
+            try:
+                wait_until(lambda: _replicated(storage_path, 5), 60, "checkpoint 5 held on two nodes")
+                wait_until(lambda: any(e["event"] == "step" and e["step"] >= 7 for e in read_events(events)), 60,
+                           "step 7")
+                cluster.kill_node("node-1")  # its workers die with it
+                cluster.restart_node("node-1")
+                _spoil_storage(storage_path)
+                held = _holdings_of(cluster, "node-1")  # while the run lives: its end frees them
+            finally:
+                looked.touch()
 
         thread = threading.Thread(target=restart_once_replicated, daemon=True)
         thread.start()
-        result = _fit(storage_path, events)
+        result = _fit(storage_path, events, end_when=str(looked))
         thread.join()
         log = cluster.nodes["node-1"].log_path.read_text()
-        import zmq
-
-        from outlast.agent.tier_client import ask
-        from outlast.protocol import messages as m
-        from outlast.protocol.auth import ClusterKey
-
-        ctx = zmq.Context()
-        try:
-            address = next(n.tier_address for n in cluster.node_table() if n.node_id == "node-1")
-            held = ask(ctx, ClusterKey.load(cluster.key_file), address, m.TierList(), timeout_s=30)
-        finally:
-            ctx.destroy(linger=0)
-    # The restarted agent holds what its predecessor kept, committed as it was.
+    # The restarted agent held what its predecessor kept, committed as it was.
     assert ("checkpoint_001_000005", 1, True, True) in {(c.checkpoint_dir, c.rank, c.primary, c.committed)
                                                          for c in held.copies}
     assert result.last_metrics == {"step": 23}

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from outlast.controller import effects as fx
+from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.train import CheckpointConfig
 from tests.fakes.controller import make, start
@@ -362,3 +363,61 @@ def test_an_upload_from_a_holder_that_dies_goes_on_from_the_next_and_with_none_l
     assert "every step so far" in skipped[0].reason
     assert any(f"checkpoint {DIR} stays committed in memory only" in n.text and "is gone" in n.text
                for n in h.core.book.state.notes)
+
+
+def _finish(h, placement):
+    for rank, node_id in placement.items():
+        h.worker(m.WorkerDone(attempt=h.core.attempt.number, rank=rank, reports=0))
+        h.agent(node_id, h.exited(rank, node_id))
+
+
+def _committed_on_two_nodes(h, placement):
+    report(h, 0)
+    report(h, 1)
+    for a in asks(h):
+        h.step(stored(a))
+    h.release()
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    asks(h, m.TierCommit)
+    return h.core.book.state.checkpoints[-1]
+
+
+def test_a_storage_run_that_ends_frees_its_copies_on_every_holder_and_closes_once_they_answer():
+    h, placement = tiered()
+    record = _committed_on_two_nodes(h, placement)
+    assert record.durable and len(record.memory) >= 2
+    _finish(h, placement)
+    h.release()
+    frees = asks(h, m.TierFree)
+    assert sorted(a.node_id for a in frees) == record.memory
+    assert {a.msg.run for a in frees} == {frees[0].msg.run} and frees[0].msg.run
+    assert h.state is State.FINISHED and not h.core.closed  # its close waits for the answers, briefly
+    for a in frees:
+        h.step(fx.TierAnswered(a.id, reply=m.TierAck(run=a.msg.run, checkpoint_dir="", rank=-1)))
+    assert h.core.closed
+
+
+def test_the_close_waits_for_the_frees_a_few_seconds_at_most():
+    from outlast.controller.memory_holds import FREE_WAIT_S
+
+    h, placement = tiered()
+    _committed_on_two_nodes(h, placement)
+    _finish(h, placement)
+    h.release()
+    assert asks(h, m.TierFree) and not h.core.closed
+    h.step(dt=FREE_WAIT_S + 0.1)  # a node that never answers keeps no driver waiting
+    assert h.core.closed
+
+
+def test_a_memory_run_keeps_its_copies_at_its_end_they_are_its_only_ones():
+    h, placement = tiered(checkpoint_storage="memory")
+    report(h, 0)
+    report(h, 1)
+    for a in asks(h):
+        h.step(stored(a, replica=NEXT[a.node_id]))
+    h.release()
+    assert h.core.book.state.checkpoints[-1].durable is False
+    _finish(h, placement)
+    h.release()
+    assert asks(h, m.TierFree) == [] and h.core.closed
