@@ -1,5 +1,6 @@
 """The memory tier on its files and between two tier servers over CURVE with the cluster key."""
 
+import contextlib
 import mmap
 import os
 import shutil
@@ -191,41 +192,46 @@ def test_a_draining_nodes_hold_links_the_ranks_files_and_copies_those_on_another
         shutil.rmtree(elsewhere)
 
 
+@contextlib.contextmanager
+def replica_asked(ctx, key, server, peer, checkpoint_dir, seq, files):
+    """The replica of a copy `server` holds already (as beside a durable commit), asked without waiting:
+    the socket its answer comes to."""
+    sock = connect_dealer(ctx, server.address, key=key)
+    try:
+        sock.send(encode(m.TierHold(run="run", checkpoint_dir=checkpoint_dir, rank=0, seq=seq, files=files,
+                                    source_dir="", peer_address=peer.address)))
+        yield sock
+    finally:
+        sock.close(linger=0)
+
+
+def answer_to(sock):
+    assert sock.poll(30_000)
+    return TIER_REPLIES.decode(sock.recv())
+
+
 def test_a_draining_node_holds_replicas_beside_durable_commits_back_until_the_drains_checkpoint_is_held(pair,
                                                                                                        tmp_path):
     ctx, key, (a, b) = pair
     old = write_files(tmp_path / "old", {"model.pt": 3 * MB})
     a.store.put_dir("run", "c0", 0, 1, old, tmp_path / "old")
     a.drain(time.time() + 60)
-    background = connect_dealer(ctx, a.address, key=key)
-    try:
-        # The replica of a copy held already (beside a durable commit): it waits while the node drains.
-        background.send(encode(m.TierHold(run="run", checkpoint_dir="c0", rank=0, seq=1, files=old, source_dir="",
-                                          peer_address=b.address)))
-        assert not background.poll(1000)
+    with replica_asked(ctx, key, a, b, "c0", 1, old) as background:
+        assert not background.poll(1000)  # it waits while the node drains
         new = write_files(tmp_path / "new", {"model.pt": 2 * MB})
         stored = ask(ctx, key, a.address, m.TierHold(run="run", checkpoint_dir="c1", rank=0, seq=2, files=new,
                                                       source_dir=str(tmp_path / "new"), peer_address=b.address))
         assert stored.ok and stored.replica_node == "n2", stored
         # The drain's checkpoint is on both nodes: the replica held back goes now.
-        assert background.poll(30_000)
-        replica = TIER_REPLIES.decode(background.recv())
+        replica = answer_to(background)
         assert replica.ok and replica.checkpoint_dir == "c0" and replica.replica_node == "n2", replica
-    finally:
-        background.close(linger=0)
     # A drain whose checkpoint never comes holds them back until its deadline only.
     a.store.put_dir("run", "c2", 0, 3, old, tmp_path / "old")
     a.drain(time.time() + 1.5)
-    background = connect_dealer(ctx, a.address, key=key)
-    try:
-        background.send(encode(m.TierHold(run="run", checkpoint_dir="c2", rank=0, seq=3, files=old, source_dir="",
-                                          peer_address=b.address)))
+    with replica_asked(ctx, key, a, b, "c2", 3, old) as background:
         assert not background.poll(500)
-        assert background.poll(30_000)
-        replica = TIER_REPLIES.decode(background.recv())
+        replica = answer_to(background)
         assert replica.ok and replica.checkpoint_dir == "c2" and replica.replica_node == "n2", replica
-    finally:
-        background.close(linger=0)
 
 
 def test_a_replica_the_peer_cannot_fit_is_said_and_the_local_copy_stays(pair, tmp_path):
