@@ -6,8 +6,8 @@ through the data socket, each sealed with AES-256-GCM under that key (`Sealer`),
 associated data, so that a chunk changed, moved to another file or offset, or sent under another
 transfer is refused. CURVE encrypts in ZeroMQ's one I/O thread of each side; AES-GCM with the
 CPU's AES instructions, in the threads that read and write the files, moved a replica 1.6 times as
-fast (bench/results/tier-transport.json, tier-transport-before.json), and the checkpoint's bytes
-are the whole of the traffic.
+fast (bench/results/tier-transport-before.json beside the tier-transport.json of commit 85019e9),
+and the checkpoint's bytes are the whole of the traffic.
 
 Both directions go in chunks of `CHUNK` bytes with at most `WINDOW` unanswered, so a server's
 thread never holds more than a chunk of anyone's copy and never waits on a slow peer; a peer
