@@ -154,8 +154,7 @@ def _expect_ack(reply: m.TierReply, peer: str) -> None:
 
 def digests_for(files: list[m.FileEntry]) -> InOrderDigests:
     """Checksums of `files` as their chunks are written (an entry without one is refused where it is checked)."""
-    return InOrderDigests({f.path: ("xxh3_128" if f.xxh3_128 is not None else "sha256", f.size) for f in files
-                           if f.xxh3_128 is not None or f.sha256 is not None})
+    return InOrderDigests({f.path: (f.checksum[0], f.size) for f in files if f.xxh3_128 or f.sha256})
 
 
 class Fetched(NamedTuple):

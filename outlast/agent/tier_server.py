@@ -236,10 +236,11 @@ class TierServer:
     def _handle(self, ident: bytes, msg: m.TierRequest) -> m.TierReply | None:
         node = self.store.node_id
         if isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
-            queues = {"upload": self._uploads, "waited": self._waiting, "hold": self._holds}
-            if queue_for(msg) == "waited":
+            which = queue_for(msg)
+            if which == "waited":
                 self._waited(+1)
-            queues[queue_for(msg)].put((ident, msg, time.monotonic()))
+            {"upload": self._uploads, "waited": self._waiting, "hold": self._holds}[which].put(
+                (ident, msg, time.monotonic()))
             return None
         if isinstance(msg, m.TierList):
             with self._lock:
