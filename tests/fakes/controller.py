@@ -124,3 +124,10 @@ def start(h: Harness) -> dict[int, str]:
     for rank in placement:
         h.worker(m.WorkerHello(attempt=h.core.attempt.number, rank=rank, pid=100 + rank))
     return placement
+
+
+def finish_all(h: Harness, placement: dict[int, str]) -> None:
+    """Every rank of the current attempt is done and has exited."""
+    for rank, node_id in placement.items():
+        h.worker(m.WorkerDone(attempt=h.core.attempt.number, rank=rank, reports=0))
+        h.agent(node_id, h.exited(rank, node_id))

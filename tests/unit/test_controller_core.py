@@ -9,7 +9,7 @@ from outlast.controller import states as st
 from outlast.controller.states import State
 from outlast.controller.types import Timeouts
 from outlast.protocol import messages as m
-from tests.fakes.controller import make, node, start
+from tests.fakes.controller import finish_all, make, node, start
 
 ENTRY = m.FileEntry("model.pt", 1, "0" * 64)
 
@@ -18,12 +18,6 @@ def report(h, rank, index, checkpoint=True, saw=False):
     return h.worker(m.Report(attempt=h.core.attempt.number, rank=rank, index=index, metrics={"step": index},
                              checkpoint_dir=f"checkpoint_{h.core.attempt.number:03d}_{index:06d}" if checkpoint else None,
                              files=[ENTRY] if checkpoint else [], saw_preemption=saw))
-
-
-def finish_all(h, placement):
-    for rank, node_id in placement.items():
-        h.worker(m.WorkerDone(attempt=h.core.attempt.number, rank=rank, reports=0))
-        h.agent(node_id, h.exited(rank, node_id))
 
 
 def test_a_clean_run_finishes_closes_and_tells_its_nodes_the_run_ended():

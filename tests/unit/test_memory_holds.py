@@ -10,7 +10,7 @@ from outlast.controller import effects as fx
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.train import CheckpointConfig
-from tests.fakes.controller import make, start
+from tests.fakes.controller import finish_all, make, start
 
 ENTRY = m.FileEntry("model.pt", 1, "0" * 64)
 DIR = "checkpoint_001_000000"
@@ -365,12 +365,6 @@ def test_an_upload_from_a_holder_that_dies_goes_on_from_the_next_and_with_none_l
                for n in h.core.book.state.notes)
 
 
-def _finish(h, placement):
-    for rank, node_id in placement.items():
-        h.worker(m.WorkerDone(attempt=h.core.attempt.number, rank=rank, reports=0))
-        h.agent(node_id, h.exited(rank, node_id))
-
-
 def _committed_on_two_nodes(h, placement):
     report(h, 0)
     report(h, 1)
@@ -387,7 +381,7 @@ def test_a_storage_run_that_ends_frees_its_copies_on_every_holder_and_closes_onc
     h, placement = tiered()
     record = _committed_on_two_nodes(h, placement)
     assert record.durable and len(record.memory) >= 2
-    _finish(h, placement)
+    finish_all(h, placement)
     h.release()
     frees = asks(h, m.TierFree)
     assert sorted(a.node_id for a in frees) == record.memory
@@ -403,7 +397,7 @@ def test_the_close_waits_for_the_frees_a_few_seconds_at_most():
 
     h, placement = tiered()
     _committed_on_two_nodes(h, placement)
-    _finish(h, placement)
+    finish_all(h, placement)
     h.release()
     assert asks(h, m.TierFree) and not h.core.closed
     h.step(dt=FREE_WAIT_S + 0.1)  # a node that never answers keeps no driver waiting
@@ -418,6 +412,6 @@ def test_a_memory_run_keeps_its_copies_at_its_end_they_are_its_only_ones():
         h.step(stored(a, replica=NEXT[a.node_id]))
     h.release()
     assert h.core.book.state.checkpoints[-1].durable is False
-    _finish(h, placement)
+    finish_all(h, placement)
     h.release()
     assert asks(h, m.TierFree) == [] and h.core.closed
