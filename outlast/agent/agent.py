@@ -89,7 +89,8 @@ class Agent:
         self.core = NodeCore(node_id, os.getpid(),
                              node_gpu_ids(self.spec.resources.get("GPU", 0.0), os.environ, dev_names()),
                              unkillable_after_s=float(os.environ.get("OUTLAST_UNKILLABLE_TIMEOUT_S",
-                                                                     UNKILLABLE_AFTER_S)))
+                                                                     UNKILLABLE_AFTER_S)),
+                             cpus=self.spec.resources.get("CPU", 1.0))
         self.fork_server_ready: m.ZygoteReady | None = None  # what the fork server said once ready
         self.sup = self.core.sup
         self.tier: TierServer | None = None
@@ -235,7 +236,7 @@ class Agent:
                 run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address,
                 payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
                 error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
-                output_file=self.output.file_for_task(req),
+                output_file=self.output.file_for_task(req), threads=f.threads,
             ))
             return
         req, spec = f.spawn, f.spec
@@ -246,7 +247,7 @@ class Agent:
             payload=req.payload, env=f.env if f.env is not None else req.env, cwd=req.cwd, sys_path=req.sys_path,
             run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
             error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
-            cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank),
+            cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank), threads=f.threads,
         ))
 
     def _place(self, f: Fork) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from outlast.agent.gpus import GpuBook
 from outlast.agent.supervisor import UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, Warn, spawn_refusal
 from outlast.protocol import messages as m
+from outlast.threads import cpu_share_threads
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Fork:
     spec: m.WorkerSpec | None = None
     task: m.SpawnTask | None = None
     env: dict[str, str] | None = None  # a worker's environment when it is not the spawn's: with its GPUs
+    threads: int = 1  # its share of the node's CPUs, in threads (outlast/threads.py)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ NodeEffect = Effect | Fork | FinishOutput
 
 class NodeCore:
     def __init__(self, node_id: str, pid: int, gpu_ids: list[str] | None = None,
-                 unkillable_after_s: float = UNKILLABLE_AFTER_S) -> None:
+                 unkillable_after_s: float = UNKILLABLE_AFTER_S, cpus: float = 1.0) -> None:
         self.node_id, self.pid = node_id, pid  # pid: the agent's, which a SpawnWorkers names as the one placed on
+        self.cpus = cpus  # what workloads may use, which their threads share
         self.sup = Supervisor(node_id, unkillable_after_s)
         self.gpus = GpuBook(list(gpu_ids or []))  # which live worker holds which of the node's GPUs
         self.draining: m.NodeDraining | None = None
@@ -122,12 +125,13 @@ class NodeCore:
         if isinstance(envs, str):
             return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=f"node {self.node_id}: {envs}"))]
         effects: list[NodeEffect] = []
+        threads = cpu_share_threads(req.resources.get("CPU"), self.cpus, len(req.workers))
         for spec in req.workers:
             key = (req.run_id, req.attempt, spec.rank, "")
             placement = Placement(world_size=spec.world_size, demand=dict(req.resources))
             self.sup.expect(key, placement)
             effects.append(Fork(key, f"{req.run_id}-a{req.attempt}-r{spec.rank}", placement, spawn=req, spec=spec,
-                                env=envs[key]))
+                                env=envs[key], threads=threads))
         return effects
 
     def _spawn_task(self, to: bytes, req: m.SpawnTask, now: float) -> list[NodeEffect]:
@@ -138,7 +142,8 @@ class NodeCore:
         key = (req.run_id, 0, -1, req.task_id)
         placement = Placement(resources=req.resources, retriable=req.retriable, demand=demand)
         self.sup.expect(key, placement)
-        return effects + [Fork(key, f"task-{req.task_id}", placement, task=req)]
+        return effects + [Fork(key, f"task-{req.task_id}", placement, task=req,
+                               threads=cpu_share_threads(req.resources.num_cpus, self.cpus, 1))]
 
     # ---- the fork server ------------------------------------------------------------------------
 

@@ -14,12 +14,14 @@ from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
 from outlast.runenv import worker_env
+from outlast.threads import follow_cpu_share
 from outlast.protocol.transport import connect_dealer, encode
 
 
 def run(req: m.ForkTask) -> int:
     """An `outlast.Executor` task: call the function, send the outcome, exit."""
     become_clean_process(worker_env(os.environ, req.env), req.cwd, req.sys_path)
+    follow_cpu_share(req.threads)
     os.environ["OUTLAST_TASK_ID"] = req.task_id
     ctx = zmq.Context()
     sock = connect_dealer(ctx, req.controller_address, f"task:{req.task_id}:{os.getpid()}".encode(),

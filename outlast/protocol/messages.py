@@ -754,6 +754,7 @@ class ForkWorker(Msg):
     error_file: str
     cgroup_procs: list[str] = []  # the child writes its pid here first thing: its own cgroup leaf
     output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
+    threads: int = 0  # its share of the node's CPUs, in math library threads (outlast/threads.py); 0: untouched
 
 
 class ForkTask(Msg):
@@ -768,6 +769,7 @@ class ForkTask(Msg):
     error_file: str
     cgroup_procs: list[str] = []
     output_file: str = ""  # as ForkWorker's
+    threads: int = 0  # as ForkWorker's
 
 
 class ZygoteReady(Msg):

@@ -62,7 +62,7 @@ class AgentNode:
         self.alive, self.died_at = True, None
         self.incarnations += 1
         self.agent_pid = self.sim.new_pid()
-        self.core = NodeCore(self.node_id, self.agent_pid)
+        self.core = NodeCore(self.node_id, self.agent_pid, cpus=self.cpus)
         self.sup = self.core.sup
         self.procs: dict[int, SimRank] = {}
         self.groups: dict[int, SimRank] = {}  # every rank forked here, by its process group's id (its pid)

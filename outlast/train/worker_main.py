@@ -23,6 +23,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer
 from outlast.runenv import worker_env
+from outlast.threads import follow_cpu_share
 from outlast.storage.base import Storage
 from outlast.train import watch
 from outlast.trace import mark
@@ -106,6 +107,7 @@ def _say_in_output() -> None:
 def run(req: m.ForkWorker) -> int:
     mark("worker.run", attempt=req.attempt, rank=req.spec.rank)
     become_clean_process(worker_env(os.environ, req.env), req.cwd, req.sys_path)
+    follow_cpu_share(req.threads)
     spec = req.spec
     os.environ.update({
         "RANK": str(spec.rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank),

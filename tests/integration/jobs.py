@@ -396,3 +396,11 @@ def _await_a_manifest(run_dir: str, timeout: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no checkpoint of {run_dir} was committed in {timeout:.0f} s")
         time.sleep(0.01)
+
+
+def threads_loop(config: dict) -> None:
+    """Say how many threads this rank's torch and OpenMP run."""
+    import torch
+
+    log_event(config, event="threads", torch=torch.get_num_threads(), interop=torch.get_num_interop_threads(),
+              omp=os.environ.get("OMP_NUM_THREADS"))

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2] / "outlast"
 
 # Bottom first. Units in one layer may not import each other either: peers stay independent.
 LAYERS: list[set[str]] = [
-    {"outlast.procutil", "outlast.runenv", "outlast.identity", "outlast.statedir", "outlast.trace"},
+    {"outlast.procutil", "outlast.runenv", "outlast.identity", "outlast.statedir", "outlast.trace", "outlast.threads"},
     {"outlast.protocol", "outlast.faults", "outlast.metrics"},
     {"outlast.storage", "outlast.isolation", "outlast.cluster", "outlast.drain"},
     {"outlast.errors", "outlast.client"},

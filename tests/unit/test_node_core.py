@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import msgspec
+
 from outlast.agent.node_core import FinishOutput, Fork, NodeCore
 from outlast.agent.supervisor import Kill, Send
 from outlast.protocol import messages as m
@@ -147,3 +149,14 @@ def test_a_spawn_beside_another_run_or_the_same_attempt_is_not_held():
     core.on_request(b"other", spawn(run_id="other", ranks=(0,), run_key="s3://b/other"), now=0.0)
     core.on_fork_server(m.Forked(run_id="other", attempt=1, rank=0, pid=11), wall=0.0)
     assert len(_forks(core.on_request(C, spawn(run_id="r", ranks=(0,), run_key="s3://b/run"), now=1.0))) == 1
+
+
+def test_each_rank_gets_threads_for_its_cpu_request_or_else_its_share_of_the_nodes_cpus():
+    asked = NodeCore("n", pid=42, cpus=8.0).on_request(C, spawn(), now=0.0)  # spawn() asks 1 CPU each
+    assert [f.threads for f in asked] == [1, 1]
+    unasked = msgspec.structs.replace(spawn(ranks=(0, 1, 2)), resources={})
+    assert [f.threads for f in NodeCore("n", pid=42, cpus=8.0).on_request(C, unasked, now=0.0)] == [2, 2, 2]
+    task = m.SpawnTask(run_id="x", task_id="t", controller_address="tcp://c", payload=b"", env={}, cwd="/",
+                       sys_path=[], resources=m.Resources(num_cpus=3.0))
+    [*_, fork] = NodeCore("n", pid=42, cpus=8.0).on_request(C, task, now=0.0)
+    assert fork.threads == 3
