@@ -12,7 +12,7 @@ from outlast.controller import group as g
 from outlast.controller.runstate import RunBook
 from outlast.protocol import messages as m
 from outlast.sim.agent_node import AgentNode
-from outlast.sim.cluster import NodeModel, SimNode
+from outlast.sim.cluster import NodeModel
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
 from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, Fault, Schedule, draw
@@ -70,8 +70,6 @@ class Sim:
             + 12 * schedule.storage_latency_s
 
     def _new_node(self, node_id: str, same_host: bool = False) -> NodeModel:
-        if self.schedule.nodes_model == "simple":
-            return SimNode(self, node_id, self.schedule.cpus_per_node)
         return AgentNode(self, node_id, self.schedule.cpus_per_node, same_host)
 
     def new_pid(self) -> int:
@@ -315,9 +313,9 @@ class Sim:
         self.world.note(f"node {node.node_id} joined")
 
 
-def run_seed(seed: int, trace: bool = False, elastic: bool = False, nodes_model: str = "agent",
-             edges: bool = False, tier: bool = False) -> Outcome:
-    return Sim(draw(seed, elastic, nodes_model, edges, tier), trace=trace, edges=edges).run()
+def run_seed(seed: int, trace: bool = False, elastic: bool = False, edges: bool = False,
+             tier: bool = False) -> Outcome:
+    return Sim(draw(seed, elastic, edges, tier), trace=trace, edges=edges).run()
 
 
 def quiet() -> None:

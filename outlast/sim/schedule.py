@@ -69,7 +69,6 @@ class Schedule:
     min_workers: int = 0  # > 0: an elastic run, num_workers=(min_workers, loop.world_size)
     resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
     hang_timeout_s: float = float("inf")  # finite: ranks send progress, and a "hang" fault wedges one
-    nodes_model: str = "agent"  # "agent": the agent's real supervisor (outlast/sim/agent_node.py); "simple"
     tier: TierSpec | None = None  # the nodes' memory tiers (outlast/sim/tier.py); None: the nodes keep none
 
     @property
@@ -93,20 +92,16 @@ FAIL_KINDS = ["kill_worker", "kill_worker", "lose_node", "fork_server_death"]
 NEWER_DOCUMENTS = ["run state", "latest manifest", "lease"]
 
 
-def draw(seed: int, elastic: bool = False, nodes_model: str = "agent", edges: bool = False,
-         tier: bool = False) -> Schedule:
+def draw(seed: int, elastic: bool = False, edges: bool = False, tier: bool = False) -> Schedule:
     """`elastic`: the same schedule as an elastic run (num_workers=(min, world)), with nodes that join; drawn
-    from a second generator, so that the seed's other choices stay as they are. `nodes_model`: "agent" runs
-    the agent's real core and adds faults of outlast's own processes; "simple" neither. `edges`: besides,
+    from a second generator, so that the seed's other choices stay as they are. Faults of outlast's own
+    processes (the fork server, the agent) come from a stream of their own. `edges`: besides,
     failures during drains and grows, Ctrl+C and lease loss at any instant, unkillable ranks, ranks with
     children, and messages lost at a rank's exit; a third of them elastic. `tier`: the nodes keep checkpoints in
     memory (`_tier`)."""
     if edges:
-        return _edges(seed, draw(seed, elastic or random.Random(seed ^ 0xED6E).random() < 0.35, nodes_model,
-                                 tier=tier))
+        return _edges(seed, draw(seed, elastic or random.Random(seed ^ 0xED6E).random() < 0.35, tier=tier))
     s = _draw(seed, elastic)
-    if nodes_model != "agent":
-        return Schedule(**{**s.__dict__, "nodes_model": nodes_model})
     rng = random.Random(seed * 2 + 1 + (1 << 40))
     extra = []
     for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):

@@ -13,36 +13,34 @@ from outlast.sim.__main__ import run_many
 from outlast.sim.run import run_seed
 from tests.sim.legacy import reinject, reinject_tier
 
-# (bug, seed): the seed's schedule runs into the bug; with the bug put back the simulator reports it. The first
-# were found with the simple node model (outlast/sim/cluster.py), and replay on it.
-SIMPLE = [
+# (bug, seed): the seed's schedule runs into the bug; with the bug put back the simulator reports it. Every seed
+# runs on the one node model, the agent's real core (outlast/sim/agent_node.py).
+REGRESSIONS = [
     # issue 8 (a): a notice mid-step of a slow loop was decided at the stale 2^20 horizon
     ("a", 28),  # 3.5 s steps
     ("a", 145),  # 4.2 s steps, 4 ranks, the second attempt
     # found by the simulator in the first fix of (a): a live grant of many calls was trusted as a bound, and a
     # fast loop that slowed down after it (a report() waiting on an asynchronous upload) saw the notice late
-    ("live_grants_trusted", 959),
-    ("live_grants_trusted", 3451),
+    ("live_grants_trusted", 791),
+    ("live_grants_trusted", 899),
     # issue 8 (b): ranks that returned during a preemption, a last message missing, then the deadline: a
     # timer fired ALL_FINISHED in whatever state the run had moved on to
-    ("b", 616),
+    ("b", 1212),
     ("b", 2448),
     # issue 8 (c): a bucket that refuses deletes, with num_to_keep
     ("c", 3),
     ("c", 36),  # 14 until retention kept the checkpoint a new attempt restores: its delete is no longer asked then
     # found by the simulator: a drained node going away at once (deadline 0 s, or a notice that came after the
     # failure it caused) was charged to max_failures
+    ("drain_deadline_charged", 130),
     ("drain_deadline_charged", 415),
-    ("drain_deadline_charged", 1425),
     # found by the simulator: a node refusing a spawn made every rank that had not said hello yet, on any node,
     # count as never started, and the next attempt started beside them
-    ("refusal_takes_other_nodes", 516),
     ("refusal_takes_other_nodes", 838),
+    ("refusal_takes_other_nodes", 1645),
     # found by the simulator in the first fix of the above: a second refusal, arriving once the first had
     # ended the attempt, was dropped, and the attempt waited forever for ranks that never started
     ("second_refusal_dropped", 12877),
-]
-AGENT = [
     # found with the agent's supervisor on the nodes: a node whose agent was gone stayed lost to the run after
     # the agent was started again (same node id, new pid), so ranks placed there were lost at once, again and again
     ("agent_gone_for_good", 212),
@@ -85,14 +83,11 @@ TIER_HOLD = [
     1114,  # a pull to a node whose own copy had rotted answered "already held" (tier_server.py, whose sequence the
     #        simulator plays; tests/unit/test_tier_store.py fails with it put back), and every rank there failed
 ]
-REGRESSIONS = [(bug, seed, "simple") for bug, seed in SIMPLE] + [(bug, seed, "agent") for bug, seed in AGENT]
-
-
-@pytest.mark.parametrize(("bug", "seed", "nodes"), REGRESSIONS, ids=[f"{b}-{s}" for b, s, _ in REGRESSIONS])
-def test_a_regression_seed_fails_with_its_bug_put_back_and_passes_with_the_fix(bug, seed, nodes, monkeypatch):
-    assert run_seed(seed, nodes_model=nodes).violations == []
+@pytest.mark.parametrize(("bug", "seed"), REGRESSIONS, ids=[f"{b}-{s}" for b, s in REGRESSIONS])
+def test_a_regression_seed_fails_with_its_bug_put_back_and_passes_with_the_fix(bug, seed, monkeypatch):
+    assert run_seed(seed).violations == []
     reinject(bug, monkeypatch)
-    assert run_seed(seed, nodes_model=nodes).violations != []
+    assert run_seed(seed).violations != []
 
 
 @pytest.mark.parametrize(("bug", "seed"), TIER, ids=[f"{b}-{s}" for b, s in TIER])
