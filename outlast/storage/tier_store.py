@@ -19,6 +19,8 @@ Layout under the root (`$OUTLAST_TIER_DIR`, else /dev/shm/outlast-<uid>):
     <node_id>/owner.json                        the agent that owns it (pid, start time, host)
     <node_id>/<run hash>/<checkpoint>/rank-R/   one rank's files of one checkpoint
     <node_id>/<run hash>/<checkpoint>/rank-R.json  its record, written last: a copy without one is partial
+    <node_id>/restores/<run hash>/<checkpoint>/  links to held copies for a restore (tier_restore.py): they go
+                                                 with the copies they link, so they pin nothing of their own
 
 Decisions (what fits, what is evicted) are `outlast/storage/memtier.py`'s; this module only does
 them. Not thread-safe: one thread owns a store.
@@ -26,6 +28,7 @@ them. Not thread-safe: one thread owns a store.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -285,6 +288,8 @@ class TierStore:
         for key in keys:
             self.drop(key)
         shutil.rmtree(self.home / run_dir_name(run), ignore_errors=True)
+        # The links its restores made: with the copies gone, they alone would keep the bytes.
+        self._unlink_restores(run, None)
         return len(keys)
 
     def close(self, free: bool) -> None:
@@ -309,6 +314,22 @@ class TierStore:
         final = copy_dir(self.root, self.node_id, key)
         final.with_name(final.name + ".json").unlink(missing_ok=True)
         shutil.rmtree(final, ignore_errors=True)
+        # A restore's links to the copy would keep its bytes outside the budget. A restore reads its run's newest
+        # committed checkpoint, not evicted until a newer one is committed, by when the restore has been read.
+        self._unlink_restores(key.run, key.checkpoint_dir)
+
+    def _unlink_restores(self, run: str, checkpoint_dir: str | None) -> None:
+        """The restore links of `run` (of one checkpoint, or all), under the lock its restores take."""
+        restores = self.home / "restores" / run_dir_name(run)
+        if not restores.is_dir():
+            return
+        gone = restores / checkpoint_dir if checkpoint_dir is not None else restores
+        try:
+            with open(restores / ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                shutil.rmtree(gone, ignore_errors=True)
+        except OSError:  # no lock to be had (a full file system): the links go all the same
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 def _read_owner(home: Path) -> _Owner | None:
