@@ -174,7 +174,7 @@ def _send_chunk(ctx, transfer: m.Transfer, path: str, offset: int, data: bytes) 
 
 @pytest.fixture
 def one_node(monkeypatch, tmp_path):
-    monkeypatch.setenv("OUTLAST_TIER_TRANSFER_TIMEOUT_S", "3")
+    monkeypatch.setenv("OUTLAST_TIER_TRANSFER_TIMEOUT_S", "15")  # far past the test's own steps
     with LocalCluster(num_nodes=1, workdir=tmp_path / "cl", node_args=["--checkpoint-memory", "64MiB"]) as cluster:
         ctx = zmq.Context()
         try:
