@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -31,8 +32,8 @@ def _tier_of(cluster, node_id: str) -> str:
     return next(n.tier_address for n in cluster.node_table() if n.node_id == node_id)
 
 
-def _fit(storage_path, events, storage: str, fault=None, pad_bytes=0):
-    config = {"events": str(events), "steps": 10, "every": 3, "sharded": True, "delete_after_report": True,
+def _fit(storage_path, events, storage: str, fault=None, pad_bytes=0, steps=10):
+    config = {"events": str(events), "steps": steps, "every": 3, "sharded": True, "delete_after_report": True,
               "step_sleep": 0.05, "pad_bytes": pad_bytes}
     if fault is not None:
         config["fault"] = fault
@@ -71,6 +72,41 @@ def test_a_storage_run_that_restored_from_memory_leaves_nothing_of_itself_under_
     assert "restored checkpoint_001_000005 from local_memory" in said, said[-3000:]
     # Neither its copies nor the links its restores made: those would keep the checkpoint's bytes in RAM.
     assert left == [], left
+
+
+def _bytes_in(node_dir: Path) -> int:
+    """The bytes a node's tier directory takes in copies and links (each file once), its records aside."""
+    files = {}
+    for p in node_dir.rglob("*"):
+        if p.is_file() and p.name not in ("owner.json", ".lock") and \
+                not (p.parent.name.startswith("checkpoint_") and re.fullmatch(r"rank-\d+\.json", p.name)):
+            files[p.stat().st_ino] = p.stat().st_size
+    return sum(files.values())
+
+
+def test_a_memory_run_keeps_its_copies_and_its_restore_links_pin_nothing_outside_the_budget(
+        monkeypatch, tmp_path, storage_path, capfd):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    # About 2.1 MiB a checkpoint on each node: the budget keeps two, so the one restored is evicted later.
+    with LocalCluster(num_nodes=2, node_timeout_s=2, cpus_per_node=2, workdir=tmp_path / "cl",
+                      node_args=["--checkpoint-memory", "5MiB"]) as cluster:
+        result = _fit(storage_path, tmp_path / "events.jsonl", "memory", pad_bytes=MB, steps=15,
+                      fault={"rank": 0, "step": 6, "when": "after_report", "kind": "kill"})
+        ctx = zmq.Context()
+        try:
+            key = ClusterKey.load(cluster.key_file)
+            held = {n: ask(ctx, key, _tier_of(cluster, n), m.TierList(), timeout_s=30) for n in ("node-0", "node-1")}
+        finally:
+            ctx.destroy(linger=0)
+        taken = {n: _bytes_in(cluster.tier_dir / n) for n in held}
+    assert result.last_metrics == {"step": 14}
+    said = "".join(capfd.readouterr())
+    assert "restored checkpoint_001_000005 from local_memory" in said, said[-3000:]
+    for node, holdings in held.items():
+        assert holdings.copies and holdings.used_bytes <= 5 * MB, (node, holdings)
+        assert "checkpoint_001_000005" not in {c.checkpoint_dir for c in holdings.copies}
+        # What the node's tier takes is what its budget counts: no link of the restore keeps an evicted copy.
+        assert taken[node] == holdings.used_bytes, (node, taken[node], holdings.used_bytes)
 
 
 # ---- a full tmpfs -------------------------------------------------------------------------------------------
