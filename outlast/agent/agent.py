@@ -309,6 +309,8 @@ class Agent:
                 self._apply_drain(order)
         if self.guard is not None:
             self._oom_kill(self.guard.on_tick(now, self.sup.memory_view()))
+        if self.tier is not None:
+            self.tier.watch()  # a thread of the tier that died is started again, and the log says why
         self.apply(self.sup.tick(now))
         if self.metrics is not None:
             self.metrics.refresh(now, self.sup.workloads.values(), self.forks.ready, self.guard,
@@ -388,12 +390,21 @@ class Agent:
             except zmq.Again:
                 return
             try:
-                self._on_request(frames[0], AGENT_REQUESTS.decode(frames[-1]))
+                req = AGENT_REQUESTS.decode(frames[-1])
             except VersionMismatch as e:
                 log.warning("refused a request: %s", e)
                 self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
+                continue
             except BadMessage as e:
                 log.warning("dropped a malformed request: %s", e)
+                continue
+            try:
+                self._on_request(frames[0], req)
+            except Exception as e:  # noqa: BLE001 - one request's failure (an OSError: a full disk) is its own
+                log.exception("node %s failed on a %s", self.node_id, type(req).__name__)
+                answer = failed_answer(self.node_id, req, e)
+                if answer is not None:
+                    self._reply(frames[0], answer)
 
     def _reply(self, identity: bytes, msg: m.Msg) -> None:
         self.sock.send_multipart([identity, encode(msg)])
@@ -419,6 +430,18 @@ class Agent:
             self._auth.stop()
         self.ctx.term()
         workdir.release(self.workdir)
+
+
+def failed_answer(node_id: str, req: m.AgentRequest, e: Exception) -> m.Msg | None:
+    """The answer to a request that raised, where its answer can carry an error. The others' askers time out,
+    as for a node that does not answer: a spawn may have forked some of its workers before it failed, so it
+    is not refused (which would say that nothing started)."""
+    why = f"node {node_id} failed on a {type(req).__name__}: {type(e).__name__}: {e}"
+    if isinstance(req, m.DrainNode):
+        return m.DrainRefused(reason=why)
+    if isinstance(req, m.ReadOutput):
+        return m.OutputLines(path=req.path, lines=[], error=why)
+    return None
 
 
 def default_resources() -> dict[str, float]:

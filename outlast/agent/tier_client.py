@@ -184,6 +184,7 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
         digests = digests_for(offer.files)
         pending = list(_chunks(offer.files))
         asked = 0
+        asked_for: dict[tuple[str, int], int] = {}
         try:
             for entry in offer.files:
                 path = dest / entry.path
@@ -195,6 +196,7 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
                     entry, offset, length = pending[asked]
                     data.send(encode(m.TierFetch(**ask, path=entry.path, offset=offset, length=length,
                                                  session=sealer.session)))
+                    asked_for[(entry.path, offset)] = length
                     asked += 1
                 head, chunk, sealed = _recv_sealed(data, timeout_s, address)
                 if isinstance(chunk, m.TierStored):
@@ -202,6 +204,10 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
                 if not isinstance(chunk, m.TierChunk) or chunk.path not in handles:
                     raise TransferError(f"{address} answered a chunk request with {type(chunk).__name__}")
                 plain = sealer.open(head, chunk, sealed)
+                if asked_for.pop((chunk.path, chunk.offset), None) != len(plain):
+                    # The copy's room was made for its declared sizes: nothing else is written.
+                    raise TransferError(f"{address} sent {len(plain)} bytes of {chunk.path} at {chunk.offset}, "
+                                        "which were not asked for")
                 write_all(handles[chunk.path], plain, chunk.offset)
                 digests.update(chunk.path, chunk.offset, plain)
                 done += 1

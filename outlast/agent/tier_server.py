@@ -16,6 +16,15 @@ storage's time. While the node drains, replicas beside durable commits wait unti
 checkpoint saved for the drain is held (or the deadline), as they share the node's cores and
 memory bandwidth with its save and its copy (seen: a 2 GB replica of the checkpoint before
 still going while a drain's checkpoint was saved).
+
+No request ends a thread: an error in one (a full tmpfs: ENOSPC) is its answer, saying the node,
+the path and the errno, and what it had half-written goes, with its bytes in the budget. A copy
+being received counts in the budget at its declared size from its offer on, and a transfer whose
+sender is silent `transfer_timeout_s` (it died, or closed its socket: ZeroMQ tells the server
+neither) is ended the same way. A thread that dies all the same (a bug past those guards) is
+started again by `watch`, which the agent's loop calls each turn, and the log says why it died:
+the tier's state is the server's, not the thread's, so a new thread goes on where the old one
+stopped, and the node keeps its tier (a "memory" run cannot commit without it).
 """
 
 from __future__ import annotations
@@ -39,13 +48,15 @@ from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
 from outlast.storage import open_storage
 from outlast.storage.memtier import CopyKey
-from outlast.storage.tier_store import TierStore, check_files, default_root
+from outlast.storage.tier_store import TierStore, check_files, default_root, os_failure
 from outlast.storage.retry import upload_with_retries
 
 log = logging.getLogger("outlast.agent.tier")
 
 DRAIN_HOLD_S = 120.0  # a drain without a deadline holds replicas beside durable commits back this long at most
-SESSION_IDLE_S = 600.0  # a transfer unused this long is forgotten (its asker died): tier_client's timeouts are far shorter
+# A transfer unused this long is ended (its asker died, or closed its socket), what it wrote with it: twice
+# tier_client's 30 s, after which a live asker has given up anyway.
+TRANSFER_TIMEOUT_S = float(os.environ.get("OUTLAST_TIER_TRANSFER_TIMEOUT_S", "60"))
 
 
 class _Session:
@@ -57,6 +68,7 @@ class _Session:
         self.key = key
         self.fds = fds  # path -> fd for an offer; None for a fetch
         self.digests = digests_for(list(files))  # an offer's, as its chunks are written
+        self.sizes = {f.path: f.size for f in files}  # an offer's, as declared: no chunk writes past them
         self.used = now
 
     def close(self) -> None:
@@ -76,8 +88,9 @@ def queue_for(msg: m.TierHold | m.TierPull | m.TierUpload) -> str:
 
 class TierServer:
     def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, transfer_timeout_s: float = TRANSFER_TIMEOUT_S) -> None:
         self._ctx = ctx
+        self._transfer_timeout_s = transfer_timeout_s
         self._key = key
         self.store = store
         self._lock = threading.Lock()  # the store: both threads use it
@@ -103,13 +116,11 @@ class TierServer:
         self._turn = threading.Condition()
         self._inbox = ctx.socket(zmq.PULL)
         self._inbox.bind(self._replies)
-        self._threads = [threading.Thread(target=self._serve, name="outlast-tier", daemon=True),
-                         threading.Thread(target=self._hold_loop, args=(self._holds,), name="outlast-tier-hold",
-                                         daemon=True),
-                         threading.Thread(target=self._hold_loop, args=(self._waiting,), name="outlast-tier-waited",
-                                         daemon=True),
-                         threading.Thread(target=self._hold_loop, args=(self._uploads,), name="outlast-tier-upload",
-                                         daemon=True)]
+        self._loops = {"outlast-tier": (self._serve, ()), "outlast-tier-hold": (self._hold_loop, (self._holds,)),
+                       "outlast-tier-waited": (self._hold_loop, (self._waiting,)),
+                       "outlast-tier-upload": (self._hold_loop, (self._uploads,))}
+        self._threads = {name: self._thread(name) for name in self._loops}
+        self._died: dict[str, str] = {}  # thread name -> why it ended, until `watch` starts it again
 
     def drain(self, deadline_unix_s: float | None) -> None:
         """The node drains: its cores and its bandwidth go to the checkpoint saved for the drain. Replicas beside
@@ -137,7 +148,7 @@ class TierServer:
             self._turn.notify_all()
 
     def start(self) -> "TierServer":
-        for t in self._threads:
+        for t in self._threads.values():
             t.start()
         return self
 
@@ -145,8 +156,34 @@ class TierServer:
         self._stop.set()
         for todo in (self._holds, self._waiting, self._uploads):
             todo.put(None)
-        for t in self._threads:
+        for t in self._threads.values():
             t.join(timeout=10)
+
+    def _thread(self, name: str) -> threading.Thread:
+        target, args = self._loops[name]
+
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as e:  # noqa: BLE001 - said here, and `watch` starts the thread again
+                log.exception("the memory tier's thread %s died", name)
+                self._died[name] = f"{type(e).__name__}: {e}"
+
+        return threading.Thread(target=run, name=name, daemon=True)
+
+    def watch(self) -> list[str]:
+        """Start again each thread that died (what it was doing is lost: its asker times out), saying which and
+        why. Called by the agent's loop each turn; returns what was said."""
+        said = []
+        for name, t in list(self._threads.items()):
+            if self._stop.is_set() or t.is_alive() or not t.ident:
+                continue
+            why = self._died.pop(name, "it returned")
+            said.append(f"the memory tier's thread {name} died ({why}); started it again")
+            log.error("%s", said[-1])
+            self._threads[name] = self._thread(name)
+            self._threads[name].start()
+        return said
 
     # -- the server thread ------------------------------------------------------------------
 
@@ -171,31 +208,71 @@ class TierServer:
                     except BadMessage as e:
                         log.warning("dropped a malformed tier request: %s", e)
                         continue
-                    if sock is self._data:
-                        # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
-                        reply = self._handle_data(msg, head, frames[2].buffer if len(frames) > 2 else b"")
-                    else:
-                        reply = self._handle(ident, msg)
+                    try:
+                        if sock is self._data:
+                            # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
+                            reply = self._handle_data(msg, head, frames[2].buffer if len(frames) > 2 else b"")
+                        else:
+                            reply = self._handle(ident, msg)
+                    except Exception as e:  # noqa: BLE001 - the request's answer; the thread goes on
+                        reply = self._failed(ident, msg, e)
                     if isinstance(reply, list):
                         sock.send_multipart([ident, *reply], copy=False)
                     elif reply is not None:
                         sock.send_multipart([ident, encode(reply)])
-                if time.monotonic() - swept > 10:
+                if time.monotonic() - swept > min(10.0, self._transfer_timeout_s / 4):
                     swept = time.monotonic()
                     self._forget_idle(swept)
         finally:
-            for session in self._sessions.values():
-                session.close()
-            self._sock.close(linger=0)
-            self._data.close(linger=0)
-            self._inbox.close(linger=0)
+            if self._stop.is_set():  # else `watch` starts the loop again, on the same sockets and transfers
+                for session in self._sessions.values():
+                    session.close()
+                self._sock.close(linger=0)
+                self._data.close(linger=0)
+                self._inbox.close(linger=0)
 
     def _forget_idle(self, now: float) -> None:
-        for sid in [sid for sid, sess in self._sessions.items() if now - sess.used > SESSION_IDLE_S]:
-            self._sessions.pop(sid).close()
-        live = set(self._sessions)
-        for writing in [w for w, sid in self._writing.items() if sid not in live]:
+        for sid in [sid for sid, sess in self._sessions.items() if now - sess.used > self._transfer_timeout_s]:
+            session = self._sessions[sid]
+            if session.fds is not None:
+                log.warning("a replica of %s rank %d being received on %s has been silent for %.0f s: its sender "
+                            "died or gave up; what came of it is dropped", session.key.checkpoint_dir,
+                            session.key.rank, self.store.node_id, now - session.used)
+            self._end(sid)
+
+    def _end(self, sid: bytes) -> None:
+        """A transfer is over without its copy kept: its files are closed, and what an offer wrote goes, with its
+        bytes in flight."""
+        session = self._sessions.pop(sid, None)
+        for writing in [w for w, s in self._writing.items() if s == sid]:
             del self._writing[writing]
+        if session is None:
+            return
+        session.close()
+        if session.fds is not None:
+            with self._lock:
+                self.store.abort(session.key)
+
+    def _failed(self, ident: bytes, msg: m.TierRequest, e: Exception) -> m.TierStored:
+        """The answer to a request that raised: the transfer it belongs to ends, and the error is said."""
+        node = self.store.node_id
+        if isinstance(e, OSError):
+            why = os_failure(node, self.store.root, e)
+        else:
+            log.exception("the memory tier failed on %s", type(msg).__name__)
+            why = f"the tier server of {node} failed: {type(e).__name__}: {e}"
+        run, checkpoint_dir, rank = (getattr(msg, a, d) for a, d in (("run", ""), ("checkpoint_dir", ""), ("rank", -1)))
+        if isinstance(msg, (m.TierChunk, m.TierFetch)) and msg.session:
+            self._end(msg.session)
+        elif isinstance(msg, (m.TierOffer, m.TierOfferEnd)):
+            key = CopyKey(run, checkpoint_dir, rank)
+            self._end(self._writing.get((ident, key), b""))
+            with self._lock:
+                if isinstance(msg, m.TierOffer) and self.store.writing(key) and \
+                        not any(s.key == key and s.fds is not None for s in self._sessions.values()):
+                    self.store.abort(key)  # begun by this offer, which failed before its transfer opened
+        log.warning("a %s of %s rank %s failed: %s", type(msg).__name__, checkpoint_dir or "-", rank, why)
+        return m.TierStored(run=run, checkpoint_dir=checkpoint_dir, rank=rank, node_id=node, ok=False, reason=why)
 
     def _open(self, key: CopyKey, fds: dict[str, int] | None, files: list[m.FileEntry] = ()) -> m.Transfer:
         transfer = new_transfer(self.data_address)
@@ -222,6 +299,12 @@ class TierServer:
                 data = session.sealer.open(head, msg, sealed)
             except TransferError as e:
                 return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=str(e))
+            if msg.offset < 0 or msg.offset + len(data) > session.sizes[msg.path]:
+                # The budget counts the declared sizes: nothing is written past them.
+                self._end(msg.session)
+                return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                    reason=f"a chunk of {msg.path} at {msg.offset} ({len(data)} bytes) goes past its "
+                                           f"declared {session.sizes[msg.path]} bytes: the transfer is refused")
             write_all(session.fds[msg.path], data, msg.offset)
             session.digests.update(msg.path, msg.offset, data)
             return m.TierAck(**ids, path=msg.path, offset=msg.offset)
@@ -254,6 +337,8 @@ class TierServer:
                 self.store.mark_committed(msg.run, msg.checkpoint_dir)
             return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=-1)
         if isinstance(msg, m.TierFree):
+            for sid in [sid for sid, sess in self._sessions.items() if sess.key.run == msg.run]:
+                self._end(sid)
             with self._lock:
                 self.store.free_run(msg.run)
             return m.TierAck(run=msg.run, checkpoint_dir="", rank=-1)
@@ -267,20 +352,31 @@ class TierServer:
                 return m.TierStored(**ids, node_id=node, ok=False,
                                     reason=admission.reason if not admission.admit else "already held")
             fds = {}
-            for entry in msg.files:
-                path = partial / entry.path
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for entry in msg.files:
+                    path = partial / entry.path
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            except OSError:
+                for fd in fds.values():
+                    os.close(fd)
+                with self._lock:
+                    self.store.abort(key)
+                raise
             transfer = self._open(key, fds, msg.files)
             self._writing[(ident, key)] = transfer.session
             return m.TierAck(**ids, transfer=transfer)
         if isinstance(msg, m.TierOfferEnd):
             session = self._sessions.pop(self._writing.pop((ident, key), b""), None)
-            if session is not None:
-                session.close()
+            if session is None:  # ended (silent past the timeout, or failed), or never offered by this sender
+                return m.TierStored(**ids, node_id=node, ok=False,
+                                    reason=f"no transfer of {msg.checkpoint_dir} rank {msg.rank} from this sender is "
+                                           f"open on {node}: it failed, or was silent for "
+                                           f"{self._transfer_timeout_s:.0f} s")
+            session.close()
             with self._lock:
                 # The checksums of what came in order were computed as it was written: nothing is read again.
-                why = self.store.finish(key, session.digests.digests() if session is not None else None)
+                why = self.store.finish(key, session.digests.digests())
             return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "")
         if isinstance(msg, m.TierFetch) and not msg.path:
             offer = self._fetch(key, msg)
@@ -319,13 +415,17 @@ class TierServer:
                         self._upload(hold, asked_at) if isinstance(hold, m.TierUpload) else \
                         self._hold(hold, asked_at, peers)
                 except Exception as e:  # a bug here must not leave every later hold unanswered
-                    log.exception("the memory tier failed on %s", type(hold).__name__)
+                    if not isinstance(e, OSError):
+                        log.exception("the memory tier failed on %s", type(hold).__name__)
                     reply = m.TierStored(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank,
                                          node_id=self.store.node_id, ok=False,
-                                         reason=f"the tier server failed: {type(e).__name__}: {e}")
+                                         reason=os_failure(self.store.node_id, self.store.root, e)
+                                         if isinstance(e, OSError) else
+                                         f"the tier server failed: {type(e).__name__}: {e}")
+                finally:
+                    if todo is self._waiting:
+                        self._waited(-1)
                 out.send_multipart([ident, encode(reply)])
-                if todo is self._waiting:
-                    self._waited(-1)
         finally:
             for sock in peers.values():
                 sock.close(linger=0)
@@ -402,23 +502,36 @@ class TierServer:
             skipped = f"the copy of rank {pull.rank} in memory on {node} was skipped: {why}"
             log.warning("%s; fetching it from %s", skipped, pull.from_address)
 
+        began = []
+
         def room(offer: m.TierOffer) -> Path:
             with self._lock:
                 admission, partial = self.store.begin(pull.run, pull.checkpoint_dir, pull.rank, offer.seq,
                                                       offer.files, primary=False)
             if partial is None:
                 raise TransferError(admission.reason if not admission.admit else "already held")
+            began.append(partial)
             return partial
 
         try:
             offer, digests = fetch(self._ctx, self._key, pull.from_address, key, None, dest_for=room)
         except (TransferError, OSError) as e:
-            with self._lock:
-                self.store.abort(key)
-            return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {e}",
+            if began:  # else what is being written of this copy is another writer's
+                with self._lock:
+                    self.store.abort(key)
+            why = os_failure(node, self.store.root, e) if isinstance(e, OSError) else str(e)
+            return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {why}",
                                 seconds=time.monotonic() - asked_at, skipped=skipped)
         with self._lock:
             why = self.store.finish(key, digests)
+        if why is None:
+            # What a restore pulls is a committed checkpoint, which this node was told before it held a copy:
+            # without this, its budget would evict the pulled copy first.
+            try:
+                with self._lock:
+                    self.store.mark_committed(pull.run, pull.checkpoint_dir)
+            except OSError as e:  # the record only: the copy is held, protected until the agent restarts
+                log.warning("%s", os_failure(node, self.store.root, e))
         return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", skipped=skipped,
                             nbytes=sum(f.size for f in offer.files), seconds=time.monotonic() - asked_at)
 
@@ -447,8 +560,12 @@ class TierServer:
         return m.TierStored(**ids, node_id=node, ok=True, nbytes=record.nbytes, seconds=time.monotonic() - asked_at)
 
     def _copy_in(self, hold: m.TierHold) -> str | None:
-        with self._lock:
-            admission, partial = self.store.begin(hold.run, hold.checkpoint_dir, hold.rank, hold.seq, hold.files)
+        try:
+            with self._lock:
+                admission, partial = self.store.begin(hold.run, hold.checkpoint_dir, hold.rank, hold.seq, hold.files)
+        except OSError as e:  # begin let its room go
+            return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: " \
+                   f"{os_failure(self.store.node_id, self.store.root, e)}"
         if partial is None:
             return None if admission.admit else admission.reason
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
@@ -465,7 +582,8 @@ class TierServer:
         except (OSError, ValueError) as e:
             with self._lock:
                 self.store.abort(key)
-            return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: {e}"
+            why = os_failure(self.store.node_id, self.store.root, e) if isinstance(e, OSError) else str(e)
+            return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: {why}"
         with self._lock:
             return self.store.finish(key, linked)
 

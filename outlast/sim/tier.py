@@ -91,7 +91,8 @@ class SimTier:
     def reclaim(self) -> None:
         """The agent starts again: its threads' work is gone, the partial copies dropped, the whole ones kept
         (`TierStore.open`: sizes only; checksums are every restore's)."""
-        self._pending.clear()
+        for key in list(self._pending):
+            self._abort(key)
         for q in self._queues.values():
             q.clear()
         self._busy = dict.fromkeys(self._busy, False)
@@ -119,10 +120,7 @@ class SimTier:
             self._queues[q].append((msg, reply))
             self._next(q)
         elif isinstance(msg, m.TierCommit):
-            self.book.mark_committed(msg.run, msg.checkpoint_dir)
-            for key, r in list(self.records.items()):
-                if key.run == msg.run and key.checkpoint_dir == msg.checkpoint_dir:
-                    self.records[key] = msgspec.structs.replace(r, committed=True)
+            self._commit(msg.run, msg.checkpoint_dir)
             reply(m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=-1))
         elif isinstance(msg, m.TierFree):
             for key in [k for k in self.records if k.run == msg.run]:
@@ -140,6 +138,7 @@ class SimTier:
 
     def _step(self, q: str, work: Generator, reply, incarnation: int) -> None:
         if not self.up(incarnation):
+            work.close()  # what it had begun on a peer is let go there (the peer's sweep of a silent sender)
             return  # the agent died with the request: never answered
         try:
             wait = work.send(None)
@@ -200,7 +199,7 @@ class SimTier:
         yield self._wait(COPY_S)
         src = self.node.local.get(hold.source_dir)
         if src is None or any(e.path not in src for e in hold.files):
-            self._pending.pop(key, None)
+            self._abort(key)
             return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: no such file in {hold.source_dir}"
         return self._finish(key, {e.path: src[e.path] for e in hold.files})
 
@@ -216,7 +215,14 @@ class SimTier:
         yield self._wait((0.0005, 0.005))
         if refused is not None:
             return refused, ""
-        yield self._wait(TRANSFER_S)
+        try:
+            yield self._wait(TRANSFER_S)
+        except GeneratorExit:
+            # This sender died mid-transfer: the peer lets its bytes in flight go (`TierServer`'s sweep of a
+            # transfer silent past its timeout).
+            if peer.up(incarnation):
+                peer._abort(key)
+            raise
         if not peer.up(incarnation):
             yield PEER_TIMEOUT_S
             return None, f"no answer from {address} for {PEER_TIMEOUT_S:.0f} s"
@@ -236,7 +242,7 @@ class SimTier:
         src = self.sim.tier_at(pull.from_address)
 
         def failed(why: str) -> m.TierStored:
-            self._pending.pop(key, None)
+            self._abort(key)
             return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {why}")
 
         if not pull.from_address:  # the tier server's hold thread: zmq refuses no address at once
@@ -251,7 +257,9 @@ class SimTier:
         if offer is None:
             return failed(f"{pull.checkpoint_dir} rank {pull.rank} is not held on {src.node.node_id}")
         if self._begin(key, offer.seq, offer.files, primary=False) is not None:
-            return failed(self._begun_why or "already held")
+            # Not begun: what is being written of this copy is another writer's, not to be let go here.
+            return m.TierStored(**ids, node_id=node, ok=False,
+                                reason=f"fetching from {pull.from_address}: {self._begun_why or 'already held'}")
         yield self._wait(TRANSFER_S)
         if not src.up(incarnation) or key not in src.data:
             if not src.up(incarnation):
@@ -259,6 +267,8 @@ class SimTier:
                 return failed(f"no answer from {pull.from_address} for {PEER_TIMEOUT_S:.0f} s")
             return failed(f"{pull.checkpoint_dir} rank {pull.rank} is not held on {src.node.node_id}")
         why = self._finish(key, dict(src.data[key]))
+        if why is None:
+            self._commit(pull.run, pull.checkpoint_dir)  # `TierServer._pull`: what a restore reads is committed
         return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", nbytes=offer.nbytes)
 
     def _upload(self, up: m.TierUpload) -> Generator[float, None, m.TierStored]:
@@ -323,6 +333,7 @@ class SimTier:
             return f"{key.checkpoint_dir} rank {key.rank} was not being written"
         why = check_all(written, record.files)
         if why is not None:
+            self.book.abort(key)
             return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: {why}"
         admission, evicted = self.book.finish(record.copy())
         if not admission.admit:
@@ -332,6 +343,17 @@ class SimTier:
         self.data[key] = written
         self.stored_in[key] = self.node.incarnations
         return None
+
+    def _commit(self, run: str, checkpoint_dir: str) -> None:
+        self.book.mark_committed(run, checkpoint_dir)
+        for key, r in list(self.records.items()):
+            if key.run == run and key.checkpoint_dir == checkpoint_dir:
+                self.records[key] = msgspec.structs.replace(r, committed=True)
+
+    def _abort(self, key: CopyKey) -> None:
+        """`TierStore.abort`: a copy being written that will not be; its bytes in flight are let go."""
+        if self._pending.pop(key, None) is not None:
+            self.book.abort(key)
 
     def _evicted(self, copies: list[Copy]) -> None:
         for c in copies:

@@ -14,7 +14,9 @@ of every rank's files, and says how many steps an older one costs (`choose_resto
 Budget. Each node keeps at most its budget of bytes (`outlast start --checkpoint-memory`).
 To make room it evicts the oldest copies first, and never a copy of a run's newest committed
 checkpoint: that one is what a restore after a failure reads. A copy that cannot fit without
-it is refused, saying what to raise; storage keeps its own copy either way.
+it is refused, saying what to raise; storage keeps its own copy either way. A copy being
+written counts at its declared size from `begin` on, until `finish` keeps it or `abort` lets
+it go (its transfer died): bytes in flight are in the budget, never beside it.
 """
 
 from __future__ import annotations
@@ -72,9 +74,11 @@ class TierBook:
 
     budget_bytes: int
     copies: dict[CopyKey, Copy] = field(default_factory=dict)
+    in_flight: dict[CopyKey, int] = field(default_factory=dict)  # copies being written: their declared bytes
 
     def used(self) -> int:
-        return sum(c.nbytes for c in self.copies.values())
+        """Bytes held and bytes being written."""
+        return sum(c.nbytes for c in self.copies.values()) + sum(self.in_flight.values())
 
     def newest_committed(self) -> dict[str, int]:
         """run -> the seq of its newest checkpoint this node knows committed."""
@@ -91,12 +95,15 @@ class TierBook:
         """Whether `new` fits, and which copies go first (oldest first, never a newest committed one)."""
         if new.key in self.copies:
             return Admission(True, (), f"{new.key.checkpoint_dir} rank {new.key.rank} is already held")
+        if new.nbytes < 0:
+            return Admission(False, (), f"{new.key.checkpoint_dir} rank {new.key.rank} declares {new.nbytes} bytes: "
+                                        "a size is never negative; refused")
         if new.nbytes > self.budget_bytes:
             return Admission(False, (), (
                 f"{new.key.checkpoint_dir} rank {new.key.rank} needs {_size(new.nbytes)}, more than the node's "
                 f"whole checkpoint memory ({_size(self.budget_bytes)}); raise `outlast start --checkpoint-memory` "
                 "to keep it in memory (it is kept in storage either way)"))
-        free = self.budget_bytes - self.used()
+        free = self.budget_bytes - self.used() + self.in_flight.get(new.key, 0)
         if new.nbytes <= free:
             return Admission(True, (), f"fits: {_size(new.nbytes)} of {_size(free)} free")
         newest = self.newest_committed()
@@ -123,20 +130,33 @@ class TierBook:
             f"{_size(self.budget_bytes)}; raise `outlast start --checkpoint-memory` to keep it in memory"))
 
     def begin(self, new: Copy) -> tuple[Admission, list[Copy]]:
-        """Make room for `new`, about to be written: the copies `plan` evicts go now (returned), and `new`
-        is held only once `finish` says so. Nothing changes when it does not fit or is held already."""
+        """Make room for `new`, about to be written: the copies `plan` evicts go now (returned), and its
+        declared bytes count as in flight until `finish` holds it or `abort` lets it go. Nothing changes when
+        it does not fit, is held already or is being written already (one writer per copy: a second one
+        would write over the first's files)."""
+        if new.key in self.in_flight and new.key not in self.copies:
+            return Admission(False, (), f"{new.key.checkpoint_dir} rank {new.key.rank} is being written already; "
+                                        "it is asked again once that transfer ends or times out"), []
         admission = self.plan(new)
         if not admission.admit or new.key in self.copies:
             return admission, []
-        return admission, self.apply(new, Admission(False, admission.evict, admission.reason))
+        gone = self.apply(new, Admission(False, admission.evict, admission.reason))
+        self.in_flight[new.key] = new.nbytes
+        return admission, gone
 
     def finish(self, new: Copy) -> tuple[Admission, list[Copy]]:
         """`new` is written: it is held if it still fits (what was evicted for it is gone, and a newer copy
-        may have come meanwhile), evicting again as `plan` says; returns the copies evicted."""
+        may have come meanwhile), evicting again as `plan` says; returns the copies evicted. Its bytes are
+        no longer in flight either way."""
         admission = self.plan(new)
+        self.in_flight.pop(new.key, None)
         if not admission.admit:
             return admission, []
         return admission, self.apply(new, admission)
+
+    def abort(self, key: CopyKey) -> None:
+        """A copy being written will not be: its transfer died, or its write failed."""
+        self.in_flight.pop(key, None)
 
     def apply(self, new: Copy, admission: Admission) -> list[Copy]:
         """Record an admission that was carried out; returns the evicted copies."""

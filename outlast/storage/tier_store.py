@@ -19,6 +19,9 @@ Layout under the root (`$OUTLAST_TIER_DIR`, else /dev/shm/outlast-<uid>):
     <node_id>/owner.json                        the agent that owns it (pid, start time, host)
     <node_id>/<run hash>/<checkpoint>/rank-R/   one rank's files of one checkpoint
     <node_id>/<run hash>/<checkpoint>/rank-R.json  its record, written last: a copy without one is partial
+    <node_id>/<run hash>/<checkpoint>/rank-R.partial/  a copy being written: its bytes count in the budget
+    <node_id>/restores/<run hash>/<checkpoint>/  links to held copies for a restore (tier_restore.py): they go
+                                                 with the copies they link, so they pin nothing of their own
 
 Decisions (what fits, what is evicted) are `outlast/storage/memtier.py`'s; this module only does
 them. Not thread-safe: one thread owns a store.
@@ -26,6 +29,8 @@ them. Not thread-safe: one thread owns a store.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -82,6 +87,18 @@ def run_dir_name(run: str) -> str:
 def copy_dir(root: Path, node_id: str, key: CopyKey) -> Path:
     """Where the files of `key` lie on node `node_id` (a restoring worker reads them there)."""
     return root / node_id / run_dir_name(key.run) / key.checkpoint_dir / f"rank-{key.rank}"
+
+
+def os_failure(node_id: str, root: Path, e: OSError) -> str:
+    """What a file operation of the tier that failed says: the node, the path, the error and, for a full file
+    system, what to do."""
+    name = errno.errorcode.get(e.errno or 0, str(e.errno))
+    where = f"{e.filename}: " if e.filename else ""
+    why = f"on node {node_id}, {where}{e.strerror or e} ({name})"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += (f": the tier's file system is full; lower `outlast start --checkpoint-memory` below what is free "
+                f"in {root}, or free space there")
+    return why
 
 
 def check_files(where: Path, files: Iterable[FileEntry], known: Mapping[str, str] | None = None) -> str | None:
@@ -189,16 +206,24 @@ class TierStore:
         """Make room for a copy (evicting as `TierBook.plan` says) and give the directory to write it in."""
         record = TierRecord(run=run, checkpoint_dir=checkpoint_dir, rank=rank, seq=seq, files=list(files),
                             stored_at=self._clock(), primary=primary)
+        negative = next((f for f in files if f.size < 0), None)
+        if negative is not None:  # it would pass for room the other files take
+            return Admission(False, (), f"{checkpoint_dir} rank {rank}: file {negative.path!r} declares "
+                                        f"{negative.size} bytes; refused"), None
         admission, evicted = self.book.begin(record.copy())
         for gone in evicted:
             self._remove(gone.key)
             self._records.pop(gone.key, None)
         if not admission.admit or record.key in self._records:
             return admission, None
-        partial = self._partial(record.key)
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
         self._pending[record.key] = record
+        partial = self._partial(record.key)
+        try:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        except OSError:
+            self.abort(record.key)
+            raise
         return admission, partial
 
     def finish(self, key: CopyKey, known: Mapping[str, str] | None = None) -> str | None:
@@ -208,8 +233,14 @@ class TierStore:
         if record is None:
             return f"{key.checkpoint_dir} rank {key.rank} was not being written"
         partial = self._partial(key)
-        why = check_files(partial, record.files, known)
+        try:
+            why = check_files(partial, record.files, known)
+        except OSError as e:
+            why = os_failure(self.node_id, self.root, e)
+        except ValueError as e:  # an entry without a checksum
+            why = str(e)
         if why is not None:
+            self.book.abort(key)
             shutil.rmtree(partial, ignore_errors=True)
             return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: {why}"
         admission, evicted = self.book.finish(record.copy())
@@ -220,15 +251,27 @@ class TierStore:
             self._remove(gone.key)
             self._records.pop(gone.key, None)
         final = copy_dir(self.root, self.node_id, key)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        self._write_record(record)
+        try:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+            self._write_record(record)
+        except OSError as e:  # a full file system, at the record: nothing of the copy stays, in files or budget
+            self.book.drop(key)
+            self._remove(key)
+            shutil.rmtree(partial, ignore_errors=True)
+            return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: " \
+                   f"{os_failure(self.node_id, self.root, e)}"
         self._records[key] = record
         return None
 
     def abort(self, key: CopyKey) -> None:
+        """A copy being written that will not be: what it wrote goes, and its bytes in flight."""
         if self._pending.pop(key, None) is not None:
+            self.book.abort(key)
             shutil.rmtree(self._partial(key), ignore_errors=True)
+
+    def writing(self, key: CopyKey) -> bool:
+        return key in self._pending
 
     def put_dir(self, run: str, checkpoint_dir: str, rank: int, seq: int, files: list[FileEntry], src: Path,
                 primary: bool = True) -> str | None:
@@ -243,7 +286,7 @@ class TierStore:
                 shutil.copyfile(src / entry.path, target)
         except OSError as e:
             self.abort(CopyKey(run, checkpoint_dir, rank))
-            return f"{checkpoint_dir} rank {rank} was not kept in memory: {e}"
+            return f"{checkpoint_dir} rank {rank} was not kept in memory: {os_failure(self.node_id, self.root, e)}"
         return self.finish(CopyKey(run, checkpoint_dir, rank))
 
     # -- reading, committing, freeing ----------------------------------------------------
@@ -269,11 +312,20 @@ class TierStore:
         return None
 
     def mark_committed(self, run: str, checkpoint_dir: str) -> None:
+        """The budget protects the copies of `checkpoint_dir` from now on; their records say so for the next agent.
+        A record that cannot be written (OSError, raised once every copy is marked) loses only that: the next
+        agent reclaims its copy as not committed."""
         self.book.mark_committed(run, checkpoint_dir)
+        failed: OSError | None = None
         for key, record in list(self._records.items()):
             if key.run == run and key.checkpoint_dir == checkpoint_dir and not record.committed:
                 self._records[key] = msgspec.structs.replace(record, committed=True)
-                self._write_record(self._records[key])
+                try:
+                    self._write_record(self._records[key])
+                except OSError as e:
+                    failed = failed or e
+        if failed is not None:
+            raise failed
 
     def drop(self, key: CopyKey) -> None:
         self.book.drop(key)
@@ -284,7 +336,11 @@ class TierStore:
         keys = [k for k in self._records if k.run == run]
         for key in keys:
             self.drop(key)
+        for key in [k for k in self._pending if k.run == run]:
+            self.abort(key)
         shutil.rmtree(self.home / run_dir_name(run), ignore_errors=True)
+        # The links its restores made: with the copies gone, they alone would keep the bytes.
+        self._unlink_restores(run, None)
         return len(keys)
 
     def close(self, free: bool) -> None:
@@ -302,13 +358,33 @@ class TierStore:
         final = copy_dir(self.root, self.node_id, record.key)
         path = final.with_name(final.name + ".json")
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(msgspec.json.encode(record))
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(msgspec.json.encode(record))
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _remove(self, key: CopyKey) -> None:
         final = copy_dir(self.root, self.node_id, key)
         final.with_name(final.name + ".json").unlink(missing_ok=True)
         shutil.rmtree(final, ignore_errors=True)
+        # A restore's links to the copy would keep its bytes outside the budget. A restore reads its run's newest
+        # committed checkpoint, not evicted until a newer one is committed, by when the restore has been read.
+        self._unlink_restores(key.run, key.checkpoint_dir)
+
+    def _unlink_restores(self, run: str, checkpoint_dir: str | None) -> None:
+        """The restore links of `run` (of one checkpoint, or all), under the lock its restores take."""
+        restores = self.home / "restores" / run_dir_name(run)
+        if not restores.is_dir():
+            return
+        gone = restores / checkpoint_dir if checkpoint_dir is not None else restores
+        try:
+            with open(restores / ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                shutil.rmtree(gone, ignore_errors=True)
+        except OSError:  # no lock to be had (a full file system): the links go all the same
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 def _read_owner(home: Path) -> _Owner | None:
