@@ -211,8 +211,16 @@ class ForkServer:
 
     def close(self) -> None:
         for s in (self.active, self.spare):
-            if s is not None:
-                s.conn.close()  # a server exits on EOF
+            if s is None:
+                continue
+            if s.ready:
+                try:
+                    s.conn.send_bytes(encode(m.StopForking()))  # an ordinary end, not the agent's death
+                except OSError:
+                    pass
+            else:
+                s.proc.terminate()  # still importing: it has forked nothing, and need not finish
+            s.conn.close()
         deadline = time.monotonic() + 5.0  # one for both: they end side by side, and the agent's stop has a budget
         for s in (self.active, self.spare):
             if s is None:

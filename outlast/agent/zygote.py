@@ -139,6 +139,9 @@ class Zygote:
                     order = TO_ZYGOTE.decode(self.conn.recv_bytes())
                     fd = recv_handle(self.conn) if isinstance(order, m.ForkChild) else -1
                 except (EOFError, OSError, RuntimeError):
+                    self.agent_gone()
+                    return
+                if isinstance(order, m.StopForking):
                     self.shutdown()
                     return
                 self.fork(order, fd)
@@ -258,7 +261,20 @@ class Zygote:
             os._exit(code)
 
     def _tell(self, msg: m.FromZygote) -> None:
-        self.conn.send_bytes(encode(msg))
+        """A report to the agent. A pipe it closed is not an error here: the next read of it says
+        how it ended (`StopForking`, or an end of file while workloads ran: `agent_gone`)."""
+        try:
+            self.conn.send_bytes(encode(msg))
+        except OSError:
+            pass
+
+    def agent_gone(self) -> None:
+        """The agent's pipe ended without `StopForking`: the agent died. Say so if workloads ran
+        here, then end them."""
+        if self.children:
+            print(f"outlast fork server: the agent's pipe closed while {len(self.children)} workload(s) ran "
+                  f"(pids {', '.join(map(str, self.children))}); ending them", file=sys.stderr)
+        self.shutdown()
 
     def reap(self) -> None:
         while True:
@@ -331,7 +347,10 @@ def main() -> None:
     mark("zygote.start")
     ready = preload(modules)
     mark("zygote.ready")
-    conn.send_bytes(encode(ready))
+    try:
+        conn.send_bytes(encode(ready))
+    except OSError:
+        return  # the agent stopped while we imported (a short run's standby): nothing ran here
     Zygote(conn, worker_user).serve()
 
 

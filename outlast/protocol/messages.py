@@ -783,6 +783,10 @@ class ForkChild(Msg):
     output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
 
 
+class StopForking(Msg):
+    """The agent is stopping: the end of the pipe that follows is an ordinary end."""
+
+
 class ZygoteReady(Msg):
     preloaded: list[str]
     failed: dict[str, str]  # module -> why it did not import
@@ -812,6 +816,6 @@ class Reaped(Msg):
     task_id: str = ""
 
 
-ToZygote = Union[ForkChild]
+ToZygote = Union[ForkChild, StopForking]
 ToChild = Union[ForkWorker, ForkTask]  # read by the child from its memfd
 FromZygote = Union[ZygoteReady, Forked, Reaped]
