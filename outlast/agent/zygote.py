@@ -130,8 +130,8 @@ class Zygote:
                         signals += chunk
                 except BlockingIOError:
                     pass
-                if signal.SIGTERM in signals:
-                    self.shutdown()
+                if signal.SIGTERM in signals:  # the agent died (PR_SET_PDEATHSIG), or ended us before we were ready
+                    self.agent_gone()
                     return
                 self.reap()
             if self.conn.fileno() in ready:
@@ -269,10 +269,10 @@ class Zygote:
             pass
 
     def agent_gone(self) -> None:
-        """The agent's pipe ended without `StopForking`: the agent died. Say so if workloads ran
-        here, then end them."""
+        """The agent died (its pipe ended without `StopForking`, or SIGTERM): say so if workloads
+        ran here, then end them."""
         if self.children:
-            print(f"outlast fork server: the agent's pipe closed while {len(self.children)} workload(s) ran "
+            print(f"outlast fork server: its agent went away while {len(self.children)} workload(s) ran "
                   f"(pids {', '.join(map(str, self.children))}); ending them", file=sys.stderr)
         self.shutdown()
 
