@@ -232,23 +232,25 @@ class Agent:
         procs = self._place(f)
         if f.task is not None:
             req = f.task
-            self.forks.send(m.ForkTask(
-                run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address,
-                payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path, node_id=self.node_id,
-                error_file=os.path.join(self.workdir, f"task-{req.task_id}.json"), cgroup_procs=procs,
-                output_file=self.output.file_for_task(req), threads=f.threads,
-            ))
+            error_file = os.path.join(self.workdir, f"task-{req.task_id}.json")
+            self.forks.send(
+                m.ForkChild(kind="task", run_id=req.run_id, task_id=req.task_id, error_file=error_file,
+                            cgroup_procs=procs, output_file=self.output.file_for_task(req)),
+                m.ForkTask(run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address,
+                           payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path,
+                           node_id=self.node_id, error_file=error_file, threads=f.threads))
             return
         req, spec = f.spawn, f.spec
         assert req is not None and spec is not None
-        self.forks.send(m.ForkWorker(
-            run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
+        error_file = os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json")
+        self.forks.send(
+            m.ForkChild(kind="worker", run_id=req.run_id, attempt=req.attempt, rank=spec.rank, error_file=error_file,
+                        cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank)),
             # The run's own credential is in its env: a worker never holds the cluster key.
-            payload=req.payload, env=f.env if f.env is not None else req.env, cwd=req.cwd, sys_path=req.sys_path,
-            run_name=req.run_name, restore_checkpoint=req.restore_checkpoint, node_id=self.node_id,
-            error_file=os.path.join(self.workdir, f"{req.run_id}-{req.attempt}-{spec.rank}.json"),
-            cgroup_procs=procs, output_file=self.output.file_for(req, spec.rank), threads=f.threads,
-        ))
+            m.ForkWorker(run_id=req.run_id, attempt=req.attempt, spec=spec, controller_address=req.controller_address,
+                         payload=req.payload, env=f.env if f.env is not None else req.env, cwd=req.cwd,
+                         sys_path=req.sys_path, run_name=req.run_name, restore_checkpoint=req.restore_checkpoint,
+                         node_id=self.node_id, error_file=error_file, threads=f.threads))
 
     def _place(self, f: Fork) -> list[str]:
         """Create the workload's cgroup leaf (with isolation on); the child moves itself in."""

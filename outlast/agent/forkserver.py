@@ -24,7 +24,9 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
 
+from outlast.agent import fork_request
 from outlast.agent.worker_user import WorkerUser
 from outlast.agent.worker_user import encode as encode_user
 from outlast.client.restarts import GiveUp, Restart, RestartPolicy, describe_exit
@@ -63,7 +65,7 @@ class ForkServer:
         self.restart_at: float | None = None  # when the next server (or standby) may start
         self.given_up = False
         self.last_fork = clock()
-        self._waiting: list[m.ForkWorker | m.ForkTask] = []
+        self._waiting: list[tuple[m.ForkChild, m.ForkWorker | m.ForkTask]] = []
         self.start()
 
     # ---- what the agent reads ----------------------------------------------------------------
@@ -173,20 +175,26 @@ class ForkServer:
 
     def _send_waiting(self) -> None:
         waiting, self._waiting = self._waiting, []
-        for msg in waiting:
-            self.send(msg)
+        for order, request in waiting:
+            self.send(order, request)
 
     # ---- the pipe ----------------------------------------------------------------------------
 
-    def send(self, msg: m.ForkWorker | m.ForkTask) -> None:
+    def send(self, order: m.ForkChild, request: m.ForkWorker | m.ForkTask) -> None:
+        """Ask for `order`'s child; `request` (the run's secrets) goes to the child alone, in a memfd
+        the server passes on unread (outlast/agent/fork_request.py)."""
         self.last_fork = self.clock()
         if self.active is None:
-            self._waiting.append(msg)
+            self._waiting.append((order, request))
             return
+        fd = fork_request.sealed(request)
         try:
-            self.active.conn.send_bytes(encode(msg))
+            self.active.conn.send_bytes(encode(order))
+            send_handle(self.active.conn, fd, self.active.proc.pid)
         except OSError:
             pass  # it died: the poll loop reads the end of file and reports the fork lost
+        finally:
+            os.close(fd)
 
     def receive(self) -> m.FromZygote | None:
         """The server's next report, or None once it died."""
@@ -203,8 +211,16 @@ class ForkServer:
 
     def close(self) -> None:
         for s in (self.active, self.spare):
-            if s is not None:
-                s.conn.close()  # a server exits on EOF
+            if s is None:
+                continue
+            if s.ready:
+                try:
+                    s.conn.send_bytes(encode(m.StopForking()))  # an ordinary end, not the agent's death
+                except OSError:
+                    pass
+            else:
+                s.proc.terminate()  # still importing: it has forked nothing, and need not finish
+            s.conn.close()
         deadline = time.monotonic() + 5.0  # one for both: they end side by side, and the agent's stop has a budget
         for s in (self.active, self.spare):
             if s is None:

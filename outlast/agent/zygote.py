@@ -14,6 +14,10 @@ first (while its zombie still holds the group's id, so no other process can have
 and then every child of the fork server that it did not fork: those can only be what dead
 workers left. The fork server ends the same way when its agent goes (SIGTERM on the agent's
 death, or the end of its pipe): every worker's group, then whatever they leave to it.
+
+No secret of a run ever enters this process: every child forked later would inherit it. The
+server gets a `ForkChild` (what to run, where, what to report) and an fd it never reads; the child
+reads its request from that fd after the fork (outlast/agent/fork_request.py), a spare too.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ import importlib
 import os
 import select
 import signal
+import socket
 import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle, send_handle
 
 import msgspec
 
+from outlast.agent import fork_request
 from outlast.agent.output import redirect_to
 from outlast.agent.worker_user import WorkerUser, drop_to, open_error_file
 from outlast.agent.worker_user import decode as decode_user
@@ -88,16 +95,16 @@ class Zygote:
     def __init__(self, conn: Connection, worker_user: WorkerUser | None = None) -> None:
         self.conn = conn
         self.worker_user = worker_user
-        self.children: dict[int, m.ForkWorker | m.ForkTask] = {}
+        self.children: dict[int, m.ForkChild] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_w = wake_w
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd does the work
         signal.signal(signal.SIGTERM, lambda *_: None)  # the agent died: end the workers, then go
-        # Children forked ahead of their request, each waiting on a pipe (pid -> its write end): a
+        # Children forked ahead of their request, each waiting on a socket (pid -> our end): a
         # restart's ranks start without waiting for a fork of this large process. As many as the most
         # ranks this server has run at once, since a restart asks for them all again; none until then.
-        self.spares: dict[int, int] = {}
+        self.spares: dict[int, Connection] = {}
         self.spare_target = 0
 
     def serve(self) -> None:
@@ -123,71 +130,85 @@ class Zygote:
                         signals += chunk
                 except BlockingIOError:
                     pass
-                if signal.SIGTERM in signals:
-                    self.shutdown()
+                if signal.SIGTERM in signals:  # the agent died (PR_SET_PDEATHSIG), or ended us before we were ready
+                    self.agent_gone()
                     return
                 self.reap()
             if self.conn.fileno() in ready:
                 try:
-                    data = self.conn.recv_bytes()
-                except (EOFError, OSError):
+                    order = TO_ZYGOTE.decode(self.conn.recv_bytes())
+                    fd = recv_handle(self.conn) if isinstance(order, m.ForkChild) else -1
+                except (EOFError, OSError, RuntimeError):
+                    self.agent_gone()
+                    return
+                if isinstance(order, m.StopForking):
                     self.shutdown()
                     return
-                self.fork(TO_ZYGOTE.decode(data))
+                self.fork(order, fd)
 
-    def fork(self, req: m.ForkWorker | m.ForkTask) -> None:
-        pid = self._hand_to_spare(req)
-        if pid is None:
-            pid = os.fork()
-            if pid == 0:
-                self._leave_the_server()
-                self._become_worker(req)  # never returns
-        self.children[pid] = req
-        ranks = sum(isinstance(r, m.ForkWorker) for r in self.children.values())
+    def fork(self, order: m.ForkChild, fd: int) -> None:
+        """Fork `order`'s child (or hand it to a spare) with the fd of its request, which this
+        process never reads and closes here: a later child must not inherit it."""
+        try:
+            pid = self._hand_to_spare(order, fd)
+            if pid is None:
+                pid = os.fork()
+                if pid == 0:
+                    self._leave_the_server()
+                    self._become_worker(order, fd)  # never returns
+        finally:
+            os.close(fd)
+        self.children[pid] = order
+        ranks = sum(o.kind == "worker" for o in self.children.values())
         self.spare_target = max(self.spare_target, ranks)
-        mark("zygote.fork", child=pid, attempt=_attempt(req), rank=_rank(req))
-        self.conn.send_bytes(encode(m.Forked(run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
-                                             task_id=_task_id(req), output_file=getattr(req, "output_file", ""))))
+        mark("zygote.fork", child=pid, attempt=order.attempt, rank=order.rank)
+        self._tell(m.Forked(run_id=order.run_id, attempt=order.attempt, rank=order.rank, pid=pid,
+                            task_id=order.task_id, output_file=order.output_file))
 
     def fork_spare(self) -> None:
-        r, w = os.pipe()
+        ours, theirs = (Connection(s.detach()) for s in socket.socketpair())
         try:
             pid = os.fork()
         except OSError:
-            os.close(r)
-            os.close(w)
+            ours.close()
+            theirs.close()
             raise
         if pid == 0:
-            os.close(w)
+            ours.close()
             self._leave_the_server()
-            self._become_worker(self._wait_as_spare(r))  # never returns
-        os.close(r)
-        self.spares[pid] = w
+            self._become_worker(*self._wait_as_spare(theirs))  # never returns
+        theirs.close()
+        self.spares[pid] = ours
         mark("zygote.spare", child=pid)
 
-    def _hand_to_spare(self, req: m.ForkWorker | m.ForkTask) -> int | None:
-        """The pid of the spare that took `req`, or None when there is none (or each was gone)."""
-        data = encode(req)
+    def _hand_to_spare(self, order: m.ForkChild, fd: int) -> int | None:
+        """The pid of the spare that took `order` and `fd`, or None when there is none (or each was gone)."""
+        data = encode(order)
         while self.spares:
             pid = next(iter(self.spares))  # the oldest
-            w = self.spares.pop(pid)
+            conn = self.spares.pop(pid)
             try:
-                with os.fdopen(w, "wb") as f:
-                    f.write(len(data).to_bytes(8, "big") + data)
+                conn.send_bytes(data)
+                send_handle(conn, fd, pid)
                 return pid
             except OSError:  # it died before its request; its reap is an orphan's
                 continue
+            finally:
+                conn.close()
         return None
 
     @staticmethod
-    def _wait_as_spare(r: int) -> m.ForkWorker | m.ForkTask:
+    def _wait_as_spare(conn: Connection) -> tuple[m.ForkChild, int]:
         try:
-            with os.fdopen(r, "rb") as f:
-                head = f.read(8)
-                data = f.read(int.from_bytes(head, "big")) if len(head) == 8 else b""
-            if not data:
+            try:
+                order = TO_ZYGOTE.decode(conn.recv_bytes())
+                fd = recv_handle(conn)
+            except EOFError:
                 os._exit(0)  # the fork server ended: no request will come
-            return TO_ZYGOTE.decode(data)
+            conn.close()
+            if not isinstance(order, m.ForkChild):
+                raise TypeError(f"a spare was sent {type(order).__name__}, not a ForkChild")
+            return order, fd
         except BaseException:
             traceback.print_exc()
             os._exit(70)
@@ -200,27 +221,33 @@ class Zygote:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (self.wake_r, self.wake_w, *self.spares.values()):
+            for fd in (self.wake_r, self.wake_w):
                 os.close(fd)
-            self.conn.close()
+            for conn in (*self.spares.values(), self.conn):
+                conn.close()
         except BaseException:
             traceback.print_exc()
             os._exit(70)
 
-    def _become_worker(self, req: m.ForkWorker | m.ForkTask) -> None:
+    def _become_worker(self, order: m.ForkChild, fd: int) -> None:
         code = 70
         try:
             # Into its own cgroup leaf before anything else: what it allocates from here on is
             # charged to the workloads, never to the node's own processes.
-            for procs in req.cgroup_procs:
+            for procs in order.cgroup_procs:
                 with open(procs, "w") as f:
                     f.write(str(os.getpid()))
-            if getattr(req, "output_file", ""):
-                redirect_to(req.output_file)  # docs/architecture.md, "Worker output"
-            entry = importlib.import_module(TASK_ENTRY if isinstance(req, m.ForkTask) else WORKER_ENTRY)
+            if order.output_file:
+                redirect_to(order.output_file)  # docs/architecture.md, "Worker output"
+            req = fork_request.read(fd)
+            want = m.ForkTask if order.kind == "task" else m.ForkWorker
+            if not isinstance(req, want) or req.run_id != order.run_id:
+                raise ValueError(f"the request of {order.kind} {order.run_id} is {type(req).__name__} "
+                                 f"of run {req.run_id}")
+            entry = importlib.import_module(TASK_ENTRY if order.kind == "task" else WORKER_ENTRY)
             if self.worker_user is not None:  # outlast/agent/worker_user.py
-                fd = open_error_file(req.error_file, self.worker_user)
-                req = msgspec.structs.replace(req, error_file=f"/proc/self/fd/{fd}")
+                efd = open_error_file(req.error_file, self.worker_user)
+                req = msgspec.structs.replace(req, error_file=f"/proc/self/fd/{efd}")
                 drop_to(self.worker_user)
             code = entry.run(req)
         except BaseException:
@@ -233,6 +260,22 @@ class Zygote:
                     pass
             os._exit(code)
 
+    def _tell(self, msg: m.FromZygote) -> None:
+        """A report to the agent. A pipe it closed is not an error here: the next read of it says
+        how it ended (`StopForking`, or an end of file while workloads ran: `agent_gone`)."""
+        try:
+            self.conn.send_bytes(encode(msg))
+        except OSError:
+            pass
+
+    def agent_gone(self) -> None:
+        """The agent died (its pipe ended without `StopForking`, or SIGTERM): say so if workloads
+        ran here, then end them."""
+        if self.children:
+            print(f"outlast fork server: its agent went away while {len(self.children)} workload(s) ran "
+                  f"(pids {', '.join(map(str, self.children))}); ending them", file=sys.stderr)
+        self.shutdown()
+
     def reap(self) -> None:
         while True:
             try:
@@ -244,22 +287,22 @@ class Zygote:
             if info is None or info.si_pid == 0:
                 return
             pid = info.si_pid
-            req = self.children.pop(pid, None)
+            order = self.children.pop(pid, None)
             spare = self.spares.pop(pid, None)
             if spare is not None:
-                os.close(spare)  # killed before a request came; another is forked when idle
-            mark("zygote.reaped", child=pid, ours=req is not None)
-            if req is not None:
+                spare.close()  # killed before a request came; another is forked when idle
+            mark("zygote.reaped", child=pid, ours=order is not None)
+            if order is not None:
                 kill_tree(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
             self.kill_orphans()
-            if req is None:
+            if order is None:
                 continue  # an orphan a dead worker left
             exit_code, sig = decode_wait_status(status)
-            self.conn.send_bytes(encode(m.Reaped(
-                run_id=req.run_id, attempt=_attempt(req), rank=_rank(req), pid=pid,
-                exit_code=exit_code, signal=sig, error=read_error_file(req.error_file), task_id=_task_id(req),
-            )))
+            self._tell(m.Reaped(
+                run_id=order.run_id, attempt=order.attempt, rank=order.rank, pid=pid,
+                exit_code=exit_code, signal=sig, error=read_error_file(order.error_file), task_id=order.task_id,
+            ))
 
     def kill_orphans(self) -> None:
         """Kill what dead workers left: every child of ours that we did not fork (docstring above)."""
@@ -293,18 +336,6 @@ class Zygote:
             self.children.pop(pid, None)
 
 
-def _attempt(req: m.ForkWorker | m.ForkTask) -> int:
-    return req.attempt if isinstance(req, m.ForkWorker) else 0
-
-
-def _rank(req: m.ForkWorker | m.ForkTask) -> int:
-    return req.spec.rank if isinstance(req, m.ForkWorker) else -1
-
-
-def _task_id(req: m.ForkWorker | m.ForkTask) -> str:
-    return req.task_id if isinstance(req, m.ForkTask) else ""
-
-
 def main() -> None:
     fd = int(sys.argv[1])
     modules = [s for s in sys.argv[2].split(",") if s] if len(sys.argv) > 2 else []
@@ -316,7 +347,10 @@ def main() -> None:
     mark("zygote.start")
     ready = preload(modules)
     mark("zygote.ready")
-    conn.send_bytes(encode(ready))
+    try:
+        conn.send_bytes(encode(ready))
+    except OSError:
+        return  # the agent stopped while we imported (a short run's standby): nothing ran here
     Zygote(conn, worker_user).serve()
 
 

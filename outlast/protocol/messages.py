@@ -7,7 +7,7 @@ train function is the only pickle on the wire, and it travels as opaque bytes in
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -737,6 +737,10 @@ ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveT
 
 
 # ---- node agent <-> its fork server (the zygote) ---------------------------------
+# A workload's request (`ForkWorker`, `ForkTask`: its run's credential in `env`, its pickled code in
+# `payload`) never passes through the fork server, whose memory every child it forks later inherits:
+# the agent writes it to a sealed memfd and passes the fd beside a `ForkChild`, and the child reads
+# it after its fork (outlast/agent/fork_request.py).
 
 
 class ForkWorker(Msg):
@@ -752,8 +756,6 @@ class ForkWorker(Msg):
     restore_checkpoint: str | None
     node_id: str
     error_file: str
-    cgroup_procs: list[str] = []  # the child writes its pid here first thing: its own cgroup leaf
-    output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
     threads: int = 0  # its share of the node's CPUs, in math library threads (outlast/threads.py); 0: untouched
 
 
@@ -767,9 +769,24 @@ class ForkTask(Msg):
     sys_path: list[str]
     node_id: str
     error_file: str
-    cgroup_procs: list[str] = []
-    output_file: str = ""  # as ForkWorker's
     threads: int = 0  # as ForkWorker's
+
+
+class ForkChild(Msg):
+    """What the fork server needs to fork a workload, report it and reap it, and no secret of its run."""
+
+    kind: Literal["worker", "task"]
+    run_id: str
+    error_file: str  # written by the child when it fails, read by the server when it reaps it
+    attempt: int = 0
+    rank: int = -1
+    task_id: str = ""
+    cgroup_procs: list[str] = []  # the child writes its pid here first thing: its own cgroup leaf
+    output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
+
+
+class StopForking(Msg):
+    """The agent is stopping: the end of the pipe that follows is an ordinary end."""
 
 
 class ZygoteReady(Msg):
@@ -801,5 +818,6 @@ class Reaped(Msg):
     task_id: str = ""
 
 
-ToZygote = Union[ForkWorker, ForkTask]
+ToZygote = Union[ForkChild, StopForking]
+ToChild = Union[ForkWorker, ForkTask]  # read by the child from its memfd
 FromZygote = Union[ZygoteReady, Forked, Reaped]

@@ -78,3 +78,12 @@ def spare_loop(config: dict) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)  # stopped when rank 1 dies
     train.report({"attempt": ctx.get_attempt()})
+
+
+def until_standby_loop(config: dict) -> None:
+    """Returns as soon as the node has started a standby fork server: the run ends while the
+    standby still imports its modules, the moment a short run's teardown meets."""
+    deadline = time.monotonic() + 120
+    while not traced("agent.standby_start") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    train.report({"standby": bool(traced("agent.standby_start"))})
