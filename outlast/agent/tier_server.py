@@ -37,7 +37,7 @@ from outlast.agent.tier_client import (CHUNK, SERVER, Sealer, TransferError, dig
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
-from outlast.storage import open_storage
+from outlast.storage import open_storage, safepath
 from outlast.storage.memtier import CopyKey
 from outlast.storage.tier_store import TierStore, check_files, default_root
 from outlast.storage.retry import upload_with_retries
@@ -169,7 +169,11 @@ class TierServer:
                     try:
                         msg = TIER_REQUESTS.decode(head)
                     except BadMessage as e:
-                        log.warning("dropped a malformed tier request: %s", e)
+                        # A path outside its copy, a field of the wrong type: refused whole, and the asker told.
+                        log.warning("refused a malformed tier request: %s", e)
+                        sock.send_multipart([ident, encode(m.TierStored(
+                            run="", checkpoint_dir="", rank=-1, node_id=self.store.node_id, ok=False,
+                            reason=f"{self.store.node_id} refused a request that does not decode: {e}"))])
                         continue
                     if sock is self._data:
                         # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
@@ -267,10 +271,18 @@ class TierServer:
                 return m.TierStored(**ids, node_id=node, ok=False,
                                     reason=admission.reason if not admission.admit else "already held")
             fds = {}
-            for entry in msg.files:
-                path = partial / entry.path
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for entry in msg.files:
+                    if entry.path in fds:
+                        raise ValueError(f"file {entry.path} is offered twice")
+                    fds[entry.path] = safepath.open_under(partial, entry.path, write=True)
+            except (OSError, ValueError) as e:
+                for fd in fds.values():
+                    os.close(fd)
+                with self._lock:
+                    self.store.abort(key)
+                return m.TierStored(**ids, node_id=node, ok=False, reason=f"{msg.checkpoint_dir} rank {msg.rank} "
+                                    f"was not kept in memory: {getattr(e, 'strerror', None) or e}")
             transfer = self._open(key, fds, msg.files)
             self._writing[(ident, key)] = transfer.session
             return m.TierAck(**ids, transfer=transfer)
@@ -299,8 +311,11 @@ class TierServer:
                                 reason=f"{msg.checkpoint_dir} rank {msg.rank} is not held on {self.store.node_id}")
         if not msg.path:
             return m.TierOffer(**ids, seq=record.seq, files=record.files, primary=record.primary)
+        if not any(f.path == msg.path for f in record.files):  # the copy's own files, nothing else under it
+            return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                reason=f"{msg.path} is not a file of {msg.checkpoint_dir} rank {msg.rank}")
         try:
-            view = file_view(where / msg.path)
+            view = file_view(where, msg.path)
         except (OSError, ValueError) as e:
             return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=f"cannot read {msg.path}: {e}")
         return m.TierChunk(**ids, path=msg.path, offset=msg.offset), view[msg.offset:msg.offset + msg.length]
@@ -455,13 +470,11 @@ class TierServer:
         linked: dict[str, str] = {}
         try:
             for entry in hold.files:
-                source, target = Path(hold.source_dir) / entry.path, partial / entry.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if hold.link and _linked(source, target):
+                if hold.link and _linked(hold.source_dir, entry.path, partial):
                     # The rank's own file, whose checksum it has just taken; every later use checks it again.
                     linked[entry.path] = entry.checksum[1]
                 else:
-                    shutil.copyfile(source, target)
+                    safepath.copy_under(hold.source_dir, entry.path, partial)
         except (OSError, ValueError) as e:
             with self._lock:
                 self.store.abort(key)
@@ -499,11 +512,12 @@ def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str
     return server
 
 
-def _linked(source: Path, target: Path) -> bool:
-    """A hard link of `source` at `target`; False where the two are on different file systems or the kernel
-    refuses it (a file of another user, with protected hard links), and the file is copied instead."""
+def _linked(source_dir: str, rel: str, partial: Path) -> bool:
+    """A hard link of `rel` under `source_dir` at the same place under `partial`; False where the two are on
+    different file systems or the kernel refuses it (a file of another user, with protected hard links), and
+    the file is copied instead."""
     try:
-        os.link(source, target)
+        safepath.link_under(source_dir, rel, partial)
         return True
     except OSError as e:
         if e.errno in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP):
