@@ -117,7 +117,7 @@ class TierStore:
     def __init__(self, root: Path, node_id: str, budget_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self.root = root
         self.node_id = node_id
-        self.home = root / node_id
+        self.home = safepath.child(root, node_id)  # --node-id: one name under the tier's root
         self.book = TierBook(budget_bytes)
         self._records: dict[CopyKey, TierRecord] = {}
         self._pending: dict[CopyKey, TierRecord] = {}  # begun, not yet finished
