@@ -21,7 +21,7 @@ from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import HEADER, TIER_REPLIES, connect_dealer, encode
 from outlast.storage.checksum import hash_file
 from outlast.storage.memtier import CopyKey
-from outlast.storage.tier_store import copy_dir
+from outlast.storage.tier_store import copy_dir, default_root
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.hostile_jobs import report_outside_loop
@@ -171,24 +171,29 @@ def test_a_fetch_reads_only_the_copys_own_files_and_no_link_planted_in_the_tier(
 
 
 def test_a_worker_whose_report_names_a_file_outside_its_checkpoint_fails_the_run_and_nothing_is_written(
-        cluster, tmp_path):
+        cluster, tmp_path, monkeypatch):
     c, ctx, key, tiers = cluster
+    monkeypatch.setenv("OUTLAST_ADDRESS", c.head_address)  # each test's environment is cleared of it
     name = f"reported-{uuid.uuid4().hex}.txt"
-    local_dir = tmp_path / "ckpt/a/b"
+    local_dir = tmp_path / "ckpt/a/b/c/d/e"
     local_dir.mkdir(parents=True)
-    (tmp_path / "ckpt" / name).write_bytes(b"the worker's bytes")
+    (tmp_path / "ckpt" / name).write_bytes(b"the worker's bytes")  # at local_dir / UP / name
     storage = tmp_path / "storage"
     storage.mkdir()
-    with pytest.raises(TrainingFailedError) as e:
-        Trainer(report_outside_loop, train_loop_config={"local_dir": str(local_dir), "path": f"../../{name}"},
+    failed = None
+    try:
+        Trainer(report_outside_loop, train_loop_config={"local_dir": str(local_dir), "path": UP + name},
                 scaling_config=ScalingConfig(num_workers=1),
                 run_config=RunConfig(name="hostile", storage_path=str(storage),
                                      failure_config=FailureConfig(max_failures=0))).fit()
-    said = str(e.value)
-    assert "rank 0" in said and f"'../../{name}'" in said and "RefusedMessage" in said, said
+    except TrainingFailedError as e:
+        failed = str(e)
+    for tiers_dir in (c.tier_dir, default_root()):  # the cluster's nodes, or a node of the driver's own
+        assert not (tiers_dir.parent / name).exists() and not list(tiers_dir.rglob(name))
+    assert not list((storage / "hostile").rglob(name))
+    assert failed is not None and "rank 0" in failed and f"'{UP}{name}'" in failed and "RefusedMessage" in failed, \
+        failed
     failures = [f for a in json.loads((storage / "hostile/run_state.json").read_text())["attempts"]
                 for f in a.get("failures", [])]
-    assert [f["exc_type"] for f in failures] == ["RefusedMessage"], failures
-    assert f"../../{name}" in failures[0]["message"]
-    assert not list(c.tier_dir.rglob(name)) and not (c.tier_dir.parent / name).exists()
-    assert not list((storage / "hostile").rglob(name))
+    assert [(f["exc_type"], f["node_id"] in tiers) for f in failures] == [("RefusedMessage", True)], failures
+    assert UP + name in failures[0]["message"]
