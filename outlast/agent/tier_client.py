@@ -89,11 +89,11 @@ def _recv(sock: zmq.Socket, timeout_s: float, what: str) -> m.TierReply:
     return _recv_sealed(sock, timeout_s, what)[1]
 
 
-def file_view(root: Path | str, rel: str) -> memoryview:
-    """The bytes of the file `rel` under `root` (no link followed: `safepath`), mapped (nothing read into a
-    buffer); empty for an empty file. The map is closed when the last slice of it is let go, by zmq once a
-    frame made of it is sent."""
-    with safepath.opened(root, rel) as f:
+def file_view(root: Path | str, rel: str, owner: int | None = None) -> memoryview:
+    """The bytes of the file `rel` under `root` (no link followed, a file of `owner`'s when given: `safepath`),
+    mapped (nothing read into a buffer); empty for an empty file. The map is closed when the last slice of it
+    is let go, by zmq once a frame made of it is sent."""
+    with safepath.opened(root, rel, owner=owner) as f:
         size = os.fstat(f.fileno()).st_size
         return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
 
@@ -105,9 +105,9 @@ def _chunks(files: list[m.FileEntry]):
 
 
 def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src: Path, peer: str,
-         timeout_s: float = 30.0, turn: Callable[[], None] | None = None) -> m.TierStored:
-    """Send the files under `src` to the tier server behind `sock` as a replica; its answer at the end.
-    `turn`, called before each chunk, returns when the replica may go on."""
+         timeout_s: float = 30.0, turn: Callable[[], None] | None = None, owner: int | None = None) -> m.TierStored:
+    """Send the files under `src` (each of `owner`'s, when given) to the tier server behind `sock` as a
+    replica; its answer at the end. `turn`, called before each chunk, returns when the replica may go on."""
     sock.send(encode(m.TierOffer(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, seq=seq,
                                  files=files, primary=False)))
     reply = _recv(sock, timeout_s, peer)
@@ -123,7 +123,7 @@ def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src
         for entry, offset, length in _chunks(files):
             view = views.get(entry.path)
             if view is None:
-                view = views[entry.path] = file_view(src, entry.path)
+                view = views[entry.path] = file_view(src, entry.path, owner)
             if len(view) < offset + length:
                 raise TransferError(f"file {entry.path} under {src} is shorter than its record says")
             while in_flight >= WINDOW:

@@ -388,9 +388,6 @@ class ReadOutput(Msg):
     path: str
     lines: int
 
-    def __post_init__(self) -> None:
-        paths.check_absolute("output file", self.path)
-
 
 class OutputLines(Msg):
     path: str

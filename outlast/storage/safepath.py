@@ -39,10 +39,11 @@ def child(root: Path, *names: str) -> Path:
     return root.joinpath(*names)
 
 
-def open_under(root: str | os.PathLike[str], rel: str, write: bool = False) -> int:
+def open_under(root: str | os.PathLike[str], rel: str, write: bool = False, owner: int | None = None) -> int:
     """A descriptor of the regular file `rel` under `root`, reached without following any link below `root`.
-    `write`: the file is made anew (its directories too), for writing. Raises `UnsafePath` for a path or
-    a file that is not allowed, OSError as the kernel says otherwise."""
+    `write`: the file is made anew (its directories too), for writing. `owner`: the file must belong to this
+    uid (an agent running as root reads only what its workers' user wrote). Raises `UnsafePath` for a path
+    or a file that is not allowed, OSError as the kernel says otherwise."""
     parent, name = _open_parent(root, rel, make=write)
     try:
         if write:
@@ -59,8 +60,12 @@ def open_under(root: str | os.PathLike[str], rel: str, write: bool = False) -> i
     finally:
         os.close(parent)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(errno.EINVAL, f"{rel} under {root} is not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise UnsafePath(errno.EPERM, f"{rel} under {root} belongs to uid {st.st_uid}, not to the workers' user "
+                                          f"(uid {owner}): only a file the rank wrote is kept")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -69,9 +74,9 @@ def open_under(root: str | os.PathLike[str], rel: str, write: bool = False) -> i
 
 
 @contextmanager
-def opened(root: str | os.PathLike[str], rel: str, write: bool = False):
+def opened(root: str | os.PathLike[str], rel: str, write: bool = False, owner: int | None = None):
     """`open_under` as a binary file object, closed at the block's end."""
-    with os.fdopen(open_under(root, rel, write), "wb" if write else "rb") as f:
+    with os.fdopen(open_under(root, rel, write, owner), "wb" if write else "rb") as f:
         yield f
 
 
@@ -89,9 +94,11 @@ def hash_under(root: str | os.PathLike[str], rel: str, algorithm: str) -> tuple[
         return hash_file(f, algorithm)
 
 
-def copy_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.PathLike[str]) -> None:
-    """Copy `rel` from under `src_root` to the same place under `dst_root`, in the kernel."""
-    with opened(src_root, rel) as fin, opened(dst_root, rel, write=True) as fout:
+def copy_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.PathLike[str],
+               owner: int | None = None) -> None:
+    """Copy `rel` from under `src_root` (a file of `owner`'s, when given) to the same place under `dst_root`,
+    in the kernel."""
+    with opened(src_root, rel, owner=owner) as fin, opened(dst_root, rel, write=True) as fout:
         offset, left = 0, os.fstat(fin.fileno()).st_size
         while left > 0:
             n = os.sendfile(fout.fileno(), fin.fileno(), offset, left)
@@ -100,11 +107,12 @@ def copy_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.Pa
             offset, left = offset + n, left - n
 
 
-def link_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.PathLike[str]) -> None:
-    """A hard link under `dst_root` of the very file opened under `src_root` (no link followed to reach it).
-    OSError as `link(2)` says: EXDEV across file systems, EPERM for another user's file with protected
-    hard links."""
-    src = open_under(src_root, rel)
+def link_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.PathLike[str],
+               owner: int | None = None) -> None:
+    """A hard link under `dst_root` of the very file opened under `src_root` (no link followed to reach it; a
+    file of `owner`'s, when given). OSError as `link(2)` says: EXDEV across file systems, EPERM for another
+    user's file with protected hard links."""
+    src = open_under(src_root, rel, owner=owner)
     try:
         parent, name = _open_parent(dst_root, rel, make=True)
         try:

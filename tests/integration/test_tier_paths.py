@@ -26,7 +26,8 @@ from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.hostile_jobs import report_outside_loop
 
-UP = "../../../../../"  # from a copy's partial directory (<tier>/<node>/<run>/<checkpoint>/rank-R.partial) to the tier's parent
+# From a copy's partial directory (<tier>/<node>/<run>/<checkpoint>/rank-R.partial) to the tier's parent.
+UP = "../../../../../"
 
 
 def raw(kind: str, **fields) -> bytes:

@@ -199,3 +199,55 @@ def test_a_path_the_message_check_refuses_is_refused_here_too(tree):
     for rel in ("../outside/secret", "/etc/hostname", "sub/../sub/model.pt", ""):
         with pytest.raises(safepath.UnsafePath, match="not a relative path inside"):
             safepath.open_under(root, rel)
+
+
+# ---- a root agent keeps only its workers' files -------------------------------------------------------
+
+WORKER_UID = 54321
+
+
+def test_a_file_of_another_user_is_refused_where_an_owner_is_asked(tree, tmp_path):
+    root, _ = tree
+    (tmp_path / "dst").mkdir()
+    for read in (lambda: safepath.open_under(root, "sub/model.pt", owner=WORKER_UID),
+                 lambda: safepath.copy_under(root, "sub/model.pt", tmp_path / "dst", owner=WORKER_UID),
+                 lambda: safepath.link_under(root, "sub/model.pt", tmp_path / "dst", owner=WORKER_UID)):
+        with pytest.raises(safepath.UnsafePath, match=f"belongs to uid {os.geteuid()}, not to the workers' user"):
+            read()
+    os.close(safepath.open_under(root, "sub/model.pt", owner=os.geteuid()))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root, as --worker-user does")
+@pytest.mark.parametrize("link", [False, True])
+def test_a_root_tier_refuses_a_hold_of_a_file_its_workers_user_did_not_write(tmp_path, link):
+    import zmq
+
+    from outlast.agent.tier_client import ask
+    from outlast.agent.tier_server import TierServer
+    from outlast.protocol.auth import ClusterKey, start_authenticator
+    from outlast.storage.checksum import hash_file
+    from outlast.storage.tier_store import TierStore
+
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    for name in ("rank.pt", "roots.pt"):
+        (src / name).write_bytes(os.urandom(1000))
+    os.chown(src / "rank.pt", WORKER_UID, WORKER_UID)
+    ctx = zmq.Context()
+    key = ClusterKey.generate()
+    auth = start_authenticator(ctx, key)
+    store = TierStore(tmp_path / "tier", "n1", 1 << 26)
+    store.open()
+    server = TierServer(ctx, key, store, source_owner=WORKER_UID).start()
+    try:
+        for name, ok in (("roots.pt", False), ("rank.pt", True)):
+            hold = m.TierHold(run="r", checkpoint_dir=f"c-{name}", rank=0, seq=1, source_dir=str(src), link=link,
+                              files=[m.FileEntry(path=name, size=1000, xxh3_128=hash_file(src / name)[1])])
+            stored = ask(ctx, key, server.address, hold, timeout_s=30)
+            assert stored.ok is ok, stored
+            if not ok:
+                assert f"belongs to uid 0, not to the workers' user (uid {WORKER_UID})" in stored.reason
+    finally:
+        server.stop()
+        auth.stop()
+        ctx.term()
