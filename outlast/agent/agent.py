@@ -110,7 +110,8 @@ class Agent:
             budget = tier_budget(self.spec.checkpoint_memory, self.guard.iso.reservations if self.guard else None,
                                  psutil.virtual_memory().total)
             self.tier = start_tier(self.ctx, self.spec.key, node_id, host, budget,
-                                   fitted=self.spec.checkpoint_memory is None)
+                                   fitted=self.spec.checkpoint_memory is None,
+                                   source_owner=self.spec.worker_user.uid if self.spec.worker_user else None)
             if self.spec.etcd is not None:
                 self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
             else:

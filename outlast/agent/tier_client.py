@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
+from outlast.storage import safepath
 from outlast.storage.checksum import InOrderDigests
 from outlast.storage.memtier import CopyKey
 
@@ -88,10 +89,11 @@ def _recv(sock: zmq.Socket, timeout_s: float, what: str) -> m.TierReply:
     return _recv_sealed(sock, timeout_s, what)[1]
 
 
-def file_view(path: Path) -> memoryview:
-    """The file's bytes, mapped (nothing read into a buffer); empty for an empty file. The map is closed
-    when the last slice of it is let go, by zmq once a frame made of it is sent."""
-    with open(path, "rb") as f:
+def file_view(root: Path | str, rel: str, owner: int | None = None) -> memoryview:
+    """The bytes of the file `rel` under `root` (no link followed, a file of `owner`'s when given: `safepath`),
+    mapped (nothing read into a buffer); empty for an empty file. The map is closed when the last slice of it
+    is let go, by zmq once a frame made of it is sent."""
+    with safepath.opened(root, rel, owner=owner) as f:
         size = os.fstat(f.fileno()).st_size
         return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
 
@@ -103,9 +105,9 @@ def _chunks(files: list[m.FileEntry]):
 
 
 def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src: Path, peer: str,
-         timeout_s: float = 30.0, turn: Callable[[], None] | None = None) -> m.TierStored:
-    """Send the files under `src` to the tier server behind `sock` as a replica; its answer at the end.
-    `turn`, called before each chunk, returns when the replica may go on."""
+         timeout_s: float = 30.0, turn: Callable[[], None] | None = None, owner: int | None = None) -> m.TierStored:
+    """Send the files under `src` (each of `owner`'s, when given) to the tier server behind `sock` as a
+    replica; its answer at the end. `turn`, called before each chunk, returns when the replica may go on."""
     sock.send(encode(m.TierOffer(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, seq=seq,
                                  files=files, primary=False)))
     reply = _recv(sock, timeout_s, peer)
@@ -121,7 +123,7 @@ def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src
         for entry, offset, length in _chunks(files):
             view = views.get(entry.path)
             if view is None:
-                view = views[entry.path] = file_view(src / entry.path)
+                view = views[entry.path] = file_view(src, entry.path, owner)
             if len(view) < offset + length:
                 raise TransferError(f"file {entry.path} under {src} is shorter than its record says")
             while in_flight >= WINDOW:
@@ -187,9 +189,7 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
         asked_for: dict[tuple[str, int], int] = {}
         try:
             for entry in offer.files:
-                path = dest / entry.path
-                path.parent.mkdir(parents=True, exist_ok=True)
-                handles[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                handles[entry.path] = safepath.open_under(dest, entry.path, write=True)
             done = 0
             while done < len(pending):
                 while asked < len(pending) and asked - done < WINDOW:

@@ -46,7 +46,7 @@ from outlast.agent.tier_client import (CHUNK, SERVER, Sealer, TransferError, dig
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, connect_dealer, encode
-from outlast.storage import open_storage
+from outlast.storage import open_storage, safepath
 from outlast.storage.memtier import CopyKey
 from outlast.storage.tier_store import TierStore, check_files, default_root, os_failure
 from outlast.storage.retry import upload_with_retries
@@ -88,11 +88,15 @@ def queue_for(msg: m.TierHold | m.TierPull | m.TierUpload) -> str:
 
 class TierServer:
     def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
-                 port: int = 0, transfer_timeout_s: float = TRANSFER_TIMEOUT_S) -> None:
+                 port: int = 0, transfer_timeout_s: float = TRANSFER_TIMEOUT_S,
+                 source_owner: int | None = None) -> None:
         self._ctx = ctx
         self._transfer_timeout_s = transfer_timeout_s
         self._key = key
         self.store = store
+        # --worker-user: the agent is root, and a rank's files must be its workers' user's (a hold naming another
+        # run's copy in this tier, or a file of root's, is refused).
+        self._source_owner = source_owner
         self._lock = threading.Lock()  # the store: both threads use it
         self._sock, self.address = bind_router(ctx, host, port, key)
         # Sealed bytes only (see the module); a socket without the cluster key takes no frame larger than a sealed
@@ -206,7 +210,11 @@ class TierServer:
                     try:
                         msg = TIER_REQUESTS.decode(head)
                     except BadMessage as e:
-                        log.warning("dropped a malformed tier request: %s", e)
+                        # A path outside its copy, a field of the wrong type: refused whole, and the asker told.
+                        log.warning("refused a malformed tier request: %s", e)
+                        sock.send_multipart([ident, encode(m.TierStored(
+                            run="", checkpoint_dir="", rank=-1, node_id=self.store.node_id, ok=False,
+                            reason=f"{self.store.node_id} refused a request that does not decode: {e}"))])
                         continue
                     try:
                         if sock is self._data:
@@ -354,15 +362,15 @@ class TierServer:
             fds = {}
             try:
                 for entry in msg.files:
-                    path = partial / entry.path
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    fds[entry.path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            except OSError:
+                    if entry.path in fds:
+                        raise ValueError(f"file {entry.path} is offered twice")
+                    fds[entry.path] = safepath.open_under(partial, entry.path, write=True)
+            except (OSError, ValueError):
                 for fd in fds.values():
                     os.close(fd)
                 with self._lock:
                     self.store.abort(key)
-                raise
+                raise  # answered by _failed, with the path and errno, once what was half-made is gone
             transfer = self._open(key, fds, msg.files)
             self._writing[(ident, key)] = transfer.session
             return m.TierAck(**ids, transfer=transfer)
@@ -395,8 +403,11 @@ class TierServer:
                                 reason=f"{msg.checkpoint_dir} rank {msg.rank} is not held on {self.store.node_id}")
         if not msg.path:
             return m.TierOffer(**ids, seq=record.seq, files=record.files, primary=record.primary)
+        if not any(f.path == msg.path for f in record.files):  # the copy's own files, nothing else under it
+            return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                reason=f"{msg.path} is not a file of {msg.checkpoint_dir} rank {msg.rank}")
         try:
-            view = file_view(where / msg.path)
+            view = file_view(where, msg.path)
         except (OSError, ValueError) as e:
             return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=f"cannot read {msg.path}: {e}")
         return m.TierChunk(**ids, path=msg.path, offset=msg.offset), view[msg.offset:msg.offset + msg.length]
@@ -446,7 +457,7 @@ class TierServer:
             copying = threading.Thread(target=lambda: copied.append(self._copy_in(hold)), name="outlast-tier-copy-in",
                                        daemon=True)
             copying.start()
-            replica = self._push(hold, key, Path(hold.source_dir), peers)
+            replica = self._push(hold, key, Path(hold.source_dir), peers, owner=self._source_owner)
             copying.join()
             why = copied[0] if copied else f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: the copy failed"
         elif not held:
@@ -468,7 +479,8 @@ class TierServer:
                             replica_node=replica_node, replica_reason=replica_reason,
                             seconds=time.monotonic() - asked_at, replica_seconds=replica_s)
 
-    def _push(self, hold: m.TierHold, key: CopyKey, src: Path, peers: dict[str, zmq.Socket]) -> tuple[str, str, float]:
+    def _push(self, hold: m.TierHold, key: CopyKey, src: Path, peers: dict[str, zmq.Socket],
+              owner: int | None = None) -> tuple[str, str, float]:
         """The replica of the files under `src` on the hold's peer: (the node that keeps it, or "" and why not; seconds)."""
         started = time.monotonic()
         sock = peers.get(hold.peer_address)
@@ -476,7 +488,7 @@ class TierServer:
             sock = peers[hold.peer_address] = connect_dealer(self._ctx, hold.peer_address, key=self._key)
         try:
             turn = self._background_turn if queue_for(hold) == "hold" else None
-            stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address, turn=turn)
+            stored = push(sock, key, hold.seq, hold.files, src, hold.peer_address, turn=turn, owner=owner)
             if stored.ok:
                 return stored.node_id, "", time.monotonic() - started
             return "", f"{stored.node_id} did not keep the replica: {stored.reason}", time.monotonic() - started
@@ -572,13 +584,11 @@ class TierServer:
         linked: dict[str, str] = {}
         try:
             for entry in hold.files:
-                source, target = Path(hold.source_dir) / entry.path, partial / entry.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if hold.link and _linked(source, target):
+                if hold.link and _linked(hold.source_dir, entry.path, partial, self._source_owner):
                     # The rank's own file, whose checksum it has just taken; every later use checks it again.
                     linked[entry.path] = entry.checksum[1]
                 else:
-                    shutil.copyfile(source, target)
+                    safepath.copy_under(hold.source_dir, entry.path, partial, owner=self._source_owner)
         except (OSError, ValueError) as e:
             with self._lock:
                 self.store.abort(key)
@@ -590,8 +600,9 @@ class TierServer:
 
 
 def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
-               root: Path | None = None, fitted: bool = False) -> TierServer | None:
+               root: Path | None = None, fitted: bool = False, source_owner: int | None = None) -> TierServer | None:
     """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget.
+    `source_owner`: the uid whose files a rank's hold may name (--worker-user's).
 
     `fitted`: the budget is outlast's default, not the user's, so it shrinks to half of a small tmpfs
     (a container's /dev/shm is 64 MiB by default) instead of refusing the node."""
@@ -611,17 +622,18 @@ def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str
     store = TierStore(root, node_id, budget_bytes)
     for line in store.open():
         log.info("%s", line)
-    server = TierServer(ctx, key, store, host).start()
+    server = TierServer(ctx, key, store, host, source_owner=source_owner).start()
     log.info("keeping checkpoint copies in memory: up to %.2f GiB in %s, served at %s", budget_bytes / 2**30,
              store.home, server.address)
     return server
 
 
-def _linked(source: Path, target: Path) -> bool:
-    """A hard link of `source` at `target`; False where the two are on different file systems or the kernel
-    refuses it (a file of another user, with protected hard links), and the file is copied instead."""
+def _linked(source_dir: str, rel: str, partial: Path, owner: int | None) -> bool:
+    """A hard link of `rel` under `source_dir` at the same place under `partial`; False where the two are on
+    different file systems or the kernel refuses it (a file of another user, with protected hard links), and
+    the file is copied instead."""
     try:
-        os.link(source, target)
+        safepath.link_under(source_dir, rel, partial, owner=owner)
         return True
     except OSError as e:
         if e.errno in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP):

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Callable
 
+import msgspec
 import zmq
 
 from outlast.client.liveness import agent_gone, mark_gone_dead
@@ -21,12 +22,26 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.trace import mark
 from outlast.protocol.transport import (
-    AGENT_EVENTS, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, watch_identity,
+    AGENT_EVENTS, HEADER, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, watch_identity,
 )
 
 log = logging.getLogger("outlast.controller")
 
 QUERY_RETRY_S = 3.0  # a table query the head never answered (it may be gone) is sent again after this
+
+
+def _refused(frames: list[bytes], e: BadMessage) -> g.RefusedFromWorker | None:
+    """What a rank (its socket's identity, "attempt:rank[:watch]") sent that did not decode; None from a
+    sender that is no rank."""
+    try:
+        attempt, rank = (int(part) for part in frames[0].decode().split(":")[:2])
+    except (UnicodeDecodeError, ValueError):
+        return None
+    try:  # its type, for the error: the tag is readable even where a field is not
+        kind = msgspec.msgpack.decode(frames[-1][len(HEADER):]).get("type", "message")
+    except (msgspec.DecodeError, AttributeError):
+        kind = "message"
+    return g.RefusedFromWorker(attempt, rank, f"the controller refused its {str(kind)[:64]}: {e}")
 
 
 class AgentGroup:
@@ -156,7 +171,11 @@ class AgentGroup:
             try:
                 out.append(g.FromWorker(WORKER_MESSAGES.decode(frames[-1])))
             except BadMessage as e:
-                log.warning("dropped a malformed message from a worker: %s", e)
+                refused = _refused(frames, e)
+                if refused is None:
+                    log.warning("dropped a malformed message from a worker: %s", e)
+                else:
+                    out.append(refused)
 
     def _agent_events(self, sock: zmq.Socket) -> list[g.InEvent]:
         node_id = next((n for n, link in self._links.items() if link is sock), "")

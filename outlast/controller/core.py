@@ -29,8 +29,8 @@ from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.group import (
-    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable, Started, Tick,
-    ToNode,
+    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable,
+    RefusedFromWorker, Started, Tick, ToNode,
 )
 from outlast.controller.hangs import HangWatch
 from outlast.controller.horizons import HorizonBook
@@ -154,6 +154,10 @@ def _on_worker(c: ControllerCore, event: FromWorker) -> None:
     on_workers.on_worker_message(c, event.msg)
 
 
+def _on_refused(c: ControllerCore, event: RefusedFromWorker) -> None:
+    on_workers.on_refused(c, event.attempt, event.rank, event.reason)
+
+
 def _on_agent(c: ControllerCore, event: FromAgent) -> None:
     c.nodes.note_heard(event.node_id, c.now)
     handlers.on_agent_event(c, event.node_id, event.event)
@@ -220,7 +224,7 @@ def _on_storage_slow(c: ControllerCore, event: fx.StorageSlow) -> None:
 STORAGE_EVENTS = (fx.StorageDone, fx.StorageFailed, fx.StorageSlow, fx.TierAnswered)
 
 EVENTS: dict[type, Callable] = {
-    FromWorker: _on_worker, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
+    FromWorker: _on_worker, RefusedFromWorker: _on_refused, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
     Started: _on_started, LeaseLost: _on_lease_lost, Interrupted: _on_interrupted, Tick: lambda c, e: None,
     fx.StorageDone: _on_storage_done, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,
     fx.TierAnswered: memory_holds.on_tier_answered,

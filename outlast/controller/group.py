@@ -31,6 +31,16 @@ class FromWorker:
 
 
 @dataclass(frozen=True)
+class RefusedFromWorker:
+    """A rank sent a message that does not decode (a file path outside its directory, a field of the wrong
+    type): it is refused whole, and the rank's attempt fails saying why."""
+
+    attempt: int
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class FromAgent:
     node_id: str
     event: m.AgentEvent
@@ -61,7 +71,7 @@ class Interrupted:
     """Ctrl+C in the driver."""
 
 
-InEvent = Union[Started, Tick, FromWorker, FromAgent, NodeTable, AgentGone, LeaseLost, Interrupted]
+InEvent = Union[Started, Tick, FromWorker, RefusedFromWorker, FromAgent, NodeTable, AgentGone, LeaseLost, Interrupted]
 
 # ---- effects out ------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from outlast.controller import states as st
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
+from outlast.storage.records import FailureRecord
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
@@ -153,6 +155,20 @@ def on_overdue_collective(c: "ControllerCore", o) -> None:
 
 def _on_watch(c: "ControllerCore", a: AttemptState, msg: m.Progress | m.StackDump) -> None:
     hang_steps.on_watch_message(c, msg)
+
+
+def on_refused(c: "ControllerCore", attempt: int, rank: int, reason: str) -> None:
+    """A rank sent a message that does not decode (a file outside its directory): nothing of it is used, and
+    its attempt fails with the reason in the run's history. outlast's own workers send no such message."""
+    a = c.attempt
+    if a is None or attempt != a.number or not 0 <= rank < c.plan.world_size:
+        log.warning("dropped a message from rank %d of attempt %d: %s", rank, attempt, reason)
+        return
+    log.error("rank %d of attempt %d: %s", rank, attempt, reason)
+    if c.state.kind.has_live_workers and not a.failed:
+        handlers.on_failure(c, FailureRecord(
+            attempt=attempt, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
+            signal=None, time=c.wall(), exc_type=FailureKind.REFUSED_MESSAGE, message=reason))
 
 
 WORKER_MESSAGES = {

@@ -20,6 +20,7 @@ class FailureKind(enum.StrEnum):
     FORK_SERVER_DIED = "ForkServerDied"  # the node's fork server died, and its workloads with it
     CORRUPT_CHECKPOINT = "CorruptCheckpointError"  # the checkpoint to restore does not verify
     UNKILLABLE = "Unkillable"  # a workload SIGKILL did not end, given up by its node
+    REFUSED_MESSAGE = "RefusedMessage"  # a rank sent the controller a message that does not decode (a bad path)
 
 
 # Kinds about a node, not about one process of the user's.

@@ -3,6 +3,9 @@
 Messages are msgspec structs tagged by class name, encoded as msgpack. The user's
 train function is the only pickle on the wire, and it travels as opaque bytes inside
 `SpawnWorkers.payload`.
+
+Every path or name that a receiver joins to a directory is checked by its struct's `__post_init__`
+(`outlast/protocol/paths.py`), which msgspec runs when it decodes: such a message is refused whole.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal, Union
 
 import msgspec
+
+from outlast.protocol import paths
 
 PROTOCOL_VERSION = 3  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery
 
@@ -35,6 +40,9 @@ class FileEntry(msgspec.Struct, frozen=True, omit_defaults=True):
         if self.sha256 is not None:
             return "sha256", self.sha256
         raise ValueError(f"manifest entry {self.path!r} has no checksum")
+
+    def __post_init__(self) -> None:
+        paths.check_relative("file", self.path)
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +136,12 @@ class SpawnWorkers(Msg):
     # (a persistent node restarted) refuses, as the table that chose it was out of date. 0: any.
     agent_pid: int = 0
 
+    def __post_init__(self) -> None:
+        # The agent names each rank's error and output files after these.
+        paths.check_name("run id", self.run_id)
+        paths.check_name("run name", self.run_name, empty_ok=True)
+        paths.check_name("checkpoint", self.restore_checkpoint)
+
 
 class StopWorkers(Msg):
     run_id: str
@@ -199,6 +213,10 @@ class SpawnTask(Msg):
     sys_path: list[str]
     resources: Resources = Resources()
     retriable: bool = True
+
+    def __post_init__(self) -> None:
+        paths.check_name("run id", self.run_id)  # the agent names the task's output file after these
+        paths.check_name("task id", self.task_id)
 
 
 class TaskExited(Msg):
@@ -424,6 +442,10 @@ class Report(Msg):
     local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
     in_memory: bool = False  # not uploaded: the files are in local_dir only (a notice's checkpoint through a peer)
 
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
+        paths.check_absolute("local_dir", self.local_dir, empty_ok=True)
+
 
 class RestoreProgress(Msg):
     """A rank fetching the checkpoint it restores: bytes on disk so far (the driver's progress line)."""
@@ -445,6 +467,9 @@ class UploadDone(Msg):
     checkpoint_dir: str
     files: list[FileEntry] = []
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
 
 
 class CollectiveRequest(Msg):
@@ -584,6 +609,9 @@ class TierCopyInfo(msgspec.Struct, frozen=True, kw_only=True):
     primary: bool
     committed: bool
 
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
+
 
 class Transfer(msgspec.Struct, frozen=True, kw_only=True):
     """One copy's bytes between two tier servers, given over the CURVE socket: they go through the server's
@@ -607,6 +635,10 @@ class TierHold(Msg):
     # This node is draining: its copy links the rank's files (on the same file system) instead of copying them.
     link: bool = False
 
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
+        paths.check_absolute("source_dir", self.source_dir, empty_ok=True)
+
 
 class TierPull(Msg):
     """Fetch a copy from the tier server at `from_address` into this node's tier (before a restore here)."""
@@ -615,6 +647,9 @@ class TierPull(Msg):
     checkpoint_dir: str
     rank: int
     from_address: str
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
 
 
 class TierUpload(Msg):
@@ -625,6 +660,9 @@ class TierUpload(Msg):
     checkpoint_dir: str
     rank: int
     replace: bool = True  # a file already there is replaced (False: the lowest rank's copy of a shared file stays)
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
 
 
 class TierOffer(Msg):
@@ -637,6 +675,9 @@ class TierOffer(Msg):
     files: list[FileEntry]
     primary: bool = False
     transfer: Transfer | None = None  # the answer to a fetch: where and how to ask for its chunks
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
 
 
 class TierChunk(Msg):
@@ -651,6 +692,10 @@ class TierChunk(Msg):
     session: bytes = b""  # the transfer's, on the data socket (tier_client.Sealer)
     nonce: int = 0  # the sender's count within the transfer: the sealed bytes' nonce
 
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
+        paths.check_relative("file", self.path)
+
 
 class TierAck(Msg):
     """An offer accepted (`path` empty) or a chunk written: the sender may send one more. Also the answer
@@ -663,11 +708,18 @@ class TierAck(Msg):
     offset: int = 0
     transfer: Transfer | None = None  # an offer accepted: where and how its chunks go
 
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir, empty_ok=True)
+        paths.check_relative("file", self.path, empty_ok=True)
+
 
 class TierOfferEnd(Msg):
     run: str
     checkpoint_dir: str
     rank: int
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
 
 
 class TierFetch(Msg):
@@ -682,10 +734,17 @@ class TierFetch(Msg):
     length: int = 0
     session: bytes = b""  # a chunk asked on the data socket: the transfer's
 
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
+        paths.check_relative("file", self.path, empty_ok=True)
+
 
 class TierCommit(Msg):
     run: str
     checkpoint_dir: str
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)
 
 
 class TierFree(Msg):
@@ -711,6 +770,9 @@ class TierStored(Msg):
     seconds: float = 0.0  # from the request to this answer
     replica_seconds: float = 0.0  # of these, the replica's transfer
     skipped: str = ""  # a pull: why this node's own copy was passed over (it did not match its record)
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir, empty_ok=True)
 
 
 class TierHoldings(Msg):

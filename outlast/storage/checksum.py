@@ -13,6 +13,7 @@ import mmap
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import xxhash
 
@@ -29,20 +30,26 @@ def new_hasher(algorithm: str):
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; this outlast knows {', '.join(ALGORITHMS)}")
 
 
-def hash_file(path: str | os.PathLike[str], algorithm: str = ALGORITHM) -> tuple[int, str]:
-    """(size, hex digest) of the file at `path`."""
-    digest = new_hasher(algorithm)
+def hash_file(path: str | os.PathLike[str] | BinaryIO, algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """(size, hex digest) of the file at `path`, or of a file already open (read from its start, left open)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return _hash_open(path, algorithm)
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size and algorithm == "xxh3_128":
-            # Hashed straight from the page cache: no copy into a buffer of ours.
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                digest.update(view)
-                return len(view), digest.hexdigest()
-        size = 0
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
+        return _hash_open(f, algorithm)
+
+
+def _hash_open(f: BinaryIO, algorithm: str) -> tuple[int, str]:
+    digest = new_hasher(algorithm)
+    size = os.fstat(f.fileno()).st_size
+    if size and algorithm == "xxh3_128":
+        # Hashed straight from the page cache: no copy into a buffer of ours.
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            digest.update(view)
+            return len(view), digest.hexdigest()
+    size = 0
+    while chunk := f.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
     return size, digest.hexdigest()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from outlast.protocol import paths
 from outlast.protocol.kinds import NODE_KINDS, FailureKind
 from outlast.protocol.messages import FileEntry
 
@@ -79,6 +80,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     memory: list[str] = []
     memory_at: float | None = None
     durable: bool = True
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)  # a restore joins it to its directories
 
 
 class OutputFile(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,6 +11,7 @@ from concurrent import futures
 from pathlib import Path
 
 from outlast.faults import fault_point
+from outlast.protocol import paths
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 from outlast.storage.checksum import ALGORITHM, hash_file
@@ -110,11 +111,20 @@ class RemoteStorage:
             raise StorageError(f"could not list {self.uri(path)}: {e}") from e
         if not listing:
             raise FileNotFoundError(f"{self.uri(path)} has no files")
+        files = {name: name[len(root):].lstrip("/") for name, info in listing.items()
+                 if info.get("type") != "directory"}
+        for name, rel in files.items():
+            # A key is whatever its writer chose: "ckpt/../../x" would land outside local_dir. Refused before a
+            # byte is written.
+            why = paths.relative_problem(rel)
+            if why is not None:
+                raise StorageError(f"{self.uri(path)} holds an object {name!r} that is not a file inside it ({why}); "
+                                   f"nothing was downloaded to {local_dir}: remove that object from the bucket")
         jobs = []
         for name, info in listing.items():
-            if info.get("type") == "directory":
+            if name not in files:
                 continue
-            target = Path(local_dir) / name[len(root):].lstrip("/")
+            target = Path(local_dir) / files[name]
             target.parent.mkdir(parents=True, exist_ok=True)
             size = int(info.get("size") or 0)
             with open(target, "wb") as f:

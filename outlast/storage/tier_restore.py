@@ -21,6 +21,7 @@ from typing import TypeVar
 import msgspec
 
 from outlast.protocol.messages import FileEntry
+from outlast.storage import safepath
 from outlast.storage.base import Storage
 from outlast.storage.memtier import SourceKind
 from outlast.storage.records import CorruptDocument, Manifest
@@ -84,7 +85,6 @@ def assemble(root: Path, node_id: str, run: str, manifest: Manifest,
         replicas.extend(r for r in from_replicas if r not in replicas)
     if found is None:
         return None, said
-    chosen = {path: where / path for path, where in found.items()}
     restores = root / node_id / "restores" / run_dir_name(run)
     restores.mkdir(parents=True, exist_ok=True)
     target = restores / manifest.checkpoint_dir
@@ -96,10 +96,8 @@ def assemble(root: Path, node_id: str, run: str, manifest: Manifest,
         partial = restores / f".{manifest.checkpoint_dir}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        for rel, src in chosen.items():
-            dst = partial / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.link(src, dst)
+        for rel, where in found.items():
+            safepath.link_under(where, rel, partial)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(partial, target)
         for old in restores.iterdir():  # one restore per run: linked pages outside the budget stay few

@@ -41,9 +41,10 @@ from pathlib import Path
 import msgspec
 
 from outlast.identity import ProcessIdentity, host_id, still_running, this_process
+from outlast.protocol import paths
 from outlast.protocol.messages import FileEntry
 from outlast.statedir import private_dir
-from outlast.storage.checksum import hash_file
+from outlast.storage import safepath
 from outlast.storage.memtier import Admission, Copy, CopyKey, TierBook
 
 _PARTIAL = ".partial"
@@ -58,6 +59,9 @@ class TierRecord(msgspec.Struct, frozen=True, kw_only=True):
     stored_at: float
     primary: bool = True
     committed: bool = False
+
+    def __post_init__(self) -> None:
+        paths.check_name("checkpoint", self.checkpoint_dir)  # a record on disk is data: it names its own directory
 
     @property
     def key(self) -> CopyKey:
@@ -86,7 +90,7 @@ def run_dir_name(run: str) -> str:
 
 def copy_dir(root: Path, node_id: str, key: CopyKey) -> Path:
     """Where the files of `key` lie on node `node_id` (a restoring worker reads them there)."""
-    return root / node_id / run_dir_name(key.run) / key.checkpoint_dir / f"rank-{key.rank}"
+    return safepath.child(root, node_id, run_dir_name(key.run), key.checkpoint_dir, f"rank-{key.rank}")
 
 
 def os_failure(node_id: str, root: Path, e: OSError) -> str:
@@ -108,15 +112,19 @@ def check_files(where: Path, files: Iterable[FileEntry], known: Mapping[str, str
     were written (`InOrderDigests`), or, for a rank's file linked in, the checksum the rank took of it."""
     known = known or {}
     for entry in files:
-        path = where / entry.path
         try:
-            size = path.stat().st_size
+            size = safepath.size_under(where, entry.path)
         except FileNotFoundError:
             return f"file {entry.path} is missing"
+        except OSError as e:
+            return f"file {entry.path} cannot be read: {e.strerror}"
         if size != entry.size:
             return f"file {entry.path} has {size} bytes, the record says {entry.size}"
         algorithm, expected = entry.checksum
-        digest = known.get(entry.path) or hash_file(path, algorithm)[1]
+        try:
+            digest = known.get(entry.path) or safepath.hash_under(where, entry.path, algorithm)[1]
+        except OSError as e:
+            return f"file {entry.path} cannot be read: {e.strerror}"
         if digest != expected:
             return f"file {entry.path} does not match its checksum ({algorithm})"
     return None
@@ -126,7 +134,7 @@ class TierStore:
     def __init__(self, root: Path, node_id: str, budget_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self.root = root
         self.node_id = node_id
-        self.home = root / node_id
+        self.home = safepath.child(root, node_id)  # --node-id: one name under the tier's root
         self.book = TierBook(budget_bytes)
         self._records: dict[CopyKey, TierRecord] = {}
         self._pending: dict[CopyKey, TierRecord] = {}  # begun, not yet finished
@@ -174,7 +182,7 @@ class TierStore:
                 continue
             # Sizes only: checksums are checked by every restore that reads a copy.
             where = copy_dir(self.root, self.node_id, record.key)
-            bad = next((f.path for f in record.files if not _has_size(where / f.path, f.size)), None)
+            bad = next((f.path for f in record.files if not _has_size(where, f)), None)
             if bad is not None:
                 dropped.append(f"{record.checkpoint_dir} rank {record.rank} (file {bad} is not whole)")
                 self._remove(record.key)
@@ -281,9 +289,7 @@ class TierStore:
             return None if admission.admit else admission.reason
         try:
             for entry in files:
-                target = partial / entry.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src / entry.path, target)
+                safepath.copy_under(src, entry.path, partial)
         except OSError as e:
             self.abort(CopyKey(run, checkpoint_dir, rank))
             return f"{checkpoint_dir} rank {rank} was not kept in memory: {os_failure(self.node_id, self.root, e)}"
@@ -394,8 +400,8 @@ def _read_owner(home: Path) -> _Owner | None:
         return None
 
 
-def _has_size(path: Path, size: int) -> bool:
+def _has_size(where: Path, entry: FileEntry) -> bool:
     try:
-        return path.stat().st_size == size
+        return safepath.size_under(where, entry.path) == entry.size
     except OSError:
         return False

@@ -508,7 +508,7 @@ def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_ow
 
     payload = os.urandom(MB)
     (tmp_path / "f").write_bytes(b"x" * MB + payload + b"y" * MB)
-    view = file_view(tmp_path / "f")
+    view = file_view(tmp_path, "f")
     assert isinstance(view.obj, mmap.mmap)
     transfer = new_transfer("tcp://127.0.0.1:1")
     sender, receiver = Sealer(transfer, ASKER), Sealer(transfer, SERVER)
@@ -532,7 +532,7 @@ def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_ow
     # Each seal takes a nonce of its own.
     assert TIER_REQUESTS.decode(sender.seal(chunk, b"z")[0]).nonce == 2
     (tmp_path / "empty").write_bytes(b"")
-    assert len(file_view(tmp_path / "empty")) == 0
+    assert len(file_view(tmp_path, "empty")) == 0
 
 
 def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pair, tmp_path):
