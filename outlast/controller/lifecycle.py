@@ -11,7 +11,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, memory_holds, resize
+from outlast.controller import checkpoints, memory_holds, memory_restore, resize
 from outlast.controller import states as st
 from outlast.controller.commit import CommitTracker
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
@@ -65,7 +65,7 @@ def enter_placing(c: "ControllerCore", now: float) -> None:
 
 def restore_read(c: "ControllerCore", a: AttemptState, restore: str | None, holders: set[int] | None) -> None:
     """Storage said what the attempt restores: place it."""
-    if c.attempt is not a or not isinstance(c.state, st.Placing):
+    if c.attempt is not a or not isinstance(c.state, (st.Placing, st.WaitingForCapacity)):
         return
     a.restore, a.restore_ranks, a.prepared = restore, holders, True
     c.commits = CommitTracker(c.plan.world_size, shard_holders=holders)
@@ -86,6 +86,13 @@ def place(c: "ControllerCore", now: float) -> None:
     assert a is not None
     if not a.prepared:
         return  # storage has not said yet what the attempt restores
+    if a.restore is not None and not memory_restore.restorable(c, a.restore):
+        # Chosen on an older table: the nodes that held some rank's copies are gone since. Choose again.
+        log.warning("attempt %d: the nodes that kept %s in memory for some rank are gone since it was chosen; "
+                    "choosing again", a.number, a.restore)
+        a.prepared = False
+        checkpoints.read_restorable(c, a)
+        return
     placed = c.resizes.place(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker, c.plan.strategy)
     if isinstance(placed, NoCapacity):
         c.out.append(QueryTable())
@@ -132,7 +139,7 @@ def place(c: "ControllerCore", now: float) -> None:
             run_key=c.book.store.storage.uri(c.book.store.run_dir), forward_output=c.plan.forward_output,
             agent_pid=c.nodes.nodes[node_id].agent_pid,
         )))
-    memory_holds.pull_then(c, a, sends)
+    memory_restore.pull_then(c, a, sends)
 
 
 def restart(c: "ControllerCore", event: Event, preemption: Preemption | None) -> None:
