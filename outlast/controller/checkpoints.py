@@ -153,6 +153,10 @@ def commit_files(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, 
         write_manifest(c, pending, attempt, files, seq, memory={r: sorted(ns) for r, ns in h.holders.items()},
                        durable=False)
 
+    stuck = memory_holds.stuck_without_head(c)
+    if stuck is not None:  # every later attempt would fail its commits the same way: the run cannot go on
+        lifecycle.give_up(c, lifecycle.head_lost_error(c, attempt, stuck))
+        return
     why = memory_holds.commit_in_memory(c, pending, attempt, seq, local_dirs, held)
     if why is not None:
         fail_commit(c, pending, attempt, why)

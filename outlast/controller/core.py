@@ -161,7 +161,7 @@ def _on_agent(c: ControllerCore, event: FromAgent) -> None:
 
 
 def _on_table(c: ControllerCore, event: NodeTable) -> None:
-    c.nodes.set_table(event.nodes)
+    c.nodes.set_table(event.nodes, c.now)
     if isinstance(c.state, st.Placing):
         lifecycle.place(c, c.now)
     elif isinstance(c.state, st.Running):

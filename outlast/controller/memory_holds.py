@@ -253,6 +253,20 @@ def commit_in_memory(c: "ControllerCore", pending: "PendingCheckpoint", attempt:
     return None
 
 
+def stuck_without_head(c: "ControllerCore") -> str | None:
+    """Why no checkpoint of this "memory" run can be committed again, or None: some node of the attempt has no
+    peer in another failure domain, and with the head gone no node can join to be one."""
+    a, gone = c.attempt, c.nodes.head_lost(c.now)
+    if a is None or gone is None:
+        return None
+    for node in sorted(set(a.placement.values())):
+        peer, address, why = peer_for(c, node)
+        if not address:
+            return (f"{gone}. A checkpoint kept in memory only (CheckpointConfig(checkpoint_storage='memory')) needs "
+                    f"a second node in another failure domain, and there is none for {node} ({why})")
+    return None
+
+
 def _memory_answered(c: "ControllerCore", h: Holding, rank: int, e: fx.TierAnswered) -> None:
     h.waiting.discard(rank)
     stored = e.reply if isinstance(e.reply, m.TierStored) else None
