@@ -65,7 +65,7 @@ def enter_placing(c: "ControllerCore", now: float) -> None:
 
 def restore_read(c: "ControllerCore", a: AttemptState, restore: str | None, holders: set[int] | None) -> None:
     """Storage said what the attempt restores: place it."""
-    if c.attempt is not a or not isinstance(c.state, (st.Placing, st.WaitingForCapacity)):
+    if c.attempt is not a or not isinstance(c.state, st.Placing):
         return
     a.restore, a.restore_ranks, a.prepared = restore, holders, True
     c.commits = CommitTracker(c.plan.world_size, shard_holders=holders)
@@ -86,13 +86,6 @@ def place(c: "ControllerCore", now: float) -> None:
     assert a is not None
     if not a.prepared:
         return  # storage has not said yet what the attempt restores
-    if a.restore is not None and not memory_restore.restorable(c, a.restore):
-        # Chosen on an older table: the nodes that held some rank's copies are gone since. Choose again.
-        log.warning("attempt %d: the nodes that kept %s in memory for some rank are gone since it was chosen; "
-                    "choosing again", a.number, a.restore)
-        a.prepared = False
-        checkpoints.read_restorable(c, a)
-        return
     placed = c.resizes.place(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker, c.plan.strategy)
     if isinstance(placed, NoCapacity):
         c.out.append(QueryTable())

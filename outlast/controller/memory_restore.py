@@ -160,10 +160,20 @@ def pull_then(c: "ControllerCore", a: "AttemptState", sends: list) -> None:
         return sorted((n for n in by_rank.get(rank, []) if c.nodes.reachable(n) and tier_of(c, n)),
                       key=lambda n: (n in draining, n))
 
+    def sources(node: str, rank: int) -> list[str]:
+        held = holders(rank)
+        if held:
+            # A node's own copy is checked before it is trusted: with another holder it asks, and keeps its own if
+            # whole.
+            return [s for s in held if s != node] if node not in held or len(held) > 1 else []
+        # No holder of this rank answers now: the table may lag an agent started again with its copies. The
+        # checkpoint's other holders are asked, and a refusal asks again among the rank's holders reachable then.
+        record = record_of(c, restore)
+        return sorted(n for n in (record.memory if record is not None else []) if n != node and c.nodes.reachable(n)
+                      and tier_of(c, n))
+
     nodes = sorted({n for n in a.placement.values() if tier_of(c, n)})
-    # A node's own copy is checked before it is trusted: with another holder it asks, and keeps its own if whole.
-    todo = [(node, rank, [s for s in holders(rank) if s != node]) for node in nodes for rank in ranks
-            if node not in holders(rank) or len(holders(rank)) > 1]
+    todo = [(node, rank, sources(node, rank)) for node in nodes for rank in ranks]
     todo = [t for t in todo if t[2]]
     if not todo:
         c.out += sends
