@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from outlast.controller import effects as fx
-from outlast.controller import lifecycle, memory_holds, on_workers, peer_uploads
+from outlast.controller import lifecycle, memory_holds, memory_restore, on_workers, peer_uploads
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.file_merge import DuplicateFiles, MergedFiles, merge_files, settle
@@ -150,21 +150,27 @@ def commit_files(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, 
             c.holds.pop(h.checkpoint_dir, None)
             fail_commit(c, pending, attempt, f"not committed in memory: {why}")
             return
-        write_manifest(c, pending, attempt, files, seq,
-                       memory=sorted(set().union(*h.holders.values())), durable=False)
+        write_manifest(c, pending, attempt, files, seq, memory={r: sorted(ns) for r, ns in h.holders.items()},
+                       durable=False)
 
+    stuck = memory_holds.stuck_without_head(c)
+    if stuck is not None:  # every later attempt would fail its commits the same way: the run cannot go on
+        lifecycle.give_up(c, lifecycle.head_lost_error(c, attempt, stuck))
+        return
     why = memory_holds.commit_in_memory(c, pending, attempt, seq, local_dirs, held)
     if why is not None:
         fail_commit(c, pending, attempt, why)
 
 
 def write_manifest(c: "ControllerCore", pending: PendingCheckpoint, attempt: int, files: list[FileEntry], seq: int,
-                   memory: list[str] | None = None, durable: bool = True) -> None:
+                   memory: dict[int, list[str]] | None = None, durable: bool = True) -> None:
+    """`memory`: rank -> the nodes that keep its files, for a checkpoint committed in memory."""
     now = c.wall()
+    nodes = sorted({n for ns in (memory or {}).values() for n in ns})
     manifest = Manifest(checkpoint_dir=pending.checkpoint_dir, seq=seq, attempt=attempt,
                         report_index=pending.index, committed_at=now, ranks=sorted(pending.files), files=files,
-                        metrics=pending.metrics, memory=memory or [], memory_at=now if memory else None,
-                        durable=durable)
+                        metrics=pending.metrics, memory=nodes, memory_at=now if memory else None,
+                        durable=durable, memory_ranks=dict(memory or {}))
     effect_id = c.ask_storage(lambda i: fx.WriteManifest(i, manifest), _manifest_written)
     c.committing[effect_id] = Committing(pending, attempt, manifest)
 
@@ -331,19 +337,16 @@ def read_restorable(c: "ControllerCore", a: AttemptState) -> None:
 
     Only the manifests are read; the workers check the files against them when they fetch them.
     """
-    latest = c.book.state.latest_checkpoint
-    while latest is not None and (why := memory_holds.held_nowhere(c, latest)) is not None:
-        fallback = c.book.skip_checkpoint(latest, why, c.wall())
-        log.warning("checkpoint %s cannot be restored (%s); restoring %s instead", latest, why,
-                    fallback or "no checkpoint: the run starts over")
-        latest = fallback
+    latest = memory_restore.skip_lost(c)  # those kept in memory only whose every copy of some rank is gone
     if latest is None:
         lifecycle.restore_read(c, a, None, None)
         return
+    # Older ones, in case its manifest cannot be read: only those that every rank can still get.
     rest = [r.checkpoint_dir for r in sorted(c.book.state.checkpoints, key=lambda r: -r.seq)
-            if r.checkpoint_dir != latest]
+            if r.checkpoint_dir != latest and memory_restore.restorable(c, r.checkpoint_dir)]
     candidates = (latest, *rest)
-    c.ask_storage(lambda i: fx.ReadManifests(i, candidates), partial(_restorable_read, a=a, asked=latest))
+    c.ask_storage(lambda i: fx.ReadManifests(i, candidates),
+                  partial(_restorable_read, a=a, asked=c.book.state.latest_checkpoint))
 
 
 def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState, asked: str) -> None:

@@ -81,6 +81,7 @@ class ControllerCore:
         self.free_by = 0.0  # when the close stops waiting for them
         self.local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
         self.tier_said: set[str] = set()  # why a copy was not kept in memory, each said once
+        self.rank_files: dict[str, dict[int, list[str]]] = {}  # checkpoint -> rank -> its files' names (memory_holds)
         self.peer_bps: dict[str, float] = {}  # node -> its last replica's rate to its peer
         self.through_peer: set[tuple[int, int]] = set()  # (attempt, report) of notices' checkpoints through a peer
         self.durable: dict[str, peer_uploads.Durable] = {}  # committed through a peer, being uploaded
@@ -164,7 +165,7 @@ def _on_agent(c: ControllerCore, event: FromAgent) -> None:
 
 
 def _on_table(c: ControllerCore, event: NodeTable) -> None:
-    c.nodes.set_table(event.nodes)
+    c.nodes.set_table(event.nodes, c.now)
     if isinstance(c.state, st.Placing):
         lifecycle.place(c, c.now)
     elif isinstance(c.state, st.Running):

@@ -11,7 +11,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, memory_holds, resize
+from outlast.controller import checkpoints, memory_holds, memory_restore, resize
 from outlast.controller import states as st
 from outlast.controller.commit import CommitTracker
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
@@ -89,6 +89,10 @@ def place(c: "ControllerCore", now: float) -> None:
     placed = c.resizes.place(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker, c.plan.strategy)
     if isinstance(placed, NoCapacity):
         c.out.append(QueryTable())
+        if (gone := c.nodes.head_lost(now)) is not None:
+            # No node can join a cluster without its head: waiting for capacity would wait for nothing.
+            give_up(c, head_lost_error(c, a.number, f"{gone}. Attempt {a.number} cannot be placed: {placed.reason}"))
+            return
         if isinstance(s, st.WaitingForCapacity):
             if now - s.since > c.plan.timeouts.capacity_s:
                 give_up(c, f"no capacity for attempt {a.number} within {c.plan.timeouts.capacity_s:.0f} s:"
@@ -132,7 +136,7 @@ def place(c: "ControllerCore", now: float) -> None:
             run_key=c.book.store.storage.uri(c.book.store.run_dir), forward_output=c.plan.forward_output,
             agent_pid=c.nodes.nodes[node_id].agent_pid,
         )))
-    memory_holds.pull_then(c, a, sends)
+    memory_restore.pull_then(c, a, sends)
 
 
 def restart(c: "ControllerCore", event: Event, preemption: Preemption | None) -> None:
@@ -167,6 +171,15 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
     c.error = settled.error
     go(c, Event.GIVE_UP, st.Errored(error=settled.error, stop_by=c.now))
     close_if_stopped(c, c.now)
+
+
+def head_lost_error(c: "ControllerCore", attempt: int, why: str) -> str:
+    latest = c.book.state.latest_checkpoint
+    return (f"{why}. The run stops here, with attempt {attempt}; its latest committed checkpoint stays "
+            f"{latest or 'none'}. Start the head again (`outlast start` on its machine, with the same "
+            "--port and cluster key) and run fit() again with the same RunConfig(name, storage_path) to go on "
+            "from there. A cluster whose nodes keep its state in etcd (`outlast start --etcd URL,...`, "
+            "docs/operations/etcd.md) has no single head to lose")
 
 
 def preempted_by_drain(c: "ControllerCore", a: AttemptState) -> Preemption | None:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from outlast.controller import effects as fx
-from outlast.controller.group import Spawn
 from outlast.protocol import messages as m
 from outlast.storage.memtier import PeerCandidate, choose_peer, memory_committed
 
@@ -89,13 +88,16 @@ def run_key(c: "ControllerCore") -> str:
 
 
 def tier_of(c: "ControllerCore", node_id: str) -> str:
+    """The node's tier, while this driver can reach the node: none of a node that is gone (dead in the table, its
+    agent gone from this machine, or lost by this driver), whose copies and answers are gone with it."""
     node = c.nodes.nodes.get(node_id)
-    return node.tier_address if node is not None and node.state != "dead" else ""
+    return node.tier_address if node is not None and c.nodes.reachable(node_id) else ""
 
 
 def peer_for(c: "ControllerCore", node_id: str) -> tuple[str, str, str]:
     """(peer node, its tier's address, why) for the replica of `node_id`'s copies."""
-    candidates = [PeerCandidate(n.node_id, n.failure_domain, alive=n.state != "dead", draining=n.state == "draining")
+    candidates = [PeerCandidate(n.node_id, n.failure_domain, alive=c.nodes.reachable(n.node_id),
+                                draining=n.state == "draining")
                   for n in c.nodes.nodes.values() if n.tier_address or n.node_id == node_id]
     choice = choose_peer(node_id, candidates)
     if choice.node_id is None:
@@ -251,6 +253,20 @@ def commit_in_memory(c: "ControllerCore", pending: "PendingCheckpoint", attempt:
     return None
 
 
+def stuck_without_head(c: "ControllerCore") -> str | None:
+    """Why no checkpoint of this "memory" run can be committed again, or None: some node of the attempt has no
+    peer in another failure domain, and with the head gone no node can join to be one."""
+    a, gone = c.attempt, c.nodes.head_lost(c.now)
+    if a is None or gone is None:
+        return None
+    for node in sorted(set(a.placement.values())):
+        peer, address, why = peer_for(c, node)
+        if not address:
+            return (f"{gone}. A checkpoint kept in memory only (CheckpointConfig(checkpoint_storage='memory')) needs "
+                    f"a second node in another failure domain, and there is none for {node} ({why})")
+    return None
+
+
 def _memory_answered(c: "ControllerCore", h: Holding, rank: int, e: fx.TierAnswered) -> None:
     h.waiting.discard(rank)
     stored = e.reply if isinstance(e.reply, m.TierStored) else None
@@ -285,22 +301,6 @@ def record_of(c: "ControllerCore", checkpoint_dir: str) -> "CheckpointRecord | N
     return next((r for r in c.book.state.checkpoints if r.checkpoint_dir == checkpoint_dir), None)
 
 
-def held_nowhere(c: "ControllerCore", checkpoint_dir: str) -> str | None:
-    """Why a checkpoint kept in memory only can no longer be restored: every node that held it is gone."""
-    record = record_of(c, checkpoint_dir)
-    if record is None or record.durable or any(c.nodes.reachable(n) for n in record.memory):
-        return None
-    older = max((r for r in c.book.state.checkpoints if r.seq < record.seq), key=lambda r: r.seq, default=None)
-    cost = (f"the {record.report_index - older.report_index} reports between them" if older is not None
-            and older.attempt == record.attempt else
-            f"every step since {older.checkpoint_dir}" if older is not None else "every step so far")
-    how = ("CheckpointConfig(checkpoint_storage='memory')" if c.plan.checkpoint_storage == MEMORY else
-           "a drain's checkpoint whose upload from memory was not in yet")
-    return (f"it was kept in memory only ({how}), on "
-            f"{', '.join(record.memory) or 'no node'}, and every one of those nodes is gone; going back costs "
-            f"{cost}")
-
-
 def pending_in_memory(c: "ControllerCore") -> set[str]:
     """Checkpoints of a "memory" run whose copies are being made: their commit has begun."""
     return {d for d, h in c.holds.items() if h.on_all is not None}
@@ -320,7 +320,8 @@ def _record(c: "ControllerCore", h: Holding) -> None:
         return
     nodes = sorted(set().union(*h.holders.values())) if h.holders else []
     ok, _ = in_memory(c, h)
-    c.book.note_memory(h.checkpoint_dir, nodes, c.wall() if ok else None)
+    c.book.note_memory(h.checkpoint_dir, {r: sorted(ns) for r, ns in h.holders.items()}, c.wall() if ok else None)
+    note_files(c, h)
     run = run_key(c) if nodes else ""
     for node in nodes:
         address = tier_of(c, node)
@@ -329,6 +330,15 @@ def _record(c: "ControllerCore", h: Holding) -> None:
             ask_tier(c, node, address, m.TierCommit(run=run, checkpoint_dir=h.checkpoint_dir), None, 30.0)
     if not h.waiting and all(len(h.holders.get(r, ())) >= 2 or r in h.refused for r in h.asked):
         c.holds.pop(h.checkpoint_dir, None)  # every answer is in
+
+
+def note_files(c: "ControllerCore", h: Holding) -> None:
+    """Each rank's own files, by name, while the history names the checkpoint: what a checkpoint lost with its
+    nodes says was lost (kept by this driver only; the manifest lists every file, not whose it is)."""
+    c.rank_files[h.checkpoint_dir] = {r: sorted(f.path for f in files) for r, files in h.files.items() if files}
+    named = {r.checkpoint_dir for r in c.book.state.checkpoints} | set(c.holds)
+    for name in [d for d in c.rank_files if d not in named]:
+        del c.rank_files[name]
 
 
 # ---- the run's end -------------------------------------------------------------------------------
@@ -357,79 +367,3 @@ def _freed(c: "ControllerCore", e: fx.TierAnswered) -> None:
     if not isinstance(e.reply, m.TierAck):
         log.info("copies in memory of this run may stay on a node (%s); its budget evicts them as it needs",
                  e.error or type(e.reply).__name__)
-
-
-# ---- a new attempt: its nodes fetch what they lack before its ranks start ----------------------
-
-
-def note_pulled(c: "ControllerCore", checkpoint_dir: str, node: str) -> None:
-    """A node that pulled a copy holds it too: once the nodes that held it first are gone, it is still there."""
-    record = record_of(c, checkpoint_dir)
-    if record is not None and node not in record.memory:
-        c.book.note_memory(checkpoint_dir, sorted({*record.memory, node}), None)
-
-
-def pull_then(c: "ControllerCore", a, sends: list) -> None:
-    """Each node of the attempt first pulls, from a node that holds the checkpoint it restores in memory, the
-    files of every rank it lacks (`TierPull`); its ranks are started once every pull has answered, kept or not.
-    So a restore reads this node's RAM, then a peer's, then storage (which a "memory" run lacks), each copy
-    checked against its record: the node's own copy before a pull counts (a corrupt one is dropped and fetched
-    again), the pulled one as it is kept, and the restore checks the manifest's checksums once more."""
-    if a.restore is None:
-        c.out += sends
-        return
-    record = record_of(c, a.restore)
-    ranks = sorted(a.restore_ranks or ())
-
-    def holders() -> list[str]:
-        """The nodes reachable now that hold the checkpoint, those not draining first."""
-        record = record_of(c, a.restore)
-        draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
-        return sorted((n for n in (record.memory if record is not None else []) if c.nodes.reachable(n)
-                       and tier_of(c, n)), key=lambda n: (n in draining, n))
-
-    sources = holders()
-    nodes = sorted({n for n in a.placement.values() if tier_of(c, n)})
-    todo = [(node, rank, [s for s in sources if s != node]) for node in nodes for rank in ranks
-            if node not in sources or len(sources) > 1]
-    todo = [t for t in todo if t[2]]
-    if not todo:
-        c.out += sends
-        return
-    c.out += [e for e in sends if not isinstance(e, Spawn)]  # the agents know the run meanwhile
-    spawns = [e for e in sends if isinstance(e, Spawn)]
-    left = set(range(len(todo)))
-    then = "storage" if record is not None and record.durable else "no copy: the restore fails"
-
-    def ask_one(i: int, node: str, rank: int, candidates: list[str], tried: frozenset[str]) -> None:
-        src, rest = candidates[0], candidates[1:]
-        tried = tried | {src}
-
-        def answered(c: "ControllerCore", e: fx.TierAnswered) -> None:
-            stored = e.reply if isinstance(e.reply, m.TierStored) else None
-            if stored is not None and stored.skipped:
-                # The node's own copy did not match its record: passed over for the peer's, and said.
-                text = f"restoring {a.restore}: {stored.skipped}"
-                if c.book.note_once(text, c.wall()):
-                    log.warning("%s", text)
-            if stored is None or not stored.ok:
-                # The next holder: one named at placement, else one reachable since (an agent started again
-                # with its copies while this pull waited); that node may keep other ranks' files only.
-                rest_now = rest or [n for n in holders() if n != node and n not in tried]
-                if rest_now and c.attempt is a:
-                    ask_one(i, node, rank, rest_now, tried)
-                    return
-            if stored is not None and stored.ok:
-                note_pulled(c, a.restore, node)
-            if stored is None or not stored.ok:
-                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from %s",
-                         node, a.restore, rank, stored.reason if stored is not None else e.error, then)
-            left.discard(i)
-            if not left and c.attempt is a:
-                c.out.extend(spawns)
-
-        pull = m.TierPull(run=run_key(c), checkpoint_dir=a.restore, rank=rank, from_address=tier_of(c, src))
-        ask_tier(c, node, tier_of(c, node), pull, answered, REPLICA_TIMEOUT_S)
-
-    for i, (node, rank, candidates) in enumerate(todo):
-        ask_one(i, node, rank, candidates, frozenset())

@@ -29,11 +29,17 @@ class NodeBook:
         self._lost_here: dict[tuple[str, int], float] = {}
         self._drained_here: dict[str, m.NodeDraining] = {}  # drains this driver heard of from the nodes
         self._drains: dict[str, m.NodeDraining] = {}  # every drain seen, kept after the node is gone
+        self.head: m.NodeInfo | None = None  # the head, as the last table named it (none: a cluster in etcd)
+        self.table_at: float | None = None  # when the last table came (monotonic)
 
     # ---- the node table -----------------------------------------------------------------
 
-    def set_table(self, nodes: list[m.NodeInfo]) -> None:
+    def set_table(self, nodes: list[m.NodeInfo], now: float | None = None) -> None:
+        """The head's table (`now`: when it came; a table set by hand leaves the head's silence as it was)."""
         self.nodes = {n.node_id: n for n in nodes}
+        if now is not None:
+            self.table_at = now
+            self.head = next((n for n in nodes if n.is_head), self.head)
         for n in nodes:
             if n.node_id not in self.heard:  # this run has let the old agent go
                 self._forget_gone_agent(n.node_id, n.agent_pid)
@@ -140,6 +146,8 @@ class NodeBook:
         if self._last_tick is not None and (stalled := now - self._last_tick) > STALL_S:
             for node_id in self.heard:
                 self.heard[node_id] += stalled
+            if self.table_at is not None:
+                self.table_at += stalled
         self._last_tick = now
 
     def lose(self, node_id: str, now: float) -> None:
@@ -156,6 +164,16 @@ class NodeBook:
         info = self.nodes.get(node_id)
         return info is not None and info.state != "dead" and node_id not in self._gone \
             and (node_id, info.agent_pid) not in self._lost_here
+
+    def head_lost(self, now: float) -> str | None:
+        """Why the head is gone, or None: it has answered no table query for longer than `node_timeout_s`, the
+        silence after which it declares any node dead. A head started again within it answers, and is not lost.
+        A cluster in etcd has no one head: its tables come from the driver's own watch, whatever dies."""
+        if self.head is None or self.table_at is None or now - self.table_at <= self.node_timeout_s:
+            return None
+        return (f"the head node {self.head.node_id} ({self.head.address}) has answered no node-table query for "
+                f"{now - self.table_at:.0f} s (OUTLAST_NODE_TIMEOUT_S={self.node_timeout_s:g}): it is gone, and "
+                "without it no node joins or is declared dead, and no drain reaches the run")
 
     def lost_nodes(self, now: float, nodes: set[str]) -> dict[str, str]:
         """Of `nodes`, those lost now, with why."""

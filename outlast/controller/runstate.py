@@ -107,10 +107,11 @@ class RunBook:
     def failures_this_launch(self, kind: Budget) -> int:
         return self.state.failure_counts.get(kind, 0) - self.budget_base.get(kind, 0)
 
-    def skip_checkpoint(self, checkpoint_dir: str, reason: str, now: float) -> str | None:
-        """Stop restoring from a checkpoint that turned out unreadable; return the one before it."""
+    def skip_checkpoint(self, checkpoint_dir: str, reason: str, now: float, steps_lost: int | None = None) -> str | None:
+        """Stop restoring from a checkpoint that turned out unreadable, or lost with its nodes (`steps_lost`: what
+        going back costs); return the one before it."""
         self.state.skipped_checkpoints.append(SkippedCheckpoint(checkpoint_dir=checkpoint_dir, reason=reason,
-                                                                time=now))
+                                                                time=now, steps_lost=steps_lost))
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir != checkpoint_dir]
         latest = max(self.state.checkpoints, key=lambda c: c.seq, default=None)
         self.state.latest_checkpoint = latest.checkpoint_dir if latest else None
@@ -216,14 +217,18 @@ class RunBook:
         self.state.latest_checkpoint = manifest.checkpoint_dir
         self._save(manifest.committed_at)
 
-    def note_memory(self, checkpoint_dir: str, nodes: list[str], committed_at: float | None) -> None:
-        """Where a committed checkpoint's copies in memory are now (a change is saved, nothing else is)."""
+    def note_memory(self, checkpoint_dir: str, by_rank: dict[int, list[str]], committed_at: float | None) -> None:
+        """Where a committed checkpoint's copies in memory are now, rank by rank (a change is saved, nothing else
+        is)."""
+        by_rank = {r: sorted(set(ns)) for r, ns in sorted(by_rank.items())}
+        nodes = sorted({n for ns in by_rank.values() for n in ns})
         for i, r in enumerate(self.state.checkpoints):
             if r.checkpoint_dir != checkpoint_dir:
                 continue
             at = r.memory_at if r.memory_at is not None else committed_at
-            if r.memory != nodes or r.memory_at != at:
-                self.state.checkpoints[i] = msgspec.structs.replace(r, memory=nodes, memory_at=at)
+            if r.memory != nodes or r.memory_ranks != by_rank or r.memory_at != at:
+                self.state.checkpoints[i] = msgspec.structs.replace(r, memory=nodes, memory_ranks=by_rank,
+                                                                    memory_at=at)
                 self._save()
             return
 
@@ -252,4 +257,5 @@ def record_of(manifest: Manifest, seq: int) -> CheckpointRecord:
     return CheckpointRecord(
         checkpoint_dir=manifest.checkpoint_dir, seq=seq, attempt=manifest.attempt,
         report_index=manifest.report_index, committed_at=manifest.committed_at, metrics=manifest.metrics,
-        memory=list(manifest.memory), memory_at=manifest.memory_at, durable=manifest.durable)
+        memory=list(manifest.memory), memory_at=manifest.memory_at, durable=manifest.durable,
+        memory_ranks={r: list(ns) for r, ns in manifest.memory_ranks.items()})

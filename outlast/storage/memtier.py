@@ -245,8 +245,17 @@ class RestoreChoice:
     checkpoint_dir: str | None
     level: Level
     steps_lost: int  # reports between the newest committed checkpoint and the one restored
-    lost: tuple[str, ...]  # newer committed checkpoints whose every copy of some rank is gone
+    lost: tuple[str, ...]  # newer committed checkpoints whose every copy of some rank is gone, newest first
     reason: str
+    gone: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # each of `lost` -> its ranks held nowhere
+
+
+def ranks_held_nowhere(c: Candidate, holders: Mapping[tuple[str, int], Iterable[str]], alive: set[str]) -> list[int]:
+    """The ranks of `c` with no copy of their files on a live node: one is enough to make it unrestorable
+    (a durable checkpoint has storage's copy of every rank)."""
+    if c.level is Level.DURABLE:
+        return []
+    return [r for r in sorted(c.ranks_with_files) if not alive & set(holders.get((c.checkpoint_dir, r), ()))]
 
 
 def choose_restore(candidates: Iterable[Candidate], holders: Mapping[tuple[str, int], Iterable[str]],
@@ -258,27 +267,26 @@ def choose_restore(candidates: Iterable[Candidate], holders: Mapping[tuple[str, 
     alive = set(live)
     ordered = sorted(candidates, key=lambda c: c.seq, reverse=True)
     lost: list[str] = []
+    gone: dict[str, tuple[int, ...]] = {}
     for c in ordered:
-        if c.level is Level.DURABLE:
-            where = "storage"
-        elif c.level is Level.MEMORY:
-            gone = [r for r in sorted(c.ranks_with_files) if not alive & set(holders.get((c.checkpoint_dir, r), ()))]
-            if gone:
-                lost.append(c.checkpoint_dir)
-                continue
-            where = "memory"
-        else:
+        if c.level is Level.NONE:
             continue
+        missing = ranks_held_nowhere(c, holders, alive)
+        if missing:
+            lost.append(c.checkpoint_dir)
+            gone[c.checkpoint_dir] = tuple(missing)
+            continue
+        where = "storage" if c.level is Level.DURABLE else "memory"
         steps = ordered[0].step - c.step
         why = (f"{c.checkpoint_dir}, the newest committed checkpoint, from {where}" if not lost else
                f"{c.checkpoint_dir} from {where}: every copy of some rank's files of {', '.join(lost)} is gone "
                f"with its nodes, which costs {steps} steps")
-        return RestoreChoice(c.checkpoint_dir, c.level, steps, tuple(lost), why)
+        return RestoreChoice(c.checkpoint_dir, c.level, steps, tuple(lost), why, gone)
     steps = ordered[0].step if ordered else 0
     return RestoreChoice(None, Level.NONE, steps, tuple(lost),
                          "no committed checkpoint exists" if not lost else
                          f"every copy of {', '.join(lost)} is gone and none is durable: the run starts over, "
-                         f"which costs {steps} steps")
+                         f"which costs {steps} steps", gone)
 
 
 @dataclass(frozen=True)

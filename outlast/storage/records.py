@@ -80,6 +80,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     memory: list[str] = []
     memory_at: float | None = None
     durable: bool = True
+    memory_ranks: dict[int, list[str]] = {}  # rank -> the nodes that keep its files (additive: older have none)
 
     def __post_init__(self) -> None:
         paths.check_name("checkpoint", self.checkpoint_dir)  # a restore joins it to its directories
@@ -127,12 +128,18 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     memory: list[str] = []
     memory_at: float | None = None
     durable: bool = True
+    # rank -> the nodes that keep its files in memory: the checkpoint is restorable from memory while every rank
+    # has one that lives. Empty in records of older versions: then `memory` is all that is known.
+    memory_ranks: dict[int, list[str]] = {}
 
 
 class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_dir: str
     reason: str
     time: float
+    # Kept in memory only and lost with its nodes: the reports between it and the checkpoint restored instead,
+    # which the run trains again. None for a checkpoint skipped for another cause (unreadable, corrupt).
+    steps_lost: int | None = None
 
 
 class Note(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,7 +6,7 @@ regression seed can show that the simulator catches that bug (and that the fix h
 
 from __future__ import annotations
 
-from outlast.controller import core, handlers, horizons, lifecycle, memory_holds, nodes, runstate, storage_io
+from outlast.controller import core, handlers, horizons, lifecycle, memory_restore, nodes, runstate, storage_io
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
@@ -157,7 +157,7 @@ def reinject_tier(bug: str, monkeypatch) -> None:
             checkpoint_dir=mf.checkpoint_dir, seq=seq, attempt=mf.attempt, report_index=mf.report_index,
             committed_at=mf.committed_at, metrics=mf.metrics))
     elif bug == "pulled_copies_unrecorded":  # copies a node pulled for a restore were not counted as held
-        monkeypatch.setattr(memory_holds, "note_pulled", lambda c, checkpoint_dir, node: None)
+        monkeypatch.setattr(memory_restore, "note_pulled", lambda c, checkpoint_dir, node, rank: None)
     else:
         raise ValueError(bug)
 

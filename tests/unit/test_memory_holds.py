@@ -179,7 +179,7 @@ def test_memory_a_checkpoint_whose_every_holder_is_gone_is_skipped_for_the_one_b
     newest = h.core.book.state.checkpoints[-1]
     assert newest.checkpoint_dir == "checkpoint_001_000001" and newest.durable is False
     # Every node that holds it dies at once (the first checkpoint is kept, by hand, on a node that lives).
-    h.core.book.note_memory("checkpoint_001_000000", ["n9"], 1.0)
+    h.core.book.note_memory("checkpoint_001_000000", {0: ["n9"], 1: ["n9"]}, 1.0)
     table = [msgspec.structs.replace(n, state="dead" if n.node_id in newest.memory else n.state)
              for n in h.core.nodes.nodes.values()]
     table.append(msgspec.structs.replace(table[0], node_id="n9", state="alive", address="tcp://n9:1"))
@@ -193,6 +193,46 @@ def test_memory_a_checkpoint_whose_every_holder_is_gone_is_skipped_for_the_one_b
     assert [s.checkpoint_dir for s in skipped] == ["checkpoint_001_000001"]
     assert "kept in memory only" in skipped[0].reason and "the 1 reports between them" in skipped[0].reason
     assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+
+
+def test_memory_a_checkpoint_one_of_whose_ranks_lost_both_holders_is_skipped_though_another_ranks_node_lives():
+    # Rank 0's files on n1 (its node) and n2; rank 1's on n2 (its node) and n3. n2 and n3 die: rank 0's copy on n1
+    # lives, but no copy of rank 1's files does. The next attempt restores the checkpoint before, which n1 pulled.
+    h, placement = tiered(nodes=("n1", "n2", "n3", "n4"), checkpoint_storage="memory", max_failures=1)
+    assert placement == {0: "n1", 1: "n2"}
+    peer = {"n1": "n2", "n2": "n3"}
+    files = {0: [ENTRY, m.FileEntry("state_rank0.json", 1, "0" * 64)], 1: [m.FileEntry("state_rank1.json", 1, "1" * 64)]}
+    for index in (0, 3, 7):
+        for rank in (0, 1):
+            h.worker(m.Report(attempt=1, rank=rank, index=index, metrics={"step": index},
+                              checkpoint_dir=f"checkpoint_001_{index:06d}", files=files[rank],
+                              local_dir=f"/tmp/r{rank}"))
+        for a in asks(h):
+            h.step(stored(a, replica=peer[a.node_id]))
+        h.release()
+        for rank in (0, 1):  # the reports between checkpoints
+            for i in range(index + 1, index + (3 if index == 0 else 4 if index == 3 else 1)):
+                h.worker(m.Report(attempt=1, rank=rank, index=i, metrics={"step": i}))
+    first, middle, newest = h.core.book.state.checkpoints
+    assert newest.memory_ranks == {0: ["n1", "n2"], 1: ["n2", "n3"]}
+    h.core.book.note_memory(first.checkpoint_dir, {0: ["n1", "n2"], 1: ["n2", "n3", "n1"]}, None)  # n1 pulled it
+    table = [msgspec.structs.replace(n, state="dead" if n.node_id in ("n2", "n3") else n.state)
+             for n in h.core.nodes.nodes.values()]
+    h.core.nodes.set_table(table)
+    h.agent("n1", h.exited(0, "n1", code=1))
+    h.agent("n2", h.exited(1, "n2", code=1))
+    for _ in range(5):
+        h.release()
+        h.step(dt=0.5)
+    assert h.core.attempt.number == 2 and h.core.attempt.restore == first.checkpoint_dir
+    assert h.core.book.state.attempts[-1].restored_from == first.checkpoint_dir
+    skipped = h.core.book.state.skipped_checkpoints
+    assert [s.checkpoint_dir for s in skipped] == [newest.checkpoint_dir, middle.checkpoint_dir]
+    # Named: rank 1 and its file, not rank 0, whose node lives; each says what going back to the first costs.
+    assert all("rank 1's files (state_rank1.json) were on n2, n3" in s.reason and "rank 0" not in s.reason
+               for s in skipped), skipped
+    assert [s.steps_lost for s in skipped] == [7, 3]
+    assert "costs the 7 reports between them" in skipped[0].reason
 
 
 def test_memory_a_new_attempt_starts_its_ranks_once_their_nodes_have_pulled_the_files_they_lack():
@@ -215,8 +255,10 @@ def test_memory_a_new_attempt_starts_its_ranks_once_their_nodes_have_pulled_the_
         h.release()
         h.step(dt=0.5)
     pulls = asks(h, m.TierPull)
+    # Each asks the one live node that holds the rank's files it lacks: n1 rank 1's replica on n3, n3 rank 0's on n1.
     assert sorted((a.node_id, a.msg.rank, a.msg.from_address) for a in pulls) == [
-        ("n1", 0, "tcp://n3:9"), ("n1", 1, "tcp://n3:9"), ("n3", 0, "tcp://n1:9"), ("n3", 1, "tcp://n1:9")]
+        ("n1", 1, "tcp://n3:9"), ("n3", 0, "tcp://n1:9")]
+    assert h.core.book.state.checkpoints[-1].memory_ranks == {0: ["n1", "n2"], 1: ["n2", "n3"]}
     assert len([e for e in h.effects if type(e).__name__ == "Spawn"]) == spawns_before  # not yet
     for a in pulls:
         h.step(stored(a))
@@ -278,11 +320,11 @@ def test_storage_a_new_attempt_pulls_from_the_peers_memory_first_and_notes_a_cor
         h.step(dt=0.5)
     pulls = asks(h, m.TierPull)
     # Storage holds it too, but a peer's RAM comes first.
-    assert sorted((a.node_id, a.msg.rank) for a in pulls) == [("n1", 0), ("n1", 1), ("n3", 0), ("n3", 1)]
+    assert sorted((a.node_id, a.msg.rank) for a in pulls) == [("n1", 1), ("n3", 0)]
     for a in pulls:
         reply = m.TierStored(run=a.msg.run, checkpoint_dir=DIR, rank=a.msg.rank, node_id=a.node_id, ok=True,
-                             skipped="the copy of rank 0 in memory on n1 was skipped: bad" if a.node_id == "n1"
-                             and a.msg.rank == 0 else "")
+                             skipped="the copy of rank 0 in memory on n1 was skipped: bad" if a.node_id == "n3"
+                             else "")
         h.step(fx.TierAnswered(a.id, reply=reply))
     assert sorted(h.spawned().values()) == ["n1", "n3"]
     assert any("the copy of rank 0 in memory on n1 was skipped: bad" in n.text for n in h.core.book.state.notes)

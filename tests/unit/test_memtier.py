@@ -146,3 +146,12 @@ def test_a_rank_reads_its_own_node_first_then_peers_then_storage():
                                                   (SourceKind.PEER_MEMORY, "n3"), (SourceKind.STORAGE, "")]
     assert [s.kind for s in sources("n9", [], durable=False)] == []
 
+
+
+def test_a_memory_checkpoint_with_one_rank_held_nowhere_is_lost_however_many_nodes_hold_the_others():
+    cands = [Candidate("c1", 1, 10, Level.MEMORY, frozenset({0, 1})), Candidate("c2", 2, 20, Level.MEMORY,
+                                                                              frozenset({0, 1}))]
+    holders = {("c1", 0): ["n1"], ("c1", 1): ["n1"], ("c2", 0): ["n1", "n2"], ("c2", 1): ["n2", "n3"]}
+    choice = choose_restore(cands, holders, live=["n1", "n4"])
+    assert choice.checkpoint_dir == "c1" and choice.lost == ("c2",) and choice.gone == {"c2": (1,)}
+    assert choice.steps_lost == 10
