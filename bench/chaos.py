@@ -5,7 +5,7 @@
 A head and three member agents, each member in a network namespace of its own
 (`tests/integration/netns.py`), all with resource isolation in a cgroup made for the run
 (`bench/chaos_cgroups.py`); an S3 server process (moto) the harness kills and starts again with
-its data, or slows (`bench/chaos_store.py`); a deterministic 2-rank DDP job (`bench/chaos_job.py`) driven by a driver
+its data, or slows (`bench/chaos_store.py`); a deterministic DDP job of `--workers` ranks, 2 by default (`bench/chaos_job.py`), driven by a driver
 process the harness can kill and relaunch (`bench/chaos_driver.py`). It first trains without
 faults, then trains again injecting the faults `bench/chaos_plan.schedule(seed, n)` draws, one
 at a time, each once the run is seen training again. It prints one JSON document: the fault log,

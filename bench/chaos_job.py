@@ -1,7 +1,8 @@
 """The chaos harness's training job: deterministic DDP, importable by the workers.
 
 Training is a pure function of (restored state, step), so the weights a run ends with do not
-depend on how often it was interrupted. The harness steers the job through files in
+depend on how often it was interrupted. At any number of ranks: `prepare_model` lays DDP's gradient buckets out
+before the first step, so that every process group reduces in the same order (docs/guide/failures.md, "Bit for bit"). The harness steers the job through files in
 `config["orders"]`, never through its arguments (those must not change between the run with
 faults and the run without):
 - `pace`: seconds to sleep after each step while faults are being injected (absent: none);

@@ -235,6 +235,31 @@ def data_loader_loop(config: dict) -> None:
     log_event(config, event="samples", seen=seen, device=str(get_device()), wrapped=type(model).__name__)
 
 
+def settled_model_loop(config: dict) -> None:
+    """What prepare_model's settling of DDP's buckets leaves behind: the model's own forward and hooks not run, its
+    buffers as they were, no gradient; then two steps train as usual (with `config["ddp"]` passed to DDP)."""
+    import torch
+
+    from outlast.train.torch import prepare_model
+
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+    calls = []
+    inner.register_forward_hook(lambda *args: calls.append(1))
+    buffers = {k: v.clone() for k, v in inner.state_dict().items() if "running" in k}
+    model = prepare_model(inner, parallel_strategy_kwargs=config.get("ddp"))
+    seen = {"forward_calls": len(calls), "grads": [p.grad is not None for p in model.parameters()],
+            "buffers_unchanged": all(torch.equal(inner.state_dict()[k], v) for k, v in buffers.items())}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        loss = model(torch.randn(6, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    seen["forward_calls_after_two_steps"] = len(calls)
+    log_event(config, event="settled", **seen)
+
+
 def preemptible_loop(config: dict) -> None:
     """Asks get_preemption_info() every step; on a notice, saves one just-in-time checkpoint and goes on.
     `every`: rank 0 also checkpoints every that many steps."""

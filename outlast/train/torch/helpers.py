@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from outlast.train._session import get_session
+from outlast.train.torch.ddp_layout import can_settle, settle_buckets
 from outlast.trace import mark
 
 
@@ -65,7 +66,15 @@ backward = _deprecated_amp("backward")
 
 def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | None = "ddp",
                   parallel_strategy_kwargs: dict[str, Any] | None = None):
-    """Move `model` to this worker's device and wrap it in DistributedDataParallel."""
+    """Move `model` to this worker's device and wrap it in DistributedDataParallel.
+
+    The buckets are laid out once, before the first step, in an order that depends only on the model
+    (`ddp_layout.settle_buckets`): every step reduces its gradients in the same order in every process group, so a
+    run restored from a checkpoint takes, bit for bit, the steps the run without the restart took, at any number of
+    ranks. Not with `static_graph`, `mixed_precision`, `delay_all_reduce_named_params` or sparse embeddings in
+    `parallel_strategy_kwargs`/the model (see docs/guide/failures.md); `find_unused_parameters=True` keeps one
+    layout of its own.
+    """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -83,6 +92,8 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
         kwargs.setdefault("device_ids", [device])
     mark("worker.ddp_begin", rank=dist.get_rank())
     wrapped = DistributedDataParallel(model, **kwargs)
+    if can_settle(model, kwargs):
+        settle_buckets(wrapped)
     mark("worker.ddp", rank=dist.get_rank())
     return wrapped
 
