@@ -83,6 +83,10 @@ class WorkerSession:
     def hello(self, pid: int) -> None:
         self._send(self._core.hello(pid))
 
+    def set_up(self) -> None:
+        """The backend is set up: a failure before this was outlast's own set-up's."""
+        self._send(self._core.set_up())
+
     # -- reports and checkpoints ------------------------------------------------
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
