@@ -74,6 +74,12 @@ class WorkerSetupError(RuntimeError):
     no CUDA device is visible): the run fails at once instead of spending max_failures on identical tries."""
 
 
+class RendezvousError(RuntimeError):
+    """The ranks of an attempt could not meet in the process group outlast sets up for them (its store, gloo's
+    or NCCL's connections): a failure of outlast's own set-up, before the train function ran. It is retried on
+    a budget of its own and not charged to FailureConfig.max_failures (outlast/controller/setup_failures.py)."""
+
+
 class CollectiveTimeoutError(RuntimeError):
     """A barrier or broadcast waited longer than its timeout; names the ranks that never came."""
 

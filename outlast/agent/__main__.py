@@ -14,7 +14,7 @@ from outlast.agent.forkserver import ForkServer
 from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.agent.worker_user import resolve as resolve_worker_user
 from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
-from outlast.client.discovery import NodeFile, cluster_key_path, remove_node_file, write_node_file
+from outlast.client.discovery import NodeFile, cluster_key_path, pid_namespace, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
 from outlast.identity import this_process
 from outlast.isolation.config import add_arguments, config_from_args
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         urls = dict(item.split("=", 1) for item in args.metadata_url if "=" in item)
         agent.watch_cloud_notices([k for k in args.preemption_watchers.split(",") if k], urls)
     if args.node_file:
-        write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id, process=this_process()))
+        write_node_file(NodeFile(address=agent.address, pid=os.getpid(), node_id=node_id, process=this_process(),
+                                 pid_namespace=pid_namespace()))
     mark("agent.listening", address=agent.address)
     if args.ready_fd is not None:
         os.write(args.ready_fd, (agent.address + "\n").encode())

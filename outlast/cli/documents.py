@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from outlast.protocol import messages as m
+from outlast.storage.metric_values import stored
 from outlast.storage.records import RunState
 
 VERSION = 1
@@ -85,7 +86,8 @@ DOCUMENTS: dict[str, type] = {"status": StatusDocument, "runs": RunsDocument, "r
 
 
 def to_json(doc: msgspec.Struct) -> str:
-    return msgspec.json.format(msgspec.json.encode(doc), indent=2).decode()
+    # Metrics that are NaN or infinite go by name, as on storage (docs/json.md).
+    return msgspec.json.format(msgspec.json.encode(stored(msgspec.to_builtins(doc))), indent=2).decode()
 
 
 def schema(name: str) -> dict:

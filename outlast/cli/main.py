@@ -15,8 +15,8 @@ import zmq
 from outlast.agent.__main__ import add_cluster_arguments, add_metrics_arguments, metrics_args
 from outlast.cli.store_status import render_store
 from outlast.client.discovery import (
-    AgentUnavailable, cluster_key_path, find_running_agent, node_file_path, published_node, read_node_file, request,
-    start_agent_process, state_dir,
+    AgentUnavailable, cluster_key_path, elsewhere_message, find_running_agent, node_elsewhere, node_file_path,
+    published_node, read_node_file, request, start_agent_process, state_dir,
 )
 from outlast.cli.dashboard.command import add_parser as add_dashboard_parser
 from outlast.cli.drain import add_parser as add_drain_parser
@@ -220,6 +220,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if info is None:
         print("no outlast node is running on this machine", file=sys.stderr)
         return 1
+    if node_elsewhere() is not None:  # its pid is no process of ours: signal nothing, remove nothing
+        print(elsewhere_message(info, "stop"), file=sys.stderr)
+        return 1
     ours, why = still_running(info.process, info.pid)
     if not ours:  # the agent died without removing its file: its pid may be anyone's now
         node_file_path().unlink(missing_ok=True)
@@ -249,6 +252,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         address = find_running_agent(ctx)
         if address is None:
+            elsewhere = node_elsewhere()
+            if elsewhere is not None:
+                print(elsewhere_message(elsewhere), file=sys.stderr)
+                return 1
             print("no outlast node is running on this machine (start one with `outlast start`)")
             return 1
         reply = request(ctx, address, m.StatusRequest(), timeout_s=3.0)

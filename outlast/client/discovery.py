@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import subprocess
@@ -21,12 +22,48 @@ from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, VersionMismatch, tune, encode
 from outlast.statedir import state_dir
 
+log = logging.getLogger("outlast.client")
+
 
 class NodeFile(msgspec.Struct):
     address: str
     pid: int
     node_id: str
     process: ProcessIdentity | None = None  # to tell the agent from whoever has its pid later
+    # The agent's pid namespace ("pid:[4026531836]"): its pid means nothing in another one, such as
+    # outside the container it runs in. Empty: written by an older outlast.
+    pid_namespace: str = ""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace, as /proc names it ("pid:[INODE]"); empty where there is no /proc."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def node_elsewhere() -> NodeFile | None:
+    """The node `outlast start` published in $OUTLAST_HOME if it did so in another pid namespace: whether it
+    runs cannot be told from its pid here, only by asking it at its address."""
+    info = read_node_file()
+    return info if info is not None and _in_another_namespace(info) else None
+
+
+def _in_another_namespace(info: NodeFile) -> bool:
+    here = pid_namespace()
+    return bool(info.pid_namespace and here and info.pid_namespace != here)
+
+
+def elsewhere_message(info: NodeFile, command: str | None = "status") -> str:
+    """That the node `info` names was started in another pid namespace, and how `outlast COMMAND` reaches it."""
+    what = (f"the node {info.node_id} in {state_dir()} was started in another pid namespace "
+            f"({info.pid_namespace}; this process is in {pid_namespace()}), where its pid {info.pid} means nothing")
+    if command is None:
+        return what
+    ask = f"OUTLAST_ADDRESS={info.address.split('://', 1)[-1]} outlast status"
+    how = f"or ask it by its address: {ask}" if command == "status" else f"(`{ask}` asks it from here)"
+    return f"{what}: run `outlast {command}` inside it (e.g. in its container), {how}"
 
 
 class AgentUnavailable(RuntimeError):
@@ -113,9 +150,10 @@ NODE_ANSWER_S = 30.0  # how long a node that runs may take to answer; a starved 
 
 
 def published_node() -> NodeFile | None:
-    """The node `outlast start` published in $OUTLAST_HOME, if the process that published it still runs."""
+    """The node `outlast start` published in $OUTLAST_HOME, if the process that published it still runs
+    (in this pid namespace: `node_elsewhere` tells the other case)."""
     info = read_node_file()
-    if info is None:
+    if info is None or _in_another_namespace(info):
         return None
     return info if still_running(info.process, info.pid)[0] else None
 
@@ -180,6 +218,10 @@ def attach(ctx: zmq.Context, preload: list[str], extra_args: list[str] | None = 
                                    f"$OUTLAST_HOME/cluster.key and set OUTLAST_CLUSTER_KEY=FILE")
         access = ClusterAccess(head_of(ctx, address), key)
     else:
+        elsewhere = node_elsewhere()
+        if elsewhere is not None:
+            log.warning("%s; this driver starts a node of its own (OUTLAST_ADDRESS=%s makes it use that one)",
+                        elsewhere_message(elsewhere, None), elsewhere.address.split("://", 1)[-1])
         key = ClusterKey.generate()  # a private cluster of one node: nobody else gets in
         proc, address = start_agent_process(preload, embedded=True, extra_args=extra_args, env=key.env)
         access = ClusterAccess(address, key, proc)

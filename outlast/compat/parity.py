@@ -54,6 +54,16 @@ def _torch():
 
 _OUTLAST_URL = "give storage paths as URLs (s3://bucket/prefix, gs://...)"
 NOTES: dict[str, Note] = {
+    "report.metrics": Note(DIFFERS, "kept in the run's history on storage, as JSON keeps them (NaN and the infinities "
+                                    "included, docs/json.md): a value JSON would change (a set, bytes, an object) "
+                                    "raises TypeError at the report naming its key, where Ray keeps it in memory",
+                           lambda: importlib.import_module("outlast.train.metric_types").check_metrics({"classes": {"cat"}})),
+    "RunConfig.name": Note(DIFFERS, "one directory name, checked when the RunConfig is made: at most 242 bytes, "
+                                    "no '/' or control characters, not '.' or '..'",
+                           lambda: _train().RunConfig(name="two\nlines")),
+    "RunConfig.storage_path": Note(DIFFERS, "an empty string is refused (None is the default: $OUTLAST_STORAGE_PATH, "
+                                            "else ~/outlast_results)",
+                                   lambda: _train().RunConfig(storage_path="")),
     "report.checkpoint_dir_name": Note(DIFFERS, "the checkpoint is stored under the name given, as on Ray. A name the run "
                                                 "already holds (Ray writes the files over it), or that is not one "
                                                 "directory name, raises CheckpointNameError before anything is written; "

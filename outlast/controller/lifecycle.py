@@ -163,7 +163,7 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
     preemption = preemption or preempted_by_drain(c, a)
     settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports, c.wall()) \
         or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
-                          p.max_failures, p.max_preemption_failures, c.wall())
+                          p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
     if settled.retry:
         go(c, Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)

@@ -44,8 +44,14 @@ def _on_upload_done(c: "ControllerCore", a: AttemptState, msg: m.UploadDone) -> 
 
 def _on_hello(c: "ControllerCore", a: AttemptState, msg: m.WorkerHello) -> None:
     a.hello.add(msg.rank)
+    if msg.set_up:
+        a.set_up.add(msg.rank)
     if c.state.kind is State.SCHEDULING and len(a.hello) == c.plan.world_size:
         lifecycle.go(c, Event.WORKERS_STARTED, st.Running())
+
+
+def _on_set_up(c: "ControllerCore", a: AttemptState, msg: m.SetUp) -> None:
+    a.set_up.add(msg.rank)
 
 
 def _on_query(c: "ControllerCore", a: AttemptState, msg: m.PreemptionQuery) -> None:
@@ -172,7 +178,8 @@ def on_refused(c: "ControllerCore", attempt: int, rank: int, reason: str) -> Non
 
 
 WORKER_MESSAGES = {
-    m.Report: on_report, m.UploadDone: _on_upload_done, m.WorkerHello: _on_hello, m.CollectiveRequest: on_collective,
+    m.Report: on_report, m.UploadDone: _on_upload_done, m.WorkerHello: _on_hello, m.SetUp: _on_set_up,
+    m.CollectiveRequest: on_collective,
     m.PreemptionQuery: _on_query, m.Progress: _on_watch, m.StackDump: _on_watch, m.WorkerDone: _on_done,
     m.CheckpointsQuery: _on_checkpoints_query,
 }

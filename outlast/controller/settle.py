@@ -13,6 +13,7 @@ from outlast.controller.policy import FailureDecision, decide_on_failure, pick_r
 from outlast.controller.preemption import Preemption
 from outlast.controller.runstate import RunBook
 from outlast.controller.setup_errors import no_retry_can_mend
+from outlast.controller.setup_failures import judge_setup
 from outlast.protocol.kinds import Budget, FailureKind
 from outlast.storage.records import FailureRecord
 from outlast.errors import PreemptionError, TrainingFailedError
@@ -35,8 +36,10 @@ def restored_by(book: RunBook, attempt: int) -> str | None:
 
 def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], history: list[FailureRecord],
                    preemption: Preemption | None, max_failures: int, max_preemption_failures: int,
-                   wall: float) -> Settled:
-    """`failures` are this attempt's, `history` every earlier attempt's (extended here, root causes first)."""
+                   wall: float, started: frozenset[int] | set[int] = frozenset(),
+                   set_up: frozenset[int] | set[int] = frozenset()) -> Settled:
+    """`failures` are this attempt's, `history` every earlier attempt's (extended here, root causes first);
+    `started`: the ranks that said hello, `set_up`: those whose set-up was done (setup_failures.py)."""
     if preemption is not None:
         return _settle_preempted(book, attempt, failures, history, preemption, max_preemption_failures, wall)
     root = pick_root_cause(failures)
@@ -53,6 +56,14 @@ def settle_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], h
             log.warning("%s; restarting from %s instead (not counted against max_failures)", root.message,
                         fallback or "scratch")
         return Settled(retry=True)
+    setup = judge_setup(failures, set(started), set(set_up), book.failures_this_launch(Budget.SETUP))
+    if setup is not None and setup.budget is Budget.SETUP:
+        book.settle_failed_attempt(root, Budget.SETUP, wall)
+        book.note_once(f"attempt {attempt}: {root.describe()}; {setup.reason}", wall)
+        log.warning("%s; %s%s", root.describe(), setup.reason, also)
+        return Settled(retry=True)
+    if setup is not None:
+        log.warning("%s", setup.reason)
     decision = decide_on_failure(root, book.failures_this_launch(Budget.WORKER), max_failures)
     book.settle_failed_attempt(root, Budget.WORKER, wall)
     hopeless = no_retry_can_mend(root)

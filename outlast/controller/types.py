@@ -64,6 +64,7 @@ class AttemptState:
     number: int
     started_at: float
     hello: set[int] = field(default_factory=set)
+    set_up: set[int] = field(default_factory=set)  # ranks whose backend is set up (SetUp): their failures are their own
     exited: dict[int, m.WorkerExited] = field(default_factory=dict)
     failures: list[FailureRecord] = field(default_factory=list)
     done: set[int] = field(default_factory=set)

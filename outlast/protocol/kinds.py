@@ -35,3 +35,4 @@ class Budget(enum.StrEnum):
     PLACEMENT = "placement"  # a node refused the spawn: charged to nothing that ends the run
     CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # the restore fell back to an older checkpoint
     DRIVER = "driver"  # the driver died mid-attempt (counted, never limited)
+    SETUP = "setup"  # outlast's own set-up failed (the ranks could not meet): a small budget of its own

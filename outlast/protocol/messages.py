@@ -16,7 +16,7 @@ import msgspec
 
 from outlast.protocol import paths
 
-PROTOCOL_VERSION = 3  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery
+PROTOCOL_VERSION = 4  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -422,6 +422,15 @@ class WorkerHello(Msg):
     attempt: int
     rank: int
     pid: int
+    set_up: bool = False  # True: the rank has no set-up of outlast's to do (the simulator's ranks); else SetUp says
+
+
+class SetUp(Msg):
+    """The rank's set-up is done (its backend's process group met): what fails from now on is the train
+    function's; what failed before was outlast's own set-up (outlast/controller/setup_failures.py)."""
+
+    attempt: int
+    rank: int
 
 
 class Report(Msg):
@@ -792,7 +801,7 @@ AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, 
                    SpawnRefused, DrainRefused, NodeList, WorkerOutput, OutputLines]
 # What the head sends a member agent over the member's own connection.
 HeadToMember = Union[HeartbeatAck, NodeDraining]
-WorkerMessage = Union[WorkerHello, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress,
+WorkerMessage = Union[WorkerHello, SetUp, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress,
                       Progress, StackDump, CheckpointsQuery]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice,
                            DumpStacks, CheckpointsList]

@@ -89,7 +89,7 @@ class SimRank:
     # ---- running the generator ----------------------------------------------------------
 
     def start(self) -> None:
-        self._send(self.core.hello(0))
+        self._send(self.core.hello(0, set_up=True))  # a simulated rank has no process group to meet
         self.children = {self.sim.new_pid() for _ in range(self.loop.children)}
         self.sim.facts["children_started"] += len(self.children)
         self._gen = self._main()

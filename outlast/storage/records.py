@@ -14,6 +14,7 @@ import msgspec
 from outlast.protocol import paths
 from outlast.protocol.kinds import NODE_KINDS, FailureKind
 from outlast.protocol.messages import FileEntry
+from outlast.storage.metric_values import restored, stored
 
 MANIFEST_NAME = ".outlast-manifest.json"
 RUN_STATE_NAME = "run_state.json"
@@ -245,12 +246,35 @@ def _own_version() -> str:
 
 
 def encode(doc: msgspec.Struct) -> bytes:
-    return msgspec.json.format(msgspec.json.encode(doc), indent=2)
+    return msgspec.json.format(msgspec.json.encode(with_metrics(doc, stored)), indent=2)
 
 
 def encode_compact(doc: msgspec.Struct) -> bytes:
     """For documents rewritten often and read by programs alone (report segments)."""
-    return msgspec.json.encode(doc)
+    return msgspec.json.encode(with_metrics(doc, stored))
+
+
+def with_metrics(doc: Any, fn) -> Any:
+    """`doc` with `fn` applied to each of its metrics dicts (metric_values says why); `doc` itself when
+    nothing changed, as the controller's own state must stay as it is."""
+    if isinstance(doc, RunState):
+        last = fn(doc.last_metrics) if doc.last_metrics is not None else None
+        checkpoints = _each(doc.checkpoints, fn)
+        if last is doc.last_metrics and checkpoints is doc.checkpoints:
+            return doc
+        return msgspec.structs.replace(doc, last_metrics=last, checkpoints=checkpoints)
+    if isinstance(doc, ReportSegment):
+        reports = _each(doc.reports, fn)
+        return doc if reports is doc.reports else msgspec.structs.replace(doc, reports=reports)
+    if isinstance(doc, Manifest):
+        metrics = fn(doc.metrics)
+        return doc if metrics is doc.metrics else msgspec.structs.replace(doc, metrics=metrics)
+    return doc
+
+
+def _each(records: list, fn) -> list:
+    out = [r if (v := fn(r.metrics)) is r.metrics else msgspec.structs.replace(r, metrics=v) for r in records]
+    return records if all(a is b for a, b in zip(out, records)) else out
 
 
 class Versioned(msgspec.Struct):
@@ -268,7 +292,7 @@ def decode(data: bytes, kind: type, where: str) -> Any:
     if version > newest:
         raise NewerVersionError(where, version, newest)
     try:
-        return msgspec.json.decode(data, type=kind)
+        return with_metrics(msgspec.json.decode(data, type=kind), restored)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
 

@@ -33,6 +33,7 @@ from outlast.train.fetch_progress import reporting_fetch
 from outlast.train._uploads import Uploads, dir_bytes, local_files
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
 from outlast.train.context import TrainContext
+from outlast.train.metric_types import check_metrics
 from outlast.train.preemption import PreemptionInfo
 from outlast.train.session_core import SessionCore, Step
 from outlast.errors import NotInWorkerError
@@ -82,6 +83,10 @@ class WorkerSession:
     def hello(self, pid: int) -> None:
         self._send(self._core.hello(pid))
 
+    def set_up(self) -> None:
+        """The backend is set up: a failure before this was outlast's own set-up's."""
+        self._send(self._core.set_up())
+
     # -- reports and checkpoints ------------------------------------------------
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
@@ -90,8 +95,7 @@ class WorkerSession:
                write: Callable[[Path], None] | None = None) -> None:
         """`write(dir)`: a staged save; the files are written into a directory of outlast's,
         off the training thread, then uploaded (ASYNC)."""
-        if not isinstance(metrics, dict):
-            raise TypeError(f"report(metrics=...) takes a dict, got {type(metrics).__name__}")
+        check_metrics(metrics)
         name = naming.check_name(dir_name) if dir_name is not None else None
         upload_mode = CheckpointUploadMode(upload_mode)
         if name is not None and not self._memory_only and (checkpoint is not None or write is not None):

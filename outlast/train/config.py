@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +165,7 @@ class CheckpointConfig:
 
 
 WORKER_OUTPUT_MODES = ("prefixed", "plain", "off")
+DEFAULT_STORAGE = "~/outlast_results"
 CHECKPOINT_STORAGE = ("storage", "memory")
 
 
@@ -200,17 +202,46 @@ class RunConfig:
             self.checkpoint_config = CheckpointConfig()
         _check_config("RunConfig.failure_config", self.failure_config, FailureConfig)
         _check_config("RunConfig.checkpoint_config", self.checkpoint_config, CheckpointConfig)
-        # "." and ".." would put the run's files in storage_path itself or above it.
-        if self.name is not None and (not isinstance(self.name, str) or self.name in ("", ".", "..")
-                                      or "/" in self.name or "\0" in self.name):
-            raise ValueError(f"RunConfig.name must be a non-empty string without '/', other than '.' and '..', "
-                             f"got {self.name!r}")
+        if self.name is not None:
+            check_run_name(self.name)
         check_runtime_env(self.worker_runtime_env)
         if self.worker_output not in WORKER_OUTPUT_MODES:
             raise ValueError(f"RunConfig.worker_output must be one of {', '.join(map(repr, WORKER_OUTPUT_MODES))}, "
                              f"got {self.worker_output!r}")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise ValueError(f"RunConfig.storage_path must be a path or a URL string, got {self.storage_path!r}")
+        if self.storage_path is not None and not os.fspath(self.storage_path).strip():
+            # An empty path is not "the default": it is more likely a variable that was never set.
+            raise ValueError(f"RunConfig.storage_path is {os.fspath(self.storage_path)!r}, which names no directory: "
+                             f"give a directory or a URL (s3://bucket/prefix), or leave it None for "
+                             f"$OUTLAST_STORAGE_PATH, else {DEFAULT_STORAGE}")
+
+
+# The run is a directory named after it, and each node keeps its ranks' output in a directory
+# "{name}-{run id}" (13 characters more): both must fit in one file name, 255 bytes on Linux's file systems.
+NAME_MAX = 255
+MAX_NAME_BYTES = NAME_MAX - 13
+
+
+def check_run_name(name: object) -> None:
+    """A run's name is one file name: raise ValueError saying what is wrong with it, and what a name may be."""
+    allowed = (f"a name is one directory name of at most {MAX_NAME_BYTES} bytes (UTF-8), other than '.' and '..', "
+               "without '/' or control characters (newline, tab, NUL, ...)")
+    if not isinstance(name, str):
+        raise ValueError(f"RunConfig(name=...) must be a string or None (a name made from the time), "
+                         f"got {type(name).__name__}: {allowed}")
+    if name in ("", ".", ".."):
+        # "." and ".." would put the run's files in storage_path itself or above it.
+        why = "is empty (None, the default, names the run after the time)" if not name else f"is {name!r}"
+        raise ValueError(f"RunConfig(name=...) {why}: {allowed}")
+    if "/" in name:
+        raise ValueError(f"RunConfig(name={name!r}) has a '/': {allowed}")
+    bad = next((c for c in name if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"RunConfig(name={name!r}) has the control character {bad!r}: {allowed}")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"RunConfig(name=...) is {size} bytes long ({name[:40]!r}...): {allowed}")
 
 
 def worker_range(sc: ScalingConfig) -> tuple[int, int]:

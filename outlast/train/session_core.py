@@ -88,8 +88,11 @@ class SessionCore:
     def waiting_for(self) -> str | None:
         return self._waiting.what if self._waiting is not None else None
 
-    def hello(self, pid: int) -> m.WorkerHello:
-        return m.WorkerHello(attempt=self.attempt, rank=self.rank, pid=pid)
+    def hello(self, pid: int, set_up: bool = False) -> m.WorkerHello:
+        return m.WorkerHello(attempt=self.attempt, rank=self.rank, pid=pid, set_up=set_up)
+
+    def set_up(self) -> m.SetUp:
+        return m.SetUp(attempt=self.attempt, rank=self.rank)
 
     # -- messages in --------------------------------------------------------------
 

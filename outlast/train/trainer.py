@@ -33,7 +33,7 @@ from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.backend import Backend, WithDatasets
 from outlast.client.embedded import EmbeddedNode
-from outlast.train.config import RunConfig, ScalingConfig, worker_range
+from outlast.train.config import DEFAULT_STORAGE, RunConfig, ScalingConfig, worker_range
 from outlast.train.data import DataConfig, to_source
 from outlast.errors import TrainingFailedError, classify
 from outlast.train.result import Result, build_result
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
     from outlast.isolation.config import IsolationConfig
 
 log = logging.getLogger("outlast.train")
-
-DEFAULT_STORAGE = "~/outlast_results"
-
 
 class DataParallelTrainer:
     """Runs `train_loop_per_worker` on `scaling_config.num_workers` workers, restarting on failure."""

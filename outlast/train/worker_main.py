@@ -143,6 +143,7 @@ def run(req: m.ForkWorker) -> int:
         mark("worker.hello", attempt=req.attempt, rank=spec.rank)
         watch.start(req.attempt, spec.rank, req.controller_address, session.progress)  # progress; stacks on a hang
         backend.on_start(context)
+        session.set_up()
         mark("worker.rendezvous", attempt=req.attempt, rank=spec.rank)
         phase = "train"
         returned = _call_train_fn(payload.train_fn, payload.train_loop_config)

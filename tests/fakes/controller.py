@@ -119,10 +119,11 @@ def make(storage=None, nodes=("n1", "n2", "n3"), **plan_kw) -> Harness:
 
 
 def start(h: Harness) -> dict[int, str]:
-    """Every rank of the current attempt says hello; returns where each runs."""
+    """Every rank of the current attempt says hello and is set up; returns where each runs."""
     placement = h.spawned()
     for rank in placement:
         h.worker(m.WorkerHello(attempt=h.core.attempt.number, rank=rank, pid=100 + rank))
+        h.worker(m.SetUp(attempt=h.core.attempt.number, rank=rank))
     return placement
 
 

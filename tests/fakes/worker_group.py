@@ -70,6 +70,7 @@ class FakeWorkerGroup:
         a = spawn.attempt
         for w in spawn.workers:
             group.inbox.append(g.FromWorker(m.WorkerHello(attempt=a, rank=w.rank, pid=w.rank)))
+            group.inbox.append(g.FromWorker(m.SetUp(attempt=a, rank=w.rank)))
         for i in range(group.reports):
             for w in spawn.workers:
                 group.inbox.append(g.FromWorker(m.Report(attempt=a, rank=w.rank, index=i, metrics={"step": i})))
@@ -83,3 +84,4 @@ class FakeWorkerGroup:
     def stay_running(group: "FakeWorkerGroup", spawn: m.SpawnWorkers, node_id: str) -> None:
         for w in spawn.workers:
             group.inbox.append(g.FromWorker(m.WorkerHello(attempt=spawn.attempt, rank=w.rank, pid=w.rank)))
+            group.inbox.append(g.FromWorker(m.SetUp(attempt=spawn.attempt, rank=w.rank)))

@@ -43,10 +43,10 @@ def _run(cluster_dir: Path, storage_path: str, workers: int, per_worker: dict) -
     out.mkdir()
     TorchTrainer(record_env, train_loop_config={"out": str(out)},
                  scaling_config=ScalingConfig(num_workers=workers, resources_per_worker=per_worker),
-                 # One restart for a gloo set-up that failed ("connectFullMesh ... Connection closed by peer", seen
-                 # twice in whole-suite runs, not yet explained): what is asserted is each attempt's environment.
+                 # A gloo set-up that fails ("connectFullMesh ... Connection closed by peer", seen twice in
+                 # whole-suite runs) is retried on the set-up budget, not max_failures (setup_failures.py).
                  run_config=RunConfig(name=f"run-{workers}-{per_worker['GPU']}", storage_path=storage_path,
-                                      failure_config=FailureConfig(max_failures=1))).fit()
+                                      failure_config=FailureConfig(max_failures=0))).fit()
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
 
 

@@ -76,3 +76,40 @@ def test_a_node_killed_with_its_pid_namespace_starts_again_in_a_new_one(tmp_path
     finally:
         first.kill()
         first.wait()
+
+
+def _outlast(home, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "outlast.cli.main", *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OUTLAST_HOME": str(home), **(env or {})})
+
+
+def test_status_outside_the_nodes_pid_namespace_says_where_it_runs_and_how_to_ask_it(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with open(tmp_path / "node.log", "wb") as log:
+        node = _start_in_namespace(home, log)
+    try:
+        wait_until(lambda: _answers(home) or node.poll() is not None, 120, "the agent in its namespace to answer")
+        assert node.poll() is None, (tmp_path / "node.log").read_text()
+        info = _node_file(home)
+        status = _outlast(home, "status")
+        assert "no outlast node is running" not in status.stdout + status.stderr
+        assert status.returncode == 1
+        inside = info["pid_namespace"]
+        assert inside.startswith("pid:[") and inside != os.readlink("/proc/self/ns/pid")
+        address = info["address"].split("://", 1)[1]
+        assert (f"the node box-1 in {home} was started in another pid namespace ({inside}" in status.stderr
+                and "run `outlast status` inside it" in status.stderr
+                and f"ask it by its address: OUTLAST_ADDRESS={address} outlast status" in status.stderr), status.stderr
+
+        # The way it names answers from here.
+        asked = _outlast(home, "status", env={"OUTLAST_ADDRESS": address})
+        assert asked.returncode == 0 and "node box-1" in asked.stdout, asked.stdout + asked.stderr
+
+        # `outlast stop` out here signals nothing and leaves the node's file to it.
+        stop = _outlast(home, "stop")
+        assert stop.returncode == 1 and "run `outlast stop` inside it" in stop.stderr, stop.stderr
+        assert _node_file(home) == info and _answers(home)
+    finally:
+        node.kill()  # unshare --kill-child: the namespace, and the node in it, go with it
+        node.wait()

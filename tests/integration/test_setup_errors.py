@@ -63,3 +63,27 @@ def test_use_gpu_on_a_node_without_cuda_fails_at_once_naming_the_node(storage_pa
                                               failure_config=FailureConfig(max_failures=-1))).fit()  # -1: forever
     assert "WorkerSetupError" in str(info.value) and "gpu-node sees no CUDA device" in str(info.value)
     assert len(_state(storage_path)["attempts"]) == 1
+
+
+@pytest.mark.torch
+def test_a_rank_killed_in_the_rendezvous_is_retried_on_the_setup_budget_and_not_charged(
+        storage_path, tmp_path, monkeypatch):
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.jobs import ddp_loop
+
+    # Rank 1 is SIGKILLed as it sets out to meet rank 0, in the first attempt only; rank 0, left waiting in the
+    # store for a rank that never comes, is ended by the teardown. Nothing of the user's has run.
+    monkeypatch.setenv("OUTLAST_FAULT_POINTS", "rendezvous.rank1=kill")
+    result = TorchTrainer(ddp_loop, train_loop_config={"steps": 4, "events": str(tmp_path / "events.jsonl")},
+                          scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="run", storage_path=storage_path,
+                                               failure_config=FailureConfig(max_failures=0))).fit()
+
+    assert result.metrics is None and result.last_metrics["step"] == 3
+    state = _state(storage_path)
+    assert state["status"] == "finished" and len(state["attempts"]) == 2
+    assert state["failure_counts"] == {"setup": 1}  # max_failures=0 and nothing charged to it
+    first = state["attempts"][0]
+    assert first["outcome"] == "failed" and first["failures"][0]["rank"] == 1 and first["failures"][0]["signal"] == 9
+    (note,) = [n["text"] for n in state["notes"] if "set-up" in n["text"]]
+    assert note.startswith("attempt 1: rank 1") and "set-up failure 1 of 3, not counted against max_failures" in note

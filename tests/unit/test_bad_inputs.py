@@ -68,11 +68,12 @@ def _read_only_dir(tmp: Path) -> str:
 
 CATALOGUE = [
     # (id, input as a function of a temporary directory, error type, what the message must say)
-    ("run name ..", lambda t: RunConfig(name=".."), ValueError, r"RunConfig\.name .* other than '\.' and '\.\.'"),
-    ("run name .", lambda t: RunConfig(name="."), ValueError, r"RunConfig\.name"),
-    ("run name with /", lambda t: RunConfig(name="a/b"), ValueError, r"RunConfig\.name must be .* without '/'"),
-    ("run name empty", lambda t: RunConfig(name=""), ValueError, r"RunConfig\.name"),
-    ("run name with NUL", lambda t: RunConfig(name="a\0b"), ValueError, r"RunConfig\.name"),
+    ("run name ..", lambda t: RunConfig(name=".."), ValueError, r"RunConfig\(name=\.\.\.\) is '\.\.': .* other than '\.' and '\.\.'"),
+    ("run name .", lambda t: RunConfig(name="."), ValueError, r"RunConfig\(name=\.\.\.\) is '\.'"),
+    ("run name with /", lambda t: RunConfig(name="a/b"), ValueError, r"RunConfig\(name='a/b'\) has a '/': .* without '/'"),
+    ("run name empty", lambda t: RunConfig(name=""), ValueError, r"RunConfig\(name=\.\.\.\) is empty"),
+    ("run name with NUL", lambda t: RunConfig(name="a\0b"), ValueError,
+     r"RunConfig\(name=.*\) has the control character '\\x00'"),
     ("storage_path a number", lambda t: RunConfig(storage_path=3), ValueError, r"RunConfig\.storage_path"),
     ("failure_config a dict", lambda t: RunConfig(failure_config={"max_failures": 3}), TypeError,
      r"RunConfig\.failure_config must be a FailureConfig, got a dict: write "

@@ -71,7 +71,7 @@ def test_min_score_order_is_accepted():
 
 @pytest.mark.parametrize("name", ["", "a/b", 3])
 def test_an_invalid_run_name_raises_naming_the_field(name):
-    with pytest.raises(ValueError, match=r"RunConfig\.name must be a non-empty string without '/'"):
+    with pytest.raises(ValueError, match=r"RunConfig\(name=.*a name is one directory name .* without '/'"):
         RunConfig(name=name)
 
 

@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from outlast.cli.dashboard.sources import Sources, Unavailable
+from outlast.storage.metric_values import stored
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_COOKIE = "outlast_dashboard_token"
@@ -40,6 +41,14 @@ def _page(kind: str, title: str, **data: str) -> HTMLResponse:
     attrs = " ".join(f'data-{k}="{html.escape(v)}"' for k, v in data.items())
     return HTMLResponse(shell.replace("{title}", html.escape(title)).replace("{page}", kind)
                         .replace("{attrs}", attrs))
+
+
+class Document(JSONResponse):
+    """An API answer: a metric that is NaN or infinite goes by name, as on storage (docs/json.md), since
+    JSON has no such numbers and the browser's parser refuses them."""
+
+    def render(self, content: Any) -> bytes:
+        return super().render(stored(content))
 
 
 def error_page(status: int, message: str, json: bool) -> Response:
@@ -92,16 +101,16 @@ def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
                 out.append({"index": i, "path": path, "runs": sources.runs(i)})
             except Unavailable as e:
                 out.append({"index": i, "path": path, "error": str(e)})
-        return JSONResponse({"paths": out})
+        return Document({"paths": out})
 
     def api_cluster(request: Request) -> Response:
-        return JSONResponse(sources.cluster())
+        return Document(sources.cluster())
 
     def api_run(request: Request) -> Response:
-        return JSONResponse(sources.run(_index(request), request.path_params["name"]))
+        return Document(sources.run(_index(request), request.path_params["name"]))
 
     def api_checkpoint(request: Request) -> Response:
-        return JSONResponse(sources.checkpoint(_index(request), request.path_params["name"],
+        return Document(sources.checkpoint(_index(request), request.path_params["name"],
                                                request.path_params["checkpoint"],
                                                check=request.query_params.get("check") == "1"))
 
@@ -109,7 +118,7 @@ def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
         lines = _int(request, "lines", 200)
         if not 1 <= lines <= 100_000:
             raise Unavailable(f"lines must be between 1 and 100000, got {lines}", status=400)
-        return JSONResponse(sources.logs(_index(request), request.path_params["name"],
+        return Document(sources.logs(_index(request), request.path_params["name"],
                                          request.path_params["rank"], _int(request, "attempt", None), lines))
 
     async def unavailable(request: Request, exc: Exception) -> Response:

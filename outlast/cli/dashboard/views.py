@@ -31,9 +31,10 @@ def failure_view(f: FailureRecord) -> dict[str, Any]:
 
 
 def _number(v: Any) -> float | None:
+    """A number to draw, NaN and infinities included: a diverging loss must show (app.py sends them by name)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(v) if math.isfinite(v) else None
+    return float(v)
 
 
 def series(state: RunState, reports: dict[int, list[ReportEntry]]) -> dict[str, Any]:
@@ -53,6 +54,7 @@ def series(state: RunState, reports: dict[int, list[ReportEntry]]) -> dict[str, 
         for r in reports.get(a.attempt, []):
             position[(a.attempt, r.index)] = base + r.index
             own = _number(r.metrics.get("step"))
+            own = own if own is not None and math.isfinite(own) else None
             i = len(out["time"])
             out["time"].append(r.time)
             out["step"].append(own if own is not None else base + r.index)

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
 from outlast.agent.gpus import own_device_indices
 from outlast.client.preload import TORCH_MODULES
-from outlast.errors import WorkerSetupError
+from outlast.errors import RendezvousError, WorkerSetupError
+from outlast.faults import fault_point
 from outlast.train.backend import Backend
 from outlast.train.context import TrainContext
 
@@ -36,7 +38,6 @@ class TorchBackend(Backend):
 
     def on_start(self, context: TrainContext) -> None:
         import torch
-        import torch.distributed as dist
 
         backend = self.config.backend or ("nccl" if self.use_gpu else "gloo")
         if self.use_gpu:
@@ -47,33 +48,48 @@ class TorchBackend(Backend):
                                        "a CUDA build of torch there, or start the node without --num-gpus")
             torch.cuda.set_device(own_device_indices(os.environ, context.local_rank, torch.cuda.device_count())[0])
         timeout = timedelta(seconds=self.config.timeout_s)
-        store = None
-        if "MASTER_PORT" not in os.environ:
-            # Rank 0's store listens on a port of its choosing before any rank learns the port, which
-            # every rank hears from rank 0. A rank that reached for the store before it listened would
-            # wait out torch's connect backoff (a third of a second here), and a port found free, closed
-            # and bound again later could be someone else's by then.
-            from outlast.train import collective
-
-            if context.world_rank == 0:
-                store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), 0, context.world_size,
-                                      is_master=True, timeout=timeout, wait_for_workers=False)
-            os.environ["MASTER_PORT"] = str(collective.broadcast_from_rank_zero(
-                store.port if store is not None else None))
-            if store is None:
-                store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), context.world_size,
-                                      is_master=False, timeout=timeout)
         # gloo otherwise binds to what the hostname resolves to, often 127.0.x.1, which ranks on
         # other nodes cannot reach: bind to the interface this node reaches rank 0's node through.
         if "GLOO_SOCKET_IFNAME" not in os.environ and (iface := interface_toward(os.environ.get("MASTER_ADDR"))):
             os.environ["GLOO_SOCKET_IFNAME"] = iface
-        if store is not None:
-            dist.init_process_group(backend=backend, store=store, rank=context.world_rank,
+        try:
+            fault_point(f"rendezvous.rank{context.world_rank}")
+            self._meet(backend, context, timeout)
+        except Exception as e:
+            raise RendezvousError(f"rank {context.world_rank} of attempt {context.attempt} could not meet the other "
+                                  f"ranks in torch.distributed ({backend}): {type(e).__name__}: {e}") from e
+
+    def _meet(self, backend: str, context: TrainContext, timeout: timedelta) -> None:
+        import torch.distributed as dist
+
+        if "MASTER_PORT" in os.environ:  # the user's own rendezvous
+            init = "env://" if self.config.init_method == "env" else \
+                f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            dist.init_process_group(backend=backend, init_method=init, rank=context.world_rank,
                                     world_size=context.world_size, timeout=timeout)
             return
-        init = "env://" if self.config.init_method == "env" else \
-            f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        dist.init_process_group(backend=backend, init_method=init, rank=context.world_rank,
+        # Rank 0's store listens on a port of its choosing before any rank learns the port, which every rank
+        # hears from rank 0. A rank that reached for the store before it listened would wait out torch's
+        # connect backoff, and a port found free, closed and bound again later could be someone else's by then.
+        #
+        # Every key goes under a name rank 0 draws for this attempt. A store port is the kernel's choice and
+        # comes round again: a rank of an earlier attempt or of another run that still retries its own store's
+        # port (torch retries for the whole timeout) may reach this store, and under torch's fixed key names
+        # its gloo address would stand for one of ours, which it then closes ("Connection closed by peer" in
+        # connectFullMesh). Under a name of its own, what a stranger writes is never read.
+        from outlast.train import collective
+
+        store = None
+        if context.world_rank == 0:
+            store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), 0, context.world_size,
+                                  is_master=True, timeout=timeout, wait_for_workers=False)
+        port, name = collective.broadcast_from_rank_zero(
+            (store.port, f"outlast-{secrets.token_hex(8)}") if store is not None else None)
+        os.environ["MASTER_PORT"] = str(port)
+        if store is None:
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], port, context.world_size, is_master=False,
+                                  timeout=timeout)
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(name, store), rank=context.world_rank,
                                 world_size=context.world_size, timeout=timeout)
 
     def on_shutdown(self) -> None:

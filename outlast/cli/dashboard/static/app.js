@@ -46,7 +46,9 @@ function bytes(n) {
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
-function fmt(v) { return typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(5)) : JSON.stringify(v); }
+// NaN and the infinities come by name (docs/json.md): shown as the numbers they are, not as strings.
+const NONFINITE = new Set(["NaN", "Infinity", "-Infinity"]);
+function fmt(v) { return typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(5)) : NONFINITE.has(v) ? v : JSON.stringify(v); }
 function metrics(m) { return m ? Object.entries(m).map(([k, v]) => `${k}=${fmt(v)}`).join(", ") : "-"; }
 function counts(c) { const e = Object.entries(c || {}); return e.length ? e.map(([k, v]) => `${k}: ${v}`).join(", ") : "none"; }
 function status(text) { return h("span", { class: `status ${text}` }, text); }

@@ -139,14 +139,15 @@ function chartSection(d) {
     h("option", { value: "time", selected: R.x === "time" ? "selected" : null }, "against time"));
   R.chart = null;
   return [h("h2", {}, "Metrics"), h("div", { class: "chart-controls" }, "metric ", pick, axis,
-    h("span", { class: "muted" }, "one line per attempt; dashed lines: where each attempt began")), h("div", { id: "chart" })];
+    h("span", { class: "muted" }, "one line per attempt; dashed lines: where each attempt began")), h("div", { id: "chart" }),
+    h("p", { class: "muted", id: "chart-odd" })];
 }
 
 function chartData() {
   const sr = R.data.series, xs = R.x === "step" ? sr.step : sr.time, ys = sr.values[R.metric] || [];
-  const per = new Map();
+  const per = new Map(), odd = [];  // odd: NaN and infinities, which a chart cannot draw
   for (let i = 0; i < xs.length; i++) {
-    if (ys[i] === null || ys[i] === undefined) continue;
+    if (typeof ys[i] !== "number") { if (typeof ys[i] === "string") odd.push(`${ys[i]} at ${R.x} ${R.x === "time" ? clock(xs[i]) : xs[i]}`); continue; }
     const a = sr.attempt[i];
     if (!per.has(a)) per.set(a, [[], []]);
     per.get(a)[0].push(xs[i]); per.get(a)[1].push(ys[i]);
@@ -157,7 +158,7 @@ function chartData() {
   const points = tables.reduce((n, t) => n + t[0].length, 0);
   const starts = attempts.map((a) => per.get(a)[0][0]);
   const data = tables.length ? uPlot.join(tables) : [[]];
-  return { attempts, data, points, starts };
+  return { attempts, data, points, starts, odd };
 }
 
 function drawChart(rebuild) {
@@ -167,6 +168,9 @@ function drawChart(rebuild) {
   box.dataset.points = c.points;
   box.dataset.attempts = c.attempts.join(",");
   box.dataset.metric = R.metric;
+  const note = document.getElementById("chart-odd");
+  if (note) note.textContent = c.odd.length ? `not drawn, ${R.metric} was not a finite number: ${c.odd.slice(0, 5).join(", ")}` +
+    (c.odd.length > 5 ? ` and ${c.odd.length - 5} more` : "") : "";
   const key = `${R.metric}|${R.x}|${c.attempts.join(",")}`;
   R.starts = c.starts;
   if (R.chart && !rebuild && R.chartKey === key) { R.chart.setData(c.data); return; }
