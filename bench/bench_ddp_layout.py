@@ -78,7 +78,6 @@ MODELS = ["chaos job's MLP (8-32-1)", "MLP, 4.2M parameters (4 x 1024)", "conv n
 
 
 def _grads(ddp, state, x, target):
-    import torch
 
     ddp.module.load_state_dict(state)
     for p in ddp.parameters():

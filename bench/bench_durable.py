@@ -47,8 +47,8 @@ except ImportError:
         os.execv(alt, [alt, os.path.abspath(__file__), *sys.argv[1:]])
     subprocess.check_call([sys.executable, "-m", "pip", "install", "psutil"])
 
-import proctree  # needs psutil, ensured above
-import psutil
+import proctree  # noqa: E402 - needs psutil, ensured above
+import psutil  # noqa: E402 - likewise
 
 SCENARIO = os.path.join(BENCH, "durable_scenario.py")
 PROBE = os.path.join(BENCH, "upload_probe.py")

@@ -65,7 +65,7 @@ def handovers(etcd: EtcdCluster, workdir: Path, repeat: int) -> list[float | Non
             wait(lambda: holder(cluster) is not None, 30, 0.05)
             old = holder(cluster)
             cluster.kill_node(old)
-            out.append(wait(lambda: holder(cluster) not in (None, old), 30, 0.01))
+            out.append(wait(lambda: holder(cluster) not in (None, old), 30, 0.01))  # noqa: B023 - called before the loop goes on
             progress(f"hand-over {i + 1}: {old} -> {holder(cluster)} in {out[-1]}")
     return out
 
@@ -81,7 +81,7 @@ def drain_latencies(cluster: LocalCluster, repeat: int) -> list[float | None]:
         target = f"node-{i + 1}"
         start = time.perf_counter()
         cluster.drain_node(target, deadline_s=60)
-        left = wait(lambda: drained(cluster, target), 30, 0.005)
+        left = wait(lambda: drained(cluster, target), 30, 0.005)  # noqa: B023 - called before the loop goes on
         out.append(None if left is None else time.perf_counter() - start)
     return out
 

@@ -69,7 +69,7 @@ class LocalCluster:
         self._saved_env: dict[str, str | None] = {}
         self._ctx = zmq.Context()
         try:
-            for i in range(num_nodes):
+            for _ in range(num_nodes):
                 self.add_node()
         except BaseException:
             self.shutdown()

@@ -16,7 +16,7 @@ def train_func():
     y = x @ np.arange(8.0)
     grad = jax.jit(jax.grad(lambda w: jnp.mean((x @ w - y) ** 2)))
     w = jnp.zeros(8)
-    for step in range(50):
+    for _ in range(50):
         w = w - 0.05 * grad(w)
     ray.train.report({"process_count": jax.process_count(), "steps": 50})
 

@@ -182,7 +182,7 @@ def _manifest_written(c: "ControllerCore", done: fx.StorageDone) -> None:
     c.book.record_commit(committing.manifest)
     peer_uploads.after_commit(c, committing.manifest)
     apply_retention(c)
-    a, s = c.attempt, c.state
+    a = c.attempt
     if memory_holds.hold_commit_back(c, pending.checkpoint_dir, committing):
         return  # its ranks hear it once their nodes have copied their files (memory_holds.py)
     if a is None or a.number != committing.attempt:
@@ -222,7 +222,7 @@ def check_uploads_of(c: "ControllerCore", a: AttemptState, rank: int) -> None:
         files = tuple((f.path, f.size) for f in pending.began_with.get(rank, []))
         if not files or (rank, pending.index) in asked:  # a staged save writes its files after the report
             continue
-        effect_id = c.ask_storage(lambda i, p=pending: fx.CheckUploads(i, p.checkpoint_dir, files),
+        effect_id = c.ask_storage(lambda i, p=pending: fx.CheckUploads(i, p.checkpoint_dir, files),  # noqa: B023 - called before the loop goes on
                                   _uploads_checked)
         c.checking_uploads[effect_id] = (a.number, rank, pending.index, pending.checkpoint_dir)
 

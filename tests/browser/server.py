@@ -38,7 +38,7 @@ class Dashboard:
                 break  # it answers (a token is needed)
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the dashboard did not start: {self.banner}{self.proc.stdout.read()}")
+                    raise AssertionError(f"the dashboard did not start: {self.banner}{self.proc.stdout.read()}") from None
                 time.sleep(0.1)
 
     def get(self, path: str, **headers) -> tuple[int, str]:

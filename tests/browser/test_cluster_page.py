@@ -23,7 +23,7 @@ def _left(page, node: str) -> int:
 
 
 def test_the_cluster_page_counts_down_a_drain_started_from_the_cli(dashboard, page, storage_path, tmp_path):
-    with LocalCluster(num_nodes=2, cpus_per_node=1) as cluster:
+    with LocalCluster(num_nodes=2, cpus_per_node=1):
         run = threading.Thread(target=lambda: Trainer(
             charted_loop, train_loop_config={"events": str(tmp_path / "events.jsonl"), "steps": 200,
                                              "step_sleep": 0.05, "every": 50},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from outlast.storage.local import LocalStorage
-from outlast.storage.records import RunState, encode
+from outlast.storage.records import RunState
 from outlast.storage.run_store import RunStore
 
 SECRET = "the contents of a file beside the runs"

@@ -96,7 +96,8 @@ class Harness:
         return self.core.state.kind
 
 
-def make_plan(storage=None, world_size: int = 2, strategy: str = "SPREAD", timeouts: Timeouts = Timeouts(),
+def make_plan(storage=None, world_size: int = 2, strategy: str = "SPREAD",
+              timeouts: Timeouts = Timeouts(),  # noqa: B008 - frozen: one shared default is safe
               **plan_kw) -> RunPlan:
     storage = storage if storage is not None else MemoryStorage()
     book = RunBook.open(RunStore(storage, "run"), "exp", now=WALL_OFFSET)

@@ -251,7 +251,7 @@ def settled_model_loop(config: dict) -> None:
     seen = {"forward_calls": len(calls), "grads": [p.grad is not None for p in model.parameters()],
             "buffers_unchanged": all(torch.equal(inner.state_dict()[k], v) for k, v in buffers.items())}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(2):
+    for _ in range(2):
         loss = model(torch.randn(6, 4)).pow(2).mean()
         opt.zero_grad()
         loss.backward()

@@ -7,7 +7,6 @@ calls `setsid`, so no process group or parent of the rank's holds it any more).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

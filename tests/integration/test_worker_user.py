@@ -15,10 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-import zmq
 
-from outlast.client.discovery import request, start_agent_process
-from outlast.protocol import messages as m
+from outlast.client.discovery import start_agent_process
 from outlast.protocol.auth import ClusterKey
 from outlast.train import RunConfig, ScalingConfig, Trainer
 from tests.integration.test_worker_secrets import look_for_secrets, parent_of
@@ -45,7 +43,7 @@ def worker_user():
 
 def try_everything(config):
     """In a rank: who am I, and what of the node's can I reach?"""
-    me, fork_server = os.getpid(), parent_of(os.getpid())
+    fork_server = parent_of(os.getpid())
     agent = parent_of(fork_server)
     reached = {}
     for what, attempt in (

@@ -90,7 +90,7 @@ def test_a_jit_checkpoint_with_room_elsewhere_restarts_at_once_and_keeps_the_ran
 
 def test_saved_with_nowhere_to_go_is_a_state_that_trains_on_until_room_appears():
     h = make(nodes=("n1", "n2"))
-    placement = start(h)
+    start(h)
     h.agent("n1", m.NodeDraining(node_id="n1", reason="spot", message="", deadline_unix_s=h.wall() + 600))
     report(h, 0, 0)
     report(h, 1, 0)  # a loop that never asks: its first checkpoint after the notice counts

@@ -2,9 +2,7 @@ import pytest
 
 from outlast.controller.file_merge import DuplicateFiles, merge_files, settle
 from outlast.protocol import messages as m
-from outlast.controller.runstate import RunBook
 from outlast.protocol.messages import FileEntry
-from outlast.storage.run_store import RunStore
 from tests.fakes.storage import MemoryStorage
 
 KEEP, FAIL = DuplicateFiles.KEEP_RANK0, DuplicateFiles.FAIL

@@ -96,7 +96,7 @@ def _live_holders(stores, alive, name, rank):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_every_step_restores_a_living_memory_checkpoint_and_never_reads_a_bad_copy(seed, tmp_path):
-    for storage, stores, alive, candidates, holders, ranks in _schedule(seed, tmp_path):
+    for storage, stores, alive, candidates, _holders, ranks in _schedule(seed, tmp_path):
         live = {(c.checkpoint_dir, r): _live_holders(stores, alive, c.checkpoint_dir, r)
                 for c in candidates for r in range(ranks)}
         choice = choose_restore(candidates, live, alive)

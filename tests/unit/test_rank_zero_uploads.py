@@ -67,7 +67,7 @@ def test_racing_ranks_leave_rank_zeros_copy_every_time(store, tmp_path):
         start = threading.Barrier(len(dirs))
 
         def upload(rank, dest=f"c{trial}"):
-            start.wait()
+            start.wait()  # noqa: B023 - called before the loop goes on
             store.upload_dir(dirs[rank], dest, replace=rank == 0)
 
         threads = [threading.Thread(target=upload, args=(rank,)) for rank in dirs]

@@ -75,7 +75,7 @@ def test_a_new_manifest_writes_xxh3_and_no_empty_sha256_field():
 
 def test_an_entry_without_any_checksum_says_which_file():
     with pytest.raises(ValueError, match="'x.pt' has no checksum"):
-        FileEntry("x.pt", 1).checksum
+        _ = FileEntry("x.pt", 1).checksum
 
 
 def test_a_newer_schema_with_changed_fields_is_still_reported_as_newer():
