@@ -17,10 +17,10 @@ from typing import Any, Callable, TypeVar
 import msgspec
 import zmq
 
-from outlast.agent.output import last_lines
+from outlast.cli.confined import Refused
 from outlast.cli.dashboard import views
 from outlast.cli.runs import summaries
-from outlast.cli.worker_logs import from_its_node, find_output
+from outlast.cli.worker_logs import find_output, from_its_node, local_log_dir, read_here
 from outlast.client.discovery import AgentUnavailable, find_running_agent, request
 from outlast.protocol import messages as m
 from outlast.storage import open_storage
@@ -58,6 +58,7 @@ class Sources:
     def __init__(self, storage_paths: list[str], timeout_s: float = 10.0) -> None:
         self.paths = storage_paths
         self.timeout_s = timeout_s
+        self.log_dir = local_log_dir()
         self._storages: dict[int, Storage] = {}
         self._kept: dict[tuple, list] = {}  # (storage, run, its creation, attempt) -> its reports, once settled
 
@@ -150,15 +151,21 @@ class Sources:
             raise Unavailable(f"the history of run {name} names no output file of rank {rank} in "
                               f"{'attempt %d' % attempt if attempt is not None else 'any attempt'}", status=404)
         number, out = found
-        # Only the files the run's history names are read: the node's log directory, nothing else.
+        # The history is data: only a file of the shape outlast writes, under this machine's log
+        # directory (or its node's, which its agent reads), without following a link.
         try:
-            text = last_lines(out.path, lines)
+            text = read_here(state.name, number, out, lines, self.log_dir)
+        except Refused as e:
+            raise Unavailable(str(e), status=422) from None
         except OSError as e:
+            raise Unavailable(f"rank {rank}'s output of attempt {number} at {out.path} could not be read here: "
+                              f"{e.strerror or e}") from None
+        if text is None:
             try:
                 text = within(self.timeout_s + 5, f"node {out.node_id}", from_its_node, out, lines)
             except AgentUnavailable as why:
                 raise Unavailable(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at "
-                                  f"{out.path}, which cannot be read here ({e.strerror}) nor asked of its node "
+                                  f"{out.path}, which is not on this machine nor could be asked of its node "
                                   f"({why})") from None
         return {"rank": rank, "attempt": number, "node_id": out.node_id, "path": out.path, "lines": text}
 
