@@ -214,3 +214,49 @@ def test_in_the_browser_bad_input_is_a_page_that_says_what_is_wrong(dashboard, p
     page.goto(f"{d.url}/no/such/page")
     assert "there is no such page here" in page.inner_text("#error")
     assert "Traceback" not in page.content()
+
+
+def test_a_document_over_the_size_limit_is_refused_saying_which_and_the_rest_still_works(dashboard, runs, tmp_path):
+    from outlast.cli.dashboard.bounded import MAX_DOCUMENT_BYTES
+    from outlast.storage.records import MANIFEST_NAME, CheckpointRecord, Manifest
+
+    big = RunState(name="big", status="errored", created_at=1.0, updated_at=2.0, error="x" * MAX_DOCUMENT_BYTES)
+    RunStore(LocalStorage(str(runs)), "big").save_state(big)
+    store = RunStore(LocalStorage(str(runs)), "bigmanifest")
+    store.save_state(RunState(name="bigmanifest", status="finished", created_at=1.0, updated_at=2.0,
+                              checkpoints=[CheckpointRecord(checkpoint_dir="checkpoint_000001", seq=1, attempt=1,
+                                                            report_index=0, committed_at=2.0)]))
+    (runs / "bigmanifest" / "checkpoint_000001").mkdir()
+    (runs / "bigmanifest" / "checkpoint_000001" / MANIFEST_NAME).write_bytes(
+        encode(Manifest(checkpoint_dir="checkpoint_000001", seq=1, attempt=1, report_index=0, committed_at=2.0,
+                        ranks=[0], files=[])) + b" " * MAX_DOCUMENT_BYTES)
+    (runs / "linked").mkdir()
+    (runs / "linked" / "run_state.json").symlink_to(tmp_path / "secret.txt")
+    d = dashboard(str(runs))
+    listed = {r["name"]: r for r in json.loads(_raw(d, "/api/runs")[1])["paths"][0]["runs"]}
+    size = (runs / "big" / "run_state.json").stat().st_size
+    assert f"big/run_state.json is {size:,} bytes, more than the dashboard reads of one document " \
+           f"({MAX_DOCUMENT_BYTES} bytes)" in listed["big"]["unreadable"]
+    assert "links are not followed" in listed["linked"]["unreadable"] and listed["run"]["status"] == "finished"
+    status, body, _ = _raw(d, "/api/runs/0/big")
+    assert status == 422 and json.loads(body)["error"] == listed["big"]["unreadable"] and len(body) < 10_000
+    status, body, _ = _raw(d, "/api/runs/0/bigmanifest/checkpoints/checkpoint_000001")
+    assert status == 422 and f"{MANIFEST_NAME} is" in json.loads(body)["error"] and len(body) < 10_000
+    status, body, _ = _raw(d, "/api/runs/0/linked")
+    assert status == 422 and SECRET not in body
+    assert _raw(d, "/api/runs/0/run")[0] == 200  # the rest goes on
+
+
+def test_numbers_and_names_in_urls_are_checked_before_anything_is_read(dashboard, runs):
+    d = dashboard(str(runs))
+    for path, status, said in [
+            ("/api/runs/%D9%A1/run", 404, "is not a storage path's number"),  # an Arabic-Indic 1, which int() takes
+            ("/api/runs/0_0/run", 404, "is not a storage path's number"),
+            (f"/api/runs/{'9' * 5000}/run", 404, "is not a storage path's number"),
+            (f"/api/runs/0/run/logs/{'9' * 5000}", 404, "is not a rank's number"),
+            ("/api/runs/0/run/logs/0?attempt=%201", 400, "attempt must be a whole number"),
+            (f"/api/runs/0/run/logs/0?lines={'9' * 5000}", 400, "lines must be a whole number"),
+            (f"/api/runs/0/{'n' * 300}", 404, "is not a run's name"),
+            ("/api/runs/0/%2E%2E", 404, "is not a run's name")]:
+        got, body, _ = _raw(d, path)
+        assert got == status and said in json.loads(body)["error"], (path, got, body[:300])

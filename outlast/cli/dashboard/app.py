@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -54,21 +55,28 @@ def _wants_json(request: Request) -> bool:
     return request.url.path.startswith("/api/")
 
 
+def _number(raw: str) -> int | None:
+    """A whole number as a URL writes one: ASCII digits only, at most 9 (int() would take " 1", "1_0",
+    "١" and thousands of digits)."""
+    return int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else None
+
+
 def _int(request: Request, name: str, default: int | None) -> int | None:
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise Unavailable(f"{name} must be a whole number, got {raw!r}", status=400) from None
+    value = _number(raw)
+    if value is None:
+        raise Unavailable(f"{name} must be a whole number, got {raw[:100]!r}", status=400)
+    return value
 
 
 def _index(request: Request) -> int:
-    try:
-        return int(request.path_params["storage"])
-    except ValueError:
-        raise Unavailable(f"{request.path_params['storage']!r} is not a storage path's number", status=404) from None
+    raw = request.path_params["storage"]
+    value = _number(raw)
+    if value is None:
+        raise Unavailable(f"{raw[:100]!r} is not a storage path's number", status=404)
+    return value
 
 
 def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
@@ -109,8 +117,11 @@ def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
         lines = _int(request, "lines", 200)
         if not 1 <= lines <= 100_000:
             raise Unavailable(f"lines must be between 1 and 100000, got {lines}", status=400)
-        return JSONResponse(sources.logs(_index(request), request.path_params["name"],
-                                         request.path_params["rank"], _int(request, "attempt", None), lines))
+        rank = _number(request.path_params["rank"])
+        if rank is None:
+            raise Unavailable(f"{request.path_params['rank'][:100]!r} is not a rank's number", status=404)
+        return JSONResponse(sources.logs(_index(request), request.path_params["name"], rank,
+                                         _int(request, "attempt", None), lines))
 
     async def unavailable(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, Unavailable)
@@ -136,7 +147,7 @@ def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
         Route("/api/cluster", api_cluster),
         Route("/api/runs/{storage}/{name}", api_run),
         Route("/api/runs/{storage}/{name}/checkpoints/{checkpoint}", api_checkpoint),
-        Route("/api/runs/{storage}/{name}/logs/{rank:int}", api_logs),
+        Route("/api/runs/{storage}/{name}/logs/{rank}", api_logs),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)] if loopback else []

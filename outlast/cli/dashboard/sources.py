@@ -17,7 +17,8 @@ from typing import Any, Callable, TypeVar
 import msgspec
 import zmq
 
-from outlast.cli.confined import Refused
+from outlast.cli.confined import Refused, relative_parts
+from outlast.cli.dashboard.bounded import BoundedStorage
 from outlast.cli.dashboard import views
 from outlast.cli.runs import summaries
 from outlast.cli.worker_logs import find_output, from_its_node, local_log_dir, read_here
@@ -77,7 +78,7 @@ class Sources:
                 raise Unavailable(f"storage path {path} does not exist on this machine (looked for {local}); "
                                   "give the directory the runs were written to (RunConfig(storage_path=...))",
                                   status=404)
-            self._storages[i] = storage
+            self._storages[i] = BoundedStorage(storage)  # type: ignore[assignment]
         return self._storages[i]
 
     # ---- runs ---------------------------------------------------------------------
@@ -88,6 +89,10 @@ class Sources:
         return [msgspec.to_builtins(s) for s in found]
 
     def _store(self, i: int, name: str) -> RunStore:
+        if not name or len(name.encode("utf-8", "replace")) > 255 or "/" in name or "\x00" in name \
+                or name in (".", ".."):
+            raise Unavailable(f"{name[:300]!r} is not a run's name: a run is a directory directly under its "
+                              "storage path (see /runs)", status=404)
         storage = self.storage(i)
         names = within(self.timeout_s, f"the store at {storage.uri('')}", _guarded, storage.list_dirs, "")
         # A run is named by its directory as listed, never by a path made of the request: nothing
@@ -189,6 +194,11 @@ def _guarded(fn: Callable[..., T], *args: Any) -> T:
 
 
 def _check(store: RunStore, manifest) -> dict[str, Any]:
+    for entry in manifest.files:  # the manifest is data: it names files inside its checkpoint, or none
+        try:
+            relative_parts(entry.path)
+        except Refused as e:
+            return {"ok": False, "detail": f"its manifest names a file outside the checkpoint: {e}; nothing was read"}
     local = store.storage.local_path(store.path(manifest.checkpoint_dir))
     tmp = None
     try:
