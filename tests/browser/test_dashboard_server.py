@@ -260,3 +260,46 @@ def test_numbers_and_names_in_urls_are_checked_before_anything_is_read(dashboard
             ("/api/runs/0/%2E%2E", 404, "is not a run's name")]:
         got, body, _ = _raw(d, path)
         assert got == status and said in json.loads(body)["error"], (path, got, body[:300])
+
+
+def _watch(page) -> list[str]:
+    """Every console error, failed request and answer of 400 or more the page meets, as it meets it."""
+    seen: list[str] = []
+    page.on("console", lambda m: seen.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("requestfailed", lambda r: seen.append(f"failed: {r.url} {r.failure}"))
+    page.on("response", lambda r: seen.append(f"{r.status}: {r.url}") if r.status >= 400 else None)
+    return seen
+
+
+def test_in_the_browser_without_the_token_a_plain_page_says_what_is_wrong_and_how_to_get_in(dashboard, page, runs):
+    d = dashboard(str(runs), host="0.0.0.0")
+    token = d.banner.split("?token=")[1].split()[0]
+    url = f"http://127.0.0.1:{d.port}"
+    page.goto(f"{url}/runs")
+    text = page.inner_text("body")
+    assert "needs the token it printed when it started" in text and "loading" not in text
+    assert "open the URL that outlast dashboard printed" in text and f"{url}/runs?token=…" in text
+    page.goto(f"{url}/runs/0/run?token={token[:-1]}x")
+    assert "the token in this address is not this dashboard's" in page.inner_text("#locked")
+    page.context.clear_cookies()
+    seen = _watch(page)
+    page.goto(f"{url}/runs?token={token}")
+    page.wait_for_selector("tr[data-run=run]")
+    page.goto(f"{url}/runs/0/run")  # the cookie the first answer set lets the next pages in
+    page.wait_for_selector("#run-head")
+    assert seen == [] and page.js_errors == []
+
+
+def test_in_the_browser_a_page_loads_with_no_console_error_and_no_failed_request(dashboard, page, runs):
+    d = dashboard(str(runs))
+    seen = _watch(page)
+    page.goto(f"{d.url}/runs")
+    page.wait_for_selector("tr[data-run=run]")
+    # The page names its icon, so the browser asks for that one (and never for /favicon.ico).
+    assert page.get_attribute("link[rel=icon]", "href") == "/static/favicon.svg"
+    page.goto(f"{d.url}/runs/0/run")
+    page.wait_for_selector("#run-head")
+    page.wait_for_load_state("networkidle")  # the icon is asked for after the load
+    assert seen == [] and page.js_errors == [], seen
+    status, body, headers = _raw(d, "/favicon.ico")  # where a client asks when a page names no icon
+    assert status == 200 and headers["content-type"] == "image/svg+xml" and body.startswith("<svg")

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,19 +36,34 @@ CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data
 log = logging.getLogger("outlast.dashboard")
 
 
-def _page(kind: str, title: str, **data: str) -> HTMLResponse:
+def _shell(kind: str, title: str, main: str, status: int = 200, **data: str) -> HTMLResponse:
     shell = (STATIC / "page.html").read_text()
     attrs = " ".join(f'data-{k}="{html.escape(v)}"' for k, v in data.items())
     return HTMLResponse(shell.replace("{title}", html.escape(title)).replace("{page}", kind)
-                        .replace("{attrs}", attrs))
+                        .replace("{attrs}", attrs).replace("{main}", main), status_code=status)
+
+
+def _page(kind: str, title: str, **data: str) -> HTMLResponse:
+    return _shell(kind, title, '<p class="muted">loading…</p>', **data)
 
 
 def error_page(status: int, message: str, json: bool) -> Response:
     if json:
         return JSONResponse({"error": message}, status_code=status)
-    shell = (STATIC / "page.html").read_text()
-    return HTMLResponse(shell.replace("{title}", "outlast: error").replace("{page}", "error")
-                        .replace("{attrs}", f'data-error="{html.escape(message)}"'), status_code=status)
+    # The message is in the page itself: it reads the same where the page's script does not run.
+    return _shell("error", "outlast: error", f'<div class="error-box" id="error">{html.escape(message)}</div>',
+                  status, error=message)
+
+
+def locked_page(request: Request, message: str, json: bool) -> Response:
+    """The answer without the token: plain HTML, nothing to load (without the token this server
+    serves no script, style or icon either), saying what is wrong and how to get in."""
+    if json:
+        return JSONResponse({"error": f"{message}; send the token printed at start (?token=..., or "
+                                      "Authorization: Bearer TOKEN)"}, status_code=401)
+    url = html.escape(f"{request.url.scheme}://{request.url.netloc}{request.url.path}")
+    return HTMLResponse((STATIC / "locked.html").read_text().replace("{message}", html.escape(message))
+                        .replace("{url}", url), status_code=401)
 
 
 def _wants_json(request: Request) -> bool:
@@ -138,8 +153,12 @@ def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
         return error_page(500, f"the dashboard could not build this page ({type(exc).__name__}: {exc}); "
                           "its log on the terminal that started it has the details", _wants_json(request))
 
+    async def favicon(request: Request) -> Response:
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
     routes = [
         Route("/", root),
+        Route("/favicon.ico", favicon),  # what a browser asks for on a page that names no icon (the JSON routes)
         Route("/runs", runs_page),
         Route("/cluster", cluster_page),
         Route("/runs/{storage}/{name}", run_page),
@@ -179,8 +198,11 @@ class TokenGate:
         ok = any(secrets.compare_digest(c, self.token) for c in (
             given or "", request.cookies.get(TOKEN_COOKIE, ""), bearer.removeprefix("Bearer ")) if c)
         if not ok:
-            response = error_page(401, "this dashboard needs the token it printed when it started: open the URL it "
-                                  "printed (…?token=…)", _wants_json(request))
+            message = ("the token in this address is not this dashboard's (a new one is made each time it starts)"
+                       if given or request.cookies.get(TOKEN_COOKIE) or bearer else
+                       "this dashboard listens beyond its own machine, so every request needs the token it printed "
+                       "when it started, and this one has none")
+            response = locked_page(request, message, _wants_json(request))
             await response(scope, receive, send)
             return
         if given:
