@@ -43,6 +43,8 @@ def open_under(root: Path, rel: str) -> int:
             try:
                 nxt = os.open(part, flags, dir_fd=fd)
             except OSError as e:
+                if e.errno == errno.ENAMETOOLONG:
+                    raise Refused(f"a name in {rel[:300]!r} is longer than this file system allows") from None
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     where = "/".join(parts[:i + 1])
                     raise Refused(f"{root / where} is a symbolic link or not a directory; links are not "

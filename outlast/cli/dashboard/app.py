@@ -195,7 +195,8 @@ class TokenGate:
         request = Request(scope)
         given = request.query_params.get("token")
         bearer = request.headers.get("authorization", "")
-        ok = any(secrets.compare_digest(c, self.token) for c in (
+        # As bytes: compare_digest refuses a str that is not ASCII, and a request may carry any.
+        ok = any(secrets.compare_digest(c.encode("utf-8", "surrogateescape"), self.token.encode()) for c in (
             given or "", request.cookies.get(TOKEN_COOKIE, ""), bearer.removeprefix("Bearer ")) if c)
         if not ok:
             message = ("the token in this address is not this dashboard's (a new one is made each time it starts)"
