@@ -55,6 +55,10 @@ def main() -> int:
                 probe = probes[n % 2]
                 probe.judge(target(rng, storage), probe.headers(rng))
                 probe.alive()
+                if (n + 1) % 1000 == 0:
+                    rate = (n + 1) / (time.monotonic() - started)
+                    print(f"{n + 1} requests, {rate:.0f}/s (and as many valid ones), "
+                          f"{sum(len(p.verdict.problems) for p in probes)} problem(s)", file=sys.stderr, flush=True)
             took = time.monotonic() - started
             exited = [s.proc.poll() for s in servers]
         finally:
