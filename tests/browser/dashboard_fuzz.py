@@ -248,8 +248,14 @@ class Probe:
         raise AssertionError("unreachable")
 
     def judge(self, raw_target: bytes, headers: dict[str, str] | None = None) -> int:
-        status, body = self.send(raw_target, headers)
         v = self.verdict
+        try:
+            status, body = self.send(raw_target, headers)
+        except (http.client.HTTPException, OSError) as e:
+            v.requests += 1
+            v.problems.append(f"no answer that HTTP can read for {raw_target[:200]!r}: {type(e).__name__}: {e}"[:500])
+            self.close()
+            return 0
         v.requests += 1
         v.by_status[status] += 1
         where = raw_target[:200]

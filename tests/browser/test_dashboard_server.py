@@ -257,7 +257,8 @@ def test_numbers_and_names_in_urls_are_checked_before_anything_is_read(dashboard
             ("/api/runs/0/run/logs/0?attempt=%201", 400, "attempt must be a whole number"),
             (f"/api/runs/0/run/logs/0?lines={'9' * 5000}", 400, "lines must be a whole number"),
             (f"/api/runs/0/{'n' * 300}", 404, "is not a run's name"),
-            ("/api/runs/0/%2E%2E", 404, "is not a run's name")]:
+            ("/api/runs/0/%2E%2E", 404, "is not a run's name"),
+            (f"/api/runs/0/{'a' * 9000}/", 414, "more than the dashboard takes (8192)")]:  # no redirect echoing it
         got, body, _ = _raw(d, path)
         assert got == status and said in json.loads(body)["error"], (path, got, body[:300])
 

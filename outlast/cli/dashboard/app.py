@@ -169,10 +169,12 @@ def build_app(sources: Sources, token: str | None, loopback: bool) -> Starlette:
         Route("/api/runs/{storage}/{name}/logs/{rank}", api_logs),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)] if loopback else []
+    # Outermost first: every answer, refusals included, carries the security headers.
+    middleware = [Middleware(SecurityHeaders), Middleware(TargetLimit)]
+    if loopback:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
     if token is not None:
         middleware.append(Middleware(TokenGate, token=token))
-    middleware.append(Middleware(SecurityHeaders))
     return Starlette(routes=routes, middleware=middleware,
                      exception_handlers={Unavailable: unavailable, HTTPException: http_error, Exception: crashed})
 
@@ -214,6 +216,27 @@ class TokenGate:
                 await send(message)
             await self.app(scope, receive, send_with_cookie)
             return
+        await self.app(scope, receive, send)
+
+
+MAX_TARGET_BYTES = 8192  # a request's path and query: the longest the pages make is well under 1 KiB
+
+
+class TargetLimit:
+    """A request whose path and query pass `MAX_TARGET_BYTES` is refused before any route sees it:
+    nothing the dashboard serves needs one, and an answer must not echo it (a redirect's Location)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
+            if size > MAX_TARGET_BYTES:
+                message = (f"this address is {size} bytes long, more than the dashboard takes "
+                           f"({MAX_TARGET_BYTES}); its pages are /runs, /runs/N/NAME and /cluster")
+                await error_page(414, message, scope["path"].startswith("/api/"))(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
