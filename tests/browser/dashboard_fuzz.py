@@ -225,6 +225,7 @@ class Probe:
         self.port, self.storage, self.host, self.token = port, storage, host, token
         self.sock: socket.socket | None = None
         self.verdict = Verdict()
+        self.last = b""  # the request judged last
 
     def send(self, raw_target: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         head = {"Host": f"{self.host}:{self.port}", **(headers or {})}
@@ -249,6 +250,7 @@ class Probe:
 
     def judge(self, raw_target: bytes, headers: dict[str, str] | None = None) -> int:
         v = self.verdict
+        self.last = raw_target
         try:
             status, body = self.send(raw_target, headers)
         except (http.client.HTTPException, OSError) as e:
@@ -269,7 +271,13 @@ class Probe:
 
     def alive(self) -> None:
         """A valid request after each: the server still answers it, whole."""
-        status, body = self.send(b"/api/runs/0/good", self._auth())
+        try:
+            status, body = self.send(b"/api/runs/0/good", self._auth())
+        except (http.client.HTTPException, OSError) as e:
+            self.verdict.problems.append(f"the good run did not come back after {self.last[:200]!r}: "
+                                         f"{type(e).__name__}: {e}")
+            self.close()
+            return
         if status != 200 or json.loads(body).get("name") != GOOD:
             self.verdict.problems.append(f"the good run did not come back after a request: {status} {body[:200]!r}")
 
