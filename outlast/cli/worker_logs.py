@@ -1,23 +1,65 @@
 """`outlast runs STORAGE NAME --logs RANK`: a rank's last lines, from the file its node kept.
 
-The run's history names each rank's output file per attempt (node and path). The file is read
-where it is when this machine can (the node itself, a shared log directory): that works after
-the rank, its driver and its node's agent are gone. Otherwise its node's agent is asked for the
-lines, through the cluster this machine belongs to.
+The run's history names each rank's output file per attempt (node and path). A history is data:
+the path is used only when it has the shape of the file outlast writes for that rank and attempt
+(`LOG_DIR/NAME-RUN_ID/attemptA-rankR.log`, outlast/agent/output.py). Such a file under this
+machine's own log directory is read here, without following a link; that works after the rank,
+its driver and its node's agent are gone. Otherwise its node's agent is asked for the lines,
+through the cluster this machine belongs to, and reads only under its own log directory.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import zmq
 
-from outlast.agent.output import last_lines
+from outlast.agent.output import output_path
+from outlast.cli.confined import Refused, open_under, tail_lines
 from outlast.cli.documents import LogsDocument, to_json
 from outlast.client.discovery import AgentUnavailable, find_running_agent, request
 from outlast.protocol import messages as m
+from outlast.statedir import default_state_dir
 from outlast.storage.records import CorruptDocument, NewerVersionError, OutputFile, RunState
 from outlast.storage.run_store import RunStore
+
+MAX_TAIL_BYTES = 16 << 20  # of a rank's file, read from its end: a page of lines, never the whole file
+
+
+def local_log_dir() -> Path:
+    """Where the agent on this machine writes its ranks' output (outlast/agent/agent.py), not created here."""
+    return default_state_dir() / "logs"
+
+
+def checked_output_path(name: str, attempt: int, out: OutputFile) -> tuple[str, str]:
+    """The log directory and the file's path inside it, when the history names the file outlast writes
+    for that rank and attempt; `Refused`, saying so, for any other path."""
+    path = out.path
+    expected = output_path(Path("/"), name, "RUN_ID", attempt, out.rank)
+    parts = path.split("/")
+    if (not path.startswith("/") or "\x00" in path or os.path.normpath(path) != path or len(parts) < 4
+            or parts[-1] != expected.name or not parts[-2].startswith(f"{name}-")):
+        raise Refused(f"the history of run {name} names {path!r} as rank {out.rank}'s output of attempt {attempt}, "
+                      f"which is not a file outlast writes (LOG_DIR/{name}-RUN_ID/{expected.name}): it is not read")
+    return "/".join(parts[:-2]), "/".join(parts[-2:])
+
+
+def read_here(name: str, attempt: int, out: OutputFile, n: int, log_dir: Path) -> list[str] | None:
+    """The file's last `n` lines when it lies in this machine's log directory; None when it is not here
+    (its node is asked). `Refused` for a path outlast does not write, or a link in its place."""
+    where, rel = checked_output_path(name, attempt, out)
+    if where not in {str(log_dir), os.path.realpath(log_dir)}:
+        return None
+    try:
+        fd = open_under(Path(os.path.realpath(log_dir)), rel)
+    except FileNotFoundError:
+        return None
+    try:
+        return tail_lines(fd, n, MAX_TAIL_BYTES)[0]
+    finally:
+        os.close(fd)
 
 
 def find_output(state: RunState, rank: int, attempt: int | None) -> tuple[int, OutputFile] | None:
@@ -78,15 +120,17 @@ def show_logs(store: RunStore, rank: int, attempt: int | None, n: int, as_json: 
         return 1
     number, out = found
     try:
-        lines = last_lines(out.path, n)
-    except OSError as e:
-        try:
+        lines = read_here(state.name, number, out, n, local_log_dir())
+        if lines is None:
             lines = from_its_node(out, n)
-        except AgentUnavailable as why:
-            print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which "
-                  f"cannot be read here ({e.strerror}) nor asked of its node ({why}): run this command on that node",
-                  file=sys.stderr)
-            return 1
+    except (Refused, OSError) as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except AgentUnavailable as why:
+        print(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at {out.path}, which is not "
+              f"on this machine and cannot be asked of its node ({why}): run this command on that node",
+              file=sys.stderr)
+        return 1
     if as_json:
         print(to_json(LogsDocument(run=state.name, rank=rank, attempt=number, node_id=out.node_id, path=out.path,
                                    lines=lines)))

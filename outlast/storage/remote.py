@@ -167,6 +167,15 @@ class RemoteStorage:
         except Exception as e:
             raise _storage_error(f"could not read {self.uri(path)}", e) from e
 
+    def read_head(self, path: str, n: int) -> bytes:
+        """At most the first `n` bytes of `path` (one ranged read): a reader that bounds what it takes."""
+        try:
+            return self.fs.cat_file(self._p(path), start=0, end=n)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            raise _storage_error(f"could not read {self.uri(path)}", e) from e
+
     def exists(self, path: str) -> bool:
         try:
             return self.fs.exists(self._p(path))

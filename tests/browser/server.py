@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,10 @@ class Dashboard:
             [sys.executable, "-m", "outlast.cli.main", "dashboard", *args, "--host", host, "--port", str(self.port)],
             cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.banner = self.proc.stdout.readline()
+        # Read on for as long as it runs: a pipe left full (its warnings of malformed requests) would
+        # stop the server at its next line.
+        self.output: list[str] = []
+        threading.Thread(target=lambda: self.output.extend(self.proc.stdout), daemon=True).start()
         self.url = f"http://{host}:{self.port}"
         deadline = time.monotonic() + 60
         while True:
@@ -38,7 +43,7 @@ class Dashboard:
                 break  # it answers (a token is needed)
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the dashboard did not start: {self.banner}{self.proc.stdout.read()}") from None
+                    raise AssertionError(f"the dashboard did not start: {self.banner}{''.join(self.output)}") from None
                 time.sleep(0.1)
 
     def get(self, path: str, **headers) -> tuple[int, str]:

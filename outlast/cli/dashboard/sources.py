@@ -17,10 +17,11 @@ from typing import Any, Callable, TypeVar
 import msgspec
 import zmq
 
-from outlast.agent.output import last_lines
+from outlast.cli.confined import Refused, relative_parts
+from outlast.cli.dashboard.bounded import BoundedStorage
 from outlast.cli.dashboard import views
 from outlast.cli.runs import summaries
-from outlast.cli.worker_logs import from_its_node, find_output
+from outlast.cli.worker_logs import find_output, from_its_node, local_log_dir, read_here
 from outlast.client.discovery import AgentUnavailable, find_running_agent, request
 from outlast.protocol import messages as m
 from outlast.storage import open_storage
@@ -58,6 +59,7 @@ class Sources:
     def __init__(self, storage_paths: list[str], timeout_s: float = 10.0) -> None:
         self.paths = storage_paths
         self.timeout_s = timeout_s
+        self.log_dir = local_log_dir()
         self._storages: dict[int, Storage] = {}
         self._kept: dict[tuple, list] = {}  # (storage, run, its creation, attempt) -> its reports, once settled
 
@@ -76,7 +78,7 @@ class Sources:
                 raise Unavailable(f"storage path {path} does not exist on this machine (looked for {local}); "
                                   "give the directory the runs were written to (RunConfig(storage_path=...))",
                                   status=404)
-            self._storages[i] = storage
+            self._storages[i] = BoundedStorage(storage)  # type: ignore[assignment]
         return self._storages[i]
 
     # ---- runs ---------------------------------------------------------------------
@@ -87,6 +89,10 @@ class Sources:
         return [msgspec.to_builtins(s) for s in found]
 
     def _store(self, i: int, name: str) -> RunStore:
+        if not name or len(name.encode("utf-8", "replace")) > 255 or "/" in name or "\x00" in name \
+                or name in (".", ".."):
+            raise Unavailable(f"{name[:300]!r} is not a run's name: a run is a directory directly under its "
+                              "storage path (see /runs)", status=404)
         storage = self.storage(i)
         names = within(self.timeout_s, f"the store at {storage.uri('')}", _guarded, storage.list_dirs, "")
         # A run is named by its directory as listed, never by a path made of the request: nothing
@@ -150,15 +156,21 @@ class Sources:
             raise Unavailable(f"the history of run {name} names no output file of rank {rank} in "
                               f"{'attempt %d' % attempt if attempt is not None else 'any attempt'}", status=404)
         number, out = found
-        # Only the files the run's history names are read: the node's log directory, nothing else.
+        # The history is data: only a file of the shape outlast writes, under this machine's log
+        # directory (or its node's, which its agent reads), without following a link.
         try:
-            text = last_lines(out.path, lines)
+            text = read_here(state.name, number, out, lines, self.log_dir)
+        except Refused as e:
+            raise Unavailable(str(e), status=422) from None
         except OSError as e:
+            raise Unavailable(f"rank {rank}'s output of attempt {number} at {out.path} could not be read here: "
+                              f"{e.strerror or e}") from None
+        if text is None:
             try:
                 text = within(self.timeout_s + 5, f"node {out.node_id}", from_its_node, out, lines)
             except AgentUnavailable as why:
                 raise Unavailable(f"rank {rank}'s output of attempt {number} is kept on node {out.node_id} at "
-                                  f"{out.path}, which cannot be read here ({e.strerror}) nor asked of its node "
+                                  f"{out.path}, which is not on this machine nor could be asked of its node "
                                   f"({why})") from None
         return {"rank": rank, "attempt": number, "node_id": out.node_id, "path": out.path, "lines": text}
 
@@ -182,6 +194,11 @@ def _guarded(fn: Callable[..., T], *args: Any) -> T:
 
 
 def _check(store: RunStore, manifest) -> dict[str, Any]:
+    for entry in manifest.files:  # the manifest is data: it names files inside its checkpoint, or none
+        try:
+            relative_parts(entry.path)
+        except Refused as e:
+            return {"ok": False, "detail": f"its manifest names a file outside the checkpoint: {e}; nothing was read"}
     local = store.storage.local_path(store.path(manifest.checkpoint_dir))
     tmp = None
     try:
