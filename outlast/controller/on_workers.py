@@ -44,6 +44,7 @@ def _on_upload_done(c: "ControllerCore", a: AttemptState, msg: m.UploadDone) -> 
 
 def _on_hello(c: "ControllerCore", a: AttemptState, msg: m.WorkerHello) -> None:
     a.hello.add(msg.rank)
+    c.send_to_rank(msg.rank, m.Welcome(attempt=a.number, rank=msg.rank), a.number)
     if msg.set_up:
         a.set_up.add(msg.rank)
     if c.state.kind is State.SCHEDULING and len(a.hello) == c.plan.world_size:

@@ -425,6 +425,15 @@ class WorkerHello(Msg):
     set_up: bool = False  # True: the rank has no set-up of outlast's to do (the simulator's ranks); else SetUp says
 
 
+class Welcome(Msg):
+    """The controller heard the rank's hello. The rank waits for it before its set-up: a hello still queued in
+    the rank's socket when the rank is killed is lost, and the death would then be taken for one before the
+    rank reached outlast's set-up, and charged to max_failures."""
+
+    attempt: int
+    rank: int
+
+
 class SetUp(Msg):
     """The rank's set-up is done (its backend's process group met): what fails from now on is the train
     function's; what failed before was outlast's own set-up (outlast/controller/setup_failures.py)."""
@@ -804,7 +813,7 @@ HeadToMember = Union[HeartbeatAck, NodeDraining]
 WorkerMessage = Union[WorkerHello, SetUp, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress,
                       Progress, StackDump, CheckpointsQuery]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice,
-                           DumpStacks, CheckpointsList]
+                           DumpStacks, CheckpointsList, Welcome]
 
 
 # ---- node agent <-> its fork server (the zygote) ---------------------------------

@@ -82,6 +82,7 @@ class WorkerSession:
 
     def hello(self, pid: int) -> None:
         self._send(self._core.hello(pid))
+        self._run(self._core.welcome(time.monotonic()))
 
     def set_up(self) -> None:
         """The backend is set up: a failure before this was outlast's own set-up's."""

@@ -91,6 +91,12 @@ class SessionCore:
     def hello(self, pid: int, set_up: bool = False) -> m.WorkerHello:
         return m.WorkerHello(attempt=self.attempt, rank=self.rank, pid=pid, set_up=set_up)
 
+    def welcome(self, now: float = 0.0) -> Step:
+        """Wait until the controller has heard the hello (`m.Welcome`): from then on, a death is known to have
+        come after it."""
+        return self._ask(None, lambda r: isinstance(r, m.Welcome), lambda r, at: Step(), "the controller's welcome",
+                         now)
+
     def set_up(self) -> m.SetUp:
         return m.SetUp(attempt=self.attempt, rank=self.rank)
 
@@ -105,13 +111,13 @@ class SessionCore:
         self._inbox.append(msg)
         return None
 
-    def _ask(self, msg: m.WorkerMessage, match, complete, what: str, now: float) -> Step:
+    def _ask(self, msg: m.WorkerMessage | None, match, complete, what: str, now: float) -> Step:
         for i, kept in enumerate(self._inbox):
             if match(kept):
                 del self._inbox[i]
-                return replace(complete(kept, now), send=(msg,))
+                return replace(complete(kept, now), send=(msg,) if msg is not None else ())
         self._waiting = _Waiting(match, complete, what)
-        return Step(send=(msg,), waiting=what)
+        return Step(send=(msg,) if msg is not None else (), waiting=what)
 
     # -- preemption -----------------------------------------------------------------
 

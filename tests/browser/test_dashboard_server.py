@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from outlast.storage.local import LocalStorage
-from outlast.storage.records import RunState
+from outlast.storage.records import RunState, encode
 from outlast.storage.run_store import RunStore
 from tests.browser.server import ROOT
 

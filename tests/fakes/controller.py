@@ -79,7 +79,9 @@ class Harness:
         return self.step(g.FromAgent(node_id, event))
 
     def to_rank(self, rank: int) -> list[m.Msg]:
-        return [e.msg for e in self.effects if isinstance(e, g.ToRank) and e.rank == rank]
+        """What the controller said to `rank`, less the `Welcome` every hello gets."""
+        return [e.msg for e in self.effects if isinstance(e, g.ToRank) and e.rank == rank
+                and not isinstance(e.msg, m.Welcome)]
 
     def spawned(self) -> dict[int, str]:
         """rank -> node of the latest attempt's spawns."""

@@ -222,3 +222,11 @@ def test_the_last_asynchronous_upload_arriving_after_every_rank_exited_is_still_
                               files=[ENTRY] if rank == 0 else [], error=None))
     assert h.state is State.FINISHED
     assert h.core.book.state.latest_checkpoint == "checkpoint_001_000000"
+
+
+def test_every_hello_is_welcomed_so_a_rank_knows_it_was_heard_before_its_set_up():
+    h = make()
+    start(h)
+    welcomes = [(e.rank, e.msg) for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.Welcome)]
+    n = h.core.attempt.number
+    assert sorted(welcomes, key=lambda x: x[0]) == [(0, m.Welcome(attempt=n, rank=0)), (1, m.Welcome(attempt=n, rank=1))]

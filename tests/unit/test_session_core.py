@@ -110,3 +110,13 @@ def test_every_message_in_every_state_is_taken_without_raising():
                 core.report(core.begin_report(), {}, checkpoint=True, files=[])
             step = core.receive(msg, now=0.0)
             assert step is None or step.send == ()
+
+
+def test_the_set_up_waits_for_the_controllers_welcome_which_may_have_come_first():
+    core = SessionCore(attempt=1, rank=0)
+    step = core.welcome()
+    assert step.send == () and step.waiting == "the controller's welcome"
+    assert core.receive(m.Welcome(attempt=1, rank=0), now=0.0) is not None
+    early = SessionCore(attempt=1, rank=0)
+    assert early.receive(m.Welcome(attempt=1, rank=0), now=0.0) is None  # kept for the call
+    assert early.welcome().waiting is None
