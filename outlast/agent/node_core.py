@@ -80,7 +80,9 @@ class NodeCore:
         return m.Pong(node_id=self.node_id, pid=self.pid, head_address=head_address)
 
     def _spawn(self, to: bytes, req: m.SpawnWorkers, now: float) -> list[NodeEffect]:
-        if (why := spawn_refusal(self.node_id, self.draining, req.agent_pid, self.pid)) is not None:
+        why = unusable_names(self.node_id, run_id=req.run_id, run_name=req.run_name) or \
+            spawn_refusal(self.node_id, self.draining, req.agent_pid, self.pid)
+        if why is not None:
             return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=req.attempt, reason=why))]
         effects: list[NodeEffect] = list(self.sup.admit(to, req.run_id, now, req.run_key))
         if blockers := self._earlier_workers(req):
@@ -131,6 +133,8 @@ class NodeCore:
         return effects
 
     def _spawn_task(self, to: bytes, req: m.SpawnTask, now: float) -> list[NodeEffect]:
+        if (why := unusable_names(self.node_id, run_id=req.run_id, task_id=req.task_id)) is not None:
+            return [Send(to, m.SpawnRefused(run_id=req.run_id, attempt=0, reason=why))]
         effects: list[NodeEffect] = list(self.sup.admit(to, req.run_id, now))
         demand = {"CPU": req.resources.num_cpus}
         if req.resources.memory_bytes:
@@ -162,3 +166,14 @@ class NodeCore:
         self.draining = notice
         return [*self._refuse_held(lambda k: True, f"was not started: the node is draining ({notice.message})"),
                 *(Send(run.controller, notice) for run in self.sup.runs_with_workloads())]
+
+
+def unusable_names(node_id: str, **names: str) -> str | None:
+    """Why a spawn's names cannot name its files on this node (its output file and error file are named after
+    them, under the node's own directories), or None. Outlast's own are plain names: a run's id and an
+    Executor's task id are hex, and RunConfig.name has neither '/' nor a NUL byte."""
+    for field, value in names.items():
+        if not value or value in (".", "..") or "/" in value or "\0" in value or len(value.encode()) > 200:
+            return (f"node {node_id}: {field}={value[:80]!r} cannot name a file on the node: it must be a non-empty "
+                    "name of at most 200 bytes, without '/' or a NUL byte, other than '.' and '..'")
+    return None

@@ -57,6 +57,7 @@ class _Session:
         self.key = key
         self.fds = fds  # path -> fd for an offer; None for a fetch
         self.digests = digests_for(list(files))  # an offer's, as its chunks are written
+        self.sizes = {f.path: f.size for f in files}  # an offer's: no chunk is written past its file's end
         self.used = now
 
     def close(self) -> None:
@@ -222,6 +223,11 @@ class TierServer:
                 data = session.sealer.open(head, msg, sealed)
             except TransferError as e:
                 return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=str(e))
+            size = session.sizes.get(msg.path, 0)
+            if msg.offset < 0 or msg.offset + len(data) > size:
+                return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
+                                    reason=f"a chunk of {msg.path} at offset {msg.offset} ({len(data)} bytes) is outside "
+                                           f"the {size} bytes its offer named")
             write_all(session.fds[msg.path], data, msg.offset)
             session.digests.update(msg.path, msg.offset, data)
             return m.TierAck(**ids, path=msg.path, offset=msg.offset)

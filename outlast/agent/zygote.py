@@ -34,7 +34,7 @@ from outlast.agent.worker_user import WorkerUser, drop_to, open_error_file
 from outlast.agent.worker_user import decode as decode_user
 from outlast.procutil import become_subreaper, decode_wait_status, die_with_parent, kill_tree, own_children
 from outlast.protocol import messages as m
-from outlast.protocol.transport import TO_ZYGOTE, encode
+from outlast.protocol.transport import TO_ZYGOTE, BadMessage, encode
 from outlast.trace import mark
 
 # What a forked child runs, by module path: the agent sits below the training runtime and the
@@ -133,7 +133,12 @@ class Zygote:
                 except (EOFError, OSError):
                     self.shutdown()
                     return
-                self.fork(TO_ZYGOTE.decode(data))
+                try:
+                    req = TO_ZYGOTE.decode(data)
+                except BadMessage as e:  # the agent's own bug, or another outlast's: no fork, and the server stays
+                    print(f"outlast fork server: dropped a malformed request: {e}", file=sys.stderr)
+                    continue
+                self.fork(req)
 
     def fork(self, req: m.ForkWorker | m.ForkTask) -> None:
         pid = self._hand_to_spare(req)
