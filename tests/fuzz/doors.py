@@ -11,6 +11,7 @@ answer may carry the canary secret's bytes (`secrets_read`).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -313,7 +314,8 @@ class TierDataDoor(Door):
 class ForkServerDoor(Door):
     """The fork server's pipe, as its agent writes it: `outlast.agent.forkserver.ForkServer`, a real process.
     Valid requests fork (a worker whose payload is not a pickle ends at once); paths in them are the agent's
-    to choose, so hostile ones aim inside `root` only (the fork server does what its agent asks)."""
+    to choose, so hostile ones aim inside `root` only (the fork server does what its agent asks). Its reports
+    are read by a thread of their own, as the agent's loop reads them while it writes."""
 
     name = "fork-server"
 
@@ -322,71 +324,79 @@ class ForkServerDoor(Door):
         from outlast.agent.forkserver import ForkServer
 
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.forks = ForkServer([], standby=False)
         deadline = time.monotonic() + 120
         while not self.forks.ready and time.monotonic() < deadline:
             if self.forks.active.conn.poll(1.0):
                 self.forks.receive()
         self.n = 0
+        self._lock = threading.Lock()
+        self._probes_reaped: set[str] = set()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
-    def _valid(self, h: Hostile | None, **fields) -> dict:
+    def _request(self, fields: dict) -> bytes:
         self.n += 1
         base = dict(type="ForkWorker", run_id="fuzz", attempt=0, controller_address="tcp://127.0.0.1:1",
-                    spec=dict(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1), payload=b"not a pickle",
-                    env={}, cwd=str(self.root), sys_path=[], run_name="fuzz", restore_checkpoint=None, node_id="n",
-                    error_file=str(self.root / f"e{self.n}.json"), output_file=str(self.root / f"o{self.n}.log"))
+                    spec=dict(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1),
+                    payload=b"not a pickle", env={}, cwd=str(self.root), sys_path=[], run_name="fuzz",
+                    restore_checkpoint=None, node_id="n")
         base.update(fields)
-        return base
+        # The agent's own paths: inside the root.
+        base.update(error_file=str(self.root / f"e{self.n}.json"), output_file=str(self.root / f"o{self.n}.log"),
+                    cgroup_procs=[], cwd=str(self.root))
+        return HEADER + msgspec.msgpack.encode(base)
 
     def knock(self, h: Hostile) -> None:
-        r = h.rng.random()
-        if r < 0.9:
+        if h.rng.random() < 0.9:
             frame = h.frame([m.ForkWorker, m.ForkTask])
             try:
                 decoded = msgspec.msgpack.decode(frame[len(HEADER):]) if frame.startswith(HEADER) else None
             except msgspec.DecodeError:
                 decoded = None
             if isinstance(decoded, dict) and decoded.get("type") in ("ForkWorker", "ForkTask"):
-                # A request that would fork: its paths are the agent's own, inside the root.
-                for name in ("error_file", "output_file"):
-                    decoded[name] = str(self.root / f"{name}{self.n}")
-                decoded["cgroup_procs"] = []
-                decoded["cwd"] = str(self.root)
-                self.n += 1
-                frame = HEADER + msgspec.msgpack.encode(decoded)
+                frame = self._request(decoded)  # one that would fork: its hostile fields, the agent's paths
         else:
-            fields = {k: h.of(msgspec.inspect.type_info(m.ForkWorker).fields[i].type)
-                      for i, k in enumerate(["run_id", "attempt"])}
-            frame = HEADER + msgspec.msgpack.encode(self._valid(h, **fields))
-        self.forks.active.conn.send_bytes(frame)
-        self._read(0)
+            fields = h.message(m.ForkWorker)
+            frame = self._request({k: fields[k] for k in ("run_id", "attempt", "env", "sys_path") if k in fields})
+        try:
+            self.forks.active.conn.send_bytes(frame)
+        except OSError:
+            pass  # it died: `alive` says so
 
-    def _read(self, timeout_s: float) -> list[m.FromZygote]:
-        out = []
-        conn = self.forks.active.conn if self.forks.active is not None else None
-        while conn is not None and conn.poll(timeout_s):
+    def _read(self) -> None:
+        conn = self.forks.active.conn
+        while True:
             try:
                 data = conn.recv_bytes()
             except (EOFError, OSError):
-                break
-            self._count(data, FROM_ZYGOTE)
-            out.append(FROM_ZYGOTE.decode(data))
-            timeout_s = 0
-        return out
+                return
+            with self._lock:
+                self._count(data, FROM_ZYGOTE)
+                try:
+                    msg = FROM_ZYGOTE.decode(data)
+                except BadMessage:
+                    continue
+                if isinstance(msg, m.Reaped) and msg.run_id.startswith("probe-"):
+                    self._probes_reaped.add(msg.run_id)
 
     def alive(self) -> str | None:
         proc = self.forks.proc
         if proc is None or proc.poll() is not None:
             return f"the fork server exited with {proc.returncode if proc else '?'}"
-        self.forks.active.conn.send_bytes(HEADER + msgspec.msgpack.encode(self._valid(None, run_id="probe")))
+        probe = f"probe-{self.n}"
+        self.forks.active.conn.send_bytes(self._request({"run_id": probe}))
         deadline = time.monotonic() + ANSWER_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return f"the fork server exited with {proc.returncode}"
-            for msg in self._read(1.0):
-                if isinstance(msg, m.Reaped) and msg.run_id == "probe":
+            with self._lock:
+                if probe in self._probes_reaped:
                     return None
+            time.sleep(0.01)
         return f"the fork server did not fork and reap a valid request within {ANSWER_S:.0f} s"
 
     def close(self) -> None:
         self.forks.close()
+        self._reader.join(timeout=10)

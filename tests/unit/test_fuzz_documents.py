@@ -28,7 +28,7 @@ from tests.fuzz.documents import RUN, WatchedStorage, document, plant_decoy, pla
 from tests.fuzz.doors import outside_writes, plant_canary
 from tests.fuzz.hostile import Hostile, Targets
 
-FUZZ = settings(max_examples=40, deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -126,3 +126,10 @@ def test_a_node_file_with_a_pid_no_process_can_have_is_no_node(tmp_path, monkeyp
             {"address": "tcp://127.0.0.1:1", "pid": pid, "node_id": "n",
              "process": {"pid": pid, "started_at": 1.0, "cmdline": ["outlast"]}}))
         assert discovery.published_node() is None
+
+
+def test_a_sealed_head_record_that_is_not_text_is_malformed_not_an_error():
+    sealer = Sealer(b"k" * 40)
+    view = ClusterView(sealer)
+    assert not view.apply(StoreEvent("head", sealer.seal("head", b"\xfd\xff")))
+    assert view.malformed == ["head"] and view.head is None
