@@ -47,7 +47,7 @@ def run_socket_door(name: str, count: int, seed: int, batch: int, work: Path, de
         cluster.wait_ready()
         key = ClusterKey.load(cluster.key_file)
         proc = next(iter(cluster.nodes.values())).proc
-        tier = cluster.node_table()[0].tier_address
+        tier = next(n.tier_address for n in cluster.node_table() if n.node_id == "node-0")
         door = {"agent": lambda: AgentDoor(cluster.head_address, key, proc), "tier": lambda: TierDoor(tier, key),
                 "tier-data": lambda: TierDataDoor(tier, key)}[name]()
     h = Hostile(random.Random(seed), Targets(str(canary)))
@@ -84,6 +84,9 @@ def run_socket_door(name: str, count: int, seed: int, batch: int, work: Path, de
 
 
 def run_document_door(name: str, count: int, seed: int, work: Path, deadline: float) -> dict:
+    import logging
+
+    logging.disable(logging.WARNING)  # each unreadable document is logged: millions of lines, and their time
     canary = plant_canary(work / f"canary-{name}")
     docs.plant_decoy(canary)
     answers: Counter[str] = Counter()

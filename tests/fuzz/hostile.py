@@ -125,12 +125,13 @@ class Hostile:
         if isinstance(t, mi.LiteralType):
             return self.rng.choice(t.values)
         if isinstance(t, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
-            n = self.count() if depth < 3 else 0
+            # Many items at the top only: a thousand lists of a thousand is a size no test can afford.
+            n = self.count() if depth < 2 else min(self.count(), 3) if depth < 3 else 0
             return [self.of(t.item_type, depth + 1) for _ in range(n)]
         if isinstance(t, mi.TupleType):
             return [self.of(x, depth + 1) for x in t.item_types]
         if isinstance(t, mi.DictType):
-            n = self.count() if depth < 3 else 0
+            n = self.count() if depth < 2 else min(self.count(), 3) if depth < 3 else 0
             return {self.key(t.key_type): self.of(t.value_type, depth + 1) for _ in range(n)}
         if isinstance(t, mi.StructType):
             return self.struct(t, depth + 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from outlast.client import discovery
@@ -28,7 +28,7 @@ from tests.fuzz.documents import RUN, WatchedStorage, document, plant_decoy, pla
 from tests.fuzz.doors import outside_writes, plant_canary
 from tests.fuzz.hostile import Hostile, Targets
 
-FUZZ = settings(max_examples=25, deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=25, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
