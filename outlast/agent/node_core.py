@@ -173,7 +173,8 @@ def unusable_names(node_id: str, **names: str) -> str | None:
     them, under the node's own directories), or None. Outlast's own are plain names: a run's id and an
     Executor's task id are hex, and RunConfig.name has neither '/' nor a NUL byte."""
     for field, value in names.items():
-        if not value or value in (".", "..") or "/" in value or "\0" in value or len(value.encode()) > 200:
+        # A name too long for a file only loses its output file (OutputTails.file_for says so): not refused here.
+        if not value or value in (".", "..") or "/" in value or "\0" in value:
             return (f"node {node_id}: {field}={value[:80]!r} cannot name a file on the node: it must be a non-empty "
-                    "name of at most 200 bytes, without '/' or a NUL byte, other than '.' and '..'")
+                    "name without '/' or a NUL byte, other than '.' and '..'")
     return None

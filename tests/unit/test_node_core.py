@@ -147,3 +147,14 @@ def test_a_spawn_beside_another_run_or_the_same_attempt_is_not_held():
     core.on_request(b"other", spawn(run_id="other", ranks=(0,), run_key="s3://b/other"), now=0.0)
     core.on_fork_server(m.Forked(run_id="other", attempt=1, rank=0, pid=11), wall=0.0)
     assert len(_forks(core.on_request(C, spawn(run_id="r", ranks=(0,), run_key="s3://b/run"), now=1.0))) == 1
+
+
+def test_a_spawn_whose_run_id_or_name_cannot_name_a_file_is_refused_saying_why():
+    core = NodeCore("n", 1)
+    for run_id, run_name in (("../../x", "r"), ("r", "a\0b"), ("", "r"), ("r", "..")):
+        spec = m.WorkerSpec(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1)
+        req = m.SpawnWorkers(run_id=run_id, attempt=1, controller_address="tcp://127.0.0.1:1", workers=[spec],
+                             payload=b"", env={}, cwd="/", sys_path=[], run_name=run_name, restore_checkpoint=None)
+        [effect] = core.on_request(b"driver", req, 0.0)
+        assert isinstance(effect, Send) and isinstance(effect.msg, m.SpawnRefused)
+        assert "cannot name a file on the node" in effect.msg.reason
