@@ -255,8 +255,8 @@ class TierDataDoor(Door):
                 self.data = connect_dealer(self.ctx, address)
 
     def knock(self, h: Hostile) -> None:
-        if self.data is None or self.offer is None or self.fetch is None:
-            self._open_transfers()
+        if self.opened == 0:
+            self._open_transfers()  # again after each check (`alive`), not at every case of a server that is gone
         if self.data is None:
             return
         r = h.rng.random()
@@ -295,6 +295,8 @@ class TierDataDoor(Door):
 
     def alive(self) -> str | None:
         problem = _tier_answers(self.probe, self.address)
+        if self.offer is None or self.fetch is None:
+            self.opened = 0
         if problem is not None or self.data is None:
             return problem
         _send(self.data, [encode(m.TierFetch(run="r", checkpoint_dir="c", rank=0, path="p", session=b"x" * 16))])

@@ -72,10 +72,13 @@ def tier_door(node):
 
 
 @pytest.fixture(scope="module")
-def tier_data_door(node):
-    door = TierDataDoor(_tier_address(node), ClusterKey.load(node.key_file))
-    yield door
-    door.close()
+def tier_data_door(tmp_path_factory):
+    # A node of its own: the request socket's fuzzing may end the tier server of the other.
+    with LocalCluster(num_nodes=1, preload=[], node_args=["--checkpoint-memory", "64MiB"],
+                      workdir=tmp_path_factory.mktemp("data-node")) as cluster:
+        door = TierDataDoor(_tier_address(cluster), ClusterKey.load(cluster.key_file))
+        yield door
+        door.close()
 
 
 @FUZZ
