@@ -257,6 +257,12 @@ class TierDataDoor(Door):
     def knock(self, h: Hostile) -> None:
         if self.opened == 0:
             self._open_transfers()  # again after each check (`alive`), not at every case of a server that is gone
+            if self.data is not None and self.fetch is not None:
+                # What issue 30 (item 3) found, sent every time: a file outside the copy, fetched inside its transfer.
+                transfer, offer = self.fetch
+                _send(self.data, [encode(m.TierFetch(run=offer.run, checkpoint_dir=offer.checkpoint_dir, rank=0,
+                                                     path=h.targets.paths()[1], length=4096,
+                                                     session=transfer.session))])
         if self.data is None:
             return
         r = h.rng.random()
@@ -281,6 +287,10 @@ class TierDataDoor(Door):
                     _send(self.data, sealer.seal(chunk, h.raw()))
                 else:
                     _send(self.data, [encode(chunk)])
+        self._take_all()
+
+    def _take_all(self) -> None:
+        """Count the data socket's answers, and open each chunk: none may hold the canary's secret."""
         for frames in _recv_all(self.data):
             self._count(frames[0], TIER_REPLIES)
             if len(frames) > 1 and self.fetch is not None:
@@ -302,8 +312,7 @@ class TierDataDoor(Door):
         _send(self.data, [encode(m.TierFetch(run="r", checkpoint_dir="c", rank=0, path="p", session=b"x" * 16))])
         if not self.data.poll(int(ANSWER_S * 1000)):
             return "the tier server's data socket did not answer a fetch of no transfer"
-        for frames in _recv_all(self.data):
-            self._count(frames[0], TIER_REPLIES)
+        self._take_all()
         return None
 
     def close(self) -> None:
@@ -372,7 +381,7 @@ class ForkServerDoor(Door):
         while True:
             try:
                 data = conn.recv_bytes()
-            except (EOFError, OSError):
+            except (EOFError, OSError, ValueError, TypeError):  # ended, or closed under us by `close`
                 return
             with self._lock:
                 self._count(data, FROM_ZYGOTE)
