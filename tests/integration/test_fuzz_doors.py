@@ -30,8 +30,9 @@ FUZZ = settings(max_examples=8, deadline=None, database=None, derandomize=True, 
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def canary(tmp_path_factory):
+    # One per test (Hypothesis's examples share it): what one door wrote outside its root is not another's.
     return plant_canary(tmp_path_factory.mktemp("fuzz") / "canary")
 
 
