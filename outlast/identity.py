@@ -50,7 +50,7 @@ def identify(pid: int) -> ProcessIdentity | None:
     try:
         p = psutil.Process(pid)
         return ProcessIdentity(pid=pid, started_at=p.create_time(), cmdline=p.cmdline())
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, ValueError, OverflowError):  # read from a file: -1, 0 or 2**63 names no process
         return None
 
 

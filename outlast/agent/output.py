@@ -79,7 +79,10 @@ def last_lines(path: str, n: int) -> list[str]:
 
 def read_output(log_dir: Path, req: m.ReadOutput) -> m.OutputLines:
     """Answer `ReadOutput`, for a file under this node's log directory only."""
-    path = os.path.realpath(req.path)
+    try:
+        path = os.path.realpath(req.path)
+    except ValueError:  # a NUL byte: no file has that name
+        return m.OutputLines(path=req.path, lines=[], error=f"{req.path!r} is not a path")
     if os.path.commonpath([path, os.path.realpath(log_dir)]) != os.path.realpath(log_dir):
         return m.OutputLines(path=req.path, lines=[], error=f"{req.path} is not an output file of this node")
     try:

@@ -76,7 +76,7 @@ class Sealer:
         """The bytes of a chunk the other side sealed; TransferError if they or their header changed."""
         try:
             return self._aead.decrypt(_nonce(1 - self._side, chunk.nonce), sealed, head)
-        except InvalidTag:
+        except (InvalidTag, OverflowError):  # OverflowError: a nonce no count of ours reaches (negative, or past 88 bits)
             raise TransferError(f"a chunk of {chunk.path} at {chunk.offset} failed its seal (changed on the way, "
                                 "or not of this transfer): refused") from None
 

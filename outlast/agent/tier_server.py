@@ -307,12 +307,12 @@ class TierServer:
                 data = session.sealer.open(head, msg, sealed)
             except TransferError as e:
                 return m.TierStored(**ids, node_id=self.store.node_id, ok=False, reason=str(e))
-            if msg.offset < 0 or msg.offset + len(data) > session.sizes[msg.path]:
+            if msg.offset < 0 or msg.offset + len(data) > session.sizes.get(msg.path, 0):
                 # The budget counts the declared sizes: nothing is written past them.
                 self._end(msg.session)
                 return m.TierStored(**ids, node_id=self.store.node_id, ok=False,
                                     reason=f"a chunk of {msg.path} at {msg.offset} ({len(data)} bytes) goes past its "
-                                           f"declared {session.sizes[msg.path]} bytes: the transfer is refused")
+                                           f"declared {session.sizes.get(msg.path, 0)} bytes: the transfer is refused")
             write_all(session.fds[msg.path], data, msg.offset)
             session.digests.update(msg.path, msg.offset, data)
             return m.TierAck(**ids, path=msg.path, offset=msg.offset)

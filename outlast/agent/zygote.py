@@ -41,7 +41,7 @@ from outlast.agent.worker_user import WorkerUser, drop_to, open_error_file
 from outlast.agent.worker_user import decode as decode_user
 from outlast.procutil import become_subreaper, decode_wait_status, die_with_parent, kill_tree, own_children
 from outlast.protocol import messages as m
-from outlast.protocol.transport import TO_ZYGOTE, encode
+from outlast.protocol.transport import TO_ZYGOTE, BadMessage, encode
 from outlast.trace import mark
 
 # What a forked child runs, by module path: the agent sits below the training runtime and the
@@ -138,6 +138,9 @@ class Zygote:
                 try:
                     order = TO_ZYGOTE.decode(self.conn.recv_bytes())
                     fd = recv_handle(self.conn) if isinstance(order, m.ForkChild) else -1
+                except BadMessage as e:  # the agent's own bug, or another outlast's: no fork, and the server stays
+                    print(f"outlast fork server: dropped a malformed request: {e}", file=sys.stderr)
+                    continue
                 except (EOFError, OSError, RuntimeError):
                     self.agent_gone()
                     return

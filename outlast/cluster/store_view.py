@@ -86,7 +86,12 @@ class ClusterView:
                 self.refused.append((event.key, why))
                 return False
         if event.key == "head":
-            old, self.head = self.head, value.decode() if value is not None else None
+            try:
+                head = value.decode() if value is not None else None
+            except UnicodeDecodeError:
+                self.malformed.append(event.key)
+                return False
+            old, self.head = self.head, head
             return old != self.head
         book = books[kind]
         if value is None:

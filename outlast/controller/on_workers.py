@@ -26,10 +26,26 @@ log = logging.getLogger("outlast.controller")
 # ---- workers ---------------------------------------------------------------------
 
 
+# A worker's counts (report index, collective seq, bytes) are below this: one past it is no count of a rank's,
+# and the answers made from it (a horizon index + n) would not encode.
+MAX_COUNT = 2**53
+
+
 def on_worker_message(c: "ControllerCore", msg: m.WorkerMessage) -> None:
     a = c.attempt
     if a is None or msg.attempt != a.number:
         return  # a straggler of an attempt that was torn down
+    if not 0 <= msg.rank < c.plan.world_size:
+        # Counted, a rank the attempt does not have would end it early (WorkerDone) or wait on it forever.
+        log.warning("ignored a %s from rank %d: attempt %d has ranks 0 to %d", type(msg).__name__, msg.rank,
+                    a.number, c.plan.world_size - 1)
+        return
+    for name in ("index", "seq", "reports", "count", "fetched_bytes", "total_bytes", "upload_bytes"):
+        value = getattr(msg, name, 0)
+        if not 0 <= value < MAX_COUNT:
+            log.warning("ignored a %s from rank %d: its %s is %d, no count of a rank's", type(msg).__name__,
+                        msg.rank, name, value)
+            return
     handler = WORKER_MESSAGES.get(type(msg))
     if handler is not None:
         handler(c, a, msg)

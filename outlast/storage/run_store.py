@@ -71,7 +71,20 @@ class RunStore:
             raise StorageFenced(f"not committing {manifest.checkpoint_dir}: {self.fenced}")
         self.storage.write_atomic(self.path(manifest.checkpoint_dir, r.MANIFEST_NAME), r.encode(manifest))
 
+    def _checkpoint_problem(self, checkpoint_dir: object) -> str | None:
+        """Why `checkpoint_dir` (read from a document: a run state, a report) names no checkpoint directory of this
+        run, or None: one directory name, inside the run's directory, never a path to follow out of it."""
+        if isinstance(checkpoint_dir, str) and naming.is_default_name(checkpoint_dir):
+            return None
+        problem = naming.name_problem(checkpoint_dir)
+        return None if problem is None or problem.startswith("the run directory") else problem
+
     def read_manifest(self, checkpoint_dir: str) -> r.Manifest | None:
+        """The manifest of a checkpoint of this run; `CorruptDocument` when it cannot be read, or when
+        `checkpoint_dir` is not the name of a checkpoint directory (then nothing is opened)."""
+        if (problem := self._checkpoint_problem(checkpoint_dir)) is not None:
+            raise r.CorruptDocument(f"{checkpoint_dir!r} in {self.storage.uri(self.run_dir)} is not the name of a "
+                                    f"checkpoint directory ({problem}): nothing was read there")
         try:
             data = self.storage.read_bytes(self.path(checkpoint_dir, r.MANIFEST_NAME))
         except FileNotFoundError:
@@ -121,6 +134,10 @@ class RunStore:
     def delete_checkpoint(self, checkpoint_dir: str) -> None:
         # The manifest goes first: a half-deleted directory must not look committed.
         if not self._may_write(f"(deleting) {checkpoint_dir}"):
+            return
+        if (problem := self._checkpoint_problem(checkpoint_dir)) is not None:
+            log.warning("not deleting %r in %s: it is not the name of a checkpoint directory (%s)", checkpoint_dir,
+                        self.storage.uri(self.run_dir), problem)
             return
         self.storage.delete(self.path(checkpoint_dir, r.MANIFEST_NAME))
         self.storage.delete(self.path(checkpoint_dir))

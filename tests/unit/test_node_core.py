@@ -5,10 +5,12 @@ from __future__ import annotations
 import signal
 
 import msgspec
+import pytest
 
 from outlast.agent.node_core import FinishOutput, Fork, NodeCore
 from outlast.agent.supervisor import Kill, Send
 from outlast.protocol import messages as m
+from outlast.protocol.transport import AGENT_REQUESTS, HEADER, BadMessage
 
 C = b"controller"
 
@@ -160,3 +162,12 @@ def test_each_rank_gets_threads_for_its_cpu_request_or_else_its_share_of_the_nod
                        sys_path=[], resources=m.Resources(num_cpus=3.0))
     [*_, fork] = NodeCore("n", pid=42, cpus=8.0).on_request(C, task, now=0.0)
     assert fork.threads == 3
+
+
+def test_a_spawn_whose_run_id_or_name_cannot_name_a_file_is_refused_when_its_frame_is_decoded():
+    # The agent names a rank's output and error files after them: no such spawn reaches the node's core.
+    good = msgspec.to_builtins(spawn(), builtin_types=(bytes,))
+    assert AGENT_REQUESTS.decode(HEADER + msgspec.msgpack.encode(good)) == spawn()
+    for run_id, run_name in (("../../x", "r"), ("r", "a\0b"), ("", "r"), ("r", "..")):
+        with pytest.raises(BadMessage, match="run"):
+            AGENT_REQUESTS.decode(HEADER + msgspec.msgpack.encode({**good, "run_id": run_id, "run_name": run_name}))
