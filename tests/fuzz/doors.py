@@ -22,8 +22,8 @@ import zmq
 from outlast.agent.tier_client import ASKER, Sealer, new_transfer
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
-from outlast.protocol.transport import (AGENT_EVENTS, FROM_ZYGOTE, HEAD_TO_MEMBER, TIER_REPLIES, BadMessage, HEADER, connect_dealer,
-                                        encode)
+from outlast.protocol.transport import (AGENT_EVENTS, FROM_ZYGOTE, HEAD_TO_MEMBER, HEADER, TIER_REPLIES, TO_ZYGOTE,
+                                        BadMessage, connect_dealer, encode)
 from outlast.storage.checksum import new_hasher
 from tests.fuzz.hostile import Hostile, classes_of
 
@@ -260,9 +260,10 @@ class TierDataDoor(Door):
             if self.data is not None and self.fetch is not None:
                 # What issue 30 (item 3) found, sent every time: a file outside the copy, fetched inside its transfer.
                 transfer, offer = self.fetch
-                _send(self.data, [encode(m.TierFetch(run=offer.run, checkpoint_dir=offer.checkpoint_dir, rank=0,
-                                                     path=h.targets.paths()[1], length=4096,
-                                                     session=transfer.session))])
+                # Written as a raw frame: such a message cannot be made (its path is checked when it is built).
+                _send(self.data, [HEADER + msgspec.msgpack.encode(dict(
+                    type="TierFetch", run=offer.run, checkpoint_dir=offer.checkpoint_dir, rank=0,
+                    path=h.targets.paths()[1], length=4096, session=transfer.session))])
         if self.data is None:
             return
         r = h.rng.random()
@@ -347,34 +348,55 @@ class ForkServerDoor(Door):
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
-    def _request(self, fields: dict) -> bytes:
+    def _order(self, fields: dict) -> bytes:
+        """A `ForkChild` frame with `fields`' hostile values and the agent's own paths (inside the root)."""
         self.n += 1
-        base = dict(type="ForkWorker", run_id="fuzz", attempt=0, controller_address="tcp://127.0.0.1:1",
-                    spec=dict(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1),
-                    payload=b"not a pickle", env={}, cwd=str(self.root), sys_path=[], run_name="fuzz",
-                    restore_checkpoint=None, node_id="n")
-        base.update(fields)
-        # The agent's own paths: inside the root.
+        base = dict(type="ForkChild", kind="worker", run_id="fuzz", attempt=0, rank=0, task_id="")
+        base.update({k: v for k, v in fields.items() if k in ("kind", "run_id", "attempt", "rank", "task_id")})
         base.update(error_file=str(self.root / f"e{self.n}.json"), output_file=str(self.root / f"o{self.n}.log"),
-                    cgroup_procs=[], cwd=str(self.root))
+                    cgroup_procs=[])
         return HEADER + msgspec.msgpack.encode(base)
+
+    def _send(self, frame: bytes) -> None:
+        """As the agent writes: a frame that is a `ForkChild` is followed by the fd of its child's request (a
+        worker whose payload is not a pickle: it ends at once); any other frame goes alone."""
+        from multiprocessing.reduction import send_handle
+
+        from outlast.agent import fork_request
+
+        try:
+            order = TO_ZYGOTE.decode(frame)
+        except BadMessage:
+            order = None
+        conn = self.forks.active.conn
+        try:
+            conn.send_bytes(frame)
+            if isinstance(order, m.ForkChild):
+                fd = fork_request.sealed(m.ForkWorker(
+                    run_id=order.run_id if order.run_id else "fuzz", attempt=0,
+                    spec=m.WorkerSpec(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1),
+                    controller_address="tcp://127.0.0.1:1", payload=b"not a pickle", env={}, cwd=str(self.root),
+                    sys_path=[], run_name="fuzz", restore_checkpoint=None, node_id="n",
+                    error_file=order.error_file))
+                try:
+                    send_handle(conn, fd, self.forks.proc.pid)
+                finally:
+                    os.close(fd)
+        except (OSError, ValueError):
+            pass  # it died, or the hostile run id makes no request: `alive` says which
 
     def knock(self, h: Hostile) -> None:
         if h.rng.random() < 0.9:
-            frame = h.frame([m.ForkWorker, m.ForkTask])
+            frame = h.frame([m.ForkChild])
             try:
                 decoded = msgspec.msgpack.decode(frame[len(HEADER):]) if frame.startswith(HEADER) else None
             except msgspec.DecodeError:
                 decoded = None
-            if isinstance(decoded, dict) and decoded.get("type") in ("ForkWorker", "ForkTask"):
-                frame = self._request(decoded)  # one that would fork: its hostile fields, the agent's paths
+            if isinstance(decoded, dict) and decoded.get("type") == "ForkChild":
+                frame = self._order(decoded)  # one that would fork: its hostile fields, the agent's paths
         else:
-            fields = h.message(m.ForkWorker)
-            frame = self._request({k: fields[k] for k in ("run_id", "attempt", "env", "sys_path") if k in fields})
-        try:
-            self.forks.active.conn.send_bytes(frame)
-        except OSError:
-            pass  # it died: `alive` says so
+            frame = self._order(h.message(m.ForkChild))
+        self._send(frame)
 
     def _read(self) -> None:
         conn = self.forks.active.conn
@@ -397,7 +419,7 @@ class ForkServerDoor(Door):
         if proc is None or proc.poll() is not None:
             return f"the fork server exited with {proc.returncode if proc else '?'}"
         probe = f"probe-{self.n}"
-        self.forks.active.conn.send_bytes(self._request({"run_id": probe}))
+        self._send(self._order({"run_id": probe}))
         deadline = time.monotonic() + ANSWER_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
