@@ -153,10 +153,12 @@ def hostile_storage(base: Path, log_dir: Path) -> Storage:
         for i, c in enumerate(bad_ckpts)])))
     _write(root / "manifests" / CHECKPOINT / MANIFEST_NAME, b" " * HUGE_BYTES)
     _write(root / "manifests" / "garbage" / MANIFEST_NAME, b"{]")
+    # A manifest outlast cannot make (its paths are checked when built and read), written as a stranger would.
     _write(root / "manifests" / "escape" / MANIFEST_NAME, encode(Manifest(
         checkpoint_dir="escape", seq=5, attempt=1, report_index=0, committed_at=1.0, ranks=[0],
-        files=[FileEntry(path="../../../outside/canary.txt", size=10, xxh3_128="0" * 32),
-               FileEntry(path="/etc/hostname", size=10, xxh3_128="0" * 32)])))
+        files=[FileEntry(path="escape-1", size=10, xxh3_128="0" * 32),
+               FileEntry(path="escape-2", size=10, xxh3_128="0" * 32)])).replace(
+        b'"escape-1"', b'"../../../outside/canary.txt"').replace(b'"escape-2"', b'"/etc/hostname"'))
     for name, segment in [("reportgarbage", b"{"), ("reporthuge", b" " * HUGE_BYTES),
                           ("reporttypes", b'{"attempt": "1", "first_index": [], "reports": {}}')]:
         run(name, encode(_state(name, attempts=[AttemptRecord(attempt=1, started_at=1.0, ended_at=2.0)])))
