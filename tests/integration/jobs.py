@@ -429,3 +429,20 @@ def threads_loop(config: dict) -> None:
 
     log_event(config, event="threads", torch=torch.get_num_threads(), interop=torch.get_num_interop_threads(),
               omp=os.environ.get("OMP_NUM_THREADS"))
+
+
+def fit_counting(storage_path, events, *, steps: int = 10, storage: str = "storage", fault: dict | None = None,
+                 every: int = 3, pad_bytes: int = 0):
+    """`counting_loop` on 2 ranks spread over the nodes, each writing its own files (`pad_bytes` more each),
+    checkpointing every `every` steps at the level `storage`, with one retry."""
+    from outlast.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, Trainer
+
+    config = {"events": str(events), "steps": steps, "every": every, "sharded": True, "delete_after_report": True,
+              "step_sleep": 0.05, "pad_bytes": pad_bytes}
+    if fault is not None:
+        config["fault"] = fault
+    return Trainer(counting_loop, train_loop_config=config,
+                   scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD"),
+                   run_config=RunConfig(name="run", storage_path=storage_path,
+                                        failure_config=FailureConfig(max_failures=1),
+                                        checkpoint_config=CheckpointConfig(checkpoint_storage=storage))).fit()

@@ -14,8 +14,7 @@ import pytest
 
 from outlast.storage.records import MANIFEST_NAME
 from outlast.testing import LocalCluster
-from outlast.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, Trainer
-from tests.integration.jobs import counting_loop, read_events
+from tests.integration.jobs import fit_counting, read_events
 from tests.integration.procs import wait_until
 
 
@@ -30,16 +29,6 @@ def _state(storage_path) -> dict:
     return json.loads((Path(storage_path) / "run" / "run_state.json").read_text())
 
 
-def _fit(storage_path, events, steps, fault=None, storage="storage", every=3):
-    config = {"events": str(events), "steps": steps, "every": every, "sharded": True, "delete_after_report": True,
-              "step_sleep": 0.05}
-    if fault is not None:
-        config["fault"] = fault
-    return Trainer(counting_loop, train_loop_config=config,
-                   scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD"),
-                   run_config=RunConfig(name="run", storage_path=storage_path,
-                                        failure_config=FailureConfig(max_failures=1),
-                                        checkpoint_config=CheckpointConfig(checkpoint_storage=storage))).fit()
 
 
 def _restored(events) -> list:
@@ -48,7 +37,7 @@ def _restored(events) -> list:
 
 def test_a_killed_rank_restores_from_the_copy_in_its_nodes_memory(cluster, storage_path, tmp_path, capfd):
     events = tmp_path / "events.jsonl"
-    result = _fit(storage_path, events, steps=10, fault={"rank": 1, "step": 6, "when": "after_report", "kind": "kill"})
+    result = fit_counting(storage_path, events, steps=10, fault={"rank": 1, "step": 6, "when": "after_report", "kind": "kill"})
     assert result.last_metrics == {"step": 9}
     assert _restored(events) == [5, 5]
     out = capfd.readouterr()
@@ -78,7 +67,7 @@ def test_a_lost_nodes_ranks_restore_from_the_replica_on_the_node_left(cluster, s
 
     killer = threading.Thread(target=kill_once_replicated, daemon=True)
     killer.start()
-    result = _fit(storage_path, events, steps=40, every=6,
+    result = fit_counting(storage_path, events, steps=40, every=6,
                   fault={"rank": 1, "step": 7, "when": "after_report", "kind": "hold"})
     killer.join()
     assert result.last_metrics == {"step": 39}
@@ -91,7 +80,7 @@ def test_a_lost_nodes_ranks_restore_from_the_replica_on_the_node_left(cluster, s
 
 def test_a_memory_only_run_commits_without_storage_and_restores_from_memory(cluster, storage_path, tmp_path, capfd):
     events = tmp_path / "events.jsonl"
-    result = _fit(storage_path, events, steps=10, storage="memory",
+    result = fit_counting(storage_path, events, steps=10, storage="memory",
                   fault={"rank": 0, "step": 6, "when": "after_report", "kind": "kill"})
     assert result.last_metrics == {"step": 9}
     assert _restored(events) == [5, 5]
@@ -127,7 +116,7 @@ def test_a_memory_only_run_moved_to_a_third_node_restores_from_copies_pulled_fro
 
         killer = threading.Thread(target=kill_once_replicated, daemon=True)
         killer.start()
-        result = _fit(storage_path, events, steps=40, every=6, storage="memory")
+        result = fit_counting(storage_path, events, steps=40, every=6, storage="memory")
         killer.join()
     assert result.last_metrics == {"step": 39}
     starts = [e for e in read_events(events) if e["event"] == "start" and e["attempt"] == 2]

@@ -21,8 +21,7 @@ from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
 from outlast.storage.checksum import hash_file
 from outlast.storage.memtier import CopyKey
 from outlast.testing import LocalCluster
-from outlast.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, Trainer
-from tests.integration.jobs import counting_loop
+from tests.integration.jobs import fit_counting
 from tests.integration.procs import wait_until
 
 KB, MB = 2**10, 2**20
@@ -32,16 +31,6 @@ def _tier_of(cluster, node_id: str) -> str:
     return next(n.tier_address for n in cluster.node_table() if n.node_id == node_id)
 
 
-def _fit(storage_path, events, storage: str, fault=None, pad_bytes=0, steps=10):
-    config = {"events": str(events), "steps": steps, "every": 3, "sharded": True, "delete_after_report": True,
-              "step_sleep": 0.05, "pad_bytes": pad_bytes}
-    if fault is not None:
-        config["fault"] = fault
-    return Trainer(counting_loop, train_loop_config=config,
-                   scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD"),
-                   run_config=RunConfig(name="run", storage_path=storage_path,
-                                        failure_config=FailureConfig(max_failures=1),
-                                        checkpoint_config=CheckpointConfig(checkpoint_storage=storage))).fit()
 
 
 def _left_in(tier_dir: Path) -> list[str]:
@@ -64,7 +53,7 @@ def test_a_storage_run_that_restored_from_memory_leaves_nothing_of_itself_under_
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     events = tmp_path / "events.jsonl"
     with LocalCluster(num_nodes=2, node_timeout_s=2, cpus_per_node=2, workdir=tmp_path / "cl") as cluster:
-        result = _fit(storage_path, events, "storage", pad_bytes=MB,
+        result = fit_counting(storage_path, events, storage="storage", pad_bytes=MB,
                       fault={"rank": 1, "step": 6, "when": "after_report", "kind": "kill"})
         left = _left_in(cluster.tier_dir)
     assert result.last_metrics == {"step": 9}
@@ -90,7 +79,7 @@ def test_a_memory_run_keeps_its_copies_and_its_restore_links_pin_nothing_outside
     # About 2.1 MiB a checkpoint on each node: the budget keeps two, so the one restored is evicted later.
     with LocalCluster(num_nodes=2, node_timeout_s=2, cpus_per_node=2, workdir=tmp_path / "cl",
                       node_args=["--checkpoint-memory", "5MiB"]) as cluster:
-        result = _fit(storage_path, tmp_path / "events.jsonl", "memory", pad_bytes=MB, steps=15,
+        result = fit_counting(storage_path, tmp_path / "events.jsonl", storage="memory", pad_bytes=MB, steps=15,
                       fault={"rank": 0, "step": 6, "when": "after_report", "kind": "kill"})
         ctx = zmq.Context()
         try:
@@ -182,7 +171,7 @@ def test_a_full_tmpfs_is_answered_with_its_error_and_the_agent_goes_on_holding_a
             ctx.destroy(linger=0)
 
         # A run kept in memory commits on the same agents.
-        _fit(storage_path, tmp_path / "events.jsonl", "memory")
+        fit_counting(storage_path, tmp_path / "events.jsonl", storage="memory")
         state = json.loads((Path(storage_path) / "run" / "run_state.json").read_text())
         assert state["checkpoints"] and all(r["memory_at"] for r in state["checkpoints"]), state["checkpoints"]
 
