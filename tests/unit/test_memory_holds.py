@@ -49,6 +49,17 @@ def committed(h, rank):
     return [type(x) for x in h.to_rank(rank) if isinstance(x, (m.Committed, m.CommitFailed))]
 
 
+def lose_nodes_and_restart(h, dead):
+    """The head's table says `dead` are dead, both ranks (on n1 and n2) fail, and the next attempt is placed."""
+    h.core.nodes.set_table([msgspec.structs.replace(n, state="dead" if n.node_id in dead else n.state)
+                            for n in h.core.nodes.nodes.values()])
+    h.agent("n1", h.exited(0, "n1", code=1))
+    h.agent("n2", h.exited(1, "n2", code=1))
+    for _ in range(5):
+        h.release()
+        h.step(dt=0.5)
+
+
 def test_storage_ranks_hear_the_commit_once_the_manifest_is_written_and_their_nodes_have_copied_their_files():
     h, placement = tiered()
     report(h, 0)
@@ -216,14 +227,7 @@ def test_memory_a_checkpoint_one_of_whose_ranks_lost_both_holders_is_skipped_tho
     first, middle, newest = h.core.book.state.checkpoints
     assert newest.memory_ranks == {0: ["n1", "n2"], 1: ["n2", "n3"]}
     h.core.book.note_memory(first.checkpoint_dir, {0: ["n1", "n2"], 1: ["n2", "n3", "n1"]}, None)  # n1 pulled it
-    table = [msgspec.structs.replace(n, state="dead" if n.node_id in ("n2", "n3") else n.state)
-             for n in h.core.nodes.nodes.values()]
-    h.core.nodes.set_table(table)
-    h.agent("n1", h.exited(0, "n1", code=1))
-    h.agent("n2", h.exited(1, "n2", code=1))
-    for _ in range(5):
-        h.release()
-        h.step(dt=0.5)
+    lose_nodes_and_restart(h, dead=("n2", "n3"))
     assert h.core.attempt.number == 2 and h.core.attempt.restore == first.checkpoint_dir
     assert h.core.book.state.attempts[-1].restored_from == first.checkpoint_dir
     skipped = h.core.book.state.skipped_checkpoints
@@ -310,14 +314,7 @@ def test_storage_a_new_attempt_pulls_from_the_peers_memory_first_and_notes_a_cor
     for a in asks(h):
         h.step(stored(a, replica=NEXT[a.node_id]))
     assert h.core.book.state.checkpoints[-1].memory == ["n1", "n2", "n3"]
-    table = [msgspec.structs.replace(n, state="dead" if n.node_id == "n2" else n.state)
-             for n in h.core.nodes.nodes.values()]
-    h.core.nodes.set_table(table)
-    h.agent("n1", h.exited(0, "n1", code=1))
-    h.agent("n2", h.exited(1, "n2", code=1))
-    for _ in range(5):
-        h.release()
-        h.step(dt=0.5)
+    lose_nodes_and_restart(h, dead=("n2",))
     pulls = asks(h, m.TierPull)
     # Storage holds it too, but a peer's RAM comes first.
     assert sorted((a.node_id, a.msg.rank) for a in pulls) == [("n1", 1), ("n3", 0)]
