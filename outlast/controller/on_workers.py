@@ -69,6 +69,7 @@ def _on_hello(c: "ControllerCore", a: AttemptState, msg: m.WorkerHello) -> None:
 
 def _on_set_up(c: "ControllerCore", a: AttemptState, msg: m.SetUp) -> None:
     a.set_up.add(msg.rank)
+    c.send_to_rank(msg.rank, m.SetUpHeard(attempt=a.number, rank=msg.rank), a.number)
 
 
 def _on_query(c: "ControllerCore", a: AttemptState, msg: m.PreemptionQuery) -> None:

@@ -442,6 +442,15 @@ class SetUp(Msg):
     rank: int
 
 
+class SetUpHeard(Msg):
+    """The controller heard the rank's `SetUp`. The rank waits for it before its train function runs, for
+    the reason it waits for `Welcome`: a `SetUp` still queued when a rank dies right away would be lost, and
+    the train function's failure taken for outlast's set-up's."""
+
+    attempt: int
+    rank: int
+
+
 class Report(Msg):
     attempt: int
     rank: int
@@ -813,7 +822,7 @@ HeadToMember = Union[HeartbeatAck, NodeDraining]
 WorkerMessage = Union[WorkerHello, SetUp, Report, UploadDone, CollectiveRequest, PreemptionQuery, WorkerDone, RestoreProgress,
                       Progress, StackDump, CheckpointsQuery]
 ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveTimeout, PreemptionGrant, PreemptionNotice,
-                           DumpStacks, CheckpointsList, Welcome]
+                           DumpStacks, CheckpointsList, Welcome, SetUpHeard]
 
 
 # ---- node agent <-> its fork server (the zygote) ---------------------------------

@@ -86,7 +86,7 @@ class WorkerSession:
 
     def set_up(self) -> None:
         """The backend is set up: a failure before this was outlast's own set-up's."""
-        self._send(self._core.set_up())
+        self._run(self._core.set_up(time.monotonic()))
 
     # -- reports and checkpoints ------------------------------------------------
 

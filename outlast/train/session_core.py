@@ -97,8 +97,10 @@ class SessionCore:
         return self._ask(None, lambda r: isinstance(r, m.Welcome), lambda r, at: Step(), "the controller's welcome",
                          now)
 
-    def set_up(self) -> m.SetUp:
-        return m.SetUp(attempt=self.attempt, rank=self.rank)
+    def set_up(self, now: float = 0.0) -> Step:
+        """Say the set-up is done, and wait until the controller has heard it (`m.SetUpHeard`)."""
+        return self._ask(m.SetUp(attempt=self.attempt, rank=self.rank), lambda r: isinstance(r, m.SetUpHeard),
+                         lambda r, at: Step(), "the controller to hear the set-up", now)
 
     # -- messages in --------------------------------------------------------------
 

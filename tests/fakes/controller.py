@@ -79,9 +79,10 @@ class Harness:
         return self.step(g.FromAgent(node_id, event))
 
     def to_rank(self, rank: int) -> list[m.Msg]:
-        """What the controller said to `rank`, less the `Welcome` every hello gets."""
+        """What the controller said to `rank`, less the `Welcome` every hello gets and the `SetUpHeard` every
+        `SetUp` gets."""
         return [e.msg for e in self.effects if isinstance(e, g.ToRank) and e.rank == rank
-                and not isinstance(e.msg, m.Welcome)]
+                and not isinstance(e.msg, m.Welcome | m.SetUpHeard)]
 
     def spawned(self) -> dict[int, str]:
         """rank -> node of the latest attempt's spawns."""

@@ -4,7 +4,10 @@ retry: an import error in the train function's module, and use_gpu=True on a nod
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,14 @@ if "OUTLAST_ATTEMPT" in os.environ:  # on the workers only: a package the nodes 
 def train_fn(config):
     pass
 '''
+
+
+def killed_at_once(config):
+    from outlast.train import get_context
+
+    if get_context().get_world_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # before any call that would carry a message after the set-up's
+    time.sleep(60)
 
 
 def _state(storage_path) -> dict:
@@ -87,3 +98,16 @@ def test_a_rank_killed_in_the_rendezvous_is_retried_on_the_setup_budget_and_not_
     assert first["outcome"] == "failed" and first["failures"][0]["rank"] == 1 and first["failures"][0]["signal"] == 9
     (note,) = [n["text"] for n in state["notes"] if "set-up" in n["text"]]
     assert note.startswith("attempt 1: rank 1") and "set-up failure 1 of 3, not counted against max_failures" in note
+
+
+def test_a_rank_killed_as_its_train_function_starts_is_charged_to_max_failures_not_to_the_set_up(storage_path):
+    # The rank's SetUp is the last message it sends; it dies the instant after. Unless the controller had heard
+    # it before the train function ran, the death would be taken for outlast's set-up's and retried for free.
+    with pytest.raises(TrainingFailedError):
+        Trainer(killed_at_once, scaling_config=ScalingConfig(num_workers=2),
+                run_config=RunConfig(name="run", storage_path=storage_path,
+                                     failure_config=FailureConfig(max_failures=0))).fit()
+    state = _state(storage_path)
+    assert len(state["attempts"]) == 1 and state["status"] == "errored"
+    assert "setup" not in state["failure_counts"]
+    assert state["attempts"][0]["failures"][0]["rank"] == 1 and state["attempts"][0]["failures"][0]["signal"] == 9

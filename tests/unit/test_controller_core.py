@@ -230,3 +230,11 @@ def test_every_hello_is_welcomed_so_a_rank_knows_it_was_heard_before_its_set_up(
     welcomes = [(e.rank, e.msg) for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.Welcome)]
     n = h.core.attempt.number
     assert sorted(welcomes, key=lambda x: x[0]) == [(0, m.Welcome(attempt=n, rank=0)), (1, m.Welcome(attempt=n, rank=1))]
+
+
+def test_every_set_up_is_heard_so_a_rank_knows_a_death_after_it_is_its_train_functions():
+    h = make()
+    start(h)
+    n = h.core.attempt.number
+    heard = sorted((e.rank, e.msg) for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.SetUpHeard))
+    assert heard == [(0, m.SetUpHeard(attempt=n, rank=0)), (1, m.SetUpHeard(attempt=n, rank=1))]

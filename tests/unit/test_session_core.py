@@ -120,3 +120,11 @@ def test_the_set_up_waits_for_the_controllers_welcome_which_may_have_come_first(
     early = SessionCore(attempt=1, rank=0)
     assert early.receive(m.Welcome(attempt=1, rank=0), now=0.0) is None  # kept for the call
     assert early.welcome().waiting is None
+
+
+def test_the_train_function_waits_until_the_controller_has_heard_the_set_up():
+    core = SessionCore(attempt=1, rank=0)
+    step = core.set_up()
+    assert step.send == (m.SetUp(attempt=1, rank=0),) and step.waiting == "the controller to hear the set-up"
+    assert core.receive(m.Welcome(attempt=1, rank=0), now=0.0) is None  # not its reply
+    assert core.receive(m.SetUpHeard(attempt=1, rank=0), now=0.0) is not None
