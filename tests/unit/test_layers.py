@@ -1,4 +1,5 @@
-"""Layers point one way: a module imports only from its own package or from a lower layer.
+"""Layers point one way: a module imports only from its own package or from a lower layer; inside the
+controller, no module imports itself back through others.
 
 The order is the one docs/architecture.md describes. Every import counts, including those
 inside functions and under TYPE_CHECKING: a lazy import is still an arrow between layers.
@@ -117,3 +118,68 @@ def test_the_check_sees_a_package_imported_from_the_top_package(tmp_path):
     (pkg / "train").mkdir()
     problems = upward_arrows(pkg)
     assert len(problems) == 1 and "imports outlast.train" in problems[0]
+
+
+# ---- no circle of imports inside the controller -----------------------------------------------------
+
+
+def module_arrows(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package (a package right under outlast) it imports, every import
+    counted as above."""
+    names = {module_name(path, package.parent): path for path in sorted(package.rglob("*.py"))}
+    arrows: dict[str, set[str]] = {name: set() for name in names}
+    for name, path in names.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from outlast.controller import lifecycle` names a module; `from outlast.controller.x import f` does not.
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                           for a in node.names]
+            else:
+                continue
+            arrows[name] |= {t for t in targets if t in names and t != name}
+    return arrows
+
+
+def circles(arrows: dict[str, set[str]]) -> list[list[str]]:
+    """The sets of modules that import each other round a circle (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(arrows[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            ring = []
+            while True:
+                w = stack.pop()
+                ring.append(w)
+                if w == v:
+                    break
+            if len(ring) > 1:
+                found.append(sorted(ring))
+
+    for v in sorted(arrows):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_check_names_a_circle_through_a_type_only_import(tmp_path):
+    pkg = tmp_path / "outlast" / "controller"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("from outlast.controller import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from outlast.controller.c import C\n")
+    (pkg / "c.py").write_text("def f():\n    from outlast.controller.a import x\n")
+    (pkg / "d.py").write_text("from outlast.controller.a import x\n")
+    assert circles(module_arrows(pkg)) == [["outlast.controller.a", "outlast.controller.b", "outlast.controller.c"]]
