@@ -104,11 +104,11 @@ def unsettled_below(c: "ControllerCore", a: AttemptState, index: int) -> bool:
         or any(h.attempt == a.number and h.on_all is not None and h.index < index for h in c.holds.values())
 
 
-def _checksums_read(c: "ControllerCore", done: fx.StorageDone, pending: PendingCheckpoint, attempt: int,
+def _checksums_read(c: "ControllerCore", done: fx.ChecksumsRead, pending: PendingCheckpoint, attempt: int,
                     merged: MergedFiles) -> None:
     c.reading_back.pop(pending.checkpoint_dir, None)
     try:
-        merged = settle(merged, done.value)
+        merged = settle(merged, done.checksums)
     except ValueError as e:
         fail_commit(c, pending, attempt, str(e))
         return
@@ -227,9 +227,8 @@ def check_uploads_of(c: "ControllerCore", a: AttemptState, rank: int) -> None:
         c.checking_uploads[effect_id] = (a.number, rank, pending.index, pending.checkpoint_dir)
 
 
-def _uploads_checked(c: "ControllerCore", done: fx.StorageDone) -> None:
-    number, rank, index, name = c.checking_uploads.pop(done.id)
-    found: fx.UploadsFound = done.value
+def _uploads_checked(c: "ControllerCore", found: fx.UploadsFound) -> None:
+    number, rank, index, name = c.checking_uploads.pop(found.id)
     a = c.attempt
     if a is None or a.number != number or not any(p.index == index for p in c.commits.awaiting_uploads_of(rank)):
         return  # its UploadDone came meanwhile, or the attempt is over
@@ -281,8 +280,7 @@ def on_storage_failed(c: "ControllerCore", effect: fx.StorageEffect, failed: fx.
     if isinstance(effect, fx.ReadChecksums):
         c.reading_back.pop(effect.checkpoint_dir, None)
     if isinstance(effect, fx.CheckUploads):  # not a write: the checkpoint is not committed, the run goes on
-        _uploads_checked(c, fx.StorageDone(failed.id, fx.UploadsFound(
-            missing=(f"storage failed {failed.what}: {failed.error}",))))
+        _uploads_checked(c, fx.UploadsFound(failed.id, missing=(f"storage failed {failed.what}: {failed.error}",)))
         return
     if not c.state.kind.is_terminal:
         lifecycle.give_up(c, said)
@@ -349,13 +347,13 @@ def read_restorable(c: "ControllerCore", a: AttemptState) -> None:
                   partial(_restorable_read, a=a, asked=c.book.state.latest_checkpoint))
 
 
-def _restorable_read(c: "ControllerCore", done: fx.StorageDone, a: AttemptState, asked: str) -> None:
+def _restorable_read(c: "ControllerCore", done: fx.ManifestsRead, a: AttemptState, asked: str) -> None:
     if c.attempt is not a:
         return
     if c.book.state.latest_checkpoint != asked:  # a commit landed meanwhile: read again
         read_restorable(c, a)
         return
-    for read in done.value:
+    for read in done.reads:
         if read.newer is not None:
             lifecycle.give_up(c, read.newer)
             return

@@ -222,12 +222,13 @@ def _on_storage_slow(c: ControllerCore, event: fx.StorageSlow) -> None:
                 "answered), and a commit waits for it", event.what, event.for_s)
 
 
-STORAGE_EVENTS = (fx.StorageDone, fx.StorageFailed, fx.StorageSlow, fx.TierAnswered)
+ANSWERS = (fx.StorageDone, fx.ManifestWritten, fx.ChecksumsRead, fx.UploadsFound, fx.ManifestsRead)
+STORAGE_EVENTS = (*ANSWERS, fx.StorageFailed, fx.StorageSlow, fx.TierAnswered)
 
 EVENTS: dict[type, Callable] = {
     FromWorker: _on_worker, RefusedFromWorker: _on_refused, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
     Started: _on_started, LeaseLost: _on_lease_lost, Interrupted: _on_interrupted, Tick: lambda c, e: None,
-    fx.StorageDone: _on_storage_done, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,
+    **{answer: _on_storage_done for answer in ANSWERS}, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,
     fx.TierAnswered: memory_holds.on_tier_answered,
 }
 

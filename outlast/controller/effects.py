@@ -13,7 +13,7 @@ queued is not written: the newer includes it), so it is never behind what was co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from outlast.protocol.messages import FileEntry
@@ -82,6 +82,18 @@ class CheckUploads:
     files: tuple[tuple[str, int], ...]  # (path under the checkpoint directory, size)
 
 
+class EffectIds:
+    """The ids of one core's effects, drawn by the core and by its commit machine (`commits/`) alike, so
+    that an answer's id names one effect."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def take(self) -> int:
+        self._last += 1
+        return self._last
+
+
 StorageEffect = Union[WriteRunState, WriteManifest, DeleteCheckpoint, RemoveUncommitted, ReadManifests,
                       ReadChecksums, CheckUploads]
 STORAGE_EFFECTS = (WriteRunState, WriteManifest, DeleteCheckpoint, RemoveUncommitted, ReadManifests, ReadChecksums,
@@ -121,12 +133,53 @@ class TierAsk:
 
 
 @dataclass(frozen=True)
+class ManifestRead:
+    """One candidate of `ReadManifests`: `ranks` when readable, `skip` when it cannot be restored,
+    `unreadable` when storage failed (it is restored all the same: its workers retry), `newer` when a newer
+    outlast wrote it (the run stops)."""
+
+    checkpoint_dir: str
+    ranks: tuple[int, ...] | None = None
+    skip: str | None = None
+    unreadable: str | None = None
+    newer: str | None = None
+
+
+@dataclass(frozen=True)
 class StorageDone:
-    """The effect `id` was carried out; `value` is what it found (see `storage_io.perform`)."""
+    """The effect `id` was carried out. A write or delete is answered with this; a read, or a write whose
+    answer carries what it found, with the typed answers below."""
 
     id: int
-    value: object = None
     warning: str | None = None  # done, but not wholly: a refused delete
+
+
+@dataclass(frozen=True)
+class ManifestWritten(StorageDone):
+    """`WriteManifest` is done: the manifest is the commit point."""
+
+
+@dataclass(frozen=True)
+class ChecksumsRead(StorageDone):
+    """What `ReadChecksums` found: path -> (algorithm, digest) of the stored copy, None where it could not be read."""
+
+    checksums: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UploadsFound(StorageDone):
+    """What `CheckUploads` found: `files` with their checksums (of the stored bytes) when every one is
+    there at its size; else `missing`, each "path: why"."""
+
+    files: tuple[FileEntry, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManifestsRead(StorageDone):
+    """What `ReadManifests` found, candidate by candidate until one can be restored (or a newer outlast wrote it)."""
+
+    reads: tuple[ManifestRead, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,7 +200,8 @@ class StorageSlow:
     for_s: float
 
 
-StorageEvent = Union[StorageDone, StorageFailed, StorageSlow]
+StorageEvent = Union[StorageDone, ManifestWritten, ChecksumsRead, UploadsFound, ManifestsRead, StorageFailed,
+                     StorageSlow]
 
 
 @dataclass(frozen=True)
@@ -157,25 +211,3 @@ class TierAnswered:
     id: int
     reply: object = None
     error: str = ""
-
-
-@dataclass(frozen=True)
-class UploadsFound:
-    """What `CheckUploads` found: `files` with their checksums (of the stored bytes) when every one is
-    there at its size; else `missing`, each "path: why"."""
-
-    files: tuple[FileEntry, ...] = ()
-    missing: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ManifestRead:
-    """One candidate of `ReadManifests`: `ranks` when readable, `skip` when it cannot be restored,
-    `unreadable` when storage failed (it is restored all the same: its workers retry), `newer` when a newer
-    outlast wrote it (the run stops)."""
-
-    checkpoint_dir: str
-    ranks: tuple[int, ...] | None = None
-    skip: str | None = None
-    unreadable: str | None = None
-    newer: str | None = None

@@ -1,8 +1,9 @@
 """The controller's storage effects carried out: the one module of the controller that calls storage.
 
 `perform(effect, store, retry)` makes the calls, retried as `outlast/storage/retry.py` says, and
-returns the event the core hears: `StorageDone` with what was found, or `StorageFailed` with what
-storage said. Both executors (the driver's thread, the simulator's) call it.
+returns the event the core hears: `StorageDone` (or, for a manifest written and for what a read found,
+its typed kind: `ManifestWritten`, `ManifestsRead`, `ChecksumsRead`, `UploadsFound`), or `StorageFailed`
+with what storage said. Both executors (the driver's thread, the simulator's) call it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.Stor
         fault_point("commit.before_manifest")
         retry()(store.write_manifest, effect.manifest)
         fault_point("commit.after_manifest")
-        return fx.StorageDone(effect.id)
+        return fx.ManifestWritten(effect.id)
     if isinstance(effect, fx.DeleteCheckpoint):
         try:
             retry()(store.delete_checkpoint, effect.checkpoint_dir)
@@ -56,12 +57,12 @@ def _perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.Stor
             return fx.StorageDone(effect.id, warning=f"could not remove uncommitted checkpoint directories: {e}")
         return fx.StorageDone(effect.id)
     if isinstance(effect, fx.ReadManifests):
-        return fx.StorageDone(effect.id, _read_manifests(effect.candidates, store, retry))
+        return fx.ManifestsRead(effect.id, reads=tuple(_read_manifests(effect.candidates, store, retry)))
     if isinstance(effect, fx.ReadChecksums):
-        return fx.StorageDone(effect.id, {path: _stored_checksum(store, effect.checkpoint_dir, path, algorithm, retry)
-                                          for path, algorithm in effect.paths})
+        return fx.ChecksumsRead(effect.id, checksums={
+            path: _stored_checksum(store, effect.checkpoint_dir, path, algorithm, retry) for path, algorithm in effect.paths})
     if isinstance(effect, fx.CheckUploads):
-        return fx.StorageDone(effect.id, _check_uploads(effect, store, retry))
+        return _check_uploads(effect, store, retry)
     raise TypeError(f"not a storage effect: {effect!r}")
 
 
@@ -113,15 +114,15 @@ def _check_uploads(effect: fx.CheckUploads, store: RunStore, retry: Retry) -> fx
             missing.append(f"{path}: not in storage")
             continue
         except OSError as e:
-            return fx.UploadsFound(missing=(f"{path}: storage could not say ({e})",))
+            return fx.UploadsFound(effect.id, missing=(f"{path}: storage could not say ({e})",))
         if stored != size:
             missing.append(f"{path}: {stored} bytes in storage, {size} when the upload began")
     if missing:
-        return fx.UploadsFound(missing=tuple(missing))
+        return fx.UploadsFound(effect.id, missing=tuple(missing))
     found = []
     for path, size in effect.files:
         checksum = _stored_checksum(store, effect.checkpoint_dir, path, ALGORITHM, retry)
         if checksum is None:
-            return fx.UploadsFound(missing=(f"{path}: could not be read back",))
+            return fx.UploadsFound(effect.id, missing=(f"{path}: could not be read back",))
         found.append(FileEntry(path=path, size=size, **{checksum[0]: checksum[1]}))
-    return fx.UploadsFound(files=tuple(found))
+    return fx.UploadsFound(effect.id, files=tuple(found))
