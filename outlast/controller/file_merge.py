@@ -15,7 +15,7 @@ statistics differ per rank) the policy decides:
 - FAIL: refuse the checkpoint (`CheckpointConfig(duplicate_files="fail")`).
 
 `merge_files` and `settle` decide and have no effects; the core reads the stored checksums
-through storage (`effects.ReadChecksums`), then logs and records the decision (`checkpoints.py`).
+through storage (`effects.ReadChecksums`), then logs and records the decision (`commits/machine.py`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,27 @@
 """What the controller's core does with each event from a node agent: a worker's start and exit, a drain,
-a refused spawn, a node lost; and what a failure does to the attempt.
+a refused spawn, a node lost.
 
-Plain functions over the core's state (`core.ControllerCore`); `on_agent_event` dispatches by the
-event's type.
+Plain functions over the core's state (`core_state.CoreState`); `on_agent_event` dispatches by the
+event's type. What a failure does to the attempt is `lifecycle.on_failure`.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, lifecycle, on_workers, peer_uploads
+from outlast.controller import commit_steps, lifecycle, on_workers
 from outlast.controller import states as st
+from outlast.controller.commits import peer
+from outlast.controller.core_state import CoreState
 from outlast.controller.group import ForgetNode
 from outlast.controller.preemption import Preemption
 from outlast.controller.resize import Resize
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
-from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import DrainRecord, FailureRecord
-
-if TYPE_CHECKING:
-    from outlast.controller.core import ControllerCore
 
 log = logging.getLogger("outlast.controller")
 
@@ -33,24 +30,24 @@ _PREEMPTED = (State.PREEMPTING, State.SAVED)
 # ---- agents ----------------------------------------------------------------------
 
 
-def on_agent_event(c: "ControllerCore", node_id: str, event: m.AgentEvent) -> None:
+def on_agent_event(c: CoreState, node_id: str, event: m.AgentEvent) -> None:
     handler = AGENT_EVENTS.get(type(event))
     if handler is not None:
         handler(c, node_id, event)
 
 
-def _on_started(c: "ControllerCore", node_id: str, event: m.WorkerStarted) -> None:
+def _on_started(c: CoreState, node_id: str, event: m.WorkerStarted) -> None:
     a = c.attempt
     if a is not None and event.attempt == a.number and event.run_id == c.run_id:
         a.pids[event.rank] = event.pid
         c.book.note_output_file(event.rank, a.placement.get(event.rank, ""), event.output_file)
 
 
-def _on_pong(c: "ControllerCore", node_id: str, event: m.Pong) -> None:
+def _on_pong(c: CoreState, node_id: str, event: m.Pong) -> None:
     c.nodes.note_pid(node_id, event.pid)
 
 
-def on_node_draining(c: "ControllerCore", node_id: str, notice: m.NodeDraining) -> None:
+def on_node_draining(c: CoreState, node_id: str, notice: m.NodeDraining) -> None:
     a, s, now = c.attempt, c.state, c.now
     nodes = set(notice.node_ids) | {notice.node_id}
     c.nodes.note_draining(notice)
@@ -81,11 +78,11 @@ def on_node_draining(c: "ControllerCore", node_id: str, notice: m.NodeDraining) 
         return
     if a is None or s.kind not in (State.SCHEDULING, State.RUNNING):
         return  # between attempts: the next placement avoids the draining nodes
-    p = Preemption.begin(notice, a.placement, sorted(nodes & set(a.placement.values())), c.commits.reports,
-                         now, c.wall(), grace, exited=a.exited)
+    p = Preemption.begin(notice, a.placement, sorted(nodes & set(a.placement.values())),
+                         c.commit_tracker.reports, now, c.wall(), grace, exited=a.exited)
     if not p.ranks:
         return
-    p.through_peer, why = peer_uploads.decide(c, p)
+    p.through_peer, why = peer.decide(c.commit_view())
     log.info("the checkpoint saved for the drain %s: %s", "goes to a peer's memory first, then to storage"
              if p.through_peer else "is uploaded to storage by its ranks", why)
     ranks = p.ranks
@@ -101,28 +98,16 @@ def on_node_draining(c: "ControllerCore", node_id: str, notice: m.NodeDraining) 
     lifecycle.answer(c, c.horizons.preempt(now))
 
 
-def jit_uploads(c: "ControllerCore", p: Preemption, now: float) -> Estimate:
-    """The uploads of the checkpoint saved for the notice: they go before any other (storage/priority.py)."""
-    return c.uploads.estimate(now, only=p.after_notice)
-
-
-def forecast_uploads(c: "ControllerCore", p: Preemption) -> None:
-    text = p.forecast(c.now, jit_uploads(c, p, c.now), c.book.state.latest_checkpoint)
-    if text is not None:
-        assert c.attempt is not None
-        log.warning("attempt %d: %s", c.attempt.number, text)
-        c.book.note_once(f"attempt {c.attempt.number}: {text}", c.wall())
-
-
-def on_spawn_refused(c: "ControllerCore", node_id: str, refused: m.SpawnRefused) -> None:
+def on_spawn_refused(c: CoreState, node_id: str, refused: m.SpawnRefused) -> None:
     """A node turned the workers away (it began draining after we placed them): place again."""
     a = c.attempt
     if a is None or refused.attempt != a.number:
         return
     if c.state.kind is State.SCHEDULING:
         log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
-        on_failure(c, FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
-                                       time=c.wall(), exc_type=FailureKind.SPAWN_REFUSED, message=refused.reason))
+        lifecycle.on_failure(c, FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None,
+                                              signal=None, time=c.wall(), exc_type=FailureKind.SPAWN_REFUSED,
+                                              message=refused.reason))
     # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
@@ -130,7 +115,7 @@ def on_spawn_refused(c: "ControllerCore", node_id: str, refused: m.SpawnRefused)
     lifecycle.settle_if_all_exited(c)
 
 
-def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
+def check_nodes(c: CoreState, a: AttemptState, now: float) -> None:
     """A node lost with workers of this attempt: its ranks failed (or, preempted, are let go)."""
     live = {n for r, n in a.placement.items() if r not in a.exited}
     for node_id, why in c.nodes.lost_nodes(now, live).items():
@@ -148,19 +133,19 @@ def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
                 return
 
 
-def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
+def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     a, s = c.attempt, c.state
     if a is None or ev.run_id != c.run_id or ev.attempt != a.number or ev.rank in a.exited:
         return
     a.exited[ev.rank] = ev
     failed = ev.exit_code != 0 or ev.error is not None
     if not failed:
-        checkpoints.check_uploads_of(c, a, ev.rank)
+        commit_steps.check_uploads_of(c, a, ev.rank)
     p = lifecycle.preemption(c)
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)
     elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
-        on_failure(c, _failure_record(ev, c.wall()))
+        lifecycle.on_failure(c, _failure_record(ev, c.wall()))
     elif s.kind in _PREEMPTED:
         # The others go on saving; if every rank returns, the training is over and the run finishes.
         log.warning("rank %d returned from the train function during a preemption", ev.rank)
@@ -170,7 +155,7 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
     if c.state.kind is State.RESTARTING:
         lifecycle.settle_if_all_exited(c)
     elif c.state.kind.has_live_workers and a.all_exited(c.plan.world_size):
-        if on_workers.settled(c, a):
+        if lifecycle.settled(c, a):
             lifecycle.finish(c)
         else:
             lifecycle.go(c, Event.ALL_EXITED, st.Finishing(since=c.now))
@@ -178,7 +163,7 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
         lifecycle.close_if_stopped(c, c.now)
 
 
-def _our_stop(c: "ControllerCore", a: AttemptState, ev: m.WorkerExited) -> bool:
+def _our_stop(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
     """A death by a signal alone that our stop explains: SIGTERM; SIGKILL once its grace is over, or of a rank
     whose start its agent never told (born after the stop, the agent kills it at once). A SIGKILL of a started
     rank before the grace is over is someone else's (a kill -9, the kernel), and a failure of its own."""
@@ -189,7 +174,7 @@ def _our_stop(c: "ControllerCore", a: AttemptState, ev: m.WorkerExited) -> bool:
     return a.stopped_at is not None and c.now >= a.stopped_at + c.plan.timeouts.teardown_grace_s
 
 
-def lose_preempted_rank(c: "ControllerCore", a: AttemptState, p: Preemption, ev: m.WorkerExited,
+def lose_preempted_rank(c: CoreState, a: AttemptState, p: Preemption, ev: m.WorkerExited,
                          failed: bool) -> None:
     """Relaxed collectives: the survivors go on without a rank of a preempted node."""
     a.lost.add(ev.rank)
@@ -198,27 +183,15 @@ def lose_preempted_rank(c: "ControllerCore", a: AttemptState, p: Preemption, ev:
     log.warning("rank %d (on preempted node %s) is gone; ranks %s go on without it", ev.rank, ev.node_id,
                 sorted(set(range(c.plan.world_size)) - a.lost))
     lifecycle.answer(c, c.horizons.lose_rank(ev.rank, c.now))
-    outcome = c.commits.lose_ranks({ev.rank})
+    outcome = c.commit_tracker.lose_ranks({ev.rank})
     for pending in outcome.settled:
-        checkpoints.begin_commit(c, pending)
+        commit_steps.begin(c, pending)
         if c.state.kind not in _PREEMPTED:
             return
     for done in c.collectives.lose_ranks({ev.rank}):
         on_workers.reply_collective(c, done)
     if a.all_exited(c.plan.world_size) and c.state.kind in _PREEMPTED:
         lifecycle.restart(c, Event.PREEMPTION_SAFE, p)
-
-
-def on_failure(c: "ControllerCore", record: FailureRecord) -> None:
-    """The first failure ends the attempt; the cause is judged once every worker has exited."""
-    assert c.attempt is not None
-    c.attempt.failures.append(record)
-    # The first failure is written at once; the rest (often every rank's exit in the teardown)
-    # with the attempt's settlement, not one run-state write each.
-    c.book.add_failure(record, save=c.state.kind.has_live_workers)
-    if c.state.kind.has_live_workers:
-        c.attempt.failed = True
-        lifecycle.restart(c, Event.WORKER_FAILED, lifecycle.preemption(c))
 
 
 def _failure_record(ev: m.WorkerExited, wall: float) -> FailureRecord:

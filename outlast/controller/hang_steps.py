@@ -1,15 +1,15 @@
 """What the controller's core does about hangs (`hangs.py` decides): watch each rank's progress, ask every
 rank for its stacks once one is stuck, and end the attempt as a failure once they are in.
 
-Plain functions over the core's state (`core.ControllerCore`), as `handlers.py` has.
+Plain functions over the core's state (`core_state.CoreState`), as `handlers.py` has.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from outlast.controller import handlers
+from outlast.controller import lifecycle
+from outlast.controller.core_state import CoreState
 from outlast.controller.group import ToRank
 from outlast.controller.hangs import HangWatch
 from outlast.controller.states import State
@@ -18,23 +18,20 @@ from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import FailureRecord
 
-if TYPE_CHECKING:
-    from outlast.controller.core import ControllerCore
-
 log = logging.getLogger("outlast.controller")
 
 _WATCHED = (State.RUNNING, State.PREEMPTING, State.SAVED)
 
 
 
-def hang_watch(c: "ControllerCore", a: AttemptState, now: float) -> HangWatch:
+def hang_watch(c: CoreState, a: AttemptState, now: float) -> HangWatch:
     w = c.hangs
     if w is None or w.attempt != a.number:
         w = c.hangs = HangWatch(a.number, c.plan.world_size, c.plan.hang_timeout_s, now)
     return w
 
 
-def on_watch_message(c: "ControllerCore", msg: m.Progress | m.StackDump) -> None:
+def on_watch_message(c: CoreState, msg: m.Progress | m.StackDump) -> None:
     a = c.attempt
     assert a is not None
     w = hang_watch(c, a, c.now)
@@ -45,7 +42,7 @@ def on_watch_message(c: "ControllerCore", msg: m.Progress | m.StackDump) -> None
     end_hung_attempt(c, a, w)
 
 
-def check_hangs(c: "ControllerCore", a: AttemptState, now: float) -> None:
+def check_hangs(c: CoreState, a: AttemptState, now: float) -> None:
     if c.state.kind not in _WATCHED:
         return
     w = hang_watch(c, a, now)
@@ -58,7 +55,7 @@ def check_hangs(c: "ControllerCore", a: AttemptState, now: float) -> None:
     end_hung_attempt(c, a, w)
 
 
-def end_hung_attempt(c: "ControllerCore", a: AttemptState, w: HangWatch) -> None:
+def end_hung_attempt(c: CoreState, a: AttemptState, w: HangWatch) -> None:
     if not w.explained(c.now) or c.state.kind not in _WATCHED or c.attempt is not a:
         return
     assert w.hang is not None
@@ -66,6 +63,6 @@ def end_hung_attempt(c: "ControllerCore", a: AttemptState, w: HangWatch) -> None
     w.hang = None  # explained once
     c.book.state.hangs.append(record)  # written with the failure, below
     log.error("attempt %d hung: %s", a.number, record.summary)
-    handlers.on_failure(c, FailureRecord(
+    lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
         signal=None, time=c.wall(), exc_type=FailureKind.HANG, message=record.summary))

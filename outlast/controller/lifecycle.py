@@ -1,7 +1,9 @@
-"""An attempt's life in the controller's core: placing it, restarting it, settling it, closing the run.
+"""An attempt's life in the controller's core: placing it, restarting it, what a failure or a commit does to
+it, finishing it once settled, closing the run.
 
-Plain functions over the core's state (`core.ControllerCore`); the state changes they make
-follow the table in `states.py`.
+Plain functions over the core's state (`core_state.CoreState`); the state changes they make
+follow the table in `states.py`, and the decisions are `policy.py`'s, `settle.py`'s, `resize.py`'s
+and `preemption.py`'s.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
-from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, memory_holds, memory_restore, resize
+from outlast.controller import effects as fx
+from outlast.controller import memory_restore, resize
 from outlast.controller import states as st
-from outlast.controller.commit import CommitTracker
+from outlast.controller.commit import CommitTracker, PendingCheckpoint
+from outlast.controller.core_state import CoreState
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
+from outlast.controller.heartbeat import heartbeat
 from outlast.controller.horizons import Answer, Decision, HorizonBook
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
@@ -22,12 +26,11 @@ from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
+from outlast.controller.upload_estimate import Estimate
 from outlast.errors import TrainingFailedError
 from outlast.protocol.kinds import FailureKind
 from outlast.protocol import messages as m
-
-if TYPE_CHECKING:
-    from outlast.controller.core import ControllerCore
+from outlast.storage.records import FailureRecord
 
 log = logging.getLogger("outlast.controller")
 
@@ -36,7 +39,7 @@ CAPACITY_RETRY_S = 1.0
 TEARDOWN_EXTRA_S = 5.0
 
 
-def go(c: "ControllerCore", event: Event, new: st.AnyState) -> None:
+def go(c: CoreState, event: Event, new: st.AnyState) -> None:
     """Move to `new`, which must be the state the table gives for this event."""
     expected = st.transition(c.state.kind, event)
     if expected is not new.kind:
@@ -49,26 +52,62 @@ def go(c: "ControllerCore", event: Event, new: st.AnyState) -> None:
         c.attempt.preemption = p
 
 
-def enter_placing(c: "ControllerCore", now: float) -> None:
+def enter_placing(c: CoreState, now: float) -> None:
     """A new attempt: its place in the history now; what it restores once storage has said (`restore_read`)."""
-    from outlast.controller.core import new_collectives
-
     number = c.book.begin_attempt(c.wall())
-    checkpoints.remove_uncommitted(c, from_attempt=number)
+    remove_uncommitted(c, from_attempt=number)
     c.attempt = AttemptState(number=number, started_at=now)
-    c.commits = CommitTracker(c.plan.world_size)
-    c.collectives = new_collectives(c)
+    c.commit_tracker = CommitTracker(c.plan.world_size)
+    c.collectives = c.new_collectives()
     c.horizons = HorizonBook()
     c.uploads.clear()
-    checkpoints.read_restorable(c, c.attempt)
+    if not memory_restore.read_restorable(c, c.attempt):
+        restore_read(c, c.attempt, None, None)
 
 
-def restore_read(c: "ControllerCore", a: AttemptState, restore: str | None, holders: set[int] | None) -> None:
+def on_manifests_read(c: CoreState, done: fx.ManifestsRead) -> None:
+    """Storage read the manifests of what the attempt may restore (`memory_restore.read_restorable`)."""
+    asked = c.restore_reads.pop(done.id)
+    a = asked.attempt
+    if c.attempt is not a:
+        return
+    if c.book.state.latest_checkpoint != asked.asked:  # a commit landed meanwhile: read again
+        if not memory_restore.read_restorable(c, a):
+            restore_read(c, a, None, None)
+        return
+    for read in done.reads:
+        if read.newer is not None:
+            give_up(c, read.newer)
+            return
+        if read.ranks is not None:
+            restore_read(c, a, read.checkpoint_dir, set(read.ranks))
+            return
+        if read.unreadable is not None:
+            # Not skipped: storage may be failing for now. Its workers fail and retry if it still is.
+            log.warning("could not read the manifest of checkpoint %s (%s); restoring it all the same",
+                        read.checkpoint_dir, read.unreadable)
+            restore_read(c, a, read.checkpoint_dir, None)
+            return
+        fallback = c.book.skip_checkpoint(read.checkpoint_dir, read.skip or "unreadable", c.wall())
+        log.warning("checkpoint %s cannot be restored (%s); using %s instead", read.checkpoint_dir, read.skip,
+                    fallback or "no checkpoint")
+    restore_read(c, a, None, None)
+
+
+def remove_uncommitted(c: CoreState, from_attempt: int | None = None) -> None:
+    """Only while no worker of an attempt before `from_attempt` is alive: an upload in flight has no manifest
+    yet either. Storage may reach it late (effects go in order, and it may be slow), so the directories of
+    `from_attempt` and later, whose ranks may have started by then, are never garbage to it."""
+    keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | c.commits.in_progress())
+    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep, from_attempt))
+
+
+def restore_read(c: CoreState, a: AttemptState, restore: str | None, holders: set[int] | None) -> None:
     """Storage said what the attempt restores: place it."""
     if c.attempt is not a or not isinstance(c.state, st.Placing):
         return
     a.restore, a.restore_ranks, a.prepared = restore, holders, True
-    c.commits = CommitTracker(c.plan.world_size, shard_holders=holders)
+    c.commit_tracker = CommitTracker(c.plan.world_size, shard_holders=holders)
     if c.book.state.attempts:
         c.book.state.attempts[-1].restored_from = restore
     if a.number > 1 or restore:
@@ -80,7 +119,7 @@ def restore_read(c: "ControllerCore", a: AttemptState, restore: str | None, hold
         place(c, c.now)
 
 
-def place(c: "ControllerCore", now: float) -> None:
+def place(c: CoreState, now: float) -> None:
     """Place every rank on a node that is alive and not draining, or wait for one (bounded)."""
     a, s = c.attempt, c.state
     assert a is not None
@@ -133,20 +172,20 @@ def place(c: "ControllerCore", now: float) -> None:
             run_id=c.run_id, attempt=a.number, controller_address=c.address, workers=specs,
             payload=c.plan.payload, env=env, cwd=c.plan.cwd, sys_path=c.plan.sys_path,
             run_name=c.plan.name, restore_checkpoint=a.restore, resources=c.plan.per_worker,
-            run_key=c.book.store.storage.uri(c.book.store.run_dir), forward_output=c.plan.forward_output,
+            run_key=c.run_key, forward_output=c.plan.forward_output,
             agent_pid=c.nodes.nodes[node_id].agent_pid,
         )))
     memory_restore.pull_then(c, a, sends)
 
 
-def restart(c: "ControllerCore", event: Event, preemption: Preemption | None) -> None:
+def restart(c: CoreState, event: Event, preemption: Preemption | None) -> None:
     """The attempt is over (failed, or preempted): stop its workers; settle once all have exited."""
     go(c, event, st.Restarting(preemption))
     stop_workers(c)
     settle_if_all_exited(c)
 
 
-def settle_if_all_exited(c: "ControllerCore") -> None:
+def settle_if_all_exited(c: CoreState) -> None:
     a, s = c.attempt, c.state
     if not isinstance(s, st.Restarting) or a is None or not a.all_exited(c.plan.world_size):
         return
@@ -161,7 +200,8 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
                     "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
         preemption = None
     preemption = preemption or preempted_by_drain(c, a)
-    settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports, c.wall()) \
+    settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commit_tracker.reports,
+                               c.wall()) \
         or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
                           p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
     if settled.retry:
@@ -173,7 +213,7 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
     close_if_stopped(c, c.now)
 
 
-def head_lost_error(c: "ControllerCore", attempt: int, why: str) -> str:
+def head_lost_error(c: CoreState, attempt: int, why: str) -> str:
     latest = c.book.state.latest_checkpoint
     return (f"{why}. The run stops here, with attempt {attempt}; its latest committed checkpoint stays "
             f"{latest or 'none'}. Start the head again (`outlast start` on its machine, with the same "
@@ -182,7 +222,7 @@ def head_lost_error(c: "ControllerCore", attempt: int, why: str) -> str:
             "docs/operations/etcd.md) has no single head to lose")
 
 
-def preempted_by_drain(c: "ControllerCore", a: AttemptState) -> Preemption | None:
+def preempted_by_drain(c: CoreState, a: AttemptState) -> Preemption | None:
     """An attempt that failed because a drained node went away (a deadline of 0 s, or a notice that came
     after the failure it caused) was preempted: it draws on the preemption budget, not max_failures.
     Only when every failure is on a drained node or a symptom of one: a cause elsewhere is not the drain's."""
@@ -192,11 +232,11 @@ def preempted_by_drain(c: "ControllerCore", a: AttemptState) -> Preemption | Non
     if not caused_by_drain(a.failures, set(drained)):
         return None
     notice = next(iter(drained.values()))
-    return Preemption.begin(notice, a.placement, sorted(drained), c.commits.reports, c.now, c.wall(),
+    return Preemption.begin(notice, a.placement, sorted(drained), c.commit_tracker.reports, c.now, c.wall(),
                             c.plan.preemption_grace_s)
 
 
-def give_up(c: "ControllerCore", reason: str) -> None:
+def give_up(c: CoreState, reason: str) -> None:
     c.error = TrainingFailedError(f"training failed: {reason}", list(c.failures))
     log.error("%s", reason)
     go(c, Event.UNRECOVERABLE, st.Errored(error=c.error, stop_by=stop_by(c, c.now)))
@@ -204,16 +244,16 @@ def give_up(c: "ControllerCore", reason: str) -> None:
     close_if_stopped(c, c.now)
 
 
-def finish(c: "ControllerCore") -> None:
+def finish(c: CoreState) -> None:
     go(c, Event.ALL_FINISHED, st.Finished())
     close_if_stopped(c, c.now)
 
 
-def stop_by(c: "ControllerCore", now: float) -> float:
+def stop_by(c: CoreState, now: float) -> float:
     return now + c.plan.timeouts.teardown_grace_s + TEARDOWN_EXTRA_S
 
 
-def stop_workers(c: "ControllerCore") -> None:
+def stop_workers(c: CoreState) -> None:
     a = c.attempt
     if a is None:
         return
@@ -226,7 +266,7 @@ def stop_workers(c: "ControllerCore") -> None:
             c.out.append(StopRun(node_id, stop))
 
 
-def close_if_stopped(c: "ControllerCore", now: float) -> None:
+def close_if_stopped(c: CoreState, now: float) -> None:
     """A terminal state closes the run once its workers are gone, or the wait for them is over; the run
     is `closed` once storage has answered what it was given."""
     s, a = c.state, c.attempt
@@ -236,21 +276,17 @@ def close_if_stopped(c: "ControllerCore", now: float) -> None:
         expected = {r for r, n in a.placement.items() if n in c.nodes.heard}
         if not expected <= set(a.exited):
             return
-    checkpoints.remove_uncommitted(c)
+    remove_uncommitted(c)
     outcome = {State.FINISHED: "finished", State.ERRORED: "failed", State.ABORTED: "aborted"}[s.kind]
     c.book.end_attempt(outcome, c.wall())
     c.book.finish(s.kind.value, error=str(c.error) if isinstance(s, st.Errored) else None,
                   last_metrics=c.last_metrics)
     c.out += [ToNode(n, m.EndRun(run_id=c.run_id)) for n in sorted(c.nodes.heard)]
-    memory_holds.free_at_end(c)
-    c.closing = True
+    c.closing = True  # the core hands the commit machine the run's end: its copies in memory are freed
 
 
-def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
+def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
     """What the states wait for, with a deadline."""
-    from outlast.controller import peer_uploads
-
-    peer_uploads.on_timers(c)
     t, s = c.plan.timeouts, c.state
     if isinstance(s, st.Placing) and s.place_by is not None and now >= s.place_by:
         place(c, now)
@@ -262,8 +298,6 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
                    "(OUTLAST_WORKER_START_TIMEOUT_S); is a node's fork server stuck? `outlast status` "
                    "and the nodes' logs tell")
     elif isinstance(s, (st.Preempting, st.Saved)):
-        from outlast.controller.handlers import jit_uploads
-
         saved = s.checkpoint if isinstance(s, st.Saved) else None
         verdict = s.preemption.decide(now, saved, saved is not None and room_elsewhere(c, now),
                                       jit_uploads(c, s.preemption, now))
@@ -271,33 +305,27 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads \
-            and not c.durable:  # a drain's checkpoint still going from a peer's memory to storage
-        checkpoints.finish_without_last_messages(c, a)
+    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.commits.checking_uploads \
+            and not c.commits.uploading_from_memory:  # a drain's checkpoint still going from a peer's memory
+        finish_without_last_messages(c, a)
 
 
-def heartbeat(c: "ControllerCore") -> m.RunHeartbeat:
-    return m.RunHeartbeat(run_id=c.run_id, timeout_s=c.plan.timeouts.driver_lost_after_s,
-                          last_commit_at=last_commit_this_attempt(c), saved_for_drain_at=saved_for_drain_at(c))
+def finish_without_last_messages(c: CoreState, a: AttemptState) -> None:
+    unsaid = [f"{p.checkpoint_dir} of ranks {sorted(p.awaiting)}" for r in range(c.plan.world_size)
+              for p in c.commit_tracker.awaiting_uploads_of(r) if min(p.awaiting) == r]
+    log.warning("finishing without the last messages of ranks %s%s", sorted(set(range(c.plan.world_size)) - a.done),
+                f"; asynchronous uploads never said they were done, and their files were not known when they began "
+                f"(a staged save writes them later), so these checkpoints are not committed: {', '.join(unsaid)}"
+                if unsaid else "")
+    finish(c)
 
 
-def saved_for_drain_at(c: "ControllerCore") -> float | None:
-    """When the checkpoint the loop saved for the drain it is in was committed: it is `Saved` with nowhere to go
-    (a run that found room elsewhere restarts there at once)."""
-    s = c.state
-    record = memory_holds.record_of(c, s.checkpoint) if isinstance(s, st.Saved) else None
-    return record.committed_at if record is not None else None
+def jit_uploads(c: CoreState, p: Preemption, now: float) -> Estimate:
+    """The uploads of the checkpoint saved for the notice: they go before any other (storage/priority.py)."""
+    return c.uploads.estimate(now, only=p.after_notice)
 
 
-def last_commit_this_attempt(c: "ControllerCore") -> float | None:
-    """What a kill would throw away starts here (None: the attempt's start, as the agent knows it)."""
-    a, latest = c.attempt, c.book.state.checkpoints[-1:]
-    if a is None or not latest or latest[0].attempt != a.number:
-        return None
-    return latest[0].committed_at
-
-
-def room_elsewhere(c: "ControllerCore", now: float) -> bool:
+def room_elsewhere(c: CoreState, now: float) -> bool:
     return c.resizes.room_elsewhere(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker,
                                     c.plan.strategy)
 
@@ -305,40 +333,38 @@ def room_elsewhere(c: "ControllerCore", now: float) -> bool:
 # ---- elastic runs (resize.py decides) -------------------------------------------------
 
 
-def size_attempt(c: "ControllerCore", a: AttemptState, workers: int, now: float) -> None:
+def size_attempt(c: CoreState, a: AttemptState, workers: int, now: float) -> None:
     """An elastic attempt's world is what was placed: the trackers count its ranks, not the last one's."""
-    from outlast.controller.core import new_collectives
-
     if workers != c.plan.world_size:
         c.plan = dataclasses.replace(c.plan, world_size=workers)
         holders = a.restore_ranks
-        c.commits = CommitTracker(workers, shard_holders=None if holders is None else
-                                  {r for r in holders if r < workers})
-        c.collectives = new_collectives(c)
+        c.commit_tracker = CommitTracker(workers, shard_holders=None if holders is None else
+                                         {r for r in holders if r < workers})
+        c.collectives = c.new_collectives()
     record = c.resizes.placed(c.book, a.number, workers, now, c.wall())
     if record is not None:
         log.warning("attempt %d runs on %d workers, was %d: %s (%d steps lost)", a.number, record.to_workers,
                     record.from_workers, record.reason, record.steps_lost)
 
 
-def consider_grow(c: "ControllerCore", now: float) -> None:
+def consider_grow(c: CoreState, now: float) -> None:
     a = c.attempt
     grow = c.resizes.consider_grow(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker,
                                    c.plan.strategy, now)
     if a is None or grow.to_workers is None or a.exited:
         return
-    p = resize.grow_notice(grow, c.plan.world_size, c.commits.reports, now, c.wall())
+    p = resize.grow_notice(grow, c.plan.world_size, c.commit_tracker.reports, now, c.wall())
     log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",
                 a.number, p.notice.message, resize.RESIZE)
     go(c, Event.PREEMPTION_NOTICE, st.Preempting(p))
     answer(c, c.horizons.preempt(now))
 
 
-def preemption(c: "ControllerCore") -> Preemption | None:
+def preemption(c: CoreState) -> Preemption | None:
     return getattr(c.state, "preemption", None)
 
 
-def answer(c: "ControllerCore", answers: list[Answer]) -> None:
+def answer(c: CoreState, answers: list[Answer]) -> None:
     a = c.attempt
     p = preemption(c) or (a.preemption if a is not None else None)
     for ans in answers:
@@ -349,3 +375,73 @@ def answer(c: "ControllerCore", answers: list[Answer]) -> None:
         else:
             msg = m.PreemptionGrant(index=ans.index, horizon=ans.reply.horizon, valid_s=ans.reply.valid_s)
         c.send_to_rank(ans.rank, msg)
+
+
+# ---- what a failure, and a commit, do to the attempt ---------------------------------------
+
+
+def on_failure(c: CoreState, record: FailureRecord) -> None:
+    """The first failure ends the attempt; the cause is judged once every worker has exited."""
+    assert c.attempt is not None
+    c.attempt.failures.append(record)
+    # The first failure is written at once; the rest (often every rank's exit in the teardown)
+    # with the attempt's settlement, not one run-state write each.
+    c.book.add_failure(record, save=c.state.kind.has_live_workers)
+    if c.state.kind.has_live_workers:
+        c.attempt.failed = True
+        restart(c, Event.WORKER_FAILED, preemption(c))
+
+
+def decide_on_commit(c: CoreState, pending: PendingCheckpoint) -> bool:
+    """A checkpoint of the attempt is committed. If it is the one the loop saved for a preemption, the preemption
+    decides (`Preemption.decide`): restart now, or train on `Saved` with nowhere to go. True: its ranks hear it now;
+    False: they stay blocked in that report() until the teardown reaches them."""
+    s = c.state
+    if not (isinstance(s, st.Preempting) and s.preemption.saved_by(pending.index, pending.files, c.horizons.watched)):
+        return True
+    verdict = s.preemption.decide(c.now, pending.checkpoint_dir, room_elsewhere(c, c.now))
+    if verdict.restart_now:
+        # The ranks stay blocked in that report() until the teardown reaches them: a step
+        # they took after it would be lost.
+        log.info("%s; restarting now", verdict.reason)
+        restart(c, Event.PREEMPTION_SAFE, s.preemption)
+        return False
+    log.warning("%s", verdict.reason)
+    go(c, Event.SAVED_NOWHERE_TO_GO, st.Saved(s.preemption, pending.checkpoint_dir))
+    if s.preemption.notice.until_commit:
+        # Its nodes go away now that it is committed (a Slurm job is requeued): nothing the loop
+        # does from here is kept, so the ranks that wait for it wait until the teardown.
+        log.info("checkpoint %s is the last this attempt commits (the drain ends with it); its ranks wait in "
+                 "report() until the run stops", pending.checkpoint_dir)
+        return False
+    return True
+
+
+# ---- finishing, once every report, upload and commit has settled ---------------------------
+
+
+def answer_checkpoint_queries(c: CoreState, a: AttemptState) -> None:
+    """Each waiting rank gets the kept checkpoints once none of those it reported is still on its way."""
+    for rank, reports in sorted(a.checkpoint_queries.items()):
+        if c.commit_tracker.unsettled_below(reports) or c.commits.unsettled_below(a.number, reports):
+            continue
+        del a.checkpoint_queries[rank]
+        kept = [m.KeptCheckpoint(checkpoint_dir=r.checkpoint_dir, seq=r.seq, metrics=r.metrics)
+                for r in c.book.state.checkpoints]
+        c.send_to_rank(rank, m.CheckpointsList(checkpoints=kept), attempt=a.number)
+
+
+def finish_if_settled(c: CoreState, a: AttemptState) -> None:
+    """Called whenever a report, an upload or a commit has settled."""
+    answer_checkpoint_queries(c, a)
+    if c.state.kind is State.FINISHING and settled(c, a):
+        finish(c)
+
+
+def settled(c: CoreState, a: AttemptState) -> bool:
+    """Every rank said it is done, every asynchronous upload it reported said so too, and every
+    commit begun has ended. The upload thread has a connection of its own, so its last UploadDone
+    may arrive after the rank's WorkerDone and its exit: finishing before it, or before its
+    commit's manifest is written, would drop the last checkpoint."""
+    return a.done >= set(range(c.plan.world_size)) and not c.commit_tracker.uploads_in_flight \
+        and not c.commits.in_progress()

@@ -1,4 +1,5 @@
-"""What a new attempt restores when checkpoints are kept in memory, and the copies its nodes pull first.
+"""What a new attempt restores: the latest committed checkpoint still whole, its manifest read from storage
+(`read_restorable`), and, for one kept in memory, the copies its nodes pull first (`pull_then`).
 
 One decision, `memtier.choose_restore`, says which committed checkpoint still exists: durable, or
 a copy of every rank's files on a node that lives. The controller asks it with the history's
@@ -12,18 +13,16 @@ which nodes, and what going back costs (`SkippedCheckpoint.steps_lost`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from outlast.controller import effects as fx
+from outlast.controller.commits import MEMORY
+from outlast.controller.commits.holds import REPLICA_TIMEOUT_S
+from outlast.controller.core_state import CoreState, Pull, RestoreRead, Restoring
 from outlast.controller.group import Spawn
-from outlast.controller.memory_holds import MEMORY, REPLICA_TIMEOUT_S, ask_tier, record_of, run_key, tier_of
+from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.storage.memtier import Candidate, Level, RestoreChoice, choose_restore, ranks_held_nowhere
 from outlast.storage.records import AttemptRecord, CheckpointRecord
-
-if TYPE_CHECKING:
-    from outlast.controller.core import ControllerCore
-    from outlast.controller.types import AttemptState
 
 log = logging.getLogger("outlast.controller")
 
@@ -67,18 +66,18 @@ def candidates(records: list[CheckpointRecord], attempts: list[AttemptRecord]) -
     return out, holders
 
 
-def live_nodes(c: "ControllerCore") -> set[str]:
+def live_nodes(c: CoreState) -> set[str]:
     """The nodes whose copies can still be asked for: alive in the table, and not lost by this driver (an
     agent started again counts: it reclaimed its copies)."""
     return {n for n in c.nodes.nodes if c.nodes.reachable(n)}
 
 
-def restore_choice(c: "ControllerCore") -> RestoreChoice:
+def restore_choice(c: CoreState) -> RestoreChoice:
     found, holders = candidates(c.book.state.checkpoints, c.book.state.attempts)
     return choose_restore(found, holders, live_nodes(c))
 
 
-def restorable(c: "ControllerCore", checkpoint_dir: str) -> bool:
+def restorable(c: CoreState, checkpoint_dir: str) -> bool:
     """Whether every rank's files of a committed checkpoint are durable or on a live node now."""
     found, holders = candidates(c.book.state.checkpoints, c.book.state.attempts)
     alive = live_nodes(c)
@@ -88,7 +87,7 @@ def restorable(c: "ControllerCore", checkpoint_dir: str) -> bool:
 # ---- carrying it out ---------------------------------------------------------------------------
 
 
-def skip_lost(c: "ControllerCore") -> str | None:
+def skip_lost(c: CoreState) -> str | None:
     """Skip (recorded, with what each costs) every committed checkpoint newer than the newest restorable one;
     return that one, or None (the run starts over)."""
     choice = restore_choice(c)
@@ -97,7 +96,7 @@ def skip_lost(c: "ControllerCore") -> str | None:
     steps = reports_at(c.book.state.checkpoints, c.book.state.attempts)
     back_to = steps.get(choice.checkpoint_dir or "", 0)
     for name in choice.lost:
-        record = record_of(c, name)
+        record = c.book.committed(name)
         assert record is not None
         lost = steps[name] - back_to
         why = _why_lost(c, record, choice.gone[name], choice.checkpoint_dir, lost)
@@ -107,7 +106,7 @@ def skip_lost(c: "ControllerCore") -> str | None:
     return choice.checkpoint_dir
 
 
-def _why_lost(c: "ControllerCore", record: CheckpointRecord, ranks: tuple[int, ...], back_to: str | None,
+def _why_lost(c: CoreState, record: CheckpointRecord, ranks: tuple[int, ...], back_to: str | None,
               lost: int) -> str:
     how = ("CheckpointConfig(checkpoint_storage='memory')" if c.plan.checkpoint_storage == MEMORY else
            "a drain's checkpoint whose upload from memory was not in yet")
@@ -120,7 +119,7 @@ def _why_lost(c: "ControllerCore", record: CheckpointRecord, ranks: tuple[int, .
     return f"it was kept in memory only ({how}): {whose}, and every one of those nodes is gone; {cost}"
 
 
-def _files(c: "ControllerCore", checkpoint_dir: str, rank: int) -> str:
+def _files(c: CoreState, checkpoint_dir: str, rank: int) -> str:
     names = c.rank_files.get(checkpoint_dir, {}).get(rank, [])
     if not names:
         return ""
@@ -128,9 +127,9 @@ def _files(c: "ControllerCore", checkpoint_dir: str, rank: int) -> str:
     return f" ({shown})"
 
 
-def note_pulled(c: "ControllerCore", checkpoint_dir: str, node: str, rank: int) -> None:
+def note_pulled(c: CoreState, checkpoint_dir: str, node: str, rank: int) -> None:
     """A node that pulled a rank's copy holds it too: once the nodes that held it first are gone, it is there."""
-    record = record_of(c, checkpoint_dir)
+    record = c.book.committed(checkpoint_dir)
     if record is None:
         return
     by_rank = {r: list(ns) for r, ns in (record.memory_ranks or {rank: record.memory}).items()}
@@ -139,7 +138,29 @@ def note_pulled(c: "ControllerCore", checkpoint_dir: str, node: str, rank: int) 
         c.book.note_memory(checkpoint_dir, by_rank, None)
 
 
-def pull_then(c: "ControllerCore", a: "AttemptState", sends: list) -> None:
+def _holders(c: CoreState, restore: str, rank: int) -> list[str]:
+    """The nodes reachable now that hold the rank's files, those not draining first."""
+    record = c.book.committed(restore)
+    by_rank = (record.memory_ranks or {rank: record.memory}) if record is not None else {}
+    draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
+    return sorted((n for n in by_rank.get(rank, []) if c.nodes.reachable(n) and c.nodes.tier_of(n)),
+                  key=lambda n: (n in draining, n))
+
+
+def _sources(c: CoreState, restore: str, node: str, rank: int) -> list[str]:
+    held = _holders(c, restore, rank)
+    if held:
+        # A node's own copy is checked before it is trusted: with another holder it asks, and keeps its own if
+        # whole.
+        return [s for s in held if s != node] if node not in held or len(held) > 1 else []
+    # No holder of this rank answers now: the table may lag an agent started again with its copies. The
+    # checkpoint's other holders are asked, and a refusal asks again among the rank's holders reachable then.
+    record = c.book.committed(restore)
+    return sorted(n for n in (record.memory if record is not None else []) if n != node and c.nodes.reachable(n)
+                  and c.nodes.tier_of(n))
+
+
+def pull_then(c: CoreState, a: AttemptState, sends: list) -> None:
     """Each node of the attempt first pulls, from a node that holds the checkpoint it restores in memory, the
     files of every rank it lacks (`TierPull`); its ranks are started once every pull has answered, kept or not.
     So a restore reads this node's RAM, then a peer's, then storage (which a "memory" run lacks), each copy
@@ -149,69 +170,72 @@ def pull_then(c: "ControllerCore", a: "AttemptState", sends: list) -> None:
         c.out += sends
         return
     restore: str = a.restore
-    record = record_of(c, restore)
+    record = c.book.committed(restore)
     ranks = sorted(a.restore_ranks or ())
-
-    def holders(rank: int) -> list[str]:
-        """The nodes reachable now that hold the rank's files, those not draining first."""
-        record = record_of(c, restore)
-        by_rank = (record.memory_ranks or {rank: record.memory}) if record is not None else {}
-        draining = {n.node_id for n in c.nodes.nodes.values() if n.state == "draining"}
-        return sorted((n for n in by_rank.get(rank, []) if c.nodes.reachable(n) and tier_of(c, n)),
-                      key=lambda n: (n in draining, n))
-
-    def sources(node: str, rank: int) -> list[str]:
-        held = holders(rank)
-        if held:
-            # A node's own copy is checked before it is trusted: with another holder it asks, and keeps its own if
-            # whole.
-            return [s for s in held if s != node] if node not in held or len(held) > 1 else []
-        # No holder of this rank answers now: the table may lag an agent started again with its copies. The
-        # checkpoint's other holders are asked, and a refusal asks again among the rank's holders reachable then.
-        record = record_of(c, restore)
-        return sorted(n for n in (record.memory if record is not None else []) if n != node and c.nodes.reachable(n)
-                      and tier_of(c, n))
-
-    nodes = sorted({n for n in a.placement.values() if tier_of(c, n)})
-    todo = [(node, rank, sources(node, rank)) for node in nodes for rank in ranks]
+    nodes = sorted({n for n in a.placement.values() if c.nodes.tier_of(n)})
+    todo = [(node, rank, _sources(c, restore, node, rank)) for node in nodes for rank in ranks]
     todo = [t for t in todo if t[2]]
     if not todo:
         c.out += sends
         return
     c.out += [e for e in sends if not isinstance(e, Spawn)]  # the agents know the run meanwhile
-    spawns = [e for e in sends if isinstance(e, Spawn)]
-    left = set(range(len(todo)))
-    then = "storage" if record is not None and record.durable else "no copy: the restore fails"
-
-    def ask_one(i: int, node: str, rank: int, sources: list[str], tried: frozenset[str]) -> None:
-        src, rest = sources[0], sources[1:]
-        tried = tried | {src}
-
-        def answered(c: "ControllerCore", e: fx.TierAnswered) -> None:
-            stored = e.reply if isinstance(e.reply, m.TierStored) else None
-            if stored is not None and stored.skipped:
-                # The node's own copy did not match its record: passed over for the peer's, and said.
-                text = f"restoring {restore}: {stored.skipped}"
-                if c.book.note_once(text, c.wall()):
-                    log.warning("%s", text)
-            if stored is None or not stored.ok:
-                # The next holder: one named at placement, else one reachable since (an agent started again
-                # with its copies while this pull waited).
-                rest_now = rest or [n for n in holders(rank) if n != node and n not in tried]
-                if rest_now and c.attempt is a:
-                    ask_one(i, node, rank, rest_now, tried)
-                    return
-            if stored is not None and stored.ok:
-                note_pulled(c, restore, node, rank)
-            if stored is None or not stored.ok:
-                log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from %s",
-                         node, restore, rank, stored.reason if stored is not None else e.error, then)
-            left.discard(i)
-            if not left and c.attempt is a:
-                c.out.extend(spawns)
-
-        pull = m.TierPull(run=run_key(c), checkpoint_dir=restore, rank=rank, from_address=tier_of(c, src))
-        ask_tier(c, node, tier_of(c, node), pull, answered, REPLICA_TIMEOUT_S)
-
+    restoring = Restoring(a, restore, [e for e in sends if isinstance(e, Spawn)], set(range(len(todo))),
+                          "storage" if record is not None and record.durable else "no copy: the restore fails")
     for i, (node, rank, sources) in enumerate(todo):
-        ask_one(i, node, rank, sources, frozenset())
+        _pull(c, Pull(restoring, i, node, rank, tuple(sources), frozenset()))
+
+
+def _pull(c: CoreState, pull: Pull) -> None:
+    src = pull.sources[0]
+    msg = m.TierPull(run=c.run_key, checkpoint_dir=pull.restoring.checkpoint_dir, rank=pull.rank,
+                     from_address=c.nodes.tier_of(src))
+    c.ask_tier(pull.node, c.nodes.tier_of(pull.node), msg,
+               Pull(pull.restoring, pull.number, pull.node, pull.rank, pull.sources, pull.tried | {src}),
+               REPLICA_TIMEOUT_S)
+
+
+def on_pulled(c: CoreState, pull: Pull, e: fx.TierAnswered) -> None:
+    r, node, rank = pull.restoring, pull.node, pull.rank
+    restore = r.checkpoint_dir
+    stored = e.reply if isinstance(e.reply, m.TierStored) else None
+    if stored is not None and stored.skipped:
+        # The node's own copy did not match its record: passed over for the peer's, and said.
+        text = f"restoring {restore}: {stored.skipped}"
+        if c.book.note_once(text, c.wall()):
+            log.warning("%s", text)
+    if stored is None or not stored.ok:
+        # The next holder: one named at placement, else one reachable since (an agent started again
+        # with its copies while this pull waited).
+        rest = list(pull.sources[1:]) or [n for n in _holders(c, restore, rank) if n != node and n not in pull.tried]
+        if rest and c.attempt is r.attempt:
+            _pull(c, Pull(r, pull.number, node, rank, tuple(rest), pull.tried))
+            return
+    if stored is not None and stored.ok:
+        note_pulled(c, restore, node, rank)
+    if stored is None or not stored.ok:
+        log.info("node %s has no copy in memory of %s rank %d (%s); that rank's files come from %s",
+                 node, restore, rank, stored.reason if stored is not None else e.error, r.then)
+    r.left.discard(pull.number)
+    if not r.left and c.attempt is r.attempt:
+        c.out.extend(r.spawns)
+
+
+# ---- what a new attempt restores, read from storage -----------------------------------------------
+
+
+def read_restorable(c: CoreState, a: AttemptState) -> bool:
+    """Ask storage for the latest committed checkpoint whose manifest is still readable; others are skipped (and
+    recorded). Its answer goes to `lifecycle.on_manifests_read`. False: there is none, the attempt starts over.
+
+    Only the manifests are read; the workers check the files against them when they fetch them.
+    """
+    latest = skip_lost(c)  # those kept in memory only whose every copy of some rank is gone
+    if latest is None:
+        return False
+    # Older ones, in case its manifest cannot be read: only those that every rank can still get.
+    rest = [r.checkpoint_dir for r in sorted(c.book.state.checkpoints, key=lambda r: -r.seq)
+            if r.checkpoint_dir != latest and restorable(c, r.checkpoint_dir)]
+    candidates = (latest, *rest)
+    effect_id = c.ask_storage(lambda i: fx.ReadManifests(i, candidates))
+    c.restore_reads[effect_id] = RestoreRead(a, c.book.state.latest_checkpoint)
+    return True

@@ -165,6 +165,12 @@ class NodeBook:
         return info is not None and info.state != "dead" and node_id not in self._gone \
             and (node_id, info.agent_pid) not in self._lost_here
 
+    def tier_of(self, node_id: str) -> str:
+        """The node's memory tier, while this driver can reach the node: none of a node that is gone (dead in the
+        table, its agent gone from this machine, or lost by this driver), whose copies and answers are gone with it."""
+        node = self.nodes.get(node_id)
+        return node.tier_address if node is not None and self.reachable(node_id) else ""
+
     def head_lost(self, now: float) -> str | None:
         """Why the head is gone, or None: it has answered no table query for longer than `node_timeout_s`, the
         silence after which it declares any node dead. A head started again within it answers, and is not lost.

@@ -1,25 +1,24 @@
 """What the controller's core does with each message from a worker: hello, reports, uploads done,
 collectives, preemption queries, progress and stacks, done.
 
-Plain functions over the core's state (`core.ControllerCore`), found by the message's type in
+Plain functions over the core's state (`core_state.CoreState`), found by the message's type in
 `WORKER_MESSAGES`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from outlast.controller import checkpoints, handlers, hang_steps, lifecycle, peer_uploads
+from outlast.controller import commit_steps, hang_steps, lifecycle
 from outlast.controller import states as st
+from outlast.controller.commits.events import Reported
+from outlast.controller.core_state import CoreState
+from outlast.controller.preemption import Preemption
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import FailureRecord
-
-if TYPE_CHECKING:
-    from outlast.controller.core import ControllerCore
 
 log = logging.getLogger("outlast.controller")
 
@@ -31,7 +30,7 @@ log = logging.getLogger("outlast.controller")
 MAX_COUNT = 2**53
 
 
-def on_worker_message(c: "ControllerCore", msg: m.WorkerMessage) -> None:
+def on_worker_message(c: CoreState, msg: m.WorkerMessage) -> None:
     a = c.attempt
     if a is None or msg.attempt != a.number:
         return  # a straggler of an attempt that was torn down
@@ -51,14 +50,14 @@ def on_worker_message(c: "ControllerCore", msg: m.WorkerMessage) -> None:
         handler(c, a, msg)
 
 
-def _on_upload_done(c: "ControllerCore", a: AttemptState, msg: m.UploadDone) -> None:
+def _on_upload_done(c: CoreState, a: AttemptState, msg: m.UploadDone) -> None:
     c.uploads.on_upload_done(msg.rank, msg.index)
-    for pending in c.commits.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
-        checkpoints.begin_commit(c, pending)
-    finish_if_settled(c, a)
+    for pending in c.commit_tracker.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
+        commit_steps.begin(c, pending)
+    lifecycle.finish_if_settled(c, a)
 
 
-def _on_hello(c: "ControllerCore", a: AttemptState, msg: m.WorkerHello) -> None:
+def _on_hello(c: CoreState, a: AttemptState, msg: m.WorkerHello) -> None:
     a.hello.add(msg.rank)
     c.send_to_rank(msg.rank, m.Welcome(attempt=a.number, rank=msg.rank), a.number)
     if msg.set_up:
@@ -67,89 +66,70 @@ def _on_hello(c: "ControllerCore", a: AttemptState, msg: m.WorkerHello) -> None:
         lifecycle.go(c, Event.WORKERS_STARTED, st.Running())
 
 
-def _on_set_up(c: "ControllerCore", a: AttemptState, msg: m.SetUp) -> None:
+def _on_set_up(c: CoreState, a: AttemptState, msg: m.SetUp) -> None:
     a.set_up.add(msg.rank)
     c.send_to_rank(msg.rank, m.SetUpHeard(attempt=a.number, rank=msg.rank), a.number)
 
 
-def _on_query(c: "ControllerCore", a: AttemptState, msg: m.PreemptionQuery) -> None:
+def _on_query(c: CoreState, a: AttemptState, msg: m.PreemptionQuery) -> None:
     lifecycle.answer(c, c.horizons.on_query(msg.rank, msg.index, c.now))
 
 
-def _on_done(c: "ControllerCore", a: AttemptState, msg: m.WorkerDone) -> None:
+def _on_done(c: CoreState, a: AttemptState, msg: m.WorkerDone) -> None:
     a.done.add(msg.rank)
-    finish_if_settled(c, a)
+    lifecycle.finish_if_settled(c, a)
 
 
-def _on_checkpoints_query(c: "ControllerCore", a: AttemptState, msg: m.CheckpointsQuery) -> None:
+def _on_checkpoints_query(c: CoreState, a: AttemptState, msg: m.CheckpointsQuery) -> None:
     a.checkpoint_queries[msg.rank] = msg.reports
-    answer_checkpoint_queries(c, a)
+    lifecycle.answer_checkpoint_queries(c, a)
 
 
-def answer_checkpoint_queries(c: "ControllerCore", a: AttemptState) -> None:
-    """Each waiting rank gets the kept checkpoints once none of those it reported is still on its way."""
-    for rank, reports in sorted(a.checkpoint_queries.items()):
-        if checkpoints.unsettled_below(c, a, reports):
-            continue
-        del a.checkpoint_queries[rank]
-        kept = [m.KeptCheckpoint(checkpoint_dir=r.checkpoint_dir, seq=r.seq, metrics=r.metrics)
-                for r in c.book.state.checkpoints]
-        c.send_to_rank(rank, m.CheckpointsList(checkpoints=kept), attempt=a.number)
-
-
-def finish_if_settled(c: "ControllerCore", a: AttemptState) -> None:
-    """Called whenever a report, an upload or a commit has settled."""
-    answer_checkpoint_queries(c, a)
-    if c.state.kind is State.FINISHING and settled(c, a):
-        lifecycle.finish(c)
-
-
-def settled(c: "ControllerCore", a: AttemptState) -> bool:
-    """Every rank said it is done, every asynchronous upload it reported said so too, and every
-    commit begun has ended. The upload thread has a connection of its own, so its last UploadDone
-    may arrive after the rank's WorkerDone and its exit: finishing before it, or before its
-    commit's manifest is written, would drop the last checkpoint."""
-    return a.done >= set(range(c.plan.world_size)) and not c.commits.uploads_in_flight \
-        and not checkpoints.in_progress(c)
-
-
-def on_report(c: "ControllerCore", a: AttemptState, msg: m.Report) -> None:
+def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
     p = lifecycle.preemption(c)
     if msg.saw_preemption and p is not None:
         p.jit_reports.add((msg.rank, msg.index))
     if msg.rank == 0:
         c.last_metrics = msg.metrics
-    if msg.local_dir and msg.checkpoint_dir is not None:
-        c.local_dirs[(a.number, msg.index, msg.rank)] = msg.local_dir
+    if (msg.local_dir or msg.in_memory) and msg.checkpoint_dir is not None:
+        # Where the rank's own copy is on its node; whether it goes to a peer's memory first (a notice's).
+        commit_steps.step(c, Reported(a.number, msg.index, msg.rank, msg.local_dir, msg.in_memory))
     if msg.upload_pending and msg.checkpoint_dir is not None:
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
         if p is not None:
-            handlers.forecast_uploads(c, p)
+            forecast_uploads(c, p)
     if msg.in_memory and msg.checkpoint_dir is not None:
         # A notice's checkpoint through a peer: what the deadline weighs is its copy to the peer, at the rate
         # this node's last replica went; it is done once the node's tier has answered for it.
-        c.through_peer.add((a.number, msg.index))
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes,
-                            peer_uploads.peer_rate(c, a.placement.get(msg.rank, "")), c.now)
+                            c.commits.peer_rate(a.placement.get(msg.rank, "")), c.now)
         if p is not None:
-            handlers.forecast_uploads(c, p)
+            forecast_uploads(c, p)
     try:
-        ready = c.commits.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
-                                    msg.upload_pending, msg.upload_files)
+        ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
+                                           msg.upload_pending, msg.upload_files)
     except ValueError as e:
         log.warning("ignored a report: %s", e)
         return
     for pending in ready:
-        checkpoints.begin_commit(c, pending)
+        commit_steps.begin(c, pending)
     exit = a.exited.get(msg.rank)
     if msg.upload_pending and exit is not None and exit.exit_code == 0 and exit.error is None:
-        checkpoints.check_uploads_of(c, a, msg.rank)  # the report came after the rank's exit
+        commit_steps.check_uploads_of(c, a, msg.rank)  # the report came after the rank's exit
+
+
+def forecast_uploads(c: CoreState, p: Preemption) -> None:
+    text = p.forecast(c.now, lifecycle.jit_uploads(c, p, c.now), c.book.state.latest_checkpoint)
+    if text is not None:
+        assert c.attempt is not None
+        log.warning("attempt %d: %s", c.attempt.number, text)
+        c.book.note_once(f"attempt {c.attempt.number}: {text}", c.wall())
 
 
 # ---- collectives -----------------------------------------------------------------
 
 
-def on_collective(c: "ControllerCore", a: AttemptState, msg: m.CollectiveRequest) -> None:
+def on_collective(c: CoreState, a: AttemptState, msg: m.CollectiveRequest) -> None:
     try:
         complete = c.collectives.arrive(msg.rank, msg.seq, msg.op, msg.payload, c.now)
     except ValueError as e:
@@ -159,14 +139,14 @@ def on_collective(c: "ControllerCore", a: AttemptState, msg: m.CollectiveRequest
         reply_collective(c, complete)
 
 
-def reply_collective(c: "ControllerCore", complete) -> None:
+def reply_collective(c: CoreState, complete) -> None:
     reply = m.CollectiveReply(seq=complete.seq, payload=complete.payload)
     for rank in range(c.plan.world_size):
         if rank not in c.collectives.lost:
             c.send_to_rank(rank, reply)
 
 
-def on_overdue_collective(c: "ControllerCore", o) -> None:
+def on_overdue_collective(c: CoreState, o) -> None:
     if not o.timed_out:
         log.warning("%s #%d has waited %.0f s for ranks %s", o.op, o.seq, o.waited_s, o.missing)
         return
@@ -177,11 +157,11 @@ def on_overdue_collective(c: "ControllerCore", o) -> None:
 
 
 
-def _on_watch(c: "ControllerCore", a: AttemptState, msg: m.Progress | m.StackDump) -> None:
+def _on_watch(c: CoreState, a: AttemptState, msg: m.Progress | m.StackDump) -> None:
     hang_steps.on_watch_message(c, msg)
 
 
-def on_refused(c: "ControllerCore", attempt: int, rank: int, reason: str) -> None:
+def on_refused(c: CoreState, attempt: int, rank: int, reason: str) -> None:
     """A rank sent a message that does not decode (a file outside its directory): nothing of it is used, and
     its attempt fails with the reason in the run's history. outlast's own workers send no such message."""
     a = c.attempt
@@ -190,7 +170,7 @@ def on_refused(c: "ControllerCore", attempt: int, rank: int, reason: str) -> Non
         return
     log.error("rank %d of attempt %d: %s", rank, attempt, reason)
     if c.state.kind.has_live_workers and not a.failed:
-        handlers.on_failure(c, FailureRecord(
+        lifecycle.on_failure(c, FailureRecord(
             attempt=attempt, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
             signal=None, time=c.wall(), exc_type=FailureKind.REFUSED_MESSAGE, message=reason))
 

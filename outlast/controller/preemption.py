@@ -47,7 +47,7 @@ class Preemption:
     node_to_ranks: dict[str, list[int]] = field(default_factory=dict)  # the draining nodes' ranks
     jit_reports: set[tuple[int, int]] = field(default_factory=set)  # (rank, index) reported after seeing it
     forecast_told: bool = False  # the uploads-too-slow warning is said once
-    through_peer: bool = False  # its checkpoint goes to a peer's memory first (controller/peer_uploads.py)
+    through_peer: bool = False  # its checkpoint goes to a peer's memory first (controller/commits/peer.py)
 
     @classmethod
     def begin(cls, notice: m.NodeDraining, placement: dict[int, str], node_ids: list[str], reports: list[int],

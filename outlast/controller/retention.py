@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from outlast.storage.records import CheckpointRecord
+
+
+@dataclass(frozen=True)
+class RetentionRule:
+    num_to_keep: int | None
+    score_attribute: str | None
+    score_order: str
 
 
 def checkpoints_to_delete(

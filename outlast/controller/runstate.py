@@ -211,6 +211,10 @@ class RunBook:
         self.state.failure_counts[count_as] = self.state.failure_counts.get(count_as, 0) + 1
         self._save(now)
 
+    def committed(self, checkpoint_dir: str) -> CheckpointRecord | None:
+        """The history's record of a committed checkpoint, as it is now (its holders change as copies are pulled)."""
+        return next((r for r in self.state.checkpoints if r.checkpoint_dir == checkpoint_dir), None)
+
     def record_commit(self, manifest: Manifest) -> None:
         """Phase two of a commit: its manifest is written, so the state may name it."""
         self.state.checkpoints.append(record_of(manifest, manifest.seq))

@@ -54,7 +54,7 @@ class RunPlan:
     duplicate_files: str = "keep_rank0"  # file_merge.DuplicateFiles: ranks writing one file differently
     elastic: Elastic | None = None  # ScalingConfig(num_workers=(min, max)): world_size starts at max
     hang_timeout_s: float | None = None  # FailureConfig.hang_timeout_s: None adapts (hangs.py); inf never
-    checkpoint_storage: str = "storage"  # CheckpointConfig.checkpoint_storage: "storage" or "memory" (memory_holds.py)
+    checkpoint_storage: str = "storage"  # CheckpointConfig.checkpoint_storage: "storage" or "memory" (commits/holds.py)
 
 
 @dataclass

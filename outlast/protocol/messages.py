@@ -590,7 +590,7 @@ class PreemptionNotice(Msg):
     message: str
     node_to_ranks: dict[str, list[int]] = {}
     # The checkpoint saved for it goes to a peer's memory first (not uploaded by the ranks): committed once
-    # there, then uploaded to storage from the peer (controller/memory_holds.py).
+    # there, then uploaded to storage from the peer (controller/commits/peer.py).
     through_peer: bool = False
 
 

@@ -5,7 +5,7 @@ pull from a peer, each taking virtual time, and the RAM itself (a dict of bytes,
 machine, kept by a persistent agent started again, corrupted by a fault). Every decision is the
 real code's: the budget and its evictions are a real `TierBook` (`outlast/storage/memtier.py`,
 `begin` and `finish` as `TierStore` calls them), what to ask of which node is the controller's
-(`outlast/controller/memory_holds.py`), and what a restore reads is `tier_restore.choose_copies`.
+(`outlast/controller/commits/holds.py`), and what a restore reads is `tier_restore.choose_copies`.
 
 A node's tier server answers what a commit or a restore waits for (a hold with files to copy in, a
 pull) on one thread, a replica of a copy held already on another, and an upload on a third

@@ -12,7 +12,7 @@ from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
 from outlast.agent import node_core
 from outlast.protocol import messages as m
-from outlast.storage.records import CheckpointRecord
+from outlast.storage.records import CheckpointRecord, FailureRecord
 
 
 class LegacyHorizonBook(horizons.HorizonBook):
@@ -104,7 +104,7 @@ def _old_spawn_refused(c, node_id, refused) -> None:
     a = c.attempt
     if a is None or refused.attempt != a.number or c.state.kind is not st.State.SCHEDULING:
         return
-    handlers.on_failure(c, handlers.FailureRecord(
+    lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
         exc_type="SpawnRefused", message=refused.reason))
     for rank in range(c.plan.world_size):
@@ -119,7 +119,7 @@ def _first_fix_spawn_refused(c, node_id, refused) -> None:
     a = c.attempt
     if a is None or refused.attempt != a.number or c.state.kind is not st.State.SCHEDULING:
         return
-    handlers.on_failure(c, handlers.FailureRecord(
+    lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
         exc_type="SpawnRefused", message=refused.reason))
     for rank in a.ranks_on({node_id}):

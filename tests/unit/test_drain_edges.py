@@ -238,7 +238,7 @@ def test_a_drain_until_the_commit_holds_the_ranks_once_the_checkpoint_is_committ
 def test_only_the_checkpoint_saved_for_the_drain_is_the_commit_a_requeue_waits_for():
     # Seen on Slurm: a checkpoint every 10 steps of 50 ms, one reported before the ranks heard of the drain
     # committed 0.2 s after it, the job was requeued on that commit, and the steps since were lost.
-    from outlast.controller.lifecycle import heartbeat
+    from outlast.controller.heartbeat import heartbeat
 
     h = make(nodes=("n1", "n2"), max_preemption_failures=-1)
     start(h)

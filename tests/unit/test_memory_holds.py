@@ -329,7 +329,7 @@ def test_storage_a_new_attempt_pulls_from_the_peers_memory_first_and_notes_a_cor
 
 def test_a_drains_checkpoint_goes_through_a_peer_weighed_at_the_peers_rate_then_becomes_durable_from_it():
     h, placement = tiered()
-    h.core.peer_bps[placement[0]] = 10e6  # its last replica went at 10 MB/s
+    h.core.commits.holds.peer_bps[placement[0]] = 10e6  # its last replica went at 10 MB/s
     drained = placement[0]
     h.agent(drained, m.NodeDraining(node_id=drained, reason="spot", message="", deadline_unix_s=h.wall() + 20))
     assert h.core.state.preemption.through_peer
@@ -395,7 +395,7 @@ def test_an_upload_from_a_holder_that_dies_goes_on_from_the_next_and_with_none_l
         h.release()
         nxt = asks(h, m.TierUpload)
         assert [a.node_id for a in nxt] == ([drained] if dead == peer else [])
-    assert not h.core.durable
+    assert not h.core.commits.uploading_from_memory
     # Both holders gone: the next attempt skips it, saying why and what it costs.
     skipped = h.core.book.state.skipped_checkpoints
     assert [s.checkpoint_dir for s in skipped] == [DIR] and "whose upload from memory was not in yet" in skipped[0].reason
@@ -432,7 +432,7 @@ def test_a_storage_run_that_ends_frees_its_copies_on_every_holder_and_closes_onc
 
 
 def test_the_close_waits_for_the_frees_a_few_seconds_at_most():
-    from outlast.controller.memory_holds import FREE_WAIT_S
+    from outlast.controller.commits.holds import FREE_WAIT_S
 
     h, placement = tiered()
     _committed_on_two_nodes(h, placement)
