@@ -14,7 +14,7 @@ import logging
 from typing import Callable
 
 from outlast.controller import effects as fx
-from outlast.controller import lifecycle
+from outlast.controller import ending, lifecycle
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.commits import events as ce
@@ -75,7 +75,7 @@ def _committed(c: CoreState, out: ce.Committed) -> None:
         reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
         for rank in sorted(pending.waiting):
             c.send_to_rank(rank, reply, attempt=out.attempt)
-    lifecycle.finish_if_settled(c, a)
+    ending.finish_if_settled(c, a)
 
 
 def _commit_failed(c: CoreState, out: ce.CommitFailed) -> None:
@@ -95,7 +95,7 @@ def _commit_failed(c: CoreState, out: ce.CommitFailed) -> None:
         log.warning("restarting from %s now", c.book.state.latest_checkpoint or "scratch")
         lifecycle.restart(c, Event.PREEMPTION_SAFE, s.preemption)
         return
-    lifecycle.finish_if_settled(c, a)
+    ending.finish_if_settled(c, a)
 
 
 def _uploads_checked(c: CoreState, out: ce.UploadsChecked) -> None:
@@ -113,7 +113,7 @@ def _uploads_checked(c: CoreState, out: ce.UploadsChecked) -> None:
                  "all %d files it began with, at their sizes", out.checkpoint_dir, rank, len(out.files))
     for pending in c.commit_tracker.on_upload_done(rank, index, out.checkpoint_dir, list(out.files), error):
         begin(c, pending)
-    lifecycle.finish_if_settled(c, a)
+    ending.finish_if_settled(c, a)
 
 
 def _uploads_ended(c: CoreState, out: ce.UploadsEnded) -> None:
@@ -122,12 +122,12 @@ def _uploads_ended(c: CoreState, out: ce.UploadsEnded) -> None:
 
 
 def _head_lost(c: CoreState, out: ce.HeadLost) -> None:
-    lifecycle.give_up(c, lifecycle.head_lost_error(c, out.attempt, out.why))
+    ending.give_up(c, ending.head_lost_error(c, out.attempt, out.why))
 
 
 def _durable_done(c: CoreState, out: ce.DurableDone) -> None:
     if c.attempt is not None:
-        lifecycle.finish_if_settled(c, c.attempt)
+        ending.finish_if_settled(c, c.attempt)
 
 
 # ---- the history's changes --------------------------------------------------------------------

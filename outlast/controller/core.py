@@ -9,8 +9,8 @@ is slow.
 `ControllerCore` is the explicit state (`core_state.py`) and its one entry point. What each event
 does is a plain function over that state, found in a table by the event's type: `handlers.py`
 (agents, a worker's exit), `on_workers.py` (worker messages, collectives), `lifecycle.py` (placing,
-restarting, failures, settling, finishing, closing), `memory_restore.py` (what a new attempt
-restores), `hang_steps.py`. The commit is a sub-machine with a state of its own (`commits/`): it
+restarting, failures), `ending.py` (giving up, finishing once settled, closing),
+`memory_restore.py` (what a new attempt restores), `preempt_steps.py`, `hang_steps.py`. The commit is a sub-machine with a state of its own (`commits/`): it
 gets its events with a frozen view of the run and returns effects and outcomes, which
 `commit_steps.py` applies. Decisions live in `states.py` (the table and the states' data),
 `policy.py` and `settle.py` (restart or raise), `placement.py`, `commit.py` (when a checkpoint is
@@ -25,7 +25,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from outlast.controller import commit_steps, handlers, hang_steps, lifecycle, memory_restore, on_workers
+from outlast.controller import (
+    commit_steps, ending, handlers, hang_steps, lifecycle, memory_restore, on_workers, preempt_steps,
+)
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
@@ -99,19 +101,19 @@ def _on_agent_gone(c: ControllerCore, event: AgentGone) -> None:
 
 
 def _on_started(c: ControllerCore, event: Started) -> None:
-    lifecycle.go(c, st.Event.STARTED, st.Placing(place_by=None))
+    c.go(st.Event.STARTED, st.Placing(place_by=None))
     lifecycle.enter_placing(c, c.now)
 
 
 def _on_lease_lost(c: ControllerCore, event: LeaseLost) -> None:
     if not c.state.kind.is_terminal:
-        lifecycle.give_up(c, event.reason)
+        ending.give_up(c, event.reason)
 
 
 def _on_interrupted(c: ControllerCore, event: Interrupted) -> None:
     if not c.state.kind.is_terminal:
-        lifecycle.go(c, st.Event.INTERRUPTED, st.Aborted(stop_by=lifecycle.stop_by(c, c.now)))
-        lifecycle.stop_workers(c)
+        c.go(st.Event.INTERRUPTED, st.Aborted(stop_by=ending.stop_by(c, c.now)))
+        ending.stop_workers(c)
 
 
 def _on_storage_done(c: ControllerCore, event: fx.StorageDone) -> None:
@@ -146,7 +148,7 @@ def _on_storage_failed(c: ControllerCore, event: fx.StorageFailed) -> None:
     if isinstance(effect, fx.CheckUploads):  # not a write: the checkpoint is not committed, the run goes on
         return
     if not c.state.kind.is_terminal:
-        lifecycle.give_up(c, said)
+        ending.give_up(c, said)
     elif c.error is None:
         log.error("%s", said)
         c.error = TrainingFailedError(f"training failed: {said}", list(c.failures))
@@ -204,11 +206,11 @@ def timers(c: ControllerCore, now: float) -> None:
         c.next_node_check = now + NODE_CHECK_S
         handlers.check_nodes(c, a, now)
     if c.state.kind.is_terminal:
-        lifecycle.close_if_stopped(c, now)
+        ending.close_if_stopped(c, now)
         return
     if a is None or c.attempt is not a:
         return
-    lifecycle.answer(c, c.horizons.tick(now))
+    preempt_steps.answer(c, c.horizons.tick(now))
     hang_steps.check_hangs(c, a, now)
     commit_steps.on_timers(c)
     lifecycle.on_timers(c, a, now)

@@ -1,13 +1,14 @@
 """The controller core's explicit state, and what every handler uses to say what to do.
 
 `core.ControllerCore` adds the one entry point (`step`) over it. The handlers (`handlers.py`,
-`on_workers.py`, `lifecycle.py`, `hang_steps.py`, `commit_steps.py`, `memory_restore.py`) are plain
-functions over this state; the commit machine (`commits/`) has a state of its own, `commits`, and
+`on_workers.py`, `lifecycle.py`, `ending.py`, `memory_restore.py`, `preempt_steps.py`, `hang_steps.py`,
+`commit_steps.py`) are plain functions over this state; the commit machine (`commits/`) has a state of its own, `commits`, and
 sees this one only as the frozen view `commit_view()` makes.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,6 +28,8 @@ from outlast.controller.upload_estimate import UploadEstimate
 from outlast.errors import TrainingFailedError
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
+
+log = logging.getLogger("outlast.controller")
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,18 @@ class CoreState:
         self.next_heartbeat = float("-inf")
         self.next_query = float("-inf")
         self.next_node_check = float("-inf")
+
+    def go(self, event: st.Event, new: st.AnyState) -> None:
+        """Move to `new`, which must be the state the table gives for this event."""
+        expected = st.transition(self.state.kind, event)
+        if expected is not new.kind:
+            raise st.InvalidTransition(f"{self.state.kind.value} on {event.value} leads to {expected.value}, "
+                                       f"not {new.kind.value}")
+        log.debug("%s --%s--> %s", self.state.kind.value, event.value, new.kind.value)
+        self.state = new
+        p = getattr(new, "preemption", None)
+        if p is not None and self.attempt is not None:
+            self.attempt.preemption = p
 
     def ask_storage(self, make: Callable[[int], fx.StorageEffect]) -> int:
         """Hand storage an effect, carried out after every earlier one."""

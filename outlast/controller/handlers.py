@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 
-from outlast.controller import commit_steps, lifecycle, on_workers
+from outlast.controller import commit_steps, ending, lifecycle, on_workers, preempt_steps
 from outlast.controller import states as st
 from outlast.controller.commits import peer
 from outlast.controller.core_state import CoreState
@@ -92,10 +92,10 @@ def on_node_draining(c: CoreState, node_id: str, notice: m.NodeDraining) -> None
     log.warning("node %s is draining (%s: %s); ranks %s of attempt %d are preempted, and every rank has %.1f s "
                 "to save a checkpoint", ", ".join(p.node_ids), notice.reason, notice.message, ranks,
                 a.number, p.deadline - now)
-    lifecycle.go(c, Event.PREEMPTION_NOTICE, st.Preempting(p))
+    c.go(Event.PREEMPTION_NOTICE, st.Preempting(p))
     for rank in a.exited:  # a rank that already returned asks nothing more
         c.horizons.lose_rank(rank, now)
-    lifecycle.answer(c, c.horizons.preempt(now))
+    preempt_steps.answer(c, c.horizons.preempt(now))
 
 
 def on_spawn_refused(c: CoreState, node_id: str, refused: m.SpawnRefused) -> None:
@@ -141,7 +141,7 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     failed = ev.exit_code != 0 or ev.error is not None
     if not failed:
         commit_steps.check_uploads_of(c, a, ev.rank)
-    p = lifecycle.preemption(c)
+    p = preempt_steps.preemption(c)
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)
     elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
@@ -149,18 +149,18 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     elif s.kind in _PREEMPTED:
         # The others go on saving; if every rank returns, the training is over and the run finishes.
         log.warning("rank %d returned from the train function during a preemption", ev.rank)
-        lifecycle.answer(c, c.horizons.lose_rank(ev.rank, c.now))
+        preempt_steps.answer(c, c.horizons.lose_rank(ev.rank, c.now))
     if c.attempt is not a:
         return
     if c.state.kind is State.RESTARTING:
         lifecycle.settle_if_all_exited(c)
     elif c.state.kind.has_live_workers and a.all_exited(c.plan.world_size):
-        if lifecycle.settled(c, a):
-            lifecycle.finish(c)
+        if ending.settled(c, a):
+            ending.finish(c)
         else:
-            lifecycle.go(c, Event.ALL_EXITED, st.Finishing(since=c.now))
+            c.go(Event.ALL_EXITED, st.Finishing(since=c.now))
     elif c.state.kind.is_terminal:
-        lifecycle.close_if_stopped(c, c.now)
+        ending.close_if_stopped(c, c.now)
 
 
 def _our_stop(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
@@ -182,7 +182,7 @@ def lose_preempted_rank(c: CoreState, a: AttemptState, p: Preemption, ev: m.Work
         a.failures.append(_failure_record(ev, c.wall()))
     log.warning("rank %d (on preempted node %s) is gone; ranks %s go on without it", ev.rank, ev.node_id,
                 sorted(set(range(c.plan.world_size)) - a.lost))
-    lifecycle.answer(c, c.horizons.lose_rank(ev.rank, c.now))
+    preempt_steps.answer(c, c.horizons.lose_rank(ev.rank, c.now))
     outcome = c.commit_tracker.lose_ranks({ev.rank})
     for pending in outcome.settled:
         commit_steps.begin(c, pending)

@@ -1,5 +1,5 @@
-"""An attempt's life in the controller's core: placing it, restarting it, what a failure or a commit does to
-it, finishing it once settled, closing the run.
+"""An attempt's life in the controller's core: placing it, what it restores, restarting it, and what a failure
+or a commit does to it. How the run ends (giving up, finishing, closing) is `ending.py`.
 
 Plain functions over the core's state (`core_state.CoreState`); the state changes they make
 follow the table in `states.py`, and the decisions are `policy.py`'s, `settle.py`'s, `resize.py`'s
@@ -13,21 +13,20 @@ import logging
 import signal
 
 from outlast.controller import effects as fx
-from outlast.controller import memory_restore, resize
+from outlast.controller import ending, memory_restore, resize
 from outlast.controller import states as st
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
+from outlast.controller.group import QueryTable, Spawn, ToNode
 from outlast.controller.heartbeat import heartbeat
-from outlast.controller.horizons import Answer, Decision, HorizonBook
+from outlast.controller.horizons import HorizonBook
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
+from outlast.controller.preempt_steps import answer, jit_uploads, preemption, room_elsewhere
 from outlast.controller.preemption import Preemption
 from outlast.controller.settle import settle_attempt
-from outlast.controller.states import Event, State
+from outlast.controller.states import Event
 from outlast.controller.types import AttemptState
-from outlast.controller.upload_estimate import Estimate
-from outlast.errors import TrainingFailedError
 from outlast.protocol.kinds import FailureKind
 from outlast.protocol import messages as m
 from outlast.storage.records import FailureRecord
@@ -36,26 +35,12 @@ log = logging.getLogger("outlast.controller")
 
 TABLE_WAIT_S = 1.0  # how long a new attempt waits for a fresh node table before placing on the last one
 CAPACITY_RETRY_S = 1.0
-TEARDOWN_EXTRA_S = 5.0
-
-
-def go(c: CoreState, event: Event, new: st.AnyState) -> None:
-    """Move to `new`, which must be the state the table gives for this event."""
-    expected = st.transition(c.state.kind, event)
-    if expected is not new.kind:
-        raise st.InvalidTransition(f"{c.state.kind.value} on {event.value} leads to {expected.value}, "
-                                   f"not {new.kind.value}")
-    log.debug("%s --%s--> %s", c.state.kind.value, event.value, new.kind.value)
-    c.state = new
-    p = getattr(new, "preemption", None)
-    if p is not None and c.attempt is not None:
-        c.attempt.preemption = p
 
 
 def enter_placing(c: CoreState, now: float) -> None:
     """A new attempt: its place in the history now; what it restores once storage has said (`restore_read`)."""
     number = c.book.begin_attempt(c.wall())
-    remove_uncommitted(c, from_attempt=number)
+    ending.remove_uncommitted(c, from_attempt=number)
     c.attempt = AttemptState(number=number, started_at=now)
     c.commit_tracker = CommitTracker(c.plan.world_size)
     c.collectives = c.new_collectives()
@@ -77,7 +62,7 @@ def on_manifests_read(c: CoreState, done: fx.ManifestsRead) -> None:
         return
     for read in done.reads:
         if read.newer is not None:
-            give_up(c, read.newer)
+            ending.give_up(c, read.newer)
             return
         if read.ranks is not None:
             restore_read(c, a, read.checkpoint_dir, set(read.ranks))
@@ -92,14 +77,6 @@ def on_manifests_read(c: CoreState, done: fx.ManifestsRead) -> None:
         log.warning("checkpoint %s cannot be restored (%s); using %s instead", read.checkpoint_dir, read.skip,
                     fallback or "no checkpoint")
     restore_read(c, a, None, None)
-
-
-def remove_uncommitted(c: CoreState, from_attempt: int | None = None) -> None:
-    """Only while no worker of an attempt before `from_attempt` is alive: an upload in flight has no manifest
-    yet either. Storage may reach it late (effects go in order, and it may be slow), so the directories of
-    `from_attempt` and later, whose ranks may have started by then, are never garbage to it."""
-    keep = frozenset({r.checkpoint_dir for r in c.book.state.checkpoints} | c.commits.in_progress())
-    c.ask_storage(lambda i: fx.RemoveUncommitted(i, keep, from_attempt))
 
 
 def restore_read(c: CoreState, a: AttemptState, restore: str | None, holders: set[int] | None) -> None:
@@ -130,11 +107,11 @@ def place(c: CoreState, now: float) -> None:
         c.out.append(QueryTable())
         if (gone := c.nodes.head_lost(now)) is not None:
             # No node can join a cluster without its head: waiting for capacity would wait for nothing.
-            give_up(c, head_lost_error(c, a.number, f"{gone}. Attempt {a.number} cannot be placed: {placed.reason}"))
+            ending.give_up(c, ending.head_lost_error(c, a.number, f"{gone}. Attempt {a.number} cannot be placed: {placed.reason}"))
             return
         if isinstance(s, st.WaitingForCapacity):
             if now - s.since > c.plan.timeouts.capacity_s:
-                give_up(c, f"no capacity for attempt {a.number} within {c.plan.timeouts.capacity_s:.0f} s:"
+                ending.give_up(c, f"no capacity for attempt {a.number} within {c.plan.timeouts.capacity_s:.0f} s:"
                            f" {placed.reason}. Add a node (outlast start --address HEAD) or raise "
                            "OUTLAST_CAPACITY_TIMEOUT_S")
                 return
@@ -144,7 +121,7 @@ def place(c: CoreState, now: float) -> None:
                     "(OUTLAST_CAPACITY_TIMEOUT_S)", a.number, placed.reason, c.nodes.describe(),
                     c.plan.timeouts.capacity_s)
         c.book.set_waiting(placed.reason, c.wall())
-        go(c, Event.NO_CAPACITY, st.WaitingForCapacity(now, placed.reason, now + CAPACITY_RETRY_S))
+        c.go(Event.NO_CAPACITY, st.WaitingForCapacity(now, placed.reason, now + CAPACITY_RETRY_S))
         return
     if isinstance(s, st.WaitingForCapacity):
         log.info("attempt %d found capacity after %.1f s", a.number, now - s.since)
@@ -152,7 +129,7 @@ def place(c: CoreState, now: float) -> None:
     a.started_at = now
     a.placement = {spec.rank: node.node_id for node, spec in placed.workers}
     size_attempt(c, a, len(placed.workers), now)
-    go(c, Event.PLACED, st.Scheduling(since=now))
+    c.go(Event.PLACED, st.Scheduling(since=now))
     by_node: dict[str, list[m.WorkerSpec]] = {}
     for node, spec in placed.workers:
         by_node.setdefault(node.node_id, []).append(spec)
@@ -180,8 +157,8 @@ def place(c: CoreState, now: float) -> None:
 
 def restart(c: CoreState, event: Event, preemption: Preemption | None) -> None:
     """The attempt is over (failed, or preempted): stop its workers; settle once all have exited."""
-    go(c, event, st.Restarting(preemption))
-    stop_workers(c)
+    c.go(event, st.Restarting(preemption))
+    ending.stop_workers(c)
     settle_if_all_exited(c)
 
 
@@ -205,21 +182,12 @@ def settle_if_all_exited(c: CoreState) -> None:
         or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
                           p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
     if settled.retry:
-        go(c, Event.RETRY, st.Placing(place_by=None))
+        c.go(Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)
         return
     c.error = settled.error
-    go(c, Event.GIVE_UP, st.Errored(error=settled.error, stop_by=c.now))
-    close_if_stopped(c, c.now)
-
-
-def head_lost_error(c: CoreState, attempt: int, why: str) -> str:
-    latest = c.book.state.latest_checkpoint
-    return (f"{why}. The run stops here, with attempt {attempt}; its latest committed checkpoint stays "
-            f"{latest or 'none'}. Start the head again (`outlast start` on its machine, with the same "
-            "--port and cluster key) and run fit() again with the same RunConfig(name, storage_path) to go on "
-            "from there. A cluster whose nodes keep its state in etcd (`outlast start --etcd URL,...`, "
-            "docs/operations/etcd.md) has no single head to lose")
+    c.go(Event.GIVE_UP, st.Errored(error=settled.error, stop_by=c.now))
+    ending.close_if_stopped(c, c.now)
 
 
 def preempted_by_drain(c: CoreState, a: AttemptState) -> Preemption | None:
@@ -236,55 +204,6 @@ def preempted_by_drain(c: CoreState, a: AttemptState) -> Preemption | None:
                             c.plan.preemption_grace_s)
 
 
-def give_up(c: CoreState, reason: str) -> None:
-    c.error = TrainingFailedError(f"training failed: {reason}", list(c.failures))
-    log.error("%s", reason)
-    go(c, Event.UNRECOVERABLE, st.Errored(error=c.error, stop_by=stop_by(c, c.now)))
-    stop_workers(c)
-    close_if_stopped(c, c.now)
-
-
-def finish(c: CoreState) -> None:
-    go(c, Event.ALL_FINISHED, st.Finished())
-    close_if_stopped(c, c.now)
-
-
-def stop_by(c: CoreState, now: float) -> float:
-    return now + c.plan.timeouts.teardown_grace_s + TEARDOWN_EXTRA_S
-
-
-def stop_workers(c: CoreState) -> None:
-    a = c.attempt
-    if a is None:
-        return
-    answer(c, c.horizons.release())  # no rank waits on a decision while it is stopped
-    if a.stopped_at is None:
-        a.stopped_at = c.now
-    stop = m.StopWorkers(run_id=c.run_id, attempt=a.number, grace_s=c.plan.timeouts.teardown_grace_s)
-    for node_id in sorted(set(a.placement.values())):
-        if node_id in c.nodes.heard:
-            c.out.append(StopRun(node_id, stop))
-
-
-def close_if_stopped(c: CoreState, now: float) -> None:
-    """A terminal state closes the run once its workers are gone, or the wait for them is over; the run
-    is `closed` once storage has answered what it was given."""
-    s, a = c.state, c.attempt
-    if c.closing:
-        return
-    if isinstance(s, (st.Errored, st.Aborted)) and a is not None and now < s.stop_by:
-        expected = {r for r, n in a.placement.items() if n in c.nodes.heard}
-        if not expected <= set(a.exited):
-            return
-    remove_uncommitted(c)
-    outcome = {State.FINISHED: "finished", State.ERRORED: "failed", State.ABORTED: "aborted"}[s.kind]
-    c.book.end_attempt(outcome, c.wall())
-    c.book.finish(s.kind.value, error=str(c.error) if isinstance(s, st.Errored) else None,
-                  last_metrics=c.last_metrics)
-    c.out += [ToNode(n, m.EndRun(run_id=c.run_id)) for n in sorted(c.nodes.heard)]
-    c.closing = True  # the core hands the commit machine the run's end: its copies in memory are freed
-
-
 def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
     """What the states wait for, with a deadline."""
     t, s = c.plan.timeouts, c.state
@@ -294,7 +213,7 @@ def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
         place(c, now)
     elif isinstance(s, st.Scheduling) and now - s.since > t.worker_start_s:
         missing = sorted(set(range(c.plan.world_size)) - a.hello)
-        give_up(c, f"ranks {missing} of attempt {a.number} did not start within {t.worker_start_s:.0f} s "
+        ending.give_up(c, f"ranks {missing} of attempt {a.number} did not start within {t.worker_start_s:.0f} s "
                    "(OUTLAST_WORKER_START_TIMEOUT_S); is a node's fork server stuck? `outlast status` "
                    "and the nodes' logs tell")
     elif isinstance(s, (st.Preempting, st.Saved)):
@@ -307,27 +226,7 @@ def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
     elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.commits.checking_uploads \
             and not c.commits.uploading_from_memory:  # a drain's checkpoint still going from a peer's memory
-        finish_without_last_messages(c, a)
-
-
-def finish_without_last_messages(c: CoreState, a: AttemptState) -> None:
-    unsaid = [f"{p.checkpoint_dir} of ranks {sorted(p.awaiting)}" for r in range(c.plan.world_size)
-              for p in c.commit_tracker.awaiting_uploads_of(r) if min(p.awaiting) == r]
-    log.warning("finishing without the last messages of ranks %s%s", sorted(set(range(c.plan.world_size)) - a.done),
-                f"; asynchronous uploads never said they were done, and their files were not known when they began "
-                f"(a staged save writes them later), so these checkpoints are not committed: {', '.join(unsaid)}"
-                if unsaid else "")
-    finish(c)
-
-
-def jit_uploads(c: CoreState, p: Preemption, now: float) -> Estimate:
-    """The uploads of the checkpoint saved for the notice: they go before any other (storage/priority.py)."""
-    return c.uploads.estimate(now, only=p.after_notice)
-
-
-def room_elsewhere(c: CoreState, now: float) -> bool:
-    return c.resizes.room_elsewhere(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker,
-                                    c.plan.strategy)
+        ending.finish_without_last_messages(c, a)
 
 
 # ---- elastic runs (resize.py decides) -------------------------------------------------
@@ -356,25 +255,8 @@ def consider_grow(c: CoreState, now: float) -> None:
     p = resize.grow_notice(grow, c.plan.world_size, c.commit_tracker.reports, now, c.wall())
     log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",
                 a.number, p.notice.message, resize.RESIZE)
-    go(c, Event.PREEMPTION_NOTICE, st.Preempting(p))
+    c.go(Event.PREEMPTION_NOTICE, st.Preempting(p))
     answer(c, c.horizons.preempt(now))
-
-
-def preemption(c: CoreState) -> Preemption | None:
-    return getattr(c.state, "preemption", None)
-
-
-def answer(c: CoreState, answers: list[Answer]) -> None:
-    a = c.attempt
-    p = preemption(c) or (a.preemption if a is not None else None)
-    for ans in answers:
-        if isinstance(ans.reply, Decision):
-            # A decision is only ever fixed after a notice, and the attempt keeps its preemption.
-            assert p is not None and a is not None, "a preemption decision without a preemption"
-            msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)
-        else:
-            msg = m.PreemptionGrant(index=ans.index, horizon=ans.reply.horizon, valid_s=ans.reply.valid_s)
-        c.send_to_rank(ans.rank, msg)
 
 
 # ---- what a failure, and a commit, do to the attempt ---------------------------------------
@@ -407,7 +289,7 @@ def decide_on_commit(c: CoreState, pending: PendingCheckpoint) -> bool:
         restart(c, Event.PREEMPTION_SAFE, s.preemption)
         return False
     log.warning("%s", verdict.reason)
-    go(c, Event.SAVED_NOWHERE_TO_GO, st.Saved(s.preemption, pending.checkpoint_dir))
+    c.go(Event.SAVED_NOWHERE_TO_GO, st.Saved(s.preemption, pending.checkpoint_dir))
     if s.preemption.notice.until_commit:
         # Its nodes go away now that it is committed (a Slurm job is requeued): nothing the loop
         # does from here is kept, so the ranks that wait for it wait until the teardown.
@@ -415,33 +297,3 @@ def decide_on_commit(c: CoreState, pending: PendingCheckpoint) -> bool:
                  "report() until the run stops", pending.checkpoint_dir)
         return False
     return True
-
-
-# ---- finishing, once every report, upload and commit has settled ---------------------------
-
-
-def answer_checkpoint_queries(c: CoreState, a: AttemptState) -> None:
-    """Each waiting rank gets the kept checkpoints once none of those it reported is still on its way."""
-    for rank, reports in sorted(a.checkpoint_queries.items()):
-        if c.commit_tracker.unsettled_below(reports) or c.commits.unsettled_below(a.number, reports):
-            continue
-        del a.checkpoint_queries[rank]
-        kept = [m.KeptCheckpoint(checkpoint_dir=r.checkpoint_dir, seq=r.seq, metrics=r.metrics)
-                for r in c.book.state.checkpoints]
-        c.send_to_rank(rank, m.CheckpointsList(checkpoints=kept), attempt=a.number)
-
-
-def finish_if_settled(c: CoreState, a: AttemptState) -> None:
-    """Called whenever a report, an upload or a commit has settled."""
-    answer_checkpoint_queries(c, a)
-    if c.state.kind is State.FINISHING and settled(c, a):
-        finish(c)
-
-
-def settled(c: CoreState, a: AttemptState) -> bool:
-    """Every rank said it is done, every asynchronous upload it reported said so too, and every
-    commit begun has ended. The upload thread has a connection of its own, so its last UploadDone
-    may arrive after the rank's WorkerDone and its exit: finishing before it, or before its
-    commit's manifest is written, would drop the last checkpoint."""
-    return a.done >= set(range(c.plan.world_size)) and not c.commit_tracker.uploads_in_flight \
-        and not c.commits.in_progress()

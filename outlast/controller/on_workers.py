@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from outlast.controller import commit_steps, hang_steps, lifecycle
+from outlast.controller import commit_steps, ending, hang_steps, lifecycle, preempt_steps
 from outlast.controller import states as st
 from outlast.controller.commits.events import Reported
 from outlast.controller.core_state import CoreState
-from outlast.controller.preemption import Preemption
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
@@ -54,7 +53,7 @@ def _on_upload_done(c: CoreState, a: AttemptState, msg: m.UploadDone) -> None:
     c.uploads.on_upload_done(msg.rank, msg.index)
     for pending in c.commit_tracker.on_upload_done(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.error):
         commit_steps.begin(c, pending)
-    lifecycle.finish_if_settled(c, a)
+    ending.finish_if_settled(c, a)
 
 
 def _on_hello(c: CoreState, a: AttemptState, msg: m.WorkerHello) -> None:
@@ -63,7 +62,7 @@ def _on_hello(c: CoreState, a: AttemptState, msg: m.WorkerHello) -> None:
     if msg.set_up:
         a.set_up.add(msg.rank)
     if c.state.kind is State.SCHEDULING and len(a.hello) == c.plan.world_size:
-        lifecycle.go(c, Event.WORKERS_STARTED, st.Running())
+        c.go(Event.WORKERS_STARTED, st.Running())
 
 
 def _on_set_up(c: CoreState, a: AttemptState, msg: m.SetUp) -> None:
@@ -72,21 +71,21 @@ def _on_set_up(c: CoreState, a: AttemptState, msg: m.SetUp) -> None:
 
 
 def _on_query(c: CoreState, a: AttemptState, msg: m.PreemptionQuery) -> None:
-    lifecycle.answer(c, c.horizons.on_query(msg.rank, msg.index, c.now))
+    preempt_steps.answer(c, c.horizons.on_query(msg.rank, msg.index, c.now))
 
 
 def _on_done(c: CoreState, a: AttemptState, msg: m.WorkerDone) -> None:
     a.done.add(msg.rank)
-    lifecycle.finish_if_settled(c, a)
+    ending.finish_if_settled(c, a)
 
 
 def _on_checkpoints_query(c: CoreState, a: AttemptState, msg: m.CheckpointsQuery) -> None:
     a.checkpoint_queries[msg.rank] = msg.reports
-    lifecycle.answer_checkpoint_queries(c, a)
+    ending.answer_checkpoint_queries(c, a)
 
 
 def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
-    p = lifecycle.preemption(c)
+    p = preempt_steps.preemption(c)
     if msg.saw_preemption and p is not None:
         p.jit_reports.add((msg.rank, msg.index))
     if msg.rank == 0:
@@ -97,14 +96,14 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
     if msg.upload_pending and msg.checkpoint_dir is not None:
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
         if p is not None:
-            forecast_uploads(c, p)
+            preempt_steps.forecast_uploads(c, p)
     if msg.in_memory and msg.checkpoint_dir is not None:
         # A notice's checkpoint through a peer: what the deadline weighs is its copy to the peer, at the rate
         # this node's last replica went; it is done once the node's tier has answered for it.
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes,
                             c.commits.peer_rate(a.placement.get(msg.rank, "")), c.now)
         if p is not None:
-            forecast_uploads(c, p)
+            preempt_steps.forecast_uploads(c, p)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
                                            msg.upload_pending, msg.upload_files)
@@ -116,14 +115,6 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
     exit = a.exited.get(msg.rank)
     if msg.upload_pending and exit is not None and exit.exit_code == 0 and exit.error is None:
         commit_steps.check_uploads_of(c, a, msg.rank)  # the report came after the rank's exit
-
-
-def forecast_uploads(c: CoreState, p: Preemption) -> None:
-    text = p.forecast(c.now, lifecycle.jit_uploads(c, p, c.now), c.book.state.latest_checkpoint)
-    if text is not None:
-        assert c.attempt is not None
-        log.warning("attempt %d: %s", c.attempt.number, text)
-        c.book.note_once(f"attempt {c.attempt.number}: {text}", c.wall())
 
 
 # ---- collectives -----------------------------------------------------------------

@@ -6,7 +6,7 @@ regression seed can show that the simulator catches that bug (and that the fix h
 
 from __future__ import annotations
 
-from outlast.controller import core, handlers, horizons, lifecycle, memory_restore, nodes, runstate, storage_io
+from outlast.controller import core, ending, handlers, horizons, lifecycle, memory_restore, nodes, runstate, storage_io
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Decision, Grant
@@ -144,7 +144,7 @@ def _old_finishing(monkeypatch) -> None:
         real_timers(c, now)
         at = getattr(c, "legacy_exited_ok_at", None)
         if at is not None and not c.closing and now - at > c.plan.timeouts.finish_settle_s:
-            lifecycle.finish(c)
+            ending.finish(c)
 
     monkeypatch.setattr(handlers, "on_worker_exited", on_worker_exited)
     monkeypatch.setattr(core, "timers", timers)

@@ -8,7 +8,7 @@ import logging
 from outlast.controller import group as g
 from outlast.controller.states import State
 from outlast.protocol import messages as m
-from outlast.controller import lifecycle
+from outlast.controller import preempt_steps
 from tests.fakes.controller import make, node, start
 
 ENTRY = m.FileEntry("model.pt", 1, "0" * 64)
@@ -101,7 +101,7 @@ def test_uploads_from_before_the_notice_do_not_count_against_the_notice_checkpoi
     report(h, 0, 1, GB, 1e9)
     report(h, 1, 1, GB, 1e9)
     assert not h.core.book.state.notes
-    est = lifecycle.jit_uploads(h.core, h.core.state.preemption, h.now)
+    est = preempt_steps.jit_uploads(h.core, h.core.state.preemption, h.now)
     assert est.bytes_left == 2 * GB
 
 

@@ -193,8 +193,8 @@ def test_no_module_of_the_controller_imports_itself_back_through_others():
 # The commit machine (controller/commits/) never reaches back into the core: not by an import of its own, nor
 # through a module it imports.
 CORE_SIDE = {f"outlast.controller.{name}" for name in
-             ("core", "core_state", "lifecycle", "on_workers", "handlers", "hang_steps", "commit_steps",
-              "memory_restore")}
+             ("core", "core_state", "lifecycle", "ending", "on_workers", "handlers", "hang_steps", "preempt_steps",
+              "commit_steps", "memory_restore", "heartbeat")}
 
 
 def test_the_commit_machine_reaches_no_module_of_the_core_side():
