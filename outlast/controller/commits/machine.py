@@ -44,7 +44,7 @@ class Commits:
         self.holds = Holds(self._asks)
         self.peer = PeerUploads(self._asks)
         self._local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
-        self._events: dict[type, Callable[[Event, View, float, list[Out]], None]] = {
+        self._events: dict[type, Callable[..., None]] = {  # by the event's type
             Settled: self._begin, Reported: self._reported, UploadsToCheck: self._check_uploads,
             Timers: lambda e, view, now, out: self.peer.on_timers(view, out), RunEnded: self._run_ended,
             fx.ManifestWritten: self._answered, fx.ChecksumsRead: self._answered, fx.UploadsFound: self._answered,

@@ -1,0 +1,75 @@
+"""The commit machine on its own (`outlast/controller/commits/`): events and a frozen view in, effects and
+outcomes out, with no core around it."""
+
+from __future__ import annotations
+
+from outlast.controller import effects as fx
+from outlast.controller.commit import PendingCheckpoint
+from outlast.controller.commits import MEMORY, STORAGE, Commits, NodeFacts, View
+from outlast.controller.commits import events as ce
+from outlast.protocol import messages as m
+
+DIR = "checkpoint_001_000000"
+ENTRY = m.FileEntry("model.pt", 1, "0" * 64)
+
+
+def view(level=STORAGE, tiers=False, **kw) -> View:
+    nodes = {n: NodeFacts(n, f"tcp://{n}:9" if tiers else "", f"tcp://{n}:9" if tiers else "", "", False, True)
+             for n in ("n1", "n2")}
+    return View(**{"attempt": 1, "placement": {0: "n1", 1: "n2"}, "nodes": nodes, "level": level,
+                   "duplicate_files": "keep_rank0", "records": (), "run_key": "mem://run", "head_lost": None,
+                   "wall": 1000.0, **kw})
+
+
+def settled(**kw) -> PendingCheckpoint:
+    return PendingCheckpoint(0, DIR, files={0: [ENTRY], 1: []}, waiting={0, 1}, **kw)
+
+
+def kinds(out) -> list[str]:
+    return [type(x).__name__ for x in out]
+
+
+def test_a_settled_checkpoint_gets_its_manifest_and_once_written_the_history_names_it_and_its_ranks_hear_it():
+    machine = Commits(fx.EffectIds())
+    (write,) = machine.step(ce.Settled(settled()), view(), 5.0)
+    assert isinstance(write, fx.WriteManifest) and write.manifest.checkpoint_dir == DIR
+    assert write.manifest.seq == 1 and write.manifest.committed_at == 1000.0 and write.manifest.durable
+    assert machine.in_progress() == {DIR} and machine.unsettled_below(1, 1)
+    record, told = machine.step(fx.ManifestWritten(write.id), view(), 6.0)
+    assert record == ce.RecordCommit(write.manifest) and isinstance(told, ce.Committed) and told.attempt == 1
+    assert machine.in_progress() == set() and not machine.unsettled_below(1, 1)
+
+
+def test_a_checkpoint_missing_a_shard_is_refused_saying_where_without_asking_storage():
+    (refused,) = Commits(fx.EffectIds()).step(ce.Settled(settled(missing_shards=[1], errors={1: "lost"})), view(), 0.0)
+    assert isinstance(refused, ce.CommitFailed) and "ranks [1]" in refused.reason and "n2" in refused.reason
+
+
+def test_a_manifest_storage_failed_to_write_is_refused_with_what_storage_said():
+    machine = Commits(fx.EffectIds())
+    (write,) = machine.step(ce.Settled(settled()), view(), 0.0)
+    (refused,) = machine.step(fx.StorageFailed(write.id, "writing the manifest", "disk full"), view(), 1.0)
+    assert isinstance(refused, ce.CommitFailed) and refused.reason == "storage failed writing the manifest: disk full"
+    assert machine.step(fx.ManifestWritten(write.id), view(), 2.0) == []  # an answer to nothing asked changes nothing
+
+
+def test_a_storage_commit_is_told_once_the_nodes_copies_answered_and_the_history_learns_where_they_are():
+    machine, v = Commits(fx.EffectIds()), view(tiers=True)
+    machine.step(ce.Reported(1, 0, 0, "/tmp/rank0", through_peer=False), v, 0.0)
+    write, hold = machine.step(ce.Settled(settled()), v, 0.0)
+    assert isinstance(hold, fx.TierAsk) and hold.node_id == "n1" and hold.msg.source_dir == "/tmp/rank0"
+    out = machine.step(fx.ManifestWritten(write.id), v, 1.0)
+    assert kinds(out) == ["RecordCommit", "NoteMemory", "NoteFiles"]  # not told yet: the copy has not answered
+    stored = m.TierStored(run="mem://run", checkpoint_dir=DIR, rank=0, node_id="n1", ok=True)
+    out = machine.step(fx.TierAnswered(hold.id, reply=stored), v, 2.0)
+    replica = next(x for x in out if isinstance(x, fx.TierAsk) and isinstance(x.msg, m.TierHold))
+    assert replica.msg.peer_address == "tcp://n2:9"
+    assert ce.NoteMemory(DIR, {0: ["n1"]}, None) in out and kinds(out)[-1] == "Committed"
+
+
+def test_a_memory_commit_is_refused_on_a_node_without_checkpoint_memory():
+    machine = Commits(fx.EffectIds())
+    machine.step(ce.Reported(1, 0, 0, "/tmp/rank0", through_peer=False), view(MEMORY), 0.0)
+    (refused,) = machine.step(ce.Settled(settled()), view(MEMORY), 0.0)
+    assert isinstance(refused, ce.CommitFailed) and "--checkpoint-memory" in refused.reason
+    assert machine.in_progress() == set()
