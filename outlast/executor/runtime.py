@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import cloudpickle
 import zmq
@@ -45,6 +45,7 @@ from outlast.runenv import carried_env, importable_paths
 from outlast.storage.records import signal_name
 
 log = logging.getLogger("outlast.executor")
+T = TypeVar("T")
 
 TASK_RESULTS: Codec[m.TaskResult] = Codec(m.TaskResult)
 HEARTBEAT_S = 0.5
@@ -126,12 +127,12 @@ class Executor(cf.Executor):
 
     # ---- concurrent.futures.Executor ----------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         try:
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as e:
             raise TypeError(f"the task's function or arguments cannot be pickled to send to a worker: {e}") from e
-        future: cf.Future = cf.Future()
+        future: cf.Future[Any] = cf.Future()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit to an outlast.Executor after shutdown()")
@@ -219,7 +220,7 @@ class Executor(cf.Executor):
             if self._embedded is not None:
                 self._embedded.stop()
 
-    def _node_changed(self, state: str, what: str, agent: zmq.Socket, poller: zmq.Poller) -> zmq.Socket:
+    def _node_changed(self, state: str, what: str, agent: zmq.Socket[bytes], poller: zmq.Poller) -> zmq.Socket[bytes]:
         """The embedded node died, came back or is gone for good; returns the socket to the agent."""
         if state == "restarted":
             # A new socket: what the old one queued was meant for the dead agent.
@@ -255,7 +256,7 @@ class Executor(cf.Executor):
                 self._settle(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
         return agent
 
-    def _drain(self, sock: zmq.Socket, codec: Codec, handle: Callable[[Any], None]) -> None:
+    def _drain(self, sock: zmq.Socket[bytes], codec: Codec[T], handle: Callable[[T], None]) -> None:
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)

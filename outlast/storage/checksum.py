@@ -13,16 +13,27 @@ import mmap
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import xxhash
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 ALGORITHM = "xxh3_128"
 ALGORITHMS = ("xxh3_128", "sha256")
 _CHUNK = 4 << 20
 
 
-def new_hasher(algorithm: str):
+class Hasher(Protocol):
+    """What `new_hasher` returns: hashlib's hashers and xxhash's alike."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(algorithm: str) -> Hasher:
     if algorithm == "xxh3_128":
         return xxhash.xxh3_128()
     if algorithm == "sha256":
