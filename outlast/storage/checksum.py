@@ -13,7 +13,7 @@ import mmap
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import xxhash
 
@@ -41,7 +41,7 @@ def new_hasher(algorithm: str) -> Hasher:
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; this outlast knows {', '.join(ALGORITHMS)}")
 
 
-def hash_file(path: str | os.PathLike[str] | BinaryIO, algorithm: str = ALGORITHM) -> tuple[int, str]:
+def hash_file(path: str | os.PathLike[str] | IO[bytes], algorithm: str = ALGORITHM) -> tuple[int, str]:
     """(size, hex digest) of the file at `path`, or of a file already open (read from its start, left open)."""
     if not isinstance(path, (str, os.PathLike)):
         return _hash_open(path, algorithm)
@@ -49,7 +49,7 @@ def hash_file(path: str | os.PathLike[str] | BinaryIO, algorithm: str = ALGORITH
         return _hash_open(f, algorithm)
 
 
-def _hash_open(f: BinaryIO, algorithm: str) -> tuple[int, str]:
+def _hash_open(f: IO[bytes], algorithm: str) -> tuple[int, str]:
     digest = new_hasher(algorithm)
     size = os.fstat(f.fileno()).st_size
     if size and algorithm == "xxh3_128":

@@ -7,7 +7,7 @@ version is refused with a message instead of being misread.
 from __future__ import annotations
 
 import signal as _signal
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import msgspec
 
@@ -25,6 +25,9 @@ REPORTS_PER_SEGMENT = 1000
 SCHEMA_VERSION = 1
 # Manifests: 1 had sha256 for every file; 2 has xxh3_128. A restore reads both.
 MANIFEST_VERSION = 2
+
+_Doc = TypeVar("_Doc", bound=msgspec.Struct)
+_Rec = TypeVar("_Rec", "CheckpointRecord", "ReportEntry")  # the records that carry metrics
 
 
 class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -232,7 +235,7 @@ class NewerVersionError(RuntimeError):
             "(or newer) to go on with this run, or choose another RunConfig(name=...) to start a new one")
         self.where, self.version, self.newest = where, version, newest
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[NewerVersionError], tuple[str, int, int]]:
         return (type(self), (self.where, self.version, self.newest))
 
 
@@ -254,7 +257,7 @@ def encode_compact(doc: msgspec.Struct) -> bytes:
     return msgspec.json.encode(with_metrics(doc, stored))
 
 
-def with_metrics(doc: Any, fn) -> Any:
+def with_metrics(doc: _Doc, fn: Callable[[Any], Any]) -> _Doc:
     """`doc` with `fn` applied to each of its metrics dicts (metric_values says why); `doc` itself when
     nothing changed, as the controller's own state must stay as it is."""
     if isinstance(doc, RunState):
@@ -272,7 +275,7 @@ def with_metrics(doc: Any, fn) -> Any:
     return doc
 
 
-def _each(records: list, fn) -> list:
+def _each(records: list[_Rec], fn: Callable[[Any], Any]) -> list[_Rec]:
     out = [r if (v := fn(r.metrics)) is r.metrics else msgspec.structs.replace(r, metrics=v) for r in records]
     return records if all(a is b for a, b in zip(out, records)) else out
 
@@ -281,7 +284,7 @@ class Versioned(msgspec.Struct):
     version: int = SCHEMA_VERSION
 
 
-def decode(data: bytes, kind: type, where: str) -> Any:
+def decode(data: bytes, kind: type[_Doc], where: str) -> _Doc:
     # The version first: a newer schema may have changed fields, and the user should be told
     # to upgrade rather than that the file is corrupt.
     newest = MANIFEST_VERSION if kind is Manifest else SCHEMA_VERSION
