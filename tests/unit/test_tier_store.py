@@ -567,7 +567,7 @@ def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pa
 
 
 def test_what_a_commit_or_a_restore_waits_for_never_queues_behind_a_replica_beside_a_durable_commit():
-    from outlast.agent.tier_server import queue_for
+    from outlast.agent.tier_schedule import queue_for
 
     ids = dict(run="run", checkpoint_dir="c1", rank=0)
     drains = m.TierHold(**ids, seq=2, files=[], source_dir="/dev/shm/rank0", peer_address="tcp://10.0.0.2:1")
