@@ -25,7 +25,7 @@ def transfers(timeout_s: float = 60.0) -> Transfers:
      "hold"),
     (m.TierUpload(run="r", checkpoint_dir="c", rank=0), "upload"),
 ])
-def test_a_request_waits_on_the_thread_of_what_waits_for_it(msg, queue):
+def test_what_a_commit_or_a_restore_waits_for_never_queues_behind_a_replica_beside_a_durable_commit(msg, queue):
     assert queue_for(msg) == queue
 
 
