@@ -39,7 +39,7 @@ from outlast.isolation.units import parse_bytes
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import (
-    AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode, route_ip,
+    AGENT_EVENTS, Codec, bind_router, connect_dealer, encode, receive_all, route_ip,
 )
 from outlast.runenv import carried_env, importable_paths
 from outlast.storage.records import signal_name
@@ -206,9 +206,9 @@ class Executor(cf.Executor):
                         except BlockingIOError:
                             pass
                     elif sock is agent:
-                        self._drain(agent, AGENT_EVENTS, self._on_agent_event)
+                        self._handle_all(agent, AGENT_EVENTS, self._on_agent_event)
                     else:
-                        self._drain(results, TASK_RESULTS, self._on_result)
+                        self._handle_all(results, TASK_RESULTS, self._on_result)
         finally:
             agent.send(encode(m.EndRun(run_id=self.session)))
             agent.close(linger=1000)
@@ -256,16 +256,10 @@ class Executor(cf.Executor):
                 self._settle(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
         return agent
 
-    def _drain(self, sock: zmq.Socket[bytes], codec: Codec[T], handle: Callable[[T], None]) -> None:
-        while True:
+    def _handle_all(self, sock: zmq.Socket[bytes], codec: Codec[T], handle: Callable[[T], None]) -> None:
+        for _, msg in receive_all(sock, codec, "message"):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                handle(codec.decode(frames[-1]))
-            except BadMessage as e:
-                log.warning("dropped a malformed message: %s", e)
+                handle(msg)
             except Exception:
                 # One bad message must not end the loop: every other future would hang.
                 log.exception("could not handle a message; the executor goes on")

@@ -7,6 +7,7 @@ ZeroMQ does the framing and reconnection; this module only picks socket options
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
@@ -96,6 +97,37 @@ FROM_ZYGOTE: Codec[m.FromZygote] = Codec(m.FromZygote)
 HEAD_TO_MEMBER: Codec[m.HeadToMember] = Codec(m.HeadToMember)
 TIER_REQUESTS: Codec[m.TierRequest] = Codec(m.TierRequest)
 TIER_REPLIES: Codec[m.TierReply] = Codec(m.TierReply)
+
+
+def receive_all(sock: zmq.Socket[bytes], codec: Codec[T], what: str,
+                on_bad: Callable[[list[bytes], BadMessage], bool] | None = None) -> Iterator[tuple[list[bytes], T]]:
+    """Every message waiting on `sock`, as (its frames, the last one decoded), until none is left: it never waits.
+    A message that does not decode is dropped, and the log says "dropped a malformed {what}" and why, unless
+    `on_bad` (given its frames and the error) takes it and returns True (a refusal sent back, say)."""
+    while True:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            msg = codec.decode(frames[-1])
+        except BadMessage as e:
+            if on_bad is None or not on_bad(frames, e):
+                log.warning("dropped a malformed %s: %s", what, e)
+            continue
+        yield frames, msg
+
+
+def send_or_drop(sock: zmq.Socket[bytes], msg: m.Msg) -> bool:
+    """Send `msg` without waiting. Where the socket's queue is full (past its high-water mark: its peer gone, or
+    that far behind), the message is dropped, nothing is logged, and False is returned: a peer that went away must
+    never block the sender's loop. The caller says why losing the message is safe (a heartbeat sent again on a
+    later turn, say)."""
+    try:
+        sock.send(encode(msg), zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
 
 
 def tune(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
