@@ -13,7 +13,7 @@ controller's `NodeDraining.deadline_unix_s` says its deadline.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar
 
 from outlast.protocol import messages as m
 from outlast.storage.memtier import CopyKey
@@ -22,6 +22,7 @@ DRAIN_HOLD_S = 120.0  # a drain without a deadline holds replicas beside durable
 SWEEP_EVERY_S = 10.0  # transfers are looked over for silence at most this far apart (sooner with a short timeout)
 
 Queue = Literal["upload", "waited", "hold"]
+C = TypeVar("C")  # what the server keeps of each transfer (its seal, the files it writes): never read here
 
 
 def queue_for(msg: m.TierHold | m.TierPull | m.TierUpload) -> Queue:
@@ -36,14 +37,14 @@ def queue_for(msg: m.TierHold | m.TierPull | m.TierUpload) -> Queue:
 # ---- transfers in flight ----------------------------------------------------------------------------------
 
 @dataclass
-class Transfer:
+class Transfer(Generic[C]):
     """A transfer open on the server: an offer being received (its files declared), or a fetch."""
 
     session: bytes
     key: CopyKey
     used: float  # when a chunk or a fetch of it last came
-    sizes: dict[str, int] | None = None  # an offer's files as declared (no chunk writes past them); None: a fetch
-    carrier: Any = None  # the server's own (its seal, the files it writes): never read here
+    sizes: dict[str, int] | None  # an offer's files as declared (no chunk writes past them); None: a fetch
+    carrier: C  # the server's own
 
     @property
     def is_offer(self) -> bool:
@@ -60,35 +61,35 @@ class Transfer:
 
 
 @dataclass(frozen=True)
-class EndTransfer:
+class EndTransfer(Generic[C]):
     """A transfer is over without its copy kept: its files are closed, and what an offer wrote goes, with its
     bytes in the budget."""
 
-    transfer: Transfer
+    transfer: Transfer[C]
     reason: str
 
 
-class Transfers:
+class Transfers(Generic[C]):
     """The transfers open on one tier server, each ended by its end, its failure, or `timeout_s` of silence (its
     sender died, or closed its socket: ZeroMQ tells the server neither)."""
 
     def __init__(self, node_id: str, timeout_s: float) -> None:
         self.node_id = node_id
         self.timeout_s = timeout_s
-        self._open: dict[bytes, Transfer] = {}
+        self._open: dict[bytes, Transfer[C]] = {}
         # An offer ends (its TierOfferEnd) on the server's CURVE socket, from the sender that made it.
         self._offers: dict[tuple[bytes, CopyKey], bytes] = {}
         self._swept: float | None = None
 
-    def open(self, session: bytes, key: CopyKey, now: float, sender: bytes | None = None,
-             sizes: dict[str, int] | None = None, carrier: Any = None) -> Transfer:
+    def open(self, session: bytes, key: CopyKey, now: float, carrier: C, sender: bytes | None = None,
+             sizes: dict[str, int] | None = None) -> Transfer[C]:
         """A fetch (no `sender`), or an offer from `sender` of files of `sizes`."""
         transfer = self._open[session] = Transfer(session, key, now, sizes, carrier)
         if sender is not None:
             self._offers[(sender, key)] = session
         return transfer
 
-    def touch(self, session: bytes, key: CopyKey, now: float) -> Transfer | str:
+    def touch(self, session: bytes, key: CopyKey, now: float) -> Transfer[C] | str:
         """The transfer a chunk or a fetch of `key` belongs to, used at `now`; or why there is none."""
         transfer = self._open.get(session)
         if transfer is None or transfer.key != key:
@@ -100,7 +101,7 @@ class Transfers:
         """The session of the offer `sender` is making of `key`, if one is open."""
         return self._offers.get((sender, key))
 
-    def finish_offer(self, sender: bytes, key: CopyKey) -> Transfer | str:
+    def finish_offer(self, sender: bytes, key: CopyKey) -> Transfer[C] | str:
         """The offer `sender` ends, closed here, its copy to be kept; or why there is none open."""
         transfer = self._open.pop(self._offers.pop((sender, key), b""), None)
         if transfer is None:  # ended (silent past the timeout, or failed), or never offered by this sender
@@ -108,7 +109,7 @@ class Transfers:
                     f"{self.node_id}: it failed, or was silent for {self.timeout_s:.0f} s")
         return transfer
 
-    def end(self, session: bytes | None) -> Transfer | None:
+    def end(self, session: bytes | None) -> Transfer[C] | None:
         """The transfer ended without its copy kept (its failure, or its run freed): what to let go."""
         for offer in [o for o, s in self._offers.items() if s == session]:
             del self._offers[offer]
@@ -121,10 +122,10 @@ class Transfers:
         """An offer of `key` is being received here."""
         return any(t.key == key and t.is_offer for t in self._open.values())
 
-    def all(self) -> list[Transfer]:
+    def all(self) -> list[Transfer[C]]:
         return list(self._open.values())
 
-    def sweep(self, now: float) -> list[EndTransfer]:
+    def sweep(self, now: float) -> list[EndTransfer[C]]:
         """The transfers silent past the timeout, ended; looked over at most every `SWEEP_EVERY_S` (a quarter of
         the timeout when that is shorter)."""
         if self._swept is None:
@@ -132,9 +133,9 @@ class Transfers:
         if now - self._swept <= min(SWEEP_EVERY_S, self.timeout_s / 4):
             return []
         self._swept = now
-        ended = []
-        for session in [s for s, t in self._open.items() if now - t.used > self.timeout_s]:
-            transfer = self.end(session)
+        ended: list[EndTransfer[C]] = []
+        for transfer in [t for t in self._open.values() if now - t.used > self.timeout_s]:
+            self.end(transfer.session)
             key, silent = transfer.key, now - transfer.used
             ended.append(EndTransfer(transfer, f"a replica of {key.checkpoint_dir} rank {key.rank} being received on "
                                                f"{self.node_id} has been silent for {silent:.0f} s: its sender died or "

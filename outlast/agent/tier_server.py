@@ -33,6 +33,8 @@ import queue
 import shutil
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import zmq
@@ -56,7 +58,7 @@ Asked = tuple[bytes, m.TierHold | m.TierPull | m.TierUpload, float]  # (asker, r
 
 
 class TierServer:
-    def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], key: ClusterKey | None, store: TierStore, host: str = "127.0.0.1",
                  port: int = 0, transfer_timeout_s: float = TRANSFER_TIMEOUT_S,
                  source_owner: int | None = None) -> None:
         self._ctx = ctx
@@ -82,8 +84,9 @@ class TierServer:
         self._turn = threading.Condition()
         self._inbox = ctx.socket(zmq.PULL)
         self._inbox.bind(self._replies)
-        self._loops = {"outlast-tier": (self._serve, ()),
-                       **{f"outlast-tier-{q}": (self._hold_loop, (q,)) for q in ("hold", "waited", "upload")}}
+        self._loops: dict[str, Callable[[], None]] = {
+            "outlast-tier": self._serve,
+            **{f"outlast-tier-{q}": partial(self._hold_loop, q) for q in self._queues}}
         self._threads = {name: self._thread(name) for name in self._loops}
         self._died: dict[str, str] = {}  # thread name -> why it ended, until `watch` starts it again
 
@@ -112,11 +115,11 @@ class TierServer:
             t.join(timeout=10)
 
     def _thread(self, name: str) -> threading.Thread:
-        target, args = self._loops[name]
+        target = self._loops[name]
 
         def run() -> None:
             try:
-                target(*args)
+                target()
             except BaseException as e:  # noqa: BLE001 - said here, and `watch` starts the thread again
                 log.exception("the memory tier's thread %s died", name)
                 self._died[name] = f"{type(e).__name__}: {e}"
@@ -162,7 +165,7 @@ class TierServer:
                 self._data.close(linger=0)
                 self._inbox.close(linger=0)
 
-    def _answer(self, sock: zmq.Socket) -> None:
+    def _answer(self, sock: zmq.Socket[bytes]) -> None:
         frames = sock.recv_multipart(copy=False)
         if len(frames) < 2:
             return
@@ -177,12 +180,13 @@ class TierServer:
                 reason=f"{self.store.node_id} refused a request that does not decode: {e}"))])
             return
         now = time.monotonic()
+        reply: m.TierReply | list[bytes] | None = None  # None: answered later, or not at all
         try:
             if sock is self._data:
                 # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
                 reply = self.answers.data(msg, head, frames[2].buffer if len(frames) > 2 else b"", now)
             elif isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
-                reply = self._enqueue(ident, msg, now)
+                self._enqueue(ident, msg, now)  # answered by a hold thread, through the inbox
             else:
                 reply = self.answers.request(ident, msg, now)
         except Exception as e:  # noqa: BLE001 - the request's answer; the thread goes on
@@ -207,7 +211,7 @@ class TierServer:
         todo = self._queues[which]
         out = self._ctx.socket(zmq.PUSH)
         out.connect(self._replies)
-        peers: dict[str, zmq.Socket] = {}
+        peers: dict[str, zmq.Socket[bytes]] = {}
         try:
             while (item := todo.get()) is not None:
                 ident, asked, asked_at = item
@@ -225,7 +229,7 @@ class TierServer:
             out.close(linger=0)
 
 
-def start_tier(ctx: zmq.Context, key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
+def start_tier(ctx: zmq.Context[zmq.Socket[bytes]], key: ClusterKey | None, node_id: str, host: str, budget_bytes: int,
                root: Path | None = None, fitted: bool = False, source_owner: int | None = None) -> TierServer | None:
     """The node's tier, its copies reclaimed from an earlier agent of the node; None with no budget.
     `source_owner`: the uid whose files a rank's hold may name (--worker-user's).

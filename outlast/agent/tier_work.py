@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.tier_client import TransferError, fetch, push
+from outlast.agent.tier_client import TransferError, fetch, push, refused
 from outlast.agent.tier_schedule import queue_for
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -37,7 +37,7 @@ class TierWork:
     `turn`, called before each chunk of a replica beside a durable commit, returns when it may go on.
     `source_owner`: the uid whose files a rank's hold may name (--worker-user's)."""
 
-    def __init__(self, ctx: zmq.Context, key: ClusterKey | None, store: TierStore, lock: threading.Lock,
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], key: ClusterKey | None, store: TierStore, lock: threading.Lock,
                  turn: Callable[[], None], source_owner: int | None = None) -> None:
         self._ctx = ctx
         self._key = key
@@ -47,7 +47,7 @@ class TierWork:
         self._source_owner = source_owner
 
     def answer(self, msg: m.TierHold | m.TierPull | m.TierUpload, asked_at: float,
-               peers: dict[str, zmq.Socket]) -> m.TierStored:
+               peers: dict[str, zmq.Socket[bytes]]) -> m.TierStored:
         """The request carried out, its answer; an error its answer too. `peers`: the calling thread's sockets to
         peers, by address (a ZeroMQ socket belongs to one thread)."""
         try:
@@ -64,9 +64,8 @@ class TierWork:
                                 reason=os_failure(self.store.node_id, self.store.root, e)
                                 if isinstance(e, OSError) else f"the tier server failed: {type(e).__name__}: {e}")
 
-    def hold(self, hold: m.TierHold, asked_at: float, peers: dict[str, zmq.Socket]) -> m.TierStored:
+    def hold(self, hold: m.TierHold, asked_at: float, peers: dict[str, zmq.Socket[bytes]]) -> m.TierStored:
         node = self.store.node_id
-        ids = dict(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank)
         nbytes = sum(f.size for f in hold.files)
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
         with self._lock:
@@ -88,7 +87,8 @@ class TierWork:
             why = None
         if why is not None:
             replica_node, replica_reason, replica_s = replica or ("", "", 0.0)
-            return m.TierStored(**ids, node_id=node, ok=False, reason=why, nbytes=nbytes, replica_node=replica_node,
+            return m.TierStored(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank, node_id=node,
+                                ok=False, reason=why, nbytes=nbytes, replica_node=replica_node,
                                 replica_reason=replica_reason, seconds=time.monotonic() - asked_at,
                                 replica_seconds=replica_s)
         with self._lock:
@@ -96,12 +96,13 @@ class TierWork:
         if replica is None and hold.peer_address and src is not None:
             replica = self.replicate(hold, key, src, peers)
         replica_node, replica_reason, replica_s = replica or ("", "", 0.0)
-        return m.TierStored(**ids, node_id=node, ok=src is not None, nbytes=nbytes,
+        return m.TierStored(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank, node_id=node,
+                            ok=src is not None, nbytes=nbytes,
                             reason="" if src is not None else "evicted before its replica was made",
                             replica_node=replica_node, replica_reason=replica_reason,
                             seconds=time.monotonic() - asked_at, replica_seconds=replica_s)
 
-    def replicate(self, hold: m.TierHold, key: CopyKey, src: Path, peers: dict[str, zmq.Socket],
+    def replicate(self, hold: m.TierHold, key: CopyKey, src: Path, peers: dict[str, zmq.Socket[bytes]],
                   owner: int | None = None) -> tuple[str, str, float]:
         """The replica of the files under `src` on the hold's peer: (the node that keeps it, or "" and why not; seconds)."""
         started = time.monotonic()
@@ -120,7 +121,6 @@ class TierWork:
 
     def pull(self, pull: m.TierPull, asked_at: float) -> m.TierStored:
         node = self.store.node_id
-        ids = dict(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank)
         key = CopyKey(pull.run, pull.checkpoint_dir, pull.rank)
         with self._lock:
             record, where = self.store.record(key), self.store.path(key)
@@ -130,13 +130,14 @@ class TierWork:
             # that differs from its record is dropped, and the peer's is fetched in its place.
             why = check_files(where, record.files)
             if why is None:
-                return m.TierStored(**ids, node_id=node, ok=True, reason="already held", nbytes=record.nbytes)
+                return m.TierStored(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank, node_id=node,
+                                    ok=True, reason="already held", nbytes=record.nbytes)
             with self._lock:
                 self.store.drop(key)
             skipped = f"the copy of rank {pull.rank} in memory on {node} was skipped: {why}"
             log.warning("%s; fetching it from %s", skipped, pull.from_address)
 
-        began = []
+        began: list[Path] = []
 
         def room(offer: m.TierOffer) -> Path:
             with self._lock:
@@ -148,13 +149,14 @@ class TierWork:
             return partial
 
         try:
-            offer, digests = fetch(self._ctx, self._key, pull.from_address, key, None, dest_for=room)
+            offer, digests = fetch(self._ctx, self._key, pull.from_address, key, room)
         except (TransferError, OSError) as e:
             if began:  # else what is being written of this copy is another writer's
                 with self._lock:
                     self.store.abort(key)
             why = os_failure(node, self.store.root, e) if isinstance(e, OSError) else str(e)
-            return m.TierStored(**ids, node_id=node, ok=False, reason=f"fetching from {pull.from_address}: {why}",
+            return m.TierStored(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank, node_id=node,
+                                ok=False, reason=f"fetching from {pull.from_address}: {why}",
                                 seconds=time.monotonic() - asked_at, skipped=skipped)
         with self._lock:
             why = self.store.finish(key, digests)
@@ -166,32 +168,31 @@ class TierWork:
                     self.store.mark_committed(pull.run, pull.checkpoint_dir)
             except OSError as e:  # the record only: the copy is held, protected until the agent restarts
                 log.warning("%s", os_failure(node, self.store.root, e))
-        return m.TierStored(**ids, node_id=node, ok=why is None, reason=why or "", skipped=skipped,
+        return m.TierStored(run=pull.run, checkpoint_dir=pull.checkpoint_dir, rank=pull.rank, node_id=node,
+                            ok=why is None, reason=why or "", skipped=skipped,
                             nbytes=sum(f.size for f in offer.files), seconds=time.monotonic() - asked_at)
 
     def upload(self, up: m.TierUpload, asked_at: float) -> m.TierStored:
         """The held copy, checked against its record, uploaded to the run's storage."""
         node = self.store.node_id
-        ids = dict(run=up.run, checkpoint_dir=up.checkpoint_dir, rank=up.rank)
         key = CopyKey(up.run, up.checkpoint_dir, up.rank)
         with self._lock:
             record, where = self.store.record(key), self.store.path(key)
         if record is None or where is None:
-            return m.TierStored(**ids, node_id=node, ok=False, reason=f"{up.checkpoint_dir} rank {up.rank} is not "
-                                f"held on {node}")
+            return refused(key, node, f"{up.checkpoint_dir} rank {up.rank} is not held on {node}")
         why = check_files(where, record.files)
         if why is not None:
             with self._lock:
                 self.store.drop(key)
-            return m.TierStored(**ids, node_id=node, ok=False, reason=f"the copy of rank {up.rank} in memory on "
-                                f"{node} was not uploaded: {why}", seconds=time.monotonic() - asked_at)
+            return refused(key, node, f"the copy of rank {up.rank} in memory on {node} was not uploaded: {why}",
+                           seconds=time.monotonic() - asked_at)
         try:
             upload_with_retries(open_storage(up.run), str(where), up.checkpoint_dir, replace=up.replace)
         except Exception as e:  # noqa: BLE001 - any failure of storage's is the answer, not the thread's end
-            return m.TierStored(**ids, node_id=node, ok=False, reason=f"uploading from {node}'s memory to "
-                                f"{up.run}/{up.checkpoint_dir} failed: {type(e).__name__}: {e}",
-                                seconds=time.monotonic() - asked_at)
-        return m.TierStored(**ids, node_id=node, ok=True, nbytes=record.nbytes, seconds=time.monotonic() - asked_at)
+            return refused(key, node, f"uploading from {node}'s memory to {up.run}/{up.checkpoint_dir} failed: "
+                           f"{type(e).__name__}: {e}", seconds=time.monotonic() - asked_at)
+        return m.TierStored(run=up.run, checkpoint_dir=up.checkpoint_dir, rank=up.rank, node_id=node, ok=True,
+                            nbytes=record.nbytes, seconds=time.monotonic() - asked_at)
 
     def copy_in(self, hold: m.TierHold) -> str | None:
         try:

@@ -12,7 +12,7 @@ KEY = CopyKey("run", "c1", 0)
 A, B = b"asker-a", b"asker-b"
 
 
-def transfers(timeout_s: float = 60.0) -> Transfers:
+def transfers(timeout_s: float = 60.0) -> Transfers[None]:
     return Transfers("n1", timeout_s)
 
 
@@ -33,7 +33,7 @@ def test_what_a_commit_or_a_restore_waits_for_never_queues_behind_a_replica_besi
 
 def test_a_chunk_belongs_only_to_an_open_transfer_of_the_same_copy():
     t = transfers()
-    t.open(b"s1", KEY, now=0.0, sender=A, sizes={"model.pt": 10})
+    t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={"model.pt": 10})
     assert t.touch(b"s1", KEY, now=1.0).used == 1.0
     assert t.touch(b"s1", CopyKey("run", "c2", 0), now=1.0) == "no transfer of c2 rank 0 is open on n1"
     assert t.touch(b"nope", KEY, now=1.0) == "no transfer of c1 rank 0 is open on n1"
@@ -41,7 +41,7 @@ def test_a_chunk_belongs_only_to_an_open_transfer_of_the_same_copy():
 
 def test_a_chunk_past_the_declared_size_of_its_file_is_refused():
     t = transfers()
-    offer = t.open(b"s1", KEY, now=0.0, sender=A, sizes={"model.pt": 10, "empty": 0})
+    offer = t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={"model.pt": 10, "empty": 0})
     assert offer.is_offer
     assert offer.past_declared("model.pt", 0, 10) is None and offer.past_declared("empty", 0, 0) is None
     assert "goes past its declared 10 bytes" in offer.past_declared("model.pt", 4, 7)
@@ -50,7 +50,7 @@ def test_a_chunk_past_the_declared_size_of_its_file_is_refused():
 
 def test_an_offer_is_ended_by_its_own_sender_only_and_once():
     t = transfers(timeout_s=60.0)
-    t.open(b"s1", KEY, now=0.0, sender=A, sizes={"model.pt": 10})
+    t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={"model.pt": 10})
     assert t.receiving(KEY)
     refused = t.finish_offer(B, KEY)
     assert refused == "no transfer of c1 rank 0 from this sender is open on n1: it failed, or was silent for 60 s"
@@ -61,7 +61,7 @@ def test_an_offer_is_ended_by_its_own_sender_only_and_once():
 
 def test_a_fetch_is_no_offer_and_its_end_lets_nothing_of_the_copy_go():
     t = transfers()
-    fetch = t.open(b"f1", KEY, now=0.0)
+    fetch = t.open(b"f1", KEY, now=0.0, carrier=None)
     assert not fetch.is_offer and not t.receiving(KEY)
     assert t.offer_of(A, KEY) is None
     assert t.end(b"f1") is fetch and t.end(b"f1") is None
@@ -69,7 +69,7 @@ def test_a_fetch_is_no_offer_and_its_end_lets_nothing_of_the_copy_go():
 
 def test_an_ended_offer_can_no_longer_be_finished_by_its_sender():
     t = transfers()
-    t.open(b"s1", KEY, now=0.0, sender=A, sizes={"model.pt": 10})
+    t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={"model.pt": 10})
     assert t.offer_of(A, KEY) == b"s1"
     assert t.end(t.offer_of(A, KEY)).session == b"s1"
     assert t.offer_of(A, KEY) is None and isinstance(t.finish_offer(A, KEY), str)
@@ -78,15 +78,15 @@ def test_an_ended_offer_can_no_longer_be_finished_by_its_sender():
 
 def test_freeing_a_run_names_its_transfers_only():
     t = transfers()
-    t.open(b"s1", KEY, now=0.0, sender=A, sizes={})
-    t.open(b"f1", CopyKey("other", "c1", 0), now=0.0)
+    t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={})
+    t.open(b"f1", CopyKey("other", "c1", 0), now=0.0, carrier=None)
     assert t.of_run("run") == [b"s1"]
 
 
 def test_a_transfer_silent_past_the_timeout_is_ended_saying_so():
     t = transfers(timeout_s=60.0)
-    t.open(b"s1", KEY, now=0.0, sender=A, sizes={"model.pt": 10})
-    t.open(b"f1", KEY, now=0.0)
+    t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={"model.pt": 10})
+    t.open(b"f1", KEY, now=0.0, carrier=None)
     assert t.sweep(0.0) == []
     t.touch(b"f1", KEY, now=50.0)
     ended = t.sweep(61.0)
@@ -101,15 +101,15 @@ def test_a_transfer_silent_past_the_timeout_is_ended_saying_so():
 def test_transfers_are_looked_over_no_more_often_than_the_sweep_allows():
     t = transfers(timeout_s=8.0)  # a quarter of it, 2 s, is sooner than SWEEP_EVERY_S
     t.sweep(0.0)
-    t.open(b"s1", KEY, now=0.0, sender=A, sizes={})
+    t.open(b"s1", KEY, now=0.0, carrier=None, sender=A, sizes={})
     assert t.sweep(1.9) == []  # silent past nothing yet, and not looked over anyway
     assert t.sweep(9.0) != []
-    t.open(b"s2", KEY, now=0.0, sender=B, sizes={})
+    t.open(b"s2", KEY, now=0.0, carrier=None, sender=B, sizes={})
     assert t.sweep(9.5) == []  # looked over 0.5 s ago: s2's silence waits for the next look
     assert [e.transfer.session for e in t.sweep(11.5)] == [b"s2"]
     slow = transfers(timeout_s=600.0)
     slow.sweep(0.0)
-    slow.open(b"s1", KEY, now=-1000.0, sender=A, sizes={})
+    slow.open(b"s1", KEY, now=-1000.0, carrier=None, sender=A, sizes={})
     assert slow.sweep(SWEEP_EVERY_S) == [] and slow.sweep(SWEEP_EVERY_S + 0.1) != []
 
 
