@@ -19,7 +19,7 @@ class TrainingFailedError(RuntimeError):
     def root_cause(self) -> FailureRecord | None:
         return self.failures[0] if self.failures else None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RuntimeError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.failures))
 
 
@@ -30,7 +30,7 @@ class WorkerFailure(RuntimeError):
         super().__init__(record.describe())
         self.record = record
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RuntimeError], tuple[object, ...]]:
         return (type(self), (self.record,))
 
 
@@ -87,7 +87,7 @@ class CollectiveTimeoutError(RuntimeError):
         super().__init__(message)
         self.missing_ranks = list(missing_ranks or [])
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RuntimeError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.missing_ranks))
 
 

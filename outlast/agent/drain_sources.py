@@ -8,6 +8,10 @@ import os
 import queue
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from outlast.drain import Notice, Watcher
 
 
 @dataclass(frozen=True)
@@ -19,8 +23,8 @@ class DrainOrder:
 
 class DrainSources:
     def __init__(self) -> None:
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()  # from the cloud watchers' threads
-        self._watchers: list = []
+        self._notices: queue.SimpleQueue[Notice] = queue.SimpleQueue()  # from the cloud watchers' threads
+        self._watchers: list[Watcher] = []
         self._graceful_requested = False
         self.stop_at: float | None = None  # after a SIGTERM: when the agent stops, drained or not
 

@@ -82,14 +82,17 @@ class MemoryGuard:
         decision = self.iso.check(self.candidates(view), {w.pid for w in view}, trigger)
         if decision.action is not Action.KILL:
             return []
+        report = decision.report
+        assert report is not None  # a kill always carries its report (isolation/policy.py)
         leaves = {w.pid: w.leaf for w in view}
         victims = []
         for victim in decision.victims:
             if victim.pid not in leaves:
                 continue
-            if leaves[victim.pid]:
-                self.iso.kill_leaf(leaves[victim.pid])
-            victims.append(Victim(victim.pid, decision.report))
+            leaf = leaves[victim.pid]
+            if leaf:
+                self.iso.kill_leaf(leaf)
+            victims.append(Victim(victim.pid, report))
         return victims
 
     def candidates(self, view: list[WorkloadView]) -> list[Candidate]:

@@ -33,9 +33,14 @@ SendTo = Callable[[bytes, m.Msg], None]
 
 
 class NodeRole(Protocol):
-    is_head: bool
-    head_address: str  # "" on the head
-    sock: zmq.Socket | None  # a socket the poll loop watches, or None
+    @property
+    def is_head(self) -> bool: ...
+
+    @property
+    def head_address(self) -> str: ...  # "" on the head
+
+    @property
+    def sock(self) -> zmq.Socket[bytes] | None: ...  # a socket the poll loop watches, or None
 
     def join(self, me: m.NodeInfo) -> None: ...
 
@@ -129,7 +134,7 @@ class MemberNode:
 
     is_head = False
 
-    def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, node_id: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], head_address: str, key: ClusterKey | None, node_id: str) -> None:
         self.node_id = node_id
         self.head_address = head_address
         self.sock = tune(ctx.socket(zmq.DEALER))

@@ -314,8 +314,9 @@ class Supervisor:
                 f"in the kernel (an NFS or FUSE read, a GPU fault, a frozen cgroup); node {self.node_id} takes no new "
                 "work until it is restarted")
         error = m.WorkerError(exc_type=FailureKind.UNKILLABLE, message=text, traceback="", phase="node")
-        return [Warn(text), GiveUpNode(text)] + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid,
-                                                                   None, signal.SIGKILL, error, w.kill_report)
+        said: list[Effect] = [Warn(text), GiveUpNode(text)]
+        return said + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid, None, signal.SIGKILL, error,
+                                        w.kill_report)
 
     def _terminate(self, victims: list[Workload], grace_s: float, now: float, reason: str) -> list[Effect]:
         effects: list[Effect] = []

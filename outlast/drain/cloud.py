@@ -70,7 +70,7 @@ def backoff_s(poll_s: float, failures: int, cap_s: float) -> float:
     """The wait after `failures` problems in a row: doubling from `poll_s`, never past `cap_s`."""
     if failures <= 1:
         return poll_s
-    return min(max(cap_s, poll_s), poll_s * 2 ** min(failures - 1, 30))
+    return min(max(cap_s, poll_s), poll_s * 2.0 ** min(failures - 1, 30))
 
 
 def _unexpected(source: str, what: str, ans: HttpAnswer, retry_after_s: float) -> Step:
@@ -78,7 +78,7 @@ def _unexpected(source: str, what: str, ans: HttpAnswer, retry_after_s: float) -
                 retry_after_s=retry_after_s)
 
 
-def _json_object(text: str) -> dict | None:
+def _json_object(text: str) -> dict[str, object] | None:
     try:
         doc = json.loads(text)
     except ValueError:

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import urlsplit
 
 from outlast.drain.cloud import (
@@ -31,6 +32,9 @@ from outlast.drain.cloud import (
     gcp_query,
     parse_azure_vm_name,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 log = logging.getLogger("outlast.drain")
 
@@ -76,6 +80,14 @@ class _Http:
                 conn.sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns at once
             except OSError:
                 pass
+
+
+class WatcherOptions(TypedDict, total=False):
+    """What every watcher takes besides its cloud's own settings: `Watcher`'s keyword arguments."""
+
+    max_backoff_s: float | None
+    log_every_s: float
+    clock: Callable[[], float]
 
 
 class Watcher:
@@ -161,7 +173,7 @@ class AwsWatcher(Watcher):
 
     def __init__(self, on_notice: Callable[[Notice], None], base_url: str = DEFAULT_BASE_URLS["aws"], *,
                  poll_s: float = 5.0, request_timeout_s: float = 2.0, token_ttl_s: int = 21600,
-                 rebalance: bool = False, **kwargs):
+                 rebalance: bool = False, **kwargs: Unpack[WatcherOptions]) -> None:
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._token_ttl_s, self._rebalance = token_ttl_s, rebalance
         self._token: str | None = None
@@ -177,12 +189,13 @@ class AwsWatcher(Watcher):
                 return step
             # Renewed before it lapses, so a GET rarely meets a 401; a 401 is handled all the same.
             self._token, self._token_renew_at, fresh = step.token, self._clock() + 0.9 * self._token_ttl_s, True
+        token = self._token
         items = [(AWS_ACTION_PATH, decide_aws_action)]
         if self._rebalance:
             items.append((AWS_REBALANCE_PATH, decide_aws_rebalance))
         step = Step(retry_after_s=self.poll_s)
         for path, decide in items:
-            ans = self._http.request("GET", path, {"X-aws-ec2-metadata-token": self._token}, self._timeout_s)
+            ans = self._http.request("GET", path, {"X-aws-ec2-metadata-token": token}, self._timeout_s)
             step = decide(ans, self.poll_s, fresh)
             if step.refresh_token:
                 self._token = None
@@ -199,7 +212,7 @@ class GcpWatcher(Watcher):
 
     def __init__(self, on_notice: Callable[[Notice], None], base_url: str = DEFAULT_BASE_URLS["gcp"], *,
                  notice_s: float = 30.0, wait_s: int = 60, poll_s: float = 1.0, request_timeout_s: float = 5.0,
-                 **kwargs):
+                 **kwargs: Unpack[WatcherOptions]) -> None:
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._notice_s, self._wait_s = notice_s, wait_s
         self._etag: str | None = None
@@ -220,7 +233,7 @@ class AzureWatcher(Watcher):
 
     def __init__(self, on_notice: Callable[[Notice], None], base_url: str = DEFAULT_BASE_URLS["azure"], *,
                  vm_name: str | None = None, event_types: Sequence[str] = ("Preempt",), poll_s: float = 1.0,
-                 request_timeout_s: float = 130.0, **kwargs):
+                 request_timeout_s: float = 130.0, **kwargs: Unpack[WatcherOptions]) -> None:
         # The long timeout: the service switches on at the first request, which can take two minutes.
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._vm_name, self._event_types = vm_name, tuple(event_types)
@@ -242,6 +255,7 @@ def detect_watchers(kinds: Sequence[str], on_notice: Callable[[Notice], None], *
     if unknown:
         raise ValueError(f"unknown cloud notice source {', '.join(map(repr, unknown))}: "
                          f"choose among {', '.join(SOURCES)}")
-    classes: dict[str, type[Watcher]] = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
+    classes: dict[str, Callable[[Callable[[Notice], None], str], Watcher]] = {
+        "aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
     urls = {**DEFAULT_BASE_URLS, **(base_urls or {})}
     return [classes[k](on_notice, urls[k]) for k in names]
