@@ -136,6 +136,7 @@ class Agent:
             raise
 
     def _role(self) -> NodeRole:
+        """The node's place in the cluster, as its spec says: the head, a member of one, or a node of etcd's."""
         if self.spec.etcd is None:
             if self.spec.head_address is None:
                 return HeadNode(self.node_id, self.spec.node_timeout_s)
