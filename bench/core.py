@@ -69,7 +69,7 @@ def sweep_ours(fw, before, since):
     """Stops what this benchmark started for `fw` and nothing else: the processes that
     carry its private state directory (never `ray stop`, which stops every Ray on the machine)."""
     var = FW[fw]["private"]
-    procs = harness.ours(var, os.environ[var], before, since)
+    procs = proctree.ours(var, os.environ[var], before, since)
     if procs:
         proctree.kill_all(procs)
     if fw == "ray":
@@ -178,7 +178,7 @@ def start_cluster(fw, workdir):
     with open(logfile, "a") as out:
         subprocess.run([FW[fw]["cli"], *FW[fw]["start"], *extra], env=env_for(fw), cwd=ROOT,
                        stdout=out, stderr=subprocess.STDOUT, timeout=180, check=True)
-    roots = harness.ours(FW[fw]["private"], os.environ[FW[fw]["private"]], before, since)
+    roots = proctree.ours(FW[fw]["private"], os.environ[FW[fw]["private"]], before, since)
     log(f"{fw} cluster up: {len(roots)} processes")
     return roots, before, since
 

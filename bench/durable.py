@@ -232,16 +232,7 @@ def kill_once(fw, where, workdir, args, errors, notes):
 
 def cluster_procs(fw, before, since):
     """The processes our `ray start` / `outlast start` left behind, with their children."""
-    var = PRIVATE[fw]
-    roots = []
-    for p in psutil.process_iter(["create_time"]):
-        if p.pid in before or (p.info["create_time"] or 0) < since - 1:
-            continue
-        try:
-            if p.environ().get(var) == os.environ[var]:
-                roots.append(p)
-        except psutil.Error:
-            pass
+    roots = proctree.ours(PRIVATE[fw], os.environ[PRIVATE[fw]], before, since)
     procs = {p.pid: p for p in roots}
     for p in roots:
         try:

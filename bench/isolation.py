@@ -13,6 +13,7 @@ Prints one JSON document on stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import json
 import os
@@ -150,10 +151,9 @@ def run_outlast(mode: str, args, over: int, seconds: float, n_tasks: int, slots:
     finally:
         if agent is not None:
             agent.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                agent.kill()
+            agent.kill()  # nothing left to do once it ended within the 30 s
         cg.remove()
     return {"seconds": round(elapsed, 2) if not not_done else None, "kernel_oom_kills": kernel_oom_kills() - oom0,
             "tasks_killed": killed, "tasks_failed": failed, "agent_worst_ping_s": round(pinger.worst, 3),
@@ -207,7 +207,7 @@ def run_ray(args, over: int, seconds: float, n_tasks: int, slots: int, deadline_
     except subprocess.TimeoutExpired:
         res, oom_killed, lost = {"seconds": None, "failed": n_tasks}, 0, 1
     finally:
-        proctree.kill_all(harness.ours("RAY_TMPDIR", private, before, since))
+        proctree.kill_all(proctree.ours("RAY_TMPDIR", private, before, since))
         shutil.rmtree(private, ignore_errors=True)
     cg.remove()
     return {"seconds": round(res["seconds"], 2) if res["seconds"] else None,

@@ -28,7 +28,7 @@ import time
 from bench.lib import venvs
 from bench.lib.venvs import OUTLAST_PY
 
-venvs.in_project_venv(__spec__.name, "outlast")
+venvs.in_project_venv(__spec__.name, "psutil", "zmq")
 
 import psutil  # noqa: E402
 import zmq  # noqa: E402

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from bench.lib import harness
+from bench.lib import harness, proctree
 from bench.lib.venvs import OUTLAST_PY, RAY_PY, ROOT, module
 
 PY = {"outlast": OUTLAST_PY,
@@ -47,7 +47,7 @@ def run_once(framework, mode):
                                          "--lines-per-step", str(LINES[mode]), "--events", events,
                                          "--storage", os.path.join(tmp, "storage")),
                                   stdout=stdout, stderr=subprocess.DEVNULL, env=env, timeout=600, cwd=ROOT)
-        for p in harness.ours(PRIVATE[framework], private, since=started):
+        for p in proctree.ours(PRIVATE[framework], private, since=started):
             try:
                 p.send_signal(signal.SIGKILL)
             except Exception:

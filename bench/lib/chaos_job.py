@@ -13,16 +13,13 @@ On a drain notice rank 0 saves a checkpoint at once and reports it SYNC, so that
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 from outlast import train
-from outlast.train import Checkpoint
-from tests.integration.jobs import _restore_torch, log_event
+from tests.integration.jobs import deterministic_model, deterministic_step, log_event, torch_checkpoint, weights_digest
 from tests.integration.netns import netns_inode
 
 
@@ -51,37 +48,21 @@ def _obey_spawn_orders(config: dict, rank: int) -> None:
 
 
 def chaos_loop(config: dict) -> None:
-    import torch
-
-    from outlast.train.torch import prepare_model
-
     ctx = train.get_context()
     rank = ctx.get_world_rank()
     log_event(config, event="where", netns=netns_inode())
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    start = _restore_torch(train.get_checkpoint(), model, opt, "state.pt")
+    model, opt, start = deterministic_model(train.get_checkpoint())
     log_event(config, event="start", restored_step=start - 1 if start else None)
     noticed = False
     pace_file = os.path.join(config["orders"], "pace")
     for step in range(start, config["steps"]):
-        g = torch.Generator().manual_seed(step * 1000 + rank)
-        x = torch.randn(16, 8, generator=g)
-        loss = ((model(x) - torch.sin(x.sum(dim=1, keepdim=True))) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        deterministic_step(model, opt, step, rank)
         info = train.get_preemption_info()
         notice = info is not None and not noticed
         noticed = noticed or notice
         checkpoint = None
         if rank == 0 and ((step + 1) % config["every"] == 0 or notice):
-            d = tempfile.mkdtemp()
-            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
-                       os.path.join(d, "state.pt"))
-            checkpoint = Checkpoint.from_directory(d)
+            checkpoint = torch_checkpoint(model, opt, step)
         if notice:
             log_event(config, event="notice", step=step, node_ids=list(info.node_ids))
         # The notice's checkpoint SYNC, as docs/guide/preemption.md says to lose no step: its ranks wait in
@@ -96,8 +77,4 @@ def chaos_loop(config: dict) -> None:
         except (FileNotFoundError, ValueError):
             pass
     if rank == 0:
-        digest = hashlib.sha256()
-        for name, tensor in sorted(model.module.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().numpy().tobytes())
-        log_event(config, event="weights", digest=digest.hexdigest())
+        log_event(config, event="weights", digest=weights_digest(model))

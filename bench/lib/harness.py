@@ -1,12 +1,20 @@
-"""What every benchmark here shares: repeated figures as median and range, the machine's
-load beside them, and finding (to stop) only the processes a benchmark started itself.
-psutil is imported where it is used: Ray's side, which may lack it, sums its figures here too."""
+"""What every benchmark here shares: repeated figures as median and range, the machine and its load
+beside them, the JSON document, waiting, and the servers and state directories a run needs.
+Standard library only: Ray's side, which has no psutil, sums its figures here too (finding the
+processes a benchmark started is bench/lib/proctree.py's)."""
 import json
 import os
 import platform
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+
+from bench.lib import venvs
 
 
 def summary(values):
@@ -40,29 +48,10 @@ def load():
 
 
 def machine(versions):
-    import psutil
-
-    return {"nproc": os.cpu_count(), "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # the kernel's MemTotal
+    return {"nproc": os.cpu_count(), "mem_gib": round(mem / 2**30, 1),
             "platform": platform.platform(), "python": platform.python_version(),
             "versions": versions}
-
-
-def ours(var, value, before=(), since=0.0):
-    """Processes whose environment carries `var=value`, the private state directory this
-    benchmark gave everything it started (and that they pass on to their children)."""
-    import psutil
-
-    me = os.getpid()
-    found = []
-    for p in psutil.process_iter(["create_time"]):
-        if p.pid == me or p.pid in before or (p.info["create_time"] or 0) < since - 1:
-            continue
-        try:
-            if p.environ().get(var) == value:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
 
 
 def interleaved(names, repeat):
@@ -108,13 +97,9 @@ def wait_for(pred, timeout_s, what, poll_s=0.05, tick=None):
 def run_json(cmd, timeout):
     """Runs a scenario that prints one JSON document (progress on stderr, passed through) from the
     repository root: its document, or {"error": ...} when it timed out or printed none."""
-    import subprocess
-
-    from bench.lib.venvs import ROOT
-
     print(f"[bench] {' '.join(cmd)}", file=sys.stderr, flush=True)
     try:
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=timeout, text=True, cwd=ROOT)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=timeout, text=True, cwd=venvs.ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     try:
@@ -128,11 +113,6 @@ def prepare_both(only, prefix):
     Ray), Ray's virtual environment made if Ray is among them and it is missing, a SIGTERM turned into
     an exit (143) so that cleanups run, and a work directory of its own whose private state directories
     this process now carries (private_state_dirs): (frameworks, work directory)."""
-    import signal
-    import tempfile
-
-    from bench.lib import venvs
-
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     frameworks = [only] if only else ["outlast", "ray"]
     if "ray" in frameworks:
@@ -145,7 +125,7 @@ def prepare_both(only, prefix):
 def private_state_dirs(workdir):
     """Gives this process, and so whatever it starts, state directories of its own under `workdir`
     (OUTLAST_HOME, RAY_TMPDIR): the benchmark's nodes are found by nothing else on the machine, its runs
-    join nobody else's, and the processes that carry them are the ones it stops (`ours`)."""
+    join nobody else's, and the processes that carry them are the ones it stops (proctree.ours)."""
     os.environ["OUTLAST_HOME"] = os.path.join(workdir, "outlast-home")
     os.environ["RAY_TMPDIR"] = os.path.join(workdir, "r")  # short: Ray's socket paths must fit 107 bytes
     os.makedirs(os.environ["RAY_TMPDIR"])
@@ -153,8 +133,6 @@ def private_state_dirs(workdir):
 
 def start_s3(workdir, python, bucket="bench"):
     """A moto server (start_moto) holding an empty `bucket`: (process, the AWS_* variables that reach it)."""
-    import subprocess
-
     proc, url = start_moto(workdir, python)
     aws = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
@@ -170,10 +148,6 @@ def start_s3(workdir, python, bucket="bench"):
 
 def start_moto(workdir, python):
     """A moto S3 server on a free loopback port: (process, endpoint URL)."""
-    import socket
-    import subprocess
-    import urllib.request
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -97,6 +97,22 @@ def alive(procs):
     return out
 
 
+def ours(var, value, before=(), since=0.0):
+    """Processes whose environment carries `var=value`, the private state directory this
+    benchmark gave everything it started (and that they pass on to their children)."""
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["create_time"]):
+        if p.pid == me or p.pid in before or (p.info["create_time"] or 0) < since - 1:
+            continue
+        try:
+            if p.environ().get(var) == value:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
 def kill_all(procs, grace=3.0):
     """SIGTERM, then SIGKILL whatever is still there after `grace` seconds."""
     skip = _self_and_ancestors()
