@@ -149,7 +149,7 @@ def zmq_chunks(path: Path, curve: bool) -> float:
         sock.curve_serverkey = public
         sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     sock.connect(f"tcp://127.0.0.1:{port}")
-    view = file_view(path)
+    view = file_view(path.parent, path.name)
     try:
         started = time.perf_counter()
         in_flight = 0
