@@ -1,6 +1,6 @@
 """The dashboard's fuzzer at length: generated requests to every route of a real `outlast dashboard`.
 
-    python3 bench/fuzz_dashboard.py [--count 100000] [--seed 1] [--out FILE]
+    python3 -m bench.fuzz_dashboard [--count 100000] [--seed 1] [--out FILE]
 
 Two dashboards (one on loopback, one off it, behind its token) serve a storage directory of
 hostile documents beside one good run (tests/browser/dashboard_fuzz.py: garbage, empty, huge,
@@ -26,11 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.browser.dashboard_fuzz import Probe, hostile_storage, target  # noqa: E402
-from tests.browser.server import Dashboard  # noqa: E402
+from tests.browser.dashboard_fuzz import Probe, hostile_storage, target
+from tests.browser.server import Dashboard
 
 
 def main() -> int:

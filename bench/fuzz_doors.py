@@ -1,6 +1,6 @@
 """A fuzzer on every door, N cases each: prints one JSON object per door, and writes them all with --out.
 
-    python bench/fuzz_doors.py --count 100000 --out bench/results/fuzz-doors.json
+    python -m bench.fuzz_doors --count 100000 --out bench/results/fuzz-doors.json
 
 Doors (tests/fuzz/doors.py, tests/fuzz/documents.py): the agent's control socket, the tier server's request
 and data sockets (a real `LocalCluster` node), the fork server's pipe (a real fork server), and the readers
@@ -16,20 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from outlast.protocol.auth import ClusterKey  # noqa: E402
-from outlast.testing import LocalCluster  # noqa: E402
-from tests.fuzz import documents as docs  # noqa: E402
-from tests.fuzz.doors import AgentDoor, ForkServerDoor, TierDataDoor, TierDoor, outside_writes, plant_canary  # noqa: E402
-from tests.fuzz.hostile import Hostile, Targets  # noqa: E402
+from outlast.protocol.auth import ClusterKey
+from outlast.testing import LocalCluster
+from tests.fuzz import documents as docs
+from tests.fuzz.doors import AgentDoor, ForkServerDoor, TierDataDoor, TierDoor, outside_writes, plant_canary
+from tests.fuzz.hostile import Hostile, Targets
 
 SOCKET_DOORS = ("agent", "tier", "tier-data", "fork-server")
 DOCUMENT_DOORS = ("run-directory", "node-file", "etcd-records")
