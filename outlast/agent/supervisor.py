@@ -50,7 +50,7 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ExpectedWorkload:
     """What is known of a workload before the fork server reports its pid."""
 
     leaf: str | None = None
@@ -151,7 +151,7 @@ class Supervisor:
         self.unkillable_after_s = unkillable_after_s
         self.runs: dict[str, Run] = {}
         self.workloads: dict[int, Workload] = {}
-        self._placements: dict[Key, Placement] = {}
+        self._placements: dict[Key, ExpectedWorkload] = {}
 
     # ---- runs -------------------------------------------------------------------------------
 
@@ -176,7 +176,7 @@ class Supervisor:
             effects += self._kill_run(old, f"run {run_key}: a new driver took over from run {old.run_id}")
         return effects
 
-    def expect(self, key: Key, placement: Placement) -> None:
+    def expect(self, key: Key, placement: ExpectedWorkload) -> None:
         """A fork is on its way: remember where it goes until the fork server reports its pid."""
         self._placements[key] = placement
 
@@ -200,7 +200,7 @@ class Supervisor:
     # ---- the fork server's reports ---------------------------------------------------------------
 
     def on_forked(self, msg: m.Forked, wall: float) -> list[Effect]:
-        p = self._placements.pop((msg.run_id, msg.attempt, msg.rank, msg.task_id), None) or Placement()
+        p = self._placements.pop((msg.run_id, msg.attempt, msg.rank, msg.task_id), None) or ExpectedWorkload()
         self.workloads[msg.pid] = Workload(
             msg.run_id, msg.attempt, msg.rank, msg.pid, task_id=msg.task_id, started_at=wall, leaf=p.leaf,
             resources=p.resources, retriable=p.retriable, world_size=p.world_size, demand=p.demand)

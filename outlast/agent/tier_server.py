@@ -3,7 +3,7 @@
 Four threads of the agent's process, none of them its poll loop, which never waits on
 a copy. The server thread owns a ROUTER socket (CURVE, the cluster key: the same
 authenticator as the agent's) and a plain one for the bytes of copies, sealed under a key
-each transfer gets over the first (`tier_client.Sealer`), and answers what takes a chunk's time
+each transfer gets over the first (`tier_client.TransferSealer`), and answers what takes a chunk's time
 at most: a peer's offer and chunks of a replica, fetches of a chunk, commits, frees, the list. The hold threads do
 what takes a copy's time: a `TierHold` copies a rank's files in, then pushes the replica to
 the peer named in it, and its answer (`TierStored`, with both nodes and the seconds each
@@ -41,7 +41,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from outlast.agent.tier_client import (CHUNK, SERVER, Sealer, TransferError, digests_for, fetch, file_view,
+from outlast.agent.tier_client import (CHUNK, SERVER, TransferError, TransferSealer, digests_for, fetch, file_view,
                                        new_transfer, push, write_all)
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -64,7 +64,7 @@ class _Session:
 
     def __init__(self, transfer: m.Transfer, key: CopyKey, fds: dict[str, int] | None, now: float,
                  files: list[m.FileEntry] = ()) -> None:
-        self.sealer = Sealer(transfer, SERVER)
+        self.sealer = TransferSealer(transfer, SERVER)
         self.key = key
         self.fds = fds  # path -> fd for an offer; None for a fetch
         self.digests = digests_for(list(files))  # an offer's, as its chunks are written
@@ -218,7 +218,7 @@ class TierServer:
                         continue
                     try:
                         if sock is self._data:
-                            # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
+                            # A chunk's sealed bytes are the frame after its header (tier_client.TransferSealer.seal).
                             reply = self._handle_data(msg, head, frames[2].buffer if len(frames) > 2 else b"")
                         else:
                             reply = self._handle(ident, msg)

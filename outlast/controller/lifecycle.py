@@ -15,7 +15,7 @@ from outlast.controller import checkpoints, memory_holds, memory_restore, resize
 from outlast.controller import states as st
 from outlast.controller.commit import CommitTracker
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
-from outlast.controller.horizons import Answer, Decision, HorizonBook
+from outlast.controller.horizons import Answer, HorizonBook, NoticeAt
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
 from outlast.controller.preemption import Preemption
@@ -342,7 +342,7 @@ def answer(c: "ControllerCore", answers: list[Answer]) -> None:
     a = c.attempt
     p = preemption(c) or (a.preemption if a is not None else None)
     for ans in answers:
-        if isinstance(ans.reply, Decision):
+        if isinstance(ans.reply, NoticeAt):
             # A decision is only ever fixed after a notice, and the attempt keeps its preemption.
             assert p is not None and a is not None, "a preemption decision without a preemption"
             msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)

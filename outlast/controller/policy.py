@@ -16,13 +16,13 @@ class FailureDecision(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class RestartDecision:
     action: FailureDecision
     reason: str
 
 
 def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures: int,
-                      budget: str = "max_failures") -> Decision:
+                      budget: str = "max_failures") -> RestartDecision:
     """`failures_so_far` counts earlier failed attempts, not this one.
 
     `max_failures` is the number of restarts allowed: 0 never restarts, -1 always does.
@@ -30,16 +30,16 @@ def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures
     """
     cause = failure.describe()
     if max_failures < 0:
-        return Decision(
+        return RestartDecision(
             FailureDecision.RESTART,
             f"{cause}; restarting (failure {failures_so_far + 1}, {budget}=-1 retries forever)",
         )
     if failures_so_far < max_failures:
-        return Decision(
+        return RestartDecision(
             FailureDecision.RESTART,
             f"{cause}; restarting (failure {failures_so_far + 1} of {budget}={max_failures})",
         )
-    return Decision(
+    return RestartDecision(
         FailureDecision.RAISE,
         f"{cause}; giving up: {failures_so_far + 1} failures exceed "
         f"FailureConfig({budget}={max_failures}) (raise it, or set -1 to retry forever)",

@@ -14,8 +14,8 @@ import msgspec
 
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, Note, OutputFile,
-    ResizeRecord, RunState, SkippedCheckpoint, encode,
+    AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, OutputFile, ResizeRecord,
+    RunNote, RunState, SkippedCheckpoint, encode,
 )
 from outlast.storage.run_store import RunStore
 
@@ -133,7 +133,7 @@ class RunBook:
         """Record `text` in the history unless it is there already; True when it is new."""
         if any(n.text == text for n in self.state.notes):
             return False
-        self.state.notes.append(Note(text=text, time=now))
+        self.state.notes.append(RunNote(text=text, time=now))
         self._save(now)
         return True
 

@@ -32,7 +32,7 @@ from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.tasks import Task, format_task_output
 from outlast.executor.policy import (
-    RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
+    RetryConfig, RetryVerdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
 )
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.units import parse_bytes
@@ -248,7 +248,7 @@ class Executor(cf.Executor):
                 continue
             task.failures += 1
             outcome = on_failure(task.failures, self.retry, raised=False)
-            if outcome.verdict is Verdict.RETRY:
+            if outcome.verdict is RetryVerdict.RETRY:
                 log.warning("task %s was lost: %s; %s", task.id, what, outcome.reason)
                 self._queue_now(task, outcome.delay_s)
             else:
@@ -306,7 +306,7 @@ class Executor(cf.Executor):
             self._settle(task, value=value)
             return
         outcome = on_failure(task.failures + 1, self.retry, raised=True)
-        if outcome.verdict is Verdict.RETRY:
+        if outcome.verdict is RetryVerdict.RETRY:
             task.failures += 1
             self._requeue(task, outcome.delay_s, wait_for_exit=True)
             return
@@ -342,7 +342,7 @@ class Executor(cf.Executor):
             task.oom_kills += 1
             task.reports.append(ev.kill_report)
             outcome = on_oom_kill(task.oom_kills, self.retry)
-            if outcome.verdict is Verdict.RETRY:
+            if outcome.verdict is RetryVerdict.RETRY:
                 log.info("task %s: %s", task.id, outcome.reason)
                 self._requeue(task, outcome.delay_s)
             else:
@@ -356,7 +356,7 @@ class Executor(cf.Executor):
         how = f"was killed by {signal_name(ev.signal)}" if ev.signal is not None else f"exited with code {ev.exit_code}"
         task.failures += 1
         outcome = on_failure(task.failures, self.retry, raised=False)
-        if outcome.verdict is Verdict.RETRY:
+        if outcome.verdict is RetryVerdict.RETRY:
             log.warning("task %s %s; %s", task.id, how, outcome.reason)
             self._requeue(task, outcome.delay_s)
         else:

@@ -17,7 +17,7 @@ from outlast.isolation.detect import detect
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.policy import (
-    Action, Candidate, Cooldown, Decision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
+    Action, Cooldown, KillCandidate, KillDecision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
     render_report,
 )
 from outlast.isolation.reservations import Reservations, compute_reservations
@@ -129,7 +129,7 @@ class NodeIsolation:
         return MemorySample(counted_bytes=int(raw["counted"]), limit_bytes=int(limit),
                             node_total_bytes=self.reservations.total_memory, stalled=bool(raw["stalled"])), raw
 
-    def check(self, candidates: list[Candidate], alive_pids: set[int], trigger: str) -> Decision:
+    def check(self, candidates: list[KillCandidate], alive_pids: set[int], trigger: str) -> KillDecision:
         """Decide whether and whom to kill now. Limits are re-read at every call."""
         now = self.clock()
         sample, raw = self.sample()
@@ -138,7 +138,7 @@ class NodeIsolation:
         if self.cooldown is not None:
             over, why = cooldown_over(self.cooldown, alive_pids, sample, now, self.policy)
             if not over:
-                return Decision(Action.WAIT, why)
+                return KillDecision(Action.WAIT, why)
             self.cooldown = None
         decision = judge(sample, candidates, now, self.policy, trigger, self.node_id)
         if decision.action is Action.KILL:
@@ -155,7 +155,7 @@ class NodeIsolation:
         self._kernel_way_out(sample, candidates)
         return decision
 
-    def _kernel_way_out(self, sample: MemorySample, candidates: list[Candidate]) -> None:
+    def _kernel_way_out(self, sample: MemorySample, candidates: list[KillCandidate]) -> None:
         """v1 stalls user/ at its limit for outlast to choose; with no outlast worker there, nobody
         would ever choose, and the other processes would stall forever: the kernel decides then."""
         release = getattr(self.driver, "release_to_kernel", None)

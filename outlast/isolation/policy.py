@@ -18,7 +18,7 @@ POLICY = ("idle workers first; then the least work lost (a task: time since it s
 
 
 @dataclass(frozen=True)
-class Candidate:
+class KillCandidate:
     """A live worker as the policy sees it (times are wall-clock seconds)."""
 
     name: str
@@ -67,14 +67,14 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class KillDecision:
     action: Action
     reason: str
-    victims: list[Candidate] = field(default_factory=list)
+    victims: list[KillCandidate] = field(default_factory=list)
     report: KillReport | None = None
 
 
-def _run_starts(candidates: list[Candidate]) -> dict[str, float]:
+def _run_starts(candidates: list[KillCandidate]) -> dict[str, float]:
     """When each training run's current workers started: its first worker's start."""
     starts: dict[str, float] = {}
     for c in candidates:
@@ -83,7 +83,7 @@ def _run_starts(candidates: list[Candidate]) -> dict[str, float]:
     return starts
 
 
-def work_at_risk(c: Candidate, now: float, run_started: float | None = None) -> float:
+def work_at_risk(c: KillCandidate, now: float, run_started: float | None = None) -> float:
     """Seconds of work that killing `c` throws away."""
     if c.idle:
         return 0.0
@@ -95,11 +95,11 @@ def work_at_risk(c: Candidate, now: float, run_started: float | None = None) -> 
     return max(now - c.started_at, 0.0)
 
 
-def rank_for_killing(candidates: list[Candidate], now: float) -> list[Candidate]:
+def rank_for_killing(candidates: list[KillCandidate], now: float) -> list[KillCandidate]:
     """Best victim first. Workers of one run tie (they lose the same work): the biggest goes first."""
     runs = _run_starts(candidates)
 
-    def key(c: Candidate):
+    def key(c: KillCandidate):
         group_start = runs.get(c.owner, c.started_at) if c.kind == "training" else c.started_at
         return (not c.idle, not c.retriable, work_at_risk(c, now, runs.get(c.owner)), -group_start,
                 -c.memory_bytes, -c.started_at, -c.pid)
@@ -122,21 +122,21 @@ def cooldown_over(cool: Cooldown, alive_pids: set[int], sample: MemorySample, no
     return False, "victims reaped; waiting for their memory to come back"
 
 
-def judge(sample: MemorySample, candidates: list[Candidate], now: float, cfg: PolicyConfig, trigger: str,
-          node_id: str) -> Decision:
+def judge(sample: MemorySample, candidates: list[KillCandidate], now: float, cfg: PolicyConfig, trigger: str,
+          node_id: str) -> KillDecision:
     threshold = int(cfg.kill_at * sample.limit_bytes)
     if sample.counted_bytes < threshold and not sample.stalled:
-        return Decision(Action.NONE, f"{format_bytes(sample.counted_bytes)} counted, below the kill threshold "
-                                     f"{format_bytes(threshold)}")
+        return KillDecision(Action.NONE, f"{format_bytes(sample.counted_bytes)} counted, below the kill threshold "
+                                         f"{format_bytes(threshold)}")
     target = int(cfg.target * sample.limit_bytes)
     victims = select_victims(candidates, sample.counted_bytes - target, now)
     report = build_report(sample, candidates, victims, now, cfg, trigger, node_id, target)
     if not victims:
-        return Decision(Action.WAIT, report.reason, [], report)
-    return Decision(Action.KILL, report.reason, victims, report)
+        return KillDecision(Action.WAIT, report.reason, [], report)
+    return KillDecision(Action.KILL, report.reason, victims, report)
 
 
-def select_victims(candidates: list[Candidate], must_free: int, now: float) -> list[Candidate]:
+def select_victims(candidates: list[KillCandidate], must_free: int, now: float) -> list[KillCandidate]:
     """Enough of the best victims to free `must_free` bytes at once, not one at a time.
 
     Killing one worker of a training run restarts the whole run, so its other workers' memory
@@ -157,13 +157,13 @@ def select_victims(candidates: list[Candidate], must_free: int, now: float) -> l
     return chosen
 
 
-def expected_freed(victims: list[Candidate], candidates: list[Candidate]) -> int:
+def expected_freed(victims: list[KillCandidate], candidates: list[KillCandidate]) -> int:
     runs_hit = {v.owner for v in victims if v.kind == "training"}
     picked = {v.pid for v in victims}
     return sum(c.memory_bytes for c in candidates if c.pid in picked or (c.kind == "training" and c.owner in runs_hit))
 
 
-def build_report(sample: MemorySample, candidates: list[Candidate], victims: list[Candidate], now: float,
+def build_report(sample: MemorySample, candidates: list[KillCandidate], victims: list[KillCandidate], now: float,
                  cfg: PolicyConfig, trigger: str, node_id: str, target: int) -> KillReport:
     picked = {c.pid for c in victims}
     runs = _run_starts(candidates)

@@ -715,8 +715,8 @@ class TierChunk(Msg):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.Sealer)
-    session: bytes = b""  # the transfer's, on the data socket (tier_client.Sealer)
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.TransferSealer)
+    session: bytes = b""  # the transfer's, on the data socket (tier_client.TransferSealer)
     nonce: int = 0  # the sender's count within the transfer: the sealed bytes' nonce
 
     def __post_init__(self) -> None:

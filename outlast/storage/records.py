@@ -143,7 +143,7 @@ class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     steps_lost: int | None = None
 
 
-class Note(msgspec.Struct, frozen=True, kw_only=True):
+class RunNote(msgspec.Struct, frozen=True, kw_only=True):
     """Something the run did on the user's behalf that they should know (e.g. a dropped duplicate file)."""
 
     text: str
@@ -176,7 +176,7 @@ class RunState(msgspec.Struct, kw_only=True):
     last_metrics: dict[str, Any] | None = None  # rank 0's last report
     error: str | None = None
     waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
-    notes: list[Note] = []
+    notes: list[RunNote] = []
     resizes: list[ResizeRecord] = []
     hangs: list[HangRecord] = []
     drains: list[DrainRecord] = []  # additive under version 1: older readers ignore it
@@ -277,7 +277,7 @@ def _each(records: list, fn) -> list:
     return records if all(a is b for a, b in zip(out, records)) else out
 
 
-class Versioned(msgspec.Struct):
+class DocumentVersion(msgspec.Struct):
     version: int = SCHEMA_VERSION
 
 
@@ -286,7 +286,7 @@ def decode(data: bytes, kind: type, where: str) -> Any:
     # to upgrade rather than that the file is corrupt.
     newest = MANIFEST_VERSION if kind is Manifest else SCHEMA_VERSION
     try:
-        version = msgspec.json.decode(data, type=Versioned).version
+        version = msgspec.json.decode(data, type=DocumentVersion).version
     except (msgspec.DecodeError, msgspec.ValidationError):
         version = newest
     if version > newest:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from outlast.controller import core, handlers, horizons, lifecycle, memory_restore, nodes, runstate, storage_io
 from outlast.controller import effects as fx
 from outlast.controller import states as st
-from outlast.controller.horizons import Answer, Decision, Grant
+from outlast.controller.horizons import Answer, Grant, NoticeAt
 from outlast.agent import node_core
 from outlast.protocol import messages as m
 from outlast.storage.records import CheckpointRecord
@@ -25,7 +25,7 @@ class LegacyHorizonBook(horizons.HorizonBook):
 
     def on_query(self, rank, index, now):
         if self.decision_index is not None:
-            return [Answer(rank, index, Decision(self.decision_index))]
+            return [Answer(rank, index, NoticeAt(self.decision_index))]
         if self.noticed_at is None:
             self._outstanding[rank] = index + self.max_step
             self._granted[rank] = horizons._Granted(index, index + self.max_step, now)
@@ -33,7 +33,7 @@ class LegacyHorizonBook(horizons.HorizonBook):
         self._asked[rank] = index
         self._outstanding[rank] = index + 1
         if not set(self._outstanding) - set(self._asked) - self._lost:
-            return [Answer(rank, index, Decision(self._old_decide()))]
+            return [Answer(rank, index, NoticeAt(self._old_decide()))]
         return [Answer(rank, index, Grant(index + 1, float("inf")))]
 
     def preempt(self, now):
