@@ -344,7 +344,7 @@ class Agent:
         while not self._stop:
             for item, _ in poller.poll(timeout=100):
                 if item is self.sock:
-                    self._drain_requests()
+                    self._receive_requests()
                 elif item in sources:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
                 elif item in servers and item in self.forks.fds():
@@ -386,7 +386,7 @@ class Agent:
         """SIGTERM: drain with a deadline, then stop (a signal handler only sets a flag)."""
         self.sources.request_graceful_stop()
 
-    def _drain_requests(self) -> None:
+    def _receive_requests(self) -> None:
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)

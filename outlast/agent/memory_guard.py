@@ -67,7 +67,7 @@ class MemoryGuard:
         return {s.fd: s for s in self.iso.sources}
 
     def on_event(self, source: EventSource, view: list[WorkloadView]) -> list[Victim]:
-        return self.check(view, self.iso.drain(source))
+        return self.check(view, self.iso.take_event(source))
 
     def on_tick(self, now: float, view: list[WorkloadView]) -> list[Victim]:
         self.iso.tidy()

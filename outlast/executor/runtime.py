@@ -205,9 +205,9 @@ class Executor(cf.Executor):
                         except BlockingIOError:
                             pass
                     elif sock is agent:
-                        self._drain(agent, AGENT_EVENTS, self._on_agent_event)
+                        self._receive_all(agent, AGENT_EVENTS, self._on_agent_event)
                     else:
-                        self._drain(results, TASK_RESULTS, self._on_result)
+                        self._receive_all(results, TASK_RESULTS, self._on_result)
         finally:
             agent.send(encode(m.EndRun(run_id=self.session)))
             agent.close(linger=1000)
@@ -255,7 +255,7 @@ class Executor(cf.Executor):
                 self._settle(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
         return agent
 
-    def _drain(self, sock: zmq.Socket, codec: Codec, handle: Callable[[Any], None]) -> None:
+    def _receive_all(self, sock: zmq.Socket, codec: Codec, handle: Callable[[Any], None]) -> None:
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)

@@ -175,8 +175,8 @@ class NodeIsolation:
         if c is not None and pid in c.victims and c.reaped_at is None:
             self.cooldown = Cooldown(c.victims, c.counted_at_kill, c.expected_freed, reaped_at=self.clock())
 
-    def drain(self, source: EventSource) -> str:
-        source.drain()
+    def take_event(self, source: EventSource) -> str:
+        source.consume()
         return f"kernel event: {source.name}"
 
     # ---- status and stop ----------------------------------------------------------------------
