@@ -127,7 +127,7 @@ def on_spawn_refused(c: "ControllerCore", node_id: str, refused: m.SpawnRefused)
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
@@ -168,7 +168,7 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
     if c.attempt is not a:
         return
     if c.state.kind is State.RESTARTING:
-        lifecycle.settle_if_all_exited(c)
+        lifecycle.judge_if_all_exited(c)
     elif c.state.kind.has_live_workers and a.all_exited(c.plan.world_size):
         if on_workers.settled(c, a):
             lifecycle.finish(c)
@@ -214,7 +214,7 @@ def on_failure(c: "ControllerCore", record: FailureRecord) -> None:
     assert c.attempt is not None
     c.attempt.failures.append(record)
     # The first failure is written at once; the rest (often every rank's exit in the teardown)
-    # with the attempt's settlement, not one run-state write each.
+    # with the attempt's verdict, not one run-state write each.
     c.book.add_failure(record, save=c.state.kind.has_live_workers)
     if c.state.kind.has_live_workers:
         c.attempt.failed = True

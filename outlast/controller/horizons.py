@@ -81,7 +81,7 @@ class HorizonBook:
 
     def on_query(self, rank: int, index: int, now: float) -> list[Answer]:
         """Rank `rank` asks at call `index`: its own answer, if it has one now, and any parked ones
-        that this query settles."""
+        that this query answers."""
         if self.decision_index is not None:
             return [Answer(rank, index, NoticeAt(self.decision_index))]
         if self.noticed_at is None:

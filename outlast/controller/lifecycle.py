@@ -19,7 +19,7 @@ from outlast.controller.horizons import Answer, HorizonBook, NoticeAt
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
 from outlast.controller.preemption import Preemption
-from outlast.controller.settle import settle_attempt
+from outlast.controller.attempt_verdict import judge_attempt
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.errors import TrainingFailedError
@@ -140,13 +140,13 @@ def place(c: "ControllerCore", now: float) -> None:
 
 
 def restart(c: "ControllerCore", event: Event, preemption: Preemption | None) -> None:
-    """The attempt is over (failed, or preempted): stop its workers; settle once all have exited."""
+    """The attempt is over (failed, or preempted): stop its workers; judge it once all have exited."""
     go(c, event, st.Restarting(preemption))
     stop_workers(c)
-    settle_if_all_exited(c)
+    judge_if_all_exited(c)
 
 
-def settle_if_all_exited(c: "ControllerCore") -> None:
+def judge_if_all_exited(c: "ControllerCore") -> None:
     a, s = c.attempt, c.state
     if not isinstance(s, st.Restarting) or a is None or not a.all_exited(c.plan.world_size):
         return
@@ -161,15 +161,16 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
                     "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
         preemption = None
     preemption = preemption or preempted_by_drain(c, a)
-    settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports, c.wall()) \
-        or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
+    verdict = c.resizes.end_if_resized(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports,
+                                       c.wall()) \
+        or judge_attempt(c.book, a.number, a.failures, c.failures, resize.for_judging(preemption),
                           p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
-    if settled.retry:
+    if verdict.retry:
         go(c, Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)
         return
-    c.error = settled.error
-    go(c, Event.GIVE_UP, st.Errored(error=settled.error, stop_by=c.now))
+    c.error = verdict.error
+    go(c, Event.GIVE_UP, st.Errored(error=verdict.error, stop_by=c.now))
     close_if_stopped(c, c.now)
 
 
@@ -271,7 +272,7 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads \
+    elif isinstance(s, st.Finishing) and now - s.since > t.last_messages_s and not c.checking_uploads \
             and not c.durable:  # a drain's checkpoint still going from a peer's memory to storage
         checkpoints.finish_without_last_messages(c, a)
 

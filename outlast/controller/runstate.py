@@ -194,13 +194,13 @@ class RunBook:
             self.state.attempts[-1].outputs.append(OutputFile(rank=rank, node_id=node_id, path=path))
 
     def add_failure(self, record: FailureRecord, save: bool = True) -> None:
-        """`save=False`: kept for the next write (the attempt's settlement), as for the exits of a teardown."""
+        """`save=False`: kept for the next write (the attempt's verdict), as for the exits of a teardown."""
         if self.state.attempts:
             self.state.attempts[-1].failures.append(record)
         if save:
             self._save(record.time)
 
-    def settle_failed_attempt(self, root: FailureRecord, count_as: Budget, now: float) -> None:
+    def fail_attempt(self, root: FailureRecord, count_as: Budget, now: float) -> None:
         """End the current attempt as failed, its root cause first, charged to the budget `count_as`."""
         if self.state.attempts:
             current = self.state.attempts[-1]

@@ -39,7 +39,7 @@ class KillCandidate:
 class PolicyConfig:
     kill_at: float = 0.95  # judge a kill once counted memory reaches this fraction of the limit
     target: float = 0.90  # kill until counted memory would be below this fraction: the margin
-    settle_s: float = 2.0  # after victims are reaped, wait at most this long for memory to come back
+    reclaim_wait_s: float = 2.0  # after victims are reaped, wait at most this long for memory to come back
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def cooldown_over(cool: Cooldown, alive_pids: set[int], sample: MemorySample, no
         return True, "memory is back below the kill threshold"
     if sample.counted_bytes <= cool.counted_at_kill - cool.expected_freed // 2:
         return True, "the victims' memory came back"
-    if cool.reaped_at is not None and now - cool.reaped_at >= cfg.settle_s:
-        return True, f"memory did not come back within {cfg.settle_s:g} s of the reap; judging again"
+    if cool.reaped_at is not None and now - cool.reaped_at >= cfg.reclaim_wait_s:
+        return True, f"memory did not come back within {cfg.reclaim_wait_s:g} s of the reap; judging again"
     return False, "victims reaped; waiting for their memory to come back"
 
 

@@ -111,7 +111,7 @@ def _old_spawn_refused(c, node_id, refused) -> None:
         if rank not in a.hello:
             a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                      exit_code=None, signal=None, error=None, node_id=""))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def _first_fix_spawn_refused(c, node_id, refused) -> None:
@@ -125,7 +125,7 @@ def _first_fix_spawn_refused(c, node_id, refused) -> None:
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def _old_finishing(monkeypatch) -> None:
@@ -143,7 +143,7 @@ def _old_finishing(monkeypatch) -> None:
     def timers(c, now):
         real_timers(c, now)
         at = getattr(c, "legacy_exited_ok_at", None)
-        if at is not None and not c.closing and now - at > c.plan.timeouts.finish_settle_s:
+        if at is not None and not c.closing and now - at > c.plan.timeouts.last_messages_s:
             lifecycle.finish(c)
 
     monkeypatch.setattr(handlers, "on_worker_exited", on_worker_exited)

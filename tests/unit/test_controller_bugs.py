@@ -55,7 +55,7 @@ def test_ranks_that_return_during_a_preemption_finish_the_run_even_after_the_dea
     h.worker(m.WorkerDone(attempt=1, rank=0, reports=0))
     h.agent(placement[0], h.exited(0, placement[0]))
     h.agent(placement[1], h.exited(1, placement[1]))  # rank 1's WorkerDone is still in flight
-    h.step(dt=10_000.0)  # past the preemption deadline and the settle time
+    h.step(dt=10_000.0)  # past the preemption deadline and the wait for last messages
     h.step(dt=0.1)
     assert h.state is State.FINISHED and h.core.closed
     assert h.core.book.state.attempts[-1].outcome == "finished"

@@ -40,7 +40,7 @@ class Clock:
 
 def node():
     d, clock = FakeDriver(), Clock()
-    n = NodeIsolation(d, RES, "n1", PolicyConfig(kill_at=0.95, target=0.90, settle_s=2.0), clock=clock)
+    n = NodeIsolation(d, RES, "n1", PolicyConfig(kill_at=0.95, target=0.90, reclaim_wait_s=2.0), clock=clock)
     n._arm()
     return n, d, clock
 
@@ -68,7 +68,7 @@ def test_after_a_kill_it_waits_for_the_reap_and_the_memory_then_judges_again():
     assert n.check(workers, {1, 2}, "t").action is Action.WAIT  # the victim is not reaped yet
     n.note_reaped(2)
     assert n.check(workers[:1], {1}, "t").action is Action.WAIT  # memory not back yet
-    clock.now += 2.5  # settle time over: judge again, and the old one is all that is left
+    clock.now += 2.5  # the wait for memory to come back is over: judge again, and the old one is all that is left
     decision = n.check(workers[:1], {1}, "t")
     assert decision.action is Action.KILL and [v.name for v in decision.victims] == ["old"]
 
