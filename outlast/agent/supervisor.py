@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from outlast.isolation.policy import render_report
+from outlast.isolation.policy import WorkloadKind, render_report
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 
@@ -122,7 +122,7 @@ class WorkloadView:
 
     pid: int
     leaf: str | None
-    kind: str  # "training" | "task"
+    kind: WorkloadKind
     owner: str  # run id or task id
     rank: int | None
     started_at: float
@@ -225,7 +225,7 @@ class Supervisor:
         """The fork server died and its workloads with it (they die with their parent): nobody will
         reap them, so each is reported lost now, as a failure its run restarts from. So is each fork
         it was asked for and never reported: without a report its controller would wait for it."""
-        error = m.WorkerError(exc_type=FailureKind.FORK_SERVER_DIED, message=why, traceback="", phase="node")
+        error = m.WorkerError(kind=FailureKind.FORK_SERVER_DIED, message=why, traceback="", phase="node")
         effects: list[Effect] = []
         for w in list(self.workloads.values()):
             del self.workloads[w.pid]
@@ -289,9 +289,9 @@ class Supervisor:
         for w in self.workloads.values():
             run = self.runs.get(w.run_id)
             out.append(WorkloadView(
-                pid=w.pid, leaf=w.leaf, kind="task" if w.is_task else "training", owner=w.task_id or w.run_id,
-                rank=None if w.is_task else w.rank, started_at=w.started_at, resources=w.resources,
-                idle=w.kill_at is not None or run is None or run.ended, retriable=w.retriable,
+                pid=w.pid, leaf=w.leaf, kind=WorkloadKind.TASK if w.is_task else WorkloadKind.TRAINING,
+                owner=w.task_id or w.run_id, rank=None if w.is_task else w.rank, started_at=w.started_at,
+                resources=w.resources, idle=w.kill_at is not None or run is None or run.ended, retriable=w.retriable,
                 world_size=w.world_size, last_commit_at=run.last_commit_at if run else None,
                 already_killed=w.kill_report is not None))
         return out
@@ -313,7 +313,7 @@ class Supervisor:
         text = (f"pid {w.pid}, {who} of run {w.run_id}, did not die {waited_s:.0f} s after SIGKILL: it is stuck "
                 f"in the kernel (an NFS or FUSE read, a GPU fault, a frozen cgroup); node {self.node_id} takes no new "
                 "work until it is restarted")
-        error = m.WorkerError(exc_type=FailureKind.UNKILLABLE, message=text, traceback="", phase="node")
+        error = m.WorkerError(kind=FailureKind.UNKILLABLE, message=text, traceback="", phase="node")
         return [Warn(text), GiveUpNode(text)] + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid,
                                                                    None, signal.SIGKILL, error, w.kill_report)
 

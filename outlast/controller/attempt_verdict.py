@@ -46,8 +46,8 @@ def judge_attempt(book: RunBook, attempt: int, failures: list[FailureRecord], hi
     others = [f for f in failures if f is not root]
     history += [root, *others]
     also = "".join(f"\n  then {f.describe()}" for f in others)
-    corrupt = root.exc_type == FailureKind.CORRUPT_CHECKPOINT and book.state.latest_checkpoint
-    if corrupt or root.exc_type == FailureKind.SPAWN_REFUSED:
+    corrupt = root.kind is FailureKind.CORRUPT_CHECKPOINT and book.state.latest_checkpoint
+    if corrupt or root.kind is FailureKind.SPAWN_REFUSED:
         book.fail_attempt(root, Budget.CORRUPT_CHECKPOINT if corrupt else Budget.PLACEMENT, wall)
         if corrupt:
             restored = restored_by(book, attempt)  # None: it is gone already, and the next attempt takes the latest

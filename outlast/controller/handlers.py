@@ -122,7 +122,7 @@ def on_spawn_refused(c: "ControllerCore", node_id: str, refused: m.SpawnRefused)
     if c.state.kind is State.SCHEDULING:
         log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
         on_failure(c, FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
-                                       time=c.wall(), exc_type=FailureKind.SPAWN_REFUSED, message=refused.reason))
+                                       time=c.wall(), kind=FailureKind.SPAWN_REFUSED, message=refused.reason))
     # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
@@ -143,7 +143,7 @@ def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
             on_worker_exited(c, m.WorkerExited(
                 run_id=c.run_id, attempt=a.number, rank=rank, pid=a.pids.get(rank, 0), exit_code=None,
                 signal=None, node_id=node_id,
-                error=m.WorkerError(exc_type=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
+                error=m.WorkerError(kind=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
             if c.closed or c.attempt is not a:
                 return
 
@@ -226,7 +226,7 @@ def _failure_record(ev: m.WorkerExited, wall: float) -> FailureRecord:
     return FailureRecord(
         attempt=ev.attempt, rank=ev.rank, node_id=ev.node_id, pid=ev.pid, exit_code=ev.exit_code,
         signal=ev.signal, time=wall,
-        exc_type=err.exc_type if err else None, message=err.message if err else None,
+        exc_type=err.exc_type if err else None, kind=err.kind if err else None, message=err.message if err else None,
         traceback=err.traceback if err else None, phase=err.phase if err else None,
         oom_report=ev.oom_report,
     )

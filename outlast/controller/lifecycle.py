@@ -154,7 +154,7 @@ def judge_if_all_exited(c: "ControllerCore") -> None:
     preemption = s.preemption
     # Its teardown counts too: a rank that the stop could not end (stuck in the kernel), or killed by someone
     # else before the stop's grace was over, has a cause of its own, even once the drain's checkpoint is committed.
-    own = a.failed or any(f.exc_type == FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.exc_type is None)
+    own = a.failed or any(f.kind is FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.named is None)
                           for f in a.failures)
     if preemption is not None and own and not caused_by_drain(a.failures, {*preemption.node_ids}):
         log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "

@@ -55,13 +55,14 @@ _NOT_THE_USERS = frozenset({FailureKind.NODE_LOST, FailureKind.SPAWN_REFUSED})
 
 def is_symptom(f: FailureRecord) -> bool:
     """A peer's death seen from a survivor, or our own SIGTERM of a teardown."""
-    text = f"{f.exc_type or ''} {f.message or ''}".lower()
+    text = f"{f.named or ''} {f.message or ''}".lower()
     return any(marker in text for marker in _PEER_LOSS_MARKERS) or f.signal == signal.SIGTERM
 
 
 def is_users_error(f: FailureRecord) -> bool:
-    """An exception raised by the train function itself (not a peer's death, not a lost node)."""
-    return bool(f.exc_type) and f.exc_type not in _NOT_THE_USERS and not is_symptom(f)
+    """An exception raised by the train function itself, or a failure of a kind of outlast's that is not a lost
+    node or a refused spawn (a hang, say): not a peer's death."""
+    return bool(f.named) and f.kind not in _NOT_THE_USERS and not is_symptom(f)
 
 
 def caused_by_drain(failures: list[FailureRecord], drained: set[str]) -> bool:
@@ -84,12 +85,12 @@ def pick_root_cause(failures: list[FailureRecord]) -> FailureRecord:
         raise ValueError("pick_root_cause needs at least one failure")
 
     def rank(f: FailureRecord) -> int:
-        text = f"{f.exc_type or ''} {f.message or ''}".lower()
-        if f.exc_type and not any(marker in text for marker in _PEER_LOSS_MARKERS):
+        text = f"{f.named or ''} {f.message or ''}".lower()
+        if f.named and not any(marker in text for marker in _PEER_LOSS_MARKERS):
             return 0
         if f.signal is not None and f.signal != signal.SIGTERM:
             return 1
-        if f.exc_type is None and f.signal is None:
+        if f.named is None and f.signal is None:
             return 1
         return 2
 

@@ -133,8 +133,8 @@ class Resizes:
                 return None
             n = preemption.notice
             return f"node {', '.join(preemption.node_ids) or n.node_id} drained ({n.reason}: {n.message})"
-        lost = [f for f in failures if f.exc_type == FailureKind.NODE_LOST]
-        if lost and all(f.exc_type == FailureKind.NODE_LOST or is_symptom(f) for f in failures):
+        lost = [f for f in failures if f.kind is FailureKind.NODE_LOST]
+        if lost and all(f.kind is FailureKind.NODE_LOST or is_symptom(f) for f in failures):
             return f"node {', '.join(sorted({f.node_id for f in lost}))} lost"
         return None
 

@@ -316,7 +316,8 @@ class Executor(cf.Executor):
             exc = None
         if not isinstance(exc, BaseException):
             err = msg.error
-            exc = RuntimeError(f"{err.exc_type}: {err.message}\n{err.traceback}" if err else "the task failed")
+            exc = (RuntimeError(f"{err.exc_type or err.kind}: {err.message}\n{err.traceback}") if err
+                   else RuntimeError("the task failed"))
         self._resolve(task, error=exc)
 
     def _on_agent_event(self, ev: m.AgentEvent) -> None:

@@ -17,12 +17,17 @@ POLICY = ("idle workers first; then the least work lost (a task: time since it s
           "newest first on ties")
 
 
+class WorkloadKind(enum.Enum):
+    TRAINING = "training"  # a rank of a training run: killing one restarts the whole run from its last commit
+    TASK = "task"  # an executor task: killing it loses that task's work alone
+
+
 @dataclass(frozen=True)
 class KillCandidate:
     """A live worker as the policy sees it (times are wall-clock seconds)."""
 
     name: str
-    kind: str  # "training" | "task"
+    kind: WorkloadKind
     owner: str
     rank: int | None
     pid: int
@@ -78,7 +83,7 @@ def _run_starts(candidates: list[KillCandidate]) -> dict[str, float]:
     """When each training run's current workers started: its first worker's start."""
     starts: dict[str, float] = {}
     for c in candidates:
-        if c.kind == "training":
+        if c.kind is WorkloadKind.TRAINING:
             starts[c.owner] = min(starts.get(c.owner, c.started_at), c.started_at)
     return starts
 
@@ -87,7 +92,7 @@ def work_at_risk(c: KillCandidate, now: float, run_started: float | None = None)
     """Seconds of work that killing `c` throws away."""
     if c.idle:
         return 0.0
-    if c.kind == "training":
+    if c.kind is WorkloadKind.TRAINING:
         # One death restarts the whole run from its last commit (or from its start).
         start = c.started_at if run_started is None else run_started
         since = max(start, c.last_commit_at) if c.last_commit_at is not None else start
@@ -100,7 +105,7 @@ def rank_for_killing(candidates: list[KillCandidate], now: float) -> list[KillCa
     runs = _run_starts(candidates)
 
     def key(c: KillCandidate):
-        group_start = runs.get(c.owner, c.started_at) if c.kind == "training" else c.started_at
+        group_start = runs.get(c.owner, c.started_at) if c.kind is WorkloadKind.TRAINING else c.started_at
         return (not c.idle, not c.retriable, work_at_risk(c, now, runs.get(c.owner)), -group_start,
                 -c.memory_bytes, -c.started_at, -c.pid)
 
@@ -146,21 +151,23 @@ def select_victims(candidates: list[KillCandidate], must_free: int, now: float) 
     for c in rank_for_killing(candidates, now):
         if freed >= must_free and chosen:
             break
-        if c.kind == "training" and c.owner in runs_hit:
+        if c.kind is WorkloadKind.TRAINING and c.owner in runs_hit:
             continue
         chosen.append(c)
-        if c.kind == "training":
+        if c.kind is WorkloadKind.TRAINING:
             runs_hit.add(c.owner)
-            freed += sum(o.memory_bytes for o in candidates if o.kind == "training" and o.owner == c.owner)
+            freed += sum(o.memory_bytes for o in candidates
+                         if o.kind is WorkloadKind.TRAINING and o.owner == c.owner)
         else:
             freed += c.memory_bytes
     return chosen
 
 
 def expected_freed(victims: list[KillCandidate], candidates: list[KillCandidate]) -> int:
-    runs_hit = {v.owner for v in victims if v.kind == "training"}
+    runs_hit = {v.owner for v in victims if v.kind is WorkloadKind.TRAINING}
     picked = {v.pid for v in victims}
-    return sum(c.memory_bytes for c in candidates if c.pid in picked or (c.kind == "training" and c.owner in runs_hit))
+    return sum(c.memory_bytes for c in candidates
+               if c.pid in picked or (c.kind is WorkloadKind.TRAINING and c.owner in runs_hit))
 
 
 def build_report(sample: MemorySample, candidates: list[KillCandidate], victims: list[KillCandidate], now: float,
@@ -168,7 +175,7 @@ def build_report(sample: MemorySample, candidates: list[KillCandidate], victims:
     picked = {c.pid for c in victims}
     runs = _run_starts(candidates)
     considered = [
-        ConsideredWorker(name=c.name, kind=c.kind, owner=c.owner, rank=c.rank, pid=c.pid,
+        ConsideredWorker(name=c.name, kind=c.kind.value, owner=c.owner, rank=c.rank, pid=c.pid,
                          memory_bytes=c.memory_bytes, resources=c.resources, age_s=round(max(now - c.started_at, 0), 3),
                          work_at_risk_s=round(work_at_risk(c, now, runs.get(c.owner)), 3), idle=c.idle, retriable=c.retriable,
                          selected=c.pid in picked)
@@ -176,7 +183,7 @@ def build_report(sample: MemorySample, candidates: list[KillCandidate], victims:
     ]
     over = f"{format_bytes(sample.counted_bytes)} of the workloads' limit {format_bytes(sample.limit_bytes)}"
     if victims:
-        runs_hit = {v.owner for v in victims if v.kind == "training"}
+        runs_hit = {v.owner for v in victims if v.kind is WorkloadKind.TRAINING}
         freed = expected_freed(victims, candidates)
         restarts = f"; run(s) {', '.join(sorted(runs_hit))} restart from their last checkpoint" if runs_hit else ""
         reason = (f"{over} ({'stalled at the limit' if sample.stalled else f'threshold {cfg.kill_at:.0%}'}); "
@@ -201,7 +208,7 @@ def render_report(r: KillReport) -> str:
         "  considered (best victim first):",
     ]
     for w in r.considered:
-        who = f"run {w.owner} rank {w.rank}" if w.kind == "training" else f"task {w.owner}"
+        who = f"run {w.owner} rank {w.rank}" if w.kind == WorkloadKind.TRAINING.value else f"task {w.owner}"
         flags = "".join([" idle" if w.idle else "", "" if w.retriable else " non-retriable"])
         lines.append(
             f"    {'KILLED ' if w.selected else 'kept   '}{w.name}: {who}, pid {w.pid}, "

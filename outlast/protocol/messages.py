@@ -15,8 +15,11 @@ from typing import Any, Literal, Union
 import msgspec
 
 from outlast.protocol import paths
+from outlast.protocol.kinds import FailureKind
 
-PROTOCOL_VERSION = 4  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp
+# 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
+# 5: WorkerError.kind, apart from exc_type
+PROTOCOL_VERSION = 5
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -94,9 +97,11 @@ class KillReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkerError(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker says about its own death before it exits (an error file)."""
+    """What a worker says about its own death before it exits (an error file), or what its node or its
+    controller knows of it (`kind`: a fork server that died, a lost node, ...)."""
 
-    exc_type: str
+    exc_type: str | None = None  # the name of the exception the worker raised
+    kind: FailureKind | None = None  # outlast's own kind of the failure (FailureRecord.kind)
     message: str
     traceback: str
     phase: str  # "setup" (before the train function ran) or "train"

@@ -196,5 +196,5 @@ def test_a_worker_whose_report_names_a_file_outside_its_checkpoint_fails_the_run
         failed
     failures = [f for a in json.loads((storage / "hostile/run_state.json").read_text())["attempts"]
                 for f in a.get("failures", [])]
-    assert [(f["exc_type"], f["node_id"] in tiers) for f in failures] == [("RefusedMessage", True)], failures
+    assert [(f["kind"], f["node_id"] in tiers) for f in failures] == [("RefusedMessage", True)], failures
     assert UP + name in failures[0]["message"]

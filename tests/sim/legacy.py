@@ -12,6 +12,7 @@ from outlast.controller import states as st
 from outlast.controller.horizons import Answer, Grant, NoticeAt
 from outlast.agent import node_core
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import CheckpointRecord
 
 
@@ -106,7 +107,7 @@ def _old_spawn_refused(c, node_id, refused) -> None:
         return
     handlers.on_failure(c, handlers.FailureRecord(
         attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
-        exc_type="SpawnRefused", message=refused.reason))
+        kind=FailureKind.SPAWN_REFUSED, message=refused.reason))
     for rank in range(c.plan.world_size):
         if rank not in a.hello:
             a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
@@ -121,7 +122,7 @@ def _first_fix_spawn_refused(c, node_id, refused) -> None:
         return
     handlers.on_failure(c, handlers.FailureRecord(
         attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
-        exc_type="SpawnRefused", message=refused.reason))
+        kind=FailureKind.SPAWN_REFUSED, message=refused.reason))
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))

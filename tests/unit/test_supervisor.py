@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 
 from outlast.agent.supervisor import ExpectedWorkload, Kill, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.isolation.policy import WorkloadKind
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 
 CTRL = b"controller-1"
 
@@ -157,7 +159,7 @@ def test_a_dead_fork_server_reports_every_workload_lost_as_a_failure():
     msgs = sent(effects)
     assert sorted(type(x).__name__ for x in msgs) == ["TaskExited", "WorkerExited", "WorkerExited", "WorkerExited"]
     assert sorted((x.rank, x.pid) for x in msgs if isinstance(x, m.WorkerExited)) == [(0, 101), (1, 102), (2, 0)]
-    assert all(x.error is not None and x.error.exc_type == "ForkServerDied" and "exit -9" in x.error.message
+    assert all(x.error is not None and x.error.kind is FailureKind.FORK_SERVER_DIED and "exit -9" in x.error.message
                for x in msgs)
     assert sup.workloads == {} and sup.usage() == {}
 
@@ -170,7 +172,7 @@ def test_the_memory_view_is_a_copy_that_marks_idle_and_killed_workloads():
     report = m.KillReport(node_id="n1", time=0.0, trigger="test", usage_bytes=2, limit_bytes=1, node_total_bytes=4,
                           target_bytes=1, policy="p", considered=[], selected=["x"], reason="over")
     view = {v.pid: v for v in sup.memory_view()}
-    assert view[101].idle and view[101].kind == "training" and view[101].owner == "r1"
+    assert view[101].idle and view[101].kind is WorkloadKind.TRAINING and view[101].owner == "r1"
     assert view[101].last_commit_at == 900.0 and view[101].started_at == 1000.0
     assert kills(sup.oom_kill(102, report)) == [(102, signal.SIGKILL)]
     assert {v.pid: v for v in sup.memory_view()}[102].already_killed
@@ -193,7 +195,7 @@ def test_a_worker_that_sigkill_does_not_end_is_reported_by_pid_and_its_node_give
     effects = sup.tick(42.2)
     [exited] = sent(effects)
     assert (exited.pid, exited.rank, exited.signal) == (101, 0, signal.SIGKILL)
-    assert exited.error.exc_type == "Unkillable" and "pid 101" in exited.error.message
+    assert exited.error.kind is FailureKind.UNKILLABLE and "pid 101" in exited.error.message
     assert "did not die 30 s after SIGKILL" in exited.error.message
     [give_up] = [e for e in effects if isinstance(e, GiveUpNode)]
     assert "pid 101" in give_up.reason and "node n1" in give_up.reason

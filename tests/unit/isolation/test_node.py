@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, KillCandidate, PolicyConfig
+from outlast.isolation.policy import Action, KillCandidate, PolicyConfig, WorkloadKind
 from outlast.isolation.reservations import GiB, MiB, compute_reservations
 
 RES = compute_reservations(4 * GiB, None, 2, reserved_memory=1 * GiB)
@@ -46,7 +46,7 @@ def node():
 
 
 def task(name, pid, age, mem):
-    return KillCandidate(name=name, kind="task", owner=name, rank=None, pid=pid, memory_bytes=mem,
+    return KillCandidate(name=name, kind=WorkloadKind.TASK, owner=name, rank=None, pid=pid, memory_bytes=mem,
                          started_at=1000.0 - age)
 
 
