@@ -85,18 +85,23 @@ def duplicate_classes(root: Path) -> dict[str, list[str]]:
     return {name: places for name, places in where.items() if len(places) > 1 and name not in RAY_PER_FRAMEWORK}
 
 
-def drains_of_something_else(root: Path) -> list[str]:
-    problems = []
+def drains_of_something_else(root: Path, listed: dict[str, set[str]]) -> list[str]:
+    """Names that say 'drain' and are not listed, and listed names no longer defined (a list kept true)."""
+    problems, seen = [], set()
     for module, tree in _modules(root):
+        seen.add(module)
         if module.split("/")[0] in NO_DRAIN_HERE:
             problems += [f"{module}:{line}: {name}" for line, name in _names(tree) if "drain" in name.lower()]
             continue
-        listed = NODE_DRAINS.get(module, set())
+        defined = set()
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                    and "drain" in node.name.lower() and node.name not in listed:
-                problems.append(f"{module}:{node.lineno}: {node.name}")
-    return problems
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and "drain" in node.name.lower():
+                defined.add(node.name)
+                if node.name not in listed.get(module, set()):
+                    problems.append(f"{module}:{node.lineno}: {node.name}")
+        gone = sorted(listed.get(module, set()) - defined)
+        problems += [f"{module}: {name} is listed but not defined" for name in gone]
+    return problems + [f"{module}: listed, but there is no such module" for module in sorted(set(listed) - seen)]
 
 
 def test_each_class_name_is_defined_once():
@@ -106,7 +111,7 @@ def test_each_class_name_is_defined_once():
 
 
 def test_drain_names_only_a_node_going_away():
-    problems = drains_of_something_else(ROOT)
+    problems = drains_of_something_else(ROOT, NODE_DRAINS)
     assert not problems, ("names that say 'drain' where no node goes away: call emptying a socket, pipe or fd "
                           "something else (take, receive, consume, clear); a new function acting on a node's drain "
                           f"goes into NODE_DRAINS: {problems}")
@@ -119,4 +124,8 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     (tmp_path / "controller" / "policy.py").write_text("class Decision:\n    pass\n")
     (tmp_path / "controller" / "wakeup.py").write_text("def drain(fd):\n    pass\n")
     assert duplicate_classes(tmp_path) == {"Decision": ["controller/policy.py:1", "isolation/monitor.py:1"]}
-    assert drains_of_something_else(tmp_path) == ["controller/wakeup.py:1: drain", "isolation/monitor.py:2: drain"]
+    listed = {"controller/nodes.py": {"drain_of"}}
+    (tmp_path / "controller" / "nodes.py").write_text("def lose(node):\n    pass\n")
+    assert drains_of_something_else(tmp_path, listed) == [
+        "controller/nodes.py: drain_of is listed but not defined", "controller/wakeup.py:1: drain",
+        "isolation/monitor.py:2: drain"]
