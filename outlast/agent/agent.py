@@ -41,7 +41,7 @@ from outlast.isolation.reservations import Reservations, default_checkpoint_memo
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode, receive_all
 from outlast.statedir import private_subdir
 
 log = logging.getLogger("outlast.agent")
@@ -344,7 +344,7 @@ class Agent:
         while not self._stop:
             for item, _ in poller.poll(timeout=100):
                 if item is self.sock:
-                    self._receive_requests()
+                    self._read_requests()
                 elif item in sources:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
                 elif item in servers and item in self.forks.fds():
@@ -386,21 +386,14 @@ class Agent:
         """SIGTERM: drain with a deadline, then stop (a signal handler only sets a flag)."""
         self.sources.request_graceful_stop()
 
-    def _receive_requests(self) -> None:
-        while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                req = AGENT_REQUESTS.decode(frames[-1])
-            except VersionMismatch as e:
+    def _read_requests(self) -> None:
+        def refuse(frames: list[bytes], e: BadMessage) -> bool:
+            if isinstance(e, VersionMismatch):  # answered in our header, which says our version
                 log.warning("refused a request: %s", e)
-                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
-                continue
-            except BadMessage as e:
-                log.warning("dropped a malformed request: %s", e)
-                continue
+                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))
+            return isinstance(e, VersionMismatch)
+
+        for frames, req in receive_all(self.sock, AGENT_REQUESTS, "request", on_bad=refuse):
             try:
                 self._on_request(frames[0], req)
             except Exception as e:  # noqa: BLE001 - one request's failure (an OSError: a full disk) is its own

@@ -9,6 +9,7 @@ every node of that domain, with the same deadline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -76,7 +77,7 @@ class HeadNodeTable:
         return self._nodes[node_id]
 
     def drain(self, node_id: str, reason: str, message: str, deadline_unix_s: float | None,
-              also: list[str] = (), until_commit: bool = False) -> NodesToDrain:
+              also: Sequence[str] = (), until_commit: bool = False) -> NodesToDrain:
         """Mark `node_id`, the nodes in `also` and their failure domains as draining, as one drain; raise
         `UnknownNode` for a wrong id, before anything is marked."""
         named = [node_id, *(i for i in also if i != node_id)]

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import cloudpickle
 import zmq
@@ -39,12 +39,13 @@ from outlast.isolation.units import parse_bytes
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import (
-    AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode, route_ip,
+    AGENT_EVENTS, Codec, bind_router, connect_dealer, encode, receive_all, route_ip,
 )
 from outlast.runenv import carried_env, importable_paths
 from outlast.storage.records import signal_name
 
 log = logging.getLogger("outlast.executor")
+T = TypeVar("T")
 
 TASK_RESULTS: Codec[m.TaskResult] = Codec(m.TaskResult)
 HEARTBEAT_S = 0.5
@@ -126,12 +127,12 @@ class Executor(cf.Executor):
 
     # ---- concurrent.futures.Executor ----------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         try:
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as e:
             raise TypeError(f"the task's function or arguments cannot be pickled to send to a worker: {e}") from e
-        future: cf.Future = cf.Future()
+        future: cf.Future[Any] = cf.Future()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit to an outlast.Executor after shutdown()")
@@ -205,9 +206,9 @@ class Executor(cf.Executor):
                         except BlockingIOError:
                             pass
                     elif sock is agent:
-                        self._receive_all(agent, AGENT_EVENTS, self._on_agent_event)
+                        self._handle_all(agent, AGENT_EVENTS, self._on_agent_event)
                     else:
-                        self._receive_all(results, TASK_RESULTS, self._on_result)
+                        self._handle_all(results, TASK_RESULTS, self._on_result)
         finally:
             agent.send(encode(m.EndRun(run_id=self.session)))
             agent.close(linger=1000)
@@ -219,7 +220,7 @@ class Executor(cf.Executor):
             if self._embedded is not None:
                 self._embedded.stop()
 
-    def _node_changed(self, state: str, what: str, agent: zmq.Socket, poller: zmq.Poller) -> zmq.Socket:
+    def _node_changed(self, state: str, what: str, agent: zmq.Socket[bytes], poller: zmq.Poller) -> zmq.Socket[bytes]:
         """The embedded node died, came back or is gone for good; returns the socket to the agent."""
         if state == "restarted":
             # A new socket: what the old one queued was meant for the dead agent.
@@ -255,16 +256,10 @@ class Executor(cf.Executor):
                 self._resolve(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
         return agent
 
-    def _receive_all(self, sock: zmq.Socket, codec: Codec, handle: Callable[[Any], None]) -> None:
-        while True:
+    def _handle_all(self, sock: zmq.Socket[bytes], codec: Codec[T], handle: Callable[[T], None]) -> None:
+        for _, msg in receive_all(sock, codec, "message"):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                handle(codec.decode(frames[-1]))
-            except BadMessage as e:
-                log.warning("dropped a malformed message: %s", e)
+                handle(msg)
             except Exception:
                 # One bad message must not end the loop: every other future would hang.
                 log.exception("could not handle a message; the executor goes on")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Callable
 
 import psutil
 
 from outlast.isolation.config import IsolationConfig, cpu_count
 from outlast.isolation.detect import detect
+from outlast.isolation.driver import CgroupDriver, HandsBackToKernel, MemoryReading
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.policy import (
@@ -29,8 +31,8 @@ RECENT_KILLS = 20
 
 
 class NodeIsolation:
-    def __init__(self, driver, reservations: Reservations, node_id: str, policy: PolicyConfig,
-                 clock=time.time) -> None:
+    def __init__(self, driver: CgroupDriver, reservations: Reservations, node_id: str, policy: PolicyConfig,
+                 clock: Callable[[], float] = time.time) -> None:
         self.driver = driver
         self.reservations = reservations
         self.node_id = node_id
@@ -47,12 +49,12 @@ class NodeIsolation:
         self._released_to_kernel = False
 
     @classmethod
-    def start(cls, config: IsolationConfig, node_id: str, driver=None) -> NodeIsolation:
+    def start(cls, config: IsolationConfig, node_id: str, driver: CgroupDriver | None = None) -> NodeIsolation:
         """Validate, set up the layout, clean what a crashed agent left, arm the monitors."""
         driver = driver or detect(node_id, config.cgroup_path)
         driver.validate()  # raises with every problem before the first write
         res = compute_reservations(psutil.virtual_memory().total, driver.starting_limit(), cpu_count(),
-                                   config.system_reserved_memory, config.system_reserved_cpu,
+                                   config.reserved_memory_bytes, config.reserved_cpus,
                                    checkpoint_memory=config.checkpoint_memory)
         node = cls(driver, res, node_id, PolicyConfig(kill_at=config.kill_at, target=config.target))
         try:
@@ -72,7 +74,8 @@ class NodeIsolation:
         return node
 
     def _arm(self) -> None:
-        limit = self.driver.sample().get("limit")
+        reading = self.driver.sample()
+        limit = None if "unreadable" in reading else reading["limit"]
         if limit == self._armed_limit and self.sources:
             return
         for s in self.sources:
@@ -113,7 +116,7 @@ class NodeIsolation:
 
     # ---- judging -------------------------------------------------------------------------
 
-    def sample(self) -> tuple[MemorySample, dict]:
+    def sample(self) -> tuple[MemorySample, MemoryReading]:
         raw = self.driver.sample()
         if "unreadable" in raw:
             # Fail closed: memory that cannot be read counts as a full node, never as an empty one.
@@ -158,11 +161,10 @@ class NodeIsolation:
     def _kernel_way_out(self, sample: MemorySample, candidates: list[KillCandidate]) -> None:
         """v1 stalls user/ at its limit for outlast to choose; with no outlast worker there, nobody
         would ever choose, and the other processes would stall forever: the kernel decides then."""
-        release = getattr(self.driver, "release_to_kernel", None)
-        if release is None:
+        if not isinstance(self.driver, HandsBackToKernel):
             return
         if sample.stalled and not candidates and not self._released_to_kernel:
-            said = release()
+            said = self.driver.release_to_kernel()
             self._released_to_kernel = True
             if said:
                 log.warning("memory: %s", said)

@@ -104,7 +104,7 @@ def rank_for_killing(candidates: list[KillCandidate], now: float) -> list[KillCa
     """Best victim first. Workers of one run tie (they lose the same work): the biggest goes first."""
     runs = _run_starts(candidates)
 
-    def key(c: KillCandidate):
+    def key(c: KillCandidate) -> tuple[bool, bool, float, float, int, float, int]:
         group_start = runs.get(c.owner, c.started_at) if c.kind is WorkloadKind.TRAINING else c.started_at
         return (not c.idle, not c.retriable, work_at_risk(c, now, runs.get(c.owner)), -group_start,
                 -c.memory_bytes, -c.started_at, -c.pid)
@@ -147,7 +147,8 @@ def select_victims(candidates: list[KillCandidate], must_free: int, now: float) 
     Killing one worker of a training run restarts the whole run, so its other workers' memory
     comes back too (the controller stops them): they are counted, not killed.
     """
-    chosen, freed, runs_hit = [], 0, set()
+    chosen: list[KillCandidate] = []
+    freed, runs_hit = 0, set()
     for c in rank_for_killing(candidates, now):
         if freed >= must_free and chosen:
             break

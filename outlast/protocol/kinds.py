@@ -9,9 +9,21 @@ with it moved to `kind` (`records._kinds_apart`); `RunState.failure_counts` is k
 from __future__ import annotations
 
 import enum
+import sys
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 has no enum.StrEnum: the same behaviour, a member is its string to str() and format()
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str.__str__(self)
+
+        def __format__(self, format_spec: str) -> str:
+            return str.__format__(self, format_spec)
 
 
-class FailureKind(enum.StrEnum):
+class FailureKind(StrEnum):
     NODE_LOST = "NodeLost"  # the rank's node went away (its agent is gone or silent)
     PREEMPTION = "Preemption"  # the attempt ended for a drain: one record for the attempt, about a node
     SPAWN_REFUSED = "SpawnRefused"  # a node turned the attempt's workers away (it began draining)
@@ -26,7 +38,7 @@ class FailureKind(enum.StrEnum):
 NODE_KINDS = frozenset({FailureKind.PREEMPTION, FailureKind.SPAWN_REFUSED})
 
 
-class Budget(enum.StrEnum):
+class Budget(StrEnum):
     """What a failed attempt is charged to (`RunState.failure_counts`)."""
 
     WORKER = "worker"  # FailureConfig.max_failures

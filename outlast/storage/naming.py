@@ -66,10 +66,10 @@ def name_problem(name: object) -> str | None:
 def check_name(name: object) -> str:
     """`name`, or a `CheckpointNameError` saying what to change."""
     problem = name_problem(name)
-    if problem is not None:
-        raise CheckpointNameError(f"report(checkpoint_dir_name={name!r}) cannot be used: {problem}. Pass a "
-                                  "name unique to this report, e.g. with its epoch or step: 'epoch_3'")
-    return name
+    if problem is None and isinstance(name, str):  # (name_problem refuses whatever is not a str)
+        return name
+    raise CheckpointNameError(f"report(checkpoint_dir_name={name!r}) cannot be used: {problem}. Pass a "
+                              "name unique to this report, e.g. with its epoch or step: 'epoch_3'")
 
 
 def clash(name: str, uri: str, attempt: int, report_index: int, found: CheckpointMarker | None,

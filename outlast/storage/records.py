@@ -7,7 +7,7 @@ version is refused with a message instead of being misread.
 from __future__ import annotations
 
 import signal as _signal
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import msgspec
 
@@ -28,6 +28,9 @@ SCHEMA_VERSION = 1
 RUN_STATE_VERSION = 2
 # Manifests: 1 had sha256 for every file; 2 has xxh3_128. A restore reads both.
 MANIFEST_VERSION = 2
+
+_Doc = TypeVar("_Doc", bound=msgspec.Struct)
+_Rec = TypeVar("_Rec", "CheckpointRecord", "ReportEntry")  # the records that carry metrics
 
 
 class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,7 +248,7 @@ class NewerVersionError(RuntimeError):
             "(or newer) to go on with this run, or choose another RunConfig(name=...) to start a new one")
         self.where, self.version, self.newest = where, version, newest
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[NewerVersionError], tuple[str, int, int]]:
         return (type(self), (self.where, self.version, self.newest))
 
 
@@ -267,7 +270,7 @@ def encode_compact(doc: msgspec.Struct) -> bytes:
     return msgspec.json.encode(with_metrics(doc, stored))
 
 
-def with_metrics(doc: Any, fn) -> Any:
+def with_metrics(doc: _Doc, fn: Callable[[Any], Any]) -> _Doc:
     """`doc` with `fn` applied to each of its metrics dicts (metric_values says why); `doc` itself when
     nothing changed, as the controller's own state must stay as it is."""
     if isinstance(doc, RunState):
@@ -285,7 +288,7 @@ def with_metrics(doc: Any, fn) -> Any:
     return doc
 
 
-def _each(records: list, fn) -> list:
+def _each(records: list[_Rec], fn: Callable[[Any], Any]) -> list[_Rec]:
     out = [r if (v := fn(r.metrics)) is r.metrics else msgspec.structs.replace(r, metrics=v) for r in records]
     return records if all(a is b for a, b in zip(out, records)) else out
 
@@ -294,7 +297,7 @@ class DocumentVersion(msgspec.Struct):
     version: int = SCHEMA_VERSION
 
 
-def decode(data: bytes, kind: type, where: str) -> Any:
+def decode(data: bytes, kind: type[_Doc], where: str) -> _Doc:
     # The version first: a newer schema may have changed fields, and the user should be told
     # to upgrade rather than that the file is corrupt.
     newest = {Manifest: MANIFEST_VERSION, RunState: RUN_STATE_VERSION}.get(kind, SCHEMA_VERSION)
@@ -308,20 +311,21 @@ def decode(data: bytes, kind: type, where: str) -> Any:
         doc = with_metrics(msgspec.json.decode(data, type=kind), restored)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
-    return _kinds_apart(doc) if kind is RunState and version < 2 else doc
+    if isinstance(doc, RunState) and version < 2:
+        _kinds_apart(doc)
+    return doc
 
 
 # The spellings outlast's kinds had in `exc_type` in run states of version 1.
 _KINDS_BY_OLD_NAME = {k.value: k for k in FailureKind}
 
 
-def _kinds_apart(state: RunState) -> RunState:
-    """A run state of version 1 as version 2: a failure whose `exc_type` spelled one of outlast's kinds has it as
-    its `kind` (CorruptCheckpointError stays its exception's name too: the rank raised it)."""
+def _kinds_apart(state: RunState) -> None:
+    """Make a run state of version 1 one of version 2: a failure whose `exc_type` spelled one of outlast's kinds
+    has it as its `kind` (CorruptCheckpointError stays its exception's name too: the rank raised it)."""
     for a in state.attempts:
         a.failures = [_kind_apart(f) for f in a.failures]
     state.version = RUN_STATE_VERSION
-    return state
 
 
 def _kind_apart(f: FailureRecord) -> FailureRecord:

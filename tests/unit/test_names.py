@@ -32,6 +32,7 @@ NODE_DRAINS = {
     "agent/etcd_role.py": {"drain", "drained_here"},
     "agent/node_core.py": {"drain"},
     "agent/roles.py": {"drain", "drained_here"},
+    "agent/tier_schedule.py": {"drain"},
     "agent/tier_server.py": {"drain"},
     "cli/drain.py": {"cmd_drain"},
     "cli/main.py": {"_draining"},

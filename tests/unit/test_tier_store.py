@@ -564,14 +564,3 @@ def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pa
     fetched, _ = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
     assert fetched.transfer is not None and fetched.transfer.data_address == a.data_address
     assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
-
-
-def test_what_a_commit_or_a_restore_waits_for_never_queues_behind_a_replica_beside_a_durable_commit():
-    from outlast.agent.tier_server import queue_for
-
-    ids = dict(run="run", checkpoint_dir="c1", rank=0)
-    drains = m.TierHold(**ids, seq=2, files=[], source_dir="/dev/shm/rank0", peer_address="tcp://10.0.0.2:1")
-    beside = m.TierHold(**ids, seq=1, files=[], source_dir="", peer_address="tcp://10.0.0.2:1")
-    assert queue_for(drains) == "waited" and queue_for(m.TierPull(**ids, from_address="tcp://x:1")) == "waited"
-    assert queue_for(m.TierHold(**ids, seq=1, files=[], source_dir="/dev/shm/rank0")) == "waited"
-    assert queue_for(beside) == "hold" and queue_for(m.TierUpload(**ids)) == "upload"
