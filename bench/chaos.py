@@ -266,7 +266,8 @@ def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: 
             "ok": all(v is None for v in held.values()), "promises": held,
             "fault_log": [asdict(f) for f in faults],
             "history": [{k: a.get(k) for k in ("attempt", "outcome", "restored_from")}
-                        | {"failures": [(x.get("exc_type"), x.get("node_id"), x.get("rank")) for x in a["failures"]]}
+                        | {"failures": [(x.get("kind") or x.get("exc_type"), x.get("node_id"), x.get("rank"))
+                                       for x in a["failures"]]}
                         for a in state.get("attempts", [])],
         }
     finally:

@@ -12,7 +12,7 @@ Plain torch.distributed, no outlast: `--world` gloo processes on the CPU, one th
   layouts sum in different orders once a + b + c is no longer commutative: at 3 ranks and more.
   With `find_unused_parameters=True` buckets are never rebuilt (reducer.hpp,
   `should_rebuild_buckets`), and the first iteration matches every later one.
-- `settled`: what `prepare_model` does (outlast.train.torch.ddp_layout): one backward of zeros before the
+- `fixed layout`: what `prepare_model` does (outlast.train.torch.ddp_layout): one backward of zeros before the
   first real one, so that the buckets are rebuilt before it, in an order that depends on the model alone.
 - `cost`: the time of a training step (forward, backward with its allreduce, SGD) under each setting,
   for three models, all settings trained in the same processes and alternated step by step so that
@@ -32,21 +32,21 @@ import time
 
 from bench.lib.harness import load, machine, publish
 
-# name: (DDP's keyword arguments, whether prepare_model's settle_buckets runs on it)
+# name: (DDP's keyword arguments, whether prepare_model's fix_bucket_layout runs on it)
 SETTINGS = {"rebuilt (torch's default)": ({}, False),
-            "settled (prepare_model)": ({}, True),
+            "fixed layout (prepare_model)": ({}, True),
             "never rebuilt (find_unused_parameters=True)": ({"find_unused_parameters": True}, False)}
 BASE = "rebuilt (torch's default)"
 
 
-def _ddp(model, kwargs: dict, settle: bool):
+def _ddp(model, kwargs: dict, fix_layout: bool):
     from torch.nn.parallel import DistributedDataParallel
 
-    from outlast.train.torch.ddp_layout import settle_buckets
+    from outlast.train.torch.ddp_layout import fix_bucket_layout
 
     ddp = DistributedDataParallel(model, **kwargs)
-    if settle:
-        settle_buckets(ddp)
+    if fix_layout:
+        fix_bucket_layout(ddp)
     return ddp
 
 
@@ -85,10 +85,10 @@ def _layouts(rank: int, world: int) -> dict:
     import torch
 
     found = {}
-    for name, (kwargs, settle) in SETTINGS.items():
+    for name, (kwargs, fix_layout) in SETTINGS.items():
         model, shape = _model(MODELS[0])
         state = {k: v.clone() for k, v in model.state_dict().items()}
-        ddp = _ddp(model, kwargs, settle)
+        ddp = _ddp(model, kwargs, fix_layout)
         g = torch.Generator().manual_seed(7000 + rank)
         x = torch.randn(*shape, generator=g)
         target = torch.sin(x.sum(dim=1, keepdim=True))
@@ -107,9 +107,9 @@ def _cost(rank: int, steps: int) -> dict:
     found = {}
     for kind in MODELS:
         pairs = {}
-        for name, (kwargs, settle) in SETTINGS.items():
+        for name, (kwargs, fix_layout) in SETTINGS.items():
             model, shape = _model(kind)
-            ddp = _ddp(model, kwargs, settle)
+            ddp = _ddp(model, kwargs, fix_layout)
             pairs[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4), shape)
         times = {name: [] for name in SETTINGS}
         g = torch.Generator().manual_seed(rank)

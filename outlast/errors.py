@@ -62,7 +62,7 @@ def classify(error: TrainingFailedError) -> TrainingFailedError:
     if type(error) is not TrainingFailedError:
         return error
     last = max((f.attempt for f in error.failures), default=None)
-    in_last = [f for f in error.failures if f.attempt == last and f.exc_type not in NODE_KINDS]
+    in_last = [f for f in error.failures if f.attempt == last and f.kind not in NODE_KINDS]
     cls = WorkerGroupError if in_last else ControllerError
     new = cls(error.args[0], error.failures)
     new.__cause__ = error.__cause__

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 KINDS = ("node_lost", "partition_short", "partition_long", "drain", "store_outage", "store_slow",
          "driver_kill", "rank_spawn")
-# What an attempt that a fault ends records: (the failure's exc_type or the outcome, the budget).
+# What an attempt that a fault ends records: (the failure's kind or the outcome, the budget).
 ENDS = {"node_lost": ("NodeLost", "worker"), "partition_long": ("NodeLost", "worker"),
         "drain": ("Preemption", "preemption"), "driver_kill": ("driver_lost", "driver")}
 
@@ -97,7 +97,7 @@ def verdicts(faults: list[Fault], state: dict, events: list[dict], clean_digest:
         problems.append(f"{len(attempts)} attempts for {len(ending)} faults that end one")
     for f, a in zip(ending, attempts):
         want = ENDS[f.kind][0]
-        kinds = {x.get("exc_type") for x in a.get("failures", [])} | {a.get("outcome")}
+        kinds = {x.get("kind") for x in a.get("failures", [])} | {a.get("outcome")}
         if want not in kinds or (f.kind != "driver_kill" and not any(x.get("node_id") == f.node
                                                                       for x in a.get("failures", []))):
             problems.append(f"fault {f.index} ({f.kind} on {f.node}) ended attempt {a['attempt']} as "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from outlast.agent.gpus import GpuBook
-from outlast.agent.supervisor import (UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, Warn, Workload,
+from outlast.agent.supervisor import (UNKILLABLE_AFTER_S, Effect, Key, ExpectedWorkload, Send, Supervisor, Warn, Workload,
                                       spawn_refusal)
 from outlast.protocol import messages as m
 from outlast.threads import cpu_share_threads
@@ -24,11 +24,11 @@ from outlast.threads import cpu_share_threads
 @dataclass(frozen=True)
 class Fork:
     """Ask the fork server for a workload: worker `spec` of `spawn`, or the task `task`. `leaf` names
-    its cgroup leaf, where isolation makes one (`Placement.leaf` is then set by the agent)."""
+    its cgroup leaf, where isolation makes one (`ExpectedWorkload.leaf` is then set by the agent)."""
 
     key: Key
     leaf: str
-    placement: Placement
+    placement: ExpectedWorkload
     spawn: m.SpawnWorkers | None = None
     spec: m.WorkerSpec | None = None
     task: m.SpawnTask | None = None
@@ -130,7 +130,7 @@ class NodeCore:
         threads = cpu_share_threads(req.resources.get("CPU"), self.cpus, len(req.workers))
         for spec in req.workers:
             key = (req.run_id, req.attempt, spec.rank, "")
-            placement = Placement(world_size=spec.world_size, demand=dict(req.resources))
+            placement = ExpectedWorkload(world_size=spec.world_size, demand=dict(req.resources))
             self.sup.expect(key, placement)
             effects.append(Fork(key, f"{req.run_id}-a{req.attempt}-r{spec.rank}", placement, spawn=req, spec=spec,
                                 env=envs[key], threads=threads))
@@ -142,7 +142,7 @@ class NodeCore:
         if req.resources.memory_bytes:
             demand["memory"] = float(req.resources.memory_bytes)
         key = (req.run_id, 0, -1, req.task_id)
-        placement = Placement(resources=req.resources, retriable=req.retriable, demand=demand)
+        placement = ExpectedWorkload(resources=req.resources, retriable=req.retriable, demand=demand)
         self.sup.expect(key, placement)
         return effects + [Fork(key, f"task-{req.task_id}", placement, task=req,
                                threads=cpu_share_threads(req.resources.num_cpus, self.cpus, 1))]

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import zmq
 
 from outlast.client.liveness import agent_gone
-from outlast.cluster.nodetable import NodeTable, UnknownNode
+from outlast.cluster.nodetable import HeadNodeTable, UnknownNode
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked
 from outlast.protocol.transport import HEAD_TO_MEMBER, encode, receive_all, send_or_drop, tune
@@ -68,7 +68,7 @@ class HeadNode:
 
     def __init__(self, node_id: str, node_timeout_s: float) -> None:
         self.node_id = node_id
-        self.table = NodeTable(node_timeout_s)
+        self.table = HeadNodeTable(node_timeout_s)
         self.members: dict[str, bytes] = {}  # node id -> the member's identity on the head's socket
 
     def join(self, me: m.NodeInfo) -> None:

@@ -2,9 +2,9 @@
 of its replica, fetches of a copy and of its chunks, commits, frees, the list of what is held.
 
 An offer or a fetch opens a transfer (`tier_schedule.Transfers`) whose bytes go through the server's data
-socket, sealed under a key of its own (`tier_client.Sealer`); a chunk is taken only within a transfer this
-server opened, and only as far as the sizes its offer declared. A request that raises is answered with the
-error (`failed`), and the transfer it belongs to ends with what it wrote.
+socket, sealed under a key of its own (`tier_client.TransferSealer`); a chunk is taken only within a transfer
+this server opened, and only as far as the sizes its offer declared. A request that raises is answered with
+the error (`failed`), and the transfer it belongs to ends with what it wrote.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import msgspec
 
-from outlast.agent.tier_client import (SERVER, Sealer, TransferError, digests_for, file_view, new_transfer, refused,
-                                       write_all)
-from outlast.agent.tier_schedule import Transfer, Transfers
+from outlast.agent.tier_client import (SERVER, TransferError, TransferSealer, digests_for, file_view, new_transfer,
+                                       refused, write_all)
+from outlast.agent.tier_schedule import OpenTransfer, Transfers
 from outlast.protocol import messages as m
 from outlast.storage import safepath
 from outlast.storage.memtier import CopyKey
@@ -34,7 +34,7 @@ class _Carrier:
 
     def __init__(self, transfer: m.Transfer, fds: dict[str, int] | None = None,
                  files: Sequence[m.FileEntry] = ()) -> None:
-        self.sealer = Sealer(transfer, SERVER)
+        self.sealer = TransferSealer(transfer, SERVER)
         self.fds = fds or {}  # path -> fd
         self.digests = digests_for(list(files))
 
@@ -55,7 +55,7 @@ class TierAnswers:
         self.transfers = transfers
         self.data_address = data_address
 
-    def let_go(self, transfer: Transfer[_Carrier] | None) -> None:
+    def let_go(self, transfer: OpenTransfer[_Carrier] | None) -> None:
         """A transfer ended without its copy kept: its files are closed, and what an offer wrote goes, with its
         bytes in the budget."""
         if transfer is None:

@@ -2,7 +2,7 @@
 
 The offer or the fetch goes over the tier server's CURVE socket (the cluster key), and its answer
 gives a `Transfer`: the server's data socket and a key made for this one copy. The chunks then go
-through the data socket, each sealed with AES-256-GCM under that key (`Sealer`), its header the
+through the data socket, each sealed with AES-256-GCM under that key (`TransferSealer`), its header the
 associated data, so that a chunk changed, moved to another file or offset, or sent under another
 transfer is refused. CURVE encrypts in ZeroMQ's one I/O thread of each side; AES-GCM with the
 CPU's AES instructions, in the threads that read and write the files, moved a replica 1.6 times as
@@ -13,7 +13,7 @@ Both directions go in chunks of `CHUNK` bytes with at most `WINDOW` unanswered, 
 thread never holds more than a chunk of anyone's copy and never waits on a slow peer; a peer
 silent for `timeout_s` fails the transfer, saying so.
 
-A chunk's bytes travel as a frame of their own after its `TierChunk` (`Sealer.seal`), never
+A chunk's bytes travel as a frame of their own after its `TierChunk` (`TransferSealer.seal`), never
 inside the msgpack: they are sealed straight from a map of the file (the page cache, or the tier's
 tmpfs) and written from what opening the seal gives, so that the copies on the way are the seal's,
 the kernel's socket and the write into the file.
@@ -62,7 +62,7 @@ def refused(key: CopyKey, node_id: str, reason: str, seconds: float = 0.0) -> m.
                         reason=reason, seconds=seconds)
 
 
-class Sealer:
+class TransferSealer:
     """One side of a transfer: seals what it sends under the transfer's key, with a nonce it never uses
     again, and opens what the other side sent."""
 
@@ -121,7 +121,7 @@ def push(sock: zmq.Socket[bytes], key: CopyKey, seq: int, files: list[m.FileEntr
         return reply  # refused: its reason says why
     if not isinstance(reply, m.TierAck) or reply.transfer is None:
         raise TransferError(f"{peer} answered an offer with {type(reply).__name__} and no transfer")
-    sealer = Sealer(reply.transfer, ASKER)
+    sealer = TransferSealer(reply.transfer, ASKER)
     data = connect_dealer(sock.context, reply.transfer.data_address)
     try:
         in_flight = 0
@@ -183,7 +183,7 @@ def fetch(ctx: zmq.Context[zmq.Socket[bytes]], key_pair: ClusterKey | None, addr
             raise TransferError(offer.reason)
         if not isinstance(offer, m.TierOffer) or offer.transfer is None:
             raise TransferError(f"{address} answered a fetch with {type(offer).__name__} and no transfer")
-        sealer = Sealer(offer.transfer, ASKER)
+        sealer = TransferSealer(offer.transfer, ASKER)
         data = connect_dealer(ctx, offer.transfer.data_address)
         where = dest(offer) if callable(dest) else dest
         where.mkdir(parents=True, exist_ok=True)

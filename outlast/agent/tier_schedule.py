@@ -37,7 +37,7 @@ def queue_for(msg: m.TierHold | m.TierPull | m.TierUpload) -> Queue:
 # ---- transfers in flight ----------------------------------------------------------------------------------
 
 @dataclass
-class Transfer(Generic[C]):
+class OpenTransfer(Generic[C]):
     """A transfer open on the server: an offer being received (its files declared), or a fetch."""
 
     session: bytes
@@ -65,7 +65,7 @@ class EndTransfer(Generic[C]):
     """A transfer is over without its copy kept: its files are closed, and what an offer wrote goes, with its
     bytes in the budget."""
 
-    transfer: Transfer[C]
+    transfer: OpenTransfer[C]
     reason: str
 
 
@@ -76,20 +76,20 @@ class Transfers(Generic[C]):
     def __init__(self, node_id: str, timeout_s: float) -> None:
         self.node_id = node_id
         self.timeout_s = timeout_s
-        self._open: dict[bytes, Transfer[C]] = {}
+        self._open: dict[bytes, OpenTransfer[C]] = {}
         # An offer ends (its TierOfferEnd) on the server's CURVE socket, from the sender that made it.
         self._offers: dict[tuple[bytes, CopyKey], bytes] = {}
         self._swept: float | None = None
 
     def open(self, session: bytes, key: CopyKey, now: float, carrier: C, sender: bytes | None = None,
-             sizes: dict[str, int] | None = None) -> Transfer[C]:
+             sizes: dict[str, int] | None = None) -> OpenTransfer[C]:
         """A fetch (no `sender`), or an offer from `sender` of files of `sizes`."""
-        transfer = self._open[session] = Transfer(session, key, now, sizes, carrier)
+        transfer = self._open[session] = OpenTransfer(session, key, now, sizes, carrier)
         if sender is not None:
             self._offers[(sender, key)] = session
         return transfer
 
-    def touch(self, session: bytes, key: CopyKey, now: float) -> Transfer[C] | str:
+    def touch(self, session: bytes, key: CopyKey, now: float) -> OpenTransfer[C] | str:
         """The transfer a chunk or a fetch of `key` belongs to, used at `now`; or why there is none."""
         transfer = self._open.get(session)
         if transfer is None or transfer.key != key:
@@ -101,7 +101,7 @@ class Transfers(Generic[C]):
         """The session of the offer `sender` is making of `key`, if one is open."""
         return self._offers.get((sender, key))
 
-    def finish_offer(self, sender: bytes, key: CopyKey) -> Transfer[C] | str:
+    def finish_offer(self, sender: bytes, key: CopyKey) -> OpenTransfer[C] | str:
         """The offer `sender` ends, closed here, its copy to be kept; or why there is none open."""
         transfer = self._open.pop(self._offers.pop((sender, key), b""), None)
         if transfer is None:  # ended (silent past the timeout, or failed), or never offered by this sender
@@ -109,7 +109,7 @@ class Transfers(Generic[C]):
                     f"{self.node_id}: it failed, or was silent for {self.timeout_s:.0f} s")
         return transfer
 
-    def end(self, session: bytes | None) -> Transfer[C] | None:
+    def end(self, session: bytes | None) -> OpenTransfer[C] | None:
         """The transfer ended without its copy kept (its failure, or its run freed): what to let go."""
         for offer in [o for o, s in self._offers.items() if s == session]:
             del self._offers[offer]
@@ -122,7 +122,7 @@ class Transfers(Generic[C]):
         """An offer of `key` is being received here."""
         return any(t.key == key and t.is_offer for t in self._open.values())
 
-    def all(self) -> list[Transfer[C]]:
+    def all(self) -> list[OpenTransfer[C]]:
         return list(self._open.values())
 
     def sweep(self, now: float) -> list[EndTransfer[C]]:

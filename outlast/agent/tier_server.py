@@ -5,7 +5,7 @@ a copy; they carry out what the schedule decides (`tier_schedule.py`: which thre
 waits for, the transfers in flight and their timeouts, replicas held back while the node
 drains) and keep no state of their own. The server thread owns a ROUTER socket (CURVE, the
 cluster key: the same authenticator as the agent's) and a plain one for the bytes of copies,
-sealed under a key each transfer gets over the first (`tier_client.Sealer`), and answers what
+sealed under a key each transfer gets over the first (`tier_client.TransferSealer`), and answers what
 takes a chunk's time at most (`tier_answers.py`). The hold threads do what takes a copy's time
 (`tier_work.py`): a `TierHold` copies a rank's files in, then pushes the replica to the peer
 named in it, and its answer (`TierStored`, with both nodes and the seconds each took) goes back
@@ -183,7 +183,7 @@ class TierServer:
         reply: m.TierReply | list[bytes] | None = None  # None: answered later, or not at all
         try:
             if sock is self._data:
-                # A chunk's sealed bytes are the frame after its header (tier_client.Sealer.seal).
+                # A chunk's sealed bytes are the frame after its header (tier_client.TransferSealer.seal).
                 reply = self.answers.data(msg, head, frames[2].buffer if len(frames) > 2 else b"", now)
             elif isinstance(msg, (m.TierHold, m.TierPull, m.TierUpload)):
                 self._enqueue(ident, msg, now)  # answered by a hold thread, through the inbox

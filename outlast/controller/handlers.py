@@ -122,12 +122,12 @@ def on_spawn_refused(c: "ControllerCore", node_id: str, refused: m.SpawnRefused)
     if c.state.kind is State.SCHEDULING:
         log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
         on_failure(c, FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None,
-                                       time=c.wall(), exc_type=FailureKind.SPAWN_REFUSED, message=refused.reason))
+                                       time=c.wall(), kind=FailureKind.SPAWN_REFUSED, message=refused.reason))
     # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
@@ -143,7 +143,7 @@ def check_nodes(c: "ControllerCore", a: AttemptState, now: float) -> None:
             on_worker_exited(c, m.WorkerExited(
                 run_id=c.run_id, attempt=a.number, rank=rank, pid=a.pids.get(rank, 0), exit_code=None,
                 signal=None, node_id=node_id,
-                error=m.WorkerError(exc_type=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
+                error=m.WorkerError(kind=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
             if c.closed or c.attempt is not a:
                 return
 
@@ -168,7 +168,7 @@ def on_worker_exited(c: "ControllerCore", ev: m.WorkerExited) -> None:
     if c.attempt is not a:
         return
     if c.state.kind is State.RESTARTING:
-        lifecycle.settle_if_all_exited(c)
+        lifecycle.judge_if_all_exited(c)
     elif c.state.kind.has_live_workers and a.all_exited(c.plan.world_size):
         if on_workers.settled(c, a):
             lifecycle.finish(c)
@@ -214,7 +214,7 @@ def on_failure(c: "ControllerCore", record: FailureRecord) -> None:
     assert c.attempt is not None
     c.attempt.failures.append(record)
     # The first failure is written at once; the rest (often every rank's exit in the teardown)
-    # with the attempt's settlement, not one run-state write each.
+    # with the attempt's verdict, not one run-state write each.
     c.book.add_failure(record, save=c.state.kind.has_live_workers)
     if c.state.kind.has_live_workers:
         c.attempt.failed = True
@@ -226,7 +226,7 @@ def _failure_record(ev: m.WorkerExited, wall: float) -> FailureRecord:
     return FailureRecord(
         attempt=ev.attempt, rank=ev.rank, node_id=ev.node_id, pid=ev.pid, exit_code=ev.exit_code,
         signal=ev.signal, time=wall,
-        exc_type=err.exc_type if err else None, message=err.message if err else None,
+        exc_type=err.exc_type if err else None, kind=err.kind if err else None, message=err.message if err else None,
         traceback=err.traceback if err else None, phase=err.phase if err else None,
         oom_report=ev.oom_report,
     )

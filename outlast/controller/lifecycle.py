@@ -15,11 +15,11 @@ from outlast.controller import checkpoints, memory_holds, memory_restore, resize
 from outlast.controller import states as st
 from outlast.controller.commit import CommitTracker
 from outlast.controller.group import QueryTable, Spawn, StopRun, ToNode
-from outlast.controller.horizons import Answer, Decision, HorizonBook
+from outlast.controller.horizons import Answer, HorizonBook, NoticeAt
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
 from outlast.controller.preemption import Preemption
-from outlast.controller.settle import settle_attempt
+from outlast.controller.attempt_verdict import judge_attempt
 from outlast.controller.states import Event, State
 from outlast.controller.types import AttemptState
 from outlast.errors import TrainingFailedError
@@ -140,13 +140,13 @@ def place(c: "ControllerCore", now: float) -> None:
 
 
 def restart(c: "ControllerCore", event: Event, preemption: Preemption | None) -> None:
-    """The attempt is over (failed, or preempted): stop its workers; settle once all have exited."""
+    """The attempt is over (failed, or preempted): stop its workers; judge it once all have exited."""
     go(c, event, st.Restarting(preemption))
     stop_workers(c)
-    settle_if_all_exited(c)
+    judge_if_all_exited(c)
 
 
-def settle_if_all_exited(c: "ControllerCore") -> None:
+def judge_if_all_exited(c: "ControllerCore") -> None:
     a, s = c.attempt, c.state
     if not isinstance(s, st.Restarting) or a is None or not a.all_exited(c.plan.world_size):
         return
@@ -154,22 +154,23 @@ def settle_if_all_exited(c: "ControllerCore") -> None:
     preemption = s.preemption
     # Its teardown counts too: a rank that the stop could not end (stuck in the kernel), or killed by someone
     # else before the stop's grace was over, has a cause of its own, even once the drain's checkpoint is committed.
-    own = a.failed or any(f.exc_type == FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.exc_type is None)
+    own = a.failed or any(f.kind is FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.named is None)
                           for f in a.failures)
     if preemption is not None and own and not caused_by_drain(a.failures, {*preemption.node_ids}):
         log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "
                     "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
         preemption = None
     preemption = preemption or preempted_by_drain(c, a)
-    settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports, c.wall()) \
-        or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
+    verdict = c.resizes.end_if_resized(c.book, a.number, p.world_size, a.failures, preemption, c.commits.reports,
+                                       c.wall()) \
+        or judge_attempt(c.book, a.number, a.failures, c.failures, resize.for_judging(preemption),
                           p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
-    if settled.retry:
+    if verdict.retry:
         go(c, Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)
         return
-    c.error = settled.error
-    go(c, Event.GIVE_UP, st.Errored(error=settled.error, stop_by=c.now))
+    c.error = verdict.error
+    go(c, Event.GIVE_UP, st.Errored(error=verdict.error, stop_by=c.now))
     close_if_stopped(c, c.now)
 
 
@@ -271,7 +272,7 @@ def on_timers(c: "ControllerCore", a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.checking_uploads \
+    elif isinstance(s, st.Finishing) and now - s.since > t.last_messages_s and not c.checking_uploads \
             and not c.durable:  # a drain's checkpoint still going from a peer's memory to storage
         checkpoints.finish_without_last_messages(c, a)
 
@@ -342,7 +343,7 @@ def answer(c: "ControllerCore", answers: list[Answer]) -> None:
     a = c.attempt
     p = preemption(c) or (a.preemption if a is not None else None)
     for ans in answers:
-        if isinstance(ans.reply, Decision):
+        if isinstance(ans.reply, NoticeAt):
             # A decision is only ever fixed after a notice, and the attempt keeps its preemption.
             assert p is not None and a is not None, "a preemption decision without a preemption"
             msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)

@@ -22,7 +22,7 @@ from outlast.drain.cloud import (
     SOURCES,
     HttpAnswer,
     Notice,
-    Step,
+    PollStep,
     backoff_s,
     decide_aws_action,
     decide_aws_rebalance,
@@ -131,8 +131,8 @@ class Watcher:
                 step = self._poll()
             # Unreachable, reset, timed out, not HTTP, or a malformed chunk (ValueError): try again.
             except (OSError, http.client.HTTPException, ValueError) as e:
-                step = Step(problem=f"{self.source} metadata server at {self.base_url} could not be read: "
-                                    f"{type(e).__name__}: {e}", retry_after_s=self.poll_s)
+                step = PollStep(problem=f"{self.source} metadata server at {self.base_url} could not be read: "
+                                        f"{type(e).__name__}: {e}", retry_after_s=self.poll_s)
             if step.notice is not None:
                 return self._deliver(step.notice)
             if step.problem is not None:
@@ -162,7 +162,7 @@ class Watcher:
             self._last_log = now
             log.warning("%s (%d failed requests in a row; still trying)", problem, failures)
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         raise NotImplementedError
 
 
@@ -179,7 +179,7 @@ class AwsWatcher(Watcher):
         self._token: str | None = None
         self._token_renew_at = 0.0
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         fresh = False
         if self._token is None or self._clock() >= self._token_renew_at:
             ans = self._http.request("PUT", AWS_TOKEN_PATH, {"X-aws-ec2-metadata-token-ttl-seconds":
@@ -193,7 +193,7 @@ class AwsWatcher(Watcher):
         items = [(AWS_ACTION_PATH, decide_aws_action)]
         if self._rebalance:
             items.append((AWS_REBALANCE_PATH, decide_aws_rebalance))
-        step = Step(retry_after_s=self.poll_s)
+        step = PollStep(retry_after_s=self.poll_s)
         for path, decide in items:
             ans = self._http.request("GET", path, {"X-aws-ec2-metadata-token": token}, self._timeout_s)
             step = decide(ans, self.poll_s, fresh)
@@ -217,7 +217,7 @@ class GcpWatcher(Watcher):
         self._notice_s, self._wait_s = notice_s, wait_s
         self._etag: str | None = None
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         timeout_s = self._timeout_s + (self._wait_s if self._etag else 0)  # outlast the held GET
         ans = self._http.request("GET", gcp_query(self._etag, self._wait_s), {"Metadata-Flavor": "Google"}, timeout_s)
         step = decide_gcp(ans, self._clock(), self._notice_s, self.poll_s)
@@ -238,7 +238,7 @@ class AzureWatcher(Watcher):
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._vm_name, self._event_types = vm_name, tuple(event_types)
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         headers = {"Metadata": "true"}
         if self._vm_name is None:
             ans = self._http.request("GET", AZURE_NAME_PATH, headers, min(self._timeout_s, 5.0))

@@ -2,7 +2,7 @@
 
 One background thread owns the ZeroMQ sockets: it admits queued tasks while the node has
 room for their requests, sends heartbeats (so the agent kills the tasks if this process
-dies), and settles futures from the tasks' results and exits. Retry decisions are in
+dies), and resolves futures from the tasks' results and exits. Retry decisions are in
 `policy.py`. An embedded node whose agent dies is started again (`EmbeddedNode`); the tasks it
 ran are lost with it and count as failures of their process: retried on the new node while
 `max_retries` allows, else their futures say that the node died and how. What a task prints
@@ -32,7 +32,7 @@ from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.tasks import Task, format_task_output
 from outlast.executor.policy import (
-    RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
+    RetryConfig, RetryVerdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
 )
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.units import parse_bytes
@@ -239,7 +239,7 @@ class Executor(cf.Executor):
             for task in list(self._tasks.values()):
                 task.running = False
                 if not task.future.done():
-                    self._settle(task, error=TaskFailedError(f"task {task.id} cannot run: {what}"))
+                    self._resolve(task, error=TaskFailedError(f"task {task.id} cannot run: {what}"))
                 self._tasks.pop(task.id, None)
             return agent
         for task in [t for t in self._tasks.values() if t.running]:
@@ -249,11 +249,11 @@ class Executor(cf.Executor):
                 continue
             task.failures += 1
             outcome = on_failure(task.failures, self.retry, raised=False)
-            if outcome.verdict is Verdict.RETRY:
+            if outcome.verdict is RetryVerdict.RETRY:
                 log.warning("task %s was lost: %s; %s", task.id, what, outcome.reason)
                 self._queue_now(task, outcome.delay_s)
             else:
-                self._settle(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
+                self._resolve(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
         return agent
 
     def _handle_all(self, sock: zmq.Socket[bytes], codec: Codec[T], handle: Callable[[T], None]) -> None:
@@ -294,14 +294,14 @@ class Executor(cf.Executor):
             try:
                 value = cloudpickle.loads(msg.payload)
             except Exception as e:
-                self._settle(task, error=TaskFailedError(
+                self._resolve(task, error=TaskFailedError(
                     f"task {task.id} finished, but its result cannot be unpickled here: {type(e).__name__}: {e}. "
                     "Return something this process can import (plain data, or classes of an importable module)"))
                 return
-            self._settle(task, value=value)
+            self._resolve(task, value=value)
             return
         outcome = on_failure(task.failures + 1, self.retry, raised=True)
-        if outcome.verdict is Verdict.RETRY:
+        if outcome.verdict is RetryVerdict.RETRY:
             task.failures += 1
             self._requeue(task, outcome.delay_s, wait_for_exit=True)
             return
@@ -311,8 +311,9 @@ class Executor(cf.Executor):
             exc = None
         if not isinstance(exc, BaseException):
             err = msg.error
-            exc = RuntimeError(f"{err.exc_type}: {err.message}\n{err.traceback}" if err else "the task failed")
-        self._settle(task, error=exc)
+            exc = (RuntimeError(f"{err.exc_type or err.kind}: {err.message}\n{err.traceback}") if err
+                   else RuntimeError("the task failed"))
+        self._resolve(task, error=exc)
 
     def _on_agent_event(self, ev: m.AgentEvent) -> None:
         if isinstance(ev, m.WorkerOutput) and ev.task_id:
@@ -337,11 +338,11 @@ class Executor(cf.Executor):
             task.oom_kills += 1
             task.reports.append(ev.kill_report)
             outcome = on_oom_kill(task.oom_kills, self.retry)
-            if outcome.verdict is Verdict.RETRY:
+            if outcome.verdict is RetryVerdict.RETRY:
                 log.info("task %s: %s", task.id, outcome.reason)
                 self._requeue(task, outcome.delay_s)
             else:
-                self._settle(task, error=OutOfMemoryError(
+                self._resolve(task, error=OutOfMemoryError(
                     f"task {task.id} was killed for memory by outlast: {outcome.reason}\n{ev.oom_report or ''}",
                     task.reports))
             return
@@ -351,11 +352,11 @@ class Executor(cf.Executor):
         how = f"was killed by {signal_name(ev.signal)}" if ev.signal is not None else f"exited with code {ev.exit_code}"
         task.failures += 1
         outcome = on_failure(task.failures, self.retry, raised=False)
-        if outcome.verdict is Verdict.RETRY:
+        if outcome.verdict is RetryVerdict.RETRY:
             log.warning("task %s %s; %s", task.id, how, outcome.reason)
             self._requeue(task, outcome.delay_s)
         else:
-            self._settle(task, error=TaskFailedError(f"task {task.id} {how} on node {ev.node_id}: {outcome.reason}",
+            self._resolve(task, error=TaskFailedError(f"task {task.id} {how} on node {ev.node_id}: {outcome.reason}",
                                                      ev.exit_code, ev.signal))
 
     def _print_output(self, ev: m.WorkerOutput) -> None:
@@ -380,10 +381,10 @@ class Executor(cf.Executor):
         for task in list(self._tasks.values()):
             if task.exited_ok_at is not None and now - task.exited_ok_at > RESULT_GRACE_S \
                     and not task.future.done():
-                self._settle(task, error=TaskFailedError(
+                self._resolve(task, error=TaskFailedError(
                     f"task {task.id} exited without sending its result within {RESULT_GRACE_S:.0f} s"))
 
-    def _settle(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
+    def _resolve(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         if error is not None:
             task.future.set_exception(error)
         else:

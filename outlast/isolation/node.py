@@ -19,7 +19,7 @@ from outlast.isolation.driver import CgroupDriver, HandsBackToKernel, MemoryRead
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.policy import (
-    Action, Candidate, Cooldown, Decision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
+    Action, Cooldown, KillCandidate, KillDecision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
     render_report,
 )
 from outlast.isolation.reservations import Reservations, compute_reservations
@@ -132,7 +132,7 @@ class NodeIsolation:
         return MemorySample(counted_bytes=int(raw["counted"]), limit_bytes=int(limit),
                             node_total_bytes=self.reservations.total_memory, stalled=bool(raw["stalled"])), raw
 
-    def check(self, candidates: list[Candidate], alive_pids: set[int], trigger: str) -> Decision:
+    def check(self, candidates: list[KillCandidate], alive_pids: set[int], trigger: str) -> KillDecision:
         """Decide whether and whom to kill now. Limits are re-read at every call."""
         now = self.clock()
         sample, raw = self.sample()
@@ -141,7 +141,7 @@ class NodeIsolation:
         if self.cooldown is not None:
             over, why = cooldown_over(self.cooldown, alive_pids, sample, now, self.policy)
             if not over:
-                return Decision(Action.WAIT, why)
+                return KillDecision(Action.WAIT, why)
             self.cooldown = None
         decision = judge(sample, candidates, now, self.policy, trigger, self.node_id)
         if decision.action is Action.KILL:
@@ -158,7 +158,7 @@ class NodeIsolation:
         self._kernel_way_out(sample, candidates)
         return decision
 
-    def _kernel_way_out(self, sample: MemorySample, candidates: list[Candidate]) -> None:
+    def _kernel_way_out(self, sample: MemorySample, candidates: list[KillCandidate]) -> None:
         """v1 stalls user/ at its limit for outlast to choose; with no outlast worker there, nobody
         would ever choose, and the other processes would stall forever: the kernel decides then."""
         if not isinstance(self.driver, HandsBackToKernel):
@@ -177,8 +177,8 @@ class NodeIsolation:
         if c is not None and pid in c.victims and c.reaped_at is None:
             self.cooldown = Cooldown(c.victims, c.counted_at_kill, c.expected_freed, reaped_at=self.clock())
 
-    def drain(self, source: EventSource) -> str:
-        source.drain()
+    def take_event(self, source: EventSource) -> str:
+        source.consume()
         return f"kernel event: {source.name}"
 
     # ---- status and stop ----------------------------------------------------------------------

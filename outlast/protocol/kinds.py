@@ -1,10 +1,9 @@
 """The kinds outlast gives a failure, and the budgets a failed attempt is charged to.
 
-A failure record's `exc_type` is the name of the exception a rank raised, or, for what no
-exception of the user's explains, one of `FailureKind`. Both enums are `StrEnum`s whose values
-are the spellings already on the wire (`WorkerError.exc_type`) and in run histories
-(`FailureRecord.exc_type`, `RunState.failure_counts`): a member equals its string, so a history
-written before them reads the same, and one written now reads the same to an older outlast.
+A failure record's `kind` is one of `FailureKind`, set by outlast alone; its `exc_type` is only
+ever the name of the exception a rank raised. Both enums are `StrEnum`s whose values are the
+spellings histories already hold: run states of version 1 kept a kind in `exc_type`, and are read
+with it moved to `kind` (`records._kinds_apart`); `RunState.failure_counts` is keyed by `Budget`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,11 @@ from typing import Any, Literal, Union
 import msgspec
 
 from outlast.protocol import paths
+from outlast.protocol.kinds import FailureKind
 
-PROTOCOL_VERSION = 4  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp
+# 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
+# 5: WorkerError.kind, apart from exc_type
+PROTOCOL_VERSION = 5
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -99,9 +102,11 @@ class KillReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkerError(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker says about its own death before it exits (an error file)."""
+    """What a worker says about its own death before it exits (an error file), or what its node or its
+    controller knows of it (`kind`: a fork server that died, a lost node, ...)."""
 
-    exc_type: str
+    exc_type: str | None = None  # the name of the exception the worker raised
+    kind: FailureKind | None = None  # outlast's own kind of the failure (FailureRecord.kind)
     message: str
     traceback: str
     phase: str  # "setup" (before the train function ran) or "train"
@@ -720,8 +725,8 @@ class TierChunk(Msg, frozen=True):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.Sealer)
-    session: bytes = b""  # the transfer's, on the data socket (tier_client.Sealer)
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.TransferSealer)
+    session: bytes = b""  # the transfer's, on the data socket (tier_client.TransferSealer)
     nonce: int = 0  # the sender's count within the transfer: the sealed bytes' nonce
 
     def __post_init__(self) -> None:

@@ -171,7 +171,7 @@ class RunStore:
         if current is None:
             return None, None
         try:  # the version first: a newer lease may not decode as this one's
-            version = msgspec.json.decode(current.data, type=r.Versioned).version
+            version = msgspec.json.decode(current.data, type=r.DocumentVersion).version
         except (msgspec.DecodeError, msgspec.ValidationError):
             version = LEASE_VERSION
         if version > LEASE_VERSION:

@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from outlast.agent.tier_client import ASKER, Sealer, new_transfer
+from outlast.agent.tier_client import ASKER, TransferSealer, new_transfer
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import (AGENT_EVENTS, FROM_ZYGOTE, HEAD_TO_MEMBER, HEADER, TIER_REPLIES, TO_ZYGOTE,
@@ -237,7 +237,7 @@ class TierDataDoor(Door):
         ack = self._ask(held)
         if isinstance(ack, m.TierAck) and ack.transfer is not None:
             data = connect_dealer(self.ctx, ack.transfer.data_address)
-            _send(data, Sealer(ack.transfer, ASKER).seal(
+            _send(data, TransferSealer(ack.transfer, ASKER).seal(
                 m.TierChunk(run=run, checkpoint_dir=ckpt, rank=0, path="w.bin", offset=0), body))
             data.poll(int(ANSWER_S * 1000))
             data.close(linger=0)
@@ -283,7 +283,7 @@ class TierDataDoor(Door):
                 _send(self.data, [HEADER + msgspec.msgpack.encode(fields)])
             else:
                 if cls is m.TierChunk:
-                    sealer = Sealer(transfer, ASKER)
+                    sealer = TransferSealer(transfer, ASKER)
                     sealer._sent = h.rng.choice([0, 1, 2, 2**40]) if h.rng.random() < 0.5 else sealer._sent
                     _send(self.data, sealer.seal(chunk, h.raw()))
                 else:
@@ -298,7 +298,7 @@ class TierDataDoor(Door):
                 try:
                     head = TIER_REPLIES.decode(frames[0])
                     if isinstance(head, m.TierChunk):
-                        data = Sealer(self.fetch[0], ASKER).open(frames[0], head, frames[1])
+                        data = TransferSealer(self.fetch[0], ASKER).open(frames[0], head, frames[1])
                         if MARKER in data:
                             self.secrets_read += 1
                 except Exception:  # noqa: BLE001 - an answer that does not open is counted as it came

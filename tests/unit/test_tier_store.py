@@ -504,14 +504,14 @@ def test_a_pull_to_a_node_whose_own_copy_rotted_fetches_the_peers_whole_one(pair
 
 
 def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_own_transfer(tmp_path):
-    from outlast.agent.tier_client import ASKER, SERVER, Sealer, file_view, new_transfer
+    from outlast.agent.tier_client import ASKER, SERVER, TransferSealer, file_view, new_transfer
 
     payload = os.urandom(MB)
     (tmp_path / "f").write_bytes(b"x" * MB + payload + b"y" * MB)
     view = file_view(tmp_path, "f")
     assert isinstance(view.obj, mmap.mmap)
     transfer = new_transfer("tcp://127.0.0.1:1")
-    sender, receiver = Sealer(transfer, ASKER), Sealer(transfer, SERVER)
+    sender, receiver = TransferSealer(transfer, ASKER), TransferSealer(transfer, SERVER)
     chunk = m.TierChunk(run="r", checkpoint_dir="c", rank=0, path="f", offset=MB)
     head, sealed = sender.seal(chunk, view[MB:2 * MB])
     assert len(head) < 200 and len(sealed) == MB + 16 and payload[:64] not in sealed  # the bytes travel encrypted
@@ -525,7 +525,7 @@ def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_ow
     moved = encode(msgspec.structs.replace(sent, offset=0))
     for opener, h, c, data in ((receiver, head, sent, bytes(flipped)),
                                (receiver, moved, TIER_REQUESTS.decode(moved), sealed),
-                               (Sealer(new_transfer("tcp://127.0.0.1:1"), SERVER), head, sent, sealed),
+                               (TransferSealer(new_transfer("tcp://127.0.0.1:1"), SERVER), head, sent, sealed),
                                (sender, head, sent, sealed)):
         with pytest.raises(TransferError, match="failed its seal"):
             opener.open(h, c, data)
