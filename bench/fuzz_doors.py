@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import random
 import sys
@@ -26,6 +27,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -155,25 +157,51 @@ def run_controller_door(count: int, seed: int, batch: int, work: Path, deadline:
     return _finish(out, started, Counter(seen["answers"]), outside_writes(canary), 0)
 
 
-def run_document_door(name: str, count: int, seed: int, batch: int, work: Path, deadline: float) -> dict:
+def run_document_door(name: str, count: int, seed: int, batch: int, work: Path, deadline: float, jobs: int) -> dict:
     """Each case its own generator (seed * 1,000,003 + its number: `crash.case_seed` replays it), and the
     run-directory's its own directory; every `batch` cases, nothing may have appeared beside the canary's
-    secret and the decoy (a valid run that a reader following a document's path out of its root would find)."""
+    secret and the decoy (a valid run that a reader following a document's path out of its root would find).
+    The cases are independent, so `jobs` processes share them out (the same cases as one process runs)."""
     canary = plant_canary(work / f"canary-{name}")
     docs.plant_decoy(canary)
+    started = time.monotonic()
+    shares = [(count * i // jobs, count * (i + 1) // jobs) for i in range(jobs)]
+    if jobs == 1:
+        parts = [_document_cases(name, seed, *shares[0], batch, work, canary, deadline)]
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            parts = list(pool.map(_document_cases, *zip(*[(name, seed, first, end, batch, work, canary, deadline)
+                                                          for first, end in shares])))
+    out = {"door": name, "cases": sum(p["cases"] for p in parts), "crashes": sum(p["crashes"] for p in parts)}
+    crashes = [p["crash"] for p in parts if "crash" in p]
+    if crashes:
+        out["crash"] = crashes[0]
+    if jobs > 1:
+        out["jobs"] = jobs
+    answers = sum((Counter(p["answers"]) for p in parts), Counter())
+    outside = sorted({w for p in parts for w in p["outside"]})[:20]
+    return _finish(out, started, answers, outside, 0)
+
+
+def _document_cases(name: str, seed: int, first: int, end: int, batch: int, work: Path, canary: Path,
+                    deadline: float) -> dict:
+    """Cases `first` to `end` (not included) of a document door, in this process."""
     decoy = tuple(outside_writes(canary))
     answers: Counter[str] = Counter()
-    out = {"door": name, "cases": 0, "crashes": 0}
+    out: dict = {"cases": 0, "crashes": 0}
     asked_outside: list[str] = []
-    home = work / f"home-{name}"
+    home = work / f"home-{first}"  # the node file's: one per process
     home.mkdir(parents=True, exist_ok=True)
     os.environ["OUTLAST_HOME"] = str(home)
+    logs = next(h for h in logging.getLogger().handlers if isinstance(h, Formatted))
+    logs.failed.clear()
     sealer = Sealer(b"k" * 40)
-    progress = Progress(name)
-    started = time.monotonic()
-    while out["cases"] < count and time.monotonic() < deadline:
-        for _ in range(min(batch, count - out["cases"])):
-            case_seed = seed * 1_000_003 + out["cases"]
+    progress = Progress(f"{name} [{first}, {end})")
+    case = first
+    while case < end and time.monotonic() < deadline:
+        stop = min(case + batch, end)
+        for n in range(case, stop):
+            case_seed = seed * 1_000_003 + n
             try:
                 if name == "run-directory":
                     with tempfile.TemporaryDirectory(dir=work) as tmp:
@@ -190,14 +218,19 @@ def run_document_door(name: str, count: int, seed: int, batch: int, work: Path, 
                 answers[f"crash: {type(e).__name__}"] += 1
                 out.setdefault("crash", {"case_seed": case_seed, "error": traceback.format_exc()[-2000:]})
             out["cases"] += 1
+        case = stop
         problem = _wrote_outside(canary, decoy)
+        if logs.failed and problem is None:
+            problem = f"a log record that does not format: {logs.failed[0]}"
         progress(out["cases"])
         if problem is not None:
             out["crashes"] += 1
             out.setdefault("crash", {"after_cases": out["cases"], "seed": seed, "problem": problem})
             break
-    outside = [p for p in outside_writes(canary) if p not in decoy] + sorted(set(asked_outside))[:20]
-    return _finish(out, started, answers, outside, 0)
+    logs.failed.clear()
+    out["answers"] = dict(answers)
+    out["outside"] = [p for p in outside_writes(canary) if p not in decoy] + sorted(set(asked_outside))[:20]
+    return out
 
 
 def default_work() -> str | None:
@@ -213,6 +246,8 @@ def main() -> None:
                     help="cases between two checks that the process answers and wrote nothing outside its root")
     ap.add_argument("--doors", default=",".join(DOORS), help=f"of {', '.join(DOORS)}")
     ap.add_argument("--minutes", type=float, default=0, help="stop each door after this long (0: never)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes sharing a document door's cases (independent: each has its own seed)")
     ap.add_argument("--work", default=default_work(), help="where the cases' files go (default: /dev/shm)")
     ap.add_argument("--machine", default="", help="a note on the machine the result was measured on")
     ap.add_argument("--out", type=Path, help="the result; doors already in it and not run now are kept")
@@ -234,7 +269,7 @@ def main() -> None:
             elif name == "controller":
                 result = run_controller_door(args.count, args.seed, args.batch, work, deadline)
             else:
-                result = run_document_door(name, args.count, args.seed, args.batch, work, deadline)
+                result = run_document_door(name, args.count, args.seed, args.batch, work, deadline, args.jobs)
             if logs.failed:
                 result["crashes"] += 1
                 result.setdefault("crash", {"problem": "a log record that does not format", "error": logs.failed[0]})
