@@ -10,6 +10,8 @@ user's own (no marker, no outlast name) is never touched.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from outlast.storage import records as r
@@ -18,6 +20,7 @@ MARKER_NAME = ".outlast-checkpoint.json"
 # The run directory's own entries: a checkpoint by one of these names would write over them.
 RESERVED = frozenset({r.RUN_STATE_NAME, r.REPORTS_DIR, r.LEASE_NAME, r.RETURN_VALUE_NAME})
 MAX_NAME_BYTES = 255  # a path component on ext4, xfs, APFS and NTFS
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # searched in C: a name read from storage may be any length
 
 
 class CheckpointMarker(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,7 +53,7 @@ def name_problem(name: object) -> str | None:
         return "it is empty"
     if "/" in name or "\\" in name:
         return "it must be one directory name, without '/' or '\\'"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+    if CONTROL.search(name):
         return "it holds a control character"
     if name.startswith("."):
         return "names starting with '.' are kept for outlast's own files"

@@ -6,6 +6,7 @@ version is refused with a message instead of being misread.
 
 from __future__ import annotations
 
+import functools
 import signal as _signal
 from typing import Any, Callable, TypeVar
 
@@ -252,7 +253,9 @@ class NewerVersionError(RuntimeError):
         return (type(self), (self.where, self.version, self.newest))
 
 
+@functools.cache
 def _own_version() -> str:
+    """Read from the package's metadata once: a directory of newer runs asks it for each."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
