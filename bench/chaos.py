@@ -4,13 +4,14 @@
 
 A head and three member agents, each member in a network namespace of its own
 (`tests/integration/netns.py`), all with resource isolation in a cgroup made for the run
-(`bench/chaos_cgroups.py`); an S3 server process (moto) the harness kills and starts again with
-its data, or slows (`bench/chaos_store.py`); a deterministic DDP job of `--workers` ranks, 2 by default (`bench/chaos_job.py`), driven by a driver
-process the harness can kill and relaunch (`bench/chaos_driver.py`). It first trains without
-faults, then trains again injecting the faults `bench/chaos_plan.schedule(seed, n)` draws, one
+(`bench/lib/chaos_cgroups.py`); an S3 server process (moto) the harness kills and starts again with
+its data, or slows (`bench/lib/chaos_store.py`); a deterministic DDP job of `--workers` ranks, 2 by default
+(`bench/lib/chaos_job.py`), driven by a driver process the harness can kill and relaunch
+(`bench/lib/chaos_driver.py`). It first trains without
+faults, then trains again injecting the faults `bench/lib/chaos_plan.schedule(seed, n)` draws, one
 at a time, each once the run is seen training again. It prints one JSON document: the fault log,
 the run's history, timings, and each promise with null when it held or what broke it
-(`bench/chaos_plan.verdicts`). Exit status 0 only when every promise held. Needs root.
+(`bench/lib/chaos_plan.verdicts`). Exit status 0 only when every promise held. Needs root.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.chaos_cgroups import ClusterCgroups, unavailable_reason
-from bench.chaos_plan import Fault, Timeouts, pick_node, schedule, verdicts
-from bench.chaos_store import ObjectStore
+from bench.lib.chaos_cgroups import ClusterCgroups, unavailable_reason
+from bench.lib.chaos_plan import Fault, Timeouts, pick_node, schedule, verdicts
+from bench.lib.chaos_store import ObjectStore
+from bench.lib.venvs import ROOT
 from outlast.client.preload import default_preload
 from outlast.procutil import pid_alive
 from outlast.storage.records import MANIFEST_NAME
 from tests.integration.jobs import read_events
 from tests.integration.netns import NetnsCluster, _kill_pids, namespace_pids
 
-ROOT = Path(__file__).resolve().parents[1]
 PACE_S = 0.1
 
 
@@ -79,14 +80,14 @@ class Chaos:
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.cluster.env, **self.store.env(), "OUTLAST_NODE_TIMEOUT_S": str(self.t.node_s),
                 "OUTLAST_DRIVER_TIMEOUT_S": str(self.t.driver_s), "OUTLAST_CAPACITY_TIMEOUT_S": "120",
-                "PYTHONPATH": str(ROOT)}
+                "PYTHONPATH": ROOT}
 
     # ---- the driver ---------------------------------------------------------------------------
 
     def launch(self, name: str, steps: int) -> tuple[str, str]:
         events, orders = str(self.workdir / f"{name}.jsonl"), self.workdir / f"{name}-orders"
         orders.mkdir(exist_ok=True)
-        self.driver_args = [sys.executable, "-m", "bench.chaos_driver", f"s3://{self.store.bucket}/runs", name,
+        self.driver_args = [sys.executable, "-m", "bench.lib.chaos_driver", f"s3://{self.store.bucket}/runs", name,
                             events, str(orders), str(steps), "--workers", str(self.workers)]
         self._start_driver(name)
         return events, str(orders)
@@ -265,7 +266,8 @@ def run(seed: int, n: int, steps: int | None = None, workers: int = 2, workdir: 
             "ok": all(v is None for v in held.values()), "promises": held,
             "fault_log": [asdict(f) for f in faults],
             "history": [{k: a.get(k) for k in ("attempt", "outcome", "restored_from")}
-                        | {"failures": [(x.get("exc_type"), x.get("node_id"), x.get("rank")) for x in a["failures"]]}
+                        | {"failures": [(x.get("kind") or x.get("exc_type"), x.get("node_id"), x.get("rank"))
+                                       for x in a["failures"]]}
                         for a in state.get("attempts", [])],
         }
     finally:

@@ -1,6 +1,6 @@
 """The GPU path, case by case (run it through scripts/gpu-check; docs/gpu.md says what each shows).
 
-    python bench/gpu_check.py [--only NAME,...] [--out PATH] [--budget-s 450]
+    python -m bench.gpu_check [--only NAME,...] [--out PATH] [--budget-s 450]
 
 Each case runs in a process of its own, with its own nodes (`LocalCluster`, told of the GPUs) and
 storage, under a time limit, and prints one JSON line: `case`, `status` (passed, failed, skipped),
@@ -20,11 +20,8 @@ import sys
 import tempfile
 import time
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(BENCH)
-sys.path[:0] = [ROOT, BENCH]
-
-from gpu_cases import CASES  # noqa: E402
+from bench.lib.gpu_cases import CASES
+from bench.lib.venvs import ROOT, module, with_root
 
 DEFAULT_OUT = os.path.join(ROOT, "bench", "results", "gpu-check.json")
 
@@ -76,11 +73,10 @@ def decide(case, machine: dict, elapsed_s: float, budget_s: float) -> dict | Non
 def run_case(name: str, limit_s: float) -> dict:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"outlast-gpu-{name}-") as work:
-        env = {**os.environ, "OUTLAST_HOME": os.path.join(work, "home"), "OUTLAST_CAPACITY_TIMEOUT_S": "60",
-               "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = with_root({**os.environ, "OUTLAST_HOME": os.path.join(work, "home"), "OUTLAST_CAPACITY_TIMEOUT_S": "60"})
         try:
-            proc = subprocess.run([sys.executable, __file__, "--case", name, "--work", work], env=env,
-                                  capture_output=True, text=True, timeout=limit_s, start_new_session=True)
+            proc = subprocess.run(module(sys.executable, __spec__.name, "--case", name, "--work", work), env=env,
+                                  cwd=ROOT, capture_output=True, text=True, timeout=limit_s, start_new_session=True)
         except subprocess.TimeoutExpired as e:
             tail = (e.stderr or b"")[-800:]
             return {"status": "failed", "error": f"did not finish within {limit_s:.0f} s",

@@ -1,17 +1,16 @@
 """Where a restart's time goes: a worker, the fork server or the embedded agent killed mid-run.
 
-    .venv/bin/python bench/restart_breakdown.py [--repeat N] [--before DIR] [--out FILE]
+    .venv/bin/python -m bench.restart_breakdown [--repeat N] [--before DIR] [--out FILE]
 
-Runs bench/node_restart_scenario.py for each kind with OUTLAST_TRACE_FILE set (outlast/trace.py:
+Runs bench/lib/node_restart_scenario.py for each kind with OUTLAST_TRACE_FILE set (outlast/trace.py:
 every process of the run appends timestamps to it), and splits kill-to-training-again into the
 phases below, each the time since the phase before it that happened. The warm floor
-(bench/warm_floor.py: a warm process forks two ranks that run one DDP step) runs in the same
+(bench/lib/warm_floor.py: a warm process forks two ranks that run one DDP step) runs in the same
 loop, so every figure has a floor measured at the same load. With --before DIR (a checkout of
 an earlier outlast), the same kills run on it too, interleaved, untraced, for the totals.
 Each run records the 1-minute load average when it started.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -19,8 +18,10 @@ import sys
 import tempfile
 import time
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(BENCH)
+from bench.lib import node_restart_scenario
+from bench.lib.events import read_events
+from bench.lib.harness import publish
+from bench.lib.venvs import ROOT, module
 KINDS = ["worker", "forkserver", "agent"]
 
 # (phase, the trace marks that end it): the first mark after the kill, or the last one of the new attempt.
@@ -36,13 +37,6 @@ PHASES = [
     ("restored", "last_new", {"worker.restored"}),
     ("ddp_built", "last_new", {"worker.ddp"}),
 ]
-
-
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip().endswith("}")]
 
 
 def breakdown(trace, kill_t, end_t):
@@ -74,28 +68,20 @@ def breakdown(trace, kill_t, end_t):
 
 def one(kind, python, pythonpath, traced):
     with tempfile.TemporaryDirectory(prefix="outlast-restart-") as tmp:
-        events, trace = os.path.join(tmp, "events.jsonl"), os.path.join(tmp, "trace.jsonl")
+        trace = os.path.join(tmp, "trace.jsonl")
         env = {**os.environ, "OUTLAST_HOME": os.path.join(tmp, "home"), "PYTHONPATH": pythonpath}
         env.pop("OUTLAST_ADDRESS", None)
         env.pop("OUTLAST_TRACE_FILE", None)
         if traced:
             env["OUTLAST_TRACE_FILE"] = trace
         load = os.getloadavg()[0]
-        done = subprocess.run([python, os.path.join(BENCH, "node_restart_scenario.py"), "--kill", kind,
-                               "--events", events, "--storage", os.path.join(tmp, "storage")],
-                              env=env, cwd=tmp, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            return None, f"the {kind} run failed: {done.stderr[-2000:]}"
-        evs = read_jsonl(events)
-        kill = next(e for e in evs if e["ev"] == "kill")
-        firsts = {}
-        for e in evs:
-            if e["ev"] == "step" and e["attempt"] == 2:
-                firsts.setdefault(e["rank"], e["t"])
-        end = max(firsts.values())
-        out = {"kill_to_training_s": round(end - kill["t"], 4), "load1": round(load, 2)}
+        try:
+            kill_t, end = node_restart_scenario.run(kind, python, tmp, env, 900)
+        except RuntimeError as e:
+            return None, str(e)
+        out = {"kill_to_training_s": round(end - kill_t, 4), "load1": round(load, 2)}
         if traced:
-            out["phases"] = breakdown(read_jsonl(trace), kill["t"], end)
+            out["phases"] = breakdown(read_events(trace), kill_t, end)
         return out, None
 
 
@@ -103,9 +89,9 @@ def floor_once(python):
     with tempfile.TemporaryDirectory(prefix="outlast-floor-") as tmp:
         events = os.path.join(tmp, "floor.jsonl")
         load = os.getloadavg()[0]
-        subprocess.run([python, os.path.join(BENCH, "warm_floor.py"), "--events", events, "--repeat", "1"],
-                       capture_output=True, timeout=300)
-        got = [e["fork_to_step_s"] for e in read_jsonl(events) if e.get("ev") == "warm_floor"]
+        subprocess.run(module(python, "bench.lib.warm_floor", "--events", events, "--repeat", "1"),
+                       capture_output=True, timeout=300, cwd=ROOT)
+        got = [e["fork_to_step_s"] for e in read_events(events) if e.get("ev") == "warm_floor"]
         return {"fork_to_first_step_s": round(got[0], 4), "load1": round(load, 2)} if got else None
 
 
@@ -163,11 +149,7 @@ def main():
            "note": "phases: each is the time from the phase before it (bench/restart_breakdown.py PHASES); "
                    "load1 is the 1-minute load average at each run's start, on a 2-core machine shared with "
                    "other work"}
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    publish(doc, a.out)
     return 1 if errors else 0
 
 

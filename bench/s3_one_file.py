@@ -1,7 +1,7 @@
 """Why one large file to S3 may go slower through outlast than a plain fsspec `put`: each
 part of the difference on its own, interleaved, in one process with warm clients.
 
-    .venv/bin/python bench/s3_one_file.py [--mb 128] [--repeat 7] [--out FILE]
+    .venv/bin/python -m bench.s3_one_file [--mb 128] [--repeat 7] [--out FILE]
 
 A moto server (its own process) on loopback. Methods, each on a fresh key:
   fsspec_put     fs.put(file, key): the floor
@@ -9,8 +9,8 @@ A moto server (its own process) on loopback. Methods, each on a fresh key:
   outlast        RemoteStorage.upload_dir (put_file and xxh3 side by side)
   outlast_cold   the same with a RemoteStorage made inside the timing (its client's set-up counted)
   fsspec_probe, outlast_probe
-                 bench/checkpoint_probe.py's save in a fresh process, its own timing: what
-                 bench_checkpoint.py measures
+                 bench/lib/checkpoint_probe.py's save in a fresh process, its own timing: what
+                 bench/checkpoint.py measures
 MB/s median and range, ratios to fsspec_put, the load average. JSON on stdout.
 """
 
@@ -25,19 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(BENCH)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, BENCH)
-
-import harness  # noqa: E402
+from bench.lib import harness
+from bench.lib.venvs import ROOT, module, with_root
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mb", type=int, default=128)
-    p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--out")
+    p.add_argument("--mb", type=int, default=128, help="the file's size in MiB")
+    p.add_argument("--repeat", type=int, default=7, help="rounds, each method once a round")
+    p.add_argument("--out", help="also write the JSON document here")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="outlast-s3-one-")
     moto, url = harness.start_moto(work, sys.executable)
@@ -66,10 +62,9 @@ def main() -> int:
 
         def probe(method):
             def run(i):
-                out = subprocess.run([sys.executable, os.path.join(BENCH, "checkpoint_probe.py"), "--method", method,
-                                      "--op", "save", "--src", str(src), "--dest", f"s3://bench/probe/{method}{i}"],
-                                     capture_output=True, text=True, check=True, cwd=ROOT,
-                                     env=dict(os.environ, PYTHONPATH=ROOT))
+                out = subprocess.run(module(sys.executable, "bench.lib.checkpoint_probe", "--method", method,
+                                            "--op", "save", "--src", str(src), "--dest", f"s3://bench/probe/{method}{i}"),
+                                     capture_output=True, text=True, check=True, cwd=ROOT, env=with_root(os.environ))
                 return json.loads(out.stdout.strip().splitlines()[-1])["s"]
             return run
 

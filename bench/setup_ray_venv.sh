@@ -12,5 +12,5 @@ fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install 'ray[train]==2.60.0' torch==2.13.0
 "$venv/bin/python" -c "import ray, torch; print('ray', ray.__version__, 'torch', torch.__version__)"
-# The framework side of bench/bench_frameworks.py (torch stays the CPU build: scripts/constraints.txt).
+# The framework side of bench/frameworks.py (torch stays the CPU build: scripts/constraints.txt).
 "$venv/bin/pip" install -c "$here/../scripts/constraints.txt" lightning transformers accelerate xgboost-cpu jax

@@ -1,7 +1,7 @@
 """What the standbys cost in memory: a node's standby fork server, its fork server's spares, and a
 driver's standby agent.
 
-    .venv/bin/python bench/standby_memory.py [--out FILE]
+    .venv/bin/python -m bench.standby_memory [--out FILE]
 
 Starts one node (LocalCluster, the default preload: torch), waits until its standby fork server is
 ready, and reads the PSS, USS and RSS of the agent, its fork server and the standby
@@ -27,6 +27,8 @@ from outlast.protocol import messages as m
 from outlast.testing import LocalCluster
 from outlast.train import RunConfig, ScalingConfig, Trainer
 
+from bench.lib.harness import publish, wait_for
+
 
 def one_report(config):
     from outlast import train
@@ -37,16 +39,6 @@ def mem(pid):
     info = psutil.Process(pid).memory_full_info()
     return {"pss_mib": round(info.pss / 2**20, 1), "uss_mib": round(info.uss / 2**20, 1),
             "rss_mib": round(info.rss / 2**20, 1)}
-
-
-def wait(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise TimeoutError(what)
 
 
 def main():
@@ -65,7 +57,7 @@ def main():
             def status():
                 return cluster._request(cluster.head_address, m.StatusRequest())
 
-            wait(lambda: status().fork_server_standby_pid, 600, "a ready standby fork server")
+            wait_for(lambda: status().fork_server_standby_pid, 600, "a ready standby fork server", poll_s=0.2)
             s = status()
             out["node"] = {"agent": mem(cluster.nodes["node-0"].proc.pid), "fork_server": mem(s.fork_server_pid),
                            "standby_fork_server": mem(s.fork_server_standby_pid)}
@@ -78,7 +70,8 @@ def main():
                 return pids if len(pids) >= 2 else None
 
             time.sleep(1)  # the spares touch what they touch as they start
-            out["node"]["spares"] = [mem(pid) for pid in wait(spares, 120, "the fork server's two spares")]
+            out["node"]["spares"] = [mem(pid) for pid in wait_for(spares, 120, "the fork server's two spares",
+                                                                  poll_s=0.2)]
             standby = launch_agent(cluster.preload, embedded=False, standby=True,
                                    extra_args=["--die-with-parent", "--cluster-key", str(cluster.key_file)])
             try:
@@ -89,7 +82,7 @@ def main():
                                 return pr.pid
                     return None
 
-                server = wait(its_server, 600, "the standby agent's fork server")
+                server = wait_for(its_server, 600, "the standby agent's fork server", poll_s=0.2)
                 out["standby_agent"] = {"agent": mem(standby.proc.pid), "fork_server": mem(server)}
             finally:
                 standby.close_go()
@@ -104,11 +97,7 @@ def main():
         "standby_agent_pss": round(agent["agent"]["pss_mib"] + agent["fork_server"]["pss_mib"], 1),
         "standby_agent_uss": round(agent["agent"]["uss_mib"] + agent["fork_server"]["uss_mib"], 1),
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    publish(out, a.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A checkpoint copy between two nodes' memory, on loopback: the tier's replica beside its floors and Ray's.
 
-    .venv/bin/python bench/tier_transport.py [--mb 1024] [--repeats 3] [--out bench/results/tier-transport.json]
+    .venv/bin/python -m bench.tier_transport [--mb 1024] [--repeats 3] [--out bench/results/tier-transport.json]
 
 Each repeat, interleaved, with the receiving side in a process of its own (as a peer's agent is):
 - `tier_replica`: a `TierHold` of one file of --mb MB (random bytes) on a tier server with the
@@ -29,10 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(BENCH)
-sys.path.insert(0, ROOT)
-RAY_PY = os.path.join(BENCH, ".ray-venv", "bin", "python")
+from bench.lib.venvs import RAY_PY, ROOT
 
 PEER = r"""
 import sys, time, zmq
@@ -152,7 +149,7 @@ def zmq_chunks(path: Path, curve: bool) -> float:
         sock.curve_serverkey = public
         sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     sock.connect(f"tcp://127.0.0.1:{port}")
-    view = file_view(path)
+    view = file_view(path.parent, path.name)
     try:
         started = time.perf_counter()
         in_flight = 0

@@ -19,7 +19,7 @@ class TrainingFailedError(RuntimeError):
     def root_cause(self) -> FailureRecord | None:
         return self.failures[0] if self.failures else None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RuntimeError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.failures))
 
 
@@ -30,7 +30,7 @@ class WorkerFailure(RuntimeError):
         super().__init__(record.describe())
         self.record = record
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RuntimeError], tuple[object, ...]]:
         return (type(self), (self.record,))
 
 
@@ -62,7 +62,7 @@ def classify(error: TrainingFailedError) -> TrainingFailedError:
     if type(error) is not TrainingFailedError:
         return error
     last = max((f.attempt for f in error.failures), default=None)
-    in_last = [f for f in error.failures if f.attempt == last and f.exc_type not in NODE_KINDS]
+    in_last = [f for f in error.failures if f.attempt == last and f.kind not in NODE_KINDS]
     cls = WorkerGroupError if in_last else ControllerError
     new = cls(error.args[0], error.failures)
     new.__cause__ = error.__cause__
@@ -87,7 +87,7 @@ class CollectiveTimeoutError(RuntimeError):
         super().__init__(message)
         self.missing_ranks = list(missing_ranks or [])
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RuntimeError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.missing_ranks))
 
 

@@ -52,7 +52,7 @@ def check_runtime_env(value: object, name: str = "RunConfig.worker_runtime_env")
             raise ValueError(f'{name}["env_vars"] may not set {key}: it belongs to the node, not the run')
 
 
-def carried_env(driver_env: Mapping[str, str], runtime_env: dict | None) -> dict[str, str]:
+def carried_env(driver_env: Mapping[str, str], runtime_env: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]:
     """What the run carries to every worker (pure; `runtime_env` already checked)."""
     carried = {k: v for k, v in driver_env.items() if k.startswith("OUTLAST_") and k not in _NOT_CARRIED}
     carried.update((runtime_env or {}).get("env_vars", {}))

@@ -17,7 +17,7 @@ from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
 from outlast.client.discovery import NodeFile, cluster_key_path, pid_namespace, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
 from outlast.identity import this_process
-from outlast.isolation.config import add_arguments, config_from_args
+from outlast.isolation.config import IsolationConfig, add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
 from outlast.metrics import DEFAULT_HOST, HOST_VAR, NODE_PORT_VAR, MetricsError, endpoint
 from outlast.protocol.auth import SECRET_ENV, AuthError, ClusterKey
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0)
 
 
-def wait_as_standby(fd: int, preload: list[str], spec: NodeSpec, isolation) -> ForkServer | None:
+def wait_as_standby(fd: int, preload: list[str], spec: NodeSpec, isolation: IsolationConfig | None,
+                    ) -> ForkServer | None:
     """Until the driver's word: the fork server imports its modules meanwhile, so that taking over costs a
     bind, not a Python start and `import torch`. With isolation on, the fork server must start inside the
     agent's cgroup, which the agent moves into once it takes over: then only the imports are done ahead."""

@@ -15,7 +15,9 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import psutil
 import zmq
@@ -26,7 +28,7 @@ from outlast.agent.etcd_role import EtcdNode
 from outlast.agent.forkserver import ForkServer
 from outlast.agent.worker_user import WorkerUser
 from outlast.client.restarts import GiveUp
-from outlast.agent.memory_guard import MemoryGuard
+from outlast.agent.memory_guard import MemoryGuard, Victim
 from outlast.agent.output import OutputTails, read_output
 from outlast.agent.roles import HeadNode, MemberNode, NodeRole
 from outlast.agent.status import node_status
@@ -41,8 +43,11 @@ from outlast.isolation.reservations import Reservations, default_checkpoint_memo
 from outlast.procutil import kill_tree
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey, start_authenticator
-from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode
+from outlast.protocol.transport import AGENT_REQUESTS, BadMessage, VersionMismatch, bind_router, encode, receive_all
 from outlast.statedir import private_subdir
+
+if TYPE_CHECKING:
+    from outlast.agent.metrics import NodeMetrics
 
 log = logging.getLogger("outlast.agent")
 
@@ -72,7 +77,8 @@ def tier_budget(given: int | None, reserved: Reservations | None, machine_memory
 
 
 class Agent:
-    def __init__(self, node_id: str, host: str, port: int, preload: list[str], clock=time.monotonic,
+    def __init__(self, node_id: str, host: str, port: int, preload: list[str],
+                 clock: Callable[[], float] = time.monotonic,
                  isolation: IsolationConfig | None = None, spec: NodeSpec | None = None,
                  forks: ForkServer | None = None) -> None:
         """`forks`: a fork server started ahead (a standby agent's: outlast/agent/__main__.py), else one is started."""
@@ -97,27 +103,23 @@ class Agent:
         self.parent_pid: int | None = None  # stop when this process is no longer our parent
         self.workdir = workdir.claim(node_id)  # after removing what agents that are gone left
         self.output = OutputTails(node_id, private_subdir("logs"))
-        self.metrics = None  # NodeMetrics, once __main__ serves them
+        self.metrics: NodeMetrics | None = None  # once __main__ serves them
         self._stop = False
         self.sources = DrainSources()
-        self.role: NodeRole | None = None
         self._poller = zmq.Poller()
         # Before the fork server starts: the agent moves itself into system/, and the server
         # (its child) starts there too.
         self.guard = MemoryGuard.start(replace(isolation, checkpoint_memory=self.spec.checkpoint_memory), node_id) \
             if isolation and isolation.enable_resource_isolation else None
+        role: NodeRole | None = None
         try:
             budget = tier_budget(self.spec.checkpoint_memory, self.guard.iso.reservations if self.guard else None,
                                  psutil.virtual_memory().total)
             self.tier = start_tier(self.ctx, self.spec.key, node_id, host, budget,
                                    fitted=self.spec.checkpoint_memory is None,
                                    source_owner=self.spec.worker_user.uid if self.spec.worker_user else None)
-            if self.spec.etcd is not None:
-                self.role = EtcdNode(self.spec.etcd, self.spec.key, node_id)
-            else:
-                self.role = HeadNode(node_id, self.spec.node_timeout_s) if self.spec.head_address is None else \
-                    MemberNode(self.ctx, self.spec.head_address, self.spec.key, node_id)
-            self.role.join(self.me())
+            self.role = role = self._role()
+            role.join(self.me())
             self.forks = forks or ForkServer(preload, self.spec.worker_user)
         except BaseException:
             if forks is not None:
@@ -125,20 +127,31 @@ class Agent:
             workdir.release(self.workdir)
             if self.guard:
                 self.guard.close()
-            if self.role is not None:
-                self.role.close()
+            if role is not None:
+                role.close()
             if self.tier is not None:
                 self.tier.stop()
             if self._auth is not None:
                 self._auth.stop()
             raise
 
+    def _role(self) -> NodeRole:
+        """The node's place in the cluster, as its spec says: the head, a member of one, or a node of etcd's."""
+        if self.spec.etcd is None:
+            if self.spec.head_address is None:
+                return HeadNode(self.node_id, self.spec.node_timeout_s)
+            return MemberNode(self.ctx, self.spec.head_address, self.spec.key, self.node_id)
+        if self.spec.key is None:
+            raise ValueError("a cluster kept in etcd needs the cluster key, which seals what it writes there: give "
+                             "--cluster-key (or OUTLAST_CLUSTER_KEY) with --etcd")
+        return EtcdNode(self.spec.etcd, self.spec.key, self.node_id)
+
     def me(self) -> m.NodeInfo:
         """This node's entry in the head's table."""
         return m.NodeInfo(node_id=self.node_id, address=self.address, host=self.spec.node_ip,
                           resources=self.spec.resources, labels=self.spec.labels,
                           failure_domain=self.spec.failure_domain, draining=self.draining, used=self.sup.usage(),
-                          is_head=self.role is not None and self.role.is_head, agent_pid=os.getpid(),
+                          is_head=self.role.is_head, agent_pid=os.getpid(),
                           host_id=host_id(),
                           tier_address=self.tier.address.replace("0.0.0.0", self.spec.node_ip, 1) if self.tier else "")
 
@@ -148,7 +161,7 @@ class Agent:
 
     # ---- effects ---------------------------------------------------------------------------------
 
-    def apply(self, effects: list[NodeEffect]) -> None:
+    def apply(self, effects: Sequence[NodeEffect]) -> None:
         for e in effects:
             if isinstance(e, Fork):
                 self._fork(e)
@@ -195,7 +208,9 @@ class Agent:
     def _fork_server_died(self) -> None:
         """Its workloads died with it: report them lost (their runs restart them), then start a new
         one (it imports the preloaded modules again), later if it keeps dying, or stop the node."""
-        pid = self.forks.proc.pid
+        proc = self.forks.proc
+        assert proc is not None  # its pipe is the one that ended
+        pid = proc.pid
         how, decision = self.forks.died(self.clock())
         self.core.gpus.release_all()
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "
@@ -232,13 +247,13 @@ class Agent:
     def _fork(self, f: Fork) -> None:
         procs = self._place(f)
         if f.task is not None:
-            req = f.task
-            error_file = os.path.join(self.workdir, f"task-{req.task_id}.json")
+            task = f.task
+            error_file = os.path.join(self.workdir, f"task-{task.task_id}.json")
             self.forks.send(
-                m.ForkChild(kind="task", run_id=req.run_id, task_id=req.task_id, error_file=error_file,
-                            cgroup_procs=procs, output_file=self.output.file_for_task(req)),
-                m.ForkTask(run_id=req.run_id, task_id=req.task_id, controller_address=req.controller_address,
-                           payload=req.payload, env=req.env, cwd=req.cwd, sys_path=req.sys_path,
+                m.ForkChild(kind="task", run_id=task.run_id, task_id=task.task_id, error_file=error_file,
+                            cgroup_procs=procs, output_file=self.output.file_for_task(task)),
+                m.ForkTask(run_id=task.run_id, task_id=task.task_id, controller_address=task.controller_address,
+                           payload=task.payload, env=task.env, cwd=task.cwd, sys_path=task.sys_path,
                            node_id=self.node_id, error_file=error_file, threads=f.threads))
             return
         req, spec = f.spawn, f.spec
@@ -307,9 +322,9 @@ class Agent:
                 self.drain(order.reason, order.message, order.deadline_remaining_s)
         if self.sources.stop_at is not None and (now >= self.sources.stop_at or not self.sup.workloads):
             self._stop = True  # after a SIGTERM: drained, or out of time
-        for order in self.role.tick(self.me(), now):
+        for notice in self.role.tick(self.me(), now):
             if self.draining is None:
-                self._apply_drain(order)
+                self._apply_drain(notice)
         if self.guard is not None:
             self._oom_kill(self.guard.on_tick(now, self.sup.memory_view()))
         if self.tier is not None:
@@ -319,7 +334,7 @@ class Agent:
             self.metrics.refresh(now, self.sup.workloads.values(), self.forks.ready, self.guard,
                                  self.output.skipped_lines)
 
-    def _oom_kill(self, victims) -> None:
+    def _oom_kill(self, victims: list[Victim]) -> None:
         for v in victims:
             if self.metrics is not None:
                 self.metrics.on_kill(v.report)
@@ -344,8 +359,8 @@ class Agent:
         while not self._stop:
             for item, _ in poller.poll(timeout=100):
                 if item is self.sock:
-                    self._drain_requests()
-                elif item in sources:
+                    self._read_requests()
+                elif item in sources and self.guard is not None:
                     self._oom_kill(self.guard.on_event(sources[item], self.sup.memory_view()))
                 elif item in servers and item in self.forks.fds():
                     self._on_fork_server(item)
@@ -360,10 +375,7 @@ class Agent:
             started = self.forks.restart_if_due(self.clock())
             if started is not None:
                 servers = self._poll_fork_servers(servers)
-                if started == "server":
-                    log.info("started the fork server again (pid %d)", self.forks.proc.pid)
-                else:
-                    log.info("started a standby fork server (pid %d)", self.forks.spare.proc.pid)
+                log.info("%s", started)
             self._tick(self.clock())
         self.close()
 
@@ -379,28 +391,21 @@ class Agent:
             self._poller.register(fd, zmq.POLLIN)
         return now
 
-    def request_stop(self, *_args) -> None:
+    def request_stop(self, *_args: object) -> None:
         self._stop = True
 
-    def request_graceful_stop(self, *_args) -> None:
+    def request_graceful_stop(self, *_args: object) -> None:
         """SIGTERM: drain with a deadline, then stop (a signal handler only sets a flag)."""
         self.sources.request_graceful_stop()
 
-    def _drain_requests(self) -> None:
-        while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                req = AGENT_REQUESTS.decode(frames[-1])
-            except VersionMismatch as e:
+    def _read_requests(self) -> None:
+        def refuse(frames: list[bytes], e: BadMessage) -> bool:
+            if isinstance(e, VersionMismatch):  # answered in our header, which says our version
                 log.warning("refused a request: %s", e)
-                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))  # its header says ours
-                continue
-            except BadMessage as e:
-                log.warning("dropped a malformed request: %s", e)
-                continue
+                self._reply(frames[0], m.Pong(node_id=self.node_id, pid=os.getpid()))
+            return isinstance(e, VersionMismatch)
+
+        for frames, req in receive_all(self.sock, AGENT_REQUESTS, "request", on_bad=refuse):
             try:
                 self._on_request(frames[0], req)
             except Exception as e:  # noqa: BLE001 - one request's failure (an OSError: a full disk) is its own

@@ -8,10 +8,14 @@ import os
 import queue
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from outlast.drain import Notice, Watcher
 
 
 @dataclass(frozen=True)
-class DrainOrder:
+class DrainAsked:
     reason: str
     message: str
     deadline_remaining_s: float | None
@@ -19,8 +23,8 @@ class DrainOrder:
 
 class DrainSources:
     def __init__(self) -> None:
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()  # from the cloud watchers' threads
-        self._watchers: list = []
+        self._notices: queue.SimpleQueue[Notice] = queue.SimpleQueue()  # from the cloud watchers' threads
+        self._watchers: list[Watcher] = []
         self._graceful_requested = False
         self.stop_at: float | None = None  # after a SIGTERM: when the agent stops, drained or not
 
@@ -32,7 +36,7 @@ class DrainSources:
     def request_graceful_stop(self) -> None:
         self._graceful_requested = True
 
-    def take(self, now: float) -> list[DrainOrder]:
+    def take(self, now: float) -> list[DrainAsked]:
         """Drains that came in since the last turn (`now`: the agent's clock, for the stop deadline)."""
         orders = []
         while True:
@@ -41,12 +45,12 @@ class DrainSources:
             except queue.Empty:
                 break
             left = notice.deadline_unix_s - time.time() if notice.deadline_unix_s is not None else None
-            orders.append(DrainOrder("preemption", f"{notice.source}: {notice.reason}",
+            orders.append(DrainAsked("preemption", f"{notice.source}: {notice.reason}",
                                      None if left is None else max(0.0, left)))
         if self._graceful_requested and self.stop_at is None:
             timeout = float(os.environ.get("OUTLAST_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "30"))
             self.stop_at = now + timeout
-            orders.append(DrainOrder("shutdown", "the node agent received SIGTERM", timeout))
+            orders.append(DrainAsked("shutdown", "the node agent received SIGTERM", timeout))
         return orders
 
     def close(self) -> None:

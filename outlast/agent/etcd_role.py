@@ -135,13 +135,15 @@ class EtcdNode:
     # ---- the beat (the store session's thread) ------------------------------------------
 
     def _beat(self, view: ClusterView) -> None:
+        me = self._me
+        assert me is not None  # set by `join` before the session starts
         if self.lease is None or not self.store.keep_alive(self.lease):
             if self.lease is not None:
                 log.warning("this node's etcd lease ended (the store was out of reach for longer than %d s); "
                             "registering again", self.ttl_s)
             self.lease, self._written, self.holding = self.store.grant(self.ttl_s), None, False
-            self.store.put(f"members/{self.node_id}", node_value(_steady(self._me)))
-        self._write(self._me)
+            self.store.put(f"members/{self.node_id}", node_value(_steady(me)))
+        self._write(me)
         if view.head is not None and view.head != self.node_id:
             if self.holding:
                 log.warning("node %s holds the head role now", view.head)

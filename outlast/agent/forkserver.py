@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
@@ -45,14 +46,14 @@ STANDBY_AFTER_FORKS_S = 2.0
 
 @dataclass
 class _Server:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     conn: Connection
     ready: bool = False
 
 
 class ForkServer:
     def __init__(self, preload: list[str], worker_user: WorkerUser | None = None,
-                 standby: bool | None = None, clock=time.monotonic) -> None:
+                 standby: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.preload = preload
         self.worker_user = worker_user
         self.standby_enabled = os.environ.get(STANDBY_VAR, "1") != "0" if standby is None else standby
@@ -79,7 +80,7 @@ class ForkServer:
         return self.active is not None and self.active.ready
 
     @property
-    def proc(self) -> subprocess.Popen | None:
+    def proc(self) -> subprocess.Popen[bytes] | None:
         return self.active.proc if self.active is not None else None
 
     @property
@@ -124,20 +125,20 @@ class ForkServer:
 
     def restart_if_due(self, now: float) -> str | None:
         """Start the server, or a standby beside a ready one, when one is missing and its time has come.
-        Returns which was started ("server", "standby"), or None."""
+        Returns a line for the log saying which was started, or None."""
         if self.given_up or (self.restart_at is not None and now < self.restart_at):
             return None
         if self.active is None:
             self.restart_at = None
-            self.start()
+            started = self.start()
             self.restarts.restarted(now)
-            return "server"
+            return f"started the fork server again (pid {started.proc.pid})"
         if self.standby_enabled and self.spare is None and self.active.ready \
                 and now - self.last_fork >= STANDBY_AFTER_FORKS_S:
             self.restart_at = None
             self.spare = self._spawn()
             mark("agent.standby_start", server=self.spare.proc.pid)
-            return "standby"
+            return f"started a standby fork server (pid {self.spare.proc.pid})"
         return None
 
     def on_standby(self) -> str | None:
@@ -155,9 +156,10 @@ class ForkServer:
             mark("agent.standby_ready", server=self.spare.proc.pid)
         return None
 
-    def start(self) -> None:
-        self.active = self._spawn()
+    def start(self) -> _Server:
+        active = self.active = self._spawn()
         self._send_waiting()
+        return active
 
     def _spawn(self) -> _Server:
         mark("agent.forkserver_start")

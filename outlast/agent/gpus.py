@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 OWN = "OUTLAST_CUDA_DEVICES"  # a worker's own devices, as indices into its CUDA_VISIBLE_DEVICES
@@ -61,12 +62,15 @@ def node_gpu_ids(num_gpus: float | None, env: Mapping[str, str], dev_names: Iter
     return seen[:n] if len(seen) >= n else [str(i) for i in range(n)]
 
 
+K = TypeVar("K", bound=Hashable)  # what names a worker
+
+
 @dataclass
-class GpuBook:
+class GpuBook(Generic[K]):
     """What each live worker of a node holds of its GPUs (a share of each device id)."""
 
     ids: list[str]
-    held: dict[Hashable, dict[str, float]] = field(default_factory=dict)
+    held: dict[K, dict[str, float]] = field(default_factory=dict)
 
     def free(self) -> dict[str, float]:
         left = {i: 1.0 for i in self.ids}
@@ -75,7 +79,7 @@ class GpuBook:
                 left[i] = left.get(i, 0.0) - share
         return left
 
-    def assign(self, keys: list[Hashable], per_worker: float) -> dict[Hashable, list[str]] | str:
+    def assign(self, keys: list[K], per_worker: float) -> dict[K, list[str]] | str:
         """Devices for each worker of `keys`, taken together, or why they do not fit (nothing taken)."""
         if per_worker <= 0:
             return {k: [] for k in keys}
@@ -83,7 +87,7 @@ class GpuBook:
             return (f"each worker asks {per_worker:g} GPUs: ask a whole number of GPUs, or a share of one "
                     "(less than 1)")
         left = self.free()
-        taken: dict[Hashable, dict[str, float]] = {}
+        taken: dict[K, dict[str, float]] = {}
         for key in keys:
             if per_worker >= 1:
                 whole = [i for i in self.ids if left[i] >= 1.0 - 1e-9][:int(per_worker)]
@@ -101,8 +105,7 @@ class GpuBook:
         self.held.update(taken)
         return {k: list(v) for k, v in taken.items()}
 
-    def worker_envs(self, keys: list[Hashable], per_worker: float, env: dict[str, str]
-                    ) -> dict[Hashable, dict[str, str]] | str:
+    def worker_envs(self, keys: list[K], per_worker: float, env: dict[str, str]) -> dict[K, dict[str, str]] | str:
         """Each worker's environment (`env` and its GPUs), its devices taken, or why they do not fit."""
         got = self.assign(keys, per_worker)
         if isinstance(got, str):
@@ -110,12 +113,12 @@ class GpuBook:
         run = [i for ids in got.values() for i in ids]
         return {k: {**env, **worker_gpu_env(self.ids, run, own)} if own else env for k, own in got.items()}
 
-    def _no_fit(self, keys: list[Hashable], per_worker: float) -> str:
+    def _no_fit(self, keys: list[K], per_worker: float) -> str:
         free = sum(max(0.0, v) for v in self.free().values())
         return (f"{len(keys)} worker(s) asking {per_worker:g} GPU(s) each do not fit in the "
                 f"{free:g} of {len(self.ids)} GPU(s) free on this node")
 
-    def release(self, key: Hashable) -> None:
+    def release(self, key: K) -> None:
         self.held.pop(key, None)
 
     def release_all(self) -> None:

@@ -14,7 +14,7 @@ from outlast.agent.supervisor import WorkloadView
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, Candidate
+from outlast.isolation.policy import Action, KillCandidate
 from outlast.protocol import messages as m
 
 log = logging.getLogger("outlast.agent")
@@ -67,7 +67,7 @@ class MemoryGuard:
         return {s.fd: s for s in self.iso.sources}
 
     def on_event(self, source: EventSource, view: list[WorkloadView]) -> list[Victim]:
-        return self.check(view, self.iso.drain(source))
+        return self.check(view, self.iso.take_event(source))
 
     def on_tick(self, now: float, view: list[WorkloadView]) -> list[Victim]:
         self.iso.tidy()
@@ -82,18 +82,21 @@ class MemoryGuard:
         decision = self.iso.check(self.candidates(view), {w.pid for w in view}, trigger)
         if decision.action is not Action.KILL:
             return []
+        report = decision.report
+        assert report is not None  # a kill always carries its report (isolation/policy.py)
         leaves = {w.pid: w.leaf for w in view}
         victims = []
         for victim in decision.victims:
             if victim.pid not in leaves:
                 continue
-            if leaves[victim.pid]:
-                self.iso.kill_leaf(leaves[victim.pid])
-            victims.append(Victim(victim.pid, decision.report))
+            leaf = leaves[victim.pid]
+            if leaf:
+                self.iso.kill_leaf(leaf)
+            victims.append(Victim(victim.pid, report))
         return victims
 
-    def candidates(self, view: list[WorkloadView]) -> list[Candidate]:
-        return [Candidate(
+    def candidates(self, view: list[WorkloadView]) -> list[KillCandidate]:
+        return [KillCandidate(
             name=w.leaf, kind=w.kind, owner=w.owner, rank=w.rank, pid=w.pid, memory_bytes=self.iso.leaf_memory(w.leaf),
             started_at=w.started_at, resources=w.resources, idle=w.idle, retriable=w.retriable,
             run_world_size=w.world_size, last_commit_at=w.last_commit_at,

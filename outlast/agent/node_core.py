@@ -11,10 +11,12 @@ status and output files are the agent's: `on_request` answers None for them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from outlast.agent.gpus import GpuBook
-from outlast.agent.supervisor import UNKILLABLE_AFTER_S, Effect, Key, Placement, Send, Supervisor, Warn, spawn_refusal
+from outlast.agent.supervisor import (UNKILLABLE_AFTER_S, Effect, Key, ExpectedWorkload, Send, Supervisor, Warn, Workload,
+                                      spawn_refusal)
 from outlast.protocol import messages as m
 from outlast.threads import cpu_share_threads
 
@@ -22,11 +24,11 @@ from outlast.threads import cpu_share_threads
 @dataclass(frozen=True)
 class Fork:
     """Ask the fork server for a workload: worker `spec` of `spawn`, or the task `task`. `leaf` names
-    its cgroup leaf, where isolation makes one (`Placement.leaf` is then set by the agent)."""
+    its cgroup leaf, where isolation makes one (`ExpectedWorkload.leaf` is then set by the agent)."""
 
     key: Key
     leaf: str
-    placement: Placement
+    placement: ExpectedWorkload
     spawn: m.SpawnWorkers | None = None
     spec: m.WorkerSpec | None = None
     task: m.SpawnTask | None = None
@@ -53,7 +55,7 @@ class NodeCore:
         self.node_id, self.pid = node_id, pid  # pid: the agent's, which a SpawnWorkers names as the one placed on
         self.cpus = cpus  # what workloads may use, which their threads share
         self.sup = Supervisor(node_id, unkillable_after_s)
-        self.gpus = GpuBook(list(gpu_ids or []))  # which live worker holds which of the node's GPUs
+        self.gpus: GpuBook[Key] = GpuBook(list(gpu_ids or []))  # which live worker holds which of the node's GPUs
         self.draining: m.NodeDraining | None = None
         # Spawns that wait for workers of an earlier attempt of their run to exit (run id, attempt) -> (to, spawn)
         self.held: dict[tuple[str, int], tuple[bytes, m.SpawnWorkers]] = {}
@@ -96,7 +98,7 @@ class NodeCore:
 
     def _earlier_workers(self, req: m.SpawnWorkers) -> list[int]:
         """Live workers here of an earlier attempt of `req`'s run, its own or an older driver's (same run key)."""
-        def earlier(w) -> bool:
+        def earlier(w: Workload) -> bool:
             if w.run_id == req.run_id:
                 return w.attempt < req.attempt
             run = self.sup.runs.get(w.run_id)
@@ -111,7 +113,7 @@ class NodeCore:
                 out += self._forks(to, req)
         return out
 
-    def _refuse_held(self, which, why: str) -> list[NodeEffect]:
+    def _refuse_held(self, which: Callable[[tuple[str, int]], bool], why: str) -> list[NodeEffect]:
         out: list[NodeEffect] = []
         for key in [k for k in self.held if which(k)]:
             to, req = self.held.pop(key)
@@ -128,7 +130,7 @@ class NodeCore:
         threads = cpu_share_threads(req.resources.get("CPU"), self.cpus, len(req.workers))
         for spec in req.workers:
             key = (req.run_id, req.attempt, spec.rank, "")
-            placement = Placement(world_size=spec.world_size, demand=dict(req.resources))
+            placement = ExpectedWorkload(world_size=spec.world_size, demand=dict(req.resources))
             self.sup.expect(key, placement)
             effects.append(Fork(key, f"{req.run_id}-a{req.attempt}-r{spec.rank}", placement, spawn=req, spec=spec,
                                 env=envs[key], threads=threads))
@@ -140,7 +142,7 @@ class NodeCore:
         if req.resources.memory_bytes:
             demand["memory"] = float(req.resources.memory_bytes)
         key = (req.run_id, 0, -1, req.task_id)
-        placement = Placement(resources=req.resources, retriable=req.retriable, demand=demand)
+        placement = ExpectedWorkload(resources=req.resources, retriable=req.retriable, demand=demand)
         self.sup.expect(key, placement)
         return effects + [Fork(key, f"task-{req.task_id}", placement, task=req,
                                threads=cpu_share_threads(req.resources.num_cpus, self.cpus, 1))]

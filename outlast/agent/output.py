@@ -19,11 +19,13 @@ go on growing under its new name.
 
 from __future__ import annotations
 
+import io
 import logging
 
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +39,7 @@ MAX_FILE_BYTES_VAR = "OUTLAST_WORKER_OUTPUT_MAX_BYTES"
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 
 
-def max_file_bytes(env=os.environ) -> int:
+def max_file_bytes(env: Mapping[str, str] = os.environ) -> int:
     """The cap on a rank's output file; a bad value is refused saying what to write."""
     text = env.get(MAX_FILE_BYTES_VAR, "")
     if not text:
@@ -105,9 +107,11 @@ def redirect_to(path: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     for stream in (sys.stdout, sys.stderr):
+        if not isinstance(stream, io.TextIOWrapper):
+            continue  # replaced by something that buffers as it likes
         try:
             stream.reconfigure(line_buffering=True)
-        except (AttributeError, ValueError):
+        except ValueError:
             pass
 
 

@@ -19,10 +19,10 @@ from typing import Callable, Protocol
 import zmq
 
 from outlast.client.liveness import agent_gone
-from outlast.cluster.nodetable import NodeTable, UnknownNode
+from outlast.cluster.nodetable import HeadNodeTable, UnknownNode
 from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked
-from outlast.protocol.transport import HEAD_TO_MEMBER, BadMessage, tune, encode
+from outlast.protocol.transport import HEAD_TO_MEMBER, encode, receive_all, send_or_drop, tune
 
 log = logging.getLogger("outlast.agent")
 
@@ -33,9 +33,14 @@ SendTo = Callable[[bytes, m.Msg], None]
 
 
 class NodeRole(Protocol):
-    is_head: bool
-    head_address: str  # "" on the head
-    sock: zmq.Socket | None  # a socket the poll loop watches, or None
+    @property
+    def is_head(self) -> bool: ...
+
+    @property
+    def head_address(self) -> str: ...  # "" on the head
+
+    @property
+    def sock(self) -> zmq.Socket[bytes] | None: ...  # a socket the poll loop watches, or None
 
     def join(self, me: m.NodeInfo) -> None: ...
 
@@ -63,7 +68,7 @@ class HeadNode:
 
     def __init__(self, node_id: str, node_timeout_s: float) -> None:
         self.node_id = node_id
-        self.table = NodeTable(node_timeout_s)
+        self.table = HeadNodeTable(node_timeout_s)
         self.members: dict[str, bytes] = {}  # node id -> the member's identity on the head's socket
 
     def join(self, me: m.NodeInfo) -> None:
@@ -129,7 +134,7 @@ class MemberNode:
 
     is_head = False
 
-    def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, node_id: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], head_address: str, key: ClusterKey | None, node_id: str) -> None:
         self.node_id = node_id
         self.head_address = head_address
         self.sock = tune(ctx.socket(zmq.DEALER))
@@ -174,10 +179,7 @@ class MemberNode:
         if any(isinstance(o, m.HeartbeatAck) and not o.known for o in received):
             # The head restarted (its table is new) or declared this node dead: register again.
             log.warning("the head at %s does not know this node; registering again", self.head_address)
-            try:
-                self.sock.send(encode(m.RegisterNode(node=me)), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+            send_or_drop(self.sock, m.RegisterNode(node=me))  # lost: the next heartbeat's answer asks again
         self._heartbeat_if_due(now, me)
         return [o for o in received if isinstance(o, m.NodeDraining)]
 
@@ -191,11 +193,8 @@ class MemberNode:
         if now < self.next_heartbeat:
             return
         self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
-        try:
-            self.sock.send(encode(m.NodeHeartbeat(node_id=me.node_id, used=me.used, draining=me.draining)),
-                           zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+        # Lost on a full queue (the head gone): the next goes out in HEARTBEAT_INTERVAL_S.
+        send_or_drop(self.sock, m.NodeHeartbeat(node_id=me.node_id, used=me.used, draining=me.draining))
         if now - self.last_ack > 5.0 and not self.head_lost_logged:
             log.warning("no answer from the head at %s for %.0f s; its workers go on, and this node rejoins "
                         "when the head is back", self.head_address, now - self.last_ack)
@@ -203,17 +202,10 @@ class MemberNode:
 
     def receive(self) -> list[m.HeadToMember]:
         out = []
-        while True:
-            try:
-                data = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            try:
-                out.append(HEAD_TO_MEMBER.decode(data))
-            except BadMessage as e:
-                log.warning("dropped a malformed message from the head: %s", e)
-                continue
+        for _, msg in receive_all(self.sock, HEAD_TO_MEMBER, "message from the head"):
+            out.append(msg)
             self.last_ack, self.head_lost_logged = time.monotonic(), False
+        return out
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from outlast.isolation.policy import render_report
+from outlast.isolation.policy import WorkloadKind, render_report
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 
@@ -50,7 +50,7 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ExpectedWorkload:
     """What is known of a workload before the fork server reports its pid."""
 
     leaf: str | None = None
@@ -122,7 +122,7 @@ class WorkloadView:
 
     pid: int
     leaf: str | None
-    kind: str  # "training" | "task"
+    kind: WorkloadKind
     owner: str  # run id or task id
     rank: int | None
     started_at: float
@@ -151,7 +151,7 @@ class Supervisor:
         self.unkillable_after_s = unkillable_after_s
         self.runs: dict[str, Run] = {}
         self.workloads: dict[int, Workload] = {}
-        self._placements: dict[Key, Placement] = {}
+        self._placements: dict[Key, ExpectedWorkload] = {}
 
     # ---- runs -------------------------------------------------------------------------------
 
@@ -176,7 +176,7 @@ class Supervisor:
             effects += self._kill_run(old, f"run {run_key}: a new driver took over from run {old.run_id}")
         return effects
 
-    def expect(self, key: Key, placement: Placement) -> None:
+    def expect(self, key: Key, placement: ExpectedWorkload) -> None:
         """A fork is on its way: remember where it goes until the fork server reports its pid."""
         self._placements[key] = placement
 
@@ -200,7 +200,7 @@ class Supervisor:
     # ---- the fork server's reports ---------------------------------------------------------------
 
     def on_forked(self, msg: m.Forked, wall: float) -> list[Effect]:
-        p = self._placements.pop((msg.run_id, msg.attempt, msg.rank, msg.task_id), None) or Placement()
+        p = self._placements.pop((msg.run_id, msg.attempt, msg.rank, msg.task_id), None) or ExpectedWorkload()
         self.workloads[msg.pid] = Workload(
             msg.run_id, msg.attempt, msg.rank, msg.pid, task_id=msg.task_id, started_at=wall, leaf=p.leaf,
             resources=p.resources, retriable=p.retriable, world_size=p.world_size, demand=p.demand)
@@ -225,7 +225,7 @@ class Supervisor:
         """The fork server died and its workloads with it (they die with their parent): nobody will
         reap them, so each is reported lost now, as a failure its run restarts from. So is each fork
         it was asked for and never reported: without a report its controller would wait for it."""
-        error = m.WorkerError(exc_type=FailureKind.FORK_SERVER_DIED, message=why, traceback="", phase="node")
+        error = m.WorkerError(kind=FailureKind.FORK_SERVER_DIED, message=why, traceback="", phase="node")
         effects: list[Effect] = []
         for w in list(self.workloads.values()):
             del self.workloads[w.pid]
@@ -289,9 +289,9 @@ class Supervisor:
         for w in self.workloads.values():
             run = self.runs.get(w.run_id)
             out.append(WorkloadView(
-                pid=w.pid, leaf=w.leaf, kind="task" if w.is_task else "training", owner=w.task_id or w.run_id,
-                rank=None if w.is_task else w.rank, started_at=w.started_at, resources=w.resources,
-                idle=w.kill_at is not None or run is None or run.ended, retriable=w.retriable,
+                pid=w.pid, leaf=w.leaf, kind=WorkloadKind.TASK if w.is_task else WorkloadKind.TRAINING,
+                owner=w.task_id or w.run_id, rank=None if w.is_task else w.rank, started_at=w.started_at,
+                resources=w.resources, idle=w.kill_at is not None or run is None or run.ended, retriable=w.retriable,
                 world_size=w.world_size, last_commit_at=run.last_commit_at if run else None,
                 already_killed=w.kill_report is not None))
         return out
@@ -313,9 +313,10 @@ class Supervisor:
         text = (f"pid {w.pid}, {who} of run {w.run_id}, did not die {waited_s:.0f} s after SIGKILL: it is stuck "
                 f"in the kernel (an NFS or FUSE read, a GPU fault, a frozen cgroup); node {self.node_id} takes no new "
                 "work until it is restarted")
-        error = m.WorkerError(exc_type=FailureKind.UNKILLABLE, message=text, traceback="", phase="node")
-        return [Warn(text), GiveUpNode(text)] + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid,
-                                                                   None, signal.SIGKILL, error, w.kill_report)
+        error = m.WorkerError(kind=FailureKind.UNKILLABLE, message=text, traceback="", phase="node")
+        said: list[Effect] = [Warn(text), GiveUpNode(text)]
+        return said + self._report_exit(w.run_id, w.attempt, w.rank, w.task_id, w.pid, None, signal.SIGKILL, error,
+                                        w.kill_report)
 
     def _terminate(self, victims: list[Workload], grace_s: float, now: float, reason: str) -> list[Effect]:
         effects: list[Effect] = []

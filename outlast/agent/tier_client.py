@@ -2,7 +2,7 @@
 
 The offer or the fetch goes over the tier server's CURVE socket (the cluster key), and its answer
 gives a `Transfer`: the server's data socket and a key made for this one copy. The chunks then go
-through the data socket, each sealed with AES-256-GCM under that key (`Sealer`), its header the
+through the data socket, each sealed with AES-256-GCM under that key (`TransferSealer`), its header the
 associated data, so that a chunk changed, moved to another file or offset, or sent under another
 transfer is refused. CURVE encrypts in ZeroMQ's one I/O thread of each side; AES-GCM with the
 CPU's AES instructions, in the threads that read and write the files, moved a replica 1.6 times as
@@ -13,7 +13,7 @@ Both directions go in chunks of `CHUNK` bytes with at most `WINDOW` unanswered, 
 thread never holds more than a chunk of anyone's copy and never waits on a slow peer; a peer
 silent for `timeout_s` fails the transfer, saying so.
 
-A chunk's bytes travel as a frame of their own after its `TierChunk` (`Sealer.seal`), never
+A chunk's bytes travel as a frame of their own after its `TierChunk` (`TransferSealer.seal`), never
 inside the msgpack: they are sealed straight from a map of the file (the page cache, or the tier's
 tmpfs) and written from what opening the seal gives, so that the copies on the way are the seal's,
 the kernel's socket and the write into the file.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,7 +56,13 @@ def new_transfer(data_address: str) -> m.Transfer:
     return m.Transfer(data_address=data_address, session=os.urandom(16), key=AESGCM.generate_key(256))
 
 
-class Sealer:
+def refused(key: CopyKey, node_id: str, reason: str, seconds: float = 0.0) -> m.TierStored:
+    """The answer of `node_id`'s tier to a request about the copy `key` that it did not carry out, saying why."""
+    return m.TierStored(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, node_id=node_id, ok=False,
+                        reason=reason, seconds=seconds)
+
+
+class TransferSealer:
     """One side of a transfer: seals what it sends under the transfer's key, with a nonce it never uses
     again, and opens what the other side sent."""
 
@@ -66,7 +72,7 @@ class Sealer:
         self._side = side
         self._sent = 0
 
-    def seal(self, chunk: m.TierChunk, data: memoryview | bytes) -> list:
+    def seal(self, chunk: m.TierChunk, data: memoryview | bytes) -> list[bytes]:
         """The chunk's frames: its header (this transfer's, with the next nonce), then its bytes sealed."""
         self._sent += 1
         head = encode(msgspec.structs.replace(chunk, session=self.session, nonce=self._sent))
@@ -85,7 +91,7 @@ def _nonce(side: int, count: int) -> bytes:
     return bytes([side]) + count.to_bytes(11, "big")
 
 
-def _recv(sock: zmq.Socket, timeout_s: float, what: str) -> m.TierReply:
+def _recv(sock: zmq.Socket[bytes], timeout_s: float, what: str) -> m.TierReply:
     return _recv_sealed(sock, timeout_s, what)[1]
 
 
@@ -98,13 +104,13 @@ def file_view(root: Path | str, rel: str, owner: int | None = None) -> memoryvie
         return memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
 
 
-def _chunks(files: list[m.FileEntry]):
+def _chunks(files: list[m.FileEntry]) -> Iterator[tuple[m.FileEntry, int, int]]:
     for entry in files:
         for offset in range(0, max(entry.size, 1), CHUNK):
             yield entry, offset, min(CHUNK, entry.size - offset)
 
 
-def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src: Path, peer: str,
+def push(sock: zmq.Socket[bytes], key: CopyKey, seq: int, files: list[m.FileEntry], src: Path, peer: str,
          timeout_s: float = 30.0, turn: Callable[[], None] | None = None, owner: int | None = None) -> m.TierStored:
     """Send the files under `src` (each of `owner`'s, when given) to the tier server behind `sock` as a
     replica; its answer at the end. `turn`, called before each chunk, returns when the replica may go on."""
@@ -115,7 +121,7 @@ def push(sock: zmq.Socket, key: CopyKey, seq: int, files: list[m.FileEntry], src
         return reply  # refused: its reason says why
     if not isinstance(reply, m.TierAck) or reply.transfer is None:
         raise TransferError(f"{peer} answered an offer with {type(reply).__name__} and no transfer")
-    sealer = Sealer(reply.transfer, ASKER)
+    sealer = TransferSealer(reply.transfer, ASKER)
     data = connect_dealer(sock.context, reply.transfer.data_address)
     try:
         in_flight = 0
@@ -164,24 +170,23 @@ class Fetched(NamedTuple):
     digests: dict[str, str]  # of the bytes written, by path (`InOrderDigests`): what that check need not read
 
 
-def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: CopyKey, dest: Path | None,
-          timeout_s: float = 30.0, dest_for: Callable[[m.TierOffer], Path] | None = None) -> Fetched:
-    """Copy a peer's held copy into `dest` (created), or where `dest_for(its record)` says (it raises
+def fetch(ctx: zmq.Context[zmq.Socket[bytes]], key_pair: ClusterKey | None, address: str, key: CopyKey,
+          dest: Path | Callable[[m.TierOffer], Path], timeout_s: float = 30.0) -> Fetched:
+    """Copy a peer's held copy into `dest` (created), or where `dest(its record)` says (it raises
     TransferError to refuse)."""
     sock = connect_dealer(ctx, address, key=key_pair)
     data = None
     try:
-        ask = dict(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank)
-        sock.send(encode(m.TierFetch(**ask)))
+        sock.send(encode(m.TierFetch(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank)))
         offer = _recv(sock, timeout_s, address)
         if isinstance(offer, m.TierStored):
             raise TransferError(offer.reason)
         if not isinstance(offer, m.TierOffer) or offer.transfer is None:
             raise TransferError(f"{address} answered a fetch with {type(offer).__name__} and no transfer")
-        sealer = Sealer(offer.transfer, ASKER)
+        sealer = TransferSealer(offer.transfer, ASKER)
         data = connect_dealer(ctx, offer.transfer.data_address)
-        dest = dest_for(offer) if dest_for is not None else dest
-        dest.mkdir(parents=True, exist_ok=True)
+        where = dest(offer) if callable(dest) else dest
+        where.mkdir(parents=True, exist_ok=True)
         handles: dict[str, int] = {}
         digests = digests_for(offer.files)
         pending = list(_chunks(offer.files))
@@ -189,12 +194,13 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
         asked_for: dict[tuple[str, int], int] = {}
         try:
             for entry in offer.files:
-                handles[entry.path] = safepath.open_under(dest, entry.path, write=True)
+                handles[entry.path] = safepath.open_under(where, entry.path, write=True)
             done = 0
             while done < len(pending):
                 while asked < len(pending) and asked - done < WINDOW:
                     entry, offset, length = pending[asked]
-                    data.send(encode(m.TierFetch(**ask, path=entry.path, offset=offset, length=length,
+                    data.send(encode(m.TierFetch(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank,
+                                                 path=entry.path, offset=offset, length=length,
                                                  session=sealer.session)))
                     asked_for[(entry.path, offset)] = length
                     asked += 1
@@ -221,7 +227,7 @@ def fetch(ctx: zmq.Context, key_pair: ClusterKey | None, address: str, key: Copy
             data.close(linger=0)
 
 
-def _recv_sealed(sock: zmq.Socket, timeout_s: float, what: str) -> tuple[bytes, m.TierReply, memoryview | bytes]:
+def _recv_sealed(sock: zmq.Socket[bytes], timeout_s: float, what: str) -> tuple[bytes, m.TierReply, memoryview | bytes]:
     """An answer on a data socket: its header as it came (a seal's associated data), decoded, and what follows."""
     if not sock.poll(int(timeout_s * 1000)):
         raise TransferError(f"no answer from {what} for {timeout_s:.0f} s")
@@ -237,7 +243,7 @@ def write_all(fd: int, data: memoryview | bytes, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def ask(ctx: zmq.Context, key_pair: ClusterKey, address: str, msg: m.Msg, timeout_s: float = 600.0) -> m.TierReply:
+def ask(ctx: zmq.Context[zmq.Socket[bytes]], key_pair: ClusterKey, address: str, msg: m.Msg, timeout_s: float = 600.0) -> m.TierReply:
     """One request, one answer (a hold is answered once the replica is on the peer, or has failed)."""
     sock = connect_dealer(ctx, address, key=key_pair)
     try:

@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -75,7 +76,7 @@ def release(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _claims_lock(root: Path):
+def _claims_lock(root: Path) -> Iterator[None]:
     fd = os.open(root / CLAIMS, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -188,7 +188,7 @@ class Zygote:
         """The pid of the spare that took `order` and `fd`, or None when there is none (or each was gone)."""
         data = encode(order)
         while self.spares:
-            pid = next(iter(self.spares))  # the oldest
+            pid: int = next(iter(self.spares))  # the oldest
             conn = self.spares.pop(pid)
             try:
                 conn.send_bytes(data)

@@ -22,6 +22,9 @@ from outlast.storage.metric_values import stored
 from outlast.storage.records import RunState
 
 VERSION = 1
+# outlast.run 2: a failure's `kind` holds outlast's own kinds, and `exc_type` only the names of exceptions ranks
+# raised (run states of version 2); run.v1.json stays beside it for the documents of version 1.
+RUN_VERSION = 2
 
 
 class StatusDocument(msgspec.Struct, kw_only=True):
@@ -63,7 +66,7 @@ class RunDocument(msgspec.Struct, kw_only=True):
     """`outlast runs STORAGE_PATH NAME --json`: one run's whole history (its run-state file)."""
 
     kind: Literal["outlast.run"] = "outlast.run"
-    version: Literal[1] = VERSION
+    version: Literal[2] = RUN_VERSION
     location: str  # {storage_path}/{name}
     run: RunState
 
@@ -90,16 +93,20 @@ def to_json(doc: msgspec.Struct) -> str:
     return msgspec.json.format(msgspec.json.encode(stored(msgspec.to_builtins(doc))), indent=2).decode()
 
 
+def version_of(name: str) -> int:
+    return RUN_VERSION if name == "run" else VERSION
+
+
 def schema(name: str) -> dict:
     cls = DOCUMENTS[name]
     out = msgspec.json.schema(cls)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": f"https://outlast.invalid/schemas/{name}.v{VERSION}.json",
-            "title": f"outlast {name} document, version {VERSION}", **out}
+            "$id": f"https://outlast.invalid/schemas/{name}.v{version_of(name)}.json",
+            "title": f"outlast {name} document, version {version_of(name)}", **out}
 
 
 def schema_file(name: str) -> str:
-    return f"{name}.v{VERSION}.json"
+    return f"{name}.v{version_of(name)}.json"
 
 
 def write_schemas(directory: Path) -> list[Path]:

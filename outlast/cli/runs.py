@@ -99,7 +99,7 @@ def render(state: RunState, where: str) -> str:
         lines.append(f"  #{a.attempt}  {_when(a.started_at)}  {a.outcome or '-':12} {took:>10}  "
                      f"restored from {a.restored_from or 'nothing'}{size}")
         for f in a.failures:
-            how = (f"{f.exc_type}: {f.message}" if f.exc_type else
+            how = (f"{f.named}: {f.message}" if f.named else
                    f"killed by {signal_name(f.signal)}" if f.signal is not None else f"exit code {f.exit_code}")
             lines.append(f"      rank {f.rank} pid {f.pid} node {f.node_id}: {how}")
     if state.resizes:

@@ -113,7 +113,7 @@ def remove_node_file(owner_pid: int) -> None:
         node_file_path().unlink(missing_ok=True)
 
 
-def request(ctx: zmq.Context, address: str, msg: m.Msg, timeout_s: float = 2.0,
+def request(ctx: zmq.Context[zmq.Socket[bytes]], address: str, msg: m.Msg, timeout_s: float = 2.0,
             key: "ClusterKey | None | bool" = True) -> m.AgentEvent:
     """One request, one reply, or `AgentUnavailable` (`key=True`: this machine's cluster key)."""
     if key is True:
@@ -158,7 +158,7 @@ def published_node() -> NodeFile | None:
     return info if still_running(info.process, info.pid)[0] else None
 
 
-def find_running_agent(ctx: zmq.Context, answer_within_s: float | None = None) -> str | None:
+def find_running_agent(ctx: zmq.Context[zmq.Socket[bytes]], answer_within_s: float | None = None) -> str | None:
     """The address of a live agent: $OUTLAST_ADDRESS, or the one `outlast start` published.
 
     A published node whose process runs is waited for (`answer_within_s`, NODE_ANSWER_S unless
@@ -182,7 +182,7 @@ def find_running_agent(ctx: zmq.Context, answer_within_s: float | None = None) -
     return info.address
 
 
-def head_of(ctx: zmq.Context, address: str) -> str:
+def head_of(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> str:
     """The head of the cluster the agent at `address` belongs to (itself when it is the head)."""
     pong = request(ctx, address, m.Ping(), timeout_s=NODE_ANSWER_S)
     return pong.head_address if isinstance(pong, m.Pong) and pong.head_address else address
@@ -194,7 +194,7 @@ class ClusterAccess:
 
     head_address: str
     key: ClusterKey
-    embedded: subprocess.Popen | None = None
+    embedded: subprocess.Popen[bytes] | None = None
     authenticator: Any = None
 
     def stop_authenticator(self) -> None:
@@ -204,7 +204,7 @@ class ClusterAccess:
             self.authenticator = None
 
 
-def attach(ctx: zmq.Context, preload: list[str], extra_args: list[str] | None = None) -> ClusterAccess:
+def attach(ctx: zmq.Context[zmq.Socket[bytes]], preload: list[str], extra_args: list[str] | None = None) -> ClusterAccess:
     """Use the running cluster, or start an embedded node that dies with this process.
 
     The context gets an authenticator for the cluster key, so sockets bound on it admit
@@ -231,7 +231,7 @@ def attach(ctx: zmq.Context, preload: list[str], extra_args: list[str] | None = 
 
 def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str] | None = None,
                         log_path: Path | None = None, timeout_s: float = 30.0,
-                        env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+                        env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Start `python -m outlast.agent` and return it with its address once it listens.
 
     The cluster key and etcd's password (in `env` or this process's environment) go to it over a
@@ -244,7 +244,7 @@ def start_agent_process(preload: list[str], embedded: bool, extra_args: list[str
 class AgentLaunch:
     """An agent process on its way up; a standby's (`go_fd` set) waits for `go()` before it binds."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     ready_fd: int
     log_path: Path | None = None
     go_fd: int | None = None

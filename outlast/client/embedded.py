@@ -37,7 +37,7 @@ STANDBY_AFTER_S = 10.0
 
 
 class EmbeddedNode:
-    def __init__(self, proc: subprocess.Popen, address: str, key: ClusterKey, preload: list[str],
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, key: ClusterKey, preload: list[str],
                  extra_args: list[str], on_change: "Callable[[str, str], None] | None" = None,
                  standby: bool | None = None) -> None:
         """`on_change(state, what)`, from the watcher thread: "died" (`what` says how, and that
@@ -110,7 +110,7 @@ class EmbeddedNode:
             except OSError as e:
                 log.warning("could not start a standby node agent (%s); a restart will start one from scratch", e)
 
-    def _successor(self) -> subprocess.Popen:
+    def _successor(self) -> subprocess.Popen[bytes]:
         """The standby, told to take over; a new agent if there is none, or it died meanwhile."""
         standby, self.standby = self.standby, None
         if standby is not None:
@@ -149,7 +149,7 @@ class EmbeddedNode:
         self._end_standby()
 
 
-def _ends_within(proc: subprocess.Popen, timeout_s: float) -> bool:
+def _ends_within(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
     """Whether the child ends within `timeout_s` (left unreaped)."""
     try:
         fd = os.pidfd_open(proc.pid)
@@ -161,7 +161,7 @@ def _ends_within(proc: subprocess.Popen, timeout_s: float) -> bool:
         os.close(fd)
 
 
-def _wait_unreaped(proc: subprocess.Popen) -> int | None:
+def _wait_unreaped(proc: subprocess.Popen[bytes]) -> int | None:
     """Wait for the child to end but leave it to be reaped (its pid stays taken until then);
     returns its exit code as Popen gives it (negative: the signal)."""
     try:

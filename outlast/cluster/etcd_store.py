@@ -17,11 +17,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 from outlast.cluster.sealed import Sealer
 from outlast.cluster.store_view import StoreEvent
+
+if TYPE_CHECKING:
+    from etcd3gw.client import Etcd3Client
 
 log = logging.getLogger("outlast.store")
 
@@ -121,7 +124,7 @@ class EtcdStore:
         self._lock = threading.Lock()  # the session's auth header and the current endpoint
         self._clients = [self._client(url) for url in config.endpoints]
 
-    def _client(self, url: str):
+    def _client(self, url: str) -> Etcd3Client:
         import requests
         from etcd3gw.client import Etcd3Client
 
@@ -134,6 +137,8 @@ class EtcdStore:
         if self.config.cert and self.config.key:
             session.cert = (self.config.cert, self.config.key)
         p = urlparse(url)
+        if p.hostname is None or p.port is None:
+            raise ValueError(f"etcd endpoint {url!r} names no host or no port: give http(s)://HOST:PORT")
         return Etcd3Client(host=p.hostname, port=p.port, protocol=p.scheme, timeout=self.timeout_s, api_path="/v3/",
                            session=session)
 
@@ -151,7 +156,7 @@ class EtcdStore:
             try:
                 try:
                     self._authenticate(client)
-                    out = client.post(client.get_url(path), json=body)
+                    out: dict[str, Any] = client.post(client.get_url(path), json=body)
                 except ex.Etcd3Exception as e:
                     if not (self.config.user and "token" in str(e)):
                         raise
@@ -166,7 +171,7 @@ class EtcdStore:
                 raise StoreUnavailable(f"etcd refused {path}: {_short(e)}") from None
         raise StoreUnavailable("no etcd member answered with a majority behind it (" + "; ".join(errors) + ")")
 
-    def _authenticate(self, client) -> None:
+    def _authenticate(self, client: Etcd3Client) -> None:
         if not self.config.user or "Authorization" in client.session.headers:
             return
         token = client.post(client.get_url("auth/authenticate"),
@@ -225,7 +230,7 @@ class EtcdStore:
         """Stream the prefix's changes from `from_revision` until the stream breaks or `stopping` is set."""
         client = self._clients[self._current]
         self._authenticate(client)
-        body = {"create_request": {"key": _b64(self.prefix), "range_end": _b64(_range_end(self.prefix)),
+        body: dict[str, dict[str, str | int | bool]] = {"create_request": {"key": _b64(self.prefix), "range_end": _b64(_range_end(self.prefix)),
                                    "start_revision": from_revision, "progress_notify": True}}
         resp = client.session.post(client.get_url("watch"), json=body, stream=True, timeout=(self.timeout_s, 15))
         self._watch_response = resp

@@ -9,6 +9,7 @@ every node of that domain, with the same deadline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -17,7 +18,7 @@ from outlast.protocol.messages import NodeDraining, NodeInfo
 
 
 @dataclass(frozen=True)
-class DrainOrder:
+class NodesToDrain:
     """Drain these nodes (the head tells each member agent; it drains itself if listed)."""
 
     notice: NodeDraining  # with `node_ids` naming every node drained together
@@ -33,7 +34,7 @@ class UnknownNode(KeyError):
         return self.message
 
 
-class NodeTable:
+class HeadNodeTable:
     def __init__(self, node_timeout_s: float) -> None:
         self.node_timeout_s = node_timeout_s
         self._nodes: dict[str, NodeInfo] = {}
@@ -76,7 +77,7 @@ class NodeTable:
         return self._nodes[node_id]
 
     def drain(self, node_id: str, reason: str, message: str, deadline_unix_s: float | None,
-              also: list[str] = (), until_commit: bool = False) -> DrainOrder:
+              also: Sequence[str] = (), until_commit: bool = False) -> NodesToDrain:
         """Mark `node_id`, the nodes in `also` and their failure domains as draining, as one drain; raise
         `UnknownNode` for a wrong id, before anything is marked."""
         named = [node_id, *(i for i in also if i != node_id)]
@@ -92,7 +93,7 @@ class NodeTable:
             n = self._nodes[i]
             if n.state != "dead":
                 self._nodes[i] = msgspec.structs.replace(n, state="draining", draining=notice)
-        return DrainOrder(notice)
+        return NodesToDrain(notice)
 
     def get(self, node_id: str) -> NodeInfo | None:
         return self._nodes.get(node_id)

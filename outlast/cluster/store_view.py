@@ -69,14 +69,15 @@ class ClusterView:
 
     def reset(self, items: list[tuple[str, bytes]]) -> None:
         """A full read of the prefix: what the watch then continues from."""
-        self.__init__(self.sealer)
+        ClusterView.__init__(self, self.sealer)
         for key, value in items:
             self.apply(StoreEvent(key, value))
 
     def apply(self, event: StoreEvent) -> bool:
         """Take one watch event; True when the table or the head changed."""
         kind, _, node_id = event.key.partition("/")
-        books = {"members": self.members, "nodes": self.live, "drains": self.drains, "dead": self.dead}
+        books: dict[str, dict[str, NodeInfo] | dict[str, NodeDraining] | dict[str, float]] = {
+            "members": self.members, "nodes": self.live, "drains": self.drains, "dead": self.dead}
         if event.key != "head" and (kind not in books or not node_id):
             return False
         value = event.value
@@ -93,16 +94,17 @@ class ClusterView:
                 return False
             old, self.head = self.head, head
             return old != self.head
-        book = books[kind]
         if value is None:
-            return book.pop(node_id, None) is not None
+            return books[kind].pop(node_id, None) is not None
         try:
-            if kind in ("members", "nodes"):
-                book[node_id] = _NODE.decode(value)
+            if kind == "members":
+                self.members[node_id] = _NODE.decode(value)
+            elif kind == "nodes":
+                self.live[node_id] = _NODE.decode(value)
             elif kind == "drains":
-                book[node_id] = _DRAIN.decode(value)
+                self.drains[node_id] = _DRAIN.decode(value)
             else:
-                book[node_id] = float(value)
+                self.dead[node_id] = float(value)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             self.malformed.append(event.key)
             return False

@@ -135,7 +135,7 @@ NOTES: dict[str, Note] = {
     "ControllerError": Note(DIFFERS, "any other stop (no node answered, the run's lease lost, workers never started)"),
     "PreemptionError": Note(DIFFERS, "a TrainingFailedError carrying the preemptions among its failures"),
     "PreemptionError.preemption_info": Note(UNSUPPORTED, "the preemptions are among the error's `failures` "
-                                                         "(exc_type 'Preemption', with the node and deadline)"),
+                                                         "(kind 'Preemption', with the node and deadline)"),
     "PreemptionError.drain_timed_out": Note(UNSUPPORTED, "the run's history says whether the deadline passed"),
     "WorkerGroupError.error_message": Note(DIFFERS, "the constructor takes (message, failures); str(error) is the "
                                                     "message"),

@@ -22,7 +22,8 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.trace import mark
 from outlast.protocol.transport import (
-    AGENT_EVENTS, HEADER, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, watch_identity,
+    AGENT_EVENTS, HEADER, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, receive_all, send_or_drop,
+    watch_identity,
 )
 
 log = logging.getLogger("outlast.controller")
@@ -117,19 +118,12 @@ class AgentGroup:
             link = self._links[node_id] = connect_dealer(self.ctx, address, key=self.key)
             self._linked_to[node_id] = address
             self._poller.register(link, zmq.POLLIN)
-        # A node that went away must not block the controller once its queue is full.
-        try:
-            link.send(encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+        send_or_drop(link, msg)  # a node that went away must not block the controller once its queue is full
 
     def _send_query(self, now: float) -> None:
         mark("controller.query")
-        try:
-            self._query.send(encode(m.ListNodes()), zmq.NOBLOCK)
+        if send_or_drop(self._query, m.ListNodes()):  # else sent again on a later turn
             self._query_sent = now
-        except zmq.Again:
-            pass
 
     # ---- events in ----------------------------------------------------------------------
 
@@ -163,33 +157,21 @@ class AgentGroup:
 
     def _worker_messages(self) -> list[g.InEvent]:
         out: list[g.InEvent] = []
-        while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            try:
-                out.append(g.FromWorker(WORKER_MESSAGES.decode(frames[-1])))
-            except BadMessage as e:
-                refused = _refused(frames, e)
-                if refused is None:
-                    log.warning("dropped a malformed message from a worker: %s", e)
-                else:
-                    out.append(refused)
+
+        def refuse(frames: list[bytes], e: BadMessage) -> bool:
+            refused = _refused(frames, e)
+            if refused is not None:
+                out.append(refused)
+            return refused is not None
+
+        for _, msg in receive_all(self.sock, WORKER_MESSAGES, "message from a worker", on_bad=refuse):
+            out.append(g.FromWorker(msg))
+        return out
 
     def _agent_events(self, sock: zmq.Socket) -> list[g.InEvent]:
         node_id = next((n for n, link in self._links.items() if link is sock), "")
         out: list[g.InEvent] = []
-        while True:
-            try:
-                data = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            try:
-                event = AGENT_EVENTS.decode(data)
-            except BadMessage as e:
-                log.warning("dropped a malformed message from node %s: %s", node_id, e)
-                continue
+        for _, event in receive_all(sock, AGENT_EVENTS, f"message from node {node_id}"):
             if isinstance(event, m.WorkerOutput):
                 if self._output is not None:
                     self._output(event)
@@ -197,23 +179,16 @@ class AgentGroup:
                 if isinstance(event, m.WorkerExited):
                     mark("controller.exited", node=node_id, attempt=event.attempt, rank=event.rank)
                 out.append(g.FromAgent(node_id, event))
+        return out
 
     def _table_answers(self) -> list[g.NodeTable]:
         out = []
-        while True:
-            try:
-                data = self._query.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            try:
-                reply = AGENT_EVENTS.decode(data)
-            except BadMessage as e:
-                log.warning("dropped a malformed answer from the head: %s", e)
-                continue
+        for _, reply in receive_all(self._query, AGENT_EVENTS, "answer from the head"):
             if isinstance(reply, m.NodeList):
                 mark("controller.table")
                 self._query_sent = None
                 out.append(g.NodeTable(self._take_table(reply.nodes)))
+        return out
 
     def _take_table(self, nodes: list[m.NodeInfo]) -> list[m.NodeInfo]:
         # A node whose agent is gone from this machine is never shown alive.

@@ -66,7 +66,7 @@ def run_ended(c: CoreState) -> None:
 # ---- the outcomes ---------------------------------------------------------------------------
 
 
-def _committed(c: CoreState, out: ce.Committed) -> None:
+def _committed(c: CoreState, out: ce.CommitDone) -> None:
     a = c.attempt
     if a is None or a.number != out.attempt:
         return  # its ranks are gone; the next attempt restores it
@@ -78,7 +78,7 @@ def _committed(c: CoreState, out: ce.Committed) -> None:
     ending.finish_if_settled(c, a)
 
 
-def _commit_failed(c: CoreState, out: ce.CommitFailed) -> None:
+def _commit_failed(c: CoreState, out: ce.CommitRefused) -> None:
     pending, reason = out.pending, out.reason
     log.error("checkpoint %s not committed (the latest committed one stays %s): %s",
               pending.checkpoint_dir, c.book.state.latest_checkpoint, reason)
@@ -178,7 +178,7 @@ def _note_durable(c: CoreState, out: ce.NoteDurable) -> None:
     c.book.note_durable(out.checkpoint_dir)
 
 
-def _note(c: CoreState, out: ce.Note) -> None:
+def _note(c: CoreState, out: ce.NoteOnce) -> None:
     if c.book.note_once(out.text, c.wall()):
         if out.warn:
             log.warning("%s", out.warn)
@@ -187,8 +187,8 @@ def _note(c: CoreState, out: ce.Note) -> None:
 
 
 OUTCOMES: dict[type, Callable] = {
-    ce.Committed: _committed, ce.CommitFailed: _commit_failed, ce.UploadsChecked: _uploads_checked,
+    ce.CommitDone: _committed, ce.CommitRefused: _commit_failed, ce.UploadsChecked: _uploads_checked,
     ce.UploadsEnded: _uploads_ended, ce.HeadLost: _head_lost, ce.DurableDone: _durable_done,
     ce.RecordCommit: _record_commit, ce.NoteMemory: _note_memory, ce.NoteFiles: _note_files,
-    ce.NoteDurable: _note_durable, ce.Note: _note,
+    ce.NoteDurable: _note_durable, ce.NoteOnce: _note,
 }

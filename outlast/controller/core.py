@@ -8,15 +8,15 @@ is slow.
 
 `ControllerCore` is the explicit state (`core_state.py`) and its one entry point. What each event
 does is a plain function over that state, found in a table by the event's type: `handlers.py`
-(agents, a worker's exit), `on_workers.py` (worker messages, collectives), `lifecycle.py` (placing,
-restarting, failures), `ending.py` (giving up, finishing once settled, closing),
-`memory_restore.py` (what a new attempt restores), `preempt_steps.py`, `hang_steps.py`. The commit is a sub-machine with a state of its own (`commits/`): it
-gets its events with a frozen view of the run and returns effects and outcomes, which
-`commit_steps.py` applies. Decisions live in `states.py` (the table and the states' data),
-`policy.py` and `settle.py` (restart or raise), `placement.py`, `commit.py` (when a checkpoint is
-whole), `collectives.py`, `horizons.py` and `preemption.py`. Time comes in as
-`now` (monotonic); the wall time for records and deadlines comes from the injected `wall`
-clock. Teardown goes through this same path: a run is `closed` once its workers are gone (or
+(agents, a worker's exit), `on_workers.py` (worker messages, collectives), `lifecycle.py`
+(placing, restarting, failures), `ending.py` (giving up, finishing once settled, closing),
+`memory_restore.py` (what a new attempt restores), `preempt_steps.py`, `hang_steps.py`. The
+commit is a sub-machine with a state of its own (`commits/`): it gets its events with a frozen
+view of the run and returns effects and outcomes, which `commit_steps.py` applies. Decisions
+live in `states.py` (the table and the states' data), `policy.py` and `attempt_verdict.py`
+(restart or raise), `placement.py`, `commit.py` (when a checkpoint is whole), `collectives.py`,
+`horizons.py` and `preemption.py`. Time comes in as `now` (monotonic); the wall time for records
+and deadlines comes from the injected `wall` clock. Teardown goes through this same path: a run is `closed` once its workers are gone (or
 the wait for them is over) and storage has answered every effect.
 """
 

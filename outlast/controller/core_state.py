@@ -1,9 +1,10 @@
 """The controller core's explicit state, and what every handler uses to say what to do.
 
 `core.ControllerCore` adds the one entry point (`step`) over it. The handlers (`handlers.py`,
-`on_workers.py`, `lifecycle.py`, `ending.py`, `memory_restore.py`, `preempt_steps.py`, `hang_steps.py`,
-`commit_steps.py`) are plain functions over this state; the commit machine (`commits/`) has a state of its own, `commits`, and
-sees this one only as the frozen view `commit_view()` makes.
+`on_workers.py`, `lifecycle.py`, `ending.py`, `memory_restore.py`, `preempt_steps.py`,
+`hang_steps.py`, `commit_steps.py`) are plain functions over this state; the commit machine
+(`commits/`) has a state of its own, `commits`, and sees this one only as the frozen view
+`commit_view()` makes.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class StorageExecutor:
             self._cv.notify()
 
     def take(self) -> list[fx.StorageEvent]:
-        self._wakeup.drain()
+        self._wakeup.clear()
         with self._cv:
             out = list(self._answers)
             self._answers.clear()

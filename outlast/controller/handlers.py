@@ -106,13 +106,13 @@ def on_spawn_refused(c: CoreState, node_id: str, refused: m.SpawnRefused) -> Non
     if c.state.kind is State.SCHEDULING:
         log.warning("attempt %d: %s; placing it again", a.number, refused.reason)
         lifecycle.on_failure(c, FailureRecord(attempt=a.number, rank=0, node_id="", pid=0, exit_code=None,
-                                              signal=None, time=c.wall(), exc_type=FailureKind.SPAWN_REFUSED,
+                                              signal=None, time=c.wall(), kind=FailureKind.SPAWN_REFUSED,
                                               message=refused.reason))
     # Those ranks never started, whatever the state by now; the other nodes' ranks report their exit.
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def check_nodes(c: CoreState, a: AttemptState, now: float) -> None:
@@ -128,7 +128,7 @@ def check_nodes(c: CoreState, a: AttemptState, now: float) -> None:
             on_worker_exited(c, m.WorkerExited(
                 run_id=c.run_id, attempt=a.number, rank=rank, pid=a.pids.get(rank, 0), exit_code=None,
                 signal=None, node_id=node_id,
-                error=m.WorkerError(exc_type=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
+                error=m.WorkerError(kind=FailureKind.NODE_LOST, message=why, traceback="", phase="train")))
             if c.closed or c.attempt is not a:
                 return
 
@@ -153,7 +153,7 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     if c.attempt is not a:
         return
     if c.state.kind is State.RESTARTING:
-        lifecycle.settle_if_all_exited(c)
+        lifecycle.judge_if_all_exited(c)
     elif c.state.kind.has_live_workers and a.all_exited(c.plan.world_size):
         if ending.settled(c, a):
             ending.finish(c)
@@ -199,7 +199,7 @@ def _failure_record(ev: m.WorkerExited, wall: float) -> FailureRecord:
     return FailureRecord(
         attempt=ev.attempt, rank=ev.rank, node_id=ev.node_id, pid=ev.pid, exit_code=ev.exit_code,
         signal=ev.signal, time=wall,
-        exc_type=err.exc_type if err else None, message=err.message if err else None,
+        exc_type=err.exc_type if err else None, kind=err.kind if err else None, message=err.message if err else None,
         traceback=err.traceback if err else None, phase=err.phase if err else None,
         oom_report=ev.oom_report,
     )

@@ -65,4 +65,4 @@ def end_hung_attempt(c: CoreState, a: AttemptState, w: HangWatch) -> None:
     log.error("attempt %d hung: %s", a.number, record.summary)
     lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
-        signal=None, time=c.wall(), exc_type=FailureKind.HANG, message=record.summary))
+        signal=None, time=c.wall(), kind=FailureKind.HANG, message=record.summary))

@@ -47,7 +47,7 @@ class Grant:
 
 
 @dataclass(frozen=True)
-class Decision:
+class NoticeAt:
     decision_index: int  # calls with index >= decision_index return the notice
 
 
@@ -57,7 +57,7 @@ class Answer:
 
     rank: int
     index: int
-    reply: Grant | Decision
+    reply: Grant | NoticeAt
 
 
 @dataclass
@@ -81,9 +81,9 @@ class HorizonBook:
 
     def on_query(self, rank: int, index: int, now: float) -> list[Answer]:
         """Rank `rank` asks at call `index`: its own answer, if it has one now, and any parked ones
-        that this query settles."""
+        that this query answers."""
         if self.decision_index is not None:
-            return [Answer(rank, index, Decision(self.decision_index))]
+            return [Answer(rank, index, NoticeAt(self.decision_index))]
         if self.noticed_at is None:
             n = self._calls_per_grant(self._granted.get(rank), index, now)
             self._granted[rank] = _Granted(index, index + n, now)
@@ -125,7 +125,7 @@ class HorizonBook:
         if not self._parked:
             return []
         if self.decision_index is not None:
-            answers = [Answer(r, i, Decision(self.decision_index)) for r, i in sorted(self._parked.items())]
+            answers = [Answer(r, i, NoticeAt(self.decision_index)) for r, i in sorted(self._parked.items())]
             self._parked.clear()
             return answers
         return self._decide()
@@ -157,6 +157,6 @@ class HorizonBook:
         bounds = [self._parked.get(r, g.horizon) for r, g in self._granted.items() if r not in self._lost]
         bounds += [i for r, i in self._parked.items() if r not in self._granted]
         self.decision_index = d = max(bounds, default=0)
-        answers = [Answer(r, i, Decision(d)) for r, i in sorted(self._parked.items())]
+        answers = [Answer(r, i, NoticeAt(d)) for r, i in sorted(self._parked.items())]
         self._parked.clear()
         return answers

@@ -2,7 +2,7 @@
 or a commit does to it. How the run ends (giving up, finishing, closing) is `ending.py`.
 
 Plain functions over the core's state (`core_state.CoreState`); the state changes they make
-follow the table in `states.py`, and the decisions are `policy.py`'s, `settle.py`'s, `resize.py`'s
+follow the table in `states.py`, and the decisions are `policy.py`'s, `attempt_verdict.py`'s, `resize.py`'s
 and `preemption.py`'s.
 """
 
@@ -15,6 +15,7 @@ import signal
 from outlast.controller import effects as fx
 from outlast.controller import ending, memory_restore, resize
 from outlast.controller import states as st
+from outlast.controller.attempt_verdict import judge_attempt
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import QueryTable, Spawn, ToNode
@@ -24,7 +25,6 @@ from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
 from outlast.controller.preempt_steps import answer, jit_uploads, preemption, room_elsewhere
 from outlast.controller.preemption import Preemption
-from outlast.controller.settle import settle_attempt
 from outlast.controller.states import Event
 from outlast.controller.types import AttemptState
 from outlast.protocol.kinds import FailureKind
@@ -107,7 +107,8 @@ def place(c: CoreState, now: float) -> None:
         c.out.append(QueryTable())
         if (gone := c.nodes.head_lost(now)) is not None:
             # No node can join a cluster without its head: waiting for capacity would wait for nothing.
-            ending.give_up(c, ending.head_lost_error(c, a.number, f"{gone}. Attempt {a.number} cannot be placed: {placed.reason}"))
+            why = f"{gone}. Attempt {a.number} cannot be placed: {placed.reason}"
+            ending.give_up(c, ending.head_lost_error(c, a.number, why))
             return
         if isinstance(s, st.WaitingForCapacity):
             if now - s.since > c.plan.timeouts.capacity_s:
@@ -156,13 +157,13 @@ def place(c: CoreState, now: float) -> None:
 
 
 def restart(c: CoreState, event: Event, preemption: Preemption | None) -> None:
-    """The attempt is over (failed, or preempted): stop its workers; settle once all have exited."""
+    """The attempt is over (failed, or preempted): stop its workers; judge it once all have exited."""
     c.go(event, st.Restarting(preemption))
     ending.stop_workers(c)
-    settle_if_all_exited(c)
+    judge_if_all_exited(c)
 
 
-def settle_if_all_exited(c: CoreState) -> None:
+def judge_if_all_exited(c: CoreState) -> None:
     a, s = c.attempt, c.state
     if not isinstance(s, st.Restarting) or a is None or not a.all_exited(c.plan.world_size):
         return
@@ -170,23 +171,23 @@ def settle_if_all_exited(c: CoreState) -> None:
     preemption = s.preemption
     # Its teardown counts too: a rank that the stop could not end (stuck in the kernel), or killed by someone
     # else before the stop's grace was over, has a cause of its own, even once the drain's checkpoint is committed.
-    own = a.failed or any(f.exc_type == FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.exc_type is None)
+    own = a.failed or any(f.kind is FailureKind.UNKILLABLE or (f.signal == signal.SIGKILL and f.named is None)
                           for f in a.failures)
     if preemption is not None and own and not caused_by_drain(a.failures, {*preemption.node_ids}):
         log.warning("attempt %d failed while it saved for the drain of %s, for a cause of its own: charged to "
                     "max_failures", a.number, ", ".join(preemption.node_ids) or preemption.notice.node_id)
         preemption = None
     preemption = preemption or preempted_by_drain(c, a)
-    settled = c.resizes.settle(c.book, a.number, p.world_size, a.failures, preemption, c.commit_tracker.reports,
-                               c.wall()) \
-        or settle_attempt(c.book, a.number, a.failures, c.failures, resize.for_settling(preemption),
-                          p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
-    if settled.retry:
+    verdict = c.resizes.end_if_resized(c.book, a.number, p.world_size, a.failures, preemption,
+                                       c.commit_tracker.reports, c.wall()) \
+        or judge_attempt(c.book, a.number, a.failures, c.failures, resize.for_judging(preemption),
+                         p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
+    if verdict.retry:
         c.go(Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)
         return
-    c.error = settled.error
-    c.go(Event.GIVE_UP, st.Errored(error=settled.error, stop_by=c.now))
+    c.error = verdict.error
+    c.go(Event.GIVE_UP, st.Errored(error=verdict.error, stop_by=c.now))
     ending.close_if_stopped(c, c.now)
 
 
@@ -214,8 +215,8 @@ def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
     elif isinstance(s, st.Scheduling) and now - s.since > t.worker_start_s:
         missing = sorted(set(range(c.plan.world_size)) - a.hello)
         ending.give_up(c, f"ranks {missing} of attempt {a.number} did not start within {t.worker_start_s:.0f} s "
-                   "(OUTLAST_WORKER_START_TIMEOUT_S); is a node's fork server stuck? `outlast status` "
-                   "and the nodes' logs tell")
+                          "(OUTLAST_WORKER_START_TIMEOUT_S); is a node's fork server stuck? `outlast status` "
+                          "and the nodes' logs tell")
     elif isinstance(s, (st.Preempting, st.Saved)):
         saved = s.checkpoint if isinstance(s, st.Saved) else None
         verdict = s.preemption.decide(now, saved, saved is not None and room_elsewhere(c, now),
@@ -224,7 +225,7 @@ def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
             log.warning("attempt %d: %s; restarting from %s now", a.number, verdict.reason,
                         c.book.state.latest_checkpoint or "scratch")
             restart(c, Event.PREEMPTION_SAFE, s.preemption)
-    elif isinstance(s, st.Finishing) and now - s.since > t.finish_settle_s and not c.commits.checking_uploads \
+    elif isinstance(s, st.Finishing) and now - s.since > t.last_messages_s and not c.commits.checking_uploads \
             and not c.commits.uploading_from_memory:  # a drain's checkpoint still going from a peer's memory
         ending.finish_without_last_messages(c, a)
 
@@ -267,7 +268,7 @@ def on_failure(c: CoreState, record: FailureRecord) -> None:
     assert c.attempt is not None
     c.attempt.failures.append(record)
     # The first failure is written at once; the rest (often every rank's exit in the teardown)
-    # with the attempt's settlement, not one run-state write each.
+    # with the attempt's verdict, not one run-state write each.
     c.book.add_failure(record, save=c.state.kind.has_live_workers)
     if c.state.kind.has_live_workers:
         c.attempt.failed = True

@@ -163,7 +163,7 @@ def on_refused(c: CoreState, attempt: int, rank: int, reason: str) -> None:
     if c.state.kind.has_live_workers and not a.failed:
         lifecycle.on_failure(c, FailureRecord(
             attempt=attempt, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,
-            signal=None, time=c.wall(), exc_type=FailureKind.REFUSED_MESSAGE, message=reason))
+            signal=None, time=c.wall(), kind=FailureKind.REFUSED_MESSAGE, message=reason))
 
 
 WORKER_MESSAGES = {

@@ -16,13 +16,13 @@ class FailureDecision(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class RestartDecision:
     action: FailureDecision
     reason: str
 
 
 def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures: int,
-                      budget: str = "max_failures") -> Decision:
+                      budget: str = "max_failures") -> RestartDecision:
     """`failures_so_far` counts earlier failed attempts, not this one.
 
     `max_failures` is the number of restarts allowed: 0 never restarts, -1 always does.
@@ -30,16 +30,16 @@ def decide_on_failure(failure: FailureRecord, failures_so_far: int, max_failures
     """
     cause = failure.describe()
     if max_failures < 0:
-        return Decision(
+        return RestartDecision(
             FailureDecision.RESTART,
             f"{cause}; restarting (failure {failures_so_far + 1}, {budget}=-1 retries forever)",
         )
     if failures_so_far < max_failures:
-        return Decision(
+        return RestartDecision(
             FailureDecision.RESTART,
             f"{cause}; restarting (failure {failures_so_far + 1} of {budget}={max_failures})",
         )
-    return Decision(
+    return RestartDecision(
         FailureDecision.RAISE,
         f"{cause}; giving up: {failures_so_far + 1} failures exceed "
         f"FailureConfig({budget}={max_failures}) (raise it, or set -1 to retry forever)",
@@ -55,13 +55,14 @@ _NOT_THE_USERS = frozenset({FailureKind.NODE_LOST, FailureKind.SPAWN_REFUSED})
 
 def is_symptom(f: FailureRecord) -> bool:
     """A peer's death seen from a survivor, or our own SIGTERM of a teardown."""
-    text = f"{f.exc_type or ''} {f.message or ''}".lower()
+    text = f"{f.named or ''} {f.message or ''}".lower()
     return any(marker in text for marker in _PEER_LOSS_MARKERS) or f.signal == signal.SIGTERM
 
 
 def is_users_error(f: FailureRecord) -> bool:
-    """An exception raised by the train function itself (not a peer's death, not a lost node)."""
-    return bool(f.exc_type) and f.exc_type not in _NOT_THE_USERS and not is_symptom(f)
+    """An exception raised by the train function itself, or a failure of a kind of outlast's that is not a lost
+    node or a refused spawn (a hang, say): not a peer's death."""
+    return bool(f.named) and f.kind not in _NOT_THE_USERS and not is_symptom(f)
 
 
 def caused_by_drain(failures: list[FailureRecord], drained: set[str]) -> bool:
@@ -84,12 +85,12 @@ def pick_root_cause(failures: list[FailureRecord]) -> FailureRecord:
         raise ValueError("pick_root_cause needs at least one failure")
 
     def rank(f: FailureRecord) -> int:
-        text = f"{f.exc_type or ''} {f.message or ''}".lower()
-        if f.exc_type and not any(marker in text for marker in _PEER_LOSS_MARKERS):
+        text = f"{f.named or ''} {f.message or ''}".lower()
+        if f.named and not any(marker in text for marker in _PEER_LOSS_MARKERS):
             return 0
         if f.signal is not None and f.signal != signal.SIGTERM:
             return 1
-        if f.exc_type is None and f.signal is None:
+        if f.named is None and f.signal is None:
             return 1
         return 2
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from outlast.controller.core_state import CoreState
-from outlast.controller.horizons import Answer, Decision
+from outlast.controller.horizons import Answer, NoticeAt
 from outlast.controller.preemption import Preemption
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
@@ -26,7 +26,7 @@ def answer(c: CoreState, answers: list[Answer]) -> None:
     a = c.attempt
     p = preemption(c) or (a.preemption if a is not None else None)
     for ans in answers:
-        if isinstance(ans.reply, Decision):
+        if isinstance(ans.reply, NoticeAt):
             # A decision is only ever fixed after a notice, and the attempt keeps its preemption.
             assert p is not None and a is not None, "a preemption decision without a preemption"
             msg: m.Msg = p.notice_message(ans.index, ans.reply.decision_index)

@@ -137,7 +137,7 @@ class Preemption:
         when = f"deadline in {n.deadline_unix_s - self.noticed_at:.1f} s" if n.deadline_unix_s else "no deadline"
         return FailureRecord(
             attempt=attempt, rank=self.ranks[0] if self.ranks else 0, node_id=n.node_id, pid=0, exit_code=None,
-            signal=None, time=self.noticed_at, exc_type=FailureKind.PREEMPTION,
+            signal=None, time=self.noticed_at, kind=FailureKind.PREEMPTION,
             message=f"{_nodes(self.node_ids or [n.node_id])} draining ({n.reason}: {n.message}; {when})",
         )
 

@@ -32,7 +32,7 @@ from outlast.controller.placement import NodeView, NoCapacity, Placement, place
 from outlast.controller.policy import is_symptom, is_users_error
 from outlast.controller.preemption import Preemption, Verdict
 from outlast.controller.runstate import RunBook
-from outlast.controller.settle import Settled
+from outlast.controller.attempt_verdict import AttemptVerdict
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
@@ -111,15 +111,15 @@ class Resizes:
                               f"the {e.min_interval_s:g} s between resizes (elastic_resize_monitor_interval_s)")
         return Grow(to, f"room for {to} workers (now {current}) on nodes that are not draining")
 
-    def settle(self, book: RunBook, attempt: int, world_size: int, failures: list[FailureRecord],
-               preemption: Preemption | None, reports: list[int], wall: float) -> Settled | None:
+    def end_if_resized(self, book: RunBook, attempt: int, world_size: int, failures: list[FailureRecord],
+               preemption: Preemption | None, reports: list[int], wall: float) -> AttemptVerdict | None:
         """End the attempt as resized, with no budget charged, if capacity alone ended it; else None."""
         why = self._capacity_change(failures, preemption)
         if why is None:
             return None
         self.ended = _Ended(world_size, why, steps_lost(book, attempt, reports))
         book.end_attempt("resized", wall)
-        return Settled(retry=True)
+        return AttemptVerdict(retry=True)
 
     def _capacity_change(self, failures: list[FailureRecord], preemption: Preemption | None) -> str | None:
         if self.elastic is None:
@@ -133,8 +133,8 @@ class Resizes:
                 return None
             n = preemption.notice
             return f"node {', '.join(preemption.node_ids) or n.node_id} drained ({n.reason}: {n.message})"
-        lost = [f for f in failures if f.exc_type == FailureKind.NODE_LOST]
-        if lost and all(f.exc_type == FailureKind.NODE_LOST or is_symptom(f) for f in failures):
+        lost = [f for f in failures if f.kind is FailureKind.NODE_LOST]
+        if lost and all(f.kind is FailureKind.NODE_LOST or is_symptom(f) for f in failures):
             return f"node {', '.join(sorted({f.node_id for f in lost}))} lost"
         return None
 
@@ -161,7 +161,7 @@ def grow_notice(grow: Grow, current: int, reports: list[int], now: float, wall: 
                   reports_at_notice=list(reports), from_workers=current, to_workers=grow.to_workers)
 
 
-def for_settling(preemption: Preemption | None) -> Preemption | None:
+def for_judging(preemption: Preemption | None) -> Preemption | None:
     """A resize that a failure raced is no preemption: the failure is charged as one."""
     return None if isinstance(preemption, Resize) else preemption
 

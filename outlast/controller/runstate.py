@@ -14,8 +14,8 @@ import msgspec
 
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, Note, OutputFile,
-    ResizeRecord, RunState, SkippedCheckpoint, encode,
+    AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, OutputFile, ResizeRecord,
+    RunNote, RunState, SkippedCheckpoint, encode,
 )
 from outlast.storage.run_store import RunStore
 
@@ -133,7 +133,7 @@ class RunBook:
         """Record `text` in the history unless it is there already; True when it is new."""
         if any(n.text == text for n in self.state.notes):
             return False
-        self.state.notes.append(Note(text=text, time=now))
+        self.state.notes.append(RunNote(text=text, time=now))
         self._save(now)
         return True
 
@@ -194,13 +194,13 @@ class RunBook:
             self.state.attempts[-1].outputs.append(OutputFile(rank=rank, node_id=node_id, path=path))
 
     def add_failure(self, record: FailureRecord, save: bool = True) -> None:
-        """`save=False`: kept for the next write (the attempt's settlement), as for the exits of a teardown."""
+        """`save=False`: kept for the next write (the attempt's verdict), as for the exits of a teardown."""
         if self.state.attempts:
             self.state.attempts[-1].failures.append(record)
         if save:
             self._save(record.time)
 
-    def settle_failed_attempt(self, root: FailureRecord, count_as: Budget, now: float) -> None:
+    def fail_attempt(self, root: FailureRecord, count_as: Budget, now: float) -> None:
         """End the current attempt as failed, its root cause first, charged to the budget `count_as`."""
         if self.state.attempts:
             current = self.state.attempts[-1]

@@ -28,13 +28,13 @@ log = logging.getLogger("outlast.controller")
 POLL_S = 0.1
 
 
-class Watcher(Protocol):
+class StepWatcher(Protocol):
     def observe(self, event, effects: list, core: ControllerCore, start: float, end: float) -> None: ...
 
 
 class Controller:
     def __init__(self, plan: RunPlan, group: WorkerGroup, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, watchers: list[Watcher] | None = None,
+                 wall: Callable[[], float] = time.time, watchers: list[StepWatcher] | None = None,
                  storage: StorageExecutor | None = None) -> None:
         self.plan = plan
         self.watchers = watchers or []  # metrics, progress lines: shown each step, deciding nothing

@@ -35,7 +35,7 @@ def in_setup(f: FailureRecord, started: set[int], set_up: set[int]) -> bool:
     importing the train function's module) is charged as before: nothing says it reached outlast's set-up."""
     if f.exc_type == RENDEZVOUS_ERROR:
         return True
-    return f.rank in started and f.rank not in set_up and f.exc_type is None and f.phase in (None, "setup")
+    return f.rank in started and f.rank not in set_up and f.named is None and f.phase in (None, "setup")
 
 
 def judge_setup(failures: list[FailureRecord], started: set[int], set_up: set[int], so_far: int,
@@ -43,7 +43,7 @@ def judge_setup(failures: list[FailureRecord], started: set[int], set_up: set[in
     """Pure: None when the attempt's failures are not all of outlast's set-up (or a teardown's symptoms of it);
     else the budget it draws on, with the reason. `started`: the ranks that said hello; `set_up`: those whose
     set-up was done; `so_far`: set-up failures earlier in this launch."""
-    if not failures or any(f.exc_type in (FailureKind.NODE_LOST, FailureKind.HANG) for f in failures):
+    if not failures or any(f.kind in (FailureKind.NODE_LOST, FailureKind.HANG) for f in failures):
         return None
     if not any(in_setup(f, started, set_up) for f in failures):
         return None

@@ -49,7 +49,7 @@ class TierExecutor:
             self._ask(effect)
 
     def take(self) -> list[fx.TierAnswered]:
-        self._wakeup.drain()
+        self._wakeup.clear()
         with self._lock:
             out = list(self._answers)
             self._answers.clear()

@@ -21,7 +21,7 @@ class Timeouts:
     driver_lost_after_s: float = 5.0  # the agent kills this run's workers after this silence
     worker_start_s: float = 300.0  # fork, imports, backend set-up
     teardown_grace_s: float = 2.0  # SIGTERM, then SIGKILL after this
-    finish_settle_s: float = 2.0  # wait for a finished rank's last messages
+    last_messages_s: float = 2.0  # wait for a finished rank's last messages
     collective_warn_s: float = 60.0
     collective_timeout_s: float = 1800.0
     capacity_s: float = 600.0  # how long an attempt waits for a node that takes its workers

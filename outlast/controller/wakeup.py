@@ -1,6 +1,6 @@
 """The pipe that wakes the controller's loop when answers wait for it in an executor.
 
-Any thread rings it (one byte); the loop drains it before it takes the answers. Closing it is safe
+Any thread rings it (one byte); the loop empties it before it takes the answers. Closing it is safe
 while threads may still ring: they find it closed, and never write into a descriptor reused since.
 """
 
@@ -19,7 +19,7 @@ class Wakeup:
         os.set_blocking(self._write_fd, False)
 
     def fileno(self) -> int:
-        """Readable when a thread has rung since the last `drain()`."""
+        """Readable when a thread has rung since the last `clear()`."""
         return self._read_fd
 
     def ring(self) -> None:
@@ -31,7 +31,7 @@ class Wakeup:
             except (BlockingIOError, OSError):
                 pass  # the pipe is full: the loop has a wake-up waiting already
 
-    def drain(self) -> None:
+    def clear(self) -> None:
         try:
             while os.read(self._read_fd, 4096):
                 pass

@@ -1,4 +1,4 @@
-"""The clouds' preemption notices, decided: one metadata answer in, one `Step` out.
+"""The clouds' preemption notices, decided: one metadata answer in, one `PollStep` out.
 
 Each `decide_*` turns an answer (status, body, headers) into a `Notice`, or into how to go on
 (wait, get a new token). No I/O and no clock here: `cloud_watchers` asks the metadata servers and
@@ -49,7 +49,7 @@ class Notice(msgspec.Struct, frozen=True):
     detail: str  # the metadata server's answer, cut to 500 characters
 
 
-class Step(msgspec.Struct, frozen=True, kw_only=True):
+class PollStep(msgspec.Struct, frozen=True, kw_only=True):
     """What one metadata answer means: a notice, or how to go on."""
 
     notice: Notice | None = None
@@ -70,15 +70,15 @@ def backoff_s(poll_s: float, failures: int, cap_s: float) -> float:
     """The wait after `failures` problems in a row: doubling from `poll_s`, never past `cap_s`."""
     if failures <= 1:
         return poll_s
-    return min(max(cap_s, poll_s), poll_s * 2 ** min(failures - 1, 30))
+    return min(max(cap_s, poll_s), poll_s * 2.0 ** min(failures - 1, 30))
 
 
-def _unexpected(source: str, what: str, ans: HttpAnswer, retry_after_s: float) -> Step:
-    return Step(problem=f"{source} metadata server answered {what} with HTTP {ans.status}: {ans.body[:200]!r}",
-                retry_after_s=retry_after_s)
+def _unexpected(source: str, what: str, ans: HttpAnswer, retry_after_s: float) -> PollStep:
+    return PollStep(problem=f"{source} metadata server answered {what} with HTTP {ans.status}: {ans.body[:200]!r}",
+                    retry_after_s=retry_after_s)
 
 
-def _json_object(text: str) -> dict | None:
+def _json_object(text: str) -> dict[str, object] | None:
     try:
         doc = json.loads(text)
     except ValueError:
@@ -107,28 +107,28 @@ def _parse_http_date(value: str) -> float | None:
 # ---- AWS ----------------------------------------------------------------------------------
 
 
-def decide_aws_token(ans: HttpAnswer, poll_s: float) -> Step:
+def decide_aws_token(ans: HttpAnswer, poll_s: float) -> PollStep:
     """The answer to PUT /latest/api/token (403: IMDS is turned off for the instance)."""
     token = ans.body.strip()
     if ans.status == 200 and token and token.isascii() and token.isprintable():
-        return Step(token=token)  # checked: it goes into a header, where a newline would not fit
+        return PollStep(token=token)  # checked: it goes into a header, where a newline would not fit
     return _unexpected("aws", "the IMDSv2 token request", ans, poll_s)
 
 
-def _aws_status(ans: HttpAnswer, poll_s: float, fresh_token: bool, item: str) -> Step | None:
+def _aws_status(ans: HttpAnswer, poll_s: float, fresh_token: bool, item: str) -> PollStep | None:
     if ans.status == 404:  # the item appears only once EC2 has something to say
-        return Step(retry_after_s=poll_s)
+        return PollStep(retry_after_s=poll_s)
     if ans.status == 401 and not fresh_token:  # the token expired: renew it and ask again at once
-        return Step(refresh_token=True)
+        return PollStep(refresh_token=True)
     if ans.status == 401:  # refused a token it just gave: renewing at once again would spin
-        return Step(refresh_token=True, retry_after_s=poll_s,
-                    problem=f"aws metadata server refused a token it had just issued when asked for {item}")
+        return PollStep(refresh_token=True, retry_after_s=poll_s,
+                        problem=f"aws metadata server refused a token it had just issued when asked for {item}")
     if ans.status != 200:
         return _unexpected("aws", item, ans, poll_s)
     return None
 
 
-def decide_aws_action(ans: HttpAnswer, poll_s: float, fresh_token: bool) -> Step:
+def decide_aws_action(ans: HttpAnswer, poll_s: float, fresh_token: bool) -> PollStep:
     """The answer to GET spot/instance-action."""
     step = _aws_status(ans, poll_s, fresh_token, "spot/instance-action")
     if step is not None:
@@ -136,23 +136,23 @@ def decide_aws_action(ans: HttpAnswer, poll_s: float, fresh_token: bool) -> Step
     doc = _json_object(ans.body) or {}
     action, deadline = doc.get("action"), _parse_iso_utc(doc.get("time"))
     if action not in _AWS_ACTIONS or deadline is None:
-        return Step(problem=f"aws spot/instance-action is not {{action, time}}: {ans.body[:200]!r}",
-                    retry_after_s=poll_s)
-    return Step(notice=Notice("aws", f"EC2 will {action} this spot instance at {doc['time']}", deadline,
-                              ans.body[:500]))
+        return PollStep(problem=f"aws spot/instance-action is not {{action, time}}: {ans.body[:200]!r}",
+                        retry_after_s=poll_s)
+    return PollStep(notice=Notice("aws", f"EC2 will {action} this spot instance at {doc['time']}", deadline,
+                                  ans.body[:500]))
 
 
-def decide_aws_rebalance(ans: HttpAnswer, poll_s: float, fresh_token: bool) -> Step:
+def decide_aws_rebalance(ans: HttpAnswer, poll_s: float, fresh_token: bool) -> PollStep:
     """The answer to GET events/recommendations/rebalance: a higher risk of interruption, no date."""
     step = _aws_status(ans, poll_s, fresh_token, "events/recommendations/rebalance")
     if step is not None:
         return step
     doc = _json_object(ans.body) or {}
     if _parse_iso_utc(doc.get("noticeTime")) is None:
-        return Step(problem=f"aws rebalance recommendation has no noticeTime: {ans.body[:200]!r}",
-                    retry_after_s=poll_s)
-    return Step(notice=Notice("aws", f"EC2 rebalance recommendation for this spot instance (at {doc['noticeTime']})",
-                              None, ans.body[:500]))
+        return PollStep(problem=f"aws rebalance recommendation has no noticeTime: {ans.body[:200]!r}",
+                        retry_after_s=poll_s)
+    return PollStep(notice=Notice(
+        "aws", f"EC2 rebalance recommendation for this spot instance (at {doc['noticeTime']})", None, ans.body[:500]))
 
 
 # ---- GCP ----------------------------------------------------------------------------------
@@ -168,15 +168,15 @@ def gcp_query(etag: str | None, wait_s: int) -> str:
     return GCP_PREEMPTED_PATH + "?" + urlencode({"wait_for_change": "true", "last_etag": etag, "timeout_sec": wait_s})
 
 
-def decide_gcp(ans: HttpAnswer, now_unix_s: float, notice_s: float, poll_s: float) -> Step:
+def decide_gcp(ans: HttpAnswer, now_unix_s: float, notice_s: float, poll_s: float) -> PollStep:
     """The answer to GET instance/preempted; `notice_s` is how long a preempted VM has left."""
     value = ans.body.strip().upper() if ans.status == 200 else ""
     if value == "TRUE":
-        return Step(notice=Notice("gcp", f"Compute Engine preempted this VM; it stops within {notice_s:g} s",
-                                  now_unix_s + notice_s, ans.body[:500]))
+        return PollStep(notice=Notice("gcp", f"Compute Engine preempted this VM; it stops within {notice_s:g} s",
+                                      now_unix_s + notice_s, ans.body[:500]))
     if value == "FALSE":  # without an ETag there is nothing to hold a GET on: poll instead
         etag = ans.headers.get("etag") or None
-        return Step(etag=etag, retry_after_s=0.0 if etag else poll_s)
+        return PollStep(etag=etag, retry_after_s=0.0 if etag else poll_s)
     return _unexpected("gcp", "instance/preempted", ans, poll_s)  # 503 during maintenance, too
 
 
@@ -191,7 +191,7 @@ def parse_azure_vm_name(ans: HttpAnswer) -> str | None:
 
 
 def decide_azure(ans: HttpAnswer, now_unix_s: float, vm_name: str | None, event_types: Sequence[str],
-                 poll_s: float) -> Step:
+                 poll_s: float) -> PollStep:
     """The answer to GET scheduledevents: the earliest event of `event_types` that hits this VM.
 
     With `vm_name` unknown every such event counts: a needless drain costs less than a missed one.
@@ -200,7 +200,7 @@ def decide_azure(ans: HttpAnswer, now_unix_s: float, vm_name: str | None, event_
         return _unexpected("azure", "scheduledevents", ans, poll_s)
     events = (_json_object(ans.body) or {}).get("Events")
     if not isinstance(events, list):
-        return Step(problem=f"azure scheduledevents has no Events list: {ans.body[:200]!r}", retry_after_s=poll_s)
+        return PollStep(problem=f"azure scheduledevents has no Events list: {ans.body[:200]!r}", retry_after_s=poll_s)
     hits = []
     for ev in events:
         if not isinstance(ev, dict) or ev.get("EventType") not in event_types:
@@ -213,8 +213,8 @@ def decide_azure(ans: HttpAnswer, now_unix_s: float, vm_name: str | None, event_
         deadline = (_parse_http_date(not_before) if isinstance(not_before, str) else None) or now_unix_s
         hits.append((deadline, ev))
     if not hits:
-        return Step(retry_after_s=poll_s)
+        return PollStep(retry_after_s=poll_s)
     deadline, ev = min(hits, key=lambda hit: hit[0])
     reason = (f"Azure scheduled {ev['EventType']} event {ev.get('EventId')} ({ev.get('EventStatus')}), "
               f"not before {ev.get('NotBefore') or 'now'}")
-    return Step(notice=Notice("azure", reason, deadline, ans.body[:500]))
+    return PollStep(notice=Notice("azure", reason, deadline, ans.body[:500]))

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import urlsplit
 
 from outlast.drain.cloud import (
@@ -21,7 +22,7 @@ from outlast.drain.cloud import (
     SOURCES,
     HttpAnswer,
     Notice,
-    Step,
+    PollStep,
     backoff_s,
     decide_aws_action,
     decide_aws_rebalance,
@@ -31,6 +32,9 @@ from outlast.drain.cloud import (
     gcp_query,
     parse_azure_vm_name,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 log = logging.getLogger("outlast.drain")
 
@@ -78,6 +82,14 @@ class _Http:
                 pass
 
 
+class WatcherOptions(TypedDict, total=False):
+    """What every watcher takes besides its cloud's own settings: `Watcher`'s keyword arguments."""
+
+    max_backoff_s: float | None
+    log_every_s: float
+    clock: Callable[[], float]
+
+
 class Watcher:
     """Asks one cloud's metadata server until it announces a preemption, then calls `on_notice`
     once and ends. Never raises: an unreachable server or an unusable answer is logged at most
@@ -119,8 +131,8 @@ class Watcher:
                 step = self._poll()
             # Unreachable, reset, timed out, not HTTP, or a malformed chunk (ValueError): try again.
             except (OSError, http.client.HTTPException, ValueError) as e:
-                step = Step(problem=f"{self.source} metadata server at {self.base_url} could not be read: "
-                                    f"{type(e).__name__}: {e}", retry_after_s=self.poll_s)
+                step = PollStep(problem=f"{self.source} metadata server at {self.base_url} could not be read: "
+                                        f"{type(e).__name__}: {e}", retry_after_s=self.poll_s)
             if step.notice is not None:
                 return self._deliver(step.notice)
             if step.problem is not None:
@@ -150,7 +162,7 @@ class Watcher:
             self._last_log = now
             log.warning("%s (%d failed requests in a row; still trying)", problem, failures)
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         raise NotImplementedError
 
 
@@ -161,13 +173,13 @@ class AwsWatcher(Watcher):
 
     def __init__(self, on_notice: Callable[[Notice], None], base_url: str = DEFAULT_BASE_URLS["aws"], *,
                  poll_s: float = 5.0, request_timeout_s: float = 2.0, token_ttl_s: int = 21600,
-                 rebalance: bool = False, **kwargs):
+                 rebalance: bool = False, **kwargs: Unpack[WatcherOptions]) -> None:
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._token_ttl_s, self._rebalance = token_ttl_s, rebalance
         self._token: str | None = None
         self._token_renew_at = 0.0
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         fresh = False
         if self._token is None or self._clock() >= self._token_renew_at:
             ans = self._http.request("PUT", AWS_TOKEN_PATH, {"X-aws-ec2-metadata-token-ttl-seconds":
@@ -177,12 +189,13 @@ class AwsWatcher(Watcher):
                 return step
             # Renewed before it lapses, so a GET rarely meets a 401; a 401 is handled all the same.
             self._token, self._token_renew_at, fresh = step.token, self._clock() + 0.9 * self._token_ttl_s, True
+        token = self._token
         items = [(AWS_ACTION_PATH, decide_aws_action)]
         if self._rebalance:
             items.append((AWS_REBALANCE_PATH, decide_aws_rebalance))
-        step = Step(retry_after_s=self.poll_s)
+        step = PollStep(retry_after_s=self.poll_s)
         for path, decide in items:
-            ans = self._http.request("GET", path, {"X-aws-ec2-metadata-token": self._token}, self._timeout_s)
+            ans = self._http.request("GET", path, {"X-aws-ec2-metadata-token": token}, self._timeout_s)
             step = decide(ans, self.poll_s, fresh)
             if step.refresh_token:
                 self._token = None
@@ -199,12 +212,12 @@ class GcpWatcher(Watcher):
 
     def __init__(self, on_notice: Callable[[Notice], None], base_url: str = DEFAULT_BASE_URLS["gcp"], *,
                  notice_s: float = 30.0, wait_s: int = 60, poll_s: float = 1.0, request_timeout_s: float = 5.0,
-                 **kwargs):
+                 **kwargs: Unpack[WatcherOptions]) -> None:
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._notice_s, self._wait_s = notice_s, wait_s
         self._etag: str | None = None
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         timeout_s = self._timeout_s + (self._wait_s if self._etag else 0)  # outlast the held GET
         ans = self._http.request("GET", gcp_query(self._etag, self._wait_s), {"Metadata-Flavor": "Google"}, timeout_s)
         step = decide_gcp(ans, self._clock(), self._notice_s, self.poll_s)
@@ -220,12 +233,12 @@ class AzureWatcher(Watcher):
 
     def __init__(self, on_notice: Callable[[Notice], None], base_url: str = DEFAULT_BASE_URLS["azure"], *,
                  vm_name: str | None = None, event_types: Sequence[str] = ("Preempt",), poll_s: float = 1.0,
-                 request_timeout_s: float = 130.0, **kwargs):
+                 request_timeout_s: float = 130.0, **kwargs: Unpack[WatcherOptions]) -> None:
         # The long timeout: the service switches on at the first request, which can take two minutes.
         super().__init__(on_notice, base_url, poll_s=poll_s, request_timeout_s=request_timeout_s, **kwargs)
         self._vm_name, self._event_types = vm_name, tuple(event_types)
 
-    def _poll(self) -> Step:
+    def _poll(self) -> PollStep:
         headers = {"Metadata": "true"}
         if self._vm_name is None:
             ans = self._http.request("GET", AZURE_NAME_PATH, headers, min(self._timeout_s, 5.0))
@@ -242,6 +255,7 @@ def detect_watchers(kinds: Sequence[str], on_notice: Callable[[Notice], None], *
     if unknown:
         raise ValueError(f"unknown cloud notice source {', '.join(map(repr, unknown))}: "
                          f"choose among {', '.join(SOURCES)}")
-    classes: dict[str, type[Watcher]] = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
+    classes: dict[str, Callable[[Callable[[Notice], None], str], Watcher]] = {
+        "aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
     urls = {**DEFAULT_BASE_URLS, **(base_urls or {})}
     return [classes[k](on_notice, urls[k]) for k in names]

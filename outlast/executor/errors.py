@@ -20,7 +20,7 @@ class OutOfMemoryError(RuntimeError):
     def kill_report(self) -> KillReport | None:
         return self.reports[-1] if self.reports else None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[OutOfMemoryError], tuple[str, list[KillReport]]]:
         return (type(self), (self.args[0], self.reports))
 
 
@@ -33,5 +33,5 @@ class TaskFailedError(RuntimeError):
         self.exit_code = exit_code
         self.signal = signal
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[TaskFailedError], tuple[str, int | None, int | None]]:
         return (type(self), (self.args[0], self.exit_code, self.signal))

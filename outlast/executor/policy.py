@@ -15,36 +15,37 @@ class RetryConfig:
     oom_backoff_max_s: float = 10.0
 
 
-class Verdict(enum.Enum):
+class RetryVerdict(enum.Enum):
     RETRY = "retry"
     FAIL = "fail"
 
 
 @dataclass(frozen=True)
-class Outcome:
-    verdict: Verdict
+class RetryOutcome:
+    verdict: RetryVerdict
     delay_s: float
     reason: str
 
 
-def on_oom_kill(kills_so_far: int, cfg: RetryConfig) -> Outcome:
+def on_oom_kill(kills_so_far: int, cfg: RetryConfig) -> RetryOutcome:
     """`kills_so_far` counts this kill too."""
     if 0 <= cfg.max_oom_retries < kills_so_far:
-        return Outcome(Verdict.FAIL, 0.0, f"killed for memory {kills_so_far} time(s); max_oom_retries="
-                                          f"{cfg.max_oom_retries} is spent")
+        return RetryOutcome(RetryVerdict.FAIL, 0.0, f"killed for memory {kills_so_far} time(s); max_oom_retries="
+                                                    f"{cfg.max_oom_retries} is spent")
     # Backoff: memory that is tight now is usually free again once older tasks finish.
     delay = min(cfg.oom_backoff_s * 2 ** (kills_so_far - 1), cfg.oom_backoff_max_s)
     budget = "no limit" if cfg.max_oom_retries < 0 else f"{kills_so_far} of {cfg.max_oom_retries}"
-    return Outcome(Verdict.RETRY, delay, f"killed for memory; retrying in {delay:.1f} s ({budget})")
+    return RetryOutcome(RetryVerdict.RETRY, delay, f"killed for memory; retrying in {delay:.1f} s ({budget})")
 
 
-def on_failure(failures_so_far: int, cfg: RetryConfig, raised: bool) -> Outcome:
+def on_failure(failures_so_far: int, cfg: RetryConfig, raised: bool) -> RetryOutcome:
     """A death or (with retry_exceptions) an exception; `failures_so_far` counts this one."""
     if raised and not cfg.retry_exceptions:
-        return Outcome(Verdict.FAIL, 0.0, "the task raised; retry_exceptions is off")
+        return RetryOutcome(RetryVerdict.FAIL, 0.0, "the task raised; retry_exceptions is off")
     if failures_so_far > cfg.max_retries:
-        return Outcome(Verdict.FAIL, 0.0, f"failed {failures_so_far} time(s); max_retries={cfg.max_retries} is spent")
-    return Outcome(Verdict.RETRY, 0.0, f"failed; retry {failures_so_far} of {cfg.max_retries}")
+        return RetryOutcome(RetryVerdict.FAIL, 0.0,
+                            f"failed {failures_so_far} time(s); max_retries={cfg.max_retries} is spent")
+    return RetryOutcome(RetryVerdict.RETRY, 0.0, f"failed; retry {failures_so_far} of {cfg.max_retries}")
 
 
 def window_after_oom_kill(window: float, still_running: int) -> float:

@@ -2,7 +2,7 @@
 
 One background thread owns the ZeroMQ sockets: it admits queued tasks while the node has
 room for their requests, sends heartbeats (so the agent kills the tasks if this process
-dies), and settles futures from the tasks' results and exits. Retry decisions are in
+dies), and resolves futures from the tasks' results and exits. Retry decisions are in
 `policy.py`. An embedded node whose agent dies is started again (`EmbeddedNode`); the tasks it
 ran are lost with it and count as failures of their process: retried on the new node while
 `max_retries` allows, else their futures say that the node died and how. What a task prints
@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import cloudpickle
 import zmq
@@ -32,19 +32,20 @@ from outlast.client.preload import default_preload
 from outlast.executor.errors import OutOfMemoryError, TaskFailedError
 from outlast.executor.tasks import Task, format_task_output
 from outlast.executor.policy import (
-    RetryConfig, Verdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
+    RetryConfig, RetryVerdict, on_failure, on_oom_kill, window_after_oom_kill, window_after_success,
 )
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.units import parse_bytes
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
 from outlast.protocol.transport import (
-    AGENT_EVENTS, BadMessage, Codec, bind_router, connect_dealer, encode, route_ip,
+    AGENT_EVENTS, Codec, bind_router, connect_dealer, encode, receive_all, route_ip,
 )
 from outlast.runenv import carried_env, importable_paths
 from outlast.storage.records import signal_name
 
 log = logging.getLogger("outlast.executor")
+T = TypeVar("T")
 
 TASK_RESULTS: Codec[m.TaskResult] = Codec(m.TaskResult)
 HEARTBEAT_S = 0.5
@@ -126,12 +127,12 @@ class Executor(cf.Executor):
 
     # ---- concurrent.futures.Executor ----------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         try:
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as e:
             raise TypeError(f"the task's function or arguments cannot be pickled to send to a worker: {e}") from e
-        future: cf.Future = cf.Future()
+        future: cf.Future[Any] = cf.Future()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit to an outlast.Executor after shutdown()")
@@ -205,9 +206,9 @@ class Executor(cf.Executor):
                         except BlockingIOError:
                             pass
                     elif sock is agent:
-                        self._drain(agent, AGENT_EVENTS, self._on_agent_event)
+                        self._handle_all(agent, AGENT_EVENTS, self._on_agent_event)
                     else:
-                        self._drain(results, TASK_RESULTS, self._on_result)
+                        self._handle_all(results, TASK_RESULTS, self._on_result)
         finally:
             agent.send(encode(m.EndRun(run_id=self.session)))
             agent.close(linger=1000)
@@ -219,7 +220,7 @@ class Executor(cf.Executor):
             if self._embedded is not None:
                 self._embedded.stop()
 
-    def _node_changed(self, state: str, what: str, agent: zmq.Socket, poller: zmq.Poller) -> zmq.Socket:
+    def _node_changed(self, state: str, what: str, agent: zmq.Socket[bytes], poller: zmq.Poller) -> zmq.Socket[bytes]:
         """The embedded node died, came back or is gone for good; returns the socket to the agent."""
         if state == "restarted":
             # A new socket: what the old one queued was meant for the dead agent.
@@ -238,7 +239,7 @@ class Executor(cf.Executor):
             for task in list(self._tasks.values()):
                 task.running = False
                 if not task.future.done():
-                    self._settle(task, error=TaskFailedError(f"task {task.id} cannot run: {what}"))
+                    self._resolve(task, error=TaskFailedError(f"task {task.id} cannot run: {what}"))
                 self._tasks.pop(task.id, None)
             return agent
         for task in [t for t in self._tasks.values() if t.running]:
@@ -248,23 +249,17 @@ class Executor(cf.Executor):
                 continue
             task.failures += 1
             outcome = on_failure(task.failures, self.retry, raised=False)
-            if outcome.verdict is Verdict.RETRY:
+            if outcome.verdict is RetryVerdict.RETRY:
                 log.warning("task %s was lost: %s; %s", task.id, what, outcome.reason)
                 self._queue_now(task, outcome.delay_s)
             else:
-                self._settle(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
+                self._resolve(task, error=TaskFailedError(f"task {task.id} was lost: {what}: {outcome.reason}"))
         return agent
 
-    def _drain(self, sock: zmq.Socket, codec: Codec, handle: Callable[[Any], None]) -> None:
-        while True:
+    def _handle_all(self, sock: zmq.Socket[bytes], codec: Codec[T], handle: Callable[[T], None]) -> None:
+        for _, msg in receive_all(sock, codec, "message"):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                handle(codec.decode(frames[-1]))
-            except BadMessage as e:
-                log.warning("dropped a malformed message: %s", e)
+                handle(msg)
             except Exception:
                 # One bad message must not end the loop: every other future would hang.
                 log.exception("could not handle a message; the executor goes on")
@@ -299,14 +294,14 @@ class Executor(cf.Executor):
             try:
                 value = cloudpickle.loads(msg.payload)
             except Exception as e:
-                self._settle(task, error=TaskFailedError(
+                self._resolve(task, error=TaskFailedError(
                     f"task {task.id} finished, but its result cannot be unpickled here: {type(e).__name__}: {e}. "
                     "Return something this process can import (plain data, or classes of an importable module)"))
                 return
-            self._settle(task, value=value)
+            self._resolve(task, value=value)
             return
         outcome = on_failure(task.failures + 1, self.retry, raised=True)
-        if outcome.verdict is Verdict.RETRY:
+        if outcome.verdict is RetryVerdict.RETRY:
             task.failures += 1
             self._requeue(task, outcome.delay_s, wait_for_exit=True)
             return
@@ -316,8 +311,9 @@ class Executor(cf.Executor):
             exc = None
         if not isinstance(exc, BaseException):
             err = msg.error
-            exc = RuntimeError(f"{err.exc_type}: {err.message}\n{err.traceback}" if err else "the task failed")
-        self._settle(task, error=exc)
+            exc = (RuntimeError(f"{err.exc_type or err.kind}: {err.message}\n{err.traceback}") if err
+                   else RuntimeError("the task failed"))
+        self._resolve(task, error=exc)
 
     def _on_agent_event(self, ev: m.AgentEvent) -> None:
         if isinstance(ev, m.WorkerOutput) and ev.task_id:
@@ -342,11 +338,11 @@ class Executor(cf.Executor):
             task.oom_kills += 1
             task.reports.append(ev.kill_report)
             outcome = on_oom_kill(task.oom_kills, self.retry)
-            if outcome.verdict is Verdict.RETRY:
+            if outcome.verdict is RetryVerdict.RETRY:
                 log.info("task %s: %s", task.id, outcome.reason)
                 self._requeue(task, outcome.delay_s)
             else:
-                self._settle(task, error=OutOfMemoryError(
+                self._resolve(task, error=OutOfMemoryError(
                     f"task {task.id} was killed for memory by outlast: {outcome.reason}\n{ev.oom_report or ''}",
                     task.reports))
             return
@@ -356,11 +352,11 @@ class Executor(cf.Executor):
         how = f"was killed by {signal_name(ev.signal)}" if ev.signal is not None else f"exited with code {ev.exit_code}"
         task.failures += 1
         outcome = on_failure(task.failures, self.retry, raised=False)
-        if outcome.verdict is Verdict.RETRY:
+        if outcome.verdict is RetryVerdict.RETRY:
             log.warning("task %s %s; %s", task.id, how, outcome.reason)
             self._requeue(task, outcome.delay_s)
         else:
-            self._settle(task, error=TaskFailedError(f"task {task.id} {how} on node {ev.node_id}: {outcome.reason}",
+            self._resolve(task, error=TaskFailedError(f"task {task.id} {how} on node {ev.node_id}: {outcome.reason}",
                                                      ev.exit_code, ev.signal))
 
     def _print_output(self, ev: m.WorkerOutput) -> None:
@@ -385,10 +381,10 @@ class Executor(cf.Executor):
         for task in list(self._tasks.values()):
             if task.exited_ok_at is not None and now - task.exited_ok_at > RESULT_GRACE_S \
                     and not task.future.done():
-                self._settle(task, error=TaskFailedError(
+                self._resolve(task, error=TaskFailedError(
                     f"task {task.id} exited without sending its result within {RESULT_GRACE_S:.0f} s"))
 
-    def _settle(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
+    def _resolve(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         if error is not None:
             task.future.set_exception(error)
         else:

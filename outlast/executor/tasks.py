@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from dataclasses import dataclass, field
+from typing import Any
 
 from outlast.protocol import messages as m
 
@@ -13,7 +14,7 @@ from outlast.protocol import messages as m
 class Task:
     id: str
     payload: bytes
-    future: cf.Future
+    future: cf.Future[Any]
     not_before: float = 0.0
     oom_kills: int = 0
     failures: int = 0

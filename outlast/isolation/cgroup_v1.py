@@ -15,6 +15,7 @@ import signal
 from outlast.procutil import holds_an_agent
 from outlast.faults import fault_point
 from outlast.isolation.cgroup_v2 import PREFIX
+from outlast.isolation.driver import MemoryReading, Unreadable
 from outlast.isolation.errors import IsolationUnavailable
 from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, V1EventFd
@@ -180,7 +181,7 @@ class CgroupV1:
 
     # ---- memory ----------------------------------------------------------------------------
 
-    def sample(self) -> dict[str, int | bool | None]:
+    def sample(self) -> MemoryReading | Unreadable:
         try:
             user_stat, root_stat = self.fs.read_stat(self.mem.user), self.fs.read_stat(self.mem.root)
         except OSError as e:
@@ -229,7 +230,9 @@ class CgroupV1:
 
     def monitors(self, limit: int | None, kill_at: float = 0.95) -> list[EventSource]:
         sources: list[EventSource] = [V1EventFd(self.mem.user, "memory.oom_control", "", "memory.oom_control")]
-        for fraction in (0.9, kill_at) if limit else ():
+        if not limit:
+            return sources
+        for fraction in (0.9, kill_at):
             # usage_in_bytes also counts page cache; an event only wakes the monitor, which then
             # judges by anon and shared memory. The second one fires at the kill threshold, so
             # outlast acts before the cgroup stalls at its limit.

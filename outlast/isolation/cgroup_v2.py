@@ -13,6 +13,7 @@ import os
 import signal
 
 from outlast.faults import fault_point
+from outlast.isolation.driver import MemoryReading, Unreadable
 from outlast.isolation.errors import IsolationUnavailable
 from outlast.isolation.journal import CgroupFS, Journal
 from outlast.isolation.monitor import EventSource, Inotify, PsiTrigger
@@ -100,9 +101,10 @@ class CgroupV2:
             # Back where it came from on undo: <cgroup-path> itself, or a leaf below it that
             # launched us (the only kind of place v2 lets a process sit next to delegated children).
             origin = fs.v2_cgroup_of(pid, self.mount)
-            inside = origin is not None and (origin == self.base or origin.startswith(self.base + "/")) \
-                and not origin.startswith(self.root) and fs.exists(origin)
-            j.move([pid], origin if inside else self.base, self.system)
+            if origin is None or not (origin == self.base or origin.startswith(self.base + "/")) \
+                    or origin.startswith(self.root) or not fs.exists(origin):
+                origin = self.base
+            j.move([pid], origin, self.system)
         fault_point("isolation.setup.mid")
         # Top-down: a controller can be handed on only once the parent has it.
         for path in (self.base, self.root, self.user, self.workers):
@@ -197,7 +199,7 @@ class CgroupV2:
 
     # ---- memory ----------------------------------------------------------------------------
 
-    def sample(self) -> dict[str, int | bool | None]:
+    def sample(self) -> MemoryReading | Unreadable:
         try:
             user_stat, root_stat = self.fs.read_stat(self.user), self.fs.read_stat(self.root)
         except OSError as e:

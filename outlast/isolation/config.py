@@ -45,6 +45,18 @@ class IsolationConfig:
             raise BadSetting(f"kill_at ({self.kill_at}) and target ({self.target}) must satisfy "
                              "0 < target < kill_at <= 1")
 
+    @property
+    def reserved_memory_bytes(self) -> int | None:
+        """`system_reserved_memory` in bytes (None: the default)."""
+        given = self.system_reserved_memory
+        return None if given is None else parse_bytes(given, "--system-reserved-memory")
+
+    @property
+    def reserved_cpus(self) -> float | None:
+        """`system_reserved_cpu` in cores (None: the default)."""
+        given = self.system_reserved_cpu
+        return None if given is None else parse_cpus(given, "--system-reserved-cpu")
+
     def to_args(self) -> list[str]:
         """The agent's command line for these settings."""
         if not self.enable_resource_isolation:
@@ -59,7 +71,7 @@ class IsolationConfig:
         return args
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The same options on `outlast start` and `python -m outlast.agent`."""
     g = parser.add_argument_group("resource isolation")
     g.add_argument("--enable-resource-isolation", action="store_true",
@@ -76,7 +88,7 @@ def add_arguments(parser) -> None:
     g.add_argument("--kill-target", type=float, default=0.90, help=argparse.SUPPRESS)
 
 
-def config_from_args(args) -> IsolationConfig:
+def config_from_args(args: argparse.Namespace) -> IsolationConfig:
     return IsolationConfig(
         enable_resource_isolation=args.enable_resource_isolation, cgroup_path=args.cgroup_path,
         system_reserved_cpu=args.system_reserved_cpu, system_reserved_memory=args.system_reserved_memory,

@@ -11,7 +11,8 @@ from outlast.isolation.errors import IsolationUnavailable
 
 def parse_mounts(text: str) -> tuple[str | None, dict[str, str]]:
     """(the cgroup2 mount point, {v1 controller: its mount point}) from /proc/self/mounts."""
-    v2, v1 = None, {}
+    v2: str | None = None
+    v1: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 4:
@@ -41,7 +42,7 @@ def parse_proc_cgroup(text: str) -> tuple[str | None, dict[str, str]]:
 
 
 def detect(node_id: str, cgroup_path: str | None, mounts_text: str | None = None,
-           proc_cgroup_text: str | None = None):
+           proc_cgroup_text: str | None = None) -> CgroupV1 | CgroupV2:
     """The driver for this machine: v1 if the memory controller is bound to a v1 hierarchy."""
     if mounts_text is None:
         mounts_text = _read("/proc/self/mounts")

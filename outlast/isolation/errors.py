@@ -15,7 +15,7 @@ class IsolationUnavailable(IsolationError):
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"resource isolation cannot start; nothing was changed:\n{lines}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[IsolationUnavailable], tuple[list[str]]]:
         return (type(self), (self.problems,))
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 log = logging.getLogger("outlast.isolation")
 
@@ -138,12 +139,17 @@ class CgroupFS:
         return left
 
 
+# One step of setup, as undo needs it: ("mkdir", path), ("write", path, the value to put back),
+# ("move", pids, the cgroup they came from)
+Entry = tuple[Literal["mkdir"], str] | tuple[Literal["write"], str, str] | tuple[Literal["move"], list[int], str]
+
+
 @dataclass
 class Journal:
     """What setup did, newest last. `undo()` walks it backwards and keeps going past errors."""
 
     fs: CgroupFS
-    entries: list[tuple] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)  # processes the kernel would not move
 
     def mkdir(self, path: str) -> None:

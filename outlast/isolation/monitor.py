@@ -1,8 +1,9 @@
 """Kernel event sources that wake the agent's loop when memory gets tight.
 
-Each source is a file descriptor the agent polls with its sockets, and `drain()` to
-consume the event. v2: inotify on memory.events (the kernel notifies on every counter
-change) and a PSI trigger; v1: eventfds registered through cgroup.event_control.
+Each source is a file descriptor the agent polls with its sockets; `consume()` takes the event,
+so that the descriptor is quiet until the next one. v2: inotify on memory.events (the kernel
+notifies on every counter change) and a PSI trigger; v1: eventfds registered through
+cgroup.event_control.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class EventSource:
     name: str
     fd: int
 
-    def drain(self) -> None:
+    def consume(self) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -41,7 +42,7 @@ class Inotify(EventSource):
             raise OSError(err, f"inotify_add_watch {path}: {os.strerror(err)}")
         self.fd, self.name = fd, name
 
-    def drain(self) -> None:
+    def consume(self) -> None:
         try:
             while os.read(self.fd, 4096):
                 pass
@@ -70,7 +71,7 @@ class PsiTrigger(EventSource):
             raise
         self.fd, self.name = self._ep.fileno(), name
 
-    def drain(self) -> None:
+    def consume(self) -> None:
         self._ep.poll(0)  # the event is edge-like per window; polling consumes it
 
     def close(self) -> None:
@@ -92,7 +93,7 @@ class V1EventFd(EventSource):
             raise
         self.name = name
 
-    def drain(self) -> None:
+    def consume(self) -> None:
         try:
             os.read(self.fd, 8)
         except BlockingIOError:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Callable
 
 import psutil
 
 from outlast.isolation.config import IsolationConfig, cpu_count
 from outlast.isolation.detect import detect
+from outlast.isolation.driver import CgroupDriver, HandsBackToKernel, MemoryReading
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.monitor import EventSource
 from outlast.isolation.policy import (
-    Action, Candidate, Cooldown, Decision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
+    Action, Cooldown, KillCandidate, KillDecision, MemorySample, PolicyConfig, cooldown_over, expected_freed, judge,
     render_report,
 )
 from outlast.isolation.reservations import Reservations, compute_reservations
@@ -29,8 +31,8 @@ RECENT_KILLS = 20
 
 
 class NodeIsolation:
-    def __init__(self, driver, reservations: Reservations, node_id: str, policy: PolicyConfig,
-                 clock=time.time) -> None:
+    def __init__(self, driver: CgroupDriver, reservations: Reservations, node_id: str, policy: PolicyConfig,
+                 clock: Callable[[], float] = time.time) -> None:
         self.driver = driver
         self.reservations = reservations
         self.node_id = node_id
@@ -47,12 +49,12 @@ class NodeIsolation:
         self._released_to_kernel = False
 
     @classmethod
-    def start(cls, config: IsolationConfig, node_id: str, driver=None) -> NodeIsolation:
+    def start(cls, config: IsolationConfig, node_id: str, driver: CgroupDriver | None = None) -> NodeIsolation:
         """Validate, set up the layout, clean what a crashed agent left, arm the monitors."""
         driver = driver or detect(node_id, config.cgroup_path)
         driver.validate()  # raises with every problem before the first write
         res = compute_reservations(psutil.virtual_memory().total, driver.starting_limit(), cpu_count(),
-                                   config.system_reserved_memory, config.system_reserved_cpu,
+                                   config.reserved_memory_bytes, config.reserved_cpus,
                                    checkpoint_memory=config.checkpoint_memory)
         node = cls(driver, res, node_id, PolicyConfig(kill_at=config.kill_at, target=config.target))
         try:
@@ -72,7 +74,8 @@ class NodeIsolation:
         return node
 
     def _arm(self) -> None:
-        limit = self.driver.sample().get("limit")
+        reading = self.driver.sample()
+        limit = None if "unreadable" in reading else reading["limit"]
         if limit == self._armed_limit and self.sources:
             return
         for s in self.sources:
@@ -113,7 +116,7 @@ class NodeIsolation:
 
     # ---- judging -------------------------------------------------------------------------
 
-    def sample(self) -> tuple[MemorySample, dict]:
+    def sample(self) -> tuple[MemorySample, MemoryReading]:
         raw = self.driver.sample()
         if "unreadable" in raw:
             # Fail closed: memory that cannot be read counts as a full node, never as an empty one.
@@ -129,7 +132,7 @@ class NodeIsolation:
         return MemorySample(counted_bytes=int(raw["counted"]), limit_bytes=int(limit),
                             node_total_bytes=self.reservations.total_memory, stalled=bool(raw["stalled"])), raw
 
-    def check(self, candidates: list[Candidate], alive_pids: set[int], trigger: str) -> Decision:
+    def check(self, candidates: list[KillCandidate], alive_pids: set[int], trigger: str) -> KillDecision:
         """Decide whether and whom to kill now. Limits are re-read at every call."""
         now = self.clock()
         sample, raw = self.sample()
@@ -138,7 +141,7 @@ class NodeIsolation:
         if self.cooldown is not None:
             over, why = cooldown_over(self.cooldown, alive_pids, sample, now, self.policy)
             if not over:
-                return Decision(Action.WAIT, why)
+                return KillDecision(Action.WAIT, why)
             self.cooldown = None
         decision = judge(sample, candidates, now, self.policy, trigger, self.node_id)
         if decision.action is Action.KILL:
@@ -155,14 +158,13 @@ class NodeIsolation:
         self._kernel_way_out(sample, candidates)
         return decision
 
-    def _kernel_way_out(self, sample: MemorySample, candidates: list[Candidate]) -> None:
+    def _kernel_way_out(self, sample: MemorySample, candidates: list[KillCandidate]) -> None:
         """v1 stalls user/ at its limit for outlast to choose; with no outlast worker there, nobody
         would ever choose, and the other processes would stall forever: the kernel decides then."""
-        release = getattr(self.driver, "release_to_kernel", None)
-        if release is None:
+        if not isinstance(self.driver, HandsBackToKernel):
             return
         if sample.stalled and not candidates and not self._released_to_kernel:
-            said = release()
+            said = self.driver.release_to_kernel()
             self._released_to_kernel = True
             if said:
                 log.warning("memory: %s", said)
@@ -175,8 +177,8 @@ class NodeIsolation:
         if c is not None and pid in c.victims and c.reaped_at is None:
             self.cooldown = Cooldown(c.victims, c.counted_at_kill, c.expected_freed, reaped_at=self.clock())
 
-    def drain(self, source: EventSource) -> str:
-        source.drain()
+    def take_event(self, source: EventSource) -> str:
+        source.consume()
         return f"kernel event: {source.name}"
 
     # ---- status and stop ----------------------------------------------------------------------

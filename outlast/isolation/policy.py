@@ -17,12 +17,17 @@ POLICY = ("idle workers first; then the least work lost (a task: time since it s
           "newest first on ties")
 
 
+class WorkloadKind(enum.Enum):
+    TRAINING = "training"  # a rank of a training run: killing one restarts the whole run from its last commit
+    TASK = "task"  # an executor task: killing it loses that task's work alone
+
+
 @dataclass(frozen=True)
-class Candidate:
+class KillCandidate:
     """A live worker as the policy sees it (times are wall-clock seconds)."""
 
     name: str
-    kind: str  # "training" | "task"
+    kind: WorkloadKind
     owner: str
     rank: int | None
     pid: int
@@ -39,7 +44,7 @@ class Candidate:
 class PolicyConfig:
     kill_at: float = 0.95  # judge a kill once counted memory reaches this fraction of the limit
     target: float = 0.90  # kill until counted memory would be below this fraction: the margin
-    settle_s: float = 2.0  # after victims are reaped, wait at most this long for memory to come back
+    reclaim_wait_s: float = 2.0  # after victims are reaped, wait at most this long for memory to come back
 
 
 @dataclass(frozen=True)
@@ -67,27 +72,27 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class KillDecision:
     action: Action
     reason: str
-    victims: list[Candidate] = field(default_factory=list)
+    victims: list[KillCandidate] = field(default_factory=list)
     report: KillReport | None = None
 
 
-def _run_starts(candidates: list[Candidate]) -> dict[str, float]:
+def _run_starts(candidates: list[KillCandidate]) -> dict[str, float]:
     """When each training run's current workers started: its first worker's start."""
     starts: dict[str, float] = {}
     for c in candidates:
-        if c.kind == "training":
+        if c.kind is WorkloadKind.TRAINING:
             starts[c.owner] = min(starts.get(c.owner, c.started_at), c.started_at)
     return starts
 
 
-def work_at_risk(c: Candidate, now: float, run_started: float | None = None) -> float:
+def work_at_risk(c: KillCandidate, now: float, run_started: float | None = None) -> float:
     """Seconds of work that killing `c` throws away."""
     if c.idle:
         return 0.0
-    if c.kind == "training":
+    if c.kind is WorkloadKind.TRAINING:
         # One death restarts the whole run from its last commit (or from its start).
         start = c.started_at if run_started is None else run_started
         since = max(start, c.last_commit_at) if c.last_commit_at is not None else start
@@ -95,12 +100,12 @@ def work_at_risk(c: Candidate, now: float, run_started: float | None = None) -> 
     return max(now - c.started_at, 0.0)
 
 
-def rank_for_killing(candidates: list[Candidate], now: float) -> list[Candidate]:
+def rank_for_killing(candidates: list[KillCandidate], now: float) -> list[KillCandidate]:
     """Best victim first. Workers of one run tie (they lose the same work): the biggest goes first."""
     runs = _run_starts(candidates)
 
-    def key(c: Candidate):
-        group_start = runs.get(c.owner, c.started_at) if c.kind == "training" else c.started_at
+    def key(c: KillCandidate) -> tuple[bool, bool, float, float, int, float, int]:
+        group_start = runs.get(c.owner, c.started_at) if c.kind is WorkloadKind.TRAINING else c.started_at
         return (not c.idle, not c.retriable, work_at_risk(c, now, runs.get(c.owner)), -group_start,
                 -c.memory_bytes, -c.started_at, -c.pid)
 
@@ -117,58 +122,61 @@ def cooldown_over(cool: Cooldown, alive_pids: set[int], sample: MemorySample, no
         return True, "memory is back below the kill threshold"
     if sample.counted_bytes <= cool.counted_at_kill - cool.expected_freed // 2:
         return True, "the victims' memory came back"
-    if cool.reaped_at is not None and now - cool.reaped_at >= cfg.settle_s:
-        return True, f"memory did not come back within {cfg.settle_s:g} s of the reap; judging again"
+    if cool.reaped_at is not None and now - cool.reaped_at >= cfg.reclaim_wait_s:
+        return True, f"memory did not come back within {cfg.reclaim_wait_s:g} s of the reap; judging again"
     return False, "victims reaped; waiting for their memory to come back"
 
 
-def judge(sample: MemorySample, candidates: list[Candidate], now: float, cfg: PolicyConfig, trigger: str,
-          node_id: str) -> Decision:
+def judge(sample: MemorySample, candidates: list[KillCandidate], now: float, cfg: PolicyConfig, trigger: str,
+          node_id: str) -> KillDecision:
     threshold = int(cfg.kill_at * sample.limit_bytes)
     if sample.counted_bytes < threshold and not sample.stalled:
-        return Decision(Action.NONE, f"{format_bytes(sample.counted_bytes)} counted, below the kill threshold "
-                                     f"{format_bytes(threshold)}")
+        return KillDecision(Action.NONE, f"{format_bytes(sample.counted_bytes)} counted, below the kill threshold "
+                                         f"{format_bytes(threshold)}")
     target = int(cfg.target * sample.limit_bytes)
     victims = select_victims(candidates, sample.counted_bytes - target, now)
     report = build_report(sample, candidates, victims, now, cfg, trigger, node_id, target)
     if not victims:
-        return Decision(Action.WAIT, report.reason, [], report)
-    return Decision(Action.KILL, report.reason, victims, report)
+        return KillDecision(Action.WAIT, report.reason, [], report)
+    return KillDecision(Action.KILL, report.reason, victims, report)
 
 
-def select_victims(candidates: list[Candidate], must_free: int, now: float) -> list[Candidate]:
+def select_victims(candidates: list[KillCandidate], must_free: int, now: float) -> list[KillCandidate]:
     """Enough of the best victims to free `must_free` bytes at once, not one at a time.
 
     Killing one worker of a training run restarts the whole run, so its other workers' memory
     comes back too (the controller stops them): they are counted, not killed.
     """
-    chosen, freed, runs_hit = [], 0, set()
+    chosen: list[KillCandidate] = []
+    freed, runs_hit = 0, set()
     for c in rank_for_killing(candidates, now):
         if freed >= must_free and chosen:
             break
-        if c.kind == "training" and c.owner in runs_hit:
+        if c.kind is WorkloadKind.TRAINING and c.owner in runs_hit:
             continue
         chosen.append(c)
-        if c.kind == "training":
+        if c.kind is WorkloadKind.TRAINING:
             runs_hit.add(c.owner)
-            freed += sum(o.memory_bytes for o in candidates if o.kind == "training" and o.owner == c.owner)
+            freed += sum(o.memory_bytes for o in candidates
+                         if o.kind is WorkloadKind.TRAINING and o.owner == c.owner)
         else:
             freed += c.memory_bytes
     return chosen
 
 
-def expected_freed(victims: list[Candidate], candidates: list[Candidate]) -> int:
-    runs_hit = {v.owner for v in victims if v.kind == "training"}
+def expected_freed(victims: list[KillCandidate], candidates: list[KillCandidate]) -> int:
+    runs_hit = {v.owner for v in victims if v.kind is WorkloadKind.TRAINING}
     picked = {v.pid for v in victims}
-    return sum(c.memory_bytes for c in candidates if c.pid in picked or (c.kind == "training" and c.owner in runs_hit))
+    return sum(c.memory_bytes for c in candidates
+               if c.pid in picked or (c.kind is WorkloadKind.TRAINING and c.owner in runs_hit))
 
 
-def build_report(sample: MemorySample, candidates: list[Candidate], victims: list[Candidate], now: float,
+def build_report(sample: MemorySample, candidates: list[KillCandidate], victims: list[KillCandidate], now: float,
                  cfg: PolicyConfig, trigger: str, node_id: str, target: int) -> KillReport:
     picked = {c.pid for c in victims}
     runs = _run_starts(candidates)
     considered = [
-        ConsideredWorker(name=c.name, kind=c.kind, owner=c.owner, rank=c.rank, pid=c.pid,
+        ConsideredWorker(name=c.name, kind=c.kind.value, owner=c.owner, rank=c.rank, pid=c.pid,
                          memory_bytes=c.memory_bytes, resources=c.resources, age_s=round(max(now - c.started_at, 0), 3),
                          work_at_risk_s=round(work_at_risk(c, now, runs.get(c.owner)), 3), idle=c.idle, retriable=c.retriable,
                          selected=c.pid in picked)
@@ -176,7 +184,7 @@ def build_report(sample: MemorySample, candidates: list[Candidate], victims: lis
     ]
     over = f"{format_bytes(sample.counted_bytes)} of the workloads' limit {format_bytes(sample.limit_bytes)}"
     if victims:
-        runs_hit = {v.owner for v in victims if v.kind == "training"}
+        runs_hit = {v.owner for v in victims if v.kind is WorkloadKind.TRAINING}
         freed = expected_freed(victims, candidates)
         restarts = f"; run(s) {', '.join(sorted(runs_hit))} restart from their last checkpoint" if runs_hit else ""
         reason = (f"{over} ({'stalled at the limit' if sample.stalled else f'threshold {cfg.kill_at:.0%}'}); "
@@ -201,7 +209,7 @@ def render_report(r: KillReport) -> str:
         "  considered (best victim first):",
     ]
     for w in r.considered:
-        who = f"run {w.owner} rank {w.rank}" if w.kind == "training" else f"task {w.owner}"
+        who = f"run {w.owner} rank {w.rank}" if w.kind == WorkloadKind.TRAINING.value else f"task {w.owner}"
         flags = "".join([" idle" if w.idle else "", "" if w.retriable else " non-retriable"])
         lines.append(
             f"    {'KILLED ' if w.selected else 'kept   '}{w.name}: {who}, pid {w.pid}, "

@@ -67,20 +67,20 @@ class ClusterKey:
     def save(self, path: str | os.PathLike[str]) -> None:
         write_secret_file(Path(path), self.secret + b"\n")
 
-    def serve(self, sock: zmq.Socket) -> None:
+    def serve(self, sock: zmq.Socket[bytes]) -> None:
         """Make `sock` (before bind) a CURVE server."""
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True
 
-    def connect_as_client(self, sock: zmq.Socket) -> None:
+    def connect_as_client(self, sock: zmq.Socket[bytes]) -> None:
         """Make `sock` (before connect) a CURVE client of a server holding the same key."""
         sock.curve_serverkey = self.public
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
 
 
-def start_authenticator(ctx: zmq.Context, key: ClusterKey) -> ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context[zmq.Socket[bytes]], key: ClusterKey) -> ThreadAuthenticator:
     """Admit only clients that present the cluster's public key; stop it at shutdown."""
     auth = ThreadAuthenticator(ctx, log=logging.getLogger("outlast.protocol.zap"))
     auth.start()
@@ -105,7 +105,7 @@ class _OnlyKey:
         return allowed
 
 
-def connect_checked(sock: zmq.Socket, address: str, timeout_ms: int) -> None:
+def connect_checked(sock: zmq.Socket[bytes], address: str, timeout_ms: int) -> None:
     """Connect and wait until the handshake with the server succeeds; raise `AuthError` if it fails.
 
     Without this a client with the wrong key would only see silence.

@@ -1,18 +1,29 @@
 """The kinds outlast gives a failure, and the budgets a failed attempt is charged to.
 
-A failure record's `exc_type` is the name of the exception a rank raised, or, for what no
-exception of the user's explains, one of `FailureKind`. Both enums are `StrEnum`s whose values
-are the spellings already on the wire (`WorkerError.exc_type`) and in run histories
-(`FailureRecord.exc_type`, `RunState.failure_counts`): a member equals its string, so a history
-written before them reads the same, and one written now reads the same to an older outlast.
+A failure record's `kind` is one of `FailureKind`, set by outlast alone; its `exc_type` is only
+ever the name of the exception a rank raised. Both enums are `StrEnum`s whose values are the
+spellings histories already hold: run states of version 1 kept a kind in `exc_type`, and are read
+with it moved to `kind` (`records._kinds_apart`); `RunState.failure_counts` is keyed by `Budget`.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 has no enum.StrEnum: the same behaviour, a member is its string to str() and format()
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str.__str__(self)
+
+        def __format__(self, format_spec: str) -> str:
+            return str.__format__(self, format_spec)
 
 
-class FailureKind(enum.StrEnum):
+class FailureKind(StrEnum):
     NODE_LOST = "NodeLost"  # the rank's node went away (its agent is gone or silent)
     PREEMPTION = "Preemption"  # the attempt ended for a drain: one record for the attempt, about a node
     SPAWN_REFUSED = "SpawnRefused"  # a node turned the attempt's workers away (it began draining)
@@ -27,7 +38,7 @@ class FailureKind(enum.StrEnum):
 NODE_KINDS = frozenset({FailureKind.PREEMPTION, FailureKind.SPAWN_REFUSED})
 
 
-class Budget(enum.StrEnum):
+class Budget(StrEnum):
     """What a failed attempt is charged to (`RunState.failure_counts`)."""
 
     WORKER = "worker"  # FailureConfig.max_failures

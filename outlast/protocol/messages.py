@@ -15,12 +15,20 @@ from typing import Any, Literal, Union
 import msgspec
 
 from outlast.protocol import paths
+from outlast.protocol.kinds import FailureKind
 
-PROTOCOL_VERSION = 4  # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp
+# 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
+# 5: WorkerError.kind, apart from exc_type
+PROTOCOL_VERSION = 5
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
-    """Base of all wire messages."""
+    """Base of all wire messages.
+
+    Each subclass says `frozen=True` again: msgspec passes it down at run time, but a type checker
+    reads a struct through PEP 681's dataclass_transform, which does not, and would take the
+    subclass for a mutable one.
+    """
 
 
 # ---- shared records -----------------------------------------------------------
@@ -94,9 +102,11 @@ class KillReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkerError(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker says about its own death before it exits (an error file)."""
+    """What a worker says about its own death before it exits (an error file), or what its node or its
+    controller knows of it (`kind`: a fork server that died, a lost node, ...)."""
 
-    exc_type: str
+    exc_type: str | None = None  # the name of the exception the worker raised
+    kind: FailureKind | None = None  # outlast's own kind of the failure (FailureRecord.kind)
     message: str
     traceback: str
     phase: str  # "setup" (before the train function ran) or "train"
@@ -105,18 +115,18 @@ class WorkerError(msgspec.Struct, frozen=True, kw_only=True):
 # ---- driver (controller) <-> node agent ---------------------------------------
 
 
-class Ping(Msg):
+class Ping(Msg, frozen=True):
     pass
 
 
-class Pong(Msg):
+class Pong(Msg, frozen=True):
     node_id: str
     pid: int
     version: int = PROTOCOL_VERSION
     head_address: str = ""  # the cluster's head; empty when this agent is the head
 
 
-class SpawnWorkers(Msg):
+class SpawnWorkers(Msg, frozen=True):
     run_id: str
     attempt: int
     controller_address: str
@@ -143,13 +153,13 @@ class SpawnWorkers(Msg):
         paths.check_name("checkpoint", self.restore_checkpoint)
 
 
-class StopWorkers(Msg):
+class StopWorkers(Msg, frozen=True):
     run_id: str
     attempt: int
     grace_s: float
 
 
-class RunHeartbeat(Msg):
+class RunHeartbeat(Msg, frozen=True):
     run_id: str
     timeout_s: float  # the agent kills the run's workers when no heartbeat came for this long
     # Wall-clock time (time.time()) of the run's latest committed checkpoint, None before the
@@ -161,11 +171,11 @@ class RunHeartbeat(Msg):
     saved_for_drain_at: float | None = None
 
 
-class EndRun(Msg):
+class EndRun(Msg, frozen=True):
     run_id: str
 
 
-class WorkerStarted(Msg):
+class WorkerStarted(Msg, frozen=True):
     run_id: str
     attempt: int
     rank: int
@@ -173,7 +183,7 @@ class WorkerStarted(Msg):
     output_file: str = ""  # the rank's stdout and stderr, kept on its node
 
 
-class WorkerOutput(Msg):
+class WorkerOutput(Msg, frozen=True):
     """Lines a rank wrote to stdout or stderr, in the order it wrote them (docs/architecture.md, worker output).
 
     `seq` numbers the first line among every line the rank wrote; a gap before it is lines
@@ -188,7 +198,7 @@ class WorkerOutput(Msg):
     task_id: str = ""  # an Executor task's lines (attempt 0, rank -1)
 
 
-class WorkerExited(Msg):
+class WorkerExited(Msg, frozen=True):
     run_id: str
     attempt: int
     rank: int
@@ -201,7 +211,7 @@ class WorkerExited(Msg):
     oom_report: str | None = None  # the same, as text for the run's history
 
 
-class SpawnTask(Msg):
+class SpawnTask(Msg, frozen=True):
     """One task of an `outlast.Executor` (its session is `run_id`, kept alive by RunHeartbeat)."""
 
     run_id: str
@@ -219,7 +229,7 @@ class SpawnTask(Msg):
         paths.check_name("task id", self.task_id)
 
 
-class TaskExited(Msg):
+class TaskExited(Msg, frozen=True):
     run_id: str
     task_id: str
     pid: int
@@ -231,7 +241,7 @@ class TaskExited(Msg):
     oom_report: str | None = None
 
 
-class TaskResult(Msg):
+class TaskResult(Msg, frozen=True):
     """A task's outcome, sent by the task process itself before it exits."""
 
     task_id: str
@@ -240,7 +250,7 @@ class TaskResult(Msg):
     error: WorkerError | None = None
 
 
-class NodeDraining(Msg):
+class NodeDraining(Msg, frozen=True):
     """The node will go away (a preemption, a maintenance): its workers' runs should save and move."""
 
     node_id: str
@@ -280,7 +290,7 @@ class IsolationInfo(msgspec.Struct, frozen=True, kw_only=True):
     kills: int
 
 
-class StatusRequest(Msg):
+class StatusRequest(Msg, frozen=True):
     pass
 
 
@@ -294,7 +304,7 @@ class StoreHealth(msgspec.Struct, frozen=True, kw_only=True):
     head: str = ""  # the node holding the head role, if any
 
 
-class StatusReply(Msg):
+class StatusReply(Msg, frozen=True):
     node_id: str
     pid: int
     address: str
@@ -319,7 +329,7 @@ class StatusReply(Msg):
     store: StoreHealth | None = None  # the cluster store, where it is not this agent alone
 
 
-class DrainNode(Msg):
+class DrainNode(Msg, frozen=True):
     """`outlast drain-node`: this node will go away; its runs should save and move elsewhere."""
 
     node_id: str
@@ -332,13 +342,13 @@ class DrainNode(Msg):
     until_commit: bool = False  # NodeDraining.until_commit
 
 
-class DrainAck(Msg):
+class DrainAck(Msg, frozen=True):
     node_id: str
     runs_notified: int
     node_ids: list[str] = []  # every node drained (the failure domain of node_id)
 
 
-class DrainRefused(Msg):
+class DrainRefused(Msg, frozen=True):
     reason: str
 
 
@@ -364,42 +374,42 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     tier_address: str = ""  # its memory tier's server (outlast/agent/tier_server.py); empty: no tier
 
 
-class RegisterNode(Msg):
+class RegisterNode(Msg, frozen=True):
     node: NodeInfo
 
 
-class NodeHeartbeat(Msg):
+class NodeHeartbeat(Msg, frozen=True):
     node_id: str
     used: dict[str, dict[str, float]] = {}
     draining: NodeDraining | None = None
 
 
-class HeartbeatAck(Msg):
+class HeartbeatAck(Msg, frozen=True):
     known: bool  # False: the head does not know this node (it restarted); register again
 
 
-class ListNodes(Msg):
+class ListNodes(Msg, frozen=True):
     pass
 
 
-class ReadOutput(Msg):
+class ReadOutput(Msg, frozen=True):
     """`outlast runs --logs` from another machine: the last lines of a rank's output file on this node."""
 
     path: str
     lines: int
 
 
-class OutputLines(Msg):
+class OutputLines(Msg, frozen=True):
     path: str
     lines: list[str]
     error: str = ""  # set, and no lines, when the file cannot be read (or is not one of the node's)
 
 
-class NodeList(Msg):
+class NodeList(Msg, frozen=True):
     nodes: list[NodeInfo]
 
 
-class SpawnRefused(Msg):
+class SpawnRefused(Msg, frozen=True):
     """The node takes no new workers (it is draining); the controller waits for capacity."""
 
     run_id: str
@@ -407,25 +417,25 @@ class SpawnRefused(Msg):
     reason: str
 
 
-class Shutdown(Msg):
+class Shutdown(Msg, frozen=True):
     pass
 
 
-class ShutdownAck(Msg):
+class ShutdownAck(Msg, frozen=True):
     pass
 
 
 # ---- worker -> controller -------------------------------------------------------
 
 
-class WorkerHello(Msg):
+class WorkerHello(Msg, frozen=True):
     attempt: int
     rank: int
     pid: int
     set_up: bool = False  # True: the rank has no set-up of outlast's to do (the simulator's ranks); else SetUp says
 
 
-class Welcome(Msg):
+class Welcome(Msg, frozen=True):
     """The controller heard the rank's hello. The rank waits for it before its set-up: a hello still queued in
     the rank's socket when the rank is killed is lost, and the death would then be taken for one before the
     rank reached outlast's set-up, and charged to max_failures."""
@@ -434,7 +444,7 @@ class Welcome(Msg):
     rank: int
 
 
-class SetUp(Msg):
+class SetUp(Msg, frozen=True):
     """The rank's set-up is done (its backend's process group met): what fails from now on is the train
     function's; what failed before was outlast's own set-up (outlast/controller/setup_failures.py)."""
 
@@ -442,7 +452,7 @@ class SetUp(Msg):
     rank: int
 
 
-class SetUpHeard(Msg):
+class SetUpHeard(Msg, frozen=True):
     """The controller heard the rank's `SetUp`. The rank waits for it before its train function runs, for
     the reason it waits for `Welcome`: a `SetUp` still queued when a rank dies right away would be lost, and
     the train function's failure taken for outlast's set-up's."""
@@ -451,7 +461,7 @@ class SetUpHeard(Msg):
     rank: int
 
 
-class Report(Msg):
+class Report(Msg, frozen=True):
     attempt: int
     rank: int
     index: int
@@ -474,7 +484,7 @@ class Report(Msg):
         paths.check_absolute("local_dir", self.local_dir, empty_ok=True)
 
 
-class RestoreProgress(Msg):
+class RestoreProgress(Msg, frozen=True):
     """A rank fetching the checkpoint it restores: bytes on disk so far (the driver's progress line)."""
 
     attempt: int
@@ -485,7 +495,7 @@ class RestoreProgress(Msg):
     finished: bool = False
 
 
-class UploadDone(Msg):
+class UploadDone(Msg, frozen=True):
     """An asynchronous upload finished (or gave up); it may overtake its Report."""
 
     attempt: int
@@ -499,7 +509,7 @@ class UploadDone(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir)
 
 
-class CollectiveRequest(Msg):
+class CollectiveRequest(Msg, frozen=True):
     attempt: int
     rank: int
     seq: int
@@ -507,7 +517,7 @@ class CollectiveRequest(Msg):
     payload: bytes | None = None  # rank 0's pickled object for a broadcast; each rank's for an allgather
 
 
-class PreemptionQuery(Msg):
+class PreemptionQuery(Msg, frozen=True):
     """A rank reached its horizon of get_preemption_info() calls."""
 
     attempt: int
@@ -515,13 +525,13 @@ class PreemptionQuery(Msg):
     index: int
 
 
-class WorkerDone(Msg):
+class WorkerDone(Msg, frozen=True):
     attempt: int
     rank: int
     reports: int
 
 
-class CheckpointsQuery(Msg):
+class CheckpointsQuery(Msg, frozen=True):
     """get_all_reported_checkpoints(): answered once each checkpoint among the rank's first `reports`
     reports is committed or refused, from the controller's history (the run state in storage lags it)."""
 
@@ -530,7 +540,7 @@ class CheckpointsQuery(Msg):
     reports: int
 
 
-class Progress(Msg):
+class Progress(Msg, frozen=True):
     """From a rank's watch thread, about once a second: how many times its loop has called into outlast
     (report, get_preemption_info, collectives, heartbeat) so far."""
 
@@ -539,7 +549,7 @@ class Progress(Msg):
     count: int
 
 
-class StackDump(Msg):
+class StackDump(Msg, frozen=True):
     """A rank's Python stacks, every thread, as faulthandler writes them; `where` is the innermost frame
     of its main thread ("all_reduce (distributed_c10d.py:2806)")."""
 
@@ -552,12 +562,12 @@ class StackDump(Msg):
 # ---- controller -> worker -------------------------------------------------------
 
 
-class Committed(Msg):
+class Committed(Msg, frozen=True):
     index: int
     checkpoint_dir: str
 
 
-class CommitFailed(Msg):
+class CommitFailed(Msg, frozen=True):
     index: int
     reason: str
 
@@ -568,19 +578,19 @@ class KeptCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     metrics: dict[str, Any] = {}
 
 
-class CheckpointsList(Msg):
+class CheckpointsList(Msg, frozen=True):
     """The run's committed checkpoints still kept, in commit order."""
 
     checkpoints: list[KeptCheckpoint]
 
 
-class PreemptionGrant(Msg):
+class PreemptionGrant(Msg, frozen=True):
     index: int
     horizon: int
     valid_s: float = float("inf")  # the grant ends at the horizon or after this long, whichever is first
 
 
-class PreemptionNotice(Msg):
+class PreemptionNotice(Msg, frozen=True):
     index: int
     decision_index: int  # get_preemption_info() returns the notice from this call on
     node_ids: list[str]
@@ -594,13 +604,13 @@ class PreemptionNotice(Msg):
     through_peer: bool = False
 
 
-class DumpStacks(Msg):
+class DumpStacks(Msg, frozen=True):
     """To a rank's watch thread: send every thread's stack (the controller found a hang)."""
 
     attempt: int
 
 
-class CollectiveReply(Msg):
+class CollectiveReply(Msg, frozen=True):
     seq: int
     payload: bytes | None = None  # a broadcast's source payload; an allgather's, `gathered_payload`
 
@@ -617,7 +627,7 @@ def read_gathered(payload: bytes) -> dict[int, bytes]:
     return msgspec.msgpack.decode(payload, type=dict[int, bytes])
 
 
-class CollectiveTimeout(Msg):
+class CollectiveTimeout(Msg, frozen=True):
     seq: int
     op: str
     missing_ranks: list[int]
@@ -649,7 +659,7 @@ class Transfer(msgspec.Struct, frozen=True, kw_only=True):
     key: bytes
 
 
-class TierHold(Msg):
+class TierHold(Msg, frozen=True):
     """Keep a rank's reported files (in `source_dir` on this node) in memory, then a replica on `peer`."""
 
     run: str
@@ -667,7 +677,7 @@ class TierHold(Msg):
         paths.check_absolute("source_dir", self.source_dir, empty_ok=True)
 
 
-class TierPull(Msg):
+class TierPull(Msg, frozen=True):
     """Fetch a copy from the tier server at `from_address` into this node's tier (before a restore here)."""
 
     run: str
@@ -679,7 +689,7 @@ class TierPull(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir)
 
 
-class TierUpload(Msg):
+class TierUpload(Msg, frozen=True):
     """Upload the held copy of a rank's files to the run's storage (`run` is its URI), into `checkpoint_dir`;
     answered with `TierStored` once the files are there or the upload failed."""
 
@@ -692,7 +702,7 @@ class TierUpload(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir)
 
 
-class TierOffer(Msg):
+class TierOffer(Msg, frozen=True):
     """A copy follows, as `TierChunk`s then `TierOfferEnd`; answered with `TierStored` at the end."""
 
     run: str
@@ -707,7 +717,7 @@ class TierOffer(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir)
 
 
-class TierChunk(Msg):
+class TierChunk(Msg, frozen=True):
     """Bytes of a copy: pushed to a peer (answered with `TierAck`) or the answer to a `TierFetch`."""
 
     run: str
@@ -715,8 +725,8 @@ class TierChunk(Msg):
     rank: int
     path: str  # one of the offer's files
     offset: int
-    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.Sealer)
-    session: bytes = b""  # the transfer's, on the data socket (tier_client.Sealer)
+    data: bytes = b""  # empty on the wire: the bytes are the frame after this one, sealed (tier_client.TransferSealer)
+    session: bytes = b""  # the transfer's, on the data socket (tier_client.TransferSealer)
     nonce: int = 0  # the sender's count within the transfer: the sealed bytes' nonce
 
     def __post_init__(self) -> None:
@@ -724,7 +734,7 @@ class TierChunk(Msg):
         paths.check_relative("file", self.path)
 
 
-class TierAck(Msg):
+class TierAck(Msg, frozen=True):
     """An offer accepted (`path` empty) or a chunk written: the sender may send one more. Also the answer
     to a `TierCommit` and a `TierFree` (rank -1)."""
 
@@ -740,7 +750,7 @@ class TierAck(Msg):
         paths.check_relative("file", self.path, empty_ok=True)
 
 
-class TierOfferEnd(Msg):
+class TierOfferEnd(Msg, frozen=True):
     run: str
     checkpoint_dir: str
     rank: int
@@ -749,7 +759,7 @@ class TierOfferEnd(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir)
 
 
-class TierFetch(Msg):
+class TierFetch(Msg, frozen=True):
     """Read a held copy: without a path, its record (a `TierOffer`); with one, `length` bytes at `offset` (a
     `TierChunk`). A copy not held is answered with `TierStored(ok=False)` saying so."""
 
@@ -766,7 +776,7 @@ class TierFetch(Msg):
         paths.check_relative("file", self.path, empty_ok=True)
 
 
-class TierCommit(Msg):
+class TierCommit(Msg, frozen=True):
     run: str
     checkpoint_dir: str
 
@@ -774,15 +784,15 @@ class TierCommit(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir)
 
 
-class TierFree(Msg):
+class TierFree(Msg, frozen=True):
     run: str
 
 
-class TierList(Msg):
+class TierList(Msg, frozen=True):
     pass
 
 
-class TierStored(Msg):
+class TierStored(Msg, frozen=True):
     """Where a copy now is: on `node_id`, and on `replica_node` when one was asked and made."""
 
     run: str
@@ -802,7 +812,7 @@ class TierStored(Msg):
         paths.check_name("checkpoint", self.checkpoint_dir, empty_ok=True)
 
 
-class TierHoldings(Msg):
+class TierHoldings(Msg, frozen=True):
     node_id: str
     budget_bytes: int
     used_bytes: int
@@ -832,7 +842,7 @@ ControllerToWorker = Union[Committed, CommitFailed, CollectiveReply, CollectiveT
 # it after its fork (outlast/agent/fork_request.py).
 
 
-class ForkWorker(Msg):
+class ForkWorker(Msg, frozen=True):
     run_id: str
     attempt: int
     spec: WorkerSpec
@@ -848,7 +858,7 @@ class ForkWorker(Msg):
     threads: int = 0  # its share of the node's CPUs, in math library threads (outlast/threads.py); 0: untouched
 
 
-class ForkTask(Msg):
+class ForkTask(Msg, frozen=True):
     run_id: str
     task_id: str
     controller_address: str
@@ -861,7 +871,7 @@ class ForkTask(Msg):
     threads: int = 0  # as ForkWorker's
 
 
-class ForkChild(Msg):
+class ForkChild(Msg, frozen=True):
     """What the fork server needs to fork a workload, report it and reap it, and no secret of its run."""
 
     kind: Literal["worker", "task"]
@@ -874,11 +884,11 @@ class ForkChild(Msg):
     output_file: str = ""  # the child's stdout and stderr go here (appended), read by the agent
 
 
-class StopForking(Msg):
+class StopForking(Msg, frozen=True):
     """The agent is stopping: the end of the pipe that follows is an ordinary end."""
 
 
-class ZygoteReady(Msg):
+class ZygoteReady(Msg, frozen=True):
     preloaded: list[str]
     failed: dict[str, str]  # module -> why it did not import
     # What of CUDA the server touched while preloading ("": nothing). Workers forked from a server
@@ -887,7 +897,7 @@ class ZygoteReady(Msg):
     cuda_driver_loaded: bool = False  # libcuda is mapped in the server (loading it alone is harmless)
 
 
-class Forked(Msg):
+class Forked(Msg, frozen=True):
     run_id: str
     attempt: int
     rank: int
@@ -896,7 +906,7 @@ class Forked(Msg):
     output_file: str = ""
 
 
-class Reaped(Msg):
+class Reaped(Msg, frozen=True):
     run_id: str
     attempt: int
     rank: int

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from outlast.protocol.auth import ClusterKey, admit
 
@@ -44,7 +45,7 @@ class RunCredential:
     def env(self) -> dict[str, str]:
         return {CREDENTIAL_ENV: f"{self.server_public.decode()} {self.secret.decode()}"}
 
-    def connect_as_client(self, sock: zmq.Socket) -> None:
+    def connect_as_client(self, sock: zmq.Socket[bytes]) -> None:
         sock.curve_serverkey = self.server_public
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
@@ -56,7 +57,7 @@ def worker_key() -> "RunCredential | ClusterKey | None":
     return RunCredential.from_env() or ClusterKey.from_env()
 
 
-def issue(auth, cluster: ClusterKey) -> dict[str, str]:
+def issue(auth: ThreadAuthenticator, cluster: ClusterKey) -> dict[str, str]:
     """A new credential for one run, admitted on the sockets of `auth`'s context: the environment
     entries that give it to the run's workers."""
     credential = RunCredential.generate(cluster)

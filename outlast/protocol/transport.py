@@ -7,6 +7,7 @@ ZeroMQ does the framing and reconnection; this module only picks socket options
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
@@ -71,7 +72,8 @@ class Codec(Generic[T]):
     protocol version `VersionMismatch`."""
 
     def __init__(self, union: Any) -> None:
-        self._decoder = msgspec.msgpack.Decoder(union)
+        # `union` is a Union of structs, which no type expression of a parameter can be bound to T by
+        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(union)
 
     def decode(self, data: bytes) -> T:
         if data[:len(MAGIC)] != MAGIC or len(data) <= len(MAGIC):
@@ -97,15 +99,46 @@ TIER_REQUESTS: Codec[m.TierRequest] = Codec(m.TierRequest)
 TIER_REPLIES: Codec[m.TierReply] = Codec(m.TierReply)
 
 
-def tune(sock: zmq.Socket) -> zmq.Socket:
+def receive_all(sock: zmq.Socket[bytes], codec: Codec[T], what: str,
+                on_bad: Callable[[list[bytes], BadMessage], bool] | None = None) -> Iterator[tuple[list[bytes], T]]:
+    """Every message waiting on `sock`, as (its frames, the last one decoded), until none is left: it never waits.
+    A message that does not decode is dropped, and the log says "dropped a malformed {what}" and why, unless
+    `on_bad` (given its frames and the error) takes it and returns True (a refusal sent back, say)."""
+    while True:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            msg = codec.decode(frames[-1])
+        except BadMessage as e:
+            if on_bad is None or not on_bad(frames, e):
+                log.warning("dropped a malformed %s: %s", what, e)
+            continue
+        yield frames, msg
+
+
+def send_or_drop(sock: zmq.Socket[bytes], msg: m.Msg) -> bool:
+    """Send `msg` without waiting. Where the socket's queue is full (past its high-water mark: its peer gone, or
+    that far behind), the message is dropped, nothing is logged, and False is returned: a peer that went away must
+    never block the sender's loop. The caller says why losing the message is safe (a heartbeat sent again on a
+    later turn, say)."""
+    try:
+        sock.send(encode(msg), zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
+
+
+def tune(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
     sock.setsockopt(zmq.LINGER, 2000)  # flush pending sends on close, but never hang forever
     sock.setsockopt(zmq.RECONNECT_IVL, 20)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
     return sock
 
 
-def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
-                key: "ClusterKey | None" = None, max_frame: int = -1) -> tuple[zmq.Socket, str]:
+def bind_router(ctx: zmq.Context[zmq.Socket[bytes]], host: str = "127.0.0.1", port: int = 0,
+                key: "ClusterKey | None" = None, max_frame: int = -1) -> tuple[zmq.Socket[bytes], str]:
     """With a cluster key the socket only talks to peers holding it (the context needs
     `auth.start_authenticator`). `max_frame`: a peer that sends a larger frame is disconnected (-1: any size)."""
     sock = tune(ctx.socket(zmq.ROUTER))
@@ -117,12 +150,12 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
         sock.bind(f"tcp://{host}:{port}")
     else:
         sock.bind(f"tcp://{host}:*")
-    address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     return sock, address
 
 
-def connect_dealer(ctx: zmq.Context, address: str, identity: bytes | None = None,
-                   key: "ClusterKey | None" = None) -> zmq.Socket:
+def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, identity: bytes | None = None,
+                   key: "ClusterKey | None" = None) -> zmq.Socket[bytes]:
     sock = tune(ctx.socket(zmq.DEALER))
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
@@ -146,6 +179,7 @@ def route_ip(address: str | None) -> str:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((host, 9))  # no packet is sent: this only asks the routing table
-            return s.getsockname()[0]
+            ip: str = s.getsockname()[0]  # (host, port) of an AF_INET socket
+            return ip
     except OSError:
         return "127.0.0.1"

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 TICK_S = 0.5
 TIMEOUTS = Timeouts(heartbeat_interval_s=1.0, driver_lost_after_s=5.0, worker_start_s=60.0, teardown_grace_s=1.0,
-                    finish_settle_s=2.0, capacity_s=60.0, node_lost_after_s=5.0)
+                    last_messages_s=2.0, capacity_s=60.0, node_lost_after_s=5.0)
 
 
 class SimDriver:

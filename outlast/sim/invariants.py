@@ -14,7 +14,7 @@
   failure each) the schedule caused; so a relaunched driver, a restarted agent or the
   controller's own teardown (a SIGKILL after the stop's grace) costs nothing.
 - Every run ends, finished or with an error that says why, within a bound, and every attempt of
-  its history is settled.
+  its history has ended.
 - A live driver's workers are never killed for its silence, storage slow or not.
 - No complete checkpoint of a finished run is deleted: the newest checkpoint of the last attempt
   that every rank reported and whose every file was written is committed, with its files.
@@ -123,7 +123,7 @@ class Observer:
         ended = [a for a in core.book.state.attempts if a.ended_at is not None]
         if charged <= before or not ended:
             return
-        attempt = ended[-1].attempt  # the one just settled (the next may have started in the same step)
+        attempt = ended[-1].attempt  # the one just ended (the next may have started in the same step)
         drained = self.sim.drained_at
         for run_id, a, rank, node_id, when, in_drain in self._struck:
             if run_id == core.run_id and a == attempt and in_drain and not drained.get(node_id, when + 1) <= when:
@@ -295,9 +295,9 @@ class Observer:
             self.violation("the run errored without saying why")
         if self.sim.edges and book.state.status == "finished" and book.state.attempts:
             self._check_last_checkpoint(book)
-        unsettled = [a.attempt for a in book.state.attempts if a.ended_at is None]
-        if unsettled:
-            self.violation(f"attempts {unsettled} were never settled")
+        unended = [a.attempt for a in book.state.attempts if a.ended_at is None]
+        if unended:
+            self.violation(f"attempts {unended} never ended")
         charged = book.state.failure_counts.get("worker", 0)
         if not sim.storage_faults and charged > self.harm:
             self.violation(f"{charged} failures drawn on max_failures, but the schedule killed only {self.harm} "

@@ -21,7 +21,7 @@ from outlast.sim.tier import SimTier
 from outlast.sim.workers import SimRank
 from outlast.sim.world import World
 from outlast.storage.lease import LEASE_VERSION
-from outlast.storage.records import MANIFEST_NAME, MANIFEST_VERSION, SCHEMA_VERSION, NewerVersionError
+from outlast.storage.records import MANIFEST_NAME, MANIFEST_VERSION, RUN_STATE_VERSION, NewerVersionError
 from outlast.storage.run_store import RunStore
 
 WALL0 = 1_800_000_000.0
@@ -243,7 +243,7 @@ class Sim:
         latest = state.get("latest_checkpoint")
         if which == "latest manifest" and latest is None:
             which = "run state"
-        path, newest = {"run state": ("run/run_state.json", SCHEMA_VERSION), "lease": ("run/driver_lease.json",
+        path, newest = {"run state": ("run/run_state.json", RUN_STATE_VERSION), "lease": ("run/driver_lease.json",
                         LEASE_VERSION), "latest manifest": (f"run/{latest}/{MANIFEST_NAME}", MANIFEST_VERSION)}[which]
         doc = json.loads(files[path]) if path in files else {}
         doc.update(version=newest + 1, recorded_by_the_newer_version={"kept": True})

@@ -9,7 +9,7 @@ real code's: the budget and its evictions are a real `TierBook` (`outlast/storag
 
 A node's tier server answers what a commit or a restore waits for (a hold with files to copy in, a
 pull) on one thread, a replica of a copy held already on another, and an upload on a third
-(`tier_server.queue_for`): three queues here, chosen by the same function. The
+(`tier_schedule.queue_for`): three queues here, chosen by the same function. The
 driver's requests go out on a pool of `POOL` threads (`tier_executor.py`), each waiting for its
 answer for the request's timeout, which answers for a node that died with the request.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Generator
 
 import msgspec
 
-from outlast.agent.tier_server import queue_for
+from outlast.agent.tier_schedule import queue_for
 from outlast.controller import effects as fx
 from outlast.protocol import messages as m
 from outlast.sim.world import Channel

@@ -13,6 +13,7 @@ import hashlib
 from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import CorruptDocument
 from outlast.sim.tier import COPY_BYTES, check
 from outlast.storage.run_store import RunStore
@@ -28,9 +29,10 @@ UPLOAD_BYTES = 100_000_000  # what an asynchronous upload says it carries: the c
 
 
 class WorkerFailed(Exception):
-    def __init__(self, exc_type: str, message: str) -> None:
+    def __init__(self, exc_type: str, message: str, kind: FailureKind | None = None) -> None:
         super().__init__(message)
         self.exc_type = exc_type
+        self.kind = kind  # outlast's own kind of it, as the real worker names it (`worker_main.py`)
 
 
 class Gang:
@@ -107,7 +109,7 @@ class SimRank:
             return
         except WorkerFailed as e:
             self.exit_process()
-            self.node.worker_exited(self, 1, None, m.WorkerError(exc_type=e.exc_type, message=str(e),
+            self.node.worker_exited(self, 1, None, m.WorkerError(exc_type=e.exc_type, kind=e.kind, message=str(e),
                                                                   traceback="", phase="train"))
             return
         kind, arg = req
@@ -226,7 +228,8 @@ class SimRank:
         finally:
             self.sim.storage.take_spent()
         if manifest is None:
-            raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} has no manifest")
+            raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} has no manifest",
+                               FailureKind.CORRUPT_CHECKPOINT)
         if self.sim.schedule.tier is not None:
             self._read_files(manifest)
         self.sim.observer.restored(self, name, int(manifest.metrics.get("step", -1)))
@@ -326,7 +329,8 @@ class SimRank:
             why = check({entry.path: data} if data is not None else {}, entry)
             if why is not None:
                 self.sim.observer.restore_failed(self, name, why)
-                raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} cannot be restored: {why}")
+                raise WorkerFailed("CorruptCheckpointError", f"checkpoint {name} cannot be restored: {why}",
+                                   FailureKind.CORRUPT_CHECKPOINT)
             read[entry.path] = data
         self.sim.observer.read_checkpoint(self, manifest, read, "storage")
 

@@ -13,16 +13,27 @@ import mmap
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, TYPE_CHECKING, Protocol
 
 import xxhash
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 ALGORITHM = "xxh3_128"
 ALGORITHMS = ("xxh3_128", "sha256")
 _CHUNK = 4 << 20
 
 
-def new_hasher(algorithm: str):
+class Hasher(Protocol):
+    """What `new_hasher` returns: hashlib's hashers and xxhash's alike."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(algorithm: str) -> Hasher:
     if algorithm == "xxh3_128":
         return xxhash.xxh3_128()
     if algorithm == "sha256":
@@ -30,7 +41,7 @@ def new_hasher(algorithm: str):
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; this outlast knows {', '.join(ALGORITHMS)}")
 
 
-def hash_file(path: str | os.PathLike[str] | BinaryIO, algorithm: str = ALGORITHM) -> tuple[int, str]:
+def hash_file(path: str | os.PathLike[str] | IO[bytes], algorithm: str = ALGORITHM) -> tuple[int, str]:
     """(size, hex digest) of the file at `path`, or of a file already open (read from its start, left open)."""
     if not isinstance(path, (str, os.PathLike)):
         return _hash_open(path, algorithm)
@@ -38,7 +49,7 @@ def hash_file(path: str | os.PathLike[str] | BinaryIO, algorithm: str = ALGORITH
         return _hash_open(f, algorithm)
 
 
-def _hash_open(f: BinaryIO, algorithm: str) -> tuple[int, str]:
+def _hash_open(f: IO[bytes], algorithm: str) -> tuple[int, str]:
     digest = new_hasher(algorithm)
     size = os.fstat(f.fileno()).st_size
     if size and algorithm == "xxh3_128":

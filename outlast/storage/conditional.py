@@ -15,9 +15,13 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
 
-from outlast.storage.base import StorageError
+from outlast.storage.base import Storage, StorageError
+
+if TYPE_CHECKING:
+    from outlast.storage.remote import RemoteStorage
 
 log = logging.getLogger("outlast.storage")
 
@@ -27,6 +31,7 @@ class Versioned(NamedTuple):
     version: str  # opaque: whatever the store compares (a digest, an ETag, a generation)
 
 
+@runtime_checkable
 class ConditionalStore(Protocol):
     def read_versioned(self, path: str) -> Versioned | None:
         """The document and its version, read together; None when it does not exist."""
@@ -37,17 +42,17 @@ class ConditionalStore(Protocol):
         `StorageError` when storage fails."""
 
 
-def conditional(storage) -> ConditionalStore:
+def conditional(storage: Storage) -> ConditionalStore:
     from outlast.storage.local import LocalStorage
+    from outlast.storage.remote import RemoteStorage
 
     if isinstance(storage, LocalStorage):
         return LocalConditional(storage.root)
-    protocol = getattr(storage, "protocol", None)
-    if protocol in ("s3", "s3a"):
+    if isinstance(storage, RemoteStorage) and storage.protocol in ("s3", "s3a"):
         return S3Conditional(storage)
-    if protocol in ("gs", "gcs"):
+    if isinstance(storage, RemoteStorage) and storage.protocol in ("gs", "gcs"):
         return GCSConditional(storage)
-    if hasattr(storage, "read_versioned"):  # a store that does it itself (the tests' fakes)
+    if isinstance(storage, ConditionalStore):  # a store that does it itself
         return storage
     return WriteThenCheck(storage)
 
@@ -66,7 +71,7 @@ class LocalConditional:
         self.root = Path(root)
 
     @contextlib.contextmanager
-    def _locked(self, target: Path):
+    def _locked(self, target: Path) -> Iterator[None]:
         target.parent.mkdir(parents=True, exist_ok=True)
         lock_path = target.parent / f".{target.name}.lock"
         with _thread_lock(str(lock_path)):
@@ -105,7 +110,7 @@ class WriteThenCheck:
     """For a store outlast has no compare-and-swap for: compare, write, read back. Two writers
     racing within one round trip can both succeed, so this says so once."""
 
-    def __init__(self, storage) -> None:
+    def __init__(self, storage: Storage) -> None:
         self.storage = storage
         log.warning("storage %s: outlast has no compare-and-swap for it (it has for file systems, s3:// and "
                     "gs://); two drivers started on one run at the same moment might both drive it",
@@ -137,7 +142,7 @@ def _precondition_failed(e: BaseException) -> bool:
 
 
 class S3Conditional:
-    def __init__(self, storage) -> None:
+    def __init__(self, storage: RemoteStorage) -> None:
         self.storage = storage
 
     def _bucket_key(self, path: str) -> tuple[str, str]:
@@ -150,14 +155,15 @@ class S3Conditional:
         fs = self.storage.fs
         bucket, key = self._bucket_key(path)
 
-        async def get():
+        async def get() -> Versioned:
             # One GET returns the body and the ETag of that same body.
             resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
             async with resp["Body"] as body:
                 return Versioned(await body.read(), resp["ETag"])
 
         try:
-            return sync(fs.loop, get)
+            versioned: Versioned = sync(fs.loop, get)
+            return versioned
         except FileNotFoundError:
             return None
         except Exception as e:
@@ -170,7 +176,8 @@ class S3Conditional:
         bucket, key = self._bucket_key(path)
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
         try:
-            return sync(fs.loop, fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+            etag: str = sync(fs.loop, fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+            return etag
         except Exception as e:
             if _precondition_failed(e):
                 return None
@@ -182,20 +189,24 @@ def gcs_upload_params(name: str, expected: str | None) -> dict[str, str | int]:
     return {"uploadType": "media", "name": name, "ifGenerationMatch": 0 if expected is None else int(expected)}
 
 
+_Answer = tuple[Mapping[str, str], bytes]  # (headers, body) of a JSON API call
+
+
 class GCSConditional:
-    def __init__(self, storage, call=None) -> None:
+    def __init__(self, storage: RemoteStorage, call: Callable[..., _Answer] | None = None) -> None:
         self.storage = storage
         # (method, url, *url_args, **params) -> (headers, body), raising as gcsfs does (404:
         # FileNotFoundError; 412: an error whose `code` is 412). gcsfs's own by default.
         self._call = call
 
-    def _do(self, method: str, url: str, *args, **kw):
+    def _do(self, method: str, url: str, *args: str, **kw: Any) -> _Answer:
         if self._call is not None:
             return self._call(method, url, *args, **kw)
         from fsspec.asyn import sync
 
         fs = self.storage.fs
-        return sync(fs.loop, fs._call, method, url, *args, **kw)
+        answer: _Answer = sync(fs.loop, fs._call, method, url, *args, **kw)
+        return answer
 
     def _bucket_key(self, path: str) -> tuple[str, str]:
         full = self.storage._p(path)

@@ -12,6 +12,7 @@ clocks are ever compared. Every change is a compare-and-swap on storage
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import msgspec
 
@@ -43,7 +44,8 @@ class TakeoverDecision:
     wait: bool = False  # not yet: watch the lease longer (its holder is on another host)
 
 
-def decide_takeover(current: Lease | None, host: str, unchanged_for_s: float, holder_alive) -> TakeoverDecision:
+def decide_takeover(current: Lease | None, host: str, unchanged_for_s: float,
+                    holder_alive: Callable[[Lease], bool]) -> TakeoverDecision:
     """Pure: may a new driver on `host` take the run?
 
     `unchanged_for_s`: for how long, on the reader's own monotonic clock, it has seen this very

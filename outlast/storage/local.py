@@ -20,7 +20,8 @@ from outlast.storage.priority import io_pool
 
 def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
     """('/'-separated relative paths of every file, of every directory) under `local_dir`."""
-    files, dirs = [], []
+    files: list[str] = []
+    dirs: list[str] = []
     for dirpath, dirnames, filenames in os.walk(local_dir):
         rel_dir = Path(dirpath).relative_to(local_dir)
         dirs.extend((rel_dir / d).as_posix() for d in dirnames)

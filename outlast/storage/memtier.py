@@ -221,7 +221,7 @@ def memory_committed(ranks_with_files: Iterable[int], node_of: Mapping[int, str]
     for rank in sorted(ranks_with_files):
         home = node_of.get(rank)
         held = set(holders.get(rank, ()))
-        home_domain = domain.get(home, f"node:{home}")
+        home_domain = domain.get(home, f"node:{home}") if home is not None else f"node:{home}"
         if home not in held:
             missing.append(f"rank {rank} has no copy on its node {home}")
         elif not any(domain.get(n, f"node:{n}") != home_domain for n in held - {home}):

@@ -10,7 +10,7 @@ that is one of those strings itself reads back as the float too: the one thing t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -34,7 +34,7 @@ def restored(value: Any) -> Any:
     return _walk(value, restored)
 
 
-def _walk(value: Any, fn) -> Any:
+def _walk(value: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(value, dict):
         out = {k: fn(v) for k, v in value.items()}
         return value if all(out[k] is v for k, v in value.items()) else out

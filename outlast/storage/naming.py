@@ -10,6 +10,8 @@ user's own (no marker, no outlast name) is never touched.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from outlast.storage import records as r
@@ -18,6 +20,7 @@ MARKER_NAME = ".outlast-checkpoint.json"
 # The run directory's own entries: a checkpoint by one of these names would write over them.
 RESERVED = frozenset({r.RUN_STATE_NAME, r.REPORTS_DIR, r.LEASE_NAME, r.RETURN_VALUE_NAME})
 MAX_NAME_BYTES = 255  # a path component on ext4, xfs, APFS and NTFS
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # searched in C: a name read from storage may be any length
 
 
 class CheckpointMarker(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,7 +53,7 @@ def name_problem(name: object) -> str | None:
         return "it is empty"
     if "/" in name or "\\" in name:
         return "it must be one directory name, without '/' or '\\'"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+    if CONTROL.search(name):
         return "it holds a control character"
     if name.startswith("."):
         return "names starting with '.' are kept for outlast's own files"
@@ -66,10 +69,10 @@ def name_problem(name: object) -> str | None:
 def check_name(name: object) -> str:
     """`name`, or a `CheckpointNameError` saying what to change."""
     problem = name_problem(name)
-    if problem is not None:
-        raise CheckpointNameError(f"report(checkpoint_dir_name={name!r}) cannot be used: {problem}. Pass a "
-                                  "name unique to this report, e.g. with its epoch or step: 'epoch_3'")
-    return name
+    if problem is None and isinstance(name, str):  # (name_problem refuses whatever is not a str)
+        return name
+    raise CheckpointNameError(f"report(checkpoint_dir_name={name!r}) cannot be used: {problem}. Pass a "
+                              "name unique to this report, e.g. with its epoch or step: 'epoch_3'")
 
 
 def clash(name: str, uri: str, attempt: int, report_index: int, found: CheckpointMarker | None,

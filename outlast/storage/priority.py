@@ -14,9 +14,11 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 _state = threading.local()
 _gate = threading.Condition()
+T = TypeVar("T")
 _urgent_uploads = 0
 _pools: dict[bool, ThreadPoolExecutor] = {}
 
@@ -55,13 +57,13 @@ def urgent_pending() -> int:
         return _urgent_uploads
 
 
-def _after_urgent(fn: Callable, *args):
+def _after_urgent(fn: Callable[..., T], *args: Any) -> T:
     with _gate:
         _gate.wait_for(lambda: _urgent_uploads == 0)
     return fn(*args)
 
 
-def submit(fn: Callable, *args) -> Future:
+def submit(fn: Callable[..., T], *args: Any) -> Future[T]:
     """Run fn(*args) on the I/O pool of the calling thread's priority."""
     if is_urgent():
         return _pool(True).submit(fn, *args)

@@ -6,8 +6,9 @@ version is refused with a message instead of being misread.
 
 from __future__ import annotations
 
+import functools
 import signal as _signal
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import msgspec
 
@@ -23,12 +24,22 @@ RETURN_VALUE_NAME = "return_value.pkl"  # rank 0's return value, written when it
 REPORTS_DIR = "reports"  # beside the run state: rank 0's reports, in ReportSegment documents
 REPORTS_PER_SEGMENT = 1000
 SCHEMA_VERSION = 1
+# Run states: 2 keeps outlast's own kind of a failure in `FailureRecord.kind`, apart from the name of the
+# exception a rank raised (`exc_type`), where 1 kept both; a run state of 1 is read as 2 (`_kinds_apart`).
+RUN_STATE_VERSION = 2
 # Manifests: 1 had sha256 for every file; 2 has xxh3_128. A restore reads both.
 MANIFEST_VERSION = 2
 
+_Doc = TypeVar("_Doc", bound=msgspec.Struct)
+_Rec = TypeVar("_Rec", "CheckpointRecord", "ReportEntry")  # the records that carry metrics
+
 
 class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker's death, kept as data so it can be shown later, root cause first."""
+    """One worker's death, kept as data so it can be shown later, root cause first.
+
+    `exc_type` is the name of the exception the rank's process raised (None: it raised none); `kind` is what
+    outlast knows the failure to be (a lost node, a hang, a preemption, ...), set by outlast alone. A corrupt
+    checkpoint has both: the rank raised CorruptCheckpointError, and outlast knows what that means."""
 
     attempt: int
     rank: int
@@ -38,25 +49,31 @@ class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
     signal: int | None
     time: float
     exc_type: str | None = None
+    kind: FailureKind | None = None
     message: str | None = None
     traceback: str | None = None
     phase: str | None = None
     oom_report: str | None = None  # set when outlast killed the worker for memory: the kill report
 
     def describe(self) -> str:
-        if self.exc_type in NODE_KINDS:  # about a node, not one process
+        if self.kind in NODE_KINDS:  # about a node, not one process
             return f"attempt {self.attempt}: {self.message}"
         pid = f"pid {self.pid}, " if self.pid else ""
         where = f"rank {self.rank} ({pid}node {self.node_id}, attempt {self.attempt})"
-        if self.exc_type == FailureKind.NODE_LOST:
+        if self.kind is FailureKind.NODE_LOST:
             return f"{where} was lost with its node: {self.message}"
         if self.oom_report:
             return f"{where} was killed by outlast for memory (OOM kill):\n{self.oom_report}"
-        if self.exc_type:
-            return f"{where} raised {self.exc_type}: {self.message}"
+        if self.named:
+            return f"{where} raised {self.named}: {self.message}"
         if self.signal is not None:
             return f"{where} was killed by {signal_name(self.signal)}"
         return f"{where} exited with code {self.exit_code}"
+
+    @property
+    def named(self) -> str | None:
+        """What the failure is called: the exception the rank raised, else outlast's kind of it (None: neither)."""
+        return self.exc_type or (self.kind.value if self.kind is not None else None)
 
 
 def signal_name(signum: int) -> str:
@@ -143,7 +160,7 @@ class SkippedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     steps_lost: int | None = None
 
 
-class Note(msgspec.Struct, frozen=True, kw_only=True):
+class RunNote(msgspec.Struct, frozen=True, kw_only=True):
     """Something the run did on the user's behalf that they should know (e.g. a dropped duplicate file)."""
 
     text: str
@@ -163,7 +180,7 @@ class DrainRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunState(msgspec.Struct, kw_only=True):
-    version: int = SCHEMA_VERSION
+    version: int = RUN_STATE_VERSION
     name: str
     status: str  # the controller state's name
     created_at: float
@@ -176,7 +193,7 @@ class RunState(msgspec.Struct, kw_only=True):
     last_metrics: dict[str, Any] | None = None  # rank 0's last report
     error: str | None = None
     waiting_for: str | None = None  # while status is waiting_for_capacity: what is missing
-    notes: list[Note] = []
+    notes: list[RunNote] = []
     resizes: list[ResizeRecord] = []
     hangs: list[HangRecord] = []
     drains: list[DrainRecord] = []  # additive under version 1: older readers ignore it
@@ -232,11 +249,13 @@ class NewerVersionError(RuntimeError):
             "(or newer) to go on with this run, or choose another RunConfig(name=...) to start a new one")
         self.where, self.version, self.newest = where, version, newest
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[NewerVersionError], tuple[str, int, int]]:
         return (type(self), (self.where, self.version, self.newest))
 
 
+@functools.cache
 def _own_version() -> str:
+    """Read from the package's metadata once: a directory of newer runs asks it for each."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -254,7 +273,7 @@ def encode_compact(doc: msgspec.Struct) -> bytes:
     return msgspec.json.encode(with_metrics(doc, stored))
 
 
-def with_metrics(doc: Any, fn) -> Any:
+def with_metrics(doc: _Doc, fn: Callable[[Any], Any]) -> _Doc:
     """`doc` with `fn` applied to each of its metrics dicts (metric_values says why); `doc` itself when
     nothing changed, as the controller's own state must stay as it is."""
     if isinstance(doc, RunState):
@@ -272,29 +291,52 @@ def with_metrics(doc: Any, fn) -> Any:
     return doc
 
 
-def _each(records: list, fn) -> list:
+def _each(records: list[_Rec], fn: Callable[[Any], Any]) -> list[_Rec]:
     out = [r if (v := fn(r.metrics)) is r.metrics else msgspec.structs.replace(r, metrics=v) for r in records]
     return records if all(a is b for a, b in zip(out, records)) else out
 
 
-class Versioned(msgspec.Struct):
+class DocumentVersion(msgspec.Struct):
     version: int = SCHEMA_VERSION
 
 
-def decode(data: bytes, kind: type, where: str) -> Any:
+def decode(data: bytes, kind: type[_Doc], where: str) -> _Doc:
     # The version first: a newer schema may have changed fields, and the user should be told
     # to upgrade rather than that the file is corrupt.
-    newest = MANIFEST_VERSION if kind is Manifest else SCHEMA_VERSION
+    newest = {Manifest: MANIFEST_VERSION, RunState: RUN_STATE_VERSION}.get(kind, SCHEMA_VERSION)
     try:
-        version = msgspec.json.decode(data, type=Versioned).version
+        version = msgspec.json.decode(data, type=DocumentVersion).version
     except (msgspec.DecodeError, msgspec.ValidationError):
         version = newest
     if version > newest:
         raise NewerVersionError(where, version, newest)
     try:
-        return with_metrics(msgspec.json.decode(data, type=kind), restored)
+        doc = with_metrics(msgspec.json.decode(data, type=kind), restored)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise CorruptDocument(f"{where} is not a valid {kind.__name__} document ({e})") from None
+    if isinstance(doc, RunState) and version < 2:
+        _kinds_apart(doc)
+    return doc
+
+
+# The spellings outlast's kinds had in `exc_type` in run states of version 1.
+_KINDS_BY_OLD_NAME = {k.value: k for k in FailureKind}
+
+
+def _kinds_apart(state: RunState) -> None:
+    """Make a run state of version 1 one of version 2: a failure whose `exc_type` spelled one of outlast's kinds
+    has it as its `kind` (CorruptCheckpointError stays its exception's name too: the rank raised it)."""
+    for a in state.attempts:
+        a.failures = [_kind_apart(f) for f in a.failures]
+    state.version = RUN_STATE_VERSION
+
+
+def _kind_apart(f: FailureRecord) -> FailureRecord:
+    kind = _KINDS_BY_OLD_NAME.get(f.exc_type) if f.exc_type is not None and f.kind is None else None
+    if kind is None:
+        return f
+    raised = f.exc_type if kind is FailureKind.CORRUPT_CHECKPOINT else None
+    return msgspec.structs.replace(f, kind=kind, exc_type=raised)
 
 
 def report_segment_name(attempt: int, first_index: int) -> str:

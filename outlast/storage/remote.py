@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from concurrent import futures
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from outlast.faults import fault_point
 from outlast.protocol import paths
@@ -19,6 +20,9 @@ from outlast.storage.conditional import _precondition_failed
 from outlast.storage import priority
 from outlast.storage.local import walk_files
 from outlast.storage.priority import io_pool
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 _RANGE = 32 << 20  # a file over twice this size is fetched in ranges of it, in parallel
 
@@ -40,13 +44,13 @@ class RemoteStorage:
         # The file system says what its paths look like: a bucket and key for s3://, an absolute
         # path for local:///abs, whose leading slash is the path's own.
         self.root = fs_class._strip_protocol(self.url).rstrip("/") or "/"
-        self._fs = None
+        self._fs: AbstractFileSystem | None = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, str | None]:
         return {"url": self.url, "protocol": self.protocol, "root": self.root, "_fs": None}
 
     @property
-    def fs(self):
+    def fs(self) -> AbstractFileSystem:
         if self._fs is None:
             import fsspec
 
@@ -161,7 +165,8 @@ class RemoteStorage:
 
     def read_bytes(self, path: str) -> bytes:
         try:
-            return self.fs.cat_file(self._p(path))
+            data: bytes = self.fs.cat_file(self._p(path))
+            return data
         except FileNotFoundError:
             raise
         except Exception as e:
@@ -170,7 +175,8 @@ class RemoteStorage:
     def read_head(self, path: str, n: int) -> bytes:
         """At most the first `n` bytes of `path` (one ranged read): a reader that bounds what it takes."""
         try:
-            return self.fs.cat_file(self._p(path), start=0, end=n)
+            head: bytes = self.fs.cat_file(self._p(path), start=0, end=n)
+            return head
         except FileNotFoundError:
             raise
         except Exception as e:
@@ -178,7 +184,8 @@ class RemoteStorage:
 
     def exists(self, path: str) -> bool:
         try:
-            return self.fs.exists(self._p(path))
+            found: bool = self.fs.exists(self._p(path))
+            return found
         except Exception as e:
             raise _storage_error(f"could not look for {self.uri(path)}", e) from e
 

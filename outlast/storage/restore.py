@@ -16,6 +16,7 @@ import shutil
 from concurrent import futures
 from pathlib import Path
 
+from outlast.protocol.messages import FileEntry
 from outlast.storage.base import Storage
 from outlast.storage.checksum import hash_file
 from outlast.storage.priority import io_pool
@@ -34,11 +35,11 @@ class CorruptCheckpointError(RuntimeError):
         self.checkpoint_dir = checkpoint_dir
         self.reason = reason
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[CorruptCheckpointError], tuple[str, str]]:
         return (type(self), (self.checkpoint_dir, self.reason))
 
 
-def _check_one(root: Path, entry) -> str | None:
+def _check_one(root: Path, entry: FileEntry) -> str | None:
     """Why the file of `entry` under `root` does not match it; None when it does."""
     path = root / entry.path
     try:

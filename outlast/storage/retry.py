@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,7 @@ RETRY_S_VAR = "OUTLAST_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 60.0
 
 
-def retry_budget_s(env=os.environ) -> float:
+def retry_budget_s(env: Mapping[str, str] = os.environ) -> float:
     text = env.get(RETRY_S_VAR)
     if text is None:
         return DEFAULT_RETRY_S
@@ -64,7 +65,8 @@ def upload_with_retries(storage: Storage, local_dir: str, dest: str, move: bool 
     retry = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(StorageError), stop=tenacity.stop_after_attempt(_UPLOAD_TRIES),
         wait=tenacity.wait_exponential(multiplier=0.2, max=5), reraise=True,
-        before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest, state.outcome.exception()),
+        before_sleep=lambda state: log.warning("upload to %s failed (%s); retrying", dest,
+                                               state.outcome.exception() if state.outcome is not None else None),
     )
     # `move`: the caller deletes the local files after the upload anyway, so storage on the
     # same file system may link them into place instead of copying.

@@ -8,7 +8,7 @@ import msgspec
 
 from outlast.storage import naming, records as r
 from outlast.storage.base import Storage, StorageError, StorageFenced
-from outlast.storage.conditional import conditional
+from outlast.storage.conditional import ConditionalStore, conditional
 from outlast.storage.lease import LEASE_VERSION, Lease
 
 LEASE_NAME = r.LEASE_NAME
@@ -21,7 +21,7 @@ class RunStore:
         self.storage = storage
         self.run_dir = run_dir
         self.fenced: str | None = None  # why this driver may no longer write the run
-        self._cas = None
+        self._cas: ConditionalStore | None = None
 
     def path(self, *parts: str) -> str:
         return "/".join((self.run_dir, *parts))
@@ -171,7 +171,7 @@ class RunStore:
         if current is None:
             return None, None
         try:  # the version first: a newer lease may not decode as this one's
-            version = msgspec.json.decode(current.data, type=r.Versioned).version
+            version = msgspec.json.decode(current.data, type=r.DocumentVersion).version
         except (msgspec.DecodeError, msgspec.ValidationError):
             version = LEASE_VERSION
         if version > LEASE_VERSION:
@@ -187,7 +187,7 @@ class RunStore:
         version, or None when another driver wrote it first."""
         return self._conditional().write_if(self.path(LEASE_NAME), msgspec.json.encode(lease), expected)
 
-    def _conditional(self):
+    def _conditional(self) -> ConditionalStore:
         if self._cas is None:
             self._cas = conditional(self.storage)
         return self._cas

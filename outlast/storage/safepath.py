@@ -15,8 +15,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from outlast.protocol import paths
 from outlast.storage.checksum import hash_file
@@ -74,7 +76,8 @@ def open_under(root: str | os.PathLike[str], rel: str, write: bool = False, owne
 
 
 @contextmanager
-def opened(root: str | os.PathLike[str], rel: str, write: bool = False, owner: int | None = None):
+def opened(root: str | os.PathLike[str], rel: str, write: bool = False,
+           owner: int | None = None) -> Iterator[IO[bytes]]:
     """`open_under` as a binary file object, closed at the block's end."""
     with os.fdopen(open_under(root, rel, write, owner), "wb" if write else "rb") as f:
         yield f

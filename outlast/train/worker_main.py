@@ -20,11 +20,13 @@ import zmq
 
 from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import connect_dealer
 from outlast.runenv import worker_env
 from outlast.threads import follow_cpu_share
 from outlast.storage.base import Storage
+from outlast.storage.restore import CorruptCheckpointError
 from outlast.train import watch
 from outlast.trace import mark
 
@@ -42,7 +44,10 @@ class WorkerPayload:
 
 
 def _write_error(path: str, exc: BaseException, phase: str) -> None:
-    err = m.WorkerError(exc_type=type(exc).__name__, message=str(exc), phase=phase, traceback=user_traceback(exc, __file__))
+    # A checkpoint that does not verify is a failure outlast knows, whatever raised it in the rank.
+    kind = FailureKind.CORRUPT_CHECKPOINT if isinstance(exc, CorruptCheckpointError) else None
+    err = m.WorkerError(exc_type=type(exc).__name__, kind=kind, message=str(exc), phase=phase,
+                        traceback=user_traceback(exc, __file__))
     try:
         with open(path, "wb") as f:
             f.write(msgspec.json.encode(err))

@@ -18,7 +18,7 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from outlast.storage.records import (
     MANIFEST_NAME,
@@ -205,10 +205,41 @@ def target(rng: random.Random, storage: Storage) -> bytes:
     return raw
 
 
+# The dashboard's routes (outlast/cli/dashboard/app.py), as `route_of` names them: every one must be asked.
+ROUTES = ("/", "/favicon.ico", "/runs", "/cluster", "/runs/{storage}/{name}", "/api/runs", "/api/cluster",
+          "/api/runs/{storage}/{name}", "/api/runs/{storage}/{name}/checkpoints/{checkpoint}",
+          "/api/runs/{storage}/{name}/logs/{rank}", "/static/{path}")
+NO_ROUTE = "no route"
+
+
+def route_of(raw_target: bytes) -> str:
+    """The route a request target reaches, as Starlette matches it: on the path percent-decoded, a
+    `{parameter}` being one segment that is not empty. `NO_ROUTE` for any other path."""
+    path = unquote(raw_target.split(b"?", 1)[0].decode("latin-1"))
+    parts = path.split("/")[1:]
+    named = {("",): "/", ("favicon.ico",): "/favicon.ico", ("runs",): "/runs", ("cluster",): "/cluster",
+             ("api", "runs"): "/api/runs", ("api", "cluster"): "/api/cluster"}
+    if tuple(parts) in named:
+        return named[tuple(parts)]
+    if parts[:1] == ["static"] and len(parts) > 1:
+        return "/static/{path}"
+    if len(parts) == 3 and parts[0] == "runs" and all(parts[1:]):
+        return "/runs/{storage}/{name}"
+    if parts[:2] == ["api", "runs"] and all(parts[2:]):
+        if len(parts) == 4:
+            return "/api/runs/{storage}/{name}"
+        if len(parts) == 6 and parts[4] == "checkpoints":
+            return "/api/runs/{storage}/{name}/checkpoints/{checkpoint}"
+        if len(parts) == 6 and parts[4] == "logs":
+            return "/api/runs/{storage}/{name}/logs/{rank}"
+    return NO_ROUTE
+
+
 @dataclass
 class Verdict:
     requests: int = 0
     by_status: Counter = field(default_factory=Counter)
+    by_route: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
@@ -217,6 +248,7 @@ class Verdict:
             classes[f"{status // 100}xx" if isinstance(status, int) else status] += n
         return {"requests": self.requests, "by_class": dict(sorted(classes.items())),
                 "by_status": {str(k): v for k, v in sorted(self.by_status.items(), key=str)},
+                "by_route": dict(self.by_route.most_common()),
                 "problems": len(self.problems), "first_problems": self.problems[:10]}
 
 
@@ -253,6 +285,7 @@ class Probe:
     def judge(self, raw_target: bytes, headers: dict[str, str] | None = None) -> int:
         v = self.verdict
         self.last = raw_target
+        v.by_route[route_of(raw_target)] += 1
         try:
             status, body = self.send(raw_target, headers)
         except (http.client.HTTPException, OSError) as e:

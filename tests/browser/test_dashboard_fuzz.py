@@ -16,7 +16,8 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from tests.browser.dashboard_fuzz import HOSTILE_SEGMENTS, QUERY_KEYS, RAW_BYTES, Probe, hostile_storage  # noqa: E402
+from tests.browser.dashboard_fuzz import (HOSTILE_SEGMENTS, QUERY_KEYS, RAW_BYTES, ROUTES, Probe,  # noqa: E402
+                                          hostile_storage)
 
 
 def _segments(names: list[str], checkpoints: list[str]) -> st.SearchStrategy[str]:
@@ -72,3 +73,4 @@ def test_generated_requests_to_every_route_never_crash_leak_a_file_or_stop_the_d
     assert plain.proc.poll() is None and gated.proc.poll() is None
     assert sum(p.verdict.requests for p in probes) >= 150
     assert sum(p.verdict.by_status[200] for p in probes) > 0  # the routes were reached, not only refused
+    assert [r for r in ROUTES if not sum(p.verdict.by_route[r] for p in probes)] == []  # every one of them

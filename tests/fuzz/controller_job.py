@@ -20,6 +20,8 @@ import outlast.train as train
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
 from outlast.protocol.transport import HEADER, TO_WORKER, BadMessage, connect_dealer, encode
+from outlast.testing import LocalCluster
+from outlast.train import Result, RunConfig, ScalingConfig, Trainer
 from tests.fuzz.hostile import Hostile, Targets, classes_of
 
 ANSWER_S = 60.0
@@ -40,13 +42,19 @@ def fuzz_the_driver(config: dict) -> None:
     classes = classes_of(m.WorkerMessage)
     cases = 0
     started = time.monotonic()
+    until = config.get("until", float("inf"))  # a wall-clock safety stop (bench/fuzz_doors.py --minutes)
+
+    def write_out() -> None:
+        Path(config["out"]).write_text(json.dumps({"cases": cases, "answers": dict(answers.most_common()),
+                                                   "seconds": round(time.monotonic() - started, 1)}))
+
     try:
         # What the fuzzer found first, sent every time: a count no rank reaches (its answer, index + horizon,
         # did not encode and ended the driver), and a WorkerDone of a rank the attempt does not have.
         for found in (m.PreemptionQuery(attempt=attempt, rank=0, index=2**64 - 1),
                       m.WorkerDone(attempt=attempt, rank=GHOST, reports=0)):
             sock.send(encode(found))
-        while cases < config["count"]:
+        while cases < config["count"] and time.time() < until:
             for _ in range(min(config["batch"], config["count"] - cases)):
                 msg = h.message(h.rng.choice(classes))
                 if h.rng.random() < 0.3:  # as this attempt's own rank would send it: its hostile fields reach the core
@@ -65,11 +73,11 @@ def fuzz_the_driver(config: dict) -> None:
             train.get_all_reported_checkpoints(timeout_s=ANSWER_S)
             answers["CheckpointsList (to rank 0)"] += 1
             _take(sock, answers, 0)
+            write_out()  # how far it got, should the driver end before the run does
     finally:
         sock.close(linger=0)
         ctx.term()
-        Path(config["out"]).write_text(json.dumps({"cases": cases, "answers": dict(answers.most_common()),
-                                                   "seconds": round(time.monotonic() - started, 1)}))
+        write_out()
     train.report({"cases": cases})
 
 
@@ -86,3 +94,17 @@ def _take(sock: zmq.Socket, answers: Counter, timeout_s: float) -> bool:
         answers[type(msg).__name__] += 1
         listed = listed or isinstance(msg, m.CheckpointsList)
     return listed
+
+
+def fuzz_a_run(storage_path: str, canary: Path, out: Path, seed: int, count: int, batch: int,
+               until: float = float("inf"), workdir: Path | None = None) -> tuple[Result, dict]:
+    """One run on a one-node cluster of its own whose rank 0 is `fuzz_the_driver`: (the run's result, what the
+    fuzzer counted). The test and bench/fuzz_doors.py both fuzz the driver through this."""
+    with LocalCluster(num_nodes=1, preload=[], workdir=workdir):
+        result = Trainer(fuzz_the_driver,
+                         train_loop_config={"seed": seed, "count": count, "batch": batch, "canary": str(canary),
+                                            "out": str(out), "until": until},
+                         scaling_config=ScalingConfig(num_workers=1),
+                         run_config=RunConfig(name="fuzzed", storage_path=storage_path)).fit()
+    seen = json.loads(out.read_text()) if out.exists() else {"cases": 0, "answers": {}}
+    return result, seen

@@ -1,10 +1,11 @@
 """Hostile documents for the readers of what outlast keeps in storage, in its state directory and in etcd,
 and a storage that records every path it is asked for (the real `LocalStorage`, watched).
 
-Each `read_*` plants one generated document where outlast keeps it, reads it as outlast does, and
-returns the class of what came out ("ok", or the error's class). An error other than the ones each
-reader documents is a crash; a path asked of storage outside the run's directory is a read outside
-the root (`WatchedStorage.outside`).
+Each case (`read_run`, `read_node_file`, `apply_records`) plants generated documents where outlast keeps
+them, reads them as outlast does, and returns the class of what came out ("ok", or the error's class).
+An error other than the ones each reader documents is a crash; a path asked of storage outside the run's
+directory is a read outside the root (`WatchedStorage.outside`). The tests (tests/unit/test_fuzz_documents.py)
+and bench/fuzz_doors.py run the same cases.
 """
 
 from __future__ import annotations
@@ -14,31 +15,37 @@ import random
 from pathlib import Path
 
 import msgspec
-from msgspec import inspect as mi
 
+from outlast.client import discovery
+from outlast.cluster.sealed import Sealer
+from outlast.cluster.store_view import ClusterView, StoreEvent
+from outlast.controller.runstate import RunBook
+from outlast.protocol import messages as m
 from outlast.storage import naming, records as r
 from outlast.storage.lease import Lease
 from outlast.storage.local import LocalStorage
-from tests.fuzz.hostile import Hostile
+from outlast.storage.run_store import RunStore
+from tests.fuzz.hostile import Hostile, Targets, type_info
 
 RUN = "run"
 
 
 class WatchedStorage(LocalStorage):
-    """LocalStorage that notes every path asked of it that resolves outside `inside`."""
+    """LocalStorage that notes every path asked of it that lies outside `inside`.
+
+    Judged on the path's text, normalized (`..` taken out): the planted run holds no link (`plant_run` makes
+    none, and outlast's storage makes none), so no path inside by its text leads outside by a link, and
+    resolving each on disk would cost more than the reading under test."""
 
     def __init__(self, root: Path, inside: str) -> None:
         super().__init__(root)
-        self.inside = (self.root / inside).resolve()
+        self.inside = str((self.root / inside).resolve())
         self.outside: list[str] = []
 
     def _p(self, path: str) -> Path:
         p = super()._p(path)
-        try:
-            resolved = p.resolve()
-        except (OSError, ValueError, RuntimeError):
-            resolved = p
-        if resolved != self.inside and self.inside not in resolved.parents:
+        normal = os.path.normpath(p)
+        if normal != self.inside and not normal.startswith(self.inside + os.sep):
             self.outside.append(path)
         return p
 
@@ -46,7 +53,7 @@ class WatchedStorage(LocalStorage):
 def document(h: Hostile, kind: type) -> bytes:
     """One document of `kind` with hostile fields, or bytes that are no document, cut short, or from the future."""
     r_ = h.rng.random()
-    value = h.struct(mi.type_info(kind))
+    value = h.struct(type_info(kind))
     if isinstance(value, dict) and h.rng.random() < 0.8:
         value.pop("version", None)  # this outlast's: the rest of the document is read (a newer one is below)
     try:
@@ -104,9 +111,67 @@ def plant_decoy(canary: Path) -> None:
     (canary / "ckpt" / r.MANIFEST_NAME).write_bytes(r.encode(manifest))
 
 
-def seeded(seed: int, targets) -> Hostile:
-    return Hostile(random.Random(seed), targets)
+def hostile(seed: int, canary: Path) -> Hostile:
+    """A document's generator: a wrong type now and then only, so that most documents are read past their
+    first field; JSON's floats (no NaN)."""
+    return Hostile(random.Random(seed), Targets(str(canary)), wrong=0.005, json=True)
 
 
-def environ_with_home(home: Path) -> dict[str, str]:
-    return {**os.environ, "OUTLAST_HOME": str(home)}
+def read_run(root: Path, canary: Path, seed: int) -> tuple[str, list[str]]:
+    """Plant a hostile run under `root/store`, open it as a driver does and read its reports and lease:
+    (what came of it, the paths asked of storage outside the run's directory)."""
+    plant_run(hostile(seed, canary), root / "store")
+    storage = WatchedStorage(root / "store", RUN)
+    store = RunStore(storage, RUN)
+    try:
+        book = RunBook.open(store, RUN, 1000.0)
+        for attempt in range(3):
+            store.read_reports(attempt)
+        store.read_lease()
+        for name in [c.checkpoint_dir for c in book.state.checkpoints] + [book.state.latest_checkpoint or ""]:
+            try:
+                store.read_manifest(name)
+            except r.CorruptDocument:
+                pass
+        outcome = "ok"
+    except (r.NewerVersionError, r.CorruptDocument) as e:
+        assert "store" in str(e) or RUN in str(e), f"the error names no file: {e}"
+        outcome = type(e).__name__
+    return outcome, storage.outside
+
+
+def read_node_file(h: Hostile) -> str:
+    """Write a hostile node file where $OUTLAST_HOME keeps it and look for the node it names, as a client
+    does: no node, or one (never an error)."""
+    discovery.node_file_path().write_bytes(document(h, discovery.NodeFile))
+    info = discovery.read_node_file()
+    assert info is None or isinstance(info, discovery.NodeFile), info
+    node = discovery.published_node()
+    assert node is None or isinstance(node, discovery.NodeFile), node
+    return "no node" if node is None else "a node"
+
+
+def apply_records(h: Hostile, sealer: Sealer, sealed: bool, count: int) -> str:
+    """Apply `count` hostile etcd records (sealed with the cluster's key, or not) to a node table, as a node
+    watching etcd does: each is taken, ignored, malformed or refused, never an error, and the table holds
+    only nodes. Returns what came of the last."""
+    view = ClusterView(sealer)
+    last = "ignored"
+    for _ in range(count):
+        key = h.rng.choice(["head", "members/", "nodes/", "drains/", "dead/", ""]) + h.string()[:80]
+        if h.rng.random() < 0.7:
+            kind = m.NodeDraining if key.startswith("drains/") else m.NodeInfo
+            value: bytes | None = document(h, kind) if not key.startswith("dead/") else h.rng.choice(
+                [b"1.5", b"nan", b"-inf", b"1e999", b"x", b""])
+        else:
+            value = h.rng.choice([None, h.raw()])
+        if sealed and value is not None:
+            value = sealer.seal(key, value)
+        refused, malformed = len(view.refused), len(view.malformed)
+        changed = view.apply(StoreEvent(key, value))
+        last = ("refused" if len(view.refused) > refused else "malformed" if len(view.malformed) > malformed else
+                "taken" if changed else "ignored")
+    for node in view.table():
+        assert isinstance(node, m.NodeInfo), node
+    assert not sealed or not view.refused, view.refused
+    return last

@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from outlast.agent.tier_client import ASKER, Sealer, new_transfer
+from outlast.agent.tier_client import ASKER, TransferSealer, new_transfer
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import (AGENT_EVENTS, FROM_ZYGOTE, HEAD_TO_MEMBER, HEADER, TIER_REPLIES, TO_ZYGOTE,
@@ -237,7 +237,7 @@ class TierDataDoor(Door):
         ack = self._ask(held)
         if isinstance(ack, m.TierAck) and ack.transfer is not None:
             data = connect_dealer(self.ctx, ack.transfer.data_address)
-            _send(data, Sealer(ack.transfer, ASKER).seal(
+            _send(data, TransferSealer(ack.transfer, ASKER).seal(
                 m.TierChunk(run=run, checkpoint_dir=ckpt, rank=0, path="w.bin", offset=0), body))
             data.poll(int(ANSWER_S * 1000))
             data.close(linger=0)
@@ -283,7 +283,7 @@ class TierDataDoor(Door):
                 _send(self.data, [HEADER + msgspec.msgpack.encode(fields)])
             else:
                 if cls is m.TierChunk:
-                    sealer = Sealer(transfer, ASKER)
+                    sealer = TransferSealer(transfer, ASKER)
                     sealer._sent = h.rng.choice([0, 1, 2, 2**40]) if h.rng.random() < 0.5 else sealer._sent
                     _send(self.data, sealer.seal(chunk, h.raw()))
                 else:
@@ -298,7 +298,7 @@ class TierDataDoor(Door):
                 try:
                     head = TIER_REPLIES.decode(frames[0])
                     if isinstance(head, m.TierChunk):
-                        data = Sealer(self.fetch[0], ASKER).open(frames[0], head, frames[1])
+                        data = TransferSealer(self.fetch[0], ASKER).open(frames[0], head, frames[1])
                         if MARKER in data:
                             self.secrets_read += 1
                 except Exception:  # noqa: BLE001 - an answer that does not open is counted as it came
@@ -337,7 +337,16 @@ class ForkServerDoor(Door):
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.forks = ForkServer([], standby=False)
+        # Its stderr a log of its own, as the agent's log is the fork server's: each frame it drops is a line.
+        self.log_path = root / "fork-server.log"
+        saved = os.dup(2)
+        try:
+            with open(self.log_path, "ab") as log:
+                os.dup2(log.fileno(), 2)
+            self.forks = ForkServer([], standby=False)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
         deadline = time.monotonic() + 120
         while not self.forks.ready and time.monotonic() < deadline:
             if self.forks.active.conn.poll(1.0):
@@ -369,21 +378,22 @@ class ForkServerDoor(Door):
         except BadMessage:
             order = None
         conn = self.forks.active.conn
+        fd = -1
+        if isinstance(order, m.ForkChild):  # its request first, as the agent makes it before it writes the order
+            fd = fork_request.sealed(m.ForkWorker(
+                run_id=order.run_id if order.run_id else "fuzz", attempt=0,
+                spec=m.WorkerSpec(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1),
+                controller_address="tcp://127.0.0.1:1", payload=b"not a pickle", env={}, cwd=str(self.root),
+                sys_path=[], run_name="fuzz", restore_checkpoint=None, node_id="n", error_file=order.error_file))
         try:
             conn.send_bytes(frame)
-            if isinstance(order, m.ForkChild):
-                fd = fork_request.sealed(m.ForkWorker(
-                    run_id=order.run_id if order.run_id else "fuzz", attempt=0,
-                    spec=m.WorkerSpec(rank=0, local_rank=0, local_world_size=1, node_rank=0, world_size=1),
-                    controller_address="tcp://127.0.0.1:1", payload=b"not a pickle", env={}, cwd=str(self.root),
-                    sys_path=[], run_name="fuzz", restore_checkpoint=None, node_id="n",
-                    error_file=order.error_file))
-                try:
-                    send_handle(conn, fd, self.forks.proc.pid)
-                finally:
-                    os.close(fd)
-        except (OSError, ValueError):
-            pass  # it died, or the hostile run id makes no request: `alive` says which
+            if fd >= 0:
+                send_handle(conn, fd, self.forks.proc.pid)
+        except OSError:
+            pass  # it died: `alive` says so
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def knock(self, h: Hostile) -> None:
         if h.rng.random() < 0.9:

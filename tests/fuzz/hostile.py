@@ -11,6 +11,7 @@ from a hostile sender. The same `Random` gives the same cases: Hypothesis drives
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -47,6 +48,19 @@ class Targets:
 
 HUGE_INTS = [0, -1, 1, 2, -2**31, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**62, 2**63 - 1, -2**63, 2**64 - 1, 10**12]
 HOSTILE_FLOATS = [0.0, -0.0, -1.0, 1e-300, 1e308, -1e308, math.inf, -math.inf, math.nan, 2.0**63, 0.5]
+NAMES = ["node-0", "run", "ckpt_000001", "0:0", "tcp://127.0.0.1:1", "tcp://[::1]:0", "inproc://x", "ipc:///tmp/x",
+         "tcp://*:0", "tcp://0.0.0.0:99999", "CPU", "GPU", "memory", "barrier", "broadcast", "allgather", "sha256",
+         "xxh3_128"]
+LONG_STRINGS = ["x" * n for n in (LONG, 4096, 256)]  # made once: a case sends them, it need not build them
+CHARS = [chr(c) for c in (0, 10, 47, 46, 65, 97, 0x7f, 0xe9, 0x2603, 0x1f600)]  # NUL, newline, "/", ".", ...
+ZEROS = [b"\0" * n for n in (LONG, 1 << 20)]
+FEW = 8  # a list or dict of many items: this many generated, the others copies of them (see `_many`)
+
+
+@functools.lru_cache(maxsize=None)
+def type_info(cls: type) -> mi.Type:
+    """msgspec's description of `cls`, once per class: building it costs more than a case."""
+    return mi.type_info(cls)
 
 
 class Hostile:
@@ -59,86 +73,109 @@ class Hostile:
         self.targets = targets
         self._paths = targets.paths()
 
+    def _pick(self, items: list) -> Any:
+        """`rng.choice`, at a fraction of its cost: the generator's every value goes through it."""
+        return items[int(self.rng.random() * len(items))]
+
     # ---- scalars ------------------------------------------------------------------------------
 
     def string(self) -> str:
         r = self.rng.random()
         if r < 0.45:
-            return self.rng.choice(self._paths)
+            return self._pick(self._paths)
         if r < 0.55:
-            return "x" * self.rng.choice([LONG, 4096, 256])
+            return self._pick(LONG_STRINGS)
         if r < 0.65:
-            return self.rng.choice(["node-0", "run", "ckpt_000001", "0:0", "tcp://127.0.0.1:1", "tcp://[::1]:0",
-                                    "inproc://x", "ipc:///tmp/x", "tcp://*:0", "tcp://0.0.0.0:99999", "CPU", "GPU",
-                                    "memory", "barrier", "broadcast", "allgather", "sha256", "xxh3_128"])
-        return "".join(chr(self.rng.choice([0, 10, 47, 46, 65, 97, 0x7f, 0xe9, 0x2603, 0x1f600]))
-                       for _ in range(self.rng.randint(0, 12)))
+            return self._pick(NAMES)
+        return "".join(self.rng.choices(CHARS, k=int(self.rng.random() * 13)))
 
     def integer(self) -> int:
-        return self.rng.choice(HUGE_INTS) if self.rng.random() < 0.7 else self.rng.randint(-1000, 1000)
+        return self._pick(HUGE_INTS) if self.rng.random() < 0.7 else int(self.rng.random() * 2001) - 1000
 
     def floating(self) -> float:
-        return self.rng.choice(self._floats) if self.rng.random() < 0.7 else self.rng.uniform(-1e6, 1e6)
+        return self._pick(self._floats) if self.rng.random() < 0.7 else self.rng.uniform(-1e6, 1e6)
 
     def raw(self) -> bytes:
         r = self.rng.random()
         if r < 0.3:
             return b""
         if r < 0.4:
-            return b"\0" * self.rng.choice([LONG, 1 << 20])
-        return self.rng.randbytes(self.rng.choice([1, 7, 16, 32, 33, 255]))
+            return self._pick(ZEROS)
+        return self.rng.randbytes(self._pick([1, 7, 16, 32, 33, 255]))
 
     def count(self) -> int:
         """How many items a list or dict gets: mostly few, now and then many."""
         r = self.rng.random()
-        return 0 if r < 0.3 else self.rng.randint(1, 3) if r < 0.9 else self.rng.choice([50, 1000])
+        return 0 if r < 0.3 else 1 + int(self.rng.random() * 3) if r < 0.9 else self._pick([50, 1000])
 
     def anything(self, depth: int = 0) -> Any:
         """A value of no declared type: what a field of the wrong type receives."""
-        kinds = [self.string, self.integer, self.floating, self.raw, lambda: None, lambda: True]
-        if depth < 2:
-            kinds += [lambda: [self.anything(depth + 1) for _ in range(self.rng.randint(0, 3))],
-                      lambda: {self.string(): self.anything(depth + 1) for _ in range(self.rng.randint(0, 3))}]
-        return self.rng.choice(kinds)()
+        kind = int(self.rng.random() * (8 if depth < 2 else 6))
+        if kind == 0:
+            return self.string()
+        if kind == 1:
+            return self.integer()
+        if kind == 2:
+            return self.floating()
+        if kind == 3:
+            return self.raw()
+        if kind == 4:
+            return None
+        if kind == 5:
+            return True
+        if kind == 6:
+            return [self.anything(depth + 1) for _ in range(int(self.rng.random() * 4))]
+        return {self.string(): self.anything(depth + 1) for _ in range(int(self.rng.random() * 4))}
 
     # ---- declared types -----------------------------------------------------------------------
 
     def of(self, t: mi.Type, depth: int = 0) -> Any:
         if self.rng.random() < self.wrong:
             return self.anything(depth)  # the wrong type
-        if isinstance(t, mi.StrType):
+        kind = type(t)
+        if kind is mi.StrType:
             return self.string()
-        if isinstance(t, mi.BoolType):
-            return self.rng.random() < 0.5
-        if isinstance(t, mi.IntType):
+        if kind is mi.IntType:
             return self.integer()
-        if isinstance(t, mi.FloatType):
+        if kind is mi.FloatType:
             return self.floating()
-        if isinstance(t, mi.BytesType):
+        if kind is mi.BoolType:
+            return self.rng.random() < 0.5
+        if kind is mi.BytesType:
             return self.raw()
-        if isinstance(t, mi.NoneType):
+        if kind is mi.NoneType:
             return None
-        if isinstance(t, mi.AnyType):
+        if kind is mi.AnyType:
             return self.anything(depth)
-        if isinstance(t, mi.UnionType):
-            return self.of(self.rng.choice(t.types), depth)
-        if isinstance(t, mi.LiteralType):
-            return self.rng.choice(t.values)
-        if isinstance(t, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+        if kind is mi.UnionType:
+            return self.of(self._pick(t.types), depth)
+        if kind is mi.LiteralType:
+            return self._pick(t.values)
+        if kind in (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType):
             # Many items at the top only: a thousand lists of a thousand is a size no test can afford.
             n = self.count() if depth < 2 else min(self.count(), 3) if depth < 3 else 0
-            return [self.of(t.item_type, depth + 1) for _ in range(n)]
-        if isinstance(t, mi.TupleType):
+            return self._many(n, lambda: self.of(t.item_type, depth + 1))
+        if kind is mi.TupleType:
             return [self.of(x, depth + 1) for x in t.item_types]
-        if isinstance(t, mi.DictType):
+        if kind is mi.DictType:
             n = self.count() if depth < 2 else min(self.count(), 3) if depth < 3 else 0
-            return {self.key(t.key_type): self.of(t.value_type, depth + 1) for _ in range(n)}
-        if isinstance(t, mi.StructType):
+            values = self._many(n, lambda: self.of(t.value_type, depth + 1))
+            return {self.key(t.key_type): v for v in values}
+        if kind is mi.StructType:
             return self.struct(t, depth + 1)
         return self.anything(depth)
 
+    def _many(self, n: int, make) -> list:
+        """`n` items: `FEW` of them generated, the others copies of those. A list of a thousand is there to
+        be long (what a reader does with its size); what each item holds, a case's few and the other cases
+        vary, and generating a thousand structs each would cost more than the reading under test."""
+        items = [make() for _ in range(min(n, FEW))]
+        if n > FEW:
+            items += [items[int(self.rng.random() * FEW)] for _ in range(n - FEW)]
+        return items
+
     def key(self, t: mi.Type) -> Any:
-        return self.integer() if isinstance(t, mi.IntType) else self.string()
+        return self.integer() if type(t) is mi.IntType else self.string()
 
     def struct(self, t: mi.StructType, depth: int = 0) -> Any:
         out: dict[str, Any] = {}
@@ -158,7 +195,7 @@ class Hostile:
 
     def message(self, cls: type) -> dict[str, Any]:
         """One message of `cls` (a tagged wire struct) as a dict, hostile in its fields."""
-        return self.struct(mi.type_info(cls))
+        return self.struct(type_info(cls))
 
     # ---- frames -------------------------------------------------------------------------------
 
@@ -191,9 +228,10 @@ class Hostile:
 
 
 def _wire_types() -> list[type]:
-    """Every wire message, but the two that stop or drain a node: a key holder may, and the fuzzer must not."""
-    return [v for v in vars(m).values()
-            if isinstance(v, type) and issubclass(v, m.Msg) and v not in (m.Msg, m.Shutdown, m.DrainNode)]
+    """Every wire message, but the three that stop or drain a node or its fork server: their senders (a key
+    holder, the agent) may, and the fuzzer must not."""
+    return [v for v in vars(m).values() if isinstance(v, type) and issubclass(v, m.Msg)
+            and v not in (m.Msg, m.Shutdown, m.DrainNode, m.StopForking)]
 
 
 WIRE_TYPES = _wire_types()

@@ -172,6 +172,53 @@ def _kill(kind: str) -> None:
     time.sleep(60)  # the kernel's signal to a fork server's children arrives in a moment
 
 
+def deterministic_model(ckpt):
+    """The deterministic loops' model under DDP and its optimizer, both restored from `ckpt` when there is
+    one: (model, optimizer, the step to start at)."""
+    import torch
+
+    from outlast.train.torch import prepare_model
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, opt, _restore_torch(ckpt, model, opt, "state.pt")
+
+
+def deterministic_step(model, opt, step: int, rank: int) -> None:
+    """One training step on a batch drawn from a seed of (step, rank): the same step trains the same way
+    in whichever attempt takes it."""
+    import torch
+
+    g = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(16, 8, generator=g)
+    loss = ((model(x) - torch.sin(x.sum(dim=1, keepdim=True))) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def torch_checkpoint(model, opt, step: int) -> Checkpoint:
+    """A checkpoint of the model and optimizer after `step`, as `_restore_torch` reads it back."""
+    import torch
+
+    d = tempfile.mkdtemp()
+    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, os.path.join(d, "state.pt"))
+    return Checkpoint.from_directory(d)
+
+
+def weights_digest(model) -> str:
+    """sha256 of the model's weights, name by name: equal digests are bit-for-bit equal weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def deterministic_ddp_loop(config: dict) -> None:
     """Training as a pure function of (restored state, step): a restart redoes steps bit for bit.
 
@@ -179,45 +226,20 @@ def deterministic_ddp_loop(config: dict) -> None:
     steps after the step it started from (kind: "raise", "kill", "forkserver", "agent").
     At the end rank 0 logs a digest of the weights.
     """
-    import hashlib
-
-    import torch
-
-    from outlast.train.torch import prepare_model
-
     ctx = train.get_context()
     rank = ctx.get_world_rank()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    ckpt = train.get_checkpoint()
-    start = _restore_torch(ckpt, model, opt, "state.pt")
+    model, opt, start = deterministic_model(train.get_checkpoint())
     for step in range(start, config["steps"]):
         for attempt, f_rank, offset, kind in config.get("faults", []):
             if (attempt, f_rank, start + offset) == (ctx.get_attempt(), rank, step):
                 if kind == "raise":
                     raise RuntimeError(f"chaos at step {step}")
                 _kill(kind)
-        g = torch.Generator().manual_seed(step * 1000 + rank)
-        x = torch.randn(16, 8, generator=g)
-        loss = ((model(x) - torch.sin(x.sum(dim=1, keepdim=True))) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        checkpoint = None
-        if (step + 1) % config["every"] == 0 and rank == 0:
-            d = tempfile.mkdtemp()
-            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
-                       os.path.join(d, "state.pt"))
-            checkpoint = Checkpoint.from_directory(d)
+        deterministic_step(model, opt, step, rank)
+        checkpoint = torch_checkpoint(model, opt, step) if (step + 1) % config["every"] == 0 and rank == 0 else None
         train.report({"step": step}, checkpoint=checkpoint)
     if rank == 0:
-        digest = hashlib.sha256()
-        for name, tensor in sorted(model.module.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().numpy().tobytes())
-        log_event(config, event="weights", digest=digest.hexdigest())
+        log_event(config, event="weights", digest=weights_digest(model))
 
 
 def data_loader_loop(config: dict) -> None:

@@ -39,7 +39,7 @@ COUNTS = ("failures_charged_to_their_budget", "history_accounts_for_each_fault")
                           "(seen at load averages of 11-15); every other promise is asserted strictly")
 def test_twenty_faults_of_every_kind_on_a_cluster_and_nothing_lost(tmp_path):
     from bench.chaos import run
-    from bench.chaos_plan import Timeouts
+    from bench.lib.chaos_plan import Timeouts
 
     # A node timeout of 3 s: a short partition is 0.1-0.25 of it, and on two cores shared with the rest of
     # the suite a 2 s timeout leaves little room for a heartbeat delayed by the load.
@@ -58,7 +58,7 @@ def test_twenty_faults_of_every_kind_on_a_cluster_and_nothing_lost(tmp_path):
 @pytest.fixture
 def slow_s3(monkeypatch, tmp_path):
     """The chaos harness's S3 server on loopback, which can delay every request."""
-    from bench.chaos_store import ObjectStore
+    from bench.lib.chaos_store import ObjectStore
 
     store = ObjectStore("127.0.0.1", bucket="runs", workdir=tmp_path / "s3")
     for k, v in store.env().items():

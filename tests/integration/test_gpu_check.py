@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_check import decide, verdict
+from bench.lib.gpu_cases import CASES
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench")]
-
-from gpu_cases import CASES  # noqa: E402
-from gpu_check import decide, verdict  # noqa: E402
-
 RESULT = ROOT / "bench" / "results" / "gpu-check.json"
 
 
@@ -56,7 +54,7 @@ def test_without_torch_the_setup_fails_as_one_json_line(tmp_path):
 
 
 def test_an_unknown_case_is_refused_naming_the_cases():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--only", "nope"],
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--only", "nope"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown case(s) ['nope']" in proc.stderr and CASES[0].name in proc.stderr
 

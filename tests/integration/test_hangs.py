@@ -41,7 +41,7 @@ def test_a_rank_asleep_while_its_peer_waits_in_all_reduce_is_dumped_explained_an
     assert "all_reduce" in by_rank[0]["text"] and "wedging_loop" in by_rank[0]["text"]
     assert "sleep_forever" in by_rank[1]["text"] and "outlast/train/watch.py" in by_rank[1]["text"]  # all threads
     failure = state["attempts"][0]["failures"][0]
-    assert failure["exc_type"] == "Hang" and failure["message"] == summary
+    assert failure["kind"] == "Hang" and failure["exc_type"] is None and failure["message"] == summary
     assert failure["rank"] == 1  # the rank that is wedged, not the first found without progress
     assert [e["attempt"] for e in read_events(events) if e["event"] == "end"] == [2, 2]
     shown = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", storage_path, "run"], cwd=ROOT,

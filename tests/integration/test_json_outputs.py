@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from outlast.cli.documents import schema_file
 from outlast.cli.main import main as cli_main
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
@@ -22,7 +23,7 @@ def _json(capsys, name: str, *argv: str) -> tuple[int, dict]:
     with pytest.raises(SystemExit) as exited:
         cli_main(list(argv))
     doc = json.loads(capsys.readouterr().out)
-    jsonschema.Draft202012Validator(json.loads((SCHEMAS / f"{name}.v1.json").read_text())).validate(doc)
+    jsonschema.Draft202012Validator(json.loads((SCHEMAS / schema_file(name)).read_text())).validate(doc)
     return exited.value.code, doc
 
 

@@ -97,7 +97,7 @@ def test_a_killed_node_restarts_the_run_on_the_remaining_nodes(cluster, storage_
     lost = _placed(events, 1)[1]
     assert lost not in _placed(events, 2).values()
     failure = _state(storage_path)["attempts"][0]["failures"][0]
-    assert failure["exc_type"] == "NodeLost" and lost in failure["message"]
+    assert failure["kind"] == "NodeLost" and lost in failure["message"]
     assert any(n.node_id == lost and n.state == "dead" for n in cluster.node_table())
 
 
@@ -316,4 +316,4 @@ def test_ddp_spans_nodes_and_a_killed_node_resumes_it_on_the_other(cluster, stor
     # rank logs the step it committed.
     committed = [c["metrics"]["step"] for c in _state(storage_path)["checkpoints"] if c["attempt"] == 1]
     assert {e["restored_step"] for e in starts if e["attempt"] == 2} == {max(committed)}  # the last before the kill
-    assert _state(storage_path)["attempts"][0]["failures"][0]["exc_type"] == "NodeLost"
+    assert _state(storage_path)["attempts"][0]["failures"][0]["kind"] == "NodeLost"

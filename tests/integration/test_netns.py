@@ -141,7 +141,7 @@ def test_a_node_cut_off_the_network_is_declared_dead_and_the_run_restarts_on_the
     assert max(e["attempt"] for e in evs) == 2
     assert any(e["event"] == "end" and e["attempt"] == 2 for e in evs)
     attempts = json.loads((Path(storage_path) / "netns" / "run_state.json").read_text())["attempts"]
-    lost = [f for f in attempts[0]["failures"] if f["exc_type"] == "NodeLost"]
+    lost = [f for f in attempts[0]["failures"] if f["kind"] == "NodeLost"]
     assert [f["node_id"] for f in lost] == [victim], f"attempt 1 did not end with {victim} lost: {attempts[0]}"
     assert attempts[1]["outcome"] == "finished" and attempts[1]["restored_from"], attempts[1]
 

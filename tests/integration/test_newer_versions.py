@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from outlast.storage.records import MANIFEST_VERSION
+from outlast.storage.records import MANIFEST_VERSION, RUN_STATE_VERSION
 from outlast.train import FailureConfig, NewerVersionError, RunConfig, ScalingConfig, Trainer
 from tests.integration.jobs import counting_loop, read_events
 
@@ -48,7 +48,7 @@ def written_run(storage_path, tmp_path):
     return run
 
 
-def _refused(storage_path, tmp_path, run: Path, newer: str, ours: int = 1) -> None:
+def _refused(storage_path, tmp_path, run: Path, newer: str, ours: int = RUN_STATE_VERSION) -> None:
     before = _files(run)
     events = tmp_path / "second.jsonl"
     with pytest.raises(NewerVersionError) as caught:
@@ -96,9 +96,9 @@ def test_outlast_runs_names_both_versions_of_a_newer_run(storage_path, written_r
     cli = [sys.executable, "-m", "outlast.cli.main", "runs", str(storage_path)]
     listed = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
-    assert "schema version 2, written by a newer outlast" in listed.stdout
-    assert "reads versions up to 1" in listed.stdout
+    assert f"schema version {RUN_STATE_VERSION + 1}, written by a newer outlast" in listed.stdout
+    assert f"reads versions up to {RUN_STATE_VERSION}" in listed.stdout
     shown = subprocess.run([*cli, "run"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 1
-    assert "schema version 2, written by a newer outlast" in shown.stderr and "Traceback" not in shown.stderr
+    assert f"schema version {RUN_STATE_VERSION + 1}, written by a newer outlast" in shown.stderr and "Traceback" not in shown.stderr
     assert _files(written_run) == before

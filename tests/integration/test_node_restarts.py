@@ -63,7 +63,7 @@ def test_a_killed_fork_server_costs_one_restart_and_the_weights_are_the_same(sto
     assert digests == [clean_digest] and result.last_metrics == {"step": 29}
     state = _state(storage_path, "forkserver")
     assert state["failure_counts"]["worker"] == 1 and len(state["attempts"]) == 2
-    assert {f["exc_type"] for f in _failures(state)} == {"ForkServerDied"}
+    assert {f["kind"] for f in _failures(state)} == {"ForkServerDied"}
     assert all("fork server" in f["message"] and "SIGKILL" in f["message"] for f in _failures(state))
 
 
@@ -116,7 +116,7 @@ def test_a_persistent_node_whose_agent_dies_is_lost_at_once_and_used_again_once_
     assert "on the 1 usable node(s)" in seen["waiting_for"]
     assert set(_placed(events, 2).values()) == set(_placed(events, 1).values())  # the restarted node is used
     state = _state(storage_path, "run")
-    (lost,) = [f for f in _failures(state) if f["exc_type"] == "NodeLost"]
+    (lost,) = [f for f in _failures(state) if f["kind"] == "NodeLost"]
     # Seen from the process table, by this driver or first by the head (its table then says dead): both at once,
     # with the heartbeat timeout at 300 s.
     assert lost["node_id"] == victim and (f"node agent of node {victim}" in lost["message"] and "is gone" in lost["message"]

@@ -72,7 +72,7 @@ def test_a_drain_reaches_every_rank_on_the_same_call_and_the_jit_checkpoint_is_c
     latest = Path(storage_path) / "run" / state["latest_checkpoint"]
     assert json.loads((latest / "state.json").read_text()) == {"step": n["step"]}  # no step lost
     assert state["failure_counts"] == {"preemption": 1}
-    assert state["attempts"][0]["failures"][0]["exc_type"] == "Preemption"
+    assert state["attempts"][0]["failures"][0]["kind"] == "Preemption"
     assert "no capacity" in str(info.value) and "draining" in str(info.value)
 
 

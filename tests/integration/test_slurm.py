@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from outlast.protocol.kinds import FailureKind
 from outlast.slurm.allocation import expand_hostlist
 from outlast.slurm.local_cluster import PROGRAMS, Layout, LocalSlurm, free_port_block
 from outlast.slurm.scontrol import job_info
@@ -135,7 +136,7 @@ def _last_step(state: RunState) -> int:
 
 
 def _preemptions(state: RunState) -> list[str]:
-    return [f.message or "" for a in state.attempts for f in a.failures if f.exc_type == "Preemption"]
+    return [f.message or "" for a in state.attempts for f in a.failures if f.kind is FailureKind.PREEMPTION]
 
 
 def _job_processes(slurm: LocalSlurm, job_id: str) -> list[psutil.Process]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from outlast.agent.tier_client import ASKER, Sealer, TransferError, ask, push
+from outlast.agent.tier_client import ASKER, TransferError, TransferSealer, ask, push
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
@@ -190,7 +190,7 @@ def _send_chunk(ctx, transfer: m.Transfer, path: str, offset: int, data: bytes) 
     data_sock = connect_dealer(ctx, transfer.data_address)
     try:
         chunk = m.TierChunk(run="run", checkpoint_dir="checkpoint_000_000001", rank=0, path=path, offset=offset)
-        data_sock.send_multipart(Sealer(transfer, ASKER).seal(chunk, data))
+        data_sock.send_multipart(TransferSealer(transfer, ASKER).seal(chunk, data))
         assert data_sock.poll(30_000), "no answer to a chunk"
         return TIER_REPLIES.decode(data_sock.recv_multipart()[0])
     finally:

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import zmq
 
-from outlast.agent.tier_client import ASKER, Sealer, TransferError, ask, fetch
+from outlast.agent.tier_client import ASKER, TransferError, TransferSealer, ask, fetch
 from outlast.errors import TrainingFailedError
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -142,7 +142,7 @@ def test_a_fetch_reads_only_the_copys_own_files_and_no_link_planted_in_the_tier(
                                                               rank=0)))[0])
     assert isinstance(offer, m.TierOffer) and offer.transfer is not None
     data = connect_dealer(ctx, offer.transfer.data_address)
-    sealer = Sealer(offer.transfer, ASKER)
+    sealer = TransferSealer(offer.transfer, ASKER)
     ids = dict(run="run", checkpoint_dir=hold.checkpoint_dir, rank=0, session=offer.transfer.session)
     try:
         for path, why in ((UP + "../../../../../../../etc/hostname", "not a relative path inside"),
@@ -196,5 +196,5 @@ def test_a_worker_whose_report_names_a_file_outside_its_checkpoint_fails_the_run
         failed
     failures = [f for a in json.loads((storage / "hostile/run_state.json").read_text())["attempts"]
                 for f in a.get("failures", [])]
-    assert [(f["exc_type"], f["node_id"] in tiers) for f in failures] == [("RefusedMessage", True)], failures
+    assert [(f["kind"], f["node_id"] in tiers) for f in failures] == [("RefusedMessage", True)], failures
     assert UP + name in failures[0]["message"]

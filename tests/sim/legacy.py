@@ -9,9 +9,10 @@ from __future__ import annotations
 from outlast.controller import core, ending, handlers, horizons, lifecycle, memory_restore, nodes, runstate, storage_io
 from outlast.controller import effects as fx
 from outlast.controller import states as st
-from outlast.controller.horizons import Answer, Decision, Grant
+from outlast.controller.horizons import Answer, Grant, NoticeAt
 from outlast.agent import node_core
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import CheckpointRecord, FailureRecord
 
 
@@ -25,7 +26,7 @@ class LegacyHorizonBook(horizons.HorizonBook):
 
     def on_query(self, rank, index, now):
         if self.decision_index is not None:
-            return [Answer(rank, index, Decision(self.decision_index))]
+            return [Answer(rank, index, NoticeAt(self.decision_index))]
         if self.noticed_at is None:
             self._outstanding[rank] = index + self.max_step
             self._granted[rank] = horizons._Granted(index, index + self.max_step, now)
@@ -33,7 +34,7 @@ class LegacyHorizonBook(horizons.HorizonBook):
         self._asked[rank] = index
         self._outstanding[rank] = index + 1
         if not set(self._outstanding) - set(self._asked) - self._lost:
-            return [Answer(rank, index, Decision(self._old_decide()))]
+            return [Answer(rank, index, NoticeAt(self._old_decide()))]
         return [Answer(rank, index, Grant(index + 1, float("inf")))]
 
     def preempt(self, now):
@@ -106,12 +107,12 @@ def _old_spawn_refused(c, node_id, refused) -> None:
         return
     lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
-        exc_type="SpawnRefused", message=refused.reason))
+        kind=FailureKind.SPAWN_REFUSED, message=refused.reason))
     for rank in range(c.plan.world_size):
         if rank not in a.hello:
             a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                      exit_code=None, signal=None, error=None, node_id=""))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def _first_fix_spawn_refused(c, node_id, refused) -> None:
@@ -121,11 +122,11 @@ def _first_fix_spawn_refused(c, node_id, refused) -> None:
         return
     lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=0, node_id="", pid=0, exit_code=None, signal=None, time=c.wall(),
-        exc_type="SpawnRefused", message=refused.reason))
+        kind=FailureKind.SPAWN_REFUSED, message=refused.reason))
     for rank in a.ranks_on({node_id}):
         a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
                                                  exit_code=None, signal=None, error=None, node_id=node_id))
-    lifecycle.settle_if_all_exited(c)
+    lifecycle.judge_if_all_exited(c)
 
 
 def _old_finishing(monkeypatch) -> None:
@@ -143,7 +144,7 @@ def _old_finishing(monkeypatch) -> None:
     def timers(c, now):
         real_timers(c, now)
         at = getattr(c, "legacy_exited_ok_at", None)
-        if at is not None and not c.closing and now - at > c.plan.timeouts.finish_settle_s:
+        if at is not None and not c.closing and now - at > c.plan.timeouts.last_messages_s:
             ending.finish(c)
 
     monkeypatch.setattr(handlers, "on_worker_exited", on_worker_exited)

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from outlast.protocol.kinds import FailureKind
 from outlast.sim.run import Sim
 from outlast.sim.schedule import Fault, LoopSpec, Schedule
 
@@ -120,7 +121,7 @@ def test_a_wedged_rank_is_found_explained_from_every_ranks_stacks_and_restarted_
     assert "made no progress for" in hang.summary and "hang_timeout_s=20" in hang.summary
     assert "rank 1 is in sleep_forever (sim user code), while rank 0 waits in all_reduce (sim)" in hang.summary
     assert sorted(r for g in hang.stacks for r in g.ranks) == [0, 1]
-    assert state.attempts[0].failures[0].exc_type == "Hang"
+    assert state.attempts[0].failures[0].kind is FailureKind.HANG
     assert hang.time - state.attempts[0].started_at >= 20.0
 
 

@@ -79,7 +79,7 @@ HOLD = [
     8271,
 ]
 TIER_HOLD = [
-    1114,  # a pull to a node whose own copy had rotted answered "already held" (tier_server.py, whose sequence the
+    1114,  # a pull to a node whose own copy had rotted answered "already held" (tier_work.py, whose sequence the
     #        simulator plays; tests/unit/test_tier_store.py fails with it put back), and every rank there failed
 ]
 @pytest.mark.parametrize(("bug", "seed"), REGRESSIONS, ids=[f"{b}-{s}" for b, s in REGRESSIONS])

@@ -36,20 +36,20 @@ def test_a_settled_checkpoint_gets_its_manifest_and_once_written_the_history_nam
     assert write.manifest.seq == 1 and write.manifest.committed_at == 1000.0 and write.manifest.durable
     assert machine.in_progress() == {DIR} and machine.unsettled_below(1, 1)
     record, told = machine.step(fx.ManifestWritten(write.id), view(), 6.0)
-    assert record == ce.RecordCommit(write.manifest) and isinstance(told, ce.Committed) and told.attempt == 1
+    assert record == ce.RecordCommit(write.manifest) and isinstance(told, ce.CommitDone) and told.attempt == 1
     assert machine.in_progress() == set() and not machine.unsettled_below(1, 1)
 
 
 def test_a_checkpoint_missing_a_shard_is_refused_saying_where_without_asking_storage():
     (refused,) = Commits(fx.EffectIds()).step(ce.Settled(settled(missing_shards=[1], errors={1: "lost"})), view(), 0.0)
-    assert isinstance(refused, ce.CommitFailed) and "ranks [1]" in refused.reason and "n2" in refused.reason
+    assert isinstance(refused, ce.CommitRefused) and "ranks [1]" in refused.reason and "n2" in refused.reason
 
 
 def test_a_manifest_storage_failed_to_write_is_refused_with_what_storage_said():
     machine = Commits(fx.EffectIds())
     (write,) = machine.step(ce.Settled(settled()), view(), 0.0)
     (refused,) = machine.step(fx.StorageFailed(write.id, "writing the manifest", "disk full"), view(), 1.0)
-    assert isinstance(refused, ce.CommitFailed) and refused.reason == "storage failed writing the manifest: disk full"
+    assert isinstance(refused, ce.CommitRefused) and refused.reason == "storage failed writing the manifest: disk full"
     assert machine.step(fx.ManifestWritten(write.id), view(), 2.0) == []  # an answer to nothing asked changes nothing
 
 
@@ -64,12 +64,12 @@ def test_a_storage_commit_is_told_once_the_nodes_copies_answered_and_the_history
     out = machine.step(fx.TierAnswered(hold.id, reply=stored), v, 2.0)
     replica = next(x for x in out if isinstance(x, fx.TierAsk) and isinstance(x.msg, m.TierHold))
     assert replica.msg.peer_address == "tcp://n2:9"
-    assert ce.NoteMemory(DIR, {0: ["n1"]}, None) in out and kinds(out)[-1] == "Committed"
+    assert ce.NoteMemory(DIR, {0: ["n1"]}, None) in out and kinds(out)[-1] == "CommitDone"
 
 
 def test_a_memory_commit_is_refused_on_a_node_without_checkpoint_memory():
     machine = Commits(fx.EffectIds())
     machine.step(ce.Reported(1, 0, 0, "/tmp/rank0", through_peer=False), view(MEMORY), 0.0)
     (refused,) = machine.step(ce.Settled(settled()), view(MEMORY), 0.0)
-    assert isinstance(refused, ce.CommitFailed) and "--checkpoint-memory" in refused.reason
+    assert isinstance(refused, ce.CommitRefused) and "--checkpoint-memory" in refused.reason
     assert machine.in_progress() == set()

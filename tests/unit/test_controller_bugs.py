@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outlast.controller.horizons import Decision, HorizonBook
+from outlast.controller.horizons import HorizonBook, NoticeAt
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from tests.fakes.controller import make, start
@@ -10,7 +10,7 @@ from tests.fakes.storage import MemoryStorage
 
 
 def decisions(answers):
-    return {a.rank: a.reply for a in answers if isinstance(a.reply, Decision)}
+    return {a.rank: a.reply for a in answers if isinstance(a.reply, NoticeAt)}
 
 
 def test_a_notice_mid_step_of_a_slow_loop_is_seen_at_the_next_call_of_every_rank():
@@ -27,7 +27,7 @@ def test_a_notice_mid_step_of_a_slow_loop_is_seen_at_the_next_call_of_every_rank
     answers = {}
     for rank in (0, 1):
         answers.update(decisions(book.on_query(rank, 5, now=t)))
-    assert answers == {0: Decision(5), 1: Decision(5)}
+    assert answers == {0: NoticeAt(5), 1: NoticeAt(5)}
 
 
 def test_a_notice_mid_step_of_a_10_s_loop_in_the_running_controller_reaches_both_ranks_at_the_next_call():
@@ -55,7 +55,7 @@ def test_ranks_that_return_during_a_preemption_finish_the_run_even_after_the_dea
     h.worker(m.WorkerDone(attempt=1, rank=0, reports=0))
     h.agent(placement[0], h.exited(0, placement[0]))
     h.agent(placement[1], h.exited(1, placement[1]))  # rank 1's WorkerDone is still in flight
-    h.step(dt=10_000.0)  # past the preemption deadline and the settle time
+    h.step(dt=10_000.0)  # past the preemption deadline and the wait for last messages
     h.step(dt=0.1)
     assert h.state is State.FINISHED and h.core.closed
     assert h.core.book.state.attempts[-1].outcome == "finished"

@@ -11,6 +11,7 @@ from outlast.controller import group as g
 from outlast.controller.resize import Elastic
 from outlast.controller.states import State
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 from tests.fakes.controller import make, node, start
 
 
@@ -113,7 +114,7 @@ def test_another_nodes_loss_during_a_drain_draws_on_max_failures():
     h.step(g.AgentGone(placement[1], "the agent of n2 died"))
     h.step(dt=0.2)
     stopped(h, placement, [0])
-    assert h.state is State.ERRORED and h.core.error.failures[0].exc_type == "NodeLost"
+    assert h.state is State.ERRORED and h.core.error.failures[0].kind is FailureKind.NODE_LOST
 
 
 def test_a_hang_during_a_drain_draws_on_max_failures():
@@ -188,7 +189,7 @@ def test_a_hang_is_blamed_on_the_rank_elsewhere_than_the_collective_the_others_w
         h.worker(m.StackDump(attempt=1, rank=rank, where="torch/distributed.py:10 in all_reduce", text="a"))
     h.worker(m.StackDump(attempt=1, rank=1, where="train.py:42 in load_batch", text="b"))
     record = h.core.attempt.failures[0]
-    assert record.exc_type == "Hang" and record.rank == 1 and record.node_id == placement[1]
+    assert record.kind is FailureKind.HANG and record.exc_type is None and record.rank == 1 and record.node_id == placement[1]
     assert "rank 1 is in train.py:42" in record.message
 
 
@@ -338,7 +339,7 @@ def test_a_rank_no_stop_could_end_on_a_node_not_drained_is_charged_to_max_failur
     _saved_and_restarting(h, placement)
     _killed(h, 0, placement[0], sig=15)
     h.step(dt=30.0)
-    _killed(h, 1, placement[1], error=m.WorkerError(exc_type="Unkillable", message="pid 101 did not die",
+    _killed(h, 1, placement[1], error=m.WorkerError(kind=FailureKind.UNKILLABLE, message="pid 101 did not die",
                                                     traceback="", phase="node"))
     assert h.core.attempt.number == 2
     assert h.core.book.failures_this_launch("worker") == 1 and h.core.book.failures_this_launch("preemption") == 0

@@ -21,39 +21,15 @@ from outlast.client import discovery
 from outlast.cluster.sealed import Sealer
 from outlast.cluster.store_view import ClusterView, StoreEvent
 from outlast.controller.runstate import RunBook
-from outlast.protocol import messages as m
 from outlast.storage import records as r
 from outlast.storage.run_store import RunStore
-from tests.fuzz.documents import RUN, WatchedStorage, document, plant_decoy, plant_run
+from tests.fuzz.documents import (RUN, WatchedStorage, apply_records, hostile, plant_decoy, plant_run, read_node_file,
+                                  read_run)
 from tests.fuzz.doors import outside_writes, plant_canary
 from tests.fuzz.hostile import Hostile, Targets
 
 FUZZ = settings(max_examples=25, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-
-
-def read_run(root: Path, canary: Path, seed: int) -> tuple[str, list[str]]:
-    """Plant a hostile run under `root/store`, open it as a driver does and read its reports and lease:
-    (what came of it, the paths asked of storage outside the run's directory)."""
-    h = Hostile(random.Random(seed), Targets(str(canary)), wrong=0.005, json=True)
-    plant_run(h, root / "store")
-    storage = WatchedStorage(root / "store", RUN)
-    store = RunStore(storage, RUN)
-    try:
-        book = RunBook.open(store, RUN, 1000.0)
-        for attempt in range(3):
-            store.read_reports(attempt)
-        store.read_lease()
-        for name in [c.checkpoint_dir for c in book.state.checkpoints] + [book.state.latest_checkpoint or ""]:
-            try:
-                store.read_manifest(name)
-            except r.CorruptDocument:
-                pass
-        outcome = "ok"
-    except (r.NewerVersionError, r.CorruptDocument) as e:
-        assert "store" in str(e) or RUN in str(e), f"the error names no file: {e}"
-        outcome = type(e).__name__
-    return outcome, storage.outside
 
 
 @pytest.fixture(scope="module")
@@ -88,35 +64,15 @@ def test_a_run_state_naming_a_checkpoint_outside_the_run_is_not_read_from_there(
 @FUZZ
 @given(seed=st.integers(0, 2**32))
 def test_a_hostile_node_file_is_no_node_and_never_an_error(tmp_path, monkeypatch, canary, seed):
-    h = Hostile(random.Random(seed), Targets(str(canary)), wrong=0.005, json=True)
     monkeypatch.setenv("OUTLAST_HOME", str(tmp_path))
-    discovery.node_file_path().write_bytes(document(h, discovery.NodeFile))
-    info = discovery.read_node_file()
-    assert info is None or isinstance(info, discovery.NodeFile)
-    node = discovery.published_node()
-    assert node is None or isinstance(node, discovery.NodeFile)
+    assert read_node_file(hostile(seed, canary)) in ("no node", "a node")
 
 
 @FUZZ
 @given(seed=st.integers(0, 2**32), sealed=st.booleans())
 def test_hostile_etcd_records_are_refused_or_kept_out_of_the_table_never_an_error(canary, seed, sealed):
-    h = Hostile(random.Random(seed), Targets(str(canary)), wrong=0.005, json=True)
-    sealer = Sealer(b"k" * 40)
-    view = ClusterView(sealer)
-    for _ in range(20):
-        key = h.rng.choice(["head", "members/", "nodes/", "drains/", "dead/", ""]) + h.string()[:80]
-        if h.rng.random() < 0.7:
-            kind = m.NodeDraining if key.startswith("drains/") else m.NodeInfo
-            value: bytes | None = document(h, kind) if not key.startswith("dead/") else h.rng.choice(
-                [b"1.5", b"nan", b"-inf", b"1e999", b"x", b""])
-        else:
-            value = h.rng.choice([None, h.raw()])
-        if sealed and value is not None:
-            value = sealer.seal(key, value)
-        view.apply(StoreEvent(key, value))
-    for node in view.table():
-        assert isinstance(node, m.NodeInfo)
-    assert not sealed or not view.refused
+    assert apply_records(hostile(seed, canary), Sealer(b"k" * 40), sealed, 20) in (
+        "refused", "malformed", "taken", "ignored")
 
 
 def test_a_node_file_with_a_pid_no_process_can_have_is_no_node(tmp_path, monkeypatch):

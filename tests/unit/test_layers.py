@@ -133,7 +133,7 @@ def module_arrows(package: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                # `from outlast.controller import lifecycle` names a module; `from outlast.controller.x import f` does not.
+                # `from outlast.controller import lifecycle` names a module; `from ...x import f` does not.
                 targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
                            for a in node.names]
             else:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from outlast.agent.roles import HeadNode, MemberNode
-from outlast.cluster.nodetable import NodeTable, UnknownNode
+from outlast.cluster.nodetable import HeadNodeTable, UnknownNode
 from outlast.protocol import messages as m
 
 
@@ -22,7 +22,7 @@ def _drain(node_id: str, also=()) -> m.DrainNode:
 
 
 def test_one_drain_of_several_nodes_and_their_domains_is_one_notice():
-    t = NodeTable(5.0)
+    t = HeadNodeTable(5.0)
     for n in (_info("a"), _info("b", "rack-1"), _info("c", "rack-1"), _info("d")):
         t.register(n, now=0.0, now_unix=1000.0)
     notice = t.drain("a", "preemption", "job", 1030.0, also=["b"]).notice
@@ -33,7 +33,7 @@ def test_one_drain_of_several_nodes_and_their_domains_is_one_notice():
 
 
 def test_a_wrong_id_among_several_drains_none_of_them():
-    t = NodeTable(5.0)
+    t = HeadNodeTable(5.0)
     for n in (_info("a"), _info("b")):
         t.register(n, now=0.0, now_unix=1000.0)
     with pytest.raises(UnknownNode, match="'nope'"):

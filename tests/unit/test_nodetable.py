@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outlast.cluster.nodetable import NodeTable, UnknownNode
+from outlast.cluster.nodetable import HeadNodeTable, UnknownNode
 from outlast.protocol.messages import NodeInfo
 
 
@@ -13,8 +13,8 @@ def _node(node_id: str, domain: str = "", head: bool = False) -> NodeInfo:
                     failure_domain=domain, is_head=head)
 
 
-def _table(*nodes: NodeInfo, timeout: float = 5.0) -> NodeTable:
-    t = NodeTable(timeout)
+def _table(*nodes: NodeInfo, timeout: float = 5.0) -> HeadNodeTable:
+    t = HeadNodeTable(timeout)
     for n in nodes:
         t.register(n, now=0.0, now_unix=1000.0)
     return t

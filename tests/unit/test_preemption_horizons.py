@@ -1,4 +1,4 @@
-from outlast.controller.horizons import Answer, Decision, Grant, HorizonBook
+from outlast.controller.horizons import Answer, Grant, HorizonBook, NoticeAt
 
 
 def test_a_grant_is_bounded_by_time_and_by_the_calls_the_rank_makes_in_that_time():
@@ -16,7 +16,7 @@ def test_slow_loops_get_d_at_the_notice_their_next_call():
         book.on_query(1, i, now=t + 0.01)
     assert book.preempt(now=4.5) == []
     assert book.decision_index == 3
-    assert book.on_query(1, 3, now=6.0) == [Answer(1, 3, Decision(3))]
+    assert book.on_query(1, 3, now=6.0) == [Answer(1, 3, NoticeAt(3))]
 
 
 def test_fast_loops_are_held_while_a_peer_has_a_live_grant_then_get_the_next_call():
@@ -26,8 +26,8 @@ def test_fast_loops_are_held_while_a_peer_has_a_live_grant_then_get_the_next_cal
         book.on_query(r, 10, now=0.01)  # 1000 calls/s: grant up to 260, until 0.26
     assert book.preempt(now=0.1) == [] and book.decision_index is None  # a fast loop may have slowed since
     assert book.on_query(0, 200, now=0.2) == [Answer(0, 200, Grant(201, float("inf")))]  # rank 1's grant is live
-    assert book.on_query(1, 201, now=0.21) == [Answer(1, 201, Decision(201))]  # rank 0 asks at 201 next
-    assert book.on_query(0, 201, now=0.21) == [Answer(0, 201, Decision(201))]
+    assert book.on_query(1, 201, now=0.21) == [Answer(1, 201, NoticeAt(201))]  # rank 0 asks at 201 next
+    assert book.on_query(0, 201, now=0.21) == [Answer(0, 201, NoticeAt(201))]
 
 
 def test_a_burst_then_a_long_step_waits_for_the_ranks_next_call_and_parks_those_that_ask():
@@ -38,8 +38,8 @@ def test_a_burst_then_a_long_step_waits_for_the_ranks_next_call_and_parks_those_
     book.preempt(now=5.0)
     assert book.decision_index is None
     assert book.on_query(0, 10_001, now=7.0) == []  # parked: rank 1 asks at its next call, maybe 10_001 too
-    assert book.on_query(1, 10_001, now=7.01) == [Answer(0, 10_001, Decision(10_001)),
-                                                  Answer(1, 10_001, Decision(10_001))]
+    assert book.on_query(1, 10_001, now=7.01) == [Answer(0, 10_001, NoticeAt(10_001)),
+                                                  Answer(1, 10_001, NoticeAt(10_001))]
 
 
 def test_ranks_that_asked_fall_back_to_the_horizons_when_a_rank_stays_silent():
@@ -51,7 +51,7 @@ def test_ranks_that_asked_fall_back_to_the_horizons_when_a_rank_stays_silent():
     assert book.on_query(0, 101, now=7.0) == []
     assert book.tick(now=7.5) == []
     (answer,) = book.tick(now=8.0)
-    assert answer == Answer(0, 101, Decision(100 + 250))
+    assert answer == Answer(0, 101, NoticeAt(100 + 250))
 
 
 def test_a_lost_rank_is_not_waited_for():
@@ -61,13 +61,13 @@ def test_a_lost_rank_is_not_waited_for():
         book.on_query(r, 100, now=0.1)
     book.preempt(now=5.0)
     assert book.on_query(0, 101, now=5.1) == []
-    assert book.lose_rank(1, now=5.2) == [Answer(0, 101, Decision(101))]
+    assert book.lose_rank(1, now=5.2) == [Answer(0, 101, NoticeAt(101))]
 
 
 def test_a_notice_before_any_query_is_seen_on_the_very_first_call():
     book = HorizonBook()
     assert book.preempt(now=0.0) == []
-    assert book.on_query(0, 0, now=0.0) == [Answer(0, 0, Decision(0))]
+    assert book.on_query(0, 0, now=0.0) == [Answer(0, 0, NoticeAt(0))]
 
 
 def test_every_rank_sees_the_notice_on_the_same_call_soon_after_it_in_a_simulated_run():
@@ -94,7 +94,7 @@ def test_every_rank_sees_the_notice_on_the_same_call_soon_after_it_in_a_simulate
                     continue
                 replies = [a.reply for a in book.on_query(rank, i, now) if a.rank == rank]
                 assert replies, "a rank in lockstep is never left parked"
-                if isinstance(replies[0], Decision):
+                if isinstance(replies[0], NoticeAt):
                     s["horizon"], s["expires"] = replies[0].decision_index, float("inf")
                     if i >= replies[0].decision_index:
                         s["seen"], s["seen_at"] = i, now

@@ -26,7 +26,7 @@ def run_state() -> r.RunState:
 @pytest.mark.parametrize("doc", [manifest(), run_state()], ids=["manifest", "run_state"])
 def test_a_document_survives_a_round_trip_through_json(doc):
     data = r.encode(doc)
-    assert json.loads(data)["version"] == (r.MANIFEST_VERSION if isinstance(doc, r.Manifest) else r.SCHEMA_VERSION)
+    assert json.loads(data)["version"] == (r.MANIFEST_VERSION if isinstance(doc, r.Manifest) else r.RUN_STATE_VERSION)
     assert r.decode(data, type(doc), "somewhere") == doc
 
 
@@ -80,7 +80,7 @@ def test_an_entry_without_any_checksum_says_which_file():
 
 def test_a_newer_schema_with_changed_fields_is_still_reported_as_newer():
     doc = json.loads(r.encode(run_state()))
-    doc["version"] = r.SCHEMA_VERSION + 1
+    doc["version"] = r.RUN_STATE_VERSION + 1
     del doc["created_at"]
     with pytest.raises(r.NewerVersionError, match="written by a newer outlast"):
         r.decode(json.dumps(doc).encode(), r.RunState, "/run_state.json")

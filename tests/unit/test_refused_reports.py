@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from outlast.controller import group as g
 from outlast.controller.states import State
+from outlast.protocol.kinds import FailureKind
 from tests.fakes.controller import make, start
 
 REASON = "the controller refused its Report: file '../../x' is not a relative path inside its directory"
@@ -19,7 +20,7 @@ def test_a_refused_report_fails_the_attempt_with_the_rank_and_the_path_in_the_hi
     h.step(g.RefusedFromWorker(a, 1, REASON))
     assert h.state is State.RESTARTING
     failures = h.core.book.state.attempts[-1].failures
-    assert [(f.rank, f.exc_type, f.message) for f in failures] == [(1, "RefusedMessage", REASON)]
+    assert [(f.rank, f.kind, f.exc_type, f.message) for f in failures] == [(1, FailureKind.REFUSED_MESSAGE, None, REASON)]
     assert failures[0].node_id == placement[1]
     assert "rank 1" in failures[0].describe() and "'../../x'" in failures[0].describe()
     assert not h.core.book.state.checkpoints

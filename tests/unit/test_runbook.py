@@ -78,7 +78,7 @@ def test_settling_a_failed_attempt_counts_it_ends_it_and_puts_the_root_cause_fir
     bystander, root = failure(rank=0, time=4.0), failure(rank=1, time=5.0)
     book.add_failure(bystander)
     book.add_failure(root)
-    book.settle_failed_attempt(root, "worker", now=6.0)
+    book.fail_attempt(root, "worker", now=6.0)
     state = saved(book)
     assert state.failure_counts == {"worker": 1}
     assert (state.attempts[0].ended_at, state.attempts[0].outcome) == (6.0, "failed")
@@ -89,11 +89,11 @@ def test_failure_counts_accumulate_across_attempts(book):
     for n in range(3):
         book.begin_attempt(float(n))
         book.add_failure(failure())
-        book.settle_failed_attempt(book.state.attempts[-1].failures[0], "worker", now=float(n))
+        book.fail_attempt(book.state.attempts[-1].failures[0], "worker", now=float(n))
     assert book.state.failure_counts == {"worker": 3}
 
 
-def test_a_recorded_failure_is_neither_counted_nor_ending_the_attempt_until_settled(book):
+def test_a_recorded_failure_is_neither_counted_nor_ending_the_attempt_until_it_fails(book):
     book.begin_attempt(1.0)
     book.add_failure(failure(rank=1))
     assert book.state.failure_counts == {}
@@ -104,7 +104,7 @@ def test_a_recorded_failure_is_neither_counted_nor_ending_the_attempt_until_sett
 def test_a_relaunched_driver_gets_its_failure_budget_anew(mem, book):
     book.begin_attempt(1.0)
     book.add_failure(failure())
-    book.settle_failed_attempt(failure(), "worker", now=2.0)
+    book.fail_attempt(failure(), "worker", now=2.0)
     book.flush()
     relaunched = RunBook.open(book.store, "run", now=3.0)
     assert relaunched.state.failure_counts == {"worker": 1}

@@ -47,9 +47,9 @@ def test_a_users_exception_in_any_rank_makes_it_no_setup_failure():
 
 
 def test_a_lost_node_or_a_hang_is_never_a_setup_failure():
-    lost = _f(1, exc_type=FailureKind.NODE_LOST, message="its agent is gone")
+    lost = _f(1, kind=FailureKind.NODE_LOST, message="its agent is gone")
     assert judge_setup([_rendezvous(0), lost], started={0, 1}, set_up=set(), so_far=0) is None
-    hang = _f(0, exc_type=FailureKind.HANG, message="no progress")
+    hang = _f(0, kind=FailureKind.HANG, message="no progress")
     assert judge_setup([hang], started={0, 1}, set_up=set(), so_far=0) is None
 
 

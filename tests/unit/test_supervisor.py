@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import signal
 
-from outlast.agent.supervisor import Kill, Placement, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.agent.supervisor import ExpectedWorkload, Kill, ReleaseLeaf, Send, Supervisor, Warn
+from outlast.isolation.policy import WorkloadKind
 from outlast.protocol import messages as m
+from outlast.protocol.kinds import FailureKind
 
 CTRL = b"controller-1"
 
@@ -32,14 +34,14 @@ def running(sup: Supervisor, pids: list[int], now: float = 0.0, timeout_s: float
     sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=timeout_s), now)
     sup.admit(CTRL, "r1", now)
     for rank, pid in enumerate(pids):
-        sup.expect(("r1", attempt, rank, ""), Placement(world_size=len(pids), demand={"CPU": 1.0}))
+        sup.expect(("r1", attempt, rank, ""), ExpectedWorkload(world_size=len(pids), demand={"CPU": 1.0}))
         sup.on_forked(forked(pid, attempt=attempt, rank=rank), wall=1000.0)
 
 
 def test_a_spawned_worker_is_announced_to_its_controller_and_holds_its_demand():
     sup = Supervisor("n1")
     sup.heartbeat(CTRL, m.RunHeartbeat(run_id="r1", timeout_s=5.0), 0.0)
-    sup.expect(("r1", 1, 0, ""), Placement(world_size=2, demand={"CPU": 1.0}))
+    sup.expect(("r1", 1, 0, ""), ExpectedWorkload(world_size=2, demand={"CPU": 1.0}))
     effects = sup.on_forked(forked(101), wall=1000.0)
     assert effects == [Send(CTRL, m.WorkerStarted(run_id="r1", attempt=1, rank=0, pid=101))]
     assert sup.usage() == {"r1": {"CPU": 1.0}}
@@ -59,7 +61,7 @@ def test_an_exit_is_reported_with_its_status_and_frees_the_leaf():
 def test_a_task_exit_is_reported_as_a_task():
     sup = Supervisor("n1")
     sup.admit(CTRL, "exec", 0.0)
-    sup.expect(("exec", 0, -1, "t1"), Placement(retriable=False))
+    sup.expect(("exec", 0, -1, "t1"), ExpectedWorkload(retriable=False))
     assert sup.on_forked(forked(7, run_id="exec", attempt=0, rank=-1, task_id="t1"), wall=5.0) == []
     (msg,) = sent(sup.on_reaped(reaped(7, run_id="exec", attempt=0, rank=-1, task_id="t1")))
     assert isinstance(msg, m.TaskExited) and msg.task_id == "t1"
@@ -129,7 +131,7 @@ def test_end_of_a_run_without_workers_forgets_it_at_once():
 def test_a_relaunched_driver_retires_its_predecessor_at_once():
     sup = Supervisor("n1")
     sup.admit(b"old-driver", "run-a", 0.0, run_key="key")
-    sup.expect(("run-a", 3, 0, ""), Placement())
+    sup.expect(("run-a", 3, 0, ""), ExpectedWorkload())
     sup.on_forked(forked(101, run_id="run-a", attempt=3), wall=0.0)
     effects = sup.admit(b"new-driver", "run-b", 1.0, run_key="key")
     assert kills(effects) == [(101, signal.SIGKILL)]
@@ -141,7 +143,7 @@ def test_a_relaunched_driver_retires_its_predecessor_at_once():
 def test_another_run_key_is_left_alone():
     sup = Supervisor("n1")
     sup.admit(b"a", "run-a", 0.0, run_key="key-a")
-    sup.expect(("run-a", 1, 0, ""), Placement())
+    sup.expect(("run-a", 1, 0, ""), ExpectedWorkload())
     sup.on_forked(forked(101, run_id="run-a"), wall=0.0)
     assert sup.admit(b"b", "run-b", 0.0, run_key="key-b") == []
 
@@ -151,13 +153,13 @@ def test_a_dead_fork_server_reports_every_workload_lost_as_a_failure():
     running(sup, [101, 102])
     sup.admit(CTRL, "exec", 0.0)
     sup.on_forked(forked(7, run_id="exec", attempt=0, rank=-1, task_id="t1"), wall=0.0)
-    sup.expect(("r1", 1, 2, ""), Placement())  # a fork the server never made
+    sup.expect(("r1", 1, 2, ""), ExpectedWorkload())  # a fork the server never made
     effects = sup.lose_all("the fork server died (exit -9)")
     assert sorted(kills(effects)) == [(7, signal.SIGKILL), (101, signal.SIGKILL), (102, signal.SIGKILL)]
     msgs = sent(effects)
     assert sorted(type(x).__name__ for x in msgs) == ["TaskExited", "WorkerExited", "WorkerExited", "WorkerExited"]
     assert sorted((x.rank, x.pid) for x in msgs if isinstance(x, m.WorkerExited)) == [(0, 101), (1, 102), (2, 0)]
-    assert all(x.error is not None and x.error.exc_type == "ForkServerDied" and "exit -9" in x.error.message
+    assert all(x.error is not None and x.error.kind is FailureKind.FORK_SERVER_DIED and "exit -9" in x.error.message
                for x in msgs)
     assert sup.workloads == {} and sup.usage() == {}
 
@@ -170,7 +172,7 @@ def test_the_memory_view_is_a_copy_that_marks_idle_and_killed_workloads():
     report = m.KillReport(node_id="n1", time=0.0, trigger="test", usage_bytes=2, limit_bytes=1, node_total_bytes=4,
                           target_bytes=1, policy="p", considered=[], selected=["x"], reason="over")
     view = {v.pid: v for v in sup.memory_view()}
-    assert view[101].idle and view[101].kind == "training" and view[101].owner == "r1"
+    assert view[101].idle and view[101].kind is WorkloadKind.TRAINING and view[101].owner == "r1"
     assert view[101].last_commit_at == 900.0 and view[101].started_at == 1000.0
     assert kills(sup.oom_kill(102, report)) == [(102, signal.SIGKILL)]
     assert {v.pid: v for v in sup.memory_view()}[102].already_killed
@@ -193,7 +195,7 @@ def test_a_worker_that_sigkill_does_not_end_is_reported_by_pid_and_its_node_give
     effects = sup.tick(42.2)
     [exited] = sent(effects)
     assert (exited.pid, exited.rank, exited.signal) == (101, 0, signal.SIGKILL)
-    assert exited.error.exc_type == "Unkillable" and "pid 101" in exited.error.message
+    assert exited.error.kind is FailureKind.UNKILLABLE and "pid 101" in exited.error.message
     assert "did not die 30 s after SIGKILL" in exited.error.message
     [give_up] = [e for e in effects if isinstance(e, GiveUpNode)]
     assert "pid 101" in give_up.reason and "node n1" in give_up.reason

@@ -116,7 +116,7 @@ def test_a_tier_thread_that_dies_is_started_again_and_answers_the_next_request(t
     s.open()
     server = TierServer(ctx, key, s).start()
     try:
-        real_pull = server._pull
+        real_pull = server.work.pull
         died = []
 
         def pull_once_dies(pull, asked_at):
@@ -125,7 +125,7 @@ def test_a_tier_thread_that_dies_is_started_again_and_answers_the_next_request(t
                 raise _Bug("a bug")
             return real_pull(pull, asked_at)
 
-        monkeypatch.setattr(server, "_pull", pull_once_dies)
+        monkeypatch.setattr(server.work, "pull", pull_once_dies)
         pull = m.TierPull(run="r", checkpoint_dir="c1", rank=0, from_address=server.address)
         with pytest.raises(Exception, match="no answer"):
             ask(ctx, key, server.address, pull, timeout_s=2)

@@ -504,14 +504,14 @@ def test_a_pull_to_a_node_whose_own_copy_rotted_fetches_the_peers_whole_one(pair
 
 
 def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_own_transfer(tmp_path):
-    from outlast.agent.tier_client import ASKER, SERVER, Sealer, file_view, new_transfer
+    from outlast.agent.tier_client import ASKER, SERVER, TransferSealer, file_view, new_transfer
 
     payload = os.urandom(MB)
     (tmp_path / "f").write_bytes(b"x" * MB + payload + b"y" * MB)
     view = file_view(tmp_path, "f")
     assert isinstance(view.obj, mmap.mmap)
     transfer = new_transfer("tcp://127.0.0.1:1")
-    sender, receiver = Sealer(transfer, ASKER), Sealer(transfer, SERVER)
+    sender, receiver = TransferSealer(transfer, ASKER), TransferSealer(transfer, SERVER)
     chunk = m.TierChunk(run="r", checkpoint_dir="c", rank=0, path="f", offset=MB)
     head, sealed = sender.seal(chunk, view[MB:2 * MB])
     assert len(head) < 200 and len(sealed) == MB + 16 and payload[:64] not in sealed  # the bytes travel encrypted
@@ -525,7 +525,7 @@ def test_a_chunk_is_sealed_from_the_file_and_opens_only_as_it_was_sent_in_its_ow
     moved = encode(msgspec.structs.replace(sent, offset=0))
     for opener, h, c, data in ((receiver, head, sent, bytes(flipped)),
                                (receiver, moved, TIER_REQUESTS.decode(moved), sealed),
-                               (Sealer(new_transfer("tcp://127.0.0.1:1"), SERVER), head, sent, sealed),
+                               (TransferSealer(new_transfer("tcp://127.0.0.1:1"), SERVER), head, sent, sealed),
                                (sender, head, sent, sealed)):
         with pytest.raises(TransferError, match="failed its seal"):
             opener.open(h, c, data)
@@ -564,14 +564,3 @@ def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pa
     fetched, _ = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
     assert fetched.transfer is not None and fetched.transfer.data_address == a.data_address
     assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
-
-
-def test_what_a_commit_or_a_restore_waits_for_never_queues_behind_a_replica_beside_a_durable_commit():
-    from outlast.agent.tier_server import queue_for
-
-    ids = dict(run="run", checkpoint_dir="c1", rank=0)
-    drains = m.TierHold(**ids, seq=2, files=[], source_dir="/dev/shm/rank0", peer_address="tcp://10.0.0.2:1")
-    beside = m.TierHold(**ids, seq=1, files=[], source_dir="", peer_address="tcp://10.0.0.2:1")
-    assert queue_for(drains) == "waited" and queue_for(m.TierPull(**ids, from_address="tcp://x:1")) == "waited"
-    assert queue_for(m.TierHold(**ids, seq=1, files=[], source_dir="/dev/shm/rank0")) == "waited"
-    assert queue_for(beside) == "hold" and queue_for(m.TierUpload(**ids)) == "upload"

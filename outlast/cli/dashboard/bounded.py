@@ -18,7 +18,7 @@ from outlast.cli.confined import Refused, open_under, read_at_most
 from outlast.storage.base import Storage
 from outlast.storage.records import CorruptDocument
 
-# bench_dashboard.py's run of 100 attempts and 10,000 reports is 0.9 MB as one page's document, all told.
+# bench/dashboard.py's run of 100 attempts and 10,000 reports is 0.9 MB as one page's document, all told.
 MAX_DOCUMENT_BYTES = 16 << 20
 
 

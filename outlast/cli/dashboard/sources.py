@@ -61,7 +61,7 @@ class Sources:
         self.timeout_s = timeout_s
         self.log_dir = local_log_dir()
         self._storages: dict[int, Storage] = {}
-        self._kept: dict[tuple, list] = {}  # (storage, run, its creation, attempt) -> its reports, once settled
+        self._kept: dict[tuple, list] = {}  # (storage, run, its creation, attempt) -> its reports, once it has ended
 
     def storage(self, i: int) -> Storage:
         if not 0 <= i < len(self.paths):

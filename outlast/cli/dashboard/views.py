@@ -18,16 +18,16 @@ from outlast.storage.records import AttemptRecord, FailureRecord, Manifest, Repo
 def failure_view(f: FailureRecord) -> dict[str, Any]:
     if f.oom_report:
         cause = "killed for memory"
-    elif f.exc_type:
-        cause = f"{f.exc_type}: {f.message}" if f.message else f.exc_type
+    elif f.named:
+        cause = f"{f.named}: {f.message}" if f.message else f.named
     elif f.signal is not None:
         cause = f"killed by {signal_name(f.signal)}"
     else:
         cause = f"exit code {f.exit_code}"
     return {"attempt": f.attempt, "rank": f.rank, "node_id": f.node_id, "pid": f.pid, "time": f.time,
             "cause": cause, "signal": signal_name(f.signal) if f.signal is not None else None,
-            "exit_code": f.exit_code, "exc_type": f.exc_type, "message": f.message, "traceback": f.traceback,
-            "phase": f.phase, "oom_report": f.oom_report}
+            "exit_code": f.exit_code, "exc_type": f.exc_type, "kind": f.kind, "message": f.message,
+            "traceback": f.traceback, "phase": f.phase, "oom_report": f.oom_report}
 
 
 def _number(v: Any) -> float | None:

@@ -66,7 +66,7 @@ Event = Union[Settled, Reported, UploadsToCheck, Timers, RunEnded, fx.ManifestWr
 
 
 @dataclass(frozen=True)
-class Committed:
+class CommitDone:
     """The checkpoint is committed and its ranks may hear it now (if its attempt still runs)."""
 
     pending: PendingCheckpoint
@@ -74,7 +74,7 @@ class Committed:
 
 
 @dataclass(frozen=True)
-class CommitFailed:
+class CommitRefused:
     """The checkpoint is not committed, and never will be; the latest committed one stays."""
 
     pending: PendingCheckpoint
@@ -155,7 +155,7 @@ class NoteDurable:
 
 
 @dataclass(frozen=True)
-class Note:
+class NoteOnce:
     """A line for the history, kept once. `warn` is logged when it is new, `debug` when it was there already."""
 
     text: str
@@ -163,6 +163,6 @@ class Note:
     debug: str = ""
 
 
-Outcome = Union[Committed, CommitFailed, UploadsChecked, UploadsEnded, HeadLost, DurableDone, RecordCommit,
-                NoteMemory, NoteFiles, NoteDurable, Note]
+Outcome = Union[CommitDone, CommitRefused, UploadsChecked, UploadsEnded, HeadLost, DurableDone, RecordCommit,
+                NoteMemory, NoteFiles, NoteDurable, NoteOnce]
 Out = Union[fx.StorageEffect, fx.TierAsk, Outcome]

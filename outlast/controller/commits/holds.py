@@ -26,7 +26,7 @@ import logging
 
 from outlast.controller import effects as fx
 from outlast.controller.commit import PendingCheckpoint
-from outlast.controller.commits.events import Committed, NoteFiles, NoteMemory, Out
+from outlast.controller.commits.events import CommitDone, NoteFiles, NoteMemory, Out
 from outlast.controller.commits.pending import (
     Asks, Committing, Free, Holding, LocalCopy, MemoryCommit, MemoryCopy, Replica, Told,
 )
@@ -113,7 +113,7 @@ class Holds:
         self._record(view, h, out)
         if not h.waiting and h.tell is not None:
             committing, h.tell = h.tell, None
-            out.append(Committed(committing.pending, committing.attempt))
+            out.append(CommitDone(committing.pending, committing.attempt))
 
     def on_replica(self, ask: Replica, e: fx.TierAnswered, view: View, out: list[Out]) -> None:
         h, rank = ask.holding, ask.rank

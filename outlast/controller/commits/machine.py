@@ -10,10 +10,10 @@ carries out the effects and applies the outcomes (`controller/commit_steps.py`).
    ranks wrote differently are read back first (`ReadChecksums`, `file_merge.py` decides).
    A checkpoint kept in memory (`holds.py`) is written once two nodes hold every rank's files.
 2. Once storage says the manifest is written, the checkpoint is committed: the history names
-   it (`RecordCommit`), and its ranks hear it (`Committed`), once their nodes' copies answered.
+   it (`RecordCommit`), and its ranks may hear it (`CommitDone`), once their nodes' copies answered.
 
 Nothing after the manifest can take the commit back. A commit that cannot be made is refused
-(`CommitFailed`), saying why.
+(`CommitRefused`), saying why.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable
 from outlast.controller import effects as fx
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.commits.events import (
-    CommitFailed, Committed, Event, HeadLost, Note, Out, RecordCommit, Reported, RunEnded, Settled, Timers,
+    CommitDone, CommitRefused, Event, HeadLost, NoteOnce, Out, RecordCommit, Reported, RunEnded, Settled, Timers,
     UploadsChecked, UploadsEnded, UploadsToCheck,
 )
 from outlast.controller.commits.holds import Holds
@@ -50,11 +50,11 @@ class Commits:
             fx.ManifestWritten: self._answered, fx.ChecksumsRead: self._answered, fx.UploadsFound: self._answered,
             fx.StorageFailed: self._failed, fx.TierAnswered: self._tier_answered,
         }
-        self._answers: dict[type, Callable] = {  # storage's answers, by what was asked
+        self._answers: dict[type, Callable[..., None]] = {  # storage's answers, by what was asked
             ManifestWrite: self._manifest_written, DurableWrite: self.peer.on_durable,
             ChecksumRead: self._checksums_read, UploadCheck: self._uploads_checked,
         }
-        self._tiers: dict[type, Callable] = {  # the tiers' answers, by what was asked
+        self._tiers: dict[type, Callable[..., None]] = {  # the tiers' answers, by what was asked
             LocalCopy: self.holds.on_local, Replica: self.holds.on_replica, MemoryCopy: self._memory_answered,
             Told: lambda ask, e, view, out: None, Upload: self.peer.on_upload, Free: self.holds.on_freed,
         }
@@ -114,15 +114,16 @@ class Commits:
         pending, attempt = e.pending, view.attempt
         assert attempt is not None
         if pending.missing_shards:
-            out.append(CommitFailed(pending, attempt, pending.missing_reason(view.placement)))
+            out.append(CommitRefused(pending, attempt, pending.missing_reason(view.placement)))
             return
         if pending.errors:
-            out.append(CommitFailed(pending, attempt, "; ".join(f"rank {r}: {x}" for r, x in sorted(pending.errors.items()))))
+            why = "; ".join(f"rank {r}: {x}" for r, x in sorted(pending.errors.items()))
+            out.append(CommitRefused(pending, attempt, why))
             return
         try:
             merged = merge_files(pending.files, DuplicateFiles(view.duplicate_files))
         except ValueError as x:
-            out.append(CommitFailed(pending, attempt, str(x)))
+            out.append(CommitRefused(pending, attempt, str(x)))
             return
         if not merged.conflicts:
             self._commit_files(view, pending, attempt, merged.files, out)
@@ -142,7 +143,7 @@ class Commits:
         try:
             merged = settle(ask.merged, done.checksums)
         except ValueError as x:
-            out.append(CommitFailed(ask.pending, ask.attempt, str(x)))
+            out.append(CommitRefused(ask.pending, ask.attempt, str(x)))
             return
         self._say_kept(ask.pending, merged, out)
         self._commit_files(view, ask.pending, ask.attempt, merged.files, out)
@@ -150,7 +151,7 @@ class Commits:
     @staticmethod
     def _say_kept(pending: PendingCheckpoint, merged: MergedFiles, out: list[Out]) -> None:
         kept = ", ".join(f"{conflict.path!r} from rank {conflict.kept}" for conflict in merged.conflicts)
-        out.append(Note(merged.describe(),
+        out.append(NoteOnce(merged.describe(),
                         warn=f"checkpoint {pending.checkpoint_dir}: {merged.describe()} (this one kept {kept})",
                         debug=f"checkpoint {pending.checkpoint_dir} kept {kept}"))
 
@@ -187,7 +188,7 @@ class Commits:
         commit = MemoryCommit(pending, attempt, files, seq, through_peer)
         begun = self.holds.commit_in_memory(view, commit, local_dirs, out)
         if isinstance(begun, str):
-            out.append(CommitFailed(pending, attempt, begun))
+            out.append(CommitRefused(pending, attempt, begun))
         elif not begun.waiting:  # no rank has files to keep
             self._held(view, begun, commit, out)
 
@@ -205,7 +206,7 @@ class Commits:
             self.peer.upload_after(view, h)
         if not ok:
             self.holds.holds.pop(h.checkpoint_dir, None)
-            out.append(CommitFailed(pending, commit.attempt, f"not committed in memory: {why}"))
+            out.append(CommitRefused(pending, commit.attempt, f"not committed in memory: {why}"))
             return
         self._write_manifest(view, pending, commit.attempt, commit.files, commit.seq, out,
                              memory={r: sorted(ns) for r, ns in h.holders.items()}, durable=False)
@@ -229,7 +230,7 @@ class Commits:
         self.peer.after_commit(view, committing.manifest, out)
         out.append(RecordCommit(committing.manifest))
         if not self.holds.hold_commit_back(view, committing.pending.checkpoint_dir, committing, out):
-            out.append(Committed(committing.pending, committing.attempt))
+            out.append(CommitDone(committing.pending, committing.attempt))
 
     def _check_uploads(self, e: UploadsToCheck, view: View, now: float, out: list[Out]) -> None:
         """`e.rank` exited cleanly, and so every upload it began has ended; those whose UploadDone has not come
@@ -267,7 +268,7 @@ class Commits:
         ask = self._asks.storage.pop(failed.id, None)
         said = f"storage failed {failed.what}: {failed.error}"
         if isinstance(ask, ManifestWrite):
-            out.append(CommitFailed(ask.committing.pending, ask.committing.attempt, said))
+            out.append(CommitRefused(ask.committing.pending, ask.committing.attempt, said))
         elif isinstance(ask, UploadCheck):  # not a write: the checkpoint is not committed, the run goes on
             out.append(UploadsChecked(ask.attempt, ask.rank, ask.index, ask.checkpoint_dir, (), (said,)))
         elif isinstance(ask, DurableWrite):

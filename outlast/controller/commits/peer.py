@@ -24,7 +24,7 @@ import logging
 import msgspec
 
 from outlast.controller import effects as fx
-from outlast.controller.commits.events import DurableDone, Note, NoteDurable, Out
+from outlast.controller.commits.events import DurableDone, NoteDurable, NoteOnce, Out
 from outlast.controller.commits.pending import Asks, Durable, DurableWrite, Holding, Upload
 from outlast.controller.commits.view import STORAGE, View
 from outlast.protocol import messages as m
@@ -135,7 +135,7 @@ class PeerUploads:
             text = (f"checkpoint {name} stays committed in memory only: "
                     + "; ".join(f"rank {r}: {why}" for r, why in sorted(d.failed.items())))
             log.warning("%s", text)
-            out += [Note(text), DurableDone(name)]
+            out += [NoteOnce(text), DurableDone(name)]
             return
         manifest = msgspec.structs.replace(d.manifest, durable=True)
         self._asks.store(out, lambda i: fx.WriteManifest(i, manifest), DurableWrite(d))
@@ -148,7 +148,7 @@ class PeerUploads:
         text = (f"checkpoint {name}, committed in memory for the drain, is durable: every rank's files were uploaded "
                 f"from the memory of the nodes that hold them ({d.seconds:.1f} s)")
         log.info("%s", text)
-        out += [NoteDurable(name), Note(text), DurableDone(name)]
+        out += [NoteDurable(name), NoteOnce(text), DurableDone(name)]
 
     def on_durable_failed(self, ask: DurableWrite) -> None:
         """Its manifest could not be written again: the checkpoint stays committed in memory only (the core gives

@@ -4,10 +4,11 @@ request in flight, found by its effect id when the answer comes (`Asks`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, TypeVar, Union
 
 from outlast.controller import effects as fx
 from outlast.controller.commit import PendingCheckpoint
+from outlast.controller.commits.events import Out
 from outlast.controller.file_merge import MergedFiles
 from outlast.protocol import messages as m
 from outlast.storage.records import Manifest
@@ -146,6 +147,7 @@ class Free:
 
 StorageAsk = Union[ManifestWrite, ChecksumRead, UploadCheck, DurableWrite]
 TierRequest = Union[LocalCopy, Replica, MemoryCopy, Told, Upload, Free]
+Ask = TypeVar("Ask", ManifestWrite, ChecksumRead, UploadCheck, DurableWrite)
 
 
 class Asks:
@@ -156,20 +158,20 @@ class Asks:
         self.storage: dict[int, StorageAsk] = {}
         self.tiers: dict[int, TierRequest] = {}
 
-    def store(self, out: list, make: Callable[[int], fx.StorageEffect], record: StorageAsk) -> int:
+    def store(self, out: list[Out], make: Callable[[int], fx.StorageEffect], record: StorageAsk) -> int:
         """Hand storage an effect, carried out after every earlier one."""
         effect_id = self._ids.take()
         self.storage[effect_id] = record
         out.append(make(effect_id))
         return effect_id
 
-    def tier(self, out: list, node_id: str, address: str, msg: m.Msg, record: TierRequest, timeout_s: float) -> int:
+    def tier(self, out: list[Out], node_id: str, address: str, msg: m.Msg, record: TierRequest, timeout_s: float) -> int:
         """Ask a node's memory tier."""
         effect_id = self._ids.take()
         out.append(fx.TierAsk(effect_id, node_id, address, msg, timeout_s))
         self.tiers[effect_id] = record
         return effect_id
 
-    def of(self, kind: type) -> list:
+    def of(self, kind: type[Ask]) -> list[Ask]:
         """The storage requests in flight of one kind, oldest first."""
         return [r for r in self.storage.values() if isinstance(r, kind)]

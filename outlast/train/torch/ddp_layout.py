@@ -9,7 +9,7 @@ different last bits. A run restored from a checkpoint starts a new process group
 first iteration, at a step where the run without the restart used the rebuilt layout: its weights
 drift from that run's in the last bits, and further with every step.
 
-`settle_buckets` runs one backward of zeros through the model before any real one, so the buckets
+`fix_bucket_layout` runs one backward of zeros through the model before any real one, so the buckets
 are rebuilt, before the first real iteration, in an order that depends only on the model: every
 real iteration of every process group reduces in that one layout, at no cost per step.
 """
@@ -29,13 +29,13 @@ def _sparse(module) -> bool:
     return any(isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse for m in module.modules())
 
 
-def can_settle(module, ddp_kwargs: dict[str, Any]) -> bool:
-    """Whether `settle_buckets` applies to `module` wrapped with `ddp_kwargs`: not for settings that give the first
+def can_fix_bucket_layout(module, ddp_kwargs: dict[str, Any]) -> bool:
+    """Whether `fix_bucket_layout` applies to `module` wrapped with `ddp_kwargs`: not for settings that give the first
     iteration a meaning of its own, nor for sparse gradients (a backward of zeros is dense)."""
     return not any(ddp_kwargs.get(name) for name in _LEFT_ALONE) and not _sparse(module)
 
 
-def settle_buckets(ddp) -> None:
+def fix_bucket_layout(ddp) -> None:
     """Rebuild `ddp`'s buckets in the order a backward of zeros makes gradients ready: the last parameter defined
     first, as DDP itself assumes before it has seen a backward. Collective: every rank calls it, once, right after
     constructing `ddp`. The parameters' values, buffers and optimizer are untouched, and their `.grad` left None."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from outlast.train._session import get_session
-from outlast.train.torch.ddp_layout import can_settle, settle_buckets
+from outlast.train.torch.ddp_layout import can_fix_bucket_layout, fix_bucket_layout
 from outlast.trace import mark
 
 
@@ -69,7 +69,7 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
     """Move `model` to this worker's device and wrap it in DistributedDataParallel.
 
     The buckets are laid out once, before the first step, in an order that depends only on the model
-    (`ddp_layout.settle_buckets`): every step reduces its gradients in the same order in every process group, so a
+    (`ddp_layout.fix_bucket_layout`): every step reduces its gradients in the same order in every process group, so a
     run restored from a checkpoint takes, bit for bit, the steps the run without the restart took, at any number of
     ranks. Not with `static_graph`, `mixed_precision`, `delay_all_reduce_named_params` or sparse embeddings in
     `parallel_strategy_kwargs`/the model (see docs/guide/failures.md); `find_unused_parameters=True` keeps one
@@ -92,8 +92,8 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
         kwargs.setdefault("device_ids", [device])
     mark("worker.ddp_begin", rank=dist.get_rank())
     wrapped = DistributedDataParallel(model, **kwargs)
-    if can_settle(model, kwargs):
-        settle_buckets(wrapped)
+    if can_fix_bucket_layout(model, kwargs):
+        fix_bucket_layout(wrapped)
     mark("worker.ddp", rank=dist.get_rank())
     return wrapped
 

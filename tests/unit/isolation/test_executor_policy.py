@@ -1,28 +1,28 @@
 from outlast.executor.errors import OutOfMemoryError
-from outlast.executor.policy import RetryConfig, Verdict, on_failure, on_oom_kill
+from outlast.executor.policy import RetryConfig, RetryVerdict, on_failure, on_oom_kill
 from outlast.protocol.messages import KillReport
 
 
 def test_memory_kills_retry_without_limit_by_default_with_growing_backoff():
     cfg = RetryConfig(oom_backoff_s=0.5, oom_backoff_max_s=4)
     delays = [on_oom_kill(n, cfg).delay_s for n in range(1, 7)]
-    assert all(on_oom_kill(n, cfg).verdict is Verdict.RETRY for n in range(1, 100))
+    assert all(on_oom_kill(n, cfg).verdict is RetryVerdict.RETRY for n in range(1, 100))
     assert delays == [0.5, 1, 2, 4, 4, 4]
 
 
 def test_memory_kills_fail_once_their_own_budget_is_spent():
     cfg = RetryConfig(max_oom_retries=2)
-    assert on_oom_kill(2, cfg).verdict is Verdict.RETRY
+    assert on_oom_kill(2, cfg).verdict is RetryVerdict.RETRY
     out = on_oom_kill(3, cfg)
-    assert out.verdict is Verdict.FAIL and "max_oom_retries=2" in out.reason
+    assert out.verdict is RetryVerdict.FAIL and "max_oom_retries=2" in out.reason
 
 
 def test_crashes_use_max_retries_and_exceptions_are_answers_unless_asked():
     cfg = RetryConfig(max_retries=1)
-    assert on_failure(1, cfg, raised=False).verdict is Verdict.RETRY
-    assert on_failure(2, cfg, raised=False).verdict is Verdict.FAIL
-    assert on_failure(1, cfg, raised=True).verdict is Verdict.FAIL
-    assert on_failure(1, RetryConfig(max_retries=1, retry_exceptions=True), raised=True).verdict is Verdict.RETRY
+    assert on_failure(1, cfg, raised=False).verdict is RetryVerdict.RETRY
+    assert on_failure(2, cfg, raised=False).verdict is RetryVerdict.FAIL
+    assert on_failure(1, cfg, raised=True).verdict is RetryVerdict.FAIL
+    assert on_failure(1, RetryConfig(max_retries=1, retry_exceptions=True), raised=True).verdict is RetryVerdict.RETRY
 
 
 def test_out_of_memory_error_carries_its_reports_and_pickles():

@@ -13,7 +13,7 @@ from outlast.isolation.cgroup_v1 import CgroupV1
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, Candidate, PolicyConfig
+from outlast.isolation.policy import Action, KillCandidate, PolicyConfig, WorkloadKind
 from outlast.isolation.reservations import GiB, compute_reservations
 from tests.fakes.cgroups import v1_tree
 
@@ -99,7 +99,8 @@ class StatlessDriver:
 
 
 def task(name, pid, mem):
-    return Candidate(name=name, kind="task", owner=name, rank=None, pid=pid, memory_bytes=mem, started_at=990.0)
+    return KillCandidate(name=name, kind=WorkloadKind.TASK, owner=name, rank=None, pid=pid, memory_bytes=mem,
+                         started_at=990.0)
 
 
 def test_memory_that_cannot_be_read_counts_as_a_full_node_and_the_monitor_says_so(caplog):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, Candidate, PolicyConfig
+from outlast.isolation.policy import Action, KillCandidate, PolicyConfig, WorkloadKind
 from outlast.isolation.reservations import GiB, MiB, compute_reservations
 
 RES = compute_reservations(4 * GiB, None, 2, reserved_memory=1 * GiB)
@@ -40,13 +40,14 @@ class Clock:
 
 def node():
     d, clock = FakeDriver(), Clock()
-    n = NodeIsolation(d, RES, "n1", PolicyConfig(kill_at=0.95, target=0.90, settle_s=2.0), clock=clock)
+    n = NodeIsolation(d, RES, "n1", PolicyConfig(kill_at=0.95, target=0.90, reclaim_wait_s=2.0), clock=clock)
     n._arm()
     return n, d, clock
 
 
 def task(name, pid, age, mem):
-    return Candidate(name=name, kind="task", owner=name, rank=None, pid=pid, memory_bytes=mem, started_at=1000.0 - age)
+    return KillCandidate(name=name, kind=WorkloadKind.TASK, owner=name, rank=None, pid=pid, memory_bytes=mem,
+                         started_at=1000.0 - age)
 
 
 def test_no_kill_below_the_threshold_and_a_kill_with_report_above_it():
@@ -67,7 +68,7 @@ def test_after_a_kill_it_waits_for_the_reap_and_the_memory_then_judges_again():
     assert n.check(workers, {1, 2}, "t").action is Action.WAIT  # the victim is not reaped yet
     n.note_reaped(2)
     assert n.check(workers[:1], {1}, "t").action is Action.WAIT  # memory not back yet
-    clock.now += 2.5  # settle time over: judge again, and the old one is all that is left
+    clock.now += 2.5  # the wait for memory to come back is over: judge again, and the old one is all that is left
     decision = n.check(workers[:1], {1}, "t")
     assert decision.action is Action.KILL and [v.name for v in decision.victims] == ["old"]
 

@@ -1,6 +1,6 @@
 from outlast.isolation.policy import (
-    Action, Candidate, Cooldown, MemorySample, PolicyConfig, cooldown_over, judge, rank_for_killing, render_report,
-    work_at_risk,
+    Action, Cooldown, KillCandidate, MemorySample, PolicyConfig, cooldown_over, judge, rank_for_killing, render_report,
+    WorkloadKind, work_at_risk,
 )
 
 MiB = 1024**2
@@ -9,14 +9,14 @@ CFG = PolicyConfig(kill_at=0.95, target=0.90)
 
 
 def task(name, age, mem=100 * MiB, **kw):
-    return Candidate(name=name, kind="task", owner=name, rank=None, pid=hash(name) % 10**6, memory_bytes=mem,
-                     started_at=NOW - age, **kw)
+    return KillCandidate(name=name, kind=WorkloadKind.TASK, owner=name, rank=None, pid=hash(name) % 10**6,
+                         memory_bytes=mem, started_at=NOW - age, **kw)
 
 
 def trainer(name, age, world, last_commit_ago=None, mem=100 * MiB, rank=0):
-    return Candidate(name=name, kind="training", owner="run1", rank=rank, pid=hash(name) % 10**6, memory_bytes=mem,
-                     started_at=NOW - age, run_world_size=world,
-                     last_commit_at=None if last_commit_ago is None else NOW - last_commit_ago)
+    return KillCandidate(name=name, kind=WorkloadKind.TRAINING, owner="run1", rank=rank, pid=hash(name) % 10**6,
+                         memory_bytes=mem, started_at=NOW - age, run_world_size=world,
+                         last_commit_at=None if last_commit_ago is None else NOW - last_commit_ago)
 
 
 def sample(counted_mib, limit_mib=1000, stalled=False):
@@ -48,10 +48,10 @@ def test_non_retriable_tasks_go_last_whatever_their_age():
 
 
 def test_ties_go_to_the_newest():
-    a = Candidate(name="a", kind="training", owner="r", rank=0, pid=1, memory_bytes=1, started_at=NOW - 50,
-                  run_world_size=2, last_commit_at=NOW - 5)
-    b = Candidate(name="b", kind="training", owner="r", rank=1, pid=2, memory_bytes=1, started_at=NOW - 20,
-                  run_world_size=2, last_commit_at=NOW - 5)
+    a = KillCandidate(name="a", kind=WorkloadKind.TRAINING, owner="r", rank=0, pid=1, memory_bytes=1,
+                      started_at=NOW - 50, run_world_size=2, last_commit_at=NOW - 5)
+    b = KillCandidate(name="b", kind=WorkloadKind.TRAINING, owner="r", rank=1, pid=2, memory_bytes=1,
+                      started_at=NOW - 20, run_world_size=2, last_commit_at=NOW - 5)
     assert [c.name for c in rank_for_killing([a, b], NOW)] == ["b", "a"]
 
 
@@ -104,8 +104,8 @@ def test_after_a_kill_judging_waits_for_the_reap_and_for_memory_to_come_back():
 
 def test_one_worker_of_a_run_is_enough_and_it_is_the_biggest():
     hog = trainer("r0", age=10, world=2, mem=900 * MiB, rank=0)
-    small = Candidate(name="r1", kind="training", owner="run1", rank=1, pid=77, memory_bytes=10 * MiB,
-                      started_at=NOW - 9.99, run_world_size=2)
+    small = KillCandidate(name="r1", kind=WorkloadKind.TRAINING, owner="run1", rank=1, pid=77, memory_bytes=10 * MiB,
+                          started_at=NOW - 9.99, run_world_size=2)
     d = judge(sample(990), [small, hog], NOW, CFG, "threshold", "n1")
     # Killing either restarts the run; the one holding the memory goes, its sibling is counted, not killed.
     assert [v.name for v in d.victims] == ["r0"]

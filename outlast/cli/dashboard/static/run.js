@@ -102,7 +102,7 @@ function timeline(d) {
       const fx = x(f.time), fy = y("failures") + 6;
       svg.append(s("g", { class: "tl-failure", "data-attempt": a.attempt, "data-rank": f.rank, "data-x": fx.toFixed(1), "data-root": i === 0 ? "1" : "0" },
         s("path", { d: `M${fx - 6},${fy} L${fx + 6},${fy} L${fx},${fy + 11} Z`, opacity: i === 0 ? 1 : 0.45 }),
-        i === 0 ? s("text", { x: fx + 8, y: fy + 10 }, `r${f.rank} ${f.signal || f.exc_type || "exit " + f.exit_code}`) : s("text", {}, ""),
+        i === 0 ? s("text", { x: fx + 8, y: fy + 10 }, `r${f.rank} ${f.signal || f.exc_type || f.kind || "exit " + f.exit_code}`) : s("text", {}, ""),
         s("title", {}, `attempt ${a.attempt}, rank ${f.rank} on ${f.node_id || "?"} at ${clock(f.time)}: ${f.cause}` + (i ? " (taken down with the root cause)" : " (root cause)"))));
     });
   });
