@@ -46,7 +46,7 @@ def _refused(frames: list[bytes], e: BadMessage) -> g.RefusedFromWorker | None:
 
 
 class AgentGroup:
-    def __init__(self, ctx: zmq.Context, head_address: str, key: ClusterKey | None, bind_host: str = "127.0.0.1",
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], head_address: str, key: ClusterKey | None, bind_host: str = "127.0.0.1",
                  clock: Callable[[], float] = time.monotonic,
                  output: Callable[[m.WorkerOutput], None] | None = None) -> None:
         self.ctx = ctx
@@ -60,7 +60,7 @@ class AgentGroup:
         self._table: list[m.NodeInfo] = []  # the last table the head (or the store) gave
         self._store = StoreTable.from_env(key)  # a cluster in etcd: the table from a watch, not from a head
         self._addresses: dict[str, str] = {}  # node id -> its agent's address, from the last table
-        self._links: dict[str, zmq.Socket] = {}
+        self._links: dict[str, zmq.Socket[bytes]] = {}
         self._linked_to: dict[str, str] = {}  # node id -> the address its link was made to
         self._gone_told: set[tuple[str, int]] = set()  # (node id, agent pid) already reported gone
         self._poller = zmq.Poller()
@@ -168,7 +168,7 @@ class AgentGroup:
             out.append(g.FromWorker(msg))
         return out
 
-    def _agent_events(self, sock: zmq.Socket) -> list[g.InEvent]:
+    def _agent_events(self, sock: zmq.Socket[bytes]) -> list[g.InEvent]:
         node_id = next((n for n, link in self._links.items() if link is sock), "")
         out: list[g.InEvent] = []
         for _, event in receive_all(sock, AGENT_EVENTS, f"message from node {node_id}"):

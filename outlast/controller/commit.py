@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from outlast.protocol.messages import FileEntry
 
@@ -40,7 +41,7 @@ class PendingCheckpoint:
     index: int
     checkpoint_dir: str
     files: dict[int, list[FileEntry]] = field(default_factory=dict)  # rank -> its files
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
     awaiting: set[int] = field(default_factory=set)  # ranks whose asynchronous upload is still running
     began_with: dict[int, list[FileEntry]] = field(default_factory=dict)  # rank -> what its upload began with
     waiting: set[int] = field(default_factory=set)  # ranks blocked in report() until the commit
@@ -78,8 +79,9 @@ class CommitTracker:
         self.reports = [0] * world_size
         # How many surviving ranks have made each number of reports, and the least of those numbers:
         # counts only grow, so the least moves forward and each report costs O(1), not O(ranks).
-        self._made: dict[int, int] = {0: world_size} if world_size else {}
-        self._least = 0 if world_size else float("inf")
+        # Keyed by float as the least is infinite once no rank survives.
+        self._made: dict[float, int] = {0: world_size} if world_size else {}
+        self._least: float = 0 if world_size else float("inf")
         self.lost: set[int] = set()
         self._pending: dict[int, PendingCheckpoint] = {}
         # Ranks that contributed to the last whole checkpoint: rule (b) of the module docstring.
@@ -88,11 +90,11 @@ class CommitTracker:
         # or after its loss the lowest surviving rank. Kept for reports not yet made by every
         # surviving rank; keys only grow, so the oldest is first.
         self._lead: int | None = 0
-        self._lead_metrics: dict[int, dict] = {}
+        self._lead_metrics: dict[int, dict[str, Any]] = {}
         self._early_uploads: dict[tuple[int, int], tuple[str, list[FileEntry], str | None]] = {}
 
     def on_report(
-        self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict,
+        self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],
         upload_pending: bool = False, upload_files: list[FileEntry] | None = None,
     ) -> list[PendingCheckpoint]:
         """Record report `index` of `rank`; return the checkpoints that just settled, oldest first.

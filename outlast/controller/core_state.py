@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.collectives import CollectiveTracker
 from outlast.controller.commit import CommitTracker
 from outlast.controller.commits import Commits, NodeFacts, View
-from outlast.controller.group import Effect, ToRank
+from outlast.controller.group import Effect, Spawn, ToRank
 from outlast.controller.hangs import HangWatch
 from outlast.controller.horizons import HorizonBook
 from outlast.controller.nodes import NodeBook
@@ -47,7 +47,7 @@ class Restoring:
 
     attempt: AttemptState
     checkpoint_dir: str
-    spawns: list  # the attempt's Spawn effects, held back until then
+    spawns: list[Spawn]  # the attempt's Spawn effects, held back until then
     left: set[int]  # the pulls not answered yet
     then: str  # where a rank's files come from when no pull brings them
 
@@ -82,7 +82,7 @@ class CoreState:
         self.resizes = Resizes(plan.elastic)
         self.retention = RetentionRule(plan.num_to_keep, plan.score_attribute, plan.score_order)
         self.hangs: HangWatch | None = None
-        self.last_metrics: dict | None = None
+        self.last_metrics: dict[str, Any] | None = None
         self.failures: list[FailureRecord] = []
         self.error: TrainingFailedError | None = None
         self.closing = False  # the run is over; waiting for storage to answer what it was given

@@ -27,8 +27,9 @@ _UNSEEN = object()
 
 
 class LeaseKeeper:
-    def __init__(self, store: RunStore, ttl_s: float, clock=time.monotonic, wall=time.time, sleep=time.sleep,
-                 alive=holder_alive, host: str | None = None) -> None:
+    def __init__(self, store: RunStore, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 alive: Callable[[Lease], bool] = holder_alive, host: str | None = None) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.clock = clock

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from outlast.protocol.messages import FileEntry
+from outlast.protocol.messages import FileEntry, Msg
 from outlast.storage.records import Manifest
 
 # ---- effects out ------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class TierAsk:
     id: int
     node_id: str
     address: str  # the node's tier server
-    msg: object  # a TierHold, TierCommit or TierPull
+    msg: Msg  # a TierHold, TierCommit or TierPull
     timeout_s: float = 600.0
 
 

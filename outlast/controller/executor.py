@@ -18,6 +18,8 @@ import time
 from collections import deque
 from typing import Callable
 
+import tenacity
+
 from outlast.controller import effects as fx
 from outlast.controller import storage_io
 from outlast.controller.wakeup import Wakeup
@@ -144,7 +146,7 @@ class StorageExecutor:
                 self._answers.append(event)
             self._wakeup.ring()
 
-    def _say_retry(self, state) -> None:
+    def _say_retry(self, state: tenacity.RetryCallState) -> None:
         e = state.outcome.exception() if state.outcome is not None else None
         log.warning("storage call failed (%s); retrying in %.1f s (for %.0f s of waiting in all: "
                     "OUTLAST_STORAGE_RETRY_S)", e, state.next_action.sleep if state.next_action else 0.0,

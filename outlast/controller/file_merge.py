@@ -35,7 +35,7 @@ class DuplicateFiles(enum.Enum):
     FAIL = "fail"
 
     @classmethod
-    def _missing_(cls, value):
+    def _missing_(cls, value: object) -> DuplicateFiles | None:
         return cls.KEEP_RANK0 if value == "keep_one" else None  # the former name, for configs that say it
 
 

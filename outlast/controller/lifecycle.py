@@ -18,7 +18,7 @@ from outlast.controller import states as st
 from outlast.controller.attempt_verdict import judge_attempt
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import QueryTable, Spawn, ToNode
+from outlast.controller.group import Effect, QueryTable, Spawn, ToNode
 from outlast.controller.heartbeat import heartbeat
 from outlast.controller.horizons import HorizonBook
 from outlast.controller.placement import NoCapacity
@@ -142,7 +142,7 @@ def place(c: CoreState, now: float) -> None:
     if len(by_node) > 1:
         log.info("attempt %d: ranks placed on %s", a.number,
                  ", ".join(f"{n} {[s.rank for s in specs]}" for n, specs in by_node.items()))
-    sends: list = []
+    sends: list[Effect] = []
     for node_id, specs in by_node.items():
         if c.nodes.link(node_id, now):
             sends.append(ToNode(node_id, heartbeat(c)))  # the agent knows the run before its workers
@@ -186,6 +186,7 @@ def judge_if_all_exited(c: CoreState) -> None:
         c.go(Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)
         return
+    assert verdict.error is not None  # a verdict that does not retry always carries its error
     c.error = verdict.error
     c.go(Event.GIVE_UP, st.Errored(error=verdict.error, stop_by=c.now))
     ending.close_if_stopped(c, c.now)

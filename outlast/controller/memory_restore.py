@@ -18,7 +18,7 @@ from outlast.controller import effects as fx
 from outlast.controller.commits import MEMORY
 from outlast.controller.commits.holds import REPLICA_TIMEOUT_S
 from outlast.controller.core_state import CoreState, Pull, RestoreRead, Restoring
-from outlast.controller.group import Spawn
+from outlast.controller.group import Effect, Spawn
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.storage.memtier import Candidate, Level, RestoreChoice, choose_restore, ranks_held_nowhere
@@ -160,7 +160,7 @@ def _sources(c: CoreState, restore: str, node: str, rank: int) -> list[str]:
                   and c.nodes.tier_of(n))
 
 
-def pull_then(c: CoreState, a: AttemptState, sends: list) -> None:
+def pull_then(c: CoreState, a: AttemptState, sends: list[Effect]) -> None:
     """Each node of the attempt first pulls, from a node that holds the checkpoint it restores in memory, the
     files of every rank it lacks (`TierPull`); its ranks are started once every pull has answered, kept or not.
     So a restore reads this node's RAM, then a peer's, then storage (which a "memory" run lacks), each copy

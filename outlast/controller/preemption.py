@@ -18,6 +18,7 @@ deadline the verdict names the bytes still in flight and their rate.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -51,7 +52,8 @@ class Preemption:
 
     @classmethod
     def begin(cls, notice: m.NodeDraining, placement: dict[int, str], node_ids: list[str], reports: list[int],
-              now: float, wall: float, grace_s: float, exited=()) -> "Preemption":
+              now: float, wall: float, grace_s: float,
+              exited: Collection[int] = ()) -> "Preemption":
         """`placement`: rank -> node of the attempt; ranks in `exited` are gone already."""
         node_to_ranks: dict[str, list[int]] = {n: [] for n in node_ids}
         for rank, node in sorted(placement.items()):
@@ -62,7 +64,7 @@ class Preemption:
                    deadline=now + window_s(notice, wall, grace_s), reports_at_notice=list(reports),
                    node_to_ranks=node_to_ranks)
 
-    def widen(self, notice: m.NodeDraining, placement: dict[int, str], exited=()) -> list[str]:
+    def widen(self, notice: m.NodeDraining, placement: dict[int, str], exited: Collection[int] = ()) -> list[str]:
         """Another drain while saving for this one (a whole Slurm job, drained node by node): its nodes of the
         attempt join this preemption, so that a rank told from now on hears of every node. Returns the nodes
         added."""
@@ -86,7 +88,7 @@ class Preemption:
         self.deadline = deadline
         return deadline - now
 
-    def saved_by(self, index: int, ranks_with_files, watched: bool) -> bool:
+    def saved_by(self, index: int, ranks_with_files: Iterable[int], watched: bool) -> bool:
         """Whether checkpoint `index` is the loop's answer to this notice. A loop that asks
         get_preemption_info() gets to save its just-in-time checkpoint: only one saved after the
         notice reached it counts. A loop that never asks has its first checkpoint reported after the

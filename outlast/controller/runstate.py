@@ -9,6 +9,7 @@ atomically, so a crash at any point leaves the previous version readable. Only `
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import msgspec
 
@@ -247,7 +248,7 @@ class RunBook:
         self.state.checkpoints = [c for c in self.state.checkpoints if c.checkpoint_dir not in names]
         self._save()
 
-    def finish(self, status: str, error: str | None = None, last_metrics: dict | None = None) -> None:
+    def finish(self, status: str, error: str | None = None, last_metrics: dict[str, Any] | None = None) -> None:
         self.state.status = status
         self.state.error = error
         if last_metrics is not None:

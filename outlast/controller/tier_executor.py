@@ -24,7 +24,7 @@ log = logging.getLogger("outlast.controller")
 
 
 class TierExecutor:
-    def __init__(self, ctx: zmq.Context, key: ClusterKey | None, threads: int = 4) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], key: ClusterKey | None, threads: int = 4) -> None:
         self._ctx, self._key = ctx, key
         # Daemon threads: a request still waiting on a dead node when the run ends must not keep the
         # driver's process from exiting (a pool's threads are joined at exit).

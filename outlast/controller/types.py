@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -81,7 +82,7 @@ class AttemptState:
     checkpoint_queries: dict[int, int] = field(default_factory=dict)  # rank -> its reports, until answered
     stopped_at: float | None = None  # when its workers were first told to stop (SIGTERM, SIGKILL after the grace)
 
-    def ranks_on(self, node_ids) -> list[int]:
+    def ranks_on(self, node_ids: Collection[str]) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)
 
     def all_exited(self, world_size: int) -> bool:
