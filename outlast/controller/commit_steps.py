@@ -10,8 +10,9 @@ before their delete, so a crash in between leaves only garbage).
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from outlast.controller import effects as fx
 from outlast.controller import ending, lifecycle
@@ -158,7 +159,7 @@ def apply_retention(c: CoreState) -> None:
     c.book.forget_checkpoints({d.checkpoint_dir for d in doomed})
     c.write_state()
     for d in doomed:
-        c.ask_storage(lambda i, name=d.checkpoint_dir: fx.DeleteCheckpoint(i, name))
+        c.ask_storage(functools.partial(fx.DeleteCheckpoint, checkpoint_dir=d.checkpoint_dir))
 
 
 def _note_memory(c: CoreState, out: ce.NoteMemory) -> None:
@@ -186,7 +187,7 @@ def _note(c: CoreState, out: ce.NoteOnce) -> None:
         log.debug("%s", out.debug)
 
 
-OUTCOMES: dict[type, Callable] = {
+OUTCOMES: dict[type, Callable[[CoreState, Any], None]] = {
     ce.CommitDone: _committed, ce.CommitRefused: _commit_failed, ce.UploadsChecked: _uploads_checked,
     ce.UploadsEnded: _uploads_ended, ce.HeadLost: _head_lost, ce.DurableDone: _durable_done,
     ce.RecordCommit: _record_commit, ce.NoteMemory: _note_memory, ce.NoteFiles: _note_files,

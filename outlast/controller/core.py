@@ -23,7 +23,7 @@ the wait for them is over) and storage has answered every effect.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from outlast.controller import (
     commit_steps, ending, handlers, hang_steps, lifecycle, memory_restore, on_workers, preempt_steps,
@@ -172,13 +172,13 @@ def _on_storage_slow(c: ControllerCore, event: fx.StorageSlow) -> None:
 
 # Storage's answers, by what they say: the commit machine asked for the manifests written, the checksums read and
 # the uploads found; a new attempt for the manifests read; the rest (run states, deletes) needs nothing more.
-ANSWERS: dict[type, Callable] = {
+ANSWERS: dict[type, Callable[[CoreState, Any], None]] = {
     fx.StorageDone: lambda c, e: None, fx.ManifestWritten: commit_steps.step, fx.ChecksumsRead: commit_steps.step,
     fx.UploadsFound: commit_steps.step, fx.ManifestsRead: lifecycle.on_manifests_read,
 }
 STORAGE_EVENTS = (*ANSWERS, fx.StorageFailed, fx.StorageSlow, fx.TierAnswered)
 
-EVENTS: dict[type, Callable] = {
+EVENTS: dict[type, Callable[[ControllerCore, Any], None]] = {
     FromWorker: _on_worker, RefusedFromWorker: _on_refused, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
     Started: _on_started, LeaseLost: _on_lease_lost, Interrupted: _on_interrupted, Tick: lambda c, e: None,
     **{answer: _on_storage_done for answer in ANSWERS}, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,

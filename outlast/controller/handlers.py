@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import Any, Callable
 
 from outlast.controller import commit_steps, ending, lifecycle, on_workers, preempt_steps
 from outlast.controller import states as st
@@ -68,7 +69,7 @@ def on_node_draining(c: CoreState, node_id: str, notice: m.NodeDraining) -> None
         return
     if isinstance(s, (st.Preempting, st.Saved)):
         added = s.preemption.widen(notice, a.placement, a.exited) if a is not None else []
-        if added:
+        if added and a is not None:  # nodes are added only to an attempt's preemption
             log.warning("node%s %s of attempt %d %s draining too; ranks %s are preempted", "s"[:len(added) - 1],
                         ", ".join(added), a.number, "are" if len(added) > 1 else "is", s.preemption.ranks)
         left = s.preemption.tighten(notice, now, c.wall(), grace)
@@ -205,7 +206,7 @@ def _failure_record(ev: m.WorkerExited, wall: float) -> FailureRecord:
     )
 
 
-AGENT_EVENTS = {
+AGENT_EVENTS: dict[type, Callable[[CoreState, str, Any], None]] = {
     m.WorkerExited: lambda c, node_id, ev: on_worker_exited(c, ev), m.WorkerStarted: _on_started,
     m.NodeDraining: on_node_draining, m.SpawnRefused: on_spawn_refused, m.Pong: _on_pong,
 }

@@ -8,9 +8,11 @@ Plain functions over the core's state (`core_state.CoreState`), found by the mes
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable
 
 from outlast.controller import commit_steps, ending, hang_steps, lifecycle, preempt_steps
 from outlast.controller import states as st
+from outlast.controller.collectives import Overdue, PendingCollective
 from outlast.controller.commits.events import Reported
 from outlast.controller.core_state import CoreState
 from outlast.controller.states import Event, State
@@ -130,14 +132,14 @@ def on_collective(c: CoreState, a: AttemptState, msg: m.CollectiveRequest) -> No
         reply_collective(c, complete)
 
 
-def reply_collective(c: CoreState, complete) -> None:
+def reply_collective(c: CoreState, complete: PendingCollective) -> None:
     reply = m.CollectiveReply(seq=complete.seq, payload=complete.payload)
     for rank in range(c.plan.world_size):
         if rank not in c.collectives.lost:
             c.send_to_rank(rank, reply)
 
 
-def on_overdue_collective(c: CoreState, o) -> None:
+def on_overdue_collective(c: CoreState, o: Overdue) -> None:
     if not o.timed_out:
         log.warning("%s #%d has waited %.0f s for ranks %s", o.op, o.seq, o.waited_s, o.missing)
         return
@@ -166,7 +168,7 @@ def on_refused(c: CoreState, attempt: int, rank: int, reason: str) -> None:
             signal=None, time=c.wall(), kind=FailureKind.REFUSED_MESSAGE, message=reason))
 
 
-WORKER_MESSAGES = {
+WORKER_MESSAGES: dict[type, Callable[[CoreState, AttemptState, Any], None]] = {
     m.Report: on_report, m.UploadDone: _on_upload_done, m.WorkerHello: _on_hello, m.SetUp: _on_set_up,
     m.CollectiveRequest: on_collective,
     m.PreemptionQuery: _on_query, m.Progress: _on_watch, m.StackDump: _on_watch, m.WorkerDone: _on_done,
