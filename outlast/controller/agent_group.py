@@ -46,7 +46,8 @@ def _refused(frames: list[bytes], e: BadMessage) -> g.RefusedFromWorker | None:
 
 
 class AgentGroup:
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], head_address: str, key: ClusterKey | None, bind_host: str = "127.0.0.1",
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], head_address: str, key: ClusterKey | None,
+                 bind_host: str = "127.0.0.1",
                  clock: Callable[[], float] = time.monotonic,
                  output: Callable[[m.WorkerOutput], None] | None = None) -> None:
         self.ctx = ctx

@@ -17,6 +17,7 @@ from outlast.protocol import messages as m
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
+    from outlast.controller.effects import StorageEffect, TierAsk
 
 # Seconds: a report's wait spans a fast local commit to a slow upload of a large checkpoint.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -93,7 +94,8 @@ class RunMetrics:
                        d.restores, d.preemptions, d.notice_to_commit):
             series.labels(name)  # shown at zero from the start
 
-    def observe(self, event: Any, effects: list[g.Effect], core: "ControllerCore", start: float, end: float) -> None:
+    def observe(self, event: Any, effects: list[g.Effect | StorageEffect | TierAsk], core: "ControllerCore",
+                start: float, end: float) -> None:
         history = core.book.state
         if self._failures_seen is None:  # a resumed run's earlier failures and commits are history, not news
             self._failures_seen = dict(history.failure_counts)
@@ -107,11 +109,11 @@ class RunMetrics:
             if c.seq > self._seq:
                 self._seq = c.seq
                 self._on_committed(c.attempt, c.report_index, start, end)
-        for kind, count in core.book.state.failure_counts.items():
-            new = count - self._failures_seen.get(kind, 0)
+        for failure_kind, count in core.book.state.failure_counts.items():
+            new = count - self._failures_seen.get(failure_kind, 0)
             if new > 0:
-                self.d.failures.labels(self.name, kind).inc(new)
-                self._failures_seen[kind] = count
+                self.d.failures.labels(self.name, failure_kind).inc(new)
+                self._failures_seen[failure_kind] = count
         kind = core.state.kind
         if kind != self._kind and kind == State.PREEMPTING:
             self.d.preemptions.labels(self.name).inc()

@@ -20,7 +20,7 @@ from outlast.protocol import messages as m
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
-    from outlast.controller.effects import StorageSlow
+    from outlast.controller.effects import StorageEffect, StorageSlow, TierAsk
 
 log = logging.getLogger("outlast.progress")
 
@@ -90,7 +90,8 @@ class ProgressLine:
         self._shown: tuple[str, str] | None = None
         self._last_draw = float("-inf")
 
-    def observe(self, event: Any, effects: list, core: "ControllerCore", start: float, end: float) -> None:
+    def observe(self, event: Any, effects: list[g.Effect | StorageEffect | TierAsk], core: "ControllerCore",
+                start: float, end: float) -> None:
         if isinstance(event, g.FromWorker) and isinstance(event.msg, m.RestoreProgress):
             self._on_restore(event.msg, start)
         if self._fetch is not None and core.attempt is not None and core.attempt.number != self._fetch.attempt:

@@ -20,6 +20,7 @@ from outlast.storage.run_store import RunStore
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
+    from outlast.controller.effects import StorageEffect, TierAsk
 
 log = logging.getLogger("outlast.controller")
 
@@ -39,7 +40,8 @@ class ReportLog:
         self._failing = False
         self._thread: threading.Thread | None = None
 
-    def observe(self, event: Any, effects: list, core: "ControllerCore", start: float, end: float) -> None:
+    def observe(self, event: Any, effects: list[g.Effect | StorageEffect | TierAsk], core: "ControllerCore",
+                start: float, end: float) -> None:
         if not (isinstance(event, g.FromWorker) and isinstance(event.msg, m.Report) and event.msg.rank == 0):
             return
         msg = event.msg

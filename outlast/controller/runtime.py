@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from outlast.controller import effects as fx
 from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
-from outlast.controller.group import Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup
+from outlast.controller.group import (
+    Effect, InEvent, Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup,
+)
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
 
@@ -29,7 +31,8 @@ POLL_S = 0.1
 
 
 class StepWatcher(Protocol):
-    def observe(self, event, effects: list, core: ControllerCore, start: float, end: float) -> None: ...
+    def observe(self, event: Any, effects: list[Effect | fx.StorageEffect | fx.TierAsk], core: ControllerCore,
+                start: float, end: float) -> None: ...
 
 
 class Controller:
@@ -89,7 +92,7 @@ class Controller:
         if self.core.error is not None:
             raise self.core.error
 
-    def _step(self, event) -> None:
+    def _step(self, event: InEvent | fx.StorageEvent | fx.TierAnswered) -> None:
         start = self.clock()
         effects = self.core.step(event, start)
         for watcher in self.watchers:
