@@ -15,7 +15,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from outlast.isolation.policy import WorkloadKind, render_report
+from outlast.isolation.policy import render_report
+from outlast.protocol.kinds import WorkloadKind
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 

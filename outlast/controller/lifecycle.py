@@ -15,7 +15,8 @@ import signal
 from outlast.controller import effects as fx
 from outlast.controller import ending, memory_restore, resize
 from outlast.controller import states as st
-from outlast.controller.attempt_verdict import judge_attempt
+from outlast.controller.attempt_verdict import (AddFailure, AttemptFacts, AttemptVerdict, EndAttempt, FailAttempt,
+                                               HistoryNote, SkipRestored, judge_attempt)
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import Effect, QueryTable, Spawn, ToNode
@@ -25,6 +26,7 @@ from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import caused_by_drain
 from outlast.controller.preempt_steps import answer, jit_uploads, preemption, room_elsewhere
 from outlast.controller.preemption import Preemption
+from outlast.controller.runstate import RunBook
 from outlast.controller.states import Event
 from outlast.controller.types import AttemptState
 from outlast.protocol.kinds import FailureKind
@@ -179,9 +181,11 @@ def judge_if_all_exited(c: CoreState) -> None:
         preemption = None
     preemption = preemption or preempted_by_drain(c, a)
     verdict = c.resizes.end_if_resized(c.book, a.number, p.world_size, a.failures, preemption,
-                                       c.commit_tracker.reports, c.wall()) \
-        or judge_attempt(c.book, a.number, a.failures, c.failures, resize.for_judging(preemption),
-                         p.max_failures, p.max_preemption_failures, c.wall(), a.hello, a.set_up)
+                                       c.commit_tracker.reports) \
+        or judge_attempt(AttemptFacts.of(c.book, a.number), a.number, a.failures, c.failures,
+                         resize.for_judging(preemption), p.max_failures, p.max_preemption_failures, a.hello, a.set_up)
+    write_verdict(c.book, verdict, c.wall())
+    c.failures += verdict.blamed
     if verdict.retry:
         c.go(Event.RETRY, st.Placing(place_by=None))
         enter_placing(c, c.now)
@@ -190,6 +194,23 @@ def judge_if_all_exited(c: CoreState) -> None:
     c.error = verdict.error
     c.go(Event.GIVE_UP, st.Errored(error=verdict.error, stop_by=c.now))
     ending.close_if_stopped(c, c.now)
+
+
+def write_verdict(book: RunBook, verdict: AttemptVerdict, wall: float) -> None:
+    """Write an attempt's verdict to the run's history, in the order the verdict gives its changes."""
+    for change in verdict.changes:
+        if isinstance(change, FailAttempt):
+            book.fail_attempt(change.root, change.budget, wall)
+        elif isinstance(change, AddFailure):
+            book.add_failure(change.record)
+        elif isinstance(change, SkipRestored):
+            fallback = book.skip_checkpoint(change.checkpoint_dir, change.reason, wall)
+            log.warning("%s; restarting from %s instead (not counted against max_failures)", change.reason,
+                        fallback or "scratch")
+        elif isinstance(change, HistoryNote):
+            book.note_once(change.text, wall)
+        elif isinstance(change, EndAttempt):
+            book.end_attempt(change.outcome, wall)
 
 
 def preempted_by_drain(c: CoreState, a: AttemptState) -> Preemption | None:

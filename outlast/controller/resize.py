@@ -32,7 +32,7 @@ from outlast.controller.placement import NodeView, NoCapacity, Placement, place
 from outlast.controller.policy import is_symptom, is_users_error
 from outlast.controller.preemption import Preemption, Verdict
 from outlast.controller.runstate import RunBook
-from outlast.controller.attempt_verdict import AttemptVerdict
+from outlast.controller.attempt_verdict import AttemptVerdict, EndAttempt
 from outlast.controller.upload_estimate import Estimate
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
@@ -112,14 +112,14 @@ class Resizes:
         return Grow(to, f"room for {to} workers (now {current}) on nodes that are not draining")
 
     def end_if_resized(self, book: RunBook, attempt: int, world_size: int, failures: list[FailureRecord],
-               preemption: Preemption | None, reports: list[int], wall: float) -> AttemptVerdict | None:
-        """End the attempt as resized, with no budget charged, if capacity alone ended it; else None."""
+                       preemption: Preemption | None, reports: list[int]) -> AttemptVerdict | None:
+        """End the attempt as resized, with no budget charged, if capacity alone ended it; else None. Reads
+        `book`, and leaves its change to the verdict."""
         why = self._capacity_change(failures, preemption)
         if why is None:
             return None
         self.ended = _Ended(world_size, why, steps_lost(book, attempt, reports))
-        book.end_attempt("resized", wall)
-        return AttemptVerdict(retry=True)
+        return AttemptVerdict(retry=True, changes=(EndAttempt("resized"),))
 
     def _capacity_change(self, failures: list[FailureRecord], preemption: Preemption | None) -> str | None:
         if self.elastic is None:

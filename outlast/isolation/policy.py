@@ -10,16 +10,12 @@ import enum
 from dataclasses import dataclass, field
 
 from outlast.isolation.units import format_bytes
+from outlast.protocol.kinds import WorkloadKind
 from outlast.protocol.messages import ConsideredWorker, KillReport, Resources
 
 POLICY = ("idle workers first; then the least work lost (a task: time since it started; a training worker: "
           "time since its run's last committed checkpoint x the run's worker count); non-retriable last; "
           "newest first on ties")
-
-
-class WorkloadKind(enum.Enum):
-    TRAINING = "training"  # a rank of a training run: killing one restarts the whole run from its last commit
-    TASK = "task"  # an executor task: killing it loses that task's work alone
 
 
 @dataclass(frozen=True)
@@ -176,7 +172,7 @@ def build_report(sample: MemorySample, candidates: list[KillCandidate], victims:
     picked = {c.pid for c in victims}
     runs = _run_starts(candidates)
     considered = [
-        ConsideredWorker(name=c.name, kind=c.kind.value, owner=c.owner, rank=c.rank, pid=c.pid,
+        ConsideredWorker(name=c.name, kind=c.kind, owner=c.owner, rank=c.rank, pid=c.pid,
                          memory_bytes=c.memory_bytes, resources=c.resources, age_s=round(max(now - c.started_at, 0), 3),
                          work_at_risk_s=round(work_at_risk(c, now, runs.get(c.owner)), 3), idle=c.idle, retriable=c.retriable,
                          selected=c.pid in picked)
@@ -209,7 +205,7 @@ def render_report(r: KillReport) -> str:
         "  considered (best victim first):",
     ]
     for w in r.considered:
-        who = f"run {w.owner} rank {w.rank}" if w.kind == WorkloadKind.TRAINING.value else f"task {w.owner}"
+        who = f"run {w.owner} rank {w.rank}" if w.kind is WorkloadKind.TRAINING else f"task {w.owner}"
         flags = "".join([" idle" if w.idle else "", "" if w.retriable else " non-retriable"])
         lines.append(
             f"    {'KILLED ' if w.selected else 'kept   '}{w.name}: {who}, pid {w.pid}, "

@@ -1,4 +1,4 @@
-"""The kinds outlast gives a failure, and the budgets a failed attempt is charged to.
+"""The kinds outlast gives a failure, the budgets a failed attempt is charged to, and the kinds of workload.
 
 A failure record's `kind` is one of `FailureKind`, set by outlast alone; its `exc_type` is only
 ever the name of the exception a rank raised. Both enums are `StrEnum`s whose values are the
@@ -47,3 +47,10 @@ class Budget(StrEnum):
     CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # the restore fell back to an older checkpoint
     DRIVER = "driver"  # the driver died mid-attempt (counted, never limited)
     SETUP = "setup"  # outlast's own set-up failed (the ranks could not meet): a small budget of its own
+
+
+class WorkloadKind(StrEnum):
+    """What a workload on a node is, for the kill policy and its reports."""
+
+    TRAINING = "training"  # a rank of a training run: killing one restarts the whole run from its last commit
+    TASK = "task"  # an executor task: killing it loses that task's work alone

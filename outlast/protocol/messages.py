@@ -15,7 +15,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 from outlast.protocol import paths
-from outlast.protocol.kinds import FailureKind
+from outlast.protocol.kinds import FailureKind, WorkloadKind
 
 # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
 # 5: WorkerError.kind, apart from exc_type
@@ -72,7 +72,7 @@ class ConsideredWorker(msgspec.Struct, frozen=True, kw_only=True):
     """One worker as the kill policy saw it."""
 
     name: str  # its cgroup leaf
-    kind: str  # "training" | "task"
+    kind: WorkloadKind
     owner: str  # run id or task id
     rank: int | None
     pid: int

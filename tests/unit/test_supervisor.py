@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from outlast.agent.supervisor import ExpectedWorkload, Kill, ReleaseLeaf, Send, Supervisor, Warn
-from outlast.isolation.policy import WorkloadKind
+from outlast.protocol.kinds import WorkloadKind
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 

@@ -13,7 +13,8 @@ from outlast.isolation.cgroup_v1 import CgroupV1
 from outlast.isolation.config import IsolationConfig
 from outlast.isolation.errors import IsolationError
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, KillCandidate, PolicyConfig, WorkloadKind
+from outlast.isolation.policy import Action, KillCandidate, PolicyConfig
+from outlast.protocol.kinds import WorkloadKind
 from outlast.isolation.reservations import GiB, compute_reservations
 from tests.fakes.cgroups import v1_tree
 

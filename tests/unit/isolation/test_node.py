@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from outlast.isolation.node import NodeIsolation
-from outlast.isolation.policy import Action, KillCandidate, PolicyConfig, WorkloadKind
+from outlast.isolation.policy import Action, KillCandidate, PolicyConfig
+from outlast.protocol.kinds import WorkloadKind
 from outlast.isolation.reservations import GiB, MiB, compute_reservations
 
 RES = compute_reservations(4 * GiB, None, 2, reserved_memory=1 * GiB)
