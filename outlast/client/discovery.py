@@ -100,10 +100,25 @@ def write_node_file(info: NodeFile) -> None:
     os.replace(tmp, path)
 
 
+# A node file is a few hundred bytes; one larger than this was not written by an agent, and is not read whole.
+NODE_FILE_MAX_BYTES = 64 * 1024
+
+
 def read_node_file() -> NodeFile | None:
+    """The node this machine's agent announced, or None: no file, or one that is not an agent's."""
+    path = node_file_path()
     try:
-        return msgspec.json.decode(node_file_path().read_bytes(), type=NodeFile)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        with path.open("rb") as f:
+            data = f.read(NODE_FILE_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > NODE_FILE_MAX_BYTES:
+        log.warning("ignoring %s: it is larger than a node file can be (%d bytes); remove it if no agent runs here",
+                    path, NODE_FILE_MAX_BYTES)
+        return None
+    try:
+        return msgspec.json.decode(data, type=NodeFile)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from outlast import Executor
 from outlast.cli.main import main as cli_main
+from outlast.client import discovery
 from outlast.storage import StorageError, open_storage
 from outlast.storage.run_store import RunStore
 from outlast.train.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -160,3 +161,12 @@ def test_a_bad_input_gets_an_error_that_says_what_to_do(tmp_path, make, error, s
 def test_the_storage_check_leaves_nothing_behind_in_a_writable_run_directory(tmp_path):
     RunStore(open_storage(tmp_path), "run").check_writable()
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_node_file_larger_than_an_agent_writes_is_not_read_whole(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OUTLAST_HOME", str(tmp_path))
+    path = discovery.node_file_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b'{"pid": 1' + b" " * (discovery.NODE_FILE_MAX_BYTES + 1) + b"}")
+    assert discovery.read_node_file() is None
+    assert "larger than a node file can be" in caplog.text
