@@ -15,7 +15,8 @@ import msgspec
 
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, DrainRecord, FailureRecord, Manifest, OutputFile, ResizeRecord,
+    AttemptRecord, CheckpointRecord, CorruptDocument, DocumentTooLarge, DrainRecord, FailureRecord, Manifest, OutputFile,
+    ResizeRecord,
     RunNote, RunState, SkippedCheckpoint, encode,
 )
 from outlast.storage.run_store import RunStore
@@ -42,6 +43,8 @@ class RunBook:
         """
         try:
             state = store.load_state()
+        except DocumentTooLarge:
+            raise  # not set aside: that would read it whole; the error says how to go on
         except CorruptDocument as e:
             aside = store.set_aside_state(now)
             log.warning("%s; moved it to %s and rebuilt the run's history from its checkpoints", e, aside)

@@ -54,6 +54,9 @@ class SimStorage:
         except KeyError:
             raise FileNotFoundError(path) from None
 
+    def read_head(self, path: str, n: int) -> bytes:
+        return self.read_bytes(path)[:n]
+
     def size(self, path: str) -> int:
         return len(self.read_bytes(path))
 

@@ -38,6 +38,10 @@ class Storage(Protocol):
     def read_bytes(self, path: str) -> bytes:
         """Raise FileNotFoundError when `path` does not exist."""
 
+    def read_head(self, path: str, n: int) -> bytes:
+        """At most the first `n` bytes of `path`: a reader that bounds what it takes (a document from storage
+        is whatever its writer made it). Raise FileNotFoundError when `path` does not exist."""
+
     def exists(self, path: str) -> bool: ...
 
     def size(self, path: str) -> int:

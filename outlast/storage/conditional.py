@@ -3,6 +3,10 @@
 Each store does it its own way: a file system under a POSIX lock (which NFS keeps too), S3
 with conditional PUTs (If-None-Match: * to create, If-Match: ETag to replace), GCS with
 generation preconditions (ifGenerationMatch). The driver lease is built on this alone.
+
+The documents are small, and whoever can write the storage path may make one large: a read takes at
+most `SMALL + 1` bytes, with the version of the whole document, so a caller tells a document cut
+short by its length (`Versioned.whole`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 from outlast.storage.base import Storage, StorageError
+from outlast.storage.records import MAX_SMALL_DOCUMENT_BYTES
 
 if TYPE_CHECKING:
     from outlast.storage.remote import RemoteStorage
@@ -26,9 +31,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("outlast.storage")
 
 
+SMALL = MAX_SMALL_DOCUMENT_BYTES
+
+
 class Versioned(NamedTuple):
-    data: bytes
+    data: bytes  # the document, or its first SMALL + 1 bytes
     version: str  # opaque: whatever the store compares (a digest, an ETag, a generation)
+
+    @property
+    def whole(self) -> bool:
+        return len(self.data) <= SMALL
+
+
+def _digest_version(head: bytes, size: int) -> str:
+    """A version for stores that have none: the digest of a small document; of a larger one, its size with the
+    digest of its head (any change a writer of a small document makes changes it)."""
+    if len(head) <= SMALL:
+        return hashlib.sha256(head).hexdigest()
+    return f"{size}:{hashlib.sha256(head).hexdigest()}"
 
 
 @runtime_checkable
@@ -86,10 +106,12 @@ class LocalConditional:
 
     def read_versioned(self, path: str) -> Versioned | None:
         try:
-            data = (self.root / path).read_bytes()
+            with (self.root / path).open("rb") as f:
+                head = f.read(SMALL + 1)
+                size = os.fstat(f.fileno()).st_size
         except FileNotFoundError:
             return None
-        return Versioned(data, hashlib.sha256(data).hexdigest())
+        return Versioned(head, _digest_version(head, size))
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
         from outlast.storage.local import LocalStorage
@@ -101,7 +123,7 @@ class LocalConditional:
                 if (current.version if current else None) != expected:
                     return None
                 LocalStorage(self.root).write_atomic(path, data)
-                return hashlib.sha256(data).hexdigest()
+                return _digest_version(data[:SMALL + 1], len(data))
         except OSError as e:
             raise StorageError(f"could not write {target}: {e}") from e
 
@@ -118,10 +140,11 @@ class WriteThenCheck:
 
     def read_versioned(self, path: str) -> Versioned | None:
         try:
-            data = self.storage.read_bytes(path)
+            head = self.storage.read_head(path, SMALL + 1)
+            size = self.storage.size(path) if len(head) > SMALL else len(head)
         except FileNotFoundError:
             return None
-        return Versioned(data, hashlib.sha256(data).hexdigest())
+        return Versioned(head, _digest_version(head, size))
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str | None:
         current = self.read_versioned(path)
@@ -129,7 +152,7 @@ class WriteThenCheck:
             return None
         self.storage.write_atomic(path, data)
         after = self.read_versioned(path)
-        return after.version if after is not None and after.data == data else None
+        return after.version if after is not None and after.data == data[:SMALL + 1] else None
 
 
 def _precondition_failed(e: BaseException) -> bool:
@@ -159,7 +182,7 @@ class S3Conditional:
             # One GET returns the body and the ETag of that same body.
             resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
             async with resp["Body"] as body:
-                return Versioned(await body.read(), resp["ETag"])
+                return Versioned(await body.read(SMALL + 1), resp["ETag"])
 
         try:
             versioned: Versioned = sync(fs.loop, get)

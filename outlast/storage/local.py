@@ -176,6 +176,10 @@ class LocalStorage:
     def read_bytes(self, path: str) -> bytes:
         return self._p(path).read_bytes()
 
+    def read_head(self, path: str, n: int) -> bytes:
+        with self._p(path).open("rb") as f:
+            return f.read(n)
+
     def exists(self, path: str) -> bool:
         return self._p(path).exists()
 

@@ -238,6 +238,23 @@ class CorruptDocument(ValueError):
     """A manifest or run-state file that cannot be read; the message names the file."""
 
 
+# The most outlast reads of one document from storage. Whoever can write the storage path writes what the
+# driver reads, and a reader that took a file whole would give that writer the driver's memory. outlast's own
+# are far smaller: a run state of 10,000 attempts, a manifest of 100,000 files or a report segment of
+# REPORTS_PER_SEGMENT reports each stay under 64 MiB; a lease or a checkpoint's marker is a few hundred bytes.
+MAX_DOCUMENT_BYTES = 64 << 20
+MAX_SMALL_DOCUMENT_BYTES = 1 << 20
+
+
+class DocumentTooLarge(CorruptDocument):
+    """A document larger than outlast writes of its kind: not read past the limit, so never taken whole."""
+
+    def __init__(self, where: str, limit: int) -> None:
+        super().__init__(f"{where} is larger than outlast writes of such a document ({limit:,} bytes): it was "
+                         "not read. Look at what wrote it; move it out of the run's directory to go on without it")
+        self.where, self.limit = where, limit
+
+
 class NewerVersionError(RuntimeError):
     """A manifest or run-state file written by a newer outlast: refused as it is, never set aside or rebuilt,
     since what this version would write over it loses what the newer one recorded."""

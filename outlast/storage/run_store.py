@@ -39,9 +39,18 @@ class RunStore:
                 "directory you can write, or a URL your credentials can write"
             ) from e
 
+    def _read_document(self, path: str, limit: int | None = None) -> bytes:
+        """A document of the run's, read no further than `limit` bytes (records.MAX_DOCUMENT_BYTES):
+        `DocumentTooLarge` past it."""
+        limit = r.MAX_DOCUMENT_BYTES if limit is None else limit
+        data = self.storage.read_head(path, limit + 1)
+        if len(data) > limit:
+            raise r.DocumentTooLarge(self.storage.uri(path), limit)
+        return data
+
     def load_state(self) -> r.RunState | None:
         try:
-            data = self.storage.read_bytes(self.path(r.RUN_STATE_NAME))
+            data = self._read_document(self.path(r.RUN_STATE_NAME))
         except FileNotFoundError:
             return None
         return r.decode(data, r.RunState, self.storage.uri(self.path(r.RUN_STATE_NAME)))
@@ -51,7 +60,7 @@ class RunStore:
         if not self._may_write("the unreadable run state aside"):
             return ""
         name = f"{r.RUN_STATE_NAME}.corrupt-{int(now)}"
-        self.storage.write_atomic(self.path(name), self.storage.read_bytes(self.path(r.RUN_STATE_NAME)))
+        self.storage.write_atomic(self.path(name), self._read_document(self.path(r.RUN_STATE_NAME)))
         self.storage.delete(self.path(r.RUN_STATE_NAME))
         return self.storage.uri(self.path(name))
 
@@ -86,7 +95,7 @@ class RunStore:
             raise r.CorruptDocument(f"{checkpoint_dir!r} in {self.storage.uri(self.run_dir)} is not the name of a "
                                     f"checkpoint directory ({problem}): nothing was read there")
         try:
-            data = self.storage.read_bytes(self.path(checkpoint_dir, r.MANIFEST_NAME))
+            data = self._read_document(self.path(checkpoint_dir, r.MANIFEST_NAME))
         except FileNotFoundError:
             return None
         return r.decode(data, r.Manifest, self.storage.uri(self.path(checkpoint_dir, r.MANIFEST_NAME)))
@@ -101,9 +110,12 @@ class RunStore:
                 found[name] = int(name.split("_")[1])
                 continue
             try:
-                marker = naming.decode_marker(self.storage.read_bytes(self.path(name, naming.MARKER_NAME)))
+                marker = naming.decode_marker(self._read_document(self.path(name, naming.MARKER_NAME),
+                                                                  r.MAX_SMALL_DOCUMENT_BYTES))
             except FileNotFoundError:
                 continue
+            except r.DocumentTooLarge:
+                marker = None  # unreadable, as a marker cut short is: it still marks a checkpoint's directory
             found[name] = marker.attempt if marker is not None else None
         return found
 
@@ -154,7 +166,7 @@ class RunStore:
         for first in range(0, 1 << 40, r.REPORTS_PER_SEGMENT):
             where = self.path(r.report_segment_name(attempt, first))
             try:
-                data = self.storage.read_bytes(where)
+                data = self._read_document(where)
             except FileNotFoundError:
                 return out
             segment = r.decode(data, r.ReportSegment, self.storage.uri(where))
@@ -170,6 +182,10 @@ class RunStore:
         current = self._conditional().read_versioned(self.path(LEASE_NAME))
         if current is None:
             return None, None
+        if not current.whole:
+            log.warning("ignoring a driver lease at %s larger than any lease (%d bytes): it was not read",
+                        self.storage.uri(self.path(LEASE_NAME)), r.MAX_SMALL_DOCUMENT_BYTES)
+            return None, current.version
         try:  # the version first: a newer lease may not decode as this one's
             version = msgspec.json.decode(current.data, type=r.DocumentVersion).version
         except (msgspec.DecodeError, msgspec.ValidationError):

@@ -27,7 +27,7 @@ from outlast.storage import naming
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.checksum import hash_file
 from outlast.storage.local import walk_files
-from outlast.storage.records import MANIFEST_NAME
+from outlast.storage.records import MANIFEST_NAME, MAX_SMALL_DOCUMENT_BYTES
 from outlast.storage.tier_restore import restore
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.train._uploads import Uploads, dir_bytes, local_files
@@ -151,7 +151,8 @@ class WorkerSession:
             deadline = time.monotonic() + _MARKER_GRACE_S
             while True:
                 try:
-                    found = naming.decode_marker(self._storage.read_bytes(marker))
+                    head = self._storage.read_head(marker, MAX_SMALL_DOCUMENT_BYTES + 1)
+                    found = naming.decode_marker(head) if len(head) <= MAX_SMALL_DOCUMENT_BYTES else None
                 except FileNotFoundError:
                     found = None
                 if found is not None or time.monotonic() >= deadline:

@@ -43,6 +43,9 @@ class MemoryStorage:
         except KeyError:
             raise FileNotFoundError(path) from None
 
+    def read_head(self, path: str, n: int) -> bytes:
+        return self.read_bytes(path)[:n]
+
     def size(self, path: str) -> int:
         try:
             return len(self.files[path])
