@@ -111,10 +111,19 @@ def plant_decoy(canary: Path) -> None:
     (canary / "ckpt" / r.MANIFEST_NAME).write_bytes(r.encode(manifest))
 
 
+# A document's long strings and bytes: longer than a name or a path may be. A list of a thousand items copies its
+# few generated ones (`Hostile._many`), so 70 KB strings and 1 MiB bytes made documents of up to 64 MB, whose writing and encoding
+# cost the door most of its time; a document larger than the reader takes is refused by its size before it is
+# read (`RunStore._read_document`, tests/unit/test_run_store.py), which needs no fuzzing to show.
+DOCUMENT_STRINGS = ["x" * n for n in (4096, 256)]
+DOCUMENT_ZEROS = [b"\0" * 4096]
+
+
 def hostile(seed: int, canary: Path) -> Hostile:
     """A document's generator: a wrong type now and then only, so that most documents are read past their
     first field; JSON's floats (no NaN)."""
-    return Hostile(random.Random(seed), Targets(str(canary)), wrong=0.005, json=True)
+    return Hostile(random.Random(seed), Targets(str(canary)), wrong=0.005, json=True, long_strings=DOCUMENT_STRINGS,
+                   zeros=DOCUMENT_ZEROS)
 
 
 def read_run(root: Path, canary: Path, seed: int) -> tuple[str, list[str]]:

@@ -64,10 +64,13 @@ def type_info(cls: type) -> mi.Type:
 
 
 class Hostile:
-    def __init__(self, rng: random.Random, targets: Targets, wrong: float = 0.04, json: bool = False) -> None:
+    def __init__(self, rng: random.Random, targets: Targets, wrong: float = 0.04, json: bool = False,
+                 long_strings: list[str] = LONG_STRINGS, zeros: list[bytes] = ZEROS) -> None:
         """`wrong`: how often a field gets a value of another type. `json`: for a JSON document, where a
-        NaN or an infinity is written as null (a wrong type of its own)."""
+        NaN or an infinity is written as null (a wrong type of its own). `long_strings`, `zeros`: the long
+        strings and bytes a field may get."""
         self.rng = rng
+        self._long, self._zeros = long_strings, zeros
         self.wrong = wrong
         self._floats = [f for f in HOSTILE_FLOATS if math.isfinite(f)] if json else HOSTILE_FLOATS
         self.targets = targets
@@ -84,7 +87,7 @@ class Hostile:
         if r < 0.45:
             return self._pick(self._paths)
         if r < 0.55:
-            return self._pick(LONG_STRINGS)
+            return self._pick(self._long)
         if r < 0.65:
             return self._pick(NAMES)
         return "".join(self.rng.choices(CHARS, k=int(self.rng.random() * 13)))
@@ -100,7 +103,7 @@ class Hostile:
         if r < 0.3:
             return b""
         if r < 0.4:
-            return self._pick(ZEROS)
+            return self._pick(self._zeros)
         return self.rng.randbytes(self._pick([1, 7, 16, 32, 33, 255]))
 
     def count(self) -> int:
