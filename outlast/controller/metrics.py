@@ -192,8 +192,7 @@ class _GoodputCollector:
         return []  # read at scrape time only: nothing to check when registering
 
     def collect(self) -> Any:
-        from prometheus_client.core import GaugeMetricFamily
-
+        GaugeMetricFamily = prometheus().metrics_core.GaugeMetricFamily  # the registry that calls this has it
         held = GaugeMetricFamily("outlast_run_held_seconds",
                                  "Wall time this driver's attempts of the run held their workers", labels=["run"])
         parts = GaugeMetricFamily("outlast_run_goodput_seconds",
