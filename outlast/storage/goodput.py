@@ -30,6 +30,8 @@ construction (docs/guide/watching.md says how each is measured):
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from outlast.protocol.kinds import FailureKind
@@ -77,6 +79,8 @@ def split(state: RunState, reports: dict[int, list[ReportEntry]], now: float) ->
     for a in state.attempts:
         start = a.started_at
         end = a.ended_at if a.ended_at is not None else max(now, start)
+        if not (math.isfinite(start) and math.isfinite(end)):
+            continue  # a history that says no time (a number too large for a float) held none that can be told
         got = sorted((r for r in reports.get(a.attempt, []) if start <= r.time <= end), key=lambda r: r.time)
         waits = _waiting(a, end)
         first = got[0].time if got else end
@@ -84,7 +88,7 @@ def split(state: RunState, reports: dict[int, list[ReportEntry]], now: float) ->
         base, reached = progress.enter(a)
         for prev, r in zip(got, got[1:]):
             length = r.time - prev.time
-            stall = min(max(r.stalled_s, 0.0), length)
+            stall = min(max(r.stalled_s, 0.0), length) if math.isfinite(r.stalled_s) else 0.0
             acc["checkpoint_stalls"] += stall
             if base + r.index + 1 <= reached:
                 acc["replayed"] += length - stall

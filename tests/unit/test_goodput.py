@@ -165,3 +165,10 @@ def test_every_part_has_a_field_and_a_label(part):
     from outlast.storage.goodput import LABELS, Goodput
 
     assert f"{part}_s" in Goodput.__struct_fields__ and part in LABELS
+
+
+def test_times_that_are_no_numbers_are_left_out_and_the_parts_still_add_up():
+    s = state(attempt(1, 0.0, math.inf, "failed"), attempt(2, 5.0, 9.0, "finished"))
+    g = split(s, {2: reports([6.0, 7.0, 8.0], stalls={1: math.nan, 2: math.inf})}, now=99.0)
+    adds_up(g, 4.0)
+    assert g.productive_s == 2.0 and g.checkpoint_stalls_s == 0.0
