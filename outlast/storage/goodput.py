@@ -22,7 +22,8 @@ construction (docs/guide/watching.md says how each is measured):
   attempt that went further than the checkpoint restored; else it is productive. Either way, the time the rank
   spent in `report()` with a checkpoint (`ReportEntry.stalled_s`) is taken out as a checkpoint stall;
 - after the attempt's last report: what ended it. A hang, from the last report to its detection
-  (`HangRecord.time`), then a restart; a failure or a resize, a restart (the step in flight at a failure is lost
+  (`HangRecord.time`), then a restart (a hang before the first report stays in the piece before it: nothing marks
+  where it began); a failure or a resize, a restart (the step in flight at a failure is lost
   with it, so the restart begins where the last step that finished ended); a drain notice that reached the
   attempt, a drain; a finished or stopped run, its ending (the last checkpoint's commit, the workers' exit); an
   attempt still going, the step in flight.
