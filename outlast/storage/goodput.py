@@ -98,7 +98,7 @@ def split(state: RunState, reports: dict[int, list[ReportEntry]], now: float) ->
                 acc["productive"] += length - stall
                 steps += 1
         progress.leave(a, base + (got[-1].index + 1 if got else 0))
-        tail, before = _tail(a, hangs.get(a.attempt), drained.get(a.attempt), state.status)
+        tail, before = _tail(a, hangs.get(a.attempt), drained.get(a.attempt))
         last = got[-1].time if got else first
         if tail == "hang":
             detected = min(max(hangs[a.attempt], last), end)
@@ -131,7 +131,7 @@ def _add(acc: dict[str, float], part: str, lo: float, hi: float, waits: tuple[fl
     acc[part] += hi - lo - overlap
 
 
-def _tail(a: AttemptRecord, hang_at: float | None, drain_at: float | None, status: str) -> tuple[str, str]:
+def _tail(a: AttemptRecord, hang_at: float | None, drain_at: float | None) -> tuple[str, str]:
     """What the time after the attempt's last report is, and what the next attempt's start-up is charged to."""
     if a.ended_at is None:
         # Live: the step in flight. A run whose driver died without ending it reads the same until a driver
