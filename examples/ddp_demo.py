@@ -4,7 +4,8 @@ Two CPU workers train a small classifier on a synthetic two-spiral data set with
 DistributedDataParallel (gloo). Rank 0 saves a checkpoint every `--checkpoint-every`
 steps. At `--kill-step`, rank `--kill-rank` is killed with SIGKILL (first attempt
 only): outlast restarts both workers from the latest committed checkpoint and the
-run finishes. The script then prints the run's history from storage.
+run finishes. The script then prints the run's history from storage, and its goodput: of the
+time the run held its workers, the share that went into steps that stayed, and where the rest went.
 
     python examples/ddp_demo.py --kill-rank 1 --kill-step 120
 """
@@ -22,6 +23,9 @@ import time
 import torch
 
 from outlast import train
+from outlast.storage import open_storage
+from outlast.storage.goodput import describe, split
+from outlast.storage.run_store import RunStore
 from outlast.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from outlast.train.torch import TorchTrainer, prepare_model
 
@@ -118,6 +122,12 @@ def main() -> None:
         for failure in attempt["failures"]:
             how = f"signal {failure['signal']}" if failure["signal"] else f"exit code {failure['exit_code']}"
             print(f"  rank {failure['rank']} (pid {failure['pid']}) died: {how}")
+    # Of the time the run held its workers, what went into steps that stayed, and where the rest went
+    # (docs/guide/watching.md; `outlast runs STORAGE_PATH NAME` shows the same).
+    store = RunStore(open_storage(storage), args.name)
+    state = store.load_state()
+    print("\n".join(describe(split(state, {a.attempt: store.read_reports(a.attempt) for a in state.attempts},
+                                   time.time()))))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from outlast.protocol import messages as m
+from outlast.storage.goodput import Goodput
 from outlast.storage.metric_values import stored
 from outlast.storage.records import RunState
 
@@ -69,6 +70,9 @@ class RunDocument(msgspec.Struct, kw_only=True):
     version: Literal[2] = RUN_VERSION
     location: str  # {storage_path}/{name}
     run: RunState
+    # Of the wall time the run held its workers, the seconds of each part (docs/guide/watching.md); it carries a
+    # version of its own. Additive under run version 2: None when the reports could not be read.
+    goodput: Goodput | None = None
 
 
 class LogsDocument(msgspec.Struct, kw_only=True):

@@ -6,7 +6,8 @@ import argparse
 import sys
 import time
 
-from outlast.storage import open_storage
+from outlast.storage import goodput, open_storage
+from outlast.storage.goodput import Goodput
 from outlast.storage.records import RUN_STATE_NAME, CorruptDocument, NewerVersionError, RunState, signal_name
 from outlast.storage.run_store import RunStore
 from outlast.cli.documents import RunDocument, RunsDocument, RunSummary, to_json
@@ -79,17 +80,31 @@ def _show(store: RunStore, as_json: bool = False) -> int:
     if state is None:
         return 1
     where = store.storage.uri(store.run_dir)
-    print(to_json(RunDocument(location=where, run=state)) if as_json else render(state, where))
+    held = run_goodput(store, state, time.time())
+    print(to_json(RunDocument(location=where, run=state, goodput=held)) if as_json else render(state, where, held))
     return 0
+
+
+def run_goodput(store: RunStore, state: RunState, now: float) -> Goodput | None:
+    """The run's goodput from its history and rank 0's reports; None, said on stderr, when the reports cannot be
+    read (the history is shown all the same)."""
+    try:
+        reports = {a.attempt: store.read_reports(a.attempt) for a in state.attempts}
+    except (OSError, CorruptDocument, NewerVersionError) as e:
+        print(f"goodput left out: the reports of {state.name} could not be read ({e})", file=sys.stderr)
+        return None
+    return goodput.split(state, reports, now)
 
 
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
-def render(state: RunState, where: str) -> str:
+def render(state: RunState, where: str, held: Goodput | None = None) -> str:
     lines = [f"run {state.name} at {where}", f"status: {state.status}" + (f" ({state.error})" if state.error else "")
              + (f" ({state.waiting_for})" if state.waiting_for else "")]
+    if held is not None:
+        lines += goodput.describe(held)
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(state.failure_counts.items())) or "none"
     lines.append(f"failures by kind: {counts}")
     lines.append("attempts:")

@@ -3,17 +3,23 @@
 The core decides and knows nothing of metrics: the loop (`runtime.py`) shows every step's
 event, the effects that came out and the state after it to a `RunMetrics`, which counts what
 went by: reports, commits (with their bytes and how long they took), attempts, restores,
-failures by kind, preemptions and the time from a notice to the checkpoint that answered it.
+failures by kind, preemptions and the time from a notice to the checkpoint that answered it; and the run's
+goodput (`outlast/storage/goodput.py`) over the attempts this driver ran, from its history and the reports it saw.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from outlast.controller import group as g
 from outlast.controller.states import State
 from outlast.metrics import Endpoint, prometheus, serve
 from outlast.protocol import messages as m
+from outlast.storage import goodput
+from outlast.storage.records import ReportEntry
 
 if TYPE_CHECKING:
     from outlast.controller.core import ControllerCore
@@ -21,6 +27,9 @@ if TYPE_CHECKING:
 
 # Seconds: a report's wait spans a fast local commit to a slow upload of a large checkpoint.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Each split of the goodput reads every report this driver saw: it is made again once this many times its own
+# cost has gone by (every step on a small run; rarer as the reports pile up).
+GOODPUT_SHARE = 10
 
 
 class DriverMetrics:
@@ -61,6 +70,8 @@ class DriverMetrics:
             "outlast_run_preemption_notice_to_commit_seconds",
             "From a preemption notice to the commit of the checkpoint saved for it", run,
             buckets=LATENCY_BUCKETS, registry=r)
+        self.goodput: dict[str, goodput.Goodput] = {}  # run -> its newest split, replaced whole (never torn)
+        r.register(_GoodputCollector(self.goodput))
         self.server, self.url = serve(r, where)
 
     @classmethod
@@ -90,6 +101,12 @@ class RunMetrics:
         self._kind: State | None = None
         self._notice_at: float | None = None
         self._seq = -1  # the newest commit counted
+        # Goodput over this driver's attempts (those begun after it started): an earlier driver's reports are on
+        # storage, not here.
+        self._born = time.time()
+        self._reports: dict[int, list[ReportEntry]] = {}
+        self._split_at = self._split_cost = 0.0
+        self._ended = 0
         for series in (d.steps, d.report_latency, d.commit_latency, d.commits, d.checkpoint_bytes, d.attempts,
                        d.restores, d.preemptions, d.notice_to_commit):
             series.labels(name)  # shown at zero from the start
@@ -101,7 +118,7 @@ class RunMetrics:
             self._failures_seen = dict(history.failure_counts)
             self._seq = max((c.seq for c in history.checkpoints), default=-1)
         if isinstance(event, g.FromWorker):
-            self._on_worker(event.msg, start)
+            self._on_worker(event.msg, start, core.wall())
         for effect in effects:
             if isinstance(effect, g.Spawn):
                 self._on_spawn(effect.msg)
@@ -119,11 +136,20 @@ class RunMetrics:
             self.d.preemptions.labels(self.name).inc()
             self._notice_at = start
         self._kind = kind
+        ended = sum(a.ended_at is not None for a in history.attempts)
+        # At each attempt's end, and otherwise as often as the split costs at most a tenth of the loop's time.
+        if ended != self._ended or end - self._split_at >= GOODPUT_SHARE * self._split_cost:
+            began = time.perf_counter()
+            mine = msgspec.structs.replace(history, attempts=[a for a in history.attempts if a.started_at >= self._born])
+            self.d.goodput[self.name] = goodput.split(mine, self._reports, core.wall())
+            self._split_at, self._ended, self._split_cost = end, ended, time.perf_counter() - began
 
-    def _on_worker(self, msg: m.WorkerMessage, now: float) -> None:
+    def _on_worker(self, msg: m.WorkerMessage, now: float, wall: float) -> None:
         if isinstance(msg, m.Report):
             if msg.rank == 0:
                 self.d.steps.labels(self.name).inc()
+                self._reports.setdefault(msg.attempt, []).append(
+                    ReportEntry(index=msg.index, time=wall, metrics={}, stalled_s=msg.stalled_s))
             if msg.checkpoint_dir or msg.files or msg.upload_pending:
                 pending = self._pending.setdefault((msg.attempt, msg.index), [now, 0])
                 pending[1] += sum(f.size for f in msg.files)
@@ -153,3 +179,30 @@ class RunMetrics:
         if self._notice_at is not None:
             self.d.notice_to_commit.labels(self.name).observe(max(end - self._notice_at, 0.0))
             self._notice_at = None
+
+
+class _GoodputCollector:
+    """The runs' goodput, read at each scrape from the newest split of each: every part of one scrape comes from
+    the same split, so the parts add up to the held time in what a scraper sees."""
+
+    def __init__(self, splits: dict[str, goodput.Goodput]) -> None:
+        self.splits = splits
+
+    def describe(self) -> list[Any]:
+        return []  # read at scrape time only: nothing to check when registering
+
+    def collect(self) -> Any:
+        GaugeMetricFamily = prometheus().metrics_core.GaugeMetricFamily  # the registry that calls this has it
+        held = GaugeMetricFamily("outlast_run_held_seconds",
+                                 "Wall time this driver's attempts of the run held their workers", labels=["run"])
+        parts = GaugeMetricFamily("outlast_run_goodput_seconds",
+                                  "The held time by part (docs/guide/watching.md); the parts add up to "
+                                  "outlast_run_held_seconds", labels=["run", "part"])
+        ratio = GaugeMetricFamily("outlast_run_goodput_ratio", "Productive steps over the held time",
+                                  labels=["run"])
+        for run, split in list(self.splits.items()):
+            held.add_metric([run], split.held_s)
+            ratio.add_metric([run], split.fraction)
+            for part, seconds in split.parts().items():
+                parts.add_metric([run, part], seconds)
+        return [held, parts, ratio]

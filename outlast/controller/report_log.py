@@ -48,7 +48,7 @@ class ReportLog:
         key = (msg.attempt, msg.index // REPORTS_PER_SEGMENT * REPORTS_PER_SEGMENT)
         with self._lock:
             self._segments.setdefault(key, []).append(ReportEntry(index=msg.index, time=core.wall(),
-                                                                  metrics=msg.metrics))
+                                                                  metrics=msg.metrics, stalled_s=msg.stalled_s))
             self._dirty.add(key)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="outlast-report-log", daemon=True)

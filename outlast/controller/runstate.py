@@ -175,6 +175,12 @@ class RunBook:
         """Waiting for nodes to place the attempt on (reason), or placed again (None)."""
         self.state.status = "waiting_for_capacity" if reason is not None else "running"
         self.state.waiting_for = reason
+        if self.state.attempts:  # the window, for the run's goodput (outlast/storage/goodput.py)
+            current = self.state.attempts[-1]
+            if reason is not None and current.waiting_since is None:
+                current.waiting_since = now
+            elif reason is None and current.waiting_since is not None:
+                current.capacity_at = now
         self._save(now)
 
     def note_size(self, workers: int, resize: ResizeRecord | None, now: float) -> None:

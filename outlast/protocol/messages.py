@@ -18,8 +18,8 @@ from outlast.protocol import paths
 from outlast.protocol.kinds import FailureKind, WorkloadKind
 
 # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
-# 5: WorkerError.kind, apart from exc_type
-PROTOCOL_VERSION = 5
+# 5: WorkerError.kind, apart from exc_type; 6: Report.stalled_s
+PROTOCOL_VERSION = 6
 
 
 class Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -478,6 +478,9 @@ class Report(Msg, frozen=True):
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
     local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
     in_memory: bool = False  # not uploaded: the files are in local_dir only (a notice's checkpoint through a peer)
+    # Seconds this rank spent in its previous report() call, when that call had a checkpoint (0 when it had none):
+    # a call's own length is known only once it returns, after its message is sent.
+    stalled_s: float = 0.0
 
     def __post_init__(self) -> None:
         paths.check_name("checkpoint", self.checkpoint_dir)

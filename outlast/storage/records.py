@@ -121,6 +121,10 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     failures: list[FailureRecord] = []
     outputs: list[OutputFile] = []  # additive under version 1: older readers ignore it
     workers: int | None = None  # the attempt's world size, once placed
+    # The window it waited for capacity (additive under version 2): from the first placement that found none to
+    # the one that found some (None: still waiting, or it never had to).
+    waiting_since: float | None = None
+    capacity_at: float | None = None
 
 
 class ResizeRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -215,11 +219,16 @@ class HangRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReportEntry(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """One of rank 0's reports: its index in the attempt, the wall time it arrived, its metrics."""
+    """One of rank 0's reports: its index in the attempt, the wall time it arrived, its metrics, and the seconds
+    since the report before it that rank 0 spent in `report()` with a checkpoint (`Report.stalled_s`).
+
+    Additive under the same version: an entry is an array, and a reader of either version takes the fields it
+    knows from the front and the default for one missing at the end."""
 
     index: int
     time: float
     metrics: dict[str, Any]
+    stalled_s: float = 0.0
 
 
 class ReportSegment(msgspec.Struct, kw_only=True):

@@ -96,6 +96,20 @@ class WorkerSession:
                write: Callable[[Path], None] | None = None) -> None:
         """`write(dir)`: a staged save; the files are written into a directory of outlast's,
         off the training thread, then uploaded (ASYNC)."""
+        if checkpoint is None and write is None:
+            self._report(metrics)
+            return
+        began = time.monotonic()
+        try:
+            self._report(metrics, checkpoint, upload_mode, delete_local_after_upload, dir_name, write)
+        finally:
+            # The loop's checkpoint stall, sent with the next report (the run's goodput, docs/guide/watching.md).
+            self._core.stalled_s = time.monotonic() - began
+
+    def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
+                upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+                delete_local_after_upload: bool | None = None, dir_name: str | None = None,
+                write: Callable[[Path], None] | None = None) -> None:
         check_metrics(metrics)
         name = naming.check_name(dir_name) if dir_name is not None else None
         upload_mode = CheckpointUploadMode(upload_mode)

@@ -71,6 +71,7 @@ class SessionCore:
     def __init__(self, attempt: int, rank: int) -> None:
         self.attempt, self.rank = attempt, rank
         self.reports = 0
+        self.stalled_s = 0.0  # the previous report() call's seconds, when it had a checkpoint: sent with the next
         self.collectives = 0
         self.preemption_calls = 0
         self.heartbeats = 0
@@ -169,7 +170,8 @@ class SessionCore:
         """The report's message. A checkpoint with `files` (uploaded in the calling thread) waits for its
         commit; one without them (`files=None`) is pending: its upload says when it is done, and
         `upload_files` are the files it begins with (paths and sizes), when they are known already."""
-        base = dict(attempt=self.attempt, rank=self.rank, index=slot.index, metrics=metrics)
+        base = dict(attempt=self.attempt, rank=self.rank, index=slot.index, metrics=metrics, stalled_s=self.stalled_s)
+        self.stalled_s = 0.0
         if not checkpoint:
             return Step(send=(m.Report(**base),))
         if files is None:

@@ -4,6 +4,7 @@ reported point, the output the CLI shows, and a chart that grows while the run t
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -62,6 +63,19 @@ def test_a_finished_run_shows_its_attempts_failure_drain_resize_and_every_report
         assert resize["attempt"] == "3" and span["3"][0] <= float(resize["x"]) <= span["3"][1]  # when it was placed
         assert len(_marks(page, ".tl-checkpoint")) == len(state.checkpoints)
         assert [r["attempt"] for r in _marks(page, ".tl-restore")] == ["2", "3"]
+
+        # The goodput bar beside the timeline: the parts add up to the attempts' held time, and the kill, the drain
+        # and the resize each cost their part (outlast/storage/goodput.py).
+        held = sum(a.ended_at - a.started_at for a in state.attempts)
+        bar = page.locator("#goodput")
+        assert math.isclose(float(bar.get_attribute("data-held")), held, rel_tol=1e-6)
+        parts = {p["part"]: float(p["seconds"]) for p in _marks(page, "#goodput .gp-part")}
+        assert math.isclose(sum(parts.values()), held, rel_tol=1e-6)
+        assert parts.get("productive", 0) > 0 and parts.get("restarts", 0) > 0 and parts.get("drains", 0) > 0
+        widths = page.eval_on_selector_all("#goodput .gp-part", "els => els.map(e => e.getBoundingClientRect().width)")
+        bar_width = page.eval_on_selector("#goodput .gp-bar", "e => e.clientWidth")
+        assert abs(sum(widths) - bar_width) <= len(widths)  # the bar drawn whole, each part to its share
+        assert "Goodput " in bar.inner_text() and "went into steps that stayed" in bar.inner_text()
 
         chart = page.locator("#chart")
         assert chart.get_attribute("data-metric") == "loss" and chart.get_attribute("data-attempts") == "1,2,3"

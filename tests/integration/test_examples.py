@@ -268,5 +268,7 @@ def test_the_readme_demo_recovers_from_its_killed_rank_and_finishes(home: Path, 
     assert proc.returncode == 0, _explain(proc)
     assert "killing rank 1" in proc.stdout and "restored the checkpoint of step 19" in proc.stdout, _explain(proc)
     assert "attempt 2: finished, restored from checkpoint_001_000019" in proc.stdout, _explain(proc)
+    assert "goodput: " in proc.stdout and "steps trained again" in proc.stdout, _explain(proc)  # steps 20 to 29
+    assert "restarts" in proc.stdout and "checkpoint stalls" in proc.stdout, _explain(proc)
     state = _run_state(storage / "ddp_demo")
     assert state["status"] == "finished" and len(state["attempts"]) == 2

@@ -4,6 +4,7 @@ with the client library's own parser; the counters move as a run trains, fails a
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import tempfile
@@ -117,6 +118,11 @@ def test_both_endpoints_count_a_run_that_trains_fails_and_restores(cluster, tmp_
     assert value(before, "outlast_run_failures_total", **run) == 0
     assert value(before, "outlast_run_restores_total", **run) == 0
     assert mid_run.get("nodes_saw_both")
+    # goodput while the run lives: its parts add up to the held time in one scrape, the step in flight included
+    assert value(before, "outlast_run_held_seconds", **run) > 0
+    assert value(before, "outlast_run_goodput_seconds", part="productive", **run) > 0
+    assert math.isclose(value(before, "outlast_run_goodput_seconds", **run),
+                        value(before, "outlast_run_held_seconds", **run), rel_tol=1e-9)
 
     after = scrape(DriverMetrics.serving())
     assert value(after, "outlast_run_steps_reported_total", **run) > value(before, "outlast_run_steps_reported_total",
@@ -130,6 +136,11 @@ def test_both_endpoints_count_a_run_that_trains_fails_and_restores(cluster, tmp_
     assert value(after, "outlast_run_commit_latency_seconds_count", **run) == commits
     assert value(after, "outlast_run_checkpoint_bytes_total", **run) >= commits * 4096
     assert value(after, "outlast_run_checkpoint_upload_bytes_per_second", **run) > 0
+    assert math.isclose(value(after, "outlast_run_goodput_seconds", **run),
+                        value(after, "outlast_run_held_seconds", **run), rel_tol=1e-9)
+    assert value(after, "outlast_run_goodput_seconds", part="restarts", **run) > 0  # the kill's
+    assert value(after, "outlast_run_goodput_seconds", part="in_flight", **run) == 0  # every attempt has ended
+    assert 0 < value(after, "outlast_run_goodput_ratio", **run) < 1
     for url in nodes:  # the workers are gone once the run is over
         wait_until(lambda: value(scrape(url), "outlast_node_workers", kind="worker") == 0, 30, "workers gone")  # noqa: B023 - called before the loop goes on
 

@@ -86,3 +86,12 @@ def test_a_fenced_driver_writes_no_reports(tmp_path):
     log.observe(_report(1, 0, 0), [], Core(), 0.0, 0.0)
     log.close()
     assert store.read_reports(1) == []
+
+
+def test_a_reports_checkpoint_stall_is_kept_with_it(tmp_path):
+    store = RunStore(LocalStorage(str(tmp_path)), "run")
+    log = ReportLog(store, flush_s=0.01)
+    log.observe(g.FromWorker(m.Report(attempt=1, rank=0, index=0, metrics={})), [], Core(), 0.0, 0.0)
+    log.observe(g.FromWorker(m.Report(attempt=1, rank=0, index=1, metrics={}, stalled_s=2.5)), [], Core(), 0.0, 0.0)
+    log.close()
+    assert [r.stalled_s for r in store.read_reports(1)] == [0.0, 2.5]

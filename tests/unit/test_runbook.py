@@ -133,3 +133,16 @@ def test_forget_checkpoints_drops_only_the_named_records(mem, book):
 def test_finish_writes_status_and_error(mem, book):
     book.finish("errored", error="boom")
     assert (saved(book).status, saved(book).error) == ("errored", "boom")
+
+
+def test_an_attempt_keeps_the_window_it_waited_for_capacity(book):
+    book.begin_attempt(now=1.0)
+    book.set_waiting("no node has 2 CPU free", now=2.0)
+    book.set_waiting("no node has 2 CPU free", now=3.0)  # a later try of the same wait: still from 2.0
+    assert saved(book).attempts[0].waiting_since == 2.0 and saved(book).attempts[0].capacity_at is None
+    book.set_waiting(None, now=7.5)
+    a = saved(book).attempts[0]
+    assert (a.waiting_since, a.capacity_at) == (2.0, 7.5)
+    book.begin_attempt(now=8.0)
+    book.set_waiting(None, now=8.5)  # placed without waiting: no window
+    assert (saved(book).attempts[1].waiting_since, saved(book).attempts[1].capacity_at) == (None, None)

@@ -128,3 +128,10 @@ def test_the_train_function_waits_until_the_controller_has_heard_the_set_up():
     assert step.send == (m.SetUp(attempt=1, rank=0),) and step.waiting == "the controller to hear the set-up"
     assert core.receive(m.Welcome(attempt=1, rank=0), now=0.0) is None  # not its reply
     assert core.receive(m.SetUpHeard(attempt=1, rank=0), now=0.0) is not None
+
+
+def test_a_reports_message_carries_the_previous_calls_checkpoint_stall_once():
+    core = SessionCore(attempt=1, rank=0)
+    core.stalled_s = 1.25  # what the previous report() with a checkpoint took, set once it returned
+    assert core.report(core.begin_report(), {"step": 1}).send[0].stalled_s == 1.25
+    assert core.report(core.begin_report(), {"step": 2}).send[0].stalled_s == 0.0

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from outlast.protocol import messages as m
+from outlast.storage import goodput
 from outlast.storage.records import AttemptRecord, FailureRecord, Manifest, ReportEntry, RunState, signal_name
 
 
@@ -120,7 +121,15 @@ def run_view(state: RunState, location: str, reports: dict[int, list[ReportEntry
                   for h in state.hangs],
         "notes": [{"time": n.time, "text": n.text} for n in state.notes],
         "series": series(state, reports),
+        "goodput": goodput_view(goodput.split(state, reports, now)),
     }
+
+
+def goodput_view(g: goodput.Goodput) -> dict[str, Any]:
+    """The bar beside the timeline: each part's seconds and label, in the order shown (docs/guide/watching.md)."""
+    return {"held_s": g.held_s, "fraction": g.fraction, "steps": g.steps, "replayed_steps": g.replayed_steps,
+            "complete": g.complete,
+            "parts": [{"part": p, "label": goodput.LABELS[p], "seconds": s} for p, s in g.parts().items()]}
 
 
 def _last_report(reports: dict[int, list[ReportEntry]]) -> dict[str, Any] | None:

@@ -34,8 +34,9 @@ function renderRun() {
     d.error ? h("div", { class: "error-box" }, d.error) : null,
     d.waiting_for ? h("div", { class: "muted" }, `waiting for ${d.waiting_for}`) : null],
     JSON.stringify([d.status, d.attempts.length, d.failure_counts, d.last_metrics, d.error, d.waiting_for]));
-  section("timeline-section", () => [h("h2", {}, "Timeline"), timeline(d), legend()],
-    JSON.stringify([d.attempts, d.drains, d.checkpoints.length, d.resizes, TERMINAL.has(d.status) ? 0 : Math.floor(d.now)]));
+  section("timeline-section", () => [h("h2", {}, "Timeline"), timeline(d), legend(), goodputBar(d.goodput)],
+    JSON.stringify([d.attempts, d.drains, d.checkpoints.length, d.resizes, TERMINAL.has(d.status) ? 0 : Math.floor(d.now),
+                    d.goodput.parts.map((p) => p.seconds.toFixed(1))]));
   section("chart-section", () => chartSection(d), JSON.stringify(d.series.names));
   drawChart();
   section("attempts-section", () => attemptsTable(d), JSON.stringify(d.attempts));
@@ -52,6 +53,28 @@ function legend() {
     item(OUTCOME_COLORS.resized, "resized"), item(OUTCOME_COLORS.running, "running"), item("#c62828", "▼ failure (rank, cause)"),
     item("rgba(239,108,0,.5)", "drain to its deadline"), item("#6a1b9a", "| checkpoint commit"), item("#1565c0", "● restore"),
     item("#00838f", "◆ resize (steps lost)"));
+}
+
+// The run's held time by part (outlast/storage/goodput.py, worked out by the server): one bar, as wide as the timeline.
+const GOODPUT_COLORS = { productive: "#2e7d32", startup: "#90a4ae", waiting: "#fbc02d", restarts: "#c62828",
+  replayed: "#ef9a9a", checkpoint_stalls: "#6a1b9a", drains: "#ef6c00", hangs: "#4e342e", ending: "#b0bec5",
+  in_flight: "#a5d6a7" };
+
+function goodputBar(g) {
+  const pct = (v) => (100 * v / g.held_s).toFixed(1) + "%";
+  if (!(g.held_s > 0)) return h("div", { id: "goodput", class: "muted", "data-held": "0" }, "goodput: nothing held yet");
+  const shown = g.parts.filter((p) => p.seconds > 0);
+  const seg = (p) => h("span", { class: "gp-part", "data-part": p.part, "data-seconds": p.seconds,
+    style: `width:${pct(p.seconds)};background:${GOODPUT_COLORS[p.part] || "#757575"}`,
+    title: `${p.label}: ${p.seconds.toFixed(1)} s, ${pct(p.seconds)} of the held time` });
+  const key = (p) => h("span", {}, h("i", { style: `background:${GOODPUT_COLORS[p.part] || "#757575"}` }),
+    `${p.label} ${p.seconds.toFixed(1)} s (${pct(p.seconds)})`);
+  return h("div", { id: "goodput", "data-held": g.held_s, "data-fraction": g.fraction },
+    h("h3", {}, `Goodput ${(100 * g.fraction).toFixed(1)}%`,
+      h("span", { class: "muted" }, ` of ${g.held_s.toFixed(1)} s held went into steps that stayed (${g.steps} steps` +
+        (g.replayed_steps ? `, ${g.replayed_steps} trained again)` : ")") +
+        (g.complete ? "" : "; a restored checkpoint is no longer in the history: its replayed steps count as productive"))),
+    h("div", { class: "gp-bar" }, shown.map(seg)), h("div", { class: "legend" }, shown.map(key)));
 }
 
 function timeline(d) {
