@@ -461,6 +461,9 @@ class SetUpHeard(Msg, frozen=True):
     rank: int
 
 
+MAX_DATA_POSITION_BYTES = 64 * 1024  # train/data_position.py writes no more
+
+
 class Report(Msg, frozen=True):
     attempt: int
     rank: int
@@ -478,9 +481,14 @@ class Report(Msg, frozen=True):
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
     local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
     in_memory: bool = False  # not uploaded: the files are in local_dir only (a notice's checkpoint through a peer)
+    # Where the rank is in its data (train/data_position.py's document; "" when it reads none through outlast):
+    # a checkpoint's manifest keeps every rank's, so that a restore goes on at the next batch.
+    data_position: str = ""
 
     def __post_init__(self) -> None:
         paths.check_name("checkpoint", self.checkpoint_dir)
+        if len(self.data_position) > MAX_DATA_POSITION_BYTES:
+            raise ValueError(f"data_position is {len(self.data_position)} bytes, over {MAX_DATA_POSITION_BYTES}")
         paths.check_absolute("local_dir", self.local_dir, empty_ok=True)
 
 

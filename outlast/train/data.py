@@ -12,10 +12,17 @@ blocks (the remainder is left out, so that every rank takes as many steps).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from outlast.train import data_position as dp
+from outlast.train import positions
+
+log = logging.getLogger("outlast.worker")
 
 TRAIN_DATASET_KEY = "train"
 
@@ -119,12 +126,24 @@ def shard_indices(length: int, rank: int, world_size: int, split: bool) -> range
 
 @dataclass
 class DataShard:
-    """One rank's part of a dataset, read in batches as often as the loop likes (once per epoch)."""
+    """One rank's part of a dataset, read in batches as often as the loop likes (once per epoch).
+
+    Each walk over an iterator it returns is one epoch. The shard keeps its place in the epoch
+    (`data_position`), which every checkpoint saves; a restored run's first walk goes on at the next
+    batch of the epoch it was in, with the rest of the epoch split again when the world size changed."""
 
     name: str
     source: _Source
-    indices: Sequence[int]
-    _epoch: int = field(default=0)
+    rank: int = 0
+    world: int = 1
+    split: bool = True
+    _next_epoch: int = field(default=0)
+    _walk: dp.Position | None = field(default=None)  # the epoch a walk is reading (None: no walk under way)
+    _resume: dp.Position | None = field(default=None)  # a restored epoch, for the next walk to go on with
+
+    @property
+    def indices(self) -> range:
+        return shard_indices(self.source.length, self.rank, self.world, self.split)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -137,66 +156,123 @@ class DataShard:
         return self
 
     def to_pandas(self) -> Any:
-        """The whole shard as one pandas DataFrame."""
+        """The whole shard as one pandas DataFrame (read apart from the epochs: it moves no position)."""
         import pandas as pd
 
-        return next(self.iter_batches(batch_size=None, batch_format="pandas"), pd.DataFrame())
+        rows = list(self.indices)
+        if not rows:
+            return pd.DataFrame()
+        return _to_pandas(_to_numpy(self.source.take(rows)))
 
     def iter_batches(self, *, batch_size: int | None = 256, batch_format: str = "default", drop_last: bool = False,
                      local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
-                     prefetch_batches: int = 1, **_: Any) -> Iterator[Any]:
-        """Batches as dicts of numpy arrays ("default"/"numpy") or pandas DataFrames ("pandas")."""
+                     prefetch_batches: int = 1, **_: Any) -> Iterable[Any]:
+        """Batches as dicts of numpy arrays ("default"/"numpy") or pandas DataFrames ("pandas"), as an
+        iterable that each walk reads again (one epoch a walk), as Ray's is."""
         if batch_format not in ("default", "numpy", "pandas"):
             raise ValueError(f"iter_batches(batch_format={batch_format!r}): outlast gives 'numpy' (the default) "
                              "or 'pandas'")
-        for batch in self._batches(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed):
-            batch = _to_numpy(batch)
-            if batch_format == "pandas":
-                import pandas as pd
 
-                batch = pd.DataFrame({k: list(v) if getattr(v, "ndim", 1) > 1 else v for k, v in batch.items()})
-            yield batch
+        def convert(batch: Any) -> Any:
+            batch = _to_numpy(batch)
+            return _to_pandas(batch) if batch_format == "pandas" else batch
+
+        return _Walks(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
 
     def iter_torch_batches(self, *, batch_size: int | None = 256, dtypes: Any = None, device: Any = "auto",
                            collate_fn: Any = None, drop_last: bool = False,
                            local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
-                           prefetch_batches: int = 1, **_: Any) -> Iterator[Any]:
+                           prefetch_batches: int = 1, **_: Any) -> Iterable[Any]:
         """Batches as dicts of tensors on this worker's device (rows of a torch Dataset collated as a
-        DataLoader would); `collate_fn` receives the numpy batch instead."""
-        import torch
-        from torch.utils.data import default_collate
-
+        DataLoader would); `collate_fn` receives the numpy batch instead. Each walk is one epoch."""
         if device == "auto":
             from outlast.train.torch.helpers import get_device
 
             device = get_device()
-        for batch in self._batches(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed):
+
+        def convert(batch: Any) -> Any:
+            import torch
+            from torch.utils.data import default_collate
+
             if collate_fn is not None:
-                yield collate_fn(_to_numpy(batch))
-                continue
+                return collate_fn(_to_numpy(batch))
             # Columns of text or objects stay numpy arrays: torch has no tensor for them.
             batch = default_collate(batch) if isinstance(batch, list) else \
                 {k: torch.as_tensor(v) if getattr(v, "dtype", None) is not None and v.dtype.kind in "biufc" else v
                  for k, v in batch.items()}
-            yield _to_torch(batch, dtypes, device)
+            return _to_torch(batch, dtypes, device)
 
-    def iter_rows(self) -> Iterator[Any]:
-        for i in self.indices:
-            batch = self.source.take([i])
-            yield batch[0] if isinstance(batch, list) else {k: v[0] for k, v in batch.items()}
+        return _Walks(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
 
-    def _batches(self, batch_size, drop_last, shuffle_buffer, seed) -> Iterator[Any]:
-        order = list(self.indices)
-        if shuffle_buffer:
-            # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
-            random.Random(None if seed is None else seed + self._epoch).shuffle(order)
-        self._epoch += 1
-        size = batch_size or len(order) or 1
-        for start in range(0, len(order), size):
-            chunk = order[start:start + size]
-            if drop_last and len(chunk) < size:
-                return
-            yield self.source.take(chunk)
+    def iter_rows(self) -> Iterable[Any]:
+        """The shard's rows one by one; each walk is one epoch."""
+        def row(batch: Any) -> Any:
+            return batch[0] if isinstance(batch, list) else {k: v[0] for k, v in batch.items()}
+
+        return _Walks(self, 1, False, None, None, row)
+
+    # -- the position ------------------------------------------------------------
+
+    def data_position(self) -> dp.Position:
+        """Where the shard is: the epoch being read (or just read), or the start of the next one."""
+        if self._resume is not None:
+            return self._resume
+        if self._walk is not None:
+            return self._walk
+        return dp.Position(self._next_epoch, self.source.length, self.split, False, self._world(), self._rank(), 0)
+
+    def resume_from(self, saved: dict[int, dp.Position]) -> None:
+        """Go on from the positions every rank saved (rank -> position): the next walk reads the rest of
+        the saved epoch, or the next epoch when it was read to its end and no walk had begun another."""
+        try:
+            mine = dp.resume(saved, self._rank(), self._world(), random.getrandbits(62))
+        except dp.DataPositionError as e:
+            # Without every rank's place (a rank lost before it reported) the rest of the epoch is unknown:
+            # the epoch is read again from its start, as it was before positions were kept.
+            epoch = saved[min(saved)].epoch
+            log.warning("dataset %r: epoch %d is read again from its start: %s", self.name, epoch, e)
+            self._next_epoch = epoch
+            return
+        self._next_epoch = mine.epoch
+        self._resume = mine
+
+    def _world(self) -> int:
+        return self.world if self.split else 1
+
+    def _rank(self) -> int:
+        return self.rank if self.split else 0
+
+    def _start(self, shuffle: bool, seed: int | None) -> dp.Position:
+        positions.restore()
+        if self._resume is not None:
+            p, self._resume = self._resume, None
+            if p.shuffle == shuffle:
+                self._next_epoch = p.epoch + 1
+                return p
+            log.warning("dataset %r was restored in epoch %d with%s a local shuffle, and is now read with%s one: "
+                        "the epoch starts over", self.name, p.epoch, "" if p.shuffle else "out",
+                        "" if shuffle else "out")
+        epoch = self._next_epoch
+        self._next_epoch = epoch + 1
+        # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
+        drawn = (seed + epoch if seed is not None else random.getrandbits(62)) if shuffle else 0
+        return dp.Position(epoch, self.source.length, self.split, shuffle, self._world(), self._rank(), drawn)
+
+    def _walk_batches(self, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
+                      seed: int | None, convert: Callable[[Any], Any]) -> Iterator[Any]:
+        p = self._walk = self._start(bool(shuffle_buffer), seed)
+        try:
+            left = dp.my_order(p)[p.taken:]
+            size = batch_size or max(len(left), 1)
+            for start, end in dp.batch_bounds(len(left), dp.least_share(p) - p.taken, size, drop_last):
+                chunk = left[start:end]
+                # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
+                p = self._walk = dataclasses.replace(p, taken=p.taken + len(chunk))
+                yield convert(self.source.take(chunk))
+        finally:
+            # Read to its end, or left by the loop (a `break`): the next walk is the next epoch, as on Ray.
+            if self._walk is p:
+                self._walk = None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -204,6 +280,25 @@ class DataShard:
         raise AttributeError(f"get_dataset_shard({self.name!r}).{name} is not supported: outlast's shards offer "
                              "iter_batches, iter_torch_batches, iter_rows and count; for more, build a torch "
                              "DataLoader in the train function and call prepare_data_loader on it")
+
+
+class _Walks:
+    """What an iterator method returns: an iterable each walk over which reads one epoch of the shard."""
+
+    def __init__(self, shard: DataShard, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
+                 seed: int | None, convert: Callable[[Any], Any]) -> None:
+        self._args = (batch_size, drop_last, shuffle_buffer, seed)
+        self._shard = shard
+        self._convert = convert
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._shard._walk_batches(*self._args, self._convert)
+
+
+def _to_pandas(batch: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame({k: list(v) if getattr(v, "ndim", 1) > 1 else v for k, v in batch.items()})
 
 
 def _to_numpy(batch: Any) -> Any:
@@ -242,7 +337,8 @@ def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, worl
     _shards = {}
     for name, data in datasets.items():
         source = to_source(name, data)
-        _shards[name] = DataShard(name, source, shard_indices(source.length, rank, world_size, config.splits(name)))
+        _shards[name] = DataShard(name, source, rank, world_size, config.splits(name))
+        positions.track(f"dataset:{name}", _shards[name])
 
 
 def get_dataset_shard(dataset_name: str | None = None) -> DataShard:
