@@ -94,6 +94,7 @@ class CommitTracker:
         self._lead_metrics: dict[int, dict[str, Any]] = {}
         self._early_uploads: dict[tuple[int, int], tuple[str, list[FileEntry], str | None]] = {}
         self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
+        self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],
@@ -117,6 +118,7 @@ class CommitTracker:
         if data_position:
             # Every rank's, checkpoint or not (often only rank 0 has files): the manifest keeps them all.
             self._positions.setdefault(index, {})[rank] = data_position
+            self._last_position[rank] = data_position
         if checkpoint_dir is not None:
             pending = self._pending.get(index)
             if pending is None:
@@ -246,6 +248,11 @@ class CommitTracker:
         for p in out:
             p.metrics = self._lead_metrics.get(p.index, p.metrics)
             p.data_positions = self._positions.pop(p.index, {})
+            for rank in self.lost - set(p.data_positions):
+                # Lost before it made this report: where it was at its last one. What it read since was never
+                # reported, so it is read again.
+                if rank in self._last_position:
+                    p.data_positions[rank] = self._last_position[rank]
         oldest_kept = min([done_below, *self._pending])
         while self._lead_metrics and next(iter(self._lead_metrics)) < oldest_kept:
             del self._lead_metrics[next(iter(self._lead_metrics))]

@@ -12,7 +12,6 @@ blocks (the remainder is left out, so that every rank takes as many steps).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -137,9 +136,10 @@ class DataShard:
     rank: int = 0
     world: int = 1
     split: bool = True
-    _next_epoch: int = field(default=0)
-    _walk: dp.Position | None = field(default=None)  # the epoch a walk is reading (None: no walk under way)
-    _resume: dp.Position | None = field(default=None)  # a restored epoch, for the next walk to go on with
+    _epochs: dp.Epochs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._epochs = dp.Epochs(self.source.length, self.rank, self.world, self.split)
 
     @property
     def indices(self) -> range:
@@ -214,65 +214,34 @@ class DataShard:
     # -- the position ------------------------------------------------------------
 
     def data_position(self) -> dp.Position:
-        """Where the shard is: the epoch being read (or just read), or the start of the next one."""
-        if self._resume is not None:
-            return self._resume
-        if self._walk is not None:
-            return self._walk
-        return dp.Position(self._next_epoch, self.source.length, self.split, False, self._world(), self._rank(), 0)
+        """Where the shard is: the epoch being read, or the start of the next one."""
+        return self._epochs.position()
 
     def resume_from(self, saved: dict[int, dp.Position]) -> None:
         """Go on from the positions every rank saved (rank -> position): the next walk reads the rest of
-        the saved epoch, or the next epoch when it was read to its end and no walk had begun another."""
-        try:
-            mine = dp.resume(saved, self._rank(), self._world(), random.getrandbits(62))
-        except dp.DataPositionError as e:
-            # Without every rank's place (a rank lost before it reported) the rest of the epoch is unknown:
-            # the epoch is read again from its start, as it was before positions were kept.
-            epoch = saved[min(saved)].epoch
-            log.warning("dataset %r: epoch %d is read again from its start: %s", self.name, epoch, e)
-            self._next_epoch = epoch
-            return
-        self._next_epoch = mine.epoch
-        self._resume = mine
-
-    def _world(self) -> int:
-        return self.world if self.split else 1
-
-    def _rank(self) -> int:
-        return self.rank if self.split else 0
-
-    def _start(self, shuffle: bool, seed: int | None) -> dp.Position:
-        positions.restore()
-        if self._resume is not None:
-            p, self._resume = self._resume, None
-            if p.shuffle == shuffle:
-                self._next_epoch = p.epoch + 1
-                return p
-            log.warning("dataset %r was restored in epoch %d with%s a local shuffle, and is now read with%s one: "
-                        "the epoch starts over", self.name, p.epoch, "" if p.shuffle else "out",
-                        "" if shuffle else "out")
-        epoch = self._next_epoch
-        self._next_epoch = epoch + 1
-        # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
-        drawn = (seed + epoch if seed is not None else random.getrandbits(62)) if shuffle else 0
-        return dp.Position(epoch, self.source.length, self.split, shuffle, self._world(), self._rank(), drawn)
+        the saved epoch, or the next epoch when the saved one had ended."""
+        why = self._epochs.resume_from(saved, random.getrandbits(62))
+        if why is not None:
+            log.warning("dataset %r: epoch %d is read again from its start: %s", self.name,
+                        self._epochs.next_epoch, why)
 
     def _walk_batches(self, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
                       seed: int | None, convert: Callable[[Any], Any]) -> Iterator[Any]:
-        p = self._walk = self._start(bool(shuffle_buffer), seed)
+        positions.restore()
+        epoch = self._epochs.next_epoch
+        # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
+        p, why = self._epochs.begin(bool(shuffle_buffer), seed + epoch if seed is not None else random.getrandbits(62))
+        if why is not None:
+            log.warning("dataset %r: %s: it starts over", self.name, why)
         try:
-            left = dp.my_order(p)[p.taken:]
-            size = batch_size or max(len(left), 1)
-            for start, end in dp.batch_bounds(len(left), dp.least_share(p) - p.taken, size, drop_last):
+            left, least = dp.rows_left(p)
+            for start, end in dp.batch_bounds(len(left), least, batch_size or max(len(left), 1), drop_last):
                 chunk = left[start:end]
                 # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
-                p = self._walk = dataclasses.replace(p, taken=p.taken + len(chunk))
+                self._epochs.took(len(chunk))
                 yield convert(self.source.take(chunk))
         finally:
-            # Read to its end, or left by the loop (a `break`): the next walk is the next epoch, as on Ray.
-            if self._walk is p:
-                self._walk = None
+            self._epochs.end(p)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

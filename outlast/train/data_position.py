@@ -17,6 +17,7 @@ takes as many steps (with fewer rows left than ranks, those few rows are dropped
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -53,15 +54,21 @@ class Position:
     seed: int  # this rank's shuffle seed in this generation
     taken: int = 0  # rows of this rank's order handed out (yielded in a batch) in this generation
     past: tuple[Generation, ...] = field(default=())
+    # The whole epoch's rows permuted before the first split (the same on every rank, as a DistributedSampler
+    # shuffles); None: in the dataset's order, each rank shuffling only its own share (Ray's local shuffle).
+    order_seed: int | None = None
 
     @property
     def generation(self) -> int:
         return len(self.past)
 
 
-def first_rows(length: int, world: int) -> list[int]:
+def first_rows(length: int, world: int, order_seed: int | None = None) -> list[int]:
     """The epoch's rows as its first generation splits them: all of them but `length % world`."""
-    return list(range(length // world * world))
+    rows = list(range(length))
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(rows)
+    return rows[:length // world * world]
 
 
 def shares(rows: list[int], world: int) -> list[list[int]]:
@@ -85,7 +92,7 @@ def order(share: list[int], shuffle: bool, seed: int) -> list[int]:
 
 def generation_rows(p: Position) -> list[int]:
     """The rows the current generation splits: the epoch's first split, less what earlier generations took."""
-    rows = first_rows(p.length, p.past[0].world if p.past else p.world)
+    rows = first_rows(p.length, p.past[0].world if p.past else p.world, p.order_seed)
     for g in p.past:
         rows = [row for r, part in enumerate(shares(rows, g.world))
                 for row in order(part, p.shuffle, g.seeds[r])[g.taken[r]:]]
@@ -102,6 +109,11 @@ def least_share(p: Position) -> int:
     return len(generation_rows(p)) // p.world
 
 
+def rows_left(p: Position) -> tuple[list[int], int]:
+    """The rows this rank has left to read in this generation, in order, and the fewest any rank has left."""
+    return my_order(p)[p.taken:], least_share(p) - p.taken
+
+
 def batch_bounds(rows_left: int, least_left: int, batch_size: int, drop_last: bool) -> list[tuple[int, int]]:
     """The batches of a rank with `rows_left` rows to read, when the rank with the fewest has `least_left`:
     as many batches on every rank, the last one taking the rank's extra row (see the module docstring)."""
@@ -114,6 +126,69 @@ def batch_bounds(rows_left: int, least_left: int, batch_size: int, drop_last: bo
     if bounds and not drop_last:
         bounds[-1] = (bounds[-1][0], rows_left)
     return bounds
+
+
+# -- one reader's epochs -----------------------------------------------------------------
+
+
+class Epochs:
+    """The epochs of one dataset as one rank reads them, a walk at a time: where it is, and where a restore
+    puts it. Each walk is one epoch; a walk that ends (read to its end, or left by the loop) makes the next
+    walk the next epoch, as on Ray. Pure: the caller draws seeds and does the reading."""
+
+    def __init__(self, length: int, rank: int, world: int, split: bool) -> None:
+        self.length, self.split = length, split
+        self.rank, self.world = (rank, world) if split else (0, 1)
+        self.next_epoch = 0
+        self.walk: Position | None = None  # the epoch a walk is reading (None: no walk under way)
+        self.resumed: Position | None = None  # a restored epoch, for the next walk to go on with
+
+    def position(self) -> Position:
+        """The epoch being read, a restored one not begun yet, or the start of the next one."""
+        if self.resumed is not None:
+            return self.resumed
+        if self.walk is not None:
+            return self.walk
+        return Position(self.next_epoch, self.length, self.split, False, self.world, self.rank, 0)
+
+    def resume_from(self, saved: dict[int, Position], new_seed: int) -> str | None:
+        """Go on from the positions every rank saved; None, or why the saved epoch is read again from its
+        start (without every rank's place, as when a rank was lost before it reported, the rest is unknown)."""
+        try:
+            self.resumed = resume(saved, self.rank, self.world, new_seed)
+        except DataPositionError as e:
+            self.next_epoch = saved[min(saved)].epoch
+            return str(e)
+        self.next_epoch = self.resumed.epoch
+        return None
+
+    def begin(self, shuffle: bool, seed: int, order_seed: int | None = None) -> tuple[Position, str | None]:
+        """A walk begins: its position, and why a restored epoch is read again from its start (or None).
+        `seed` shuffles this rank's share, `order_seed` the whole epoch (see Position)."""
+        why = None
+        if self.resumed is not None:
+            p, self.resumed = self.resumed, None
+            if p.shuffle == shuffle:
+                self.next_epoch = p.epoch + 1
+                self.walk = p
+                return p, None
+            why = (f"epoch {p.epoch} was saved with{'' if p.shuffle else 'out'} a shuffle and is read "
+                   f"with{'' if shuffle else 'out'} one")
+        epoch = self.next_epoch
+        self.next_epoch = epoch + 1
+        self.walk = Position(epoch, self.length, self.split, shuffle, self.world, self.rank, seed if shuffle else 0,
+                             order_seed=order_seed)
+        return self.walk, why
+
+    def took(self, rows: int) -> None:
+        """The loop was handed `rows` more rows of this walk."""
+        assert self.walk is not None
+        self.walk = dataclasses.replace(self.walk, taken=self.walk.taken + rows)
+
+    def end(self, walk: Position) -> None:
+        """The walk that began at `walk` ended (unless another has begun since)."""
+        if self.walk is not None and self.walk.epoch == walk.epoch:
+            self.walk = None
 
 
 # -- across a restore ------------------------------------------------------------------
@@ -131,23 +206,23 @@ def resume(saved: dict[int, Position], rank: int, world: int, new_seed: int) -> 
     if not first.split:
         # Every rank reads all rows: each goes on from a saved rank's place (its own when it had one).
         mine = saved.get(rank, first)
-        return Position(mine.epoch, mine.length, False, mine.shuffle, 1, 0, mine.seed, mine.taken, mine.past)
+        return dataclasses.replace(mine, world=1, rank=0)
     expected = set(range(first.world))
     if set(saved) != expected:
         raise DataPositionError(f"the positions of ranks {sorted(expected - set(saved))} of {first.world} are "
                                 "missing")
     for r, p in saved.items():
-        same = (p.epoch, p.length, p.split, p.shuffle, p.world, p.past)
-        if same != (first.epoch, first.length, first.split, first.shuffle, first.world, first.past) or p.rank != r:
+        same = (p.epoch, p.length, p.split, p.shuffle, p.world, p.past, p.order_seed)
+        if same != (first.epoch, first.length, first.split, first.shuffle, first.world, first.past,
+                    first.order_seed) or p.rank != r:
             raise DataPositionError(f"rank {r}'s position (epoch {p.epoch}, generation {p.generation}) disagrees "
                                     f"with rank {first.rank}'s (epoch {first.epoch}, generation {first.generation})")
     takens = {p.taken for p in saved.values()}
     if world == first.world and len(takens) == 1:
-        mine = saved[rank]
-        return Position(mine.epoch, mine.length, True, mine.shuffle, world, rank, mine.seed, mine.taken, mine.past)
+        return saved[rank]
     ended = Generation(first.world, tuple(saved[r].taken for r in range(first.world)),
                        tuple(saved[r].seed for r in range(first.world)))
-    return Position(first.epoch, first.length, True, first.shuffle, world, rank, new_seed, 0, (*first.past, ended))
+    return dataclasses.replace(first, world=world, rank=rank, seed=new_seed, taken=0, past=(*first.past, ended))
 
 
 # -- the document saved with a checkpoint --------------------------------------------------
@@ -157,7 +232,7 @@ def encode(world: int, rank: int, positions: dict[str, Position]) -> str:
     """This rank's positions (dataset key -> position) as the document a checkpoint keeps."""
     doc = {"version": VERSION, "world": world, "rank": rank, "datasets": {
         key: {"epoch": p.epoch, "length": p.length, "split": p.split, "shuffle": p.shuffle, "world": p.world,
-              "rank": p.rank, "seed": p.seed, "taken": p.taken,
+              "rank": p.rank, "seed": p.seed, "taken": p.taken, "order_seed": p.order_seed,
               "past": [{"world": g.world, "taken": list(g.taken), "seeds": list(g.seeds)} for g in p.past]}
         for key, p in sorted(positions.items())}}
     text = json.dumps(doc, separators=(",", ":"))
@@ -189,7 +264,8 @@ def decode(text: str, where: str) -> dict[str, Position]:
             past = tuple(Generation(_int(g["world"], 1), tuple(_int(t) for t in g["taken"]),
                                     tuple(_int(s) for s in g["seeds"])) for g in d["past"])
             p = Position(_int(d["epoch"]), _int(d["length"]), _bool(d["split"]), _bool(d["shuffle"]),
-                         _int(d["world"], 1), _int(d["rank"]), _int(d["seed"]), _int(d["taken"]), past)
+                         _int(d["world"], 1), _int(d["rank"]), _int(d["seed"]), _int(d["taken"]), past,
+                         None if d["order_seed"] is None else _int(d["order_seed"]))
         except (KeyError, TypeError, ValueError) as e:
             raise DataPositionError(f"{where}: dataset {key!r}'s position is malformed ({type(e).__name__}: "
                                     f"{e})") from None

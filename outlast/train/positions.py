@@ -34,6 +34,13 @@ def track(key: str, reader: Resumable) -> None:
         _resume_one(key, reader, _read_saved())
 
 
+def track_next(kind: str, reader: Resumable) -> str:
+    """Track `reader` under the next key of its kind ("loader:0", "loader:1", ... in the order they are made)."""
+    key = f"{kind}:{sum(1 for k in _readers if k.startswith(kind + ':'))}"
+    track(key, reader)
+    return key
+
+
 def start(saved: Callable[[], dict[int, str]] | None) -> None:
     """A new attempt: `saved` reads the positions of the checkpoint it restores (None: it restores none)."""
     global _saved, _restored, _cache

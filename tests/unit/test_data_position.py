@@ -164,7 +164,7 @@ def test_a_document_round_trips_and_stays_small():
                                                   "world": 1, "rank": 0, "seed": 0, "taken": 0, "past": []}}}),
      "malformed"),
     (json.dumps({"version": 1, "datasets": {"x": {"epoch": 0, "length": 1, "split": True, "shuffle": False,
-                                                  "world": 1, "rank": 3, "seed": 0, "taken": 0, "past": []}}}),
+                                                  "world": 1, "rank": 3, "seed": 0, "taken": 0, "past": [], "order_seed": None}}}),
      "outside its world"),
     ("x" * (dp.MAX_BYTES + 1), "over"),
 ])
@@ -194,3 +194,68 @@ def test_a_tracked_shard_resumes_from_the_restored_documents_on_its_first_walk()
         assert json.loads(positions.document(1, 0))["datasets"]["dataset:train"]["epoch"] == 2
     finally:
         positions.start(None)
+
+
+def loader_rows(batches, dataset_len, stop_after=None, num_workers=0):
+    """One walk of a DataLoader read through `batches`, as prepare_data_loader builds it."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from outlast.train.torch.helpers import _DeviceLoader
+
+    loader = _DeviceLoader(DataLoader(TensorDataset(torch.arange(dataset_len)), batch_sampler=batches,
+                                      num_workers=num_workers), None, batches)
+    out = []
+    for (batch,) in loader:
+        out.append(batch.tolist())
+        if stop_after is not None and len(out) == stop_after:
+            break
+    return out
+
+
+def epoch_batches(rank, world, n=24, batch_size=2):
+    from outlast.train.torch.epoch_batches import EpochBatches
+
+    return EpochBatches(n, rank, world, batch_size, shuffle=True, drop_last=False, seed=7)
+
+
+def test_a_prepared_loader_counts_what_the_loop_took_not_what_its_workers_prefetched():
+    b = epoch_batches(0, 1)
+    whole = loader_rows(epoch_batches(0, 1), 24)
+    assert loader_rows(b, 24, stop_after=2, num_workers=2)  # the workers read ahead of the loop
+    assert b.data_position().taken == 0 and b.data_position().epoch == 1  # the walk was left: epoch 0 ended
+    c = epoch_batches(0, 1)
+    rows = loader_rows(c, 24, stop_after=None)
+    assert rows == whole and len(c) == 12
+    assert sorted(sum(whole, [])) == list(range(24))
+
+
+def read_then_die(batches, n, count):
+    """A rank reads `count` batches through its prepared loader and reports: its rows and its position."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from outlast.train.torch.helpers import _DeviceLoader
+
+    loader = iter(_DeviceLoader(DataLoader(TensorDataset(torch.arange(n)), batch_sampler=batches), None, batches))
+    rows = [row for _ in range(count) for row in next(loader)[0].tolist()]
+    return rows, batches.data_position()  # saved in the loop body, the walk under way
+
+
+def test_a_prepared_loader_resized_three_two_three_reads_every_row_once_in_the_epoch():
+    read, saved = [], {}
+    for r in range(3):
+        rows, saved[r] = read_then_die(epoch_batches(r, 3), 24, 2)
+        read += rows
+    saved2 = {}
+    for r in range(2):
+        b = epoch_batches(r, 2)
+        b.resume_from(saved)
+        rows, saved2[r] = read_then_die(b, 24, 1)
+        read += rows
+    for r in range(3):
+        b = epoch_batches(r, 3)
+        b.resume_from(saved2)
+        read += sum(loader_rows(b, 24), [])
+        assert b.data_position().epoch == 1
+    assert Counter(read) == Counter(range(24))
