@@ -177,7 +177,7 @@ class DataShard:
             batch = _to_numpy(batch)
             return _to_pandas(batch) if batch_format == "pandas" else batch
 
-        return _Walks(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
+        return BatchIterable(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
 
     def iter_torch_batches(self, *, batch_size: int | None = 256, dtypes: Any = None, device: Any = "auto",
                            collate_fn: Any = None, drop_last: bool = False,
@@ -202,14 +202,14 @@ class DataShard:
                  for k, v in batch.items()}
             return _to_torch(batch, dtypes, device)
 
-        return _Walks(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
+        return BatchIterable(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
 
     def iter_rows(self) -> Iterable[Any]:
         """The shard's rows one by one; each walk is one epoch."""
         def row(batch: Any) -> Any:
             return batch[0] if isinstance(batch, list) else {k: v[0] for k, v in batch.items()}
 
-        return _Walks(self, 1, False, None, None, row)
+        return BatchIterable(self, 1, False, None, None, row)
 
     # -- the position ------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class DataShard:
                              "DataLoader in the train function and call prepare_data_loader on it")
 
 
-class _Walks:
+class BatchIterable:
     """What an iterator method returns: an iterable each walk over which reads one epoch of the shard."""
 
     def __init__(self, shard: DataShard, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
