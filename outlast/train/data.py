@@ -236,7 +236,7 @@ class DataShard:
         try:
             left, least = dp.rows_left(p)
             for start, end in dp.batch_bounds(len(left), least, batch_size or max(len(left), 1), drop_last):
-                chunk = left[start:end]
+                chunk = left[start:end].tolist()
                 # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
                 self._epochs.took(len(chunk))
                 yield convert(self.source.take(chunk))

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from outlast.protocol.messages import MAX_DATA_POSITION_BYTES
 
 VERSION = 1
 MAX_BYTES = MAX_DATA_POSITION_BYTES  # a position document: a few hundred bytes per dataset in practice
+
+
+Rows = Any  # a 1-d numpy array of row indices (numpy is imported only where rows are)
 
 
 class DataPositionError(ValueError):
@@ -63,15 +66,15 @@ class Position:
         return len(self.past)
 
 
-def first_rows(length: int, world: int, order_seed: int | None = None) -> list[int]:
+def first_rows(length: int, world: int, order_seed: int | None = None) -> Rows:
     """The epoch's rows as its first generation splits them: all of them but `length % world`."""
-    rows = list(range(length))
-    if order_seed is not None:
-        random.Random(order_seed).shuffle(rows)
+    import numpy as np
+
+    rows = np.arange(length) if order_seed is None else _rng(order_seed).permutation(length)
     return rows[:length // world * world]
 
 
-def shares(rows: list[int], world: int) -> list[list[int]]:
+def shares(rows: Rows, world: int) -> list[Rows]:
     """`rows` in `world` contiguous shares, the first `len % world` one row longer than the others."""
     per, extra = divmod(len(rows), world)
     out, start = [], 0
@@ -82,36 +85,33 @@ def shares(rows: list[int], world: int) -> list[list[int]]:
     return out
 
 
-def order(share: list[int], shuffle: bool, seed: int) -> list[int]:
+def order(share: Rows, shuffle: bool, seed: int) -> Rows:
     """A rank's rows in the order it reads them."""
-    out = list(share)
-    if shuffle:
-        random.Random(seed).shuffle(out)
-    return out
+    return _rng(seed).permutation(share) if shuffle else share
 
 
-def generation_rows(p: Position) -> list[int]:
+def _rng(seed: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(seed % 2**64)
+
+
+def generation_rows(p: Position) -> Rows:
     """The rows the current generation splits: the epoch's first split, less what earlier generations took."""
+    import numpy as np
+
     rows = first_rows(p.length, p.past[0].world if p.past else p.world, p.order_seed)
     for g in p.past:
-        rows = [row for r, part in enumerate(shares(rows, g.world))
-                for row in order(part, p.shuffle, g.seeds[r])[g.taken[r]:]]
+        parts = shares(rows, g.world)
+        rows = np.concatenate([order(part, p.shuffle, g.seeds[r])[g.taken[r]:] for r, part in enumerate(parts)])
     return rows
 
 
-def my_order(p: Position) -> list[int]:
-    """This rank's rows in this generation, in reading order (the first `p.taken` are read already)."""
-    return order(shares(generation_rows(p), p.world)[p.rank], p.shuffle, p.seed)
-
-
-def least_share(p: Position) -> int:
-    """The fewest rows any rank has in this generation: the steps every rank takes are counted from it."""
-    return len(generation_rows(p)) // p.world
-
-
-def rows_left(p: Position) -> tuple[list[int], int]:
+def rows_left(p: Position) -> tuple[Rows, int]:
     """The rows this rank has left to read in this generation, in order, and the fewest any rank has left."""
-    return my_order(p)[p.taken:], least_share(p) - p.taken
+    rows = generation_rows(p)
+    mine = order(shares(rows, p.world)[p.rank], p.shuffle, p.seed)
+    return mine[p.taken:], len(rows) // p.world - p.taken
 
 
 def batch_bounds(rows_left: int, least_left: int, batch_size: int, drop_last: bool) -> list[tuple[int, int]]:
@@ -154,10 +154,15 @@ class Epochs:
     def resume_from(self, saved: dict[int, Position], new_seed: int) -> str | None:
         """Go on from the positions every rank saved; None, or why the saved epoch is read again from its
         start (without every rank's place, as when a rank was lost before it reported, the rest is unknown)."""
+        first = saved[min(saved)]
+        if first.length != self.length or first.split != self.split:
+            self.next_epoch = first.epoch
+            return (f"it was saved for {first.length} rows{'' if first.split else ' read whole by every rank'}, "
+                    f"and has {self.length}{'' if self.split else ' read whole by every rank'} now")
         try:
             self.resumed = resume(saved, self.rank, self.world, new_seed)
         except DataPositionError as e:
-            self.next_epoch = saved[min(saved)].epoch
+            self.next_epoch = first.epoch
             return str(e)
         self.next_epoch = self.resumed.epoch
         return None

@@ -35,8 +35,8 @@ def saved_positions(shards, stop_after, **kwargs):
     return read, saved
 
 
-def resumed(n, saved, world, **kwargs):
-    shards = [shard(n, r, world) for r in range(world)]
+def resumed(n, saved, world, split=True, **kwargs):
+    shards = [shard(n, r, world, split) for r in range(world)]
     read = []
     for s in shards:
         s.resume_from(saved)
@@ -145,7 +145,7 @@ def test_a_missing_rank_reads_the_epoch_again_from_its_start():
 
 def test_an_unsplit_dataset_goes_on_from_its_own_place_at_any_world_size():
     _, saved = saved_positions([shard(6, r, 2, split=False) for r in range(2)], 2, batch_size=2)
-    _, read = resumed(6, saved, 3, batch_size=2)
+    _, read = resumed(6, saved, 3, split=False, batch_size=2)
     assert read == [4, 5] * 3
 
 
@@ -259,3 +259,10 @@ def test_a_prepared_loader_resized_three_two_three_reads_every_row_once_in_the_e
         read += sum(loader_rows(b, 24), [])
         assert b.data_position().epoch == 1
     assert Counter(read) == Counter(range(24))
+
+
+def test_a_dataset_of_another_length_than_saved_reads_the_saved_epoch_again_from_its_start():
+    _, saved = saved_positions([shard(8, r, 2) for r in range(2)], 1, batch_size=2)
+    t = shard(10, 0, 2)
+    t.resume_from(saved)
+    assert walk(t.iter_batches(batch_size=2)) == [[0, 1], [2, 3], [4]] and t.data_position().epoch == 1
