@@ -266,3 +266,12 @@ def test_a_dataset_of_another_length_than_saved_reads_the_saved_epoch_again_from
     t = shard(10, 0, 2)
     t.resume_from(saved)
     assert walk(t.iter_batches(batch_size=2)) == [[0, 1], [2, 3], [4]] and t.data_position().epoch == 1
+
+
+def test_a_transformers_trainer_takes_a_shards_batches_and_reads_them_every_epoch():
+    from outlast.train.huggingface.transformers import _is_batches, _loader
+
+    batches = shard(6).iter_torch_batches(batch_size=2, device="cpu")
+    assert _is_batches(batches)
+    loader = _loader(batches)
+    assert [[b["i"].tolist() for b in loader] for _ in range(2)] == [[[0, 1], [2, 3], [4, 5]]] * 2
