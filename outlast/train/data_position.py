@@ -165,6 +165,8 @@ class Epochs:
             self.next_epoch = first.epoch
             return str(e)
         self.next_epoch = self.resumed.epoch
+        if not self.resumed.past and self.resumed.taken == 0:
+            self.resumed = None  # at the epoch's start: the next walk begins it as any walk does, with its seeds
         return None
 
     def begin(self, shuffle: bool, seed: int, order_seed: int | None = None) -> tuple[Position, str | None]:

@@ -9,7 +9,7 @@ positions of all the ranks that saved it, so that it can go on where the run was
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from outlast.train import data_position as dp
 
@@ -22,7 +22,14 @@ class Resumable(Protocol):
     def resume_from(self, saved: dict[int, dp.Position]) -> None: ...
 
 
+class Follows(Resumable, Protocol):
+    """A reader that can go on from an earlier reader of the same source (prepare_data_loader's, built again)."""
+
+    def follow(self, earlier: Any) -> None: ...
+
+
 _readers: dict[str, Resumable] = {}
+_sources: dict[str, tuple[object, Any]] = {}  # key -> (what its reader reads, the reader), for track_for
 _saved: Callable[[], dict[int, str]] | None = None  # the restored checkpoint's documents, rank -> text
 _restored = False
 
@@ -34,9 +41,17 @@ def track(key: str, reader: Resumable) -> None:
         _resume_one(key, reader, _read_saved())
 
 
-def track_next(kind: str, reader: Resumable) -> str:
-    """Track `reader` under the next key of its kind ("loader:0", "loader:1", ... in the order they are made)."""
-    key = f"{kind}:{sum(1 for k in _readers if k.startswith(kind + ':'))}"
+def track_for(kind: str, source: object, reader: Follows) -> str:
+    """Track `reader`, which reads `source`, under its kind's next key ("loader:0", "loader:1", ... in the order
+    the sources first come). A reader of a source read before takes the earlier reader's key and place: a loop
+    that builds its loader again each epoch goes on as one loader, and its document does not grow."""
+    for key, (seen, earlier) in _sources.items():
+        if seen is source and key.startswith(kind + ":"):
+            reader.follow(earlier)
+            break
+    else:
+        key = f"{kind}:{sum(1 for k in _sources if k.startswith(kind + ':'))}"
+    _sources[key] = (source, reader)  # holding `source` keeps its id from being reused
     track(key, reader)
     return key
 
@@ -45,6 +60,7 @@ def start(saved: Callable[[], dict[int, str]] | None) -> None:
     """A new attempt: `saved` reads the positions of the checkpoint it restores (None: it restores none)."""
     global _saved, _restored, _cache
     _readers.clear()
+    _sources.clear()
     _saved, _restored, _cache = saved, False, None
 
 

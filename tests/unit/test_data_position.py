@@ -275,3 +275,31 @@ def test_a_transformers_trainer_takes_a_shards_batches_and_reads_them_every_epoc
     assert _is_batches(batches)
     loader = _loader(batches)
     assert [[b["i"].tolist() for b in loader] for _ in range(2)] == [[[0, 1], [2, 3], [4, 5]]] * 2
+
+
+def test_a_loader_built_again_each_epoch_goes_on_as_one_loader_and_resumes_so():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from outlast.train.torch.helpers import prepare_data_loader
+
+    dataset = TensorDataset(torch.arange(8))
+
+    def epoch(loader=None, stop_after=None):
+        return walk(({"i": b} for (b,) in (loader or prepare_data_loader(
+            DataLoader(dataset, batch_size=2, shuffle=True), move_to_device=False))), stop_after)
+
+    positions.start(None)
+    try:
+        whole = [epoch() for _ in range(4)]  # four epochs, a loader built for each
+        assert whole[0] != whole[1] and all(sorted(sum(e, [])) == list(range(8)) for e in whole)
+        assert list(json.loads(positions.document(1, 0))["datasets"]) == ["loader:0"]
+        positions.start(None)
+        assert [epoch() for _ in range(3)] == whole[:3]
+        loader = iter(prepare_data_loader(DataLoader(dataset, batch_size=2, shuffle=True), move_to_device=False))
+        assert next(loader)[0].tolist() == whole[3][0]
+        text = positions.document(1, 0)  # reported in epoch 3's loop body, then the rank dies
+        positions.start(lambda: {0: text})
+        assert epoch() == whole[3][1:]
+    finally:
+        positions.start(None)

@@ -34,6 +34,7 @@ class EpochBatches:
         self._asked_epoch: int | None = None
         self._bounds: list[tuple[int, int]] = []
         self._handed = 0  # batches of this walk handed out to the loop
+        self._begun: dp.Position | None = None  # where this loader's latest walk began
 
     def set_epoch(self, epoch: int) -> None:
         """As DistributedSampler.set_epoch: the permutation of the epochs that begin from now on."""
@@ -48,6 +49,7 @@ class EpochBatches:
         positions.restore()
         epoch = self._asked_epoch if self._asked_epoch is not None else self._epochs.next_epoch
         p, _ = self._epochs.begin(False, 0, order_seed=self.seed + epoch if self.shuffle else None)
+        self._begun = p
         left, least = dp.rows_left(p)
         self._bounds = dp.batch_bounds(len(left), least, self.batch_size, self.drop_last)
         self._handed = 0
@@ -62,8 +64,14 @@ class EpochBatches:
 
     def walk_ended(self) -> None:
         """The loop read the walk to its end or left it: the next walk is the next epoch."""
-        if self._epochs.walk is not None:
-            self._epochs.end(self._epochs.walk)
+        if self._begun is not None:
+            self._epochs.end(self._begun)  # only its own: a loader built again since may be reading the next
+
+    def follow(self, earlier: "EpochBatches") -> None:
+        """Go on from `earlier`, a loader of the same dataset this one replaces: its epochs and its place."""
+        if earlier._epochs.length == self._epochs.length:
+            self._epochs = earlier._epochs
+            self._asked_epoch = earlier._asked_epoch
 
     # -- positions.Resumable ---------------------------------------------------------------
 

@@ -126,7 +126,7 @@ def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_devi
         batches = EpochBatches(len(data_loader.dataset), rank, world, data_loader.batch_size,
                                shuffle=isinstance(data_loader.sampler, RandomSampler),
                                drop_last=data_loader.drop_last)
-        positions.track_next("loader", batches)
+        positions.track_for("loader", data_loader.dataset, batches)
         loader = DataLoader(
             data_loader.dataset, batch_sampler=batches, num_workers=data_loader.num_workers,
             collate_fn=data_loader.collate_fn, pin_memory=data_loader.pin_memory,
