@@ -81,7 +81,9 @@ NOTES: dict[str, Note] = {
     "get_dataset_shard": Note(DIFFERS, "the dataset given to the trainer, in memory (torch Dataset, Hugging Face "
                                        "datasets.Dataset, numpy/torch arrays, dict of columns, pandas DataFrame, list "
                                        "of rows), cut into equal contiguous shards; the shard offers iter_torch_batches, "
-                                       "iter_batches, iter_rows and count, not Ray Data's other methods"),
+                                       "iter_batches, iter_rows and count, not Ray Data's other methods; each walk "
+                                       "of what they return is one epoch, and every checkpoint keeps the position, "
+                                       "so a restore goes on at the next batch (docs/guide/training.md)"),
     "Checkpoint.filesystem": Note(UNSUPPORTED, f"{_OUTLAST_URL}: Checkpoint('s3://bucket/run/checkpoint_001_000004')"),
     "Checkpoint.set_metadata": Note(DIFFERS, "refused on a committed checkpoint (its files are checked against its "
                                              "manifest): set metadata before report()"),
@@ -154,7 +156,9 @@ NOTES: dict[str, Note] = {
     "TorchConfig.to_dict": Note(UNSUPPORTED, "Ray's backend internals"),
     "TorchConfig.train_func_context": Note(UNSUPPORTED, "Ray's backend internals"),
     "prepare_data_loader": Note(SAME, "what it returns reads like the DataLoader it wraps (dataset, batch_size, "
-                                      "sampler, len)"),
+                                      "sampler, len); a loader with its default sampler is split by outlast's own "
+                                      "batch sampler (no DistributedSampler padding), whose place every checkpoint "
+                                      "keeps, so a restore goes on at the next batch (docs/guide/training.md)"),
     "prepare_data_loader.auto_transfer": Note(DIFFERS, "accepted; batches move to the device as they are read, "
                                                        "without a side stream"),
     "get_devices": Note(SAME, "one device per worker"),

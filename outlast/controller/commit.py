@@ -49,6 +49,7 @@ class PendingCheckpoint:
     # Lost ranks whose shard never arrived. Each also has an entry in `errors`, so a commit
     # path that only refuses checkpoints with errors never commits one missing a shard.
     missing_shards: list[int] = field(default_factory=list)
+    data_positions: dict[int, str] = field(default_factory=dict)  # rank -> where it was in its data
 
     def missing_reason(self, node_of: Mapping[int, str] | None = None) -> str:
         """Why this checkpoint is never committed; `node_of` (rank -> node id) names where the ranks were."""
@@ -92,10 +93,12 @@ class CommitTracker:
         self._lead: int | None = 0
         self._lead_metrics: dict[int, dict[str, Any]] = {}
         self._early_uploads: dict[tuple[int, int], tuple[str, list[FileEntry], str | None]] = {}
+        self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
+        self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],
-        upload_pending: bool = False, upload_files: list[FileEntry] | None = None,
+        upload_pending: bool = False, upload_files: list[FileEntry] | None = None, data_position: str = "",
     ) -> list[PendingCheckpoint]:
         """Record report `index` of `rank`; return the checkpoints that just settled, oldest first.
 
@@ -112,6 +115,10 @@ class CommitTracker:
         if rank == self._lead and self.world_size > 1:
             # setdefault: after rank 0's loss, what rank 0 reported before it still wins.
             self._lead_metrics.setdefault(index, metrics)
+        if data_position:
+            # Every rank's, checkpoint or not (often only rank 0 has files): the manifest keeps them all.
+            self._positions.setdefault(index, {})[rank] = data_position
+            self._last_position[rank] = data_position
         if checkpoint_dir is not None:
             pending = self._pending.get(index)
             if pending is None:
@@ -240,7 +247,15 @@ class CommitTracker:
             out.append(self._pending.pop(i))
         for p in out:
             p.metrics = self._lead_metrics.get(p.index, p.metrics)
+            p.data_positions = self._positions.pop(p.index, {})
+            for rank in self.lost - set(p.data_positions):
+                # Lost before it made this report: where it was at its last one. What it read since was never
+                # reported, so it is read again.
+                if rank in self._last_position:
+                    p.data_positions[rank] = self._last_position[rank]
         oldest_kept = min([done_below, *self._pending])
         while self._lead_metrics and next(iter(self._lead_metrics)) < oldest_kept:
             del self._lead_metrics[next(iter(self._lead_metrics))]
+        for index in [i for i in self._positions if i < oldest_kept]:
+            del self._positions[index]  # a report without a checkpoint: nothing keeps its positions
         return out

@@ -108,7 +108,7 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
             preempt_steps.forecast_uploads(c, p)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
-                                           msg.upload_pending, msg.upload_files)
+                                           msg.upload_pending, msg.upload_files, msg.data_position)
     except ValueError as e:
         log.warning("ignored a report: %s", e)
         return

@@ -18,7 +18,7 @@ from outlast.protocol import paths
 from outlast.protocol.kinds import FailureKind, WorkloadKind
 
 # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
-# 5: WorkerError.kind, apart from exc_type; 6: Report.stalled_s
+# 5: WorkerError.kind, apart from exc_type; 6: Report.stalled_s and Report.data_position
 PROTOCOL_VERSION = 6
 
 
@@ -461,6 +461,9 @@ class SetUpHeard(Msg, frozen=True):
     rank: int
 
 
+MAX_DATA_POSITION_BYTES = 64 * 1024  # train/data_position.py writes no more
+
+
 class Report(Msg, frozen=True):
     attempt: int
     rank: int
@@ -481,9 +484,14 @@ class Report(Msg, frozen=True):
     # Seconds this rank spent in its previous report() call, when that call had a checkpoint (0 when it had none):
     # a call's own length is known only once it returns, after its message is sent.
     stalled_s: float = 0.0
+    # Where the rank is in its data (train/data_position.py's document; "" when it reads none through outlast):
+    # a checkpoint's manifest keeps every rank's, so that a restore goes on at the next batch.
+    data_position: str = ""
 
     def __post_init__(self) -> None:
         paths.check_name("checkpoint", self.checkpoint_dir)
+        if len(self.data_position) > MAX_DATA_POSITION_BYTES:
+            raise ValueError(f"data_position is {len(self.data_position)} bytes, over {MAX_DATA_POSITION_BYTES}")
         paths.check_absolute("local_dir", self.local_dir, empty_ok=True)
 
 

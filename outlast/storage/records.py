@@ -99,6 +99,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     memory_at: float | None = None
     durable: bool = True
     memory_ranks: dict[int, list[str]] = {}  # rank -> the nodes that keep its files (additive: older have none)
+    # rank -> where it was in its data when it reported (train/data_position.py's document; additive: older
+    # manifests and runs that read no data through outlast have none). Checked by the reader, not here.
+    data_positions: dict[int, str] = {}
 
     def __post_init__(self) -> None:
         paths.check_name("checkpoint", self.checkpoint_dir)  # a restore joins it to its directories

@@ -28,7 +28,9 @@ from outlast.storage.base import Storage, StorageError
 from outlast.storage.checksum import hash_file
 from outlast.storage.local import walk_files
 from outlast.storage.records import MANIFEST_NAME, MAX_SMALL_DOCUMENT_BYTES
+from outlast.storage.run_store import RunStore
 from outlast.storage.tier_restore import restore
+from outlast.train import positions
 from outlast.train.fetch_progress import reporting_fetch
 from outlast.train._uploads import Uploads, dir_bytes, local_files
 from outlast.train.checkpoint import Checkpoint, CheckpointUploadMode, ReportedCheckpoint
@@ -115,11 +117,12 @@ class WorkerSession:
         upload_mode = CheckpointUploadMode(upload_mode)
         if name is not None and not self._memory_only and (checkpoint is not None or write is not None):
             self._claim(name, self._core.reports)  # before the report counts: a clash loses nothing
+        position = positions.document(self.context.world_size, self.context.world_rank)
         slot = self._core.begin_report(name)
         if self._core.reports == 1:
             mark("worker.first_report", attempt=self.context.attempt, rank=self.context.world_rank)
         if checkpoint is None and write is None:
-            self._run(self._core.report(slot, metrics))
+            self._run(self._core.report(slot, metrics, data_position=position))
             return
         dest = f"{self._run_dir}/{slot.name}"
         nbytes = dir_bytes(checkpoint.path) if checkpoint is not None else 0
@@ -128,14 +131,14 @@ class WorkerSession:
             # there afterwards: the deadline never waits on storage.
             self._report_in_memory(slot, metrics, checkpoint, write, nbytes,
                                    delete=bool(delete_local_after_upload) or write is not None,
-                                   in_memory=not self._memory_only)
+                                   in_memory=not self._memory_only, position=position)
             return
         if write is not None or upload_mode is CheckpointUploadMode.ASYNC:
             delete = True if delete_local_after_upload is None or write is not None else delete_local_after_upload
             if slot.waits_for_uploads:
                 self._uploads.wait()  # before the Report
-            self._run(self._core.report(slot, metrics, checkpoint=True, upload_bytes=nbytes,
-                                        bandwidth_bps=self._uploads.bandwidth_bps,
+            self._run(self._core.report(slot, metrics, data_position=position, checkpoint=True,
+                                        upload_bytes=nbytes, bandwidth_bps=self._uploads.bandwidth_bps,
                                         upload_files=local_files(checkpoint.path) if write is None else None))
             self._uploads.start(slot.index, slot.name, dest, delete, urgent=slot.saw_preemption,
                                 local_dir=checkpoint.path if checkpoint is not None else None, write=write)
@@ -147,8 +150,9 @@ class WorkerSession:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         # The files stay where they are until the commit, which waits for this node's memory tier to copy them.
         here = "" if delete_local_after_upload else os.path.abspath(checkpoint.path)
-        self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
-                                    bandwidth_bps=self._uploads.bandwidth_bps, now=time.monotonic(), local_dir=here))
+        self._run(self._core.report(slot, metrics, data_position=position, checkpoint=True, files=files,
+                                    upload_bytes=nbytes, bandwidth_bps=self._uploads.bandwidth_bps,
+                                    now=time.monotonic(), local_dir=here))
         fault_point("report.after_commit")
 
     def _claim(self, name: str, index: int) -> None:
@@ -181,7 +185,7 @@ class WorkerSession:
 
     def _report_in_memory(self, slot, metrics: dict[str, Any], checkpoint: Checkpoint | None,
                           write: Callable[[Path], None] | None, nbytes: int, delete: bool,
-                          in_memory: bool = False) -> None:
+                          in_memory: bool = False, position: str = "") -> None:
         """CheckpointConfig(checkpoint_storage="memory"): nothing is uploaded; the files are listed and checked
         here, and the commit waits until two nodes keep them in memory. A staged save is written first."""
         local = checkpoint.path if checkpoint is not None else tempfile.mkdtemp(prefix=f"outlast-staged-{slot.name}-")
@@ -189,8 +193,8 @@ class WorkerSession:
             if write is not None:
                 write(Path(local))
             files = local_entries(Path(local))
-            self._run(self._core.report(slot, metrics, checkpoint=True, files=files, upload_bytes=nbytes,
-                                        now=time.monotonic(), local_dir=os.path.abspath(local),
+            self._run(self._core.report(slot, metrics, data_position=position, checkpoint=True, files=files,
+                                        upload_bytes=nbytes, now=time.monotonic(), local_dir=os.path.abspath(local),
                                         in_memory=in_memory))
         finally:
             if delete:
@@ -219,6 +223,13 @@ class WorkerSession:
             self._restored = Checkpoint(path)
             mark("worker.restored", attempt=self.context.attempt, rank=self.context.world_rank, source=source.value)
         return self._restored
+
+    def saved_data_positions(self) -> dict[int, str]:
+        """rank -> the data position that rank saved with the checkpoint this attempt restores (empty: none)."""
+        if self._restore is None:
+            return {}
+        manifest = RunStore(self._storage, self._run_dir).read_manifest(self._restore)
+        return dict(manifest.data_positions) if manifest is not None else {}
 
     # -- preemption -------------------------------------------------------------
 

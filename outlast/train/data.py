@@ -12,10 +12,16 @@ blocks (the remainder is left out, so that every rank takes as many steps).
 
 from __future__ import annotations
 
+import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from outlast.train import data_position as dp
+from outlast.train import positions
+
+log = logging.getLogger("outlast.worker")
 
 TRAIN_DATASET_KEY = "train"
 
@@ -119,12 +125,25 @@ def shard_indices(length: int, rank: int, world_size: int, split: bool) -> range
 
 @dataclass
 class DataShard:
-    """One rank's part of a dataset, read in batches as often as the loop likes (once per epoch)."""
+    """One rank's part of a dataset, read in batches as often as the loop likes (once per epoch).
+
+    Each walk over an iterator it returns is one epoch. The shard keeps its place in the epoch
+    (`data_position`), which every checkpoint saves; a restored run's first walk goes on at the next
+    batch of the epoch it was in, with the rest of the epoch split again when the world size changed."""
 
     name: str
     source: _Source
-    indices: Sequence[int]
-    _epoch: int = field(default=0)
+    rank: int = 0
+    world: int = 1
+    split: bool = True
+    _epochs: dp.Epochs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._epochs = dp.Epochs(self.source.length, self.rank, self.world, self.split)
+
+    @property
+    def indices(self) -> range:
+        return shard_indices(self.source.length, self.rank, self.world, self.split)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -137,66 +156,92 @@ class DataShard:
         return self
 
     def to_pandas(self) -> Any:
-        """The whole shard as one pandas DataFrame."""
+        """The whole shard as one pandas DataFrame (read apart from the epochs: it moves no position)."""
         import pandas as pd
 
-        return next(self.iter_batches(batch_size=None, batch_format="pandas"), pd.DataFrame())
+        rows = list(self.indices)
+        if not rows:
+            return pd.DataFrame()
+        return _to_pandas(_to_numpy(self.source.take(rows)))
 
     def iter_batches(self, *, batch_size: int | None = 256, batch_format: str = "default", drop_last: bool = False,
                      local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
-                     prefetch_batches: int = 1, **_: Any) -> Iterator[Any]:
-        """Batches as dicts of numpy arrays ("default"/"numpy") or pandas DataFrames ("pandas")."""
+                     prefetch_batches: int = 1, **_: Any) -> Iterable[Any]:
+        """Batches as dicts of numpy arrays ("default"/"numpy") or pandas DataFrames ("pandas"), as an
+        iterable that each walk reads again (one epoch a walk), as Ray's is."""
         if batch_format not in ("default", "numpy", "pandas"):
             raise ValueError(f"iter_batches(batch_format={batch_format!r}): outlast gives 'numpy' (the default) "
                              "or 'pandas'")
-        for batch in self._batches(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed):
-            batch = _to_numpy(batch)
-            if batch_format == "pandas":
-                import pandas as pd
 
-                batch = pd.DataFrame({k: list(v) if getattr(v, "ndim", 1) > 1 else v for k, v in batch.items()})
-            yield batch
+        def convert(batch: Any) -> Any:
+            batch = _to_numpy(batch)
+            return _to_pandas(batch) if batch_format == "pandas" else batch
+
+        return BatchIterable(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
 
     def iter_torch_batches(self, *, batch_size: int | None = 256, dtypes: Any = None, device: Any = "auto",
                            collate_fn: Any = None, drop_last: bool = False,
                            local_shuffle_buffer_size: int | None = None, local_shuffle_seed: int | None = None,
-                           prefetch_batches: int = 1, **_: Any) -> Iterator[Any]:
+                           prefetch_batches: int = 1, **_: Any) -> Iterable[Any]:
         """Batches as dicts of tensors on this worker's device (rows of a torch Dataset collated as a
-        DataLoader would); `collate_fn` receives the numpy batch instead."""
-        import torch
-        from torch.utils.data import default_collate
-
+        DataLoader would); `collate_fn` receives the numpy batch instead. Each walk is one epoch."""
         if device == "auto":
             from outlast.train.torch.helpers import get_device
 
             device = get_device()
-        for batch in self._batches(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed):
+
+        def convert(batch: Any) -> Any:
+            import torch
+            from torch.utils.data import default_collate
+
             if collate_fn is not None:
-                yield collate_fn(_to_numpy(batch))
-                continue
+                return collate_fn(_to_numpy(batch))
             # Columns of text or objects stay numpy arrays: torch has no tensor for them.
             batch = default_collate(batch) if isinstance(batch, list) else \
                 {k: torch.as_tensor(v) if getattr(v, "dtype", None) is not None and v.dtype.kind in "biufc" else v
                  for k, v in batch.items()}
-            yield _to_torch(batch, dtypes, device)
+            return _to_torch(batch, dtypes, device)
 
-    def iter_rows(self) -> Iterator[Any]:
-        for i in self.indices:
-            batch = self.source.take([i])
-            yield batch[0] if isinstance(batch, list) else {k: v[0] for k, v in batch.items()}
+        return BatchIterable(self, batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed, convert)
 
-    def _batches(self, batch_size, drop_last, shuffle_buffer, seed) -> Iterator[Any]:
-        order = list(self.indices)
-        if shuffle_buffer:
-            # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
-            random.Random(None if seed is None else seed + self._epoch).shuffle(order)
-        self._epoch += 1
-        size = batch_size or len(order) or 1
-        for start in range(0, len(order), size):
-            chunk = order[start:start + size]
-            if drop_last and len(chunk) < size:
-                return
-            yield self.source.take(chunk)
+    def iter_rows(self) -> Iterable[Any]:
+        """The shard's rows one by one; each walk is one epoch."""
+        def row(batch: Any) -> Any:
+            return batch[0] if isinstance(batch, list) else {k: v[0] for k, v in batch.items()}
+
+        return BatchIterable(self, 1, False, None, None, row)
+
+    # -- the position ------------------------------------------------------------
+
+    def data_position(self) -> dp.Position:
+        """Where the shard is: the epoch being read, or the start of the next one."""
+        return self._epochs.position()
+
+    def resume_from(self, saved: dict[int, dp.Position]) -> None:
+        """Go on from the positions every rank saved (rank -> position): the next walk reads the rest of
+        the saved epoch, or the next epoch when the saved one had ended."""
+        why = self._epochs.resume_from(saved, random.getrandbits(62))
+        if why is not None:
+            log.warning("dataset %r: epoch %d is read again from its start: %s", self.name,
+                        self._epochs.next_epoch, why)
+
+    def _walk_batches(self, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
+                      seed: int | None, convert: Callable[[Any], Any]) -> Iterator[Any]:
+        positions.restore()
+        epoch = self._epochs.next_epoch
+        # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
+        p, why = self._epochs.begin(bool(shuffle_buffer), seed + epoch if seed is not None else random.getrandbits(62))
+        if why is not None:
+            log.warning("dataset %r: %s: it starts over", self.name, why)
+        try:
+            left, least = dp.rows_left(p)
+            for start, end in dp.batch_bounds(len(left), least, batch_size or max(len(left), 1), drop_last):
+                chunk = left[start:end].tolist()
+                # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
+                self._epochs.took(len(chunk))
+                yield convert(self.source.take(chunk))
+        finally:
+            self._epochs.end(p)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -204,6 +249,25 @@ class DataShard:
         raise AttributeError(f"get_dataset_shard({self.name!r}).{name} is not supported: outlast's shards offer "
                              "iter_batches, iter_torch_batches, iter_rows and count; for more, build a torch "
                              "DataLoader in the train function and call prepare_data_loader on it")
+
+
+class BatchIterable:
+    """What an iterator method returns: an iterable each walk over which reads one epoch of the shard."""
+
+    def __init__(self, shard: DataShard, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
+                 seed: int | None, convert: Callable[[Any], Any]) -> None:
+        self._args = (batch_size, drop_last, shuffle_buffer, seed)
+        self._shard = shard
+        self._convert = convert
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._shard._walk_batches(*self._args, self._convert)
+
+
+def _to_pandas(batch: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame({k: list(v) if getattr(v, "ndim", 1) > 1 else v for k, v in batch.items()})
 
 
 def _to_numpy(batch: Any) -> Any:
@@ -242,7 +306,8 @@ def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, worl
     _shards = {}
     for name, data in datasets.items():
         source = to_source(name, data)
-        _shards[name] = DataShard(name, source, shard_indices(source.length, rank, world_size, config.splits(name)))
+        _shards[name] = DataShard(name, source, rank, world_size, config.splits(name))
+        positions.track(f"dataset:{name}", _shards[name])
 
 
 def get_dataset_shard(dataset_name: str | None = None) -> DataShard:

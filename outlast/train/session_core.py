@@ -166,11 +166,13 @@ class SessionCore:
     def report(self, slot: ReportSlot, metrics: dict[str, Any], checkpoint: bool = False,
                files: list[m.FileEntry] | None = None, upload_bytes: int = 0, bandwidth_bps: float = 0.0,
                now: float = 0.0, upload_files: list[m.FileEntry] | None = None, local_dir: str = "",
-               in_memory: bool = False) -> Step:
+               in_memory: bool = False, data_position: str = "") -> Step:
         """The report's message. A checkpoint with `files` (uploaded in the calling thread) waits for its
         commit; one without them (`files=None`) is pending: its upload says when it is done, and
-        `upload_files` are the files it begins with (paths and sizes), when they are known already."""
-        base = dict(attempt=self.attempt, rank=self.rank, index=slot.index, metrics=metrics, stalled_s=self.stalled_s)
+        `upload_files` are the files it begins with (paths and sizes), when they are known already;
+        `data_position` is where the rank is in its data (`positions.document`)."""
+        base = dict(attempt=self.attempt, rank=self.rank, index=slot.index, metrics=metrics, stalled_s=self.stalled_s,
+                    data_position=data_position)
         self.stalled_s = 0.0
         if not checkpoint:
             return Step(send=(m.Report(**base),))

@@ -120,7 +120,7 @@ def run(req: m.ForkWorker) -> int:
         "OUTLAST_ATTEMPT": str(req.attempt), "OUTLAST_ERROR_FILE": req.error_file, "OUTLAST_NODE_ID": req.node_id,
     })
 
-    from outlast.train import _session
+    from outlast.train import _session, positions
     from outlast.train.context import TrainContext
 
     _say_in_output()
@@ -144,6 +144,7 @@ def run(req: m.ForkWorker) -> int:
         session = _session.WorkerSession(context, sock, payload.storage, payload.run_dir, req.restore_checkpoint,
                                           controller_address=req.controller_address)
         _session.set_session(session)
+        positions.start(session.saved_data_positions)
         session.hello(os.getpid())
         mark("worker.hello", attempt=req.attempt, rank=spec.rank)
         watch.start(req.attempt, spec.rank, req.controller_address, session.progress)  # progress; stacks on a hang

@@ -249,3 +249,19 @@ def test_missing_reason_names_every_node_the_ranks_were_lost_with():
     [failed] = t.lose_ranks({2, 3}).settled
     assert failed.missing_reason({2: "n2", 3: "n3"}) == \
         "checkpoint c0 is missing the shards of ranks [2, 3] (lost with nodes n2, n3)"
+
+
+def test_a_checkpoint_keeps_every_ranks_data_position_even_from_ranks_without_files():
+    t = CommitTracker(world_size=2)
+    t.on_report(1, 0, None, [], {}, data_position="one@0")
+    [done] = t.on_report(0, 0, "c", files("m"), {}, data_position="zero@0")
+    assert done.data_positions == {0: "zero@0", 1: "one@0"}
+
+
+def test_a_rank_lost_before_its_report_is_placed_where_its_last_report_left_it():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, None, [], {}, data_position="zero@0")
+    t.on_report(1, 0, None, [], {}, data_position="one@0")
+    t.on_report(0, 1, "c", files("m"), {}, data_position="zero@1")
+    [done] = t.lose_ranks({1}).settled
+    assert done.data_positions == {0: "zero@1", 1: "one@0"}

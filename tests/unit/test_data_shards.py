@@ -7,7 +7,7 @@ from outlast.train.data import DataConfig, DataShard, shard_indices, to_source
 
 def shard(data, rank=0, world=1, split=True):
     source = to_source("train", data)
-    return DataShard("train", source, shard_indices(source.length, rank, world, split))
+    return DataShard("train", source, rank, world, split)
 
 
 def test_split_shards_are_equal_contiguous_and_disjoint_leaving_the_remainder_out():

@@ -219,7 +219,8 @@ class Commits:
         manifest = Manifest(checkpoint_dir=pending.checkpoint_dir, seq=seq, attempt=attempt,
                             report_index=pending.index, committed_at=now, ranks=sorted(pending.files), files=files,
                             metrics=pending.metrics, memory=nodes, memory_at=now if memory else None,
-                            durable=durable, memory_ranks=dict(memory or {}))
+                            durable=durable, memory_ranks=dict(memory or {}),
+                            data_positions=dict(pending.data_positions))
         self._asks.store(out, lambda i: fx.WriteManifest(i, manifest), ManifestWrite(Committing(pending, attempt,
                                                                                                 manifest)))
 

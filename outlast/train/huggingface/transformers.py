@@ -85,7 +85,9 @@ class _Batches(IterableDataset):
 
 
 def _is_batches(dataset: Any) -> bool:
-    return isinstance(dataset, Iterator)
+    from outlast.train.data import BatchIterable
+
+    return isinstance(dataset, (Iterator, BatchIterable))
 
 
 def _loader(batches: Iterable) -> DataLoader:

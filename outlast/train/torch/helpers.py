@@ -100,18 +100,40 @@ def prepare_model(model, move_to_device: bool = True, parallel_strategy: str | N
 
 def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_device: bool = True,
                         auto_transfer: bool = True):
-    """Give each rank its own shard of `data_loader` (a DistributedSampler) and move batches to the device.
+    """Give each rank its own shard of `data_loader` and move batches to the device.
+
+    A loader over a map-style dataset with a batch size and its default sampler (in order, or shuffled) is
+    read through `EpochBatches`: each rank's share of every epoch, as a DistributedSampler gives it, with
+    the loader's place kept in every checkpoint, so that a restored run goes on at the next batch of the
+    epoch (docs/guide/training.md). Any other loader keeps its own sampler (a DistributedSampler is added
+    to a loader without one, as before) and its epochs start over on a restore.
 
     The result reads like the DataLoader it wraps (`.dataset`, `.batch_size`, `.sampler`, `len()`).
     `auto_transfer` (copying the next batch to the GPU on a side stream) is accepted and ignored:
     batches move to the device as they are read.
     """
     import torch.distributed as dist
-    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+    from outlast.train import positions
+    from outlast.train.torch.epoch_batches import EpochBatches
 
     loader = data_loader
-    if add_dist_sampler and dist.is_initialized() and dist.get_world_size() > 1 and \
-            not isinstance(data_loader.sampler, DistributedSampler):
+    batches = None
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    if add_dist_sampler and type(data_loader.sampler) in (SequentialSampler, RandomSampler) and \
+            data_loader.batch_size is not None and hasattr(data_loader.dataset, "__len__"):
+        batches = EpochBatches(len(data_loader.dataset), rank, world, data_loader.batch_size,
+                               shuffle=isinstance(data_loader.sampler, RandomSampler),
+                               drop_last=data_loader.drop_last)
+        positions.track_for("loader", data_loader.dataset, batches)
+        loader = DataLoader(
+            data_loader.dataset, batch_sampler=batches, num_workers=data_loader.num_workers,
+            collate_fn=data_loader.collate_fn, pin_memory=data_loader.pin_memory,
+            worker_init_fn=data_loader.worker_init_fn, persistent_workers=data_loader.persistent_workers,
+            **({"prefetch_factor": data_loader.prefetch_factor} if data_loader.num_workers else {}),
+        )
+    elif add_dist_sampler and world > 1 and not isinstance(data_loader.sampler, DistributedSampler):
         shuffle = not isinstance(data_loader.sampler, SequentialSampler)
         sampler = DistributedSampler(data_loader.dataset, shuffle=shuffle)
         loader = DataLoader(
@@ -119,20 +141,26 @@ def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_devi
             num_workers=data_loader.num_workers, collate_fn=data_loader.collate_fn,
             pin_memory=data_loader.pin_memory, drop_last=data_loader.drop_last,
         )
-    if not move_to_device:
+    if not move_to_device and batches is None:
         return loader
-    return _DeviceLoader(loader, get_device())
+    return _DeviceLoader(loader, get_device() if move_to_device else None, batches)
 
 
 class _DeviceLoader:
-    def __init__(self, loader, device) -> None:
+    """The loader prepare_data_loader returns: batches moved to the device, and counted as the loop takes them."""
+
+    def __init__(self, loader, device, batches=None) -> None:
         self.loader = loader
         self.device = device
-        self.sampler = getattr(loader, "sampler", None)
+        self.batches = batches
+        # Ray's examples call `loader.sampler.set_epoch(epoch)`: EpochBatches answers it as a DistributedSampler.
+        self.sampler = batches if batches is not None else getattr(loader, "sampler", None)
+        if batches is not None:  # the DataLoader under it has a batch sampler, so its own say None and False
+            self.batch_size, self.drop_last = batches.batch_size, batches.drop_last
 
     def __getattr__(self, name: str):
         # Everything else a DataLoader has (dataset, batch_size, num_workers, ...) is the wrapped loader's.
-        if name == "loader":
+        if name in ("loader", "batches"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -140,8 +168,14 @@ class _DeviceLoader:
         return len(self.loader)
 
     def __iter__(self):
-        for batch in self.loader:
-            yield _to_device(batch, self.device)
+        try:
+            for batch in self.loader:
+                if self.batches is not None:
+                    self.batches.handed_out()  # before the loop has it: a checkpoint in the loop body has used it
+                yield _to_device(batch, self.device) if self.device is not None else batch
+        finally:
+            if self.batches is not None:
+                self.batches.walk_ended()
 
 
 def _to_device(batch, device):

@@ -1,0 +1,104 @@
+"""This rank's data positions: written into every report, read back once from the restored checkpoint.
+
+Each report carries the rank's positions (`data_position.encode`) to the controller, which keeps every
+rank's beside the checkpoint's metrics in its manifest. The first walk over a dataset after a restore
+(or the first report, whichever comes first) reads them back, checks them and hands each dataset the
+positions of all the ranks that saved it, so that it can go on where the run was, at any world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from outlast.train import data_position as dp
+
+
+class Resumable(Protocol):
+    """A dataset or loader that keeps its place: the shards of get_dataset_shard, prepare_data_loader's loaders."""
+
+    def data_position(self) -> dp.Position: ...
+
+    def resume_from(self, saved: dict[int, dp.Position]) -> None: ...
+
+
+class Follows(Resumable, Protocol):
+    """A reader that can go on from an earlier reader of the same source (prepare_data_loader's, built again)."""
+
+    def follow(self, earlier: Any) -> None: ...
+
+
+_readers: dict[str, Resumable] = {}
+_sources: dict[str, tuple[object, Any]] = {}  # key -> (what its reader reads, the reader), for track_for
+_saved: Callable[[], dict[int, str]] | None = None  # the restored checkpoint's documents, rank -> text
+_restored = False
+
+
+def track(key: str, reader: Resumable) -> None:
+    """Keep `reader`'s place in every checkpoint under `key`; when it was saved, it goes on from there."""
+    _readers[key] = reader
+    if _restored:
+        _resume_one(key, reader, _read_saved())
+
+
+def track_for(kind: str, source: object, reader: Follows) -> str:
+    """Track `reader`, which reads `source`, under its kind's next key ("loader:0", "loader:1", ... in the order
+    the sources first come). A reader of a source read before takes the earlier reader's key and place: a loop
+    that builds its loader again each epoch goes on as one loader, and its document does not grow."""
+    for key, (seen, earlier) in _sources.items():
+        if seen is source and key.startswith(kind + ":"):
+            reader.follow(earlier)
+            break
+    else:
+        key = f"{kind}:{sum(1 for k in _sources if k.startswith(kind + ':'))}"
+    _sources[key] = (source, reader)  # holding `source` keeps its id from being reused
+    track(key, reader)
+    return key
+
+
+def start(saved: Callable[[], dict[int, str]] | None) -> None:
+    """A new attempt: `saved` reads the positions of the checkpoint it restores (None: it restores none)."""
+    global _saved, _restored, _cache
+    _readers.clear()
+    _sources.clear()
+    _saved, _restored, _cache = saved, False, None
+
+
+def restore() -> None:
+    """Hand every tracked reader the positions saved for it, once per attempt."""
+    global _restored
+    if _restored:
+        return
+    _restored = True
+    saved = _read_saved()
+    for key, reader in _readers.items():
+        _resume_one(key, reader, saved)
+
+
+def document(world: int, rank: int) -> str:
+    """This rank's positions as a report carries them ("" when it reads no data through outlast)."""
+    if not _readers:
+        return ""
+    restore()
+    return dp.encode(world, rank, {key: r.data_position() for key, r in _readers.items()})
+
+
+_cache: dict[str, dict[int, dp.Position]] | None = None
+
+
+def _read_saved() -> dict[str, dict[int, dp.Position]]:
+    """key -> rank -> position, from every rank's document in the restored checkpoint."""
+    global _cache
+    if _cache is not None:
+        return _cache
+    out: dict[str, dict[int, dp.Position]] = {}
+    for rank, text in sorted((_saved() if _saved is not None else {}).items()):
+        for key, p in dp.decode(text, f"the data position of rank {rank}").items():
+            out.setdefault(key, {})[rank] = p
+    _cache = out
+    return out
+
+
+def _resume_one(key: str, reader: Resumable, saved: dict[str, dict[int, dp.Position]]) -> None:
+    if key in saved:
+        reader.resume_from(saved[key])

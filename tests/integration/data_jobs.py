@@ -1,0 +1,104 @@
+"""A train loop that reads its data through get_dataset_shard and prepare_data_loader, each built once and walked
+every epoch, and logs the rows of every step; a driver for it, for the tests that kill or relaunch one.
+
+    python -m tests.integration.data_jobs STORAGE EVENTS [--workers W] [--epochs E] [--step-sleep S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+
+from outlast import train
+from outlast.train import Checkpoint
+from tests.integration.jobs import _fault, log_event, read_events
+
+ROWS = 48  # rows of the dataset: split evenly between 1, 2, 3 and 4 ranks
+BATCH = 2
+
+
+def data_loop(config: dict) -> None:
+    """Each step takes one batch of the shard and one of the prepared loader, all-reduces, reports a checkpoint
+    (rank 0's files: the epoch and step), and logs the rows it took."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from outlast.train.torch import prepare_data_loader
+
+    ctx = train.get_context()
+    epoch0, step = 0, 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            saved = json.load(f)
+        epoch0, step = saved["epoch"], saved["step"] + 1
+    log_event(config, event="start", restored_step=step - 1 if ckpt else None, world=ctx.get_world_size())
+    shard = train.get_dataset_shard("train").iter_batches(batch_size=BATCH, local_shuffle_buffer_size=ROWS,
+                                                          local_shuffle_seed=1)
+    loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(ROWS)), batch_size=BATCH, shuffle=True))
+    for epoch in range(epoch0, config["epochs"]):
+        for rows, loaded in itertools.zip_longest(shard, loader):
+            dist.all_reduce(torch.ones(1))  # in step with the other ranks, as a gradient's all-reduce keeps them
+            _fault(config, step, "step")  # the batches taken, the step not reported
+            log_event(config, event="used", step=step, epoch=epoch, shard=rows["i"].tolist(),
+                      loader=loaded[0].tolist())
+            checkpoint = None
+            if ctx.get_world_rank() == 0:
+                d = tempfile.mkdtemp()
+                with open(os.path.join(d, "state.json"), "w") as f:
+                    json.dump({"epoch": epoch, "step": step}, f)
+                checkpoint = Checkpoint.from_directory(d)
+            train.get_preemption_info()
+            train.report({"step": step, "epoch": epoch}, checkpoint=checkpoint)
+            step += 1
+            time.sleep(config.get("step_sleep", 0.0))
+
+
+def uses_per_epoch(events_path) -> dict[str, dict[int, Counter]]:
+    """For the shard and the loader: epoch -> how often each row was used in a step that counted. A step that
+    counted is one no later than the step the next attempt restored (steps after it were taken again)."""
+    events = read_events(events_path)
+    restored = {e["attempt"]: e["restored_step"] for e in events if e["event"] == "start"}
+    out: dict[str, dict[int, Counter]] = {"shard": {}, "loader": {}}
+    for e in events:
+        if e["event"] != "used":
+            continue
+        after = restored.get(e["attempt"] + 1, "never")
+        if after is None or (after != "never" and e["step"] > after):
+            continue
+        for kind in out:
+            out[kind].setdefault(e["epoch"], Counter()).update(e[kind])
+    return out
+
+
+def fit(storage: str, events: str, workers=3, epochs=2, step_sleep=0.0, fault=None, max_failures=1,
+        scaling=None, name="run"):
+    import numpy as np
+
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig
+    from outlast.train.torch import TorchTrainer
+
+    return TorchTrainer(
+        data_loop, datasets={"train": {"i": np.arange(ROWS)}},
+        train_loop_config={"events": events, "epochs": epochs, "step_sleep": step_sleep, "fault": fault},
+        scaling_config=scaling or ScalingConfig(num_workers=workers),
+        run_config=RunConfig(name=name, storage_path=storage,
+                             failure_config=FailureConfig(max_failures=max_failures))).fit()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("storage")
+    p.add_argument("events")
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    args = p.parse_args()
+    result = fit(args.storage, args.events, args.workers, args.epochs, args.step_sleep)
+    print(json.dumps(result.metrics))
