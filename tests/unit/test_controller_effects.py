@@ -17,7 +17,7 @@ from outlast.controller.executor import EffectQueue, StorageExecutor
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.storage.records import MANIFEST_NAME
-from outlast.storage.retry import retrying
+from outlast.storage.retry import Retrying
 from outlast.storage.run_store import RunStore
 from tests.fakes.controller import make, start
 from tests.fakes.storage import MemoryStorage
@@ -191,7 +191,7 @@ class Flaky(MemoryStorage):
 def test_a_storage_call_is_retried_with_backoff_until_it_succeeds():
     slept = []
     mem = Flaky(failures=3)
-    retrying(60.0, sleep=slept.append)(mem.write_atomic, "x", b"1")
+    Retrying(60.0, sleep=slept.append)(mem.write_atomic, "x", b"1")
     assert mem.tries == 4 and mem.files["x"] == b"1"
     assert len(slept) == 3 and slept == sorted(slept) and slept[0] > 0
 
@@ -199,7 +199,7 @@ def test_a_storage_call_is_retried_with_backoff_until_it_succeeds():
 def test_retries_stop_once_their_budget_of_waiting_is_spent():
     slept = []
     with pytest.raises(OSError, match="failed"):
-        retrying(3.0, sleep=slept.append)(Flaky(failures=100).write_atomic, "x", b"1")
+        Retrying(3.0, sleep=slept.append)(Flaky(failures=100).write_atomic, "x", b"1")
     assert sum(slept[:-1]) < 3.0 <= sum(slept)
 
 
@@ -207,7 +207,7 @@ def test_a_refused_permission_or_a_missing_file_is_not_retried():
     for error in (PermissionError, FileNotFoundError):
         mem = Flaky(failures=1, error=error)
         with pytest.raises(error):
-            retrying(60.0, sleep=lambda s: None)(mem.write_atomic, "x", b"1")
+            Retrying(60.0, sleep=lambda s: None)(mem.write_atomic, "x", b"1")
         assert mem.tries == 1
 
 
