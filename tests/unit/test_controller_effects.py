@@ -196,6 +196,35 @@ def test_a_storage_call_is_retried_with_backoff_until_it_succeeds():
     assert len(slept) == 3 and slept == sorted(slept) and slept[0] > 0
 
 
+def test_the_first_try_is_made_alone_and_the_retries_after_it_are_tenacitys_own():
+    import tenacity
+
+    from outlast.storage.retry import transient
+
+    for failures, budget in ((0, 60.0), (1, 60.0), (5, 60.0), (100, 3.0), (3, 0.0)):
+        runs = []
+        for retrying in ("ours", "tenacity"):
+            slept, told, mem = [], [], Flaky(failures=failures)
+
+            def on_retry(state, told=told):
+                told.append((state.attempt_number, str(state.outcome.exception())))
+
+            if retrying == "ours":
+                call = Retrying(budget, sleep=slept.append, on_retry=on_retry)
+            else:
+                call = tenacity.Retrying(retry=tenacity.retry_if_exception(transient),
+                                         wait=tenacity.wait_exponential(multiplier=0.25, min=0.25, max=5.0),
+                                         stop=lambda state, budget=budget: state.idle_for >= budget, sleep=slept.append,
+                                         reraise=True, before_sleep=on_retry)
+            try:
+                call(mem.write_atomic, "x", b"1")
+                raised = None
+            except OSError as e:
+                raised = str(e)
+            runs.append((mem.tries, slept, told, raised))
+        assert runs[0] == runs[1]
+
+
 def test_retries_stop_once_their_budget_of_waiting_is_spent():
     slept = []
     with pytest.raises(OSError, match="failed"):
