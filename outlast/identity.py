@@ -7,6 +7,7 @@ machine id and the boot id.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -22,7 +23,14 @@ class ProcessIdentity(msgspec.Struct, frozen=True):
 
 
 def this_process() -> ProcessIdentity:
-    me = psutil.Process()
+    """Read from /proc once per process: a driver names itself in every lease it takes. Keyed by the pid, so a
+    forked child reads its own."""
+    return _process(os.getpid())
+
+
+@functools.cache
+def _process(pid: int) -> ProcessIdentity:
+    me = psutil.Process(pid)
     return ProcessIdentity(pid=me.pid, started_at=me.create_time(), cmdline=me.cmdline())
 
 
@@ -57,7 +65,13 @@ def identify(pid: int) -> ProcessIdentity | None:
 def host_id(root: Path = Path("/")) -> str:
     """Where a pid means the same process: this machine (machine id), this boot (boot id, random at
     every boot, so two machines cloned from one image still differ) and this pid namespace (two
-    containers on one kernel share the boot id but not their pids)."""
+    containers on one kernel share the boot id but not their pids). None of them changes while a process
+    lives: read once per process (by pid, so a forked child reads its own)."""
+    return _host_id(root, os.getpid())
+
+
+@functools.cache
+def _host_id(root: Path, pid: int) -> str:
     machine = _read(root / "etc/machine-id") or _read(root / "var/lib/dbus/machine-id") or socket.gethostname()
     boot = _read(root / "proc/sys/kernel/random/boot_id")
     try:

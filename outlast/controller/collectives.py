@@ -89,6 +89,8 @@ class CollectiveTracker:
 
     def overdue(self, now: float) -> list[Overdue]:
         """Collectives to warn about (at most once per warning interval) or to fail."""
+        if not self._pending:  # the controller asks at every step
+            return []
         out = []
         for p in list(self._pending.values()):
             waited = now - p.started_at

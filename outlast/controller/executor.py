@@ -23,7 +23,7 @@ import tenacity
 from outlast.controller import effects as fx
 from outlast.controller import storage_io
 from outlast.controller.wakeup import Wakeup
-from outlast.storage.retry import retry_budget_s, retrying
+from outlast.storage.retry import retry_budget_s, Retrying
 from outlast.storage.run_store import RunStore
 from outlast.trace import mark
 
@@ -136,7 +136,7 @@ class StorageExecutor:
             mark("storage.begin", effect=kind)
             try:
                 event = storage_io.perform(effect, self._store,
-                                           lambda: retrying(self._budget, on_retry=self._say_retry))
+                                           lambda: Retrying(self._budget, on_retry=self._say_retry))
             except Exception as e:  # noqa: BLE001 - the loop must hear of it, or it waits for ever
                 log.exception("storage effect %s raised", fx.describe(effect))
                 event = fx.StorageFailed(effect.id, fx.describe(effect), f"{type(e).__name__}: {e}")

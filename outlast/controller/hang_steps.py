@@ -46,6 +46,8 @@ def check_hangs(c: CoreState, a: AttemptState, now: float) -> None:
     if c.state.kind not in _WATCHED:
         return
     w = hang_watch(c, a, now)
+    if w.hang is None and now < w.calm_until:  # called at every step: no hang can be found, none is being explained
+        return
     live = [r for r in range(c.plan.world_size) if r not in a.exited]
     hang = w.check(live, now)
     if hang is not None:

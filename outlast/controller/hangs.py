@@ -57,6 +57,10 @@ class HangWatch:
     asked: list[int] = field(default_factory=list)
     dumps: dict[int, m.StackDump] = field(default_factory=dict)
     dumps_by: float = math.inf
+    # Until then no live rank can pass the limit: the quietest rank's last progress plus the limit, when last
+    # looked. Progress only moves a rank's time later, the limit only grows and ranks only leave, so the
+    # bound holds, and `check` (called at every step of the controller) costs nothing until it is reached.
+    calm_until: float = -math.inf
 
     def limit_s(self) -> float:
         if self.timeout_s is not None:
@@ -72,12 +76,14 @@ class HangWatch:
 
     def check(self, live: list[int], now: float) -> Hang | None:
         """A hang to explain, once: the ranks in `live` that made no progress for the limit."""
-        if self.hang is not None:
+        if self.hang is not None or now < self.calm_until:
             return None
         limit = self.limit_s()
         quiet = {r: now - self.last.get(r, self.started) for r in live}
         stuck = sorted(r for r, q in quiet.items() if q > limit)
         if not stuck:
+            # A microsecond short of the bound, so that rounding never skips a check that would find a hang.
+            self.calm_until = min((self.last.get(r, self.started) for r in live), default=math.inf) + limit - 1e-6
             return None
         self.hang = Hang(stuck, max(quiet[r] for r in stuck), limit, self.timeout_s is None)
         self.asked = sorted(live)

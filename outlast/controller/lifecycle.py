@@ -230,6 +230,8 @@ def preempted_by_drain(c: CoreState, a: AttemptState) -> Preemption | None:
 def on_timers(c: CoreState, a: AttemptState, now: float) -> None:
     """What the states wait for, with a deadline."""
     t, s = c.plan.timeouts, c.state
+    if isinstance(s, st.Running):  # the state of almost every step, which waits for nothing here
+        return
     if isinstance(s, st.Placing) and s.place_by is not None and now >= s.place_by:
         place(c, now)
     elif isinstance(s, st.WaitingForCapacity) and now >= s.retry_at:
@@ -271,9 +273,12 @@ def size_attempt(c: CoreState, a: AttemptState, workers: int, now: float) -> Non
 
 def consider_grow(c: CoreState, now: float) -> None:
     a = c.attempt
+    # Every node table comes here while the run trains: one that cannot grow builds no views of the nodes.
+    if a is None or a.exited or not c.resizes.may_grow(c.plan.world_size):
+        return
     grow = c.resizes.consider_grow(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker,
                                    c.plan.strategy, now)
-    if a is None or grow.to_workers is None or a.exited:
+    if grow.to_workers is None:
         return
     p = resize.grow_notice(grow, c.plan.world_size, c.commit_tracker.reports, now, c.wall())
     log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",

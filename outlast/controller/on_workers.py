@@ -31,6 +31,18 @@ log = logging.getLogger("outlast.controller")
 MAX_COUNT = 2**53
 
 
+COUNTS = ("index", "seq", "reports", "count", "fetched_bytes", "total_bytes", "upload_bytes")
+_COUNTS_OF: dict[type, tuple[str, ...]] = {}
+
+
+def _counts_of(kind: type) -> tuple[str, ...]:
+    """The counts a kind of message has, looked up once per kind: every message of every rank is checked."""
+    names = _COUNTS_OF.get(kind)
+    if names is None:
+        names = _COUNTS_OF[kind] = tuple(n for n in COUNTS if hasattr(kind, n))
+    return names
+
+
 def on_worker_message(c: CoreState, msg: m.WorkerMessage) -> None:
     a = c.attempt
     if a is None or msg.attempt != a.number:
@@ -40,8 +52,8 @@ def on_worker_message(c: CoreState, msg: m.WorkerMessage) -> None:
         log.warning("ignored a %s from rank %d: attempt %d has ranks 0 to %d", type(msg).__name__, msg.rank,
                     a.number, c.plan.world_size - 1)
         return
-    for name in ("index", "seq", "reports", "count", "fetched_bytes", "total_bytes", "upload_bytes"):
-        value = getattr(msg, name, 0)
+    for name in _counts_of(type(msg)):
+        value = getattr(msg, name)
         if not 0 <= value < MAX_COUNT:
             log.warning("ignored a %s from rank %d: its %s is %d, no count of a rank's", type(msg).__name__,
                         msg.rank, name, value)

@@ -23,6 +23,8 @@ def preemption(c: CoreState) -> Preemption | None:
 
 
 def answer(c: CoreState, answers: list[Answer]) -> None:
+    if not answers:  # the timers call it at every step
+        return
     a = c.attempt
     p = preemption(c) or (a.preemption if a is not None else None)
     for ans in answers:

@@ -97,6 +97,10 @@ class Resizes:
                        strategy: str) -> bool:
         return not isinstance(self.place(nodes, world_size, per_worker, strategy), NoCapacity)
 
+    def may_grow(self, current: int) -> bool:
+        """Whether the run could grow from `current` workers at all: elastic, and under its largest size."""
+        return self.elastic is not None and current < self.elastic.max_workers
+
     def consider_grow(self, nodes: list[NodeView], current: int, per_worker: dict[str, float], strategy: str,
                       now: float) -> Grow:
         e = self.elastic

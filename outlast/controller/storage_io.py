@@ -11,18 +11,17 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-import tenacity
-
 from outlast.controller import effects as fx
 from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.checksum import ALGORITHM, hash_file, new_hasher
 from outlast.storage.records import CorruptDocument, NewerVersionError
+from outlast.storage.retry import Retrying
 from outlast.storage.run_store import RunStore
 
 log = logging.getLogger("outlast.controller")
 
-Retry = Callable[[], tenacity.Retrying]
+Retry = Callable[[], Retrying]
 
 
 def perform(effect: fx.StorageEffect, store: RunStore, retry: Retry) -> fx.StorageEvent:

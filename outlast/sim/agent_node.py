@@ -236,12 +236,22 @@ class AgentNode:
         if not self.alive:
             return
         sup, now, inf = self.sup, self.sim.world.now, float("inf")
-        due = min([w.kill_at for w in sup.workloads.values() if w.kill_at is not None and w.kill_at != inf]
-                  # a workload SIGKILLed and not reaped: seen by the next tick, given up after the timeout
-                  + [now if w.killed_at is None else w.killed_at + sup.unkillable_after_s
-                     for w in sup.workloads.values() if w.kill_at == inf and not w.given_up]
-                  + [r.last_heard + r.timeout_s for r in sup.runs.values() if not r.ended], default=None)
-        if due is None or due == float("inf"):
+        due = inf  # called at every message from a driver: one pass, no lists
+        for w in sup.workloads.values():
+            if w.kill_at is None:
+                continue
+            if w.kill_at != inf:
+                t = w.kill_at
+            elif w.given_up:
+                continue
+            else:  # a workload SIGKILLed and not reaped: seen by the next tick, given up after the timeout
+                t = now if w.killed_at is None else w.killed_at + sup.unkillable_after_s
+            if t < due:
+                due = t
+        for r in sup.runs.values():
+            if not r.ended and r.last_heard + r.timeout_s < due:
+                due = r.last_heard + r.timeout_s
+        if due == inf:
             return
         at = max(due + TICK_S, self.sim.world.now)
         if self._tick_at is None or at < self._tick_at or self._tick_at < self.sim.world.now:

@@ -9,7 +9,7 @@ latency delays what waits on it (a commit), never the heartbeats or the answers 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from outlast.controller import group as g
 from outlast.controller.core import ControllerCore
@@ -51,6 +51,10 @@ class SimDriver:
         self._head = Channel(sim.world, sim.schedule.max_delay_s)
         self._forgotten: set[str] = set()  # nodes whose link the core closed: what they send is lost
         self.core: ControllerCore | None = None
+        self._performs: dict[type, Callable[[Any], None]] = {
+            **dict.fromkeys(fx.STORAGE_EFFECTS, self._to_storage), fx.TierAsk: self._to_tier,
+            g.ToRank: self._send_to_rank, **dict.fromkeys((g.Spawn, g.StopRun, g.ToNode), self._send_to_node),
+            g.QueryTable: self._query_table, g.ForgetNode: self._forget_node}
 
     def launch(self, last_seen: float | None) -> bool:
         """Open the run as `fit()` does; False if it had already finished."""
@@ -151,37 +155,47 @@ class SimDriver:
 
     # ---- effects out ----------------------------------------------------------------------
 
-    def perform(self, effect: g.Effect | fx.StorageEffect) -> None:
+    def perform(self, effect: g.Effect | fx.StorageEffect | fx.TierAsk) -> None:
+        # By the effect's class (none of them subclasses another): a few effects for every event.
+        self._performs[type(effect)](effect)
+
+    def _to_storage(self, effect: fx.StorageEffect) -> None:
+        assert self.storage is not None
+        self.storage.submit(effect)
+
+    def _to_tier(self, effect: fx.TierAsk) -> None:
+        assert self.tiers is not None
+        self.tiers.submit(effect)
+
+    def _send_to_rank(self, effect: g.ToRank) -> None:
         sim = self.sim
-        if isinstance(effect, fx.STORAGE_EFFECTS):
-            assert self.storage is not None
-            self.storage.submit(effect)
-        elif isinstance(effect, fx.TierAsk):
-            self.tiers.submit(effect)
-        elif isinstance(effect, g.ToRank):
-            key = (effect.attempt, effect.rank)
-            ch = self._to_rank.get(key)
-            if ch is None:
-                ch = self._to_rank[key] = Channel(sim.world, sim.schedule.max_delay_s)
-            w = sim.rank_of(self, effect.attempt, effect.rank)
-            if w is not None:
-                ch.send(w.on_message, effect.msg)
-        elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
-            node = sim.node(effect.node_id)
-            ch = self._to_node.get(effect.node_id)
-            if ch is None:
-                ch = self._to_node[effect.node_id] = Channel(sim.world, sim.schedule.max_delay_s)
-            self._forgotten.discard(effect.node_id)
-            if node is not None:
-                ch.send(node.from_driver, self, effect.msg)
-        elif isinstance(effect, g.QueryTable):
-            self._head.send(lambda: self._head.send(self._table_answer))
-        elif isinstance(effect, g.ForgetNode):
-            self._forgotten.add(effect.node_id)
-            for chans in (self._to_node, self._from_node):
-                ch = chans.pop(effect.node_id, None)
-                if ch is not None:
-                    ch.open = False
+        key = (effect.attempt, effect.rank)
+        ch = self._to_rank.get(key)
+        if ch is None:
+            ch = self._to_rank[key] = Channel(sim.world, sim.schedule.max_delay_s)
+        w = sim.rank_of(self, effect.attempt, effect.rank)
+        if w is not None:
+            ch.send(w.on_message, effect.msg)
+
+    def _send_to_node(self, effect: g.Spawn | g.StopRun | g.ToNode) -> None:
+        sim = self.sim
+        node = sim.node(effect.node_id)
+        ch = self._to_node.get(effect.node_id)
+        if ch is None:
+            ch = self._to_node[effect.node_id] = Channel(sim.world, sim.schedule.max_delay_s)
+        self._forgotten.discard(effect.node_id)
+        if node is not None:
+            ch.send(node.from_driver, self, effect.msg)
+
+    def _query_table(self, effect: g.QueryTable) -> None:
+        self._head.send(lambda: self._head.send(self._table_answer))
+
+    def _forget_node(self, effect: g.ForgetNode) -> None:
+        self._forgotten.add(effect.node_id)
+        for chans in (self._to_node, self._from_node):
+            ch = chans.pop(effect.node_id, None)
+            if ch is not None:
+                ch.open = False
 
     def _table_answer(self) -> None:
         self.deliver(g.NodeTable(node_table(self.sim.nodes, self.sim.world.now)))

@@ -62,7 +62,7 @@ class Observer:
         self._checked_spawns: set[tuple[str, int]] = set()
         self.harm = 0  # worker deaths, node losses and fork-server or agent deaths the schedule caused
         self.transitions: set[tuple[str, str]] = set()
-        self._last_kind: dict[int, str] = {}
+        self._last_kind: dict[int, st.State] = {}
         self._struck: list[tuple[str, int, int, str, float, bool]] = []  # run, attempt, rank, node, when, in a drain
         self._preemptions: dict[int, int] = {}  # driver generation -> failures charged to preemption so far
         self._parts: dict[tuple[int, str], dict[str, set[int]]] = {}  # (attempt, checkpoint) -> part -> ranks
@@ -92,10 +92,10 @@ class Observer:
         core = driver.core
         assert core is not None
         s, a = core.state, core.attempt
-        before = self._last_kind.get(driver.generation, "initializing")
-        if before != s.kind.value:
-            self.transitions.add((before, s.kind.value))
-            self._last_kind[driver.generation] = s.kind.value
+        before = self._last_kind.get(driver.generation, st.State.INITIALIZING)
+        if before is not s.kind:
+            self.transitions.add((before.value, s.kind.value))
+            self._last_kind[driver.generation] = s.kind
         if isinstance(s, st.Preempting) and s.preemption.notice.reason == RESIZE and self.sim.armed_in_grow:
             self.sim.grow_noticed()
         if isinstance(s, (st.Preempting, st.Saved)) and a is not None:

@@ -15,7 +15,7 @@ from typing import Callable
 from outlast.controller import effects as fx
 from outlast.controller import storage_io
 from outlast.controller.executor import SLOW_AGAIN_S, SLOW_S, EffectQueue
-from outlast.storage.retry import DEFAULT_RETRY_S, retrying
+from outlast.storage.retry import DEFAULT_RETRY_S, Retrying
 from outlast.storage.run_store import RunStore
 
 
@@ -124,7 +124,7 @@ class SimStorageExecutor:
         storage, world = self._storage, self._world
         saved, storage.spent = storage.spent, 0.0
         try:
-            event = storage_io.perform(effect, self._store, lambda: retrying(DEFAULT_RETRY_S, sleep=storage.spend))
+            event = storage_io.perform(effect, self._store, lambda: Retrying(DEFAULT_RETRY_S, sleep=storage.spend))
         except Exception as e:  # noqa: BLE001 - an escape is what the simulator looks for
             storage.spent = saved
             self._stopped = True

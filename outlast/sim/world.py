@@ -18,10 +18,12 @@ class World:
 
     def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
         self._seq += 1
-        heapq.heappush(self._queue, (max(t, self.now), self._seq, fn, args))
+        heapq.heappush(self._queue, (t if t > self.now else self.now, self._seq, fn, args))
 
     def after(self, dt: float, fn: Callable[..., Any], *args: Any) -> None:
-        self.at(self.now + dt, fn, *args)
+        t = self.now + dt
+        self._seq += 1
+        heapq.heappush(self._queue, (t if t > self.now else self.now, self._seq, fn, args))
 
     def run_until(self, t_end: float, stop: Callable[[], bool]) -> None:
         q, pop = self._queue, heapq.heappop
@@ -53,10 +55,13 @@ class Channel:
         if not self.open:
             return
         w = self.world
-        t = max(self._last, w.now + w.rng.random() * self.max_delay_s)
+        t = w.now + w.rng.random() * self.max_delay_s
+        if t < self._last:
+            t = self._last
         self._last = t
         self.in_flight += 1
-        w.at(t, self._deliver, fn, args)
+        w._seq += 1  # as `at` does, on the path of every message: never before now
+        heapq.heappush(w._queue, (t, w._seq, self._deliver, (fn, args)))
 
     def _deliver(self, fn, args) -> None:
         self.in_flight -= 1

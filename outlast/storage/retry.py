@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import tenacity
 
@@ -22,6 +22,8 @@ from outlast.protocol.messages import FileEntry
 from outlast.storage.base import Storage, StorageError, StorageFenced
 
 log = logging.getLogger("outlast.storage")
+
+T = TypeVar("T")
 
 RETRY_S_VAR = "OUTLAST_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 60.0
@@ -45,15 +47,39 @@ def transient(e: BaseException) -> bool:
                                                          NotADirectoryError, StorageFenced))
 
 
-def retrying(budget_s: float, sleep: Callable[[float], None] = time.sleep,
-             on_retry: Callable[[tenacity.RetryCallState], None] | None = None) -> tenacity.Retrying:
-    """Tries until the call succeeds, fails for good, or `budget_s` of waiting is spent; then re-raises."""
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(transient),
-        wait=tenacity.wait_exponential(multiplier=0.25, min=0.25, max=5.0),
-        stop=lambda state: state.idle_for >= budget_s,
-        sleep=sleep, reraise=True, before_sleep=on_retry,
-    )
+class Retrying:
+    """Tries until the call succeeds, fails for good, or `budget_s` of waiting is spent; then re-raises.
+
+    Almost every storage call succeeds at its first try: that try is made directly, and tenacity's
+    machinery (a `tenacity.Retrying` and its state, a few dozen calls) is built only once it fails,
+    from that failure on, so the tries, waits and `on_retry` calls are those tenacity makes alone.
+    The controller makes a storage call for every run state it writes."""
+
+    def __init__(self, budget_s: float, sleep: Callable[[float], None] = time.sleep,
+                 on_retry: Callable[[tenacity.RetryCallState], None] | None = None) -> None:
+        self.budget_s, self.sleep, self.on_retry = budget_s, sleep, on_retry
+
+    def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as e:
+            if not transient(e):
+                raise
+            first: OSError | None = e
+
+        def again(*args: Any, **kwargs: Any) -> T:  # tenacity's first try is the one that failed above
+            nonlocal first
+            if first is not None:
+                failed, first = first, None
+                raise failed
+            return fn(*args, **kwargs)
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(transient),
+            wait=tenacity.wait_exponential(multiplier=0.25, min=0.25, max=5.0),
+            stop=lambda state: state.idle_for >= self.budget_s,
+            sleep=self.sleep, reraise=True, before_sleep=self.on_retry,
+        )(again, *args, **kwargs)
 
 
 _UPLOAD_TRIES = int(os.environ.get("OUTLAST_UPLOAD_TRIES", "4"))

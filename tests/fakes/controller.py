@@ -16,7 +16,7 @@ from outlast.controller.core import ControllerCore
 from outlast.controller.runstate import RunBook
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.protocol import messages as m
-from outlast.storage.retry import retrying
+from outlast.storage.retry import Retrying
 from outlast.storage.run_store import RunStore
 from tests.fakes.storage import MemoryStorage
 
@@ -66,7 +66,7 @@ class Harness:
         return out
 
     def _answer(self, effect) -> list[g.Effect]:
-        answer = storage_io.perform(effect, self.core.book.store, lambda: retrying(0.0, sleep=lambda s: None))
+        answer = storage_io.perform(effect, self.core.book.store, lambda: Retrying(0.0, sleep=lambda s: None))
         return self._carry_out(self.core.step(answer, self.now))
 
     def wall(self) -> float:

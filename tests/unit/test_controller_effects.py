@@ -17,7 +17,7 @@ from outlast.controller.executor import EffectQueue, StorageExecutor
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.storage.records import MANIFEST_NAME
-from outlast.storage.retry import retrying
+from outlast.storage.retry import Retrying
 from outlast.storage.run_store import RunStore
 from tests.fakes.controller import make, start
 from tests.fakes.storage import MemoryStorage
@@ -191,15 +191,44 @@ class Flaky(MemoryStorage):
 def test_a_storage_call_is_retried_with_backoff_until_it_succeeds():
     slept = []
     mem = Flaky(failures=3)
-    retrying(60.0, sleep=slept.append)(mem.write_atomic, "x", b"1")
+    Retrying(60.0, sleep=slept.append)(mem.write_atomic, "x", b"1")
     assert mem.tries == 4 and mem.files["x"] == b"1"
     assert len(slept) == 3 and slept == sorted(slept) and slept[0] > 0
+
+
+def test_the_first_try_is_made_alone_and_the_retries_after_it_are_tenacitys_own():
+    import tenacity
+
+    from outlast.storage.retry import transient
+
+    for failures, budget in ((0, 60.0), (1, 60.0), (5, 60.0), (100, 3.0), (3, 0.0)):
+        runs = []
+        for retrying in ("ours", "tenacity"):
+            slept, told, mem = [], [], Flaky(failures=failures)
+
+            def on_retry(state, told=told):
+                told.append((state.attempt_number, str(state.outcome.exception())))
+
+            if retrying == "ours":
+                call = Retrying(budget, sleep=slept.append, on_retry=on_retry)
+            else:
+                call = tenacity.Retrying(retry=tenacity.retry_if_exception(transient),
+                                         wait=tenacity.wait_exponential(multiplier=0.25, min=0.25, max=5.0),
+                                         stop=lambda state, budget=budget: state.idle_for >= budget, sleep=slept.append,
+                                         reraise=True, before_sleep=on_retry)
+            try:
+                call(mem.write_atomic, "x", b"1")
+                raised = None
+            except OSError as e:
+                raised = str(e)
+            runs.append((mem.tries, slept, told, raised))
+        assert runs[0] == runs[1]
 
 
 def test_retries_stop_once_their_budget_of_waiting_is_spent():
     slept = []
     with pytest.raises(OSError, match="failed"):
-        retrying(3.0, sleep=slept.append)(Flaky(failures=100).write_atomic, "x", b"1")
+        Retrying(3.0, sleep=slept.append)(Flaky(failures=100).write_atomic, "x", b"1")
     assert sum(slept[:-1]) < 3.0 <= sum(slept)
 
 
@@ -207,7 +236,7 @@ def test_a_refused_permission_or_a_missing_file_is_not_retried():
     for error in (PermissionError, FileNotFoundError):
         mem = Flaky(failures=1, error=error)
         with pytest.raises(error):
-            retrying(60.0, sleep=lambda s: None)(mem.write_atomic, "x", b"1")
+            Retrying(60.0, sleep=lambda s: None)(mem.write_atomic, "x", b"1")
         assert mem.tries == 1
 
 

@@ -65,3 +65,27 @@ def test_a_thousand_ranks_in_one_all_reduce_keep_one_stack():
     summary = w.record(0.0).summary
     assert "rank 517 is in sleep_forever (train.py:9), while ranks [0, 1, 2, 3, ..., 998, 999] (999 ranks) wait" \
         in summary
+
+
+def test_a_watch_that_skips_its_calm_checks_finds_every_hang_one_that_never_skips_finds():
+    import random
+
+    rng = random.Random(7)
+    for timeout in (None, 4.0):
+        for _ in range(50):
+            skips, full = HangWatch(1, 4, timeout, started=0.0), HangWatch(1, 4, timeout, started=0.0)
+            live, counts, now = [0, 1, 2, 3], [0] * 4, 0.0
+            for _ in range(200):
+                now += rng.choice([0.01, 0.5, 3.0, 40.0, 200.0])
+                r = rng.randrange(4)
+                if rng.random() < 0.7:  # progress; a rank that stops for good; the floor and the limit grow
+                    counts[r] += 1
+                    skips.on_progress(r, counts[r], now)
+                    full.on_progress(r, counts[r], now)
+                elif rng.random() < 0.1 and len(live) > 1:
+                    live.remove(live[rng.randrange(len(live))])
+                full.calm_until = -math.inf
+                found, expected = skips.check(live, now), full.check(live, now)
+                assert found == expected
+                if found is not None:
+                    skips.hang = full.hang = None  # explained: the watch goes on
