@@ -105,3 +105,18 @@ def test_two_ranks_go_on_through_a_kill_and_end_with_the_weights_of_a_run_withou
     for member, end in ends.items():
         for name, want in clean_weights[2].items():
             assert torch.equal(end["model"][name], want), f"{member}'s {name} differs from the run without failures"
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("victim,phase", [(0, "allreduce"), (2, "vote")])
+def test_three_ranks_go_on_through_a_kill_and_end_with_the_weights_of_a_run_without_one(
+        tmp_path, clean_weights, victim, phase):
+    import torch
+
+    pids, ends = run_with_a_kill(3, victim, phase, tmp_path)
+    for member, pid in pids.items():
+        assert ends[member]["pid"] == pid and [b["step"] for b in ends[member]["breaks"]] == [2]
+    assert ends["spare"]["joins"][0]["rank"] == victim
+    for member, end in ends.items():
+        for name, want in clean_weights[3].items():
+            assert torch.equal(end["model"][name], want), f"{member}'s {name} differs from the run without failures"

@@ -17,6 +17,7 @@ joiner, receives it). It returns the step to run next.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -36,13 +37,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Joined:
     """What one `join` did: the generation and rank this member holds, the step it resumes after,
-    and the bytes of state it sent or received (0 when none moved)."""
+    and the bytes of state it sent or received (0 when none moved) and the seconds that took."""
 
     generation: int
     rank: int
     world_size: int
     committed: int
     state_bytes: int
+    transfer_s: float
 
 
 class LiveRank:
@@ -86,7 +88,7 @@ class LiveRank:
         # A joiner's -1 is ignored: it takes what the survivors agree on.
         mine = self.ledger.committed if (self.has_state or membership.generation == 0) else -1
         committed = agreed_step(dict(enumerate(group.allgather_int(mine))), membership.joiners)
-        moved = 0
+        moved, started = 0, time.monotonic()
         if rank == membership.source:
             state = state_dict()
             for joiner in membership.joiners:
@@ -98,7 +100,8 @@ class LiveRank:
         self.has_state = True
         self.ledger = self.ledger.regroup(membership.generation, committed)
         self.votes = StepVotes(self.store, membership.generation, membership.world_size)
-        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved))
+        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved,
+                                 time.monotonic() - started))
         return committed + 1
 
     def reduce(self, step: int, tensors: list[torch.Tensor]) -> bool:
