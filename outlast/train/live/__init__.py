@@ -11,6 +11,6 @@ hosts the rendezvous, so rank 0 dies like any other.
 - `rendezvous`: memberships published in and read from the controller's store.
 - `commit_store`: a step's votes and verdict in that store.
 - `group`: a gloo group formed for one generation; a peer's death raises `GroupBroken`.
-- `state_transfer`: a state dict sent from one rank to another, checked against its SHA-256.
+- `state_transfer`: a state dict sent from one rank to another, checked against its checksum (xxh3-128).
 - `live_rank`: the loop's calls, tying the above together.
 """
