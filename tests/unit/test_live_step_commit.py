@@ -76,10 +76,13 @@ def test_bad_memberships_say_what_is_wrong():
 def test_a_state_that_does_not_match_its_senders_checksum_is_refused():
     import torch
 
-    from outlast.train.live.state_transfer import StateTransferCorrupt, pack, unpack
+    from outlast.train.live.state_transfer import StateTransferCorrupt, digest, join, split
 
-    body, digest = pack({"w": torch.arange(4.0)})
-    assert torch.equal(unpack(body, digest)["w"], torch.arange(4.0))
-    body[-1] ^= 1
+    state = {"w": torch.arange(4.0), "opt": {"step": 3, "groups": [{"lr": 0.1}]}, "b": torch.ones(2, 2).t()}
+    header, tensors = split(state)
+    back = join(header, tensors, digest(header, tensors))
+    assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"]) and back["opt"] == state["opt"]
+    expected = digest(header, tensors)
+    tensors[0][-1] = 5.0
     with pytest.raises(StateTransferCorrupt, match="xxh3_128"):
-        unpack(body, digest)
+        join(header, tensors, expected)
