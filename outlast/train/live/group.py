@@ -11,11 +11,11 @@ every collective pending with it raises at once (gloo reads "Connection reset by
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from torch.distributed import ProcessGroup, Store
+    from torch.distributed import ProcessGroupGloo, Store
 
 
 class GroupBroken(RuntimeError):
@@ -23,7 +23,7 @@ class GroupBroken(RuntimeError):
 
 
 class LiveGroup:
-    def __init__(self, pg: ProcessGroup, generation: int, rank: int, world_size: int) -> None:
+    def __init__(self, pg: ProcessGroupGloo, generation: int, rank: int, world_size: int) -> None:
         self.pg = pg
         self.generation = generation
         self.rank = rank
@@ -41,7 +41,7 @@ class LiveGroup:
             raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: {e}") from e
         return cls(pg, generation, rank, world_size)
 
-    def _run(self, what: str, work) -> None:
+    def _run(self, what: str, work: Any) -> None:
         try:
             work.wait()
         except RuntimeError as e:

@@ -89,8 +89,8 @@ def digest(header: bytes, tensors: list[torch.Tensor]) -> bytes:
     hasher = new_hasher(ALGORITHM)
     hasher.update(header)
     for t in tensors:
-        hasher.update(as_bytes(t).numpy())
-    return hasher.digest()
+        hasher.update(memoryview(as_bytes(t).numpy()))
+    return bytes.fromhex(hasher.hexdigest())
 
 
 def join(header: bytes, tensors: list[torch.Tensor], expected: bytes) -> Any:
