@@ -1,0 +1,72 @@
+"""A gloo process group formed for one generation of a live group.
+
+Each generation forms its own `ProcessGroupGloo` under a store prefix of its own, beside (never
+through) torch.distributed's default group, so the group of a generation that lost a rank is
+dropped and a new one formed while the process lives on. When a peer dies, its sockets close and
+every collective pending with it raises at once (gloo reads "Connection reset by peer" or
+"Connection closed by peer"), which `GroupBroken` carries. A peer that hangs is found only at
+`timeout_s`, or when the controller, seeing it stop, publishes the next generation.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroupGloo, Store
+
+
+class GroupBroken(RuntimeError):
+    """A collective of this generation's group failed: a peer is gone. The step in flight is void."""
+
+
+class LiveGroup:
+    def __init__(self, pg: ProcessGroupGloo, generation: int, rank: int, world_size: int) -> None:
+        self.pg = pg
+        self.generation = generation
+        self.rank = rank
+        self.world_size = world_size
+
+    @classmethod
+    def form(cls, store: Store, generation: int, rank: int, world_size: int, timeout_s: float) -> LiveGroup:
+        """Blocks until every rank of the generation has connected (or raises GroupBroken at `timeout_s`)."""
+        import torch.distributed as dist
+
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"live/g{generation}/pg", store), rank, world_size,
+                                       timedelta(seconds=timeout_s))
+        except RuntimeError as e:
+            raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: {e}") from e
+        return cls(pg, generation, rank, world_size)
+
+    def _run(self, what: str, work: Any) -> None:
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise GroupBroken(f"generation {self.generation}: rank {self.rank}'s {what} failed: {e}") from e
+
+    def allreduce_sum(self, tensors: list[torch.Tensor]) -> None:
+        self._run("allreduce", self.pg.allreduce(tensors))
+
+    def allgather_int(self, value: int) -> list[int]:
+        import torch
+
+        out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        self._run("allgather", self.pg.allgather([out], [torch.tensor([value], dtype=torch.int64)]))
+        return [int(t.item()) for t in out]
+
+    def send(self, tensor: torch.Tensor, to_rank: int, tag: int) -> None:
+        self._run(f"send to rank {to_rank}", self.pg.send([tensor], to_rank, tag))
+
+    def recv(self, tensor: torch.Tensor, from_rank: int, tag: int) -> None:
+        self._run(f"receive from rank {from_rank}", self.pg.recv([tensor], from_rank, tag))
+
+    def close(self) -> None:
+        """Drop a generation's group. `abort` closes its sockets now, so a peer still blocked in one of
+        its collectives raises instead of waiting out its timeout."""
+        try:
+            self.pg.abort()
+        except RuntimeError:
+            pass

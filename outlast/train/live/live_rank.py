@@ -1,0 +1,125 @@
+"""The calls a data-parallel loop makes to outlive the death of any rank.
+
+    live = LiveRank(store, member="w3")
+    step = live.join(state_dict, load_state_dict)
+    while step < steps:
+        grads = ...                             # forward and backward
+        if live.reduce(step, grads):            # summed over the ranks, and the step committed
+            optimizer.step(); step += 1
+        else:                                   # a rank died: the step is thrown away everywhere
+            optimizer.zero_grad()
+            step = live.join(state_dict, load_state_dict)
+
+`join` waits for the next generation the controller publishes, forms its group, checks that every
+survivor holds the same committed step, and sends that state to the ranks that joined (or, on a
+joiner, receives it). It returns the step to run next.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from outlast.train.live import rendezvous
+from outlast.train.live.commit_store import StepVotes
+from outlast.train.live.group import GroupBroken, LiveGroup
+from outlast.train.live.state_transfer import receive_state, send_state
+from outlast.train.live.step_commit import Ledger, Verdict, agreed_step
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import Store
+
+    from outlast.train.live.membership import Membership
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What one `join` did: the generation and rank this member holds, the step it resumes after,
+    and the bytes of state it sent or received (0 when none moved) and the seconds that took."""
+
+    generation: int
+    rank: int
+    world_size: int
+    committed: int
+    state_bytes: int
+    transfer_s: float
+
+
+class LiveRank:
+    def __init__(self, store: Store, member: str, timeout_s: float = 60.0) -> None:
+        self.store = store
+        self.member = member
+        self.timeout_s = timeout_s
+        self.ledger = Ledger(generation=-1)
+        self.has_state = False
+        self.group: LiveGroup | None = None
+        self.votes: StepVotes | None = None
+        self.last_break: str | None = None
+        self.joins: list[Joined] = []
+
+    @property
+    def rank(self) -> int:
+        assert self.group is not None, "join() first"
+        return self.group.rank
+
+    def join(self, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None]) -> int:
+        """Into the next generation that names this member; a generation that breaks while it forms
+        (another member lost) gives way to the one after it."""
+        while True:
+            membership = rendezvous.await_membership(self.store, self.member, self.ledger.generation, self.timeout_s,
+                                                      spare=not self.joins)
+            if self.group is not None:
+                self.group.close()
+                self.group = None
+            try:
+                return self._form(membership, state_dict, load_state_dict)
+            except GroupBroken as e:
+                self.last_break = str(e)
+                self.ledger = Ledger(membership.generation, self.ledger.committed)
+
+    def _form(self, membership: Membership, state_dict: Callable[[], Any],
+              load_state_dict: Callable[[Any], None]) -> int:
+        rank = membership.rank_of(self.member)
+        assert rank is not None
+        group = LiveGroup.form(self.store, membership.generation, rank, membership.world_size, self.timeout_s)
+        self.group = group
+        # A joiner's -1 is ignored: it takes what the survivors agree on.
+        mine = self.ledger.committed if (self.has_state or membership.generation == 0) else -1
+        committed = agreed_step(dict(enumerate(group.allgather_int(mine))), membership.joiners)
+        moved, started = 0, time.monotonic()
+        if rank == membership.source:
+            state = state_dict()
+            for joiner in membership.joiners:
+                moved = send_state(group, state, joiner)
+        elif rank in membership.joiners:
+            assert membership.source is not None
+            state, moved = receive_state(group, membership.source)
+            load_state_dict(state)
+        self.has_state = True
+        self.ledger = self.ledger.regroup(membership.generation, committed)
+        self.votes = StepVotes(self.store, membership.generation, membership.world_size)
+        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved,
+                                 time.monotonic() - started))
+        return committed + 1
+
+    def reduce(self, step: int, tensors: list[torch.Tensor]) -> bool:
+        """Sum `tensors` over the ranks in place, then vote: True when every rank reduced step `step`
+        (apply it), False when the step is thrown away (call `join`)."""
+        assert self.group is not None and self.votes is not None, "join() first"
+        self.ledger = self.ledger.begin(step)
+        try:
+            self.group.allreduce_sum(tensors)
+            reduced = True
+        except GroupBroken as e:
+            self.last_break = str(e)
+            reduced = False
+        verdict, _ = self.votes.settle(step, reduced)
+        self.ledger = self.ledger.settle(verdict)
+        return verdict is Verdict.COMMIT
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None

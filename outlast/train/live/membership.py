@@ -1,0 +1,76 @@
+"""Who holds which rank in a generation of a live group, and who sends the state to whom.
+
+A member is a process, named by an id the controller gives it (a rank number is not a name: the
+replacement of rank 1 is rank 1 too). A generation's membership lists the member of each rank;
+a member new to the group receives the whole state from one member that kept it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+class MembershipError(ValueError):
+    """A membership that cannot be formed; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Generation `generation`: `members[r]` holds rank r. `joiners` are the ranks whose members
+    hold no state yet; `source` is the rank that sends them the state (None when nobody joins)."""
+
+    generation: int
+    members: tuple[str, ...]
+    joiners: tuple[int, ...] = ()
+    source: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(set(self.members)) != len(self.members):
+            raise MembershipError(f"generation {self.generation} names a member twice: {list(self.members)}")
+        if any(not 0 <= r < len(self.members) for r in self.joiners):
+            raise MembershipError(f"generation {self.generation}: joiner ranks {list(self.joiners)} are not "
+                                  f"all below its world size {len(self.members)}")
+        if self.joiners and (self.source is None or self.source in self.joiners):
+            raise MembershipError(f"generation {self.generation}: ranks {list(self.joiners)} join, so a rank "
+                                  f"that kept the state must send it; got source={self.source}")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def rank_of(self, member: str) -> int | None:
+        return self.members.index(member) if member in self.members else None
+
+    def to_json(self) -> str:
+        return json.dumps({"generation": self.generation, "members": list(self.members),
+                           "joiners": list(self.joiners), "source": self.source})
+
+    @classmethod
+    def from_json(cls, text: str) -> Membership:
+        d = json.loads(text)
+        return cls(d["generation"], tuple(d["members"]), tuple(d["joiners"]), d["source"])
+
+
+def first_membership(members: list[str]) -> Membership:
+    """Generation 0: every member starts from the same state (the loop's own initialisation)."""
+    return Membership(0, tuple(members))
+
+
+def replace_members(previous: Membership, replacements: dict[str, str]) -> Membership:
+    """The next generation: each lost member (a key) gives its rank to its replacement (the value),
+    so the replacement reads the same data shard; the lowest rank kept sends the state.
+
+    A lost member's rank keeps its number because a rank's data, and in a bit-identical run its
+    place in the reduction, go with the number."""
+    unknown = set(replacements) - set(previous.members)
+    if unknown:
+        raise MembershipError(f"cannot replace {sorted(unknown)}: generation {previous.generation} has "
+                              f"members {list(previous.members)}")
+    kept = [r for r, m in enumerate(previous.members) if m not in replacements]
+    if not kept:
+        raise MembershipError(f"every member of generation {previous.generation} is lost: no rank holds the "
+                              "state to send, so the run must restart from its newest checkpoint")
+    members = tuple(replacements.get(m, m) for m in previous.members)
+    joiners = tuple(r for r, m in enumerate(previous.members) if m in replacements)
+    return Membership(previous.generation + 1, members, joiners, kept[0] if joiners else None)

@@ -1,0 +1,65 @@
+"""Memberships in the store the controller holds: the controller publishes, members wait and read.
+
+No rank hosts this store, so losing any rank loses no rendezvous. A membership names its store
+only through the caller: a controller that moves hands its members the new address, and they
+connect to it (`connect`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from outlast.train.live.membership import Membership
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+LATEST = "live/latest"
+
+
+class NotAMemberError(RuntimeError):
+    """This process is in no newer generation: the group went on without it (it should exit)."""
+
+
+def membership_key(generation: int) -> str:
+    return f"live/membership/{generation}"
+
+
+def connect(host: str, port: int, timeout_s: float) -> Store:
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def publish(store: Store, membership: Membership) -> None:
+    """The membership first, then the pointer to it: a reader that sees the pointer finds the membership."""
+    store.set(membership_key(membership.generation), membership.to_json())
+    store.set(LATEST, str(membership.generation))
+
+
+def newer_published(store: Store, generation: int) -> bool:
+    return store.check([membership_key(generation + 1)])
+
+
+def await_membership(store: Store, member: str, after: int, timeout_s: float, spare: bool,
+                     poll_s: float = 0.002) -> Membership:
+    """The newest generation after `after` that names `member`. Generations published while this
+    member was busy are skipped: only the newest can still form. A `spare` (a member that has held
+    no rank yet) waits through generations that do not name it; a member that held a rank and is
+    left out of the newest generation raises NotAMemberError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        while not store.check([membership_key(after + 1)]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"member {member}: no generation after {after} named it within {timeout_s} s")
+            time.sleep(poll_s)
+        latest = max(int(store.get(LATEST)) if store.check([LATEST]) else after + 1, after + 1)
+        membership = Membership.from_json(store.get(membership_key(latest)).decode())
+        if membership.rank_of(member) is not None:
+            return membership
+        if not spare:
+            raise NotAMemberError(f"member {member} is not in generation {membership.generation} "
+                                  f"(members {list(membership.members)})")
+        after = latest
