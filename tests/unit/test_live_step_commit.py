@@ -5,29 +5,29 @@ from __future__ import annotations
 import pytest
 
 from outlast.train.live.membership import Membership, MembershipError, first_membership, replace_members
-from outlast.train.live.step_commit import Ledger, Verdict, agreed_step, tally, while_waiting
+from outlast.train.live.step_commit import Ledger, StepVerdict, agreed_step, tally, while_waiting
 
 
 def test_a_rank_whose_allreduce_raised_votes_the_step_away_whatever_the_count():
     t = tally(reduced=False, votes_counted=1, world_size=2)
-    assert t.verdict is Verdict.ABORT and "raised" in t.reason
+    assert t.verdict is StepVerdict.ABORT and "raised" in t.reason
 
 
 def test_the_last_reduced_vote_commits_and_an_earlier_one_waits():
-    assert tally(True, 3, 3).verdict is Verdict.COMMIT
+    assert tally(True, 3, 3).verdict is StepVerdict.COMMIT
     waiting = tally(True, 2, 3)
     assert waiting.verdict is None and "2 of 3" in waiting.reason
 
 
 def test_a_newer_generation_voids_an_open_vote_and_nothing_else_does():
-    assert while_waiting(newer_generation=True).verdict is Verdict.ABORT
+    assert while_waiting(newer_generation=True).verdict is StepVerdict.ABORT
     assert while_waiting(newer_generation=False).verdict is None
 
 
 def test_the_ledger_moves_committed_only_on_commit():
     ledger = Ledger(generation=0).begin(0)
     assert ledger.in_flight == 0
-    ledger = ledger.settle(Verdict.COMMIT).begin(1).settle(Verdict.ABORT)
+    ledger = ledger.after(StepVerdict.COMMIT).begin(1).after(StepVerdict.ABORT)
     assert (ledger.committed, ledger.in_flight) == (0, None)
     assert ledger.regroup(1, 0) == Ledger(1, 0, None)
 
@@ -38,7 +38,7 @@ def test_the_ledger_refuses_a_step_out_of_order_or_two_at_once():
     with pytest.raises(RuntimeError, match="one at a time"):
         Ledger(0).begin(2)
     with pytest.raises(RuntimeError, match="no step in flight"):
-        Ledger(0).settle(Verdict.COMMIT)
+        Ledger(0).after(StepVerdict.COMMIT)
 
 
 def test_survivors_agree_on_their_committed_step_and_joiners_are_not_asked():

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from outlast.train.live import rendezvous
-from outlast.train.live.step_commit import Tally, Verdict, tally, while_waiting
+from outlast.train.live.step_commit import Tally, StepVerdict, tally, while_waiting
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -25,7 +25,7 @@ class StepVotes:
     def _key(self, step: int, what: str) -> str:
         return f"live/g{self.generation}/s{step}/{what}"
 
-    def settle(self, step: int, reduced: bool) -> tuple[Verdict, str]:
+    def vote(self, step: int, reduced: bool) -> tuple[StepVerdict, str]:
         """Vote, then return the step's one verdict and why."""
         counted = self.store.add(self._key(step, "reduced"), 1) if reduced else 0
         decision = tally(reduced, counted, self.world_size)
@@ -33,13 +33,13 @@ class StepVotes:
             if decision.verdict is not None:
                 return self._write(step, decision), decision.reason
             if self.store.check([self._key(step, "verdict")]):
-                return Verdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
+                return StepVerdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
             decision = while_waiting(rendezvous.newer_published(self.store, self.generation))
             if decision.verdict is None:
                 time.sleep(self.poll_s)
 
-    def _write(self, step: int, decision: Tally) -> Verdict:
+    def _write(self, step: int, decision: Tally) -> StepVerdict:
         """Compare-and-set: the first verdict written stands, whoever wrote it."""
         assert decision.verdict is not None
         written = self.store.compare_set(self._key(step, "verdict"), "", decision.verdict.value)
-        return Verdict(written.decode())
+        return StepVerdict(written.decode())

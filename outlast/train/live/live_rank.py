@@ -25,7 +25,7 @@ from outlast.train.live import rendezvous
 from outlast.train.live.commit_store import StepVotes
 from outlast.train.live.group import GroupBroken, LiveGroup
 from outlast.train.live.state_transfer import receive_state, send_state
-from outlast.train.live.step_commit import Ledger, Verdict, agreed_step
+from outlast.train.live.step_commit import Ledger, StepVerdict, agreed_step
 
 if TYPE_CHECKING:
     import torch
@@ -115,9 +115,9 @@ class LiveRank:
         except GroupBroken as e:
             self.last_break = str(e)
             reduced = False
-        verdict, _ = self.votes.settle(step, reduced)
-        self.ledger = self.ledger.settle(verdict)
-        return verdict is Verdict.COMMIT
+        verdict, _ = self.votes.vote(step, reduced)
+        self.ledger = self.ledger.after(verdict)
+        return verdict is StepVerdict.COMMIT
 
     def close(self) -> None:
         if self.group is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class Verdict(Enum):
+class StepVerdict(Enum):
     COMMIT = "commit"
     ABORT = "abort"
 
@@ -26,16 +26,16 @@ class Tally:
     """What a rank does once its vote is counted: write `verdict` (None: write nothing and wait
     for the verdict another rank or the end of the generation writes), and why."""
 
-    verdict: Verdict | None
+    verdict: StepVerdict | None
     reason: str
 
 
 def tally(reduced: bool, votes_counted: int, world_size: int) -> Tally:
     """`votes_counted`: "reduced" votes including this rank's, when `reduced`."""
     if not reduced:
-        return Tally(Verdict.ABORT, "this rank's allreduce raised: a peer is gone")
+        return Tally(StepVerdict.ABORT, "this rank's allreduce raised: a peer is gone")
     if votes_counted >= world_size:
-        return Tally(Verdict.COMMIT, f"all {world_size} ranks reduced the step")
+        return Tally(StepVerdict.COMMIT, f"all {world_size} ranks reduced the step")
     return Tally(None, f"{votes_counted} of {world_size} ranks reduced the step so far")
 
 
@@ -44,7 +44,7 @@ def while_waiting(newer_generation: bool) -> Tally:
     gone, and its vote may never come, so the step is thrown away (unless a COMMIT was written
     first: the compare-and-set returns whichever verdict came first)."""
     if newer_generation:
-        return Tally(Verdict.ABORT, "a newer generation was published while the vote was open")
+        return Tally(StepVerdict.ABORT, "a newer generation was published while the vote was open")
     return Tally(None, "waiting for the verdict")
 
 
@@ -65,10 +65,10 @@ class Ledger:
                                "at a time, each after the one before it was committed")
         return Ledger(self.generation, self.committed, step)
 
-    def settle(self, verdict: Verdict) -> Ledger:
+    def after(self, verdict: StepVerdict) -> Ledger:
         if self.in_flight is None:
             raise RuntimeError("a verdict came with no step in flight")
-        committed = self.in_flight if verdict is Verdict.COMMIT else self.committed
+        committed = self.in_flight if verdict is StepVerdict.COMMIT else self.committed
         return Ledger(self.generation, committed, None)
 
     def regroup(self, generation: int, committed: int) -> Ledger:
