@@ -43,13 +43,12 @@ class Dataset:
         table = task.read()
         for op in self.ops:
             table = op.apply(table, task.label)
-        if block and not self.ops and task.kind != "memory":
-            first = self.tasks[0]
-            if "_first_schema" not in self.__dict__:  # read once per process, for the check below
-                object.__setattr__(self, "_first_schema", _schema_of(first))
-            expected = self.__dict__["_first_schema"]
-            if expected is not None and not table.schema.equals(expected):
-                raise DataReadError(f"{task.label} has columns {_names(table.schema)} but {first.label} has "
+        if not self.ops and task.kind not in ("memory", "parquet"):  # parquet's footers were compared when listed
+            # Compared with the first block this process read, so that a rank reads no block but its own.
+            seen = self.__dict__.setdefault("_first_seen", {})
+            label, expected = seen.setdefault("first", (task.label, table.schema))
+            if not table.schema.equals(expected):
+                raise DataReadError(f"{task.label} has columns {_names(table.schema)} but {label} has "
                                     f"{_names(expected)}; read files with the same columns and types")
         return table
 
@@ -220,13 +219,6 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset(num_blocks={len(self.tasks)}, transforms={[op.kind for op in self.ops]})"
-
-
-def _schema_of(task: ReadTask) -> Any:
-    try:
-        return task.read().schema
-    except Exception:  # noqa: BLE001 - its own read reports its error
-        return None
 
 
 def _names(schema: Any) -> str:

@@ -222,6 +222,7 @@ def _device(device: Any) -> Any:
 
 
 def _torch(batch: dict[str, Any], dtypes: Any, device: Any) -> dict[str, Any]:
+    import numpy as np
     import torch
 
     out = {}
@@ -230,6 +231,7 @@ def _torch(batch: dict[str, Any], dtypes: Any, device: Any) -> dict[str, Any]:
             out[name] = column  # text and objects: torch has no tensor for them
             continue
         dtype = dtypes.get(name) if isinstance(dtypes, dict) else dtypes
+        column = np.require(column, requirements="W")  # Arrow's buffers are read-only; torch wants to own one
         out[name] = torch.as_tensor(column).to(device=device, dtype=dtype) if dtype is not None else \
             torch.as_tensor(column).to(device)
     return out

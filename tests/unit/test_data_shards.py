@@ -1,92 +1,174 @@
-import numpy as np
+"""outlast.data shards: each row once across ranks, only a rank's own blocks read, walks that repeat,
+a bounded number of blocks held, positions that resume and re-split, and reads from S3."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-import torch
 
-from outlast.train.data import DataConfig, DataShard, shard_indices, to_source
-
-
-def shard(data, rank=0, world=1, split=True):
-    source = to_source("train", data)
-    return DataShard("train", source, shard_indices(source.length, rank, world, split))
+from outlast import data
+from outlast.data import Position, split_rest
+from outlast.data.readers import ReadTask
 
 
-def test_split_shards_are_equal_contiguous_and_disjoint_leaving_the_remainder_out():
-    parts = [list(shard_indices(10, r, 3, True)) for r in range(3)]
-    assert parts == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-    assert list(shard_indices(10, 2, 3, False)) == list(range(10))
-    assert list(shard_indices(2, 1, 4, True)) == []
+def _parquet(tmp_path, files=4, groups=3, rows=10):
+    for f in range(files):
+        ids = list(range(f * groups * rows, (f + 1) * groups * rows))
+        pq.write_table(pa.table({"id": ids}), tmp_path / f"part-{f}.parquet", row_group_size=rows)
+    return data.read_parquet(str(tmp_path))
 
 
-def test_data_config_splits_all_by_default_or_the_named_datasets():
-    assert DataConfig().splits("validation")
-    assert not DataConfig(datasets_to_split=["train"]).splits("validation")
-    with pytest.raises(ValueError, match="'all' or a list"):
-        DataConfig(datasets_to_split="train")
+def _ids(walk):
+    return [int(i) for batch in walk for i in batch["id"]]
 
 
-def test_a_dict_of_columns_gives_numpy_batches_and_tensor_batches():
-    data = {"x": np.arange(10, dtype=np.float32).reshape(5, 2), "y": np.arange(5)}
-    batches = list(shard(data, rank=1, world=2).iter_batches(batch_size=1))
-    assert [b["y"].tolist() for b in batches] == [[2], [3]]
-    (tb,) = list(shard(data).iter_torch_batches(batch_size=8, device="cpu", dtypes=torch.float64))
-    assert tb["x"].shape == (5, 2) and tb["y"].dtype == torch.float64
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_every_row_is_read_once_across_the_ranks(tmp_path, world_size):
+    ds = _parquet(tmp_path)
+    seen = [i for r in range(world_size) for i in _ids(ds.shard(r, world_size, seed=4).iter_batches(batch_size=7))]
+    assert sorted(seen) == list(range(120))
 
 
-def test_a_torch_dataset_of_tuples_is_collated_as_a_dataloader_would():
-    ds = torch.utils.data.TensorDataset(torch.arange(6.0).unsqueeze(1), torch.arange(6))
-    x, y = next(iter(shard(ds, rank=0, world=2).iter_torch_batches(batch_size=2, device="cpu")))
-    assert x.tolist() == [[0.0], [1.0]] and y.tolist() == [0, 1]
-    numpy_batch = next(iter(shard(ds).iter_batches(batch_size=4)))
-    assert sorted(numpy_batch) == ["0", "1"] and numpy_batch["1"].tolist() == [0, 1, 2, 3]
+def test_a_rank_reads_only_its_own_blocks(tmp_path, monkeypatch):
+    ds = _parquet(tmp_path)
+    read: list[int | None] = []
+    original = ReadTask.read
+    monkeypatch.setattr(ReadTask, "read", lambda self: (read.append(self.row_group), original(self))[1])
+    shard = ds.shard(1, 4)
+    _ids(shard.iter_batches(batch_size=5))
+    assert shard.stats.blocks_read == 3 and len(read) == 3  # 12 row groups, 4 ranks
 
 
-def test_rows_arrays_and_lists_are_read_with_ray_data_column_names():
-    assert next(iter(shard(np.ones((3, 2))).iter_batches()))["data"].shape == (3, 2)
-    assert next(iter(shard([1, 2, 3]).iter_batches()))["item"].tolist() == [1, 2, 3]
-    assert list(shard([{"a": 1}, {"a": 2}]).iter_rows()) == [{"a": 1}, {"a": 2}]
-    with pytest.raises(ValueError, match="same keys"):
-        to_source("train", [{"a": 1}, {"b": 2}])
+def test_an_iterator_walks_again_each_epoch_with_the_same_rows_in_a_new_order(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 2, seed=11)
+    batches = shard.iter_batches(batch_size=10)
+    first, second = _ids(batches), _ids(batches)
+    assert len(first) == 60 and first != second
+    again = _parquet(tmp_path).shard(0, 2, seed=11).iter_batches(batch_size=10)
+    assert _ids(again) == first  # the same seed, the same epochs
+    unshuffled = _parquet(tmp_path).shard(0, 2).iter_torch_batches(batch_size=10, device="cpu")
+    a, b = ([int(i) for batch in unshuffled for i in batch["id"]] for _ in range(2))
+    assert a == b and len(a) == 60
 
 
-def test_a_hugging_face_dataset_is_read_by_columns_text_staying_numpy():
-    import datasets  # installed with outlast[test]
-    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [0, 1, 0, 1], "emb": [[1.0, 2.0]] * 4})
-    (batch,) = list(shard(ds, rank=1, world=2).iter_batches(batch_size=10))
-    assert batch["text"].tolist() == ["c", "d"] and batch["label"].tolist() == [0, 1]
-    (tb,) = list(shard(ds, rank=1, world=2).iter_torch_batches(batch_size=10, device="cpu"))
-    assert tb["emb"].shape == (2, 2) and tb["label"].dtype == torch.int64 and tb["text"].tolist() == ["c", "d"]
-    assert next(iter(shard(ds).iter_rows()))["text"] == "a"
+def test_a_walk_holds_at_most_two_blocks(tmp_path):
+    shard = _parquet(tmp_path, files=8).shard(0, 1)
+    rows = _ids(shard.iter_batches(batch_size=7))
+    assert len(rows) == 240 and shard.stats.blocks_read == 24 and shard.stats.max_blocks_held <= 2
 
 
-def test_drop_last_and_a_seeded_local_shuffle_differ_per_epoch_but_repeat_across_runs():
-    data = {"i": np.arange(10)}
-    assert len(list(shard(data).iter_batches(batch_size=4, drop_last=True))) == 2
-    a, b = shard(data), shard(data)
-    epochs_a = [np.concatenate([x["i"] for x in a.iter_batches(local_shuffle_buffer_size=10, local_shuffle_seed=1)])
-                for _ in range(2)]
-    epochs_b = [np.concatenate([x["i"] for x in b.iter_batches(local_shuffle_buffer_size=10, local_shuffle_seed=1)])
-                for _ in range(2)]
-    assert [e.tolist() for e in epochs_a] == [e.tolist() for e in epochs_b]
-    assert epochs_a[0].tolist() != epochs_a[1].tolist() and sorted(epochs_a[0]) == list(range(10))
+def test_the_first_batch_reads_one_block(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 1)
+    walk = iter(shard.iter_batches(batch_size=4))
+    next(walk)
+    assert shard.stats.blocks_read == 1
+    walk.close()
 
 
-def test_what_outlast_cannot_read_is_refused_with_what_to_pass_instead():
-    class FakeRayDataset:
-        pass
+def test_a_position_resumes_at_the_next_batch(tmp_path):
+    ds = _parquet(tmp_path)
+    shard = ds.shard(1, 2, seed=5)
+    _ids(shard.iter_batches(batch_size=8))  # epoch 0
+    walk = iter(shard.iter_batches(batch_size=8))
+    taken = [int(i) for _ in range(3) for i in next(walk)["id"]]
+    position = shard.position()
+    walk.close()
+    assert isinstance(position, Position) and position.epoch == 1 and (position.block, position.row) == (2, 4)
+    fresh = ds.shard(1, 2, seed=5)
+    fresh.resume(position)
+    rest = _ids(fresh.iter_batches(batch_size=8))
+    whole = ds.shard(1, 2, seed=5)
+    _ids(whole.iter_batches(batch_size=8))
+    assert taken + rest == _ids(whole.iter_batches(batch_size=8))
+    assert fresh.position().epoch == 2  # the walk after the resumed one is the next epoch
 
-    FakeRayDataset.__module__ = "ray.data.dataset"
-    with pytest.raises(TypeError, match="Ray Data dataset.*torch Dataset"):
-        to_source("train", FakeRayDataset())
-    with pytest.raises(TypeError, match="torch Dataset"):
-        to_source("train", 42)
-    with pytest.raises(AttributeError, match="iter_batches, iter_torch_batches"):
-        shard([1]).to_tf()
+
+def test_an_abandoned_walk_goes_on_where_it_stopped(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 1)
+    walk = iter(shard.iter_batches(batch_size=25))
+    first = _ids([next(walk)])
+    walk.close()
+    assert sorted(first + _ids(shard.iter_batches(batch_size=25))) == list(range(120))
 
 
-def test_a_shard_materializes_to_itself_and_reads_as_one_pandas_frame_as_ray_datas_does():
-    rows = [{"x": x, "y": x + 1} for x in range(5)]
-    part = shard(rows, rank=1, world=2)
-    assert part.materialize() is part
-    frame = part.materialize().to_pandas()
-    assert frame.to_dict("records") == [{"x": 2, "y": 3}, {"x": 3, "y": 4}]
-    assert shard([], rank=0, world=1).to_pandas().empty
+def test_the_rest_of_an_epoch_is_split_again_across_a_new_world(tmp_path):
+    ds = _parquet(tmp_path)
+    old = [ds.shard(r, 3, seed=2) for r in range(3)]
+    taken = []
+    for shard, steps in zip(old, (2, 5, 0)):
+        walk = iter(shard.iter_batches(batch_size=6))
+        taken += [int(i) for _ in range(steps) for i in next(walk)["id"]]
+        walk.close()
+    positions = [s.position() for s in old]
+    resplit = split_rest(positions, 2, ds.num_blocks())
+    new = [ds.shard(r, 2, seed=2) for r in range(2)]
+    for shard, position in zip(new, resplit):
+        shard.resume(position)
+    rest = [i for shard in new for i in _ids(shard.iter_batches(batch_size=6))]
+    assert sorted(taken + rest) == list(range(120))
+    # and back to three ranks, from the two-rank positions part-way
+    new = [ds.shard(r, 2, seed=2) for r in range(2)]
+    for shard, position in zip(new, resplit):
+        shard.resume(position)
+    walk = iter(new[0].iter_batches(batch_size=6))
+    part = _ids([next(walk)])
+    walk.close()
+    again = split_rest([s.position() for s in new], 3, ds.num_blocks())
+    three = [ds.shard(r, 3, seed=2) for r in range(3)]
+    for shard, position in zip(three, again):
+        shard.resume(position)
+    assert sorted(taken + part + [i for s in three for i in _ids(s.iter_batches(batch_size=6))]) == list(range(120))
+
+
+def test_a_position_of_another_rank_is_refused(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 2)
+    with pytest.raises(ValueError, match="deal it again with split_rest"):
+        shard.resume(Position(0, 0, 0, None, 1, 2))
+    with pytest.raises(ValueError, match="one per rank"):
+        split_rest([Position(0, 0, 0, None, 0, 2)], 3, 4)
+
+
+def test_local_shuffle_is_reproducible_and_resumable(tmp_path):
+    ds = _parquet(tmp_path)
+    shard = ds.shard(0, 1)
+    kw = dict(batch_size=9, local_shuffle_buffer_size=50, local_shuffle_seed=1)
+    walk = iter(shard.iter_batches(**kw))
+    head = _ids([next(walk), next(walk)])
+    walk.close()
+    fresh = ds.shard(0, 1)
+    fresh.resume(shard.position())
+    whole = _ids(ds.shard(0, 1).iter_batches(**kw))
+    assert head + _ids(fresh.iter_batches(**kw)) == whole and whole != sorted(whole)
+
+
+def test_a_dataset_passes_to_the_in_memory_shards_as_rows_by_index(tmp_path):
+    from outlast.train.data import DataConfig, install_shards
+    from outlast.train import data as train_data
+
+    ds = _parquet(tmp_path)
+    seen = []
+    for rank in range(2):
+        install_shards({"train": ds}, DataConfig(), rank, 2)
+        seen += [int(i) for batch in train_data._shards["train"].iter_torch_batches(batch_size=16, device="cpu")
+                 for i in batch["id"]]
+    assert sorted(seen) == list(range(120))
+
+
+def test_reads_from_s3(s3, tmp_path):
+    import boto3
+    import io
+
+    client = boto3.client("s3")
+    for f in range(2):
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(f * 20, f * 20 + 20))}), buffer, row_group_size=5)
+        client.put_object(Bucket="runs", Key=f"data/part-{f}.parquet", Body=buffer.getvalue())
+    client.put_object(Bucket="runs", Key="csv/a.csv", Body=b"a,b\n1,2\n3,4\n")
+    ds = data.read_parquet("s3://runs/data/")
+    assert ds.num_blocks() == 8 and ds.count() == 40
+    assert sorted(_ids(ds.shard(0, 2).iter_batches(batch_size=3)) + _ids(ds.shard(1, 2).iter_batches())) == \
+        list(range(40))
+    assert [r["a"] for r in data.read_csv("s3://runs/csv/a.csv").take_all()] == [1, 3]
+    with pytest.raises(data.DataReadError, match="s3://runs/missing.*no such file"):
+        data.read_csv("s3://runs/missing/")
