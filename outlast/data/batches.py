@@ -57,7 +57,10 @@ def array_from(values: Any) -> Any:
     if hasattr(values, "numpy") and hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
     if isinstance(values, np.ndarray) and values.ndim > 1 and values.dtype != object:
-        return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
+        values = np.ascontiguousarray(values)
+        if values.strides[0] != values.itemsize * int(np.prod(values.shape[1:])):
+            values = values.copy()  # a view with a length-1 axis (a[None]) can keep a stride Arrow refuses
+        return pa.FixedShapeTensorArray.from_numpy_ndarray(values)
     if isinstance(values, np.ndarray) and values.dtype == object and len(values) and isinstance(values[0], np.ndarray):
         return pa.array([v.tolist() for v in values])
     if isinstance(values, list) and values and isinstance(values[0], np.ndarray):

@@ -173,3 +173,16 @@ def test_a_file_that_is_not_its_format_is_named(tmp_path):
 def test_an_unsupported_method_is_refused_naming_it():
     with pytest.raises(AttributeError, match="Dataset.groupby is not supported"):
         data.from_items([1]).groupby("a")
+
+
+def test_read_images_decodes_and_names_an_image_that_does_not(tmp_path):
+    pil = pytest.importorskip("PIL.Image", reason="read_images needs Pillow; its absence is tested above")
+    for i in range(3):
+        pil.fromarray(np.full((4, 6, 3), i * 40, np.uint8)).save(tmp_path / f"img{i}.png")
+    ds = data.read_images(str(tmp_path), include_paths=True)
+    batch = next(iter(ds.iter_batches(batch_size=None)))
+    assert batch["image"].shape == (3, 4, 6, 3) and int(batch["image"][2].max()) == 80
+    assert data.read_images(str(tmp_path), size=(2, 3), mode="L").take(1)[0]["image"].shape == (2, 3)
+    (tmp_path / "broken.jpg").write_bytes(b"not an image")
+    with pytest.raises(DataReadError, match=r"broken\.jpg: could not be read as images.*Pillow can open"):
+        data.read_images(str(tmp_path)).take_all()
