@@ -19,7 +19,7 @@ class FileRef:
 
     path: str
     uri: str
-    scheme: str  # "local" or "s3"
+    scheme: str  # "local", "s3", or "s3-anonymous" (Ray's s3://anonymous@bucket/...: unsigned requests)
 
     def filesystem(self) -> Any:
         return filesystem_for(self.scheme)
@@ -33,7 +33,7 @@ def filesystem_for(scheme: str) -> Any:
     import s3fs
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    s3 = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint} if endpoint else {})
+    s3 = s3fs.S3FileSystem(anon=scheme == "s3-anonymous", client_kwargs={"endpoint_url": endpoint} if endpoint else {})
     return pafs.PyFileSystem(pafs.FSSpecHandler(s3))
 
 
@@ -45,9 +45,18 @@ def list_files(paths: str | list[str], extensions: tuple[str, ...] | None, read:
     found: list[FileRef] = []
     for given in [paths] if isinstance(paths, (str, os.PathLike)) else list(paths):
         given = os.fspath(given)
-        scheme, path = ("s3", given[len("s3://"):]) if given.startswith("s3://") else ("local", os.path.abspath(given))
+        if given.startswith("s3://anonymous@"):
+            scheme, path = "s3-anonymous", given[len("s3://anonymous@"):]
+        elif given.startswith("s3://"):
+            scheme, path = "s3", given[len("s3://"):]
+        else:
+            scheme, path = "local", os.path.abspath(given)
         fs = filesystem_for(scheme)
-        info = fs.get_file_info(path)
+        try:
+            info = fs.get_file_info(path)
+        except OSError as e:  # the store could not be reached, or refused the request
+            raise DataReadError(f"{read}({given!r}): could not reach it ({type(e).__name__}: {e}); check the "
+                                "network, the credentials and, for an S3-compatible store, AWS_ENDPOINT_URL") from e
         if info.type == pafs.FileType.NotFound:
             raise DataReadError(f"{read}({given!r}): no such file or directory; check the path (and, for s3://, "
                                 "the bucket and AWS_ENDPOINT_URL)")
@@ -62,6 +71,6 @@ def list_files(paths: str | list[str], extensions: tuple[str, ...] | None, read:
                 raise DataReadError(f"{read}({given!r}): the directory holds no files"
                                     + (f" ending in {', '.join(extensions)}" if extensions else "")
                                     + "; point it at the data files")
-        prefix = "s3://" if scheme == "s3" else ""
+        prefix = {"s3": "s3://", "s3-anonymous": "s3://anonymous@"}.get(scheme, "")
         found += [FileRef(i.path, prefix + i.path, scheme) for i in sorted(infos, key=lambda i: i.path)]
     return found
