@@ -161,6 +161,29 @@ def test_a_ray_script_reading_csv_with_ray_data_trains_on_two_ranks(tmp_path):
     assert "returned [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" in proc.stdout
 
 
+def test_a_map_batches_function_that_raises_in_a_worker_fails_the_run_naming_it(tmp_path):
+    proc = run_script(tmp_path, f"""
+        import ray.data
+        import ray.train
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        def broken(batch):
+            return {{"x": batch["no_such_column"]}}
+
+        def train_fn(config):
+            for batch in ray.train.get_dataset_shard("train").iter_batches(batch_size=2):
+                pass
+
+        TorchTrainer(train_fn, scaling_config=ScalingConfig(num_workers=2),
+                     datasets={{"train": ray.data.from_items([{{"x": i}} for i in range(8)]).map_batches(broken)}},
+                     run_config=RunConfig(name="broken", storage_path={str(tmp_path / "storage")!r})).fit()
+    """)
+    assert proc.returncode != 0
+    assert "map_batches(broken) raised KeyError" in proc.stderr and "no_such_column" in proc.stderr, \
+        proc.stderr[-3000:]
+
+
 def test_ray_trains_framework_integrations_are_outlasts(tmp_path):
     proc = run_script(tmp_path, """
         import ray.train.lightning
