@@ -61,14 +61,14 @@ class Dataset:
     def _with(self, op: Op) -> Dataset:
         return replace(self, ops=(*self.ops, op))
 
-    def map(self, fn: Any, *, fn_args: tuple = (), fn_kwargs: dict | None = None,
-            fn_constructor_args: tuple = (), fn_constructor_kwargs: dict | None = None, **_ignored: Any) -> Dataset:
+    def map(self, fn: Any, *, fn_args: tuple[Any, ...] = (), fn_kwargs: dict[str, Any] | None = None,
+            fn_constructor_args: tuple[Any, ...] = (), fn_constructor_kwargs: dict[str, Any] | None = None, **_ignored: Any) -> Dataset:
         return self._with(Op("map", fn, fn_args=tuple(fn_args), fn_kwargs=dict(fn_kwargs or {}),
                              ctor_args=tuple(fn_constructor_args), ctor_kwargs=dict(fn_constructor_kwargs or {})))
 
     def map_batches(self, fn: Any, *, batch_size: Any = None, batch_format: str | None = "default",
-                    fn_args: tuple = (), fn_kwargs: dict | None = None, fn_constructor_args: tuple = (),
-                    fn_constructor_kwargs: dict | None = None, zero_copy_batch: bool = False,
+                    fn_args: tuple[Any, ...] = (), fn_kwargs: dict[str, Any] | None = None, fn_constructor_args: tuple[Any, ...] = (),
+                    fn_constructor_kwargs: dict[str, Any] | None = None, zero_copy_batch: bool = False,
                     **_ignored: Any) -> Dataset:
         return self._with(batch_op(fn, batch_format, batch_size, fn_args, fn_kwargs, fn_constructor_args,
                                    fn_constructor_kwargs))
@@ -78,7 +78,7 @@ class Dataset:
             raise ValueError("filter(expr=...) is not supported: pass a function of a row that returns True to keep it")
         return self._with(Op("filter", fn))
 
-    def flat_map(self, fn: Any, *, fn_args: tuple = (), fn_kwargs: dict | None = None, **_ignored: Any) -> Dataset:
+    def flat_map(self, fn: Any, *, fn_args: tuple[Any, ...] = (), fn_kwargs: dict[str, Any] | None = None, **_ignored: Any) -> Dataset:
         return self._with(Op("flat_map", fn, fn_args=tuple(fn_args), fn_kwargs=dict(fn_kwargs or {})))
 
     def add_column(self, col: str, fn: Any, *, batch_format: str | None = "pandas", **_ignored: Any) -> Dataset:
@@ -226,4 +226,4 @@ def _names(schema: Any) -> str:
 
 
 def _block_rows(table: Any, blocks: int) -> int:
-    return max(1, -(-table.num_rows // max(blocks, 1)))
+    return max(1, -(-int(table.num_rows) // max(blocks, 1)))

@@ -25,14 +25,14 @@ class Op:
     fn: Any = None
     batch_format: str = "default"
     batch_size: int | None = None
-    fn_args: tuple = ()
-    fn_kwargs: dict = field(default_factory=dict)
-    ctor_args: tuple = ()
-    ctor_kwargs: dict = field(default_factory=dict)
+    fn_args: tuple[Any, ...] = ()
+    fn_kwargs: dict[str, Any] = field(default_factory=dict)
+    ctor_args: tuple[Any, ...] = ()
+    ctor_kwargs: dict[str, Any] = field(default_factory=dict)
     columns: tuple[str, ...] = ()
     _instance: Any = field(default=None, repr=False, compare=False)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_instance"] = None  # each process builds its own instance of a callable class
         return state
@@ -89,8 +89,8 @@ class Op:
         raise ValueError(f"unknown transform {self.kind}")
 
 
-def batch_op(fn: Any, batch_format: str | None, batch_size: Any, fn_args: tuple, fn_kwargs: dict | None,
-             ctor_args: tuple, ctor_kwargs: dict | None) -> Op:
+def batch_op(fn: Any, batch_format: str | None, batch_size: Any, fn_args: tuple[Any, ...], fn_kwargs: dict[str, Any] | None,
+             ctor_args: tuple[Any, ...], ctor_kwargs: dict[str, Any] | None) -> Op:
     if batch_size == "default":
         batch_size = None
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):

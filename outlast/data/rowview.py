@@ -45,5 +45,5 @@ class RowView:
         columns = self._cached[1]
         return {k: v[index - starts[block]] for k, v in columns.items()}
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "_starts": self._starts, "_cached": None}

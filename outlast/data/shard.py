@@ -184,7 +184,7 @@ class Shard:
             if self._current is not None and self._current.epoch == start.epoch:
                 self._next = self._current  # left part-way: the next walk goes on from here
 
-    def _take(self, pending: deque, size: int, plan: tuple[Piece, ...], after: int, start: Position) -> Any:
+    def _take(self, pending: deque[tuple[int, int, Any]], size: int, plan: tuple[Piece, ...], after: int, start: Position) -> Any:
         import pyarrow as pa
 
         parts = []
@@ -216,7 +216,7 @@ def _device(device: Any) -> Any:
     try:
         from outlast.train.torch.helpers import get_device
 
-        return get_device()
+        return get_device()  # type: ignore[no-untyped-call]
     except Exception:  # noqa: BLE001 - outside a training run: the CPU
         return "cpu"
 
