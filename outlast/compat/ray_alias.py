@@ -11,8 +11,9 @@ has one: nothing here is installed on import.
   outlast's modules of the same names.
 - `ray.init()`, `ray.shutdown()` and `ray.is_initialized()` are accepted: outlast starts
   its own node for `fit()`, so a script that only trains needs nothing from them.
-- `ray.data.from_items/from_numpy/from_pandas/from_torch/from_huggingface` keep the data
-  in memory for `TorchTrainer(datasets=...)` and `get_dataset_shard()`.
+- `ray.data` is `outlast.data`: Ray Data's reads (`read_parquet`, `read_csv`, ...), its
+  `from_*` builders and the transforms Ray Train scripts use, read a block at a time; a
+  `ray.data` name outlast lacks stops the script with what to do instead.
 - Any other Ray name or module stops the script at once (`UnsupportedRayAPI`, which an
   `except Exception` does not swallow), naming the call and the script's line.
 """
@@ -56,11 +57,12 @@ FRAMEWORK_MODULES = {
     "ray.train.v2.jax.config": "outlast.train.jax",
 }
 SUPPORTED = ("ray.train, ray.train.torch, ray.train.lightning, ray.train.huggingface.transformers, ray.train.xgboost, "
-             "ray.train.lightgbm and ray.train.v2.jax; ray.init/shutdown/is_initialized; ray.data.from_items/from_numpy/from_pandas/"
-             "from_torch/from_huggingface")
+             "ray.train.lightgbm and ray.train.v2.jax; ray.init/shutdown/is_initialized; ray.data's reads, from_* builders and "
+             "per-row and per-batch transforms")
 NOT_SUPPORTED = ("ray.train.tensorflow, ray.train.horovod, Ray Tune, Ray Data pipelines, "
                  "Ray Serve, tasks and actors (ray.remote, ray.get, ray.put)")
-_DATA_BUILDERS = ("from_items", "from_numpy", "from_pandas", "from_torch", "from_huggingface")
+DATA_NAMES = ("read_parquet", "read_csv", "read_json", "read_text", "read_images", "read_numpy", "read_binary_files",
+              "from_items", "from_numpy", "from_pandas", "from_torch", "from_huggingface", "Dataset")
 
 
 class UnsupportedRayAPI(BaseException):
@@ -179,44 +181,14 @@ def _ray_module() -> ShimModule:
     return ray
 
 
-class InMemoryDataset:
-    """What `ray.data.from_*` returns under `outlast run`: the data as given, for `datasets=`."""
-
-    __outlast_dataset__ = True  # outlast.train.data reads `.data` of it
-
-    def __init__(self, data: Any, builder: str) -> None:
-        self.data = data
-        self.builder = builder
-
-    def count(self) -> int:
-        return len(self.data)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("data", "builder"):
-            raise AttributeError(name)
-        raise stop(f"ray.data.{self.builder}(...).{name}",
-                   "outlast passes in-memory datasets to TorchTrainer(datasets=...) as they are; transform the data "
-                   "before, or in the train function on what get_dataset_shard() gives")
-
-
 def _data_module() -> ShimModule:
+    import outlast.data
+
     data = ShimModule("ray.data", advice=(
-        "outlast runs no Ray Data pipeline: read the data into memory (numpy, pandas, a torch Dataset, a Hugging "
-        "Face dataset) and pass it to TorchTrainer(datasets=...), or build a DataLoader in the train function; "
-        f"ray.data.{'/'.join(_DATA_BUILDERS)} are accepted"))
-
-    def builder(name: str):
-        def build(source: Any, *args: Any, **kwargs: Any) -> InMemoryDataset:
-            if args or kwargs:
-                raise stop(f"ray.data.{name}(..., {', '.join([*map(repr, args), *kwargs])})",
-                           "outlast takes the data alone")
-            return InMemoryDataset(source, name)
-        build.__name__ = name
-        return build
-
-    for name in _DATA_BUILDERS:
-        setattr(data, name, builder(name))
-    data.Dataset = InMemoryDataset  # for type hints such as `-> ray.data.Dataset`
+        f"outlast's ray.data offers {', '.join(DATA_NAMES)}; read the data with one of them, or build a torch "
+        "DataLoader in the train function (see docs/ray-data-parity.md)"))
+    for name in DATA_NAMES:  # only Ray's names: outlast.data's own (Shard, split_rest) stay outlast's
+        setattr(data, name, getattr(outlast.data, name))
     return data
 
 

@@ -77,15 +77,20 @@ def test_a_ray_train_name_outlast_lacks_stops_with_the_outlast_way(tmp_path):
     assert "ray.train.SyncConfig at" in proc.stderr and "storage_path" in proc.stderr
 
 
-def test_ray_data_keeps_in_memory_datasets_and_stops_at_a_pipeline(tmp_path):
+def test_ray_data_runs_its_transforms_and_stops_at_a_name_outlast_lacks(tmp_path):
     proc = run_script(tmp_path, """
         import ray.data
-        ds = ray.data.from_items([{"x": 1}, {"x": 2}])
-        assert ds.count() == 2
-        ds.map_batches(lambda b: b)
+        ds = ray.data.from_items([{"x": 1}, {"x": 2}]).map_batches(lambda b: {"x": b["x"] * 10})
+        assert [r["x"] for r in ds.take_all()] == [10, 20]
+        ray.data.read_sql("select 1", None)
     """)
     assert proc.returncode == 2
-    assert "ray.data.from_items(...).map_batches at" in proc.stderr and "line 5" in proc.stderr
+    assert "ray.data.read_sql at" in proc.stderr and "line 5" in proc.stderr and "read_parquet" in proc.stderr
+    proc = run_script(tmp_path, """
+        import ray.data
+        ray.data.from_items([{"x": 1}]).groupby("x")
+    """)
+    assert proc.returncode != 0 and "Dataset.groupby is not supported by outlast" in proc.stderr
 
 
 def test_a_process_outside_outlast_run_sees_no_alias(tmp_path):
@@ -123,6 +128,60 @@ def test_a_ray_docs_style_script_with_ray_data_items_trains_on_its_shards(tmp_pa
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "returned [0, 1, 2]" in proc.stdout
+
+
+def test_a_ray_script_reading_csv_with_ray_data_trains_on_two_ranks(tmp_path):
+    storage = tmp_path / "storage"
+    (tmp_path / "csv").mkdir()
+    for f in range(4):
+        rows = "\n".join(f"{i},{2 * i}" for i in range(f * 5, f * 5 + 5))
+        (tmp_path / "csv" / f"part-{f}.csv").write_text(f"x,y\n{rows}\n")
+    proc = run_script(tmp_path, f"""
+        import ray
+        import ray.data
+        import ray.train
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        def train_fn(config):
+            shard = ray.train.get_dataset_shard("train")
+            epochs = [[int(x) for batch in shard.iter_torch_batches(batch_size=3) for x in batch["x"]]
+                      for _ in range(2)]
+            assert epochs[0] == epochs[1], epochs  # walked again each epoch
+            ray.train.report({{"xs": epochs[0]}})
+            return epochs[0]
+
+        dataset = ray.data.read_csv({str(tmp_path / "csv")!r}).map(lambda r: {{"x": r["x"], "y2": r["y"] * 2}})
+        result = TorchTrainer(train_fn, scaling_config=ScalingConfig(num_workers=2),
+                              datasets={{"train": dataset}},
+                              run_config=RunConfig(name="csv", storage_path={str(storage)!r})).fit()
+        print("returned", result.return_value)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "returned [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" in proc.stdout
+
+
+def test_a_map_batches_function_that_raises_in_a_worker_fails_the_run_naming_it(tmp_path):
+    proc = run_script(tmp_path, f"""
+        import ray.data
+        import ray.train
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        def broken(batch):
+            return {{"x": batch["no_such_column"]}}
+
+        def train_fn(config):
+            for batch in ray.train.get_dataset_shard("train").iter_batches(batch_size=2):
+                pass
+
+        TorchTrainer(train_fn, scaling_config=ScalingConfig(num_workers=2),
+                     datasets={{"train": ray.data.from_items([{{"x": i}} for i in range(8)]).map_batches(broken)}},
+                     run_config=RunConfig(name="broken", storage_path={str(tmp_path / "storage")!r})).fit()
+    """)
+    assert proc.returncode != 0
+    assert "map_batches(broken) raised KeyError" in proc.stderr and "no_such_column" in proc.stderr, \
+        proc.stderr[-3000:]
 
 
 def test_ray_trains_framework_integrations_are_outlasts(tmp_path):

@@ -1,0 +1,174 @@
+"""outlast.data shards: each row once across ranks, only a rank's own blocks read, walks that repeat,
+a bounded number of blocks held, positions that resume and re-split, and reads from S3."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from outlast import data
+from outlast.data import Position, split_rest
+from outlast.data.readers import ReadTask
+
+
+def _parquet(tmp_path, files=4, groups=3, rows=10):
+    for f in range(files):
+        ids = list(range(f * groups * rows, (f + 1) * groups * rows))
+        pq.write_table(pa.table({"id": ids}), tmp_path / f"part-{f}.parquet", row_group_size=rows)
+    return data.read_parquet(str(tmp_path))
+
+
+def _ids(walk):
+    return [int(i) for batch in walk for i in batch["id"]]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_every_row_is_read_once_across_the_ranks(tmp_path, world_size):
+    ds = _parquet(tmp_path)
+    seen = [i for r in range(world_size) for i in _ids(ds.shard(r, world_size, seed=4).iter_batches(batch_size=7))]
+    assert sorted(seen) == list(range(120))
+
+
+def test_a_rank_reads_only_its_own_blocks(tmp_path, monkeypatch):
+    ds = _parquet(tmp_path)
+    read: list[int | None] = []
+    original = ReadTask.read
+    monkeypatch.setattr(ReadTask, "read", lambda self: (read.append(self.row_group), original(self))[1])
+    shard = ds.shard(1, 4)
+    _ids(shard.iter_batches(batch_size=5))
+    assert shard.stats.blocks_read == 3 and len(read) == 3  # 12 row groups, 4 ranks
+
+
+def test_an_iterator_walks_again_each_epoch_with_the_same_rows_in_a_new_order(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 2, seed=11)
+    batches = shard.iter_batches(batch_size=10)
+    first, second = _ids(batches), _ids(batches)
+    assert len(first) == 60 and first != second
+    again = _parquet(tmp_path).shard(0, 2, seed=11).iter_batches(batch_size=10)
+    assert _ids(again) == first  # the same seed, the same epochs
+    unshuffled = _parquet(tmp_path).shard(0, 2).iter_torch_batches(batch_size=10, device="cpu")
+    a, b = ([int(i) for batch in unshuffled for i in batch["id"]] for _ in range(2))
+    assert a == b and len(a) == 60
+
+
+def test_a_walk_holds_at_most_two_blocks(tmp_path):
+    shard = _parquet(tmp_path, files=8).shard(0, 1)
+    rows = _ids(shard.iter_batches(batch_size=7))
+    assert len(rows) == 240 and shard.stats.blocks_read == 24 and shard.stats.max_blocks_held <= 2
+
+
+def test_the_first_batch_reads_one_block(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 1)
+    walk = iter(shard.iter_batches(batch_size=4))
+    next(walk)
+    assert shard.stats.blocks_read == 1
+    walk.close()
+
+
+def test_a_position_resumes_at_the_next_batch(tmp_path):
+    ds = _parquet(tmp_path)
+    shard = ds.shard(1, 2, seed=5)
+    _ids(shard.iter_batches(batch_size=8))  # epoch 0
+    walk = iter(shard.iter_batches(batch_size=8))
+    taken = [int(i) for _ in range(3) for i in next(walk)["id"]]
+    position = shard.position()
+    walk.close()
+    assert isinstance(position, Position) and position.epoch == 1 and (position.block, position.row) == (2, 4)
+    fresh = ds.shard(1, 2, seed=5)
+    fresh.resume(position)
+    rest = _ids(fresh.iter_batches(batch_size=8))
+    whole = ds.shard(1, 2, seed=5)
+    _ids(whole.iter_batches(batch_size=8))
+    assert taken + rest == _ids(whole.iter_batches(batch_size=8))
+    assert fresh.position().epoch == 2  # the walk after the resumed one is the next epoch
+
+
+def test_an_abandoned_walk_goes_on_where_it_stopped(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 1)
+    walk = iter(shard.iter_batches(batch_size=25))
+    first = _ids([next(walk)])
+    walk.close()
+    assert sorted(first + _ids(shard.iter_batches(batch_size=25))) == list(range(120))
+
+
+def test_the_rest_of_an_epoch_is_split_again_across_a_new_world(tmp_path):
+    ds = _parquet(tmp_path)
+    old = [ds.shard(r, 3, seed=2) for r in range(3)]
+    taken = []
+    for shard, steps in zip(old, (2, 5, 0)):
+        walk = iter(shard.iter_batches(batch_size=6))
+        taken += [int(i) for _ in range(steps) for i in next(walk)["id"]]
+        walk.close()
+    positions = [s.position() for s in old]
+    resplit = split_rest(positions, 2, ds.num_blocks())
+    new = [ds.shard(r, 2, seed=2) for r in range(2)]
+    for shard, position in zip(new, resplit):
+        shard.resume(position)
+    rest = [i for shard in new for i in _ids(shard.iter_batches(batch_size=6))]
+    assert sorted(taken + rest) == list(range(120))
+    # and back to three ranks, from the two-rank positions part-way
+    new = [ds.shard(r, 2, seed=2) for r in range(2)]
+    for shard, position in zip(new, resplit):
+        shard.resume(position)
+    walk = iter(new[0].iter_batches(batch_size=6))
+    part = _ids([next(walk)])
+    walk.close()
+    again = split_rest([s.position() for s in new], 3, ds.num_blocks())
+    three = [ds.shard(r, 3, seed=2) for r in range(3)]
+    for shard, position in zip(three, again):
+        shard.resume(position)
+    assert sorted(taken + part + [i for s in three for i in _ids(s.iter_batches(batch_size=6))]) == list(range(120))
+
+
+def test_a_position_of_another_rank_is_refused(tmp_path):
+    shard = _parquet(tmp_path).shard(0, 2)
+    with pytest.raises(ValueError, match="deal it again with split_rest"):
+        shard.resume(Position(0, 0, 0, None, 1, 2))
+    with pytest.raises(ValueError, match="one per rank"):
+        split_rest([Position(0, 0, 0, None, 0, 2)], 3, 4)
+
+
+def test_local_shuffle_is_reproducible_and_resumable(tmp_path):
+    ds = _parquet(tmp_path)
+    shard = ds.shard(0, 1)
+    kw = dict(batch_size=9, local_shuffle_buffer_size=50, local_shuffle_seed=1)
+    walk = iter(shard.iter_batches(**kw))
+    head = _ids([next(walk), next(walk)])
+    walk.close()
+    fresh = ds.shard(0, 1)
+    fresh.resume(shard.position())
+    whole = _ids(ds.shard(0, 1).iter_batches(**kw))
+    assert head + _ids(fresh.iter_batches(**kw)) == whole and whole != sorted(whole)
+
+
+def test_a_dataset_passes_to_the_in_memory_shards_as_rows_by_index(tmp_path):
+    from outlast.train.data import DataConfig, install_shards
+    from outlast.train import data as train_data
+
+    ds = _parquet(tmp_path)
+    seen = []
+    for rank in range(2):
+        install_shards({"train": ds}, DataConfig(), rank, 2)
+        seen += [int(i) for batch in train_data._shards["train"].iter_torch_batches(batch_size=16, device="cpu")
+                 for i in batch["id"]]
+    assert sorted(seen) == list(range(120))
+
+
+def test_reads_from_s3(s3, tmp_path):
+    import boto3
+    import io
+
+    client = boto3.client("s3")
+    for f in range(2):
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(f * 20, f * 20 + 20))}), buffer, row_group_size=5)
+        client.put_object(Bucket="runs", Key=f"data/part-{f}.parquet", Body=buffer.getvalue())
+    client.put_object(Bucket="runs", Key="csv/a.csv", Body=b"a,b\n1,2\n3,4\n")
+    ds = data.read_parquet("s3://runs/data/")
+    assert ds.num_blocks() == 8 and ds.count() == 40
+    assert sorted(_ids(ds.shard(0, 2).iter_batches(batch_size=3)) + _ids(ds.shard(1, 2).iter_batches())) == \
+        list(range(40))
+    assert [r["a"] for r in data.read_csv("s3://runs/csv/a.csv").take_all()] == [1, 3]
+    with pytest.raises(data.DataReadError, match="s3://runs/missing.*no such file"):
+        data.read_csv("s3://runs/missing/")
