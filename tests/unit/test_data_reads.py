@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 import pytest
+from PIL import Image as pil
 
 from outlast import data
 from outlast.data import DataReadError, UserFunctionError
@@ -48,15 +51,16 @@ def test_read_csv_json_text_numpy_binary(tmp_path):
     assert rows[0]["bytes"] == b"\x00\x01" and rows[0]["path"].endswith("x.bin")
 
 
-def test_read_images_without_pillow_says_to_install_it():
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install pillow"):
-            data.read_images("/nowhere")
-    else:  # with Pillow: a path that is not there is named
-        with pytest.raises(DataReadError, match="/nowhere"):
-            data.read_images("/nowhere")
+def test_read_images_without_pillow_says_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "PIL", None)  # what an environment without Pillow imports
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(ImportError, match="pip install pillow"):
+        data.read_images("/nowhere")
+
+
+def test_read_images_names_a_path_that_is_not_there():
+    with pytest.raises(DataReadError, match="/nowhere"):
+        data.read_images("/nowhere")
 
 
 def test_from_items_pandas_numpy_torch():
@@ -176,7 +180,6 @@ def test_an_unsupported_method_is_refused_naming_it():
 
 
 def test_read_images_decodes_and_names_an_image_that_does_not(tmp_path):
-    pil = pytest.importorskip("PIL.Image", reason="read_images needs Pillow; its absence is tested above")
     for i in range(3):
         pil.fromarray(np.full((4, 6, 3), i * 40, np.uint8)).save(tmp_path / f"img{i}.png")
     ds = data.read_images(str(tmp_path), include_paths=True)
