@@ -78,9 +78,10 @@ NOTES: dict[str, Note] = {
                                                                    "both give the committed checkpoints"),
     "get_all_reported_checkpoints.timeout_s": Note(DIFFERS, "accepted and not applied: the wait ends with the commits, and every commit "
                                                             "ends (refused at worst, after storage's retries)"),
-    "get_dataset_shard": Note(DIFFERS, "the dataset given to the trainer, in memory (torch Dataset, Hugging Face "
+    "get_dataset_shard": Note(DIFFERS, "the dataset given to the trainer (torch Dataset, Hugging Face "
                                        "datasets.Dataset, numpy/torch arrays, dict of columns, pandas DataFrame, list "
-                                       "of rows), cut into equal contiguous shards; the shard offers iter_torch_batches, "
+                                       "of rows, or a ray.data dataset under `outlast run`, read by each rank from the "
+                                       "blocks that hold its rows), cut into equal contiguous shards; the shard offers iter_torch_batches, "
                                        "iter_batches, iter_rows and count, not Ray Data's other methods; each walk "
                                        "of what they return is one epoch, and every checkpoint keeps the position, "
                                        "so a restore goes on at the next batch (docs/guide/training.md)"),
@@ -351,7 +352,9 @@ def render(api: dict[str, list[ApiName]]) -> str:
         "this file is stale. Every public name of each module of Ray Train that a user imports (their "
         "`__all__`, Ray Train V2), each argument, method and property: **same**, **differs** (how), **not supported** (why, "
         "and the error a user gets), or **deprecated in Ray**. Under `outlast run` an unsupported name stops "
-        "the script with the same message and the script's line.",
+        "the script with the same message and the script's line. Ray Data's names (`ray.data.read_parquet`, "
+        "`Dataset.map_batches`, ...), which `outlast run` maps to `outlast.data`, are in "
+        "[ray-data-parity.md](ray-data-parity.md).",
         "",
     ]
     totals: dict[str, int] = {}
