@@ -477,6 +477,9 @@ class Report(Msg, frozen=True):
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
     local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
+    # local_dir is the checkpoint's own directory in storage (a file system the node sees), which outlives
+    # report(): the commit does not wait for the node's copy from it.
+    local_dir_stored: bool = False
     in_memory: bool = False  # not uploaded: the files are in local_dir only (a notice's checkpoint through a peer)
 
     def __post_init__(self) -> None:
