@@ -9,8 +9,8 @@ files copied by a pool of threads, as Ray's copy does, no checksum), copy_parall
 power loss, which outlast's commit promises), fsspec (a plain recursive put/get: the floor
 on S3), outlast (upload_dir; restore = materialize, which checks every file against the
 manifest), outlast_report (a SYNC `report()` of one rank of a run on an embedded node
-with its memory tier, timed inside the worker: the upload, the manifest and what the
-commit waits for), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
+with its memory tier, timed inside the worker 20 s into the run: the upload, the manifest
+and what the commit waits for), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
 reports and save_async do), ray (Ray Train V2's copy: pyarrow copy_files with Ray's
 settings), dcp / dcp_async (torch.distributed.checkpoint save and
 async_save of a state dict holding the same bytes as tensors; restore = dcp.load),
@@ -93,10 +93,16 @@ def copy_parallel(src, dest, fsync):
                 os.close(fd)
 
 
+SETTLE_S = 20.0
+
+
 def _timed_report(config):
-    """The train function of outlast_report: one report() of the tree, its seconds written to config["out"]."""
+    """The train function of outlast_report: one report() of the tree, its seconds written to config["out"].
+    It waits SETTLE_S first, as a loop reports after its first steps: the run's start-up is over by then
+    (the node's standby fork server, started 10 s in, imports its modules on the same cores)."""
     import outlast.train
 
+    time.sleep(SETTLE_S)
     t0 = time.perf_counter()
     outlast.train.report({"step": 0}, checkpoint=outlast.train.Checkpoint.from_directory(config["src"]))
     seconds = time.perf_counter() - t0
