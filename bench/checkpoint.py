@@ -1,10 +1,11 @@
 """Checkpoint benchmark: moving checkpoint bytes, outlast against the plain floor, Ray 2.60
 and torch.distributed.checkpoint, on the same trees in the same run.
 
-    python3 -m bench.checkpoint [--repeat 5] [--parts local,s3] [--big] [--out FILE]
+    python3 -m bench.checkpoint [--repeat 5] [--parts local,s3] [--trees one,many,eight]
+                                [--methods M,...] [--big] [--out FILE]
 
-Trees of incompressible bytes: "one" (one file) and "many" (4 MB files), 0.5 GB on a
-local file system, 128 MB on S3 (a moto server on loopback, in-process Python: far slower
+Trees of incompressible bytes: "one" (one file), "many" (4 MB files) and "eight" (8
+files; locally only), 0.5 GB on a local file system, 128 MB on S3 (a moto server on loopback, in-process Python: far slower
 than a real store, so the ratios matter, not the MB/s); --big adds a 4 GB one-file tree
 locally. Each measurement is a fresh process (bench/lib/checkpoint_probe.py); the methods
 are interleaved run by run and the load average is kept with every run.
@@ -12,9 +13,10 @@ are interleaved run by run and the load average is kept with every run.
 Figures per tree and method (median, min, max over --repeat): save_s (to the files being
 in storage; outlast: before the manifest, a few ms), blocked_s (what a training loop waits
 for: all of save_s, except async_save / save_async, which return after staging a copy in
-memory), save_MBps, restore_s (outlast: every file checked against the manifest; on a file
+memory; outlast_report: a SYNC report() inside a rank, to its commit), save_MBps, restore_s (outlast: every file checked against the manifest; on a file
 system the checkpoint is read in place). Ratios: outlast / ray and outlast / floor for
-throughput (> 1: outlast faster), ray / outlast for blocked time.
+throughput (> 1: outlast faster), ray / outlast for blocked time, and the parallel copies'
+seconds over a SYNC report's (`report_vs.*`, >= 1: the report is at least as fast).
 One JSON document on stdout (and --out); exits 1 if any measurement failed.
 """
 import argparse
@@ -31,10 +33,12 @@ from bench.lib.checkpoint_trees import MB, make_tree, probe, versions
 from bench.lib.venvs import OUTLAST_PY
 
 venvs.in_project_venv(__spec__.name, "psutil")
-LOCAL_SAVE = ["copy", "outlast", "outlast_move", "ray", "dcp", "dcp_async", "save_async",
-              "torchsave+outlast", "torchsave+ray"]
+LOCAL_SAVE = ["copy", "copy_parallel", "copy_parallel_fsync", "outlast", "outlast_report", "outlast_move", "ray",
+              "dcp", "dcp_async", "save_async", "torchsave+outlast", "torchsave+ray"]
 S3_SAVE = ["fsspec", "outlast", "ray"]
-NO_RESTORE = {"dcp_async", "outlast_move", "torchsave+outlast", "torchsave+ray"}  # same restore as another row
+# The same restore as another row, or a floor for the save alone.
+NO_RESTORE = {"dcp_async", "outlast_move", "outlast_report", "torchsave+outlast", "torchsave+ray", "copy_parallel",
+              "copy_parallel_fsync"}
 FLOOR = {"local": "copy", "s3": "fsspec"}
 
 
@@ -97,6 +101,9 @@ def ratios(where, by_method):
         out[f"outlast_over_floor.{key}"] = harness.ratio(ours.get(key), floor.get(key))
         out[f"ray_over_floor.{key}"] = harness.ratio(ray.get(key), floor.get(key))
     if where == "local":
+        report = by_method.get("outlast_report", {}).get("save_s")
+        for m in ("copy_parallel", "copy_parallel_fsync", "copy", "ray"):
+            out[f"report_vs.{m}.save_s"] = harness.ratio(by_method.get(m, {}).get("save_s"), report)
         move = by_method.get("outlast_move", {})
         out["outlast_move_over_ray.save_MBps"] = harness.ratio(move.get("save_MBps"), ray.get("save_MBps"))
         ray_loop = by_method.get("torchsave+ray", {}).get("blocked_s")
@@ -111,6 +118,8 @@ def main():
     p.add_argument("--parts", default="local,s3")
     p.add_argument("--local-mb", type=int, default=512)
     p.add_argument("--s3-mb", type=int, default=128)
+    p.add_argument("--trees", default="one,many,eight", help="of one, many, eight (eight: locally only)")
+    p.add_argument("--methods", help="only these methods (comma-separated), of " + ",".join(LOCAL_SAVE))
     p.add_argument("--big", action="store_true", help="also a 4 GB one-file tree, locally")
     p.add_argument("--out")
     p.add_argument("--from-log", help="rebuild the figures of --parts (one) from an earlier run's stderr")
@@ -123,13 +132,16 @@ def main():
     log(f"trees and logs in {workdir}")
     started, load_before, errors, figures = time.time(), harness.load(), [], {}
     env = venvs.with_root(dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    trees, only = set(args.trees.split(",")), set(args.methods.split(",")) if args.methods else None
     cases = []
     if "local" in parts:
-        cases += [("local", "one", args.local_mb, args.local_mb), ("local", "many", args.local_mb, 4)]
+        cases += [("local", "one", args.local_mb, args.local_mb), ("local", "many", args.local_mb, 4),
+                  ("local", "eight", args.local_mb, max(args.local_mb // 8, 1))]
         if args.big:
             cases.append(("local", "one_4GB", 4096, 4096))
     if "s3" in parts:
         cases += [("s3", "one", args.s3_mb, args.s3_mb), ("s3", "many", args.s3_mb, 4)]
+    cases = [c for c in cases if c[1] in trees or c[1] == "one_4GB"]
     moto = None
     try:
         for where, tree, total, file_mb in cases:
@@ -139,7 +151,7 @@ def main():
                 moto, aws = harness.start_s3(workdir, OUTLAST_PY)
                 env.update(aws)
             base = os.path.join(workdir, "storage", "run") if where == "local" else "s3://bench/run"
-            methods = LOCAL_SAVE if where == "local" else S3_SAVE
+            methods = [m for m in (LOCAL_SAVE if where == "local" else S3_SAVE) if only is None or m in only]
             by_method = run_case(where, tree, src, methods, base, args, workdir, env, errors)
             figures[f"{where}.{tree}"] = {"MB": total * MB / 1e6, "files": max(total // file_mb, 1),
                                           "methods": by_method, "ratios": ratios(where, by_method)}
@@ -153,6 +165,7 @@ def main():
            "load": {"before": load_before, "after": harness.load(),
                     "note": "a shared 2-core machine loaded by other test suites; load1 is kept with every run"},
            "settings": {"repeat": args.repeat, "local_mb": args.local_mb, "s3_mb": args.s3_mb, "big": args.big,
+                        "trees": sorted(trees), "methods": sorted(only) if only else "all",
                         "restore": "right after each save (page cache warm for every method alike)"},
            "wall_s": round(time.time() - started, 1), "errors": errors, "logs": workdir}
     harness.publish(doc, args.out)
@@ -166,7 +179,7 @@ def rebuild(args):
     for tree, by_method in from_log(args.from_log, where).items():
         summaries = {m: harness.summarize_runs(r) for m, r in by_method.items()}
         total = args.local_mb if where == "local" else args.s3_mb
-        figures[f"{where}.{tree}"] = {"MB": total * MB / 1e6, "files": 1 if tree == "one" else total // 4,
+        figures[f"{where}.{tree}"] = {"MB": total * MB / 1e6, "files": {"one": 1, "eight": 8}.get(tree, total // 4),
                                       "methods": summaries, "ratios": ratios(where, summaries)}
     loads = [r["load1"] for t in from_log(args.from_log, where).values() for rs in t.values() for r in rs]
     doc = {"benchmark": "checkpoint", "date": harness.stamp(), "figures": figures,

@@ -3,11 +3,16 @@
     python -m bench.lib.checkpoint_probe --method M --op save|restore --src DIR --dest DIR_OR_S3_URL
 
 save: the files of --src into --dest; restore: --dest back into a new local directory.
-Methods: copy (shutil.copytree: the plain floor on a file system), fsspec (a plain
-recursive put/get: the floor on S3), outlast (upload_dir; restore = materialize, which
-checks every file against the manifest), outlast_move (upload_dir(move=True): the files
-are given up, as ASYNC reports and save_async do), ray (Ray Train V2's copy: pyarrow
-copy_files with Ray's settings), dcp / dcp_async (torch.distributed.checkpoint save and
+Methods: copy (shutil.copytree: the plain floor on a file system), copy_parallel (the
+files copied by a pool of threads, as Ray's copy does, no checksum), copy_parallel_fsync
+(the same, each file and its directory then fsynced: the floor of a copy that outlasts a
+power loss, which outlast's commit promises), fsspec (a plain recursive put/get: the floor
+on S3), outlast (upload_dir; restore = materialize, which checks every file against the
+manifest), outlast_report (a SYNC `report()` of one rank of a run on an embedded node
+with its memory tier, timed inside the worker 20 s into the run: the upload, the manifest
+and what the commit waits for), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
+reports and save_async do), ray (Ray Train V2's copy: pyarrow copy_files with Ray's
+settings), dcp / dcp_async (torch.distributed.checkpoint save and
 async_save of a state dict holding the same bytes as tensors; restore = dcp.load),
 save_async (outlast's staged save: copy into memory, torch.save, upload_dir(move)),
 torchsave+M (the state dict torch.save'd into a temporary directory, then saved with M:
@@ -20,6 +25,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -59,6 +65,65 @@ def outlast_manifest(storage, run, leaf, entries):
                                                   committed_at=time.time(), ranks=[0], files=entries))
 
 
+def copy_parallel(src, dest, fsync):
+    """Every file of `src` copied to the same place under `dest` by a pool of threads (and with `fsync`, each
+    file then fsynced, and every directory once its files are in)."""
+    files = [p.relative_to(src) for p in sorted(Path(src).rglob("*")) if p.is_file()]
+    dirs = sorted({Path(dest) / f.parent for f in files} | {Path(dest)})
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+
+    def one(rel):
+        shutil.copyfile(Path(src) / rel, Path(dest) / rel)
+        if fsync:
+            fd = os.open(Path(dest) / rel, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    with ThreadPoolExecutor(max_workers=max(8, 2 * (os.cpu_count() or 1))) as pool:
+        list(pool.map(one, files))
+    if fsync:
+        for d in dirs + [Path(dest).parent]:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+SETTLE_S = 20.0
+
+
+def _timed_report(config):
+    """The train function of outlast_report: one report() of the tree, its seconds written to config["out"].
+    It waits SETTLE_S first, as a loop reports after its first steps: the run's start-up is over by then
+    (the node's standby fork server, started 10 s in, imports its modules on the same cores)."""
+    import outlast.train
+
+    time.sleep(SETTLE_S)
+    t0 = time.perf_counter()
+    outlast.train.report({"step": 0}, checkpoint=outlast.train.Checkpoint.from_directory(config["src"]))
+    seconds = time.perf_counter() - t0
+    Path(config["out"]).write_text(json.dumps({"s": seconds}))
+
+
+def outlast_report(src, dest):
+    """A run of one rank on an embedded node (its memory tier at its default budget) whose train function
+    reports the tree once, SYNC; storage_path is dest's parent, the run named by dest's last part. The
+    run's start and end are not timed: the seconds are what report() took inside the worker."""
+    from outlast.train import DataParallelTrainer, RunConfig, ScalingConfig
+
+    root, leaf = split(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        DataParallelTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out},
+                            scaling_config=ScalingConfig(num_workers=1),
+                            run_config=RunConfig(storage_path=os.path.abspath(root), name=leaf)).fit()
+        return json.loads(Path(out).read_text())["s"]
+
+
 def warm(method):
     """Imports a training process has done long before its checkpoint: never timed."""
     if method == "ray":
@@ -83,9 +148,14 @@ def save(method, src, dest):
             save(method.split("+", 1)[1], tmp, dest)
         done = time.perf_counter() - t0
         return done, done
+    if method == "outlast_report":
+        done = outlast_report(src, dest)
+        return done, done
     t0 = time.perf_counter()
     if method == "copy":
         shutil.copytree(src, dest)
+    elif method in ("copy_parallel", "copy_parallel_fsync"):
+        copy_parallel(src, dest, fsync=method == "copy_parallel_fsync")
     elif method == "fsspec":
         import fsspec
         fs, path = fsspec.core.url_to_fs(root)

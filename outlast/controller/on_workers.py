@@ -106,7 +106,8 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
         c.last_metrics = msg.metrics
     if (msg.local_dir or msg.in_memory) and msg.checkpoint_dir is not None:
         # Where the rank's own copy is on its node; whether it goes to a peer's memory first (a notice's).
-        commit_steps.step(c, Reported(a.number, msg.index, msg.rank, msg.local_dir, msg.in_memory))
+        commit_steps.step(c, Reported(a.number, msg.index, msg.rank, msg.local_dir, msg.in_memory,
+                                      msg.local_dir_stored))
     if msg.upload_pending and msg.checkpoint_dir is not None:
         c.uploads.on_report(msg.rank, msg.index, msg.upload_bytes, msg.upload_bandwidth_bps, c.now)
         if p is not None:

@@ -18,7 +18,7 @@ from outlast.protocol import paths
 from outlast.protocol.kinds import FailureKind, WorkloadKind
 
 # 2: every frame starts with outlast/protocol/transport.py's HEADER; 3: CheckpointsQuery; 4: SetUp;
-# 5: WorkerError.kind, apart from exc_type; 6: Report.stalled_s and Report.data_position
+# 5: WorkerError.kind, apart from exc_type; 6: Report.stalled_s, data_position and local_dir_stored
 PROTOCOL_VERSION = 6
 
 
@@ -480,6 +480,9 @@ class Report(Msg, frozen=True):
     upload_bytes: int = 0  # this rank's checkpoint bytes (a staged save's are known only once written)
     upload_bandwidth_bps: float = 0.0  # measured on this rank's previous upload; 0 when none was
     local_dir: str = ""  # the files on the rank's node until the commit: its memory tier copies them from there
+    # local_dir is the checkpoint's own directory in storage (a file system the node sees), which outlives
+    # report(): the commit does not wait for the node's copy from it.
+    local_dir_stored: bool = False
     in_memory: bool = False  # not uploaded: the files are in local_dir only (a notice's checkpoint through a peer)
     # Seconds this rank spent in its previous report() call, when that call had a checkpoint (0 when it had none):
     # a call's own length is known only once it returns, after its message is sent.

@@ -48,7 +48,7 @@ def _place(src: Path, dst: Path, move: bool, replace: bool) -> bool:
                 os.link(src, tmp)
                 linked = True
         if not linked:
-            copy_file(src, tmp)
+            copy_file(src, tmp, write_behind=True)  # fsynced before the manifest
         if replace:
             os.replace(tmp, dst)
             return True

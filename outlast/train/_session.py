@@ -148,11 +148,15 @@ class WorkerSession:
         fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
-        # The files stay where they are until the commit, which waits for this node's memory tier to copy them.
-        here = "" if delete_local_after_upload else os.path.abspath(checkpoint.path)
+        # This node's memory tier copies the files from storage's own directory where storage is a file system
+        # (it stays, so the commit does not wait for the copy), else from the rank's, where they stay until the
+        # commit, which then waits for the copy.
+        stored = self._storage.local_path(dest)
+        here = "" if delete_local_after_upload else str(stored) if stored is not None \
+            else os.path.abspath(checkpoint.path)
         self._run(self._core.report(slot, metrics, data_position=position, checkpoint=True, files=files,
                                     upload_bytes=nbytes, bandwidth_bps=self._uploads.bandwidth_bps,
-                                    now=time.monotonic(), local_dir=here))
+                                    now=time.monotonic(), local_dir=here, local_dir_stored=stored is not None))
         fault_point("report.after_commit")
 
     def _claim(self, name: str, index: int) -> None:

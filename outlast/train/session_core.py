@@ -166,7 +166,7 @@ class SessionCore:
     def report(self, slot: ReportSlot, metrics: dict[str, Any], checkpoint: bool = False,
                files: list[m.FileEntry] | None = None, upload_bytes: int = 0, bandwidth_bps: float = 0.0,
                now: float = 0.0, upload_files: list[m.FileEntry] | None = None, local_dir: str = "",
-               in_memory: bool = False, data_position: str = "") -> Step:
+               in_memory: bool = False, data_position: str = "", local_dir_stored: bool = False) -> Step:
         """The report's message. A checkpoint with `files` (uploaded in the calling thread) waits for its
         commit; one without them (`files=None`) is pending: its upload says when it is done, and
         `upload_files` are the files it begins with (paths and sizes), when they are known already;
@@ -188,7 +188,7 @@ class SessionCore:
 
         msg = m.Report(**base, checkpoint_dir=slot.name, files=files, saw_preemption=slot.saw_preemption,
                        upload_bytes=upload_bytes, upload_bandwidth_bps=bandwidth_bps, local_dir=local_dir,
-                       in_memory=in_memory)
+                       in_memory=in_memory, local_dir_stored=local_dir_stored)
         return self._ask(msg, lambda r: isinstance(r, (m.Committed, m.CommitFailed)) and r.index == slot.index,
                          complete, f"the commit of checkpoint {slot.name} (report #{slot.index})", now)
 

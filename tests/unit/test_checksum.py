@@ -45,3 +45,10 @@ def test_in_order_digests_are_of_files_whose_chunks_all_came_in_order_and_nothin
                            "empty": xxhash.xxh3_128(b"").hexdigest()}
     d.update("a", 0, a)  # a chunk again, over what was written: a's digest is no longer known
     assert "a" not in d.digests()
+
+
+def test_a_copy_written_behind_is_the_source_byte_for_byte_across_its_16_mib_steps(tmp_path):
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(os.urandom((40 << 20) + 3))  # two whole steps and a part of one
+    copy_file(src, dst, write_behind=True)
+    assert hash_file(dst) == hash_file(src)

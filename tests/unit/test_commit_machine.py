@@ -73,3 +73,30 @@ def test_a_memory_commit_is_refused_on_a_node_without_checkpoint_memory():
     (refused,) = machine.step(ce.Settled(settled()), view(MEMORY), 0.0)
     assert isinstance(refused, ce.CommitRefused) and "--checkpoint-memory" in refused.reason
     assert machine.in_progress() == set()
+
+
+def test_a_storage_commit_whose_copy_comes_from_storages_own_directory_is_told_without_waiting_for_the_copy():
+    # On a file system the node sees, the copy is taken from the checkpoint's directory in storage, which outlives
+    # report(): the ranks hear the commit once the manifest is written, the copy goes on beside their next steps.
+    machine, v = Commits(fx.EffectIds()), view(tiers=True)
+    machine.step(ce.Reported(1, 0, 0, "/storage/run/" + DIR, through_peer=False, stored=True), v, 0.0)
+    write, hold = machine.step(ce.Settled(settled()), v, 0.0)
+    assert isinstance(hold, fx.TierAsk) and hold.msg.source_dir == "/storage/run/" + DIR
+    out = machine.step(fx.ManifestWritten(write.id), v, 1.0)
+    assert kinds(out)[-1] == "CommitDone" and machine.in_progress() == set()
+    stored = m.TierStored(run="mem://run", checkpoint_dir=DIR, rank=0, node_id="n1", ok=True)
+    out = machine.step(fx.TierAnswered(hold.id, reply=stored), v, 2.0)
+    assert ce.NoteMemory(DIR, {0: ["n1"]}, None) in out and "CommitDone" not in kinds(out)  # told once, before
+    assert any(isinstance(x, fx.TierAsk) and isinstance(x.msg, m.TierHold) and x.msg.peer_address for x in out)
+
+
+def test_a_copy_from_storages_directory_is_checked_against_what_storage_kept_of_a_file_ranks_wrote_differently():
+    theirs = m.FileEntry("model.pt", 1, "1" * 64)  # rank 1's model.pt; storage kept rank 0's (ENTRY)
+    pending = PendingCheckpoint(0, DIR, files={0: [ENTRY], 1: [theirs]}, waiting={0, 1})
+    machine, v = Commits(fx.EffectIds()), view(tiers=True)
+    machine.step(ce.Reported(1, 0, 1, "/storage/run/" + DIR, through_peer=False, stored=True), v, 0.0)
+    (read,) = machine.step(ce.Settled(pending), v, 0.0)
+    assert isinstance(read, fx.ReadChecksums)
+    out = machine.step(fx.ChecksumsRead(read.id, checksums={"model.pt": ENTRY.checksum}), v, 1.0)
+    holds = [x for x in out if isinstance(x, fx.TierAsk)]
+    assert [(h.node_id, h.msg.rank, h.msg.files) for h in holds] == [("n2", 1, [ENTRY])]

@@ -37,6 +37,7 @@ class Reported:
     rank: int
     local_dir: str
     through_peer: bool
+    stored: bool = False  # local_dir is the checkpoint's directory in storage: it outlives the report
 
 
 @dataclass(frozen=True)

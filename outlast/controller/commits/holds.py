@@ -6,9 +6,12 @@ Every request to a node's tier is an effect (`effects.TierAsk`), its answer an e
 (`CheckpointConfig(checkpoint_storage=...)`):
 
 - "storage" (the default): the manifest is written as always, and at the same time each rank's node
-  copies that rank's files into its memory. The ranks hear `Committed` once the manifest is written
-  and every such copy has answered (kept or refused), so the worker's own directory is no longer
-  needed; each copy kept then goes to a peer in another failure domain, off the commit.
+  copies that rank's files into its memory. Where storage is a file system the node sees, the copy is
+  taken from the checkpoint's directory there, which stays: the ranks hear `Committed` once the
+  manifest is written, and the copy goes on beside their next steps. Else it is taken from the rank's
+  own directory, and the ranks hear `Committed` once the manifest is written and every such copy has
+  answered (kept or refused), so the worker's own directory is no longer needed. Each copy kept then
+  goes to a peer in another failure domain, off the commit.
 - "memory": no file goes to storage. Each rank's node keeps the files and pushes a replica to its
   peer; once every rank's files are on two nodes in different failure domains
   (`memtier.memory_committed`), the manifest is written (a few KB: it is what restores and a
@@ -23,6 +26,7 @@ answers come in.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Sequence
 
 from outlast.controller import effects as fx
 from outlast.controller.commit import PendingCheckpoint
@@ -62,21 +66,30 @@ class Holds:
     # ---- "storage": a copy in memory beside the durable commit ----------------------------------
 
     def keep_beside(self, view: View, pending: PendingCheckpoint, attempt: int, seq: int, local_dirs: dict[int, str],
-                    out: list[Out]) -> None:
-        """Each rank's node copies its files in now; the replicas follow once each copy is kept."""
+                    out: list[Out], stored: Collection[int] = (), stored_files: Sequence[m.FileEntry] = ()) -> None:
+        """Each rank's node copies its files in now; the replicas follow once each copy is kept.
+
+        The commit waits for a copy from a rank's own directory, which the rank may delete once `report()` returns;
+        not for one from a rank's directory in storage (`stored`), which stays: that copy goes on beside the
+        rank's next steps. Such a copy's files are what storage holds (`stored_files`, the manifest's): of a file
+        several ranks wrote, storage kept one rank's."""
         if view.attempt != attempt:
             return
         h = Holding(pending.checkpoint_dir, pending.index, attempt, seq, dict(view.placement), dict(pending.files))
+        in_storage = {f.path: f for f in stored_files}
         for rank, where in sorted(local_dirs.items()):
             node = view.placement.get(rank, "")
             address = view.tier_of(node)
             if not address or not h.files.get(rank):
                 continue
-            h.waiting.add(rank)
+            if rank in stored:
+                h.files[rank] = [in_storage.get(f.path, f) for f in h.files[rank]]
+            else:
+                h.waiting.add(rank)
             h.asked.add(rank)
             self._asks.tier(out, node, address, self._hold(view, h, rank, where, ""), LocalCopy(h, rank),
                             LOCAL_COPY_TIMEOUT_S)
-        if h.waiting:
+        if h.asked:
             self.holds[h.checkpoint_dir] = h
 
     def hold_commit_back(self, view: View, checkpoint_dir: str, committing: Committing, out: list[Out]) -> bool:

@@ -44,6 +44,7 @@ class Commits:
         self.holds = Holds(self._asks)
         self.peer = PeerUploads(self._asks)
         self._local_dirs: dict[tuple[int, int, int], str] = {}  # (attempt, report, rank) -> the rank's own directory
+        self._stored: set[tuple[int, int, int]] = set()  # of those, the ones that are the checkpoint's in storage
         self._events: dict[type, Callable[..., None]] = {  # by the event's type
             Settled: self._begin, Reported: self._reported, UploadsToCheck: self._check_uploads,
             Timers: lambda e, view, now, out: self.peer.on_timers(view, out), RunEnded: self._run_ended,
@@ -106,6 +107,8 @@ class Commits:
     def _reported(self, e: Reported, view: View, now: float, out: list[Out]) -> None:
         if e.local_dir:
             self._local_dirs[(e.attempt, e.index, e.rank)] = e.local_dir
+            if e.stored:
+                self._stored.add((e.attempt, e.index, e.rank))
         if e.through_peer:
             self.peer.through_peer.add((e.attempt, e.index))
 
@@ -159,27 +162,31 @@ class Commits:
         return max([r.seq for r in view.records] + [x.committing.manifest.seq for x in self._asks.of(ManifestWrite)]
                    + [h.seq for h in self.holds.holds.values()], default=0) + 1
 
-    def _local_dirs_of(self, pending: PendingCheckpoint, attempt: int) -> dict[int, str]:
-        """The ranks' own directories of this checkpoint, as their reports named them (taken: used once)."""
-        out = {}
+    def _local_dirs_of(self, pending: PendingCheckpoint, attempt: int) -> tuple[dict[int, str], set[int]]:
+        """The ranks' own directories of this checkpoint, as their reports named them (taken: used once), and the
+        ranks whose directory is the checkpoint's in storage."""
+        out, stored = {}, set()
         for rank in pending.files:
             where = self._local_dirs.pop((attempt, pending.index, rank), "")
             if where:
                 out[rank] = where
+            if (attempt, pending.index, rank) in self._stored:
+                stored.add(rank)
         for key in [k for k in self._local_dirs if k[0] != attempt or k[1] <= pending.index]:
             del self._local_dirs[key]
-        return out
+        self._stored = {k for k in self._stored if k[0] == attempt and k[1] > pending.index}
+        return out, stored
 
     def _commit_files(self, view: View, pending: PendingCheckpoint, attempt: int, files: list[FileEntry],
                       out: list[Out]) -> None:
         """The checked files' commit, at the run's level: the manifest now (and copies in memory beside it),
         or once two nodes keep every rank's files in memory (`holds.py`)."""
         seq = self._next_seq(view)
-        local_dirs = self._local_dirs_of(pending, attempt)
+        local_dirs, stored = self._local_dirs_of(pending, attempt)
         through_peer = self.peer.is_through_peer(attempt, pending.index)  # a notice's: storage follows
         if view.level != MEMORY and not through_peer:
             self._write_manifest(view, pending, attempt, files, seq, out)
-            self.holds.keep_beside(view, pending, attempt, seq, local_dirs, out)
+            self.holds.keep_beside(view, pending, attempt, seq, local_dirs, out, stored=stored, stored_files=files)
             return
         stuck = self.holds.stuck_without_head(view)
         if stuck is not None:  # every later attempt would fail its commits the same way: the run cannot go on
