@@ -15,9 +15,9 @@ from typing import Any
 from outlast.data.dataset import Dataset
 from outlast.data.errors import DataReadError, UserFunctionError
 from outlast.data.readers import file_tasks, memory_tasks
-from outlast.data.shard import Position, Shard, split_rest
+from outlast.data.shard import ShardPosition, Shard, split_rest
 
-__all__ = ["Dataset", "DataReadError", "Position", "Shard", "UserFunctionError", "from_huggingface", "from_items",
+__all__ = ["Dataset", "DataReadError", "ShardPosition", "Shard", "UserFunctionError", "from_huggingface", "from_items",
            "from_numpy", "from_pandas", "from_torch", "read_binary_files", "read_csv", "read_images", "read_json",
            "read_numpy", "read_parquet", "read_text", "split_rest"]
 

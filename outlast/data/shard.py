@@ -2,7 +2,7 @@
 
 The blocks of an epoch are dealt to the ranks in an order set by the epoch and the seed: rank r of n
 takes every n-th block of that order, and reads no other. A walk holds at most the block being read
-and the rows of the one before that did not fill a batch. `Position` is where the next batch starts;
+and the rows of the one before that did not fill a batch. `ShardPosition` is where the next batch starts;
 `split_rest` deals the rest of an epoch again across a new number of ranks, so that every row of the
 epoch is still read exactly once.
 """
@@ -24,7 +24,7 @@ Piece = tuple[int, int]  # (block id in the dataset, first row of that block to 
 
 
 @dataclass(frozen=True)
-class Position:
+class ShardPosition:
     """Where a shard's next batch starts: `block` is an index into the epoch's plan (the pieces this rank
     reads), `row` the row of that block (after the dataset's transforms). `plan` is None for the plan
     that rank, world_size, epoch and seed give, or the pieces dealt by `split_rest`."""
@@ -50,7 +50,7 @@ def dealt(num_blocks: int, rank: int, world_size: int, epoch: int, seed: int | N
     return tuple((b, 0) for b in block_order(num_blocks, epoch, seed)[rank::world_size])
 
 
-def split_rest(positions: Sequence[Position], world_size: int, num_blocks: int) -> list[Position]:
+def split_rest(positions: Sequence[ShardPosition], world_size: int, num_blocks: int) -> list[ShardPosition]:
     """The rest of an epoch, from every old rank's position, dealt to `world_size` new ranks (one position
     each, to pass to `Shard.resume`). Raises when the positions are not one epoch of one world."""
     if not positions:
@@ -66,7 +66,7 @@ def split_rest(positions: Sequence[Position], world_size: int, num_blocks: int) 
         plan = p.plan if p.plan is not None else dealt(num_blocks, p.rank, p.world_size, p.epoch, p.seed)
         for i, (block, first) in enumerate(plan[p.block:]):
             rest.append((block, max(first, p.row) if i == 0 else first))
-    return [Position(old.epoch, 0, 0, old.seed, r, world_size, tuple(rest[r::world_size]))
+    return [ShardPosition(old.epoch, 0, 0, old.seed, r, world_size, tuple(rest[r::world_size]))
             for r in range(world_size)]
 
 
@@ -87,24 +87,24 @@ class Shard:
     rank: int = 0
     world_size: int = 1
     seed: int | None = None
-    _next: Position | None = None
-    _current: Position | None = None
+    _next: ShardPosition | None = None
+    _current: ShardPosition | None = None
     stats: WalkStats = field(default_factory=WalkStats)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.world_size, int) and self.world_size >= 1 and 0 <= self.rank < self.world_size):
             raise ValueError(f"shard(rank={self.rank}, world_size={self.world_size}): need 0 <= rank < world_size")
         if self._next is None:
-            self._next = Position(0, 0, 0, self.seed, self.rank, self.world_size)
+            self._next = ShardPosition(0, 0, 0, self.seed, self.rank, self.world_size)
 
     # -- position -------------------------------------------------------------------
 
-    def position(self) -> Position:
+    def position(self) -> ShardPosition:
         """Where the next batch starts (in the walk under way, or the next walk)."""
         assert self._next is not None
         return self._current if self._current is not None else self._next
 
-    def resume(self, position: Position) -> None:
+    def resume(self, position: ShardPosition) -> None:
         """The next walk starts at `position` (this rank's, from `position()` or `split_rest`)."""
         if (position.rank, position.world_size) != (self.rank, self.world_size):
             raise ValueError(f"resume: the position is rank {position.rank} of {position.world_size}, this shard is "
@@ -156,7 +156,7 @@ class Shard:
         plan = start.plan if start.plan is not None else dealt(
             self.dataset.num_blocks(), self.rank, self.world_size, start.epoch, start.seed)
         # The walk after this one is the next epoch, dealt as usual; a walk left part-way reports where.
-        self._next = Position(start.epoch + 1, 0, 0, start.seed, self.rank, self.world_size)
+        self._next = ShardPosition(start.epoch + 1, 0, 0, start.seed, self.rank, self.world_size)
         self._current = start
         self.stats = WalkStats()
         pending: deque[tuple[int, int, Any]] = deque()  # (plan index, first row, rows) not yet batched
@@ -184,7 +184,7 @@ class Shard:
             if self._current is not None and self._current.epoch == start.epoch:
                 self._next = self._current  # left part-way: the next walk goes on from here
 
-    def _take(self, pending: deque[tuple[int, int, Any]], size: int, plan: tuple[Piece, ...], after: int, start: Position) -> Any:
+    def _take(self, pending: deque[tuple[int, int, Any]], size: int, plan: tuple[Piece, ...], after: int, start: ShardPosition) -> Any:
         import pyarrow as pa
 
         parts = []

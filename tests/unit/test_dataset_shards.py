@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from outlast import data
-from outlast.data import Position, split_rest
+from outlast.data import ShardPosition, split_rest
 from outlast.data.readers import ReadTask
 
 
@@ -74,7 +74,7 @@ def test_a_position_resumes_at_the_next_batch(tmp_path):
     taken = [int(i) for _ in range(3) for i in next(walk)["id"]]
     position = shard.position()
     walk.close()
-    assert isinstance(position, Position) and position.epoch == 1 and (position.block, position.row) == (2, 4)
+    assert isinstance(position, ShardPosition) and position.epoch == 1 and (position.block, position.row) == (2, 4)
     fresh = ds.shard(1, 2, seed=5)
     fresh.resume(position)
     rest = _ids(fresh.iter_batches(batch_size=8))
@@ -124,9 +124,9 @@ def test_the_rest_of_an_epoch_is_split_again_across_a_new_world(tmp_path):
 def test_a_position_of_another_rank_is_refused(tmp_path):
     shard = _parquet(tmp_path).shard(0, 2)
     with pytest.raises(ValueError, match="deal it again with split_rest"):
-        shard.resume(Position(0, 0, 0, None, 1, 2))
+        shard.resume(ShardPosition(0, 0, 0, None, 1, 2))
     with pytest.raises(ValueError, match="one per rank"):
-        split_rest([Position(0, 0, 0, None, 0, 2)], 3, 4)
+        split_rest([ShardPosition(0, 0, 0, None, 0, 2)], 3, 4)
 
 
 def test_local_shuffle_is_reproducible_and_resumable(tmp_path):

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
     {"outlast.errors", "outlast.client"},
     {"outlast.agent", "outlast.controller", "outlast.executor", "outlast.slurm"},
     {"outlast.train"},
+    {"outlast.data"},  # Ray Data's reads: a rank's batches go to the device its training context names
     {"outlast.compat"},
     {"outlast.cli", "outlast.testing", "outlast.sim", "outlast"},
 ]

@@ -59,5 +59,9 @@ class BoundedStorage:
             raise too_large(where, f"more than {self.limit:,}", self.limit)
         return data
 
+    def read_head(self, path: str, n: int) -> bytes:
+        """What a bounded reader asks for: the document, checked as `read_bytes` checks it, cut to `n` bytes."""
+        return self.read_bytes(path)[:n]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
