@@ -182,7 +182,15 @@ class S3Conditional:
             # One GET returns the body and the ETag of that same body.
             resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
             async with resp["Body"] as body:
-                return Versioned(await body.read(SMALL + 1), resp["ETag"])
+                # A read of n bytes returns what has arrived, up to n: read until n or the end, else a lease cut
+                # short by the network would read as unreadable, that is as no lease, and a second driver win.
+                head = b""
+                while len(head) <= SMALL:
+                    chunk = await body.read(SMALL + 1 - len(head))
+                    if not chunk:
+                        break
+                    head += chunk
+                return Versioned(head, resp["ETag"])
 
         try:
             versioned: Versioned = sync(fs.loop, get)
