@@ -16,7 +16,7 @@ import zmq
 
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
-from outlast.protocol.transport import connect_dealer, encode
+from outlast.protocol.transport import connect_dealer, send_or_drop
 from outlast.storage.base import Storage
 from outlast.storage.run_store import RunStore
 
@@ -68,8 +68,10 @@ def _report(store: RunStore, name: str, cache_root: Path, address: str, attempt:
 
     def send(finished: bool) -> None:
         done = total if finished else _fetched(cache_root, name)
-        sock.send(encode(m.RestoreProgress(attempt=attempt, rank=rank, checkpoint_dir=name, fetched_bytes=done,
-                                           total_bytes=total, finished=finished)), zmq.NOBLOCK)
+        # Dropped on a full queue (the driver that far behind, or gone): each one says all the earlier ones did,
+        # so the next replaces it, and the fetch never waits on the driver.
+        send_or_drop(sock, m.RestoreProgress(attempt=attempt, rank=rank, checkpoint_dir=name, fetched_bytes=done,
+                                             total_bytes=total, finished=finished))
 
     try:
         send(False)  # before anything else, however fast the fetch: the driver sees it begin and end

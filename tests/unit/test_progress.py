@@ -131,3 +131,35 @@ def test_a_slow_storage_call_is_said_with_what_it_is_and_how_long_it_has_taken()
     what, line = describe(st.Running(), None, 10.0, 600.0, StorageSlow(3, "deleting checkpoint_001_000001", 12.4))
     assert what == "storage"
     assert "deleting checkpoint_001_000001" in line and "12 s" in line
+
+
+def test_a_progress_message_dropped_on_a_full_queue_does_not_end_the_reports(tmp_path, monkeypatch):
+    """The queue to a driver that far behind drops a message; each says all the earlier ones did, so the next
+    replaces it, and the last one (finished) still goes."""
+    monkeypatch.setattr(fetch_progress, "EVERY_S", 0.05)
+    sent = []
+    dropped = [3]
+
+    def full_then_not(sock, msg):
+        if dropped[0]:
+            dropped[0] -= 1
+            return False
+        sent.append(msg)
+        return True
+
+    monkeypatch.setattr(fetch_progress, "send_or_drop", full_then_not)
+    store = RunStore(open_storage(tmp_path / "storage"), "run")
+    store.storage.write_atomic("run/checkpoint_001_000004/.outlast-manifest.json", msgspec.json.encode(Manifest(
+        checkpoint_dir="checkpoint_001_000004", seq=1, attempt=1, report_index=4, committed_at=0, ranks=[0],
+        files=[m.FileEntry(path="w.bin", size=3000)])))
+    stop = threading.Event()
+    thread = threading.Thread(target=fetch_progress._report, args=(store, "checkpoint_001_000004",
+                                                                   tmp_path / "cache", "tcp://127.0.0.1:9", 2, 1, stop))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert sent and not sent[0].finished and sent[-1].finished and sent[-1].fetched_bytes == 3000
