@@ -34,11 +34,23 @@ def _process(pid: int) -> ProcessIdentity:
     return ProcessIdentity(pid=me.pid, started_at=me.create_time(), cmdline=me.cmdline())
 
 
+def same_start(a: float, b: float) -> bool:
+    """Are two readings of one process's start time (seconds since the epoch, as psutil gives them) the same start?
+
+    The kernel keeps a process's start in clock ticks since boot; the epoch time adds the boot time, which it
+    derives from the wall clock in whole seconds (/proc/stat's btime), so a clock step between two readings, in two
+    processes, moves the same start by whole seconds. Another process at the same pid is told apart by the ticks:
+    the fractions of a second differ, short of a start exactly a whole second away (and the command line compared
+    beside it)."""
+    shift = a - b
+    return abs(shift) <= 2.05 and abs(shift - round(shift)) <= 0.05
+
+
 def same_process(recorded: ProcessIdentity, running: ProcessIdentity | None) -> tuple[bool, str]:
     """Pure: is `running` (what the pid is now; None: no such process) the process `recorded` names?"""
     if running is None:
         return False, f"no process has pid {recorded.pid} any more"
-    if abs(running.started_at - recorded.started_at) > 0.05:
+    if not same_start(running.started_at, recorded.started_at):
         return False, (f"pid {recorded.pid} is another process now (started at {running.started_at:.2f}, "
                        f"not {recorded.started_at:.2f})")
     if running.cmdline != recorded.cmdline:

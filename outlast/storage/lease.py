@@ -16,6 +16,8 @@ from typing import Callable
 
 import msgspec
 
+from outlast.identity import same_start
+
 
 LEASE_VERSION = 2  # the newest lease this outlast reads: a newer one is refused (`RunStore.read_lease`)
 
@@ -69,7 +71,7 @@ def holder_alive(lease: Lease) -> bool:
     import psutil
 
     try:
-        return abs(psutil.Process(lease.pid).create_time() - lease.pid_started_at) < 1.0
+        return same_start(psutil.Process(lease.pid).create_time(), lease.pid_started_at)
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:
