@@ -16,6 +16,16 @@ LEASE_NAME = r.LEASE_NAME
 log = logging.getLogger("outlast.storage")
 
 
+def read_document(storage: Storage, path: str, limit: int | None = None) -> bytes:
+    """A document from storage, read no further than `limit` bytes (records.MAX_DOCUMENT_BYTES):
+    `DocumentTooLarge` past it."""
+    limit = r.MAX_DOCUMENT_BYTES if limit is None else limit
+    data = storage.read_head(path, limit + 1)
+    if len(data) > limit:
+        raise r.DocumentTooLarge(storage.uri(path), limit)
+    return data
+
+
 class RunStore:
     def __init__(self, storage: Storage, run_dir: str) -> None:
         self.storage = storage
@@ -40,13 +50,7 @@ class RunStore:
             ) from e
 
     def _read_document(self, path: str, limit: int | None = None) -> bytes:
-        """A document of the run's, read no further than `limit` bytes (records.MAX_DOCUMENT_BYTES):
-        `DocumentTooLarge` past it."""
-        limit = r.MAX_DOCUMENT_BYTES if limit is None else limit
-        data = self.storage.read_head(path, limit + 1)
-        if len(data) > limit:
-            raise r.DocumentTooLarge(self.storage.uri(path), limit)
-        return data
+        return read_document(self.storage, path, limit)
 
     def load_state(self) -> r.RunState | None:
         try:

@@ -27,8 +27,8 @@ from outlast.storage import naming
 from outlast.storage.base import Storage, StorageError
 from outlast.storage.checksum import hash_file
 from outlast.storage.local import walk_files
-from outlast.storage.records import MANIFEST_NAME, MAX_SMALL_DOCUMENT_BYTES
-from outlast.storage.run_store import RunStore
+from outlast.storage.records import MANIFEST_NAME, MAX_SMALL_DOCUMENT_BYTES, DocumentTooLarge
+from outlast.storage.run_store import RunStore, read_document
 from outlast.storage.tier_restore import restore
 from outlast.train import positions
 from outlast.train.fetch_progress import reporting_fetch
@@ -173,9 +173,8 @@ class WorkerSession:
             deadline = time.monotonic() + _MARKER_GRACE_S
             while True:
                 try:
-                    head = self._storage.read_head(marker, MAX_SMALL_DOCUMENT_BYTES + 1)
-                    found = naming.decode_marker(head) if len(head) <= MAX_SMALL_DOCUMENT_BYTES else None
-                except FileNotFoundError:
+                    found = naming.decode_marker(read_document(self._storage, marker, MAX_SMALL_DOCUMENT_BYTES))
+                except (FileNotFoundError, DocumentTooLarge):
                     found = None
                 if found is not None or time.monotonic() >= deadline:
                     break

@@ -54,7 +54,7 @@ class BoundedStorage:
             size = self.inner.size(path)
             if size > self.limit:
                 raise too_large(where, f"{size:,}", self.limit)
-            data = self.inner.read_head(path, self.limit + 1)  # type: ignore[attr-defined]
+            data = self.inner.read_head(path, self.limit + 1)
         if len(data) > self.limit:
             raise too_large(where, f"more than {self.limit:,}", self.limit)
         return data
