@@ -2,7 +2,8 @@
 
 A watcher of the controller's loop (see runtime.Controller): `observe` only appends to a buffer,
 and a thread of its own writes the segments that changed, once a second, so the loop never waits
-on storage. A write that fails is retried with the next; the run is never at risk from it, since
+on storage, except once: the run's terminal state goes to storage after its last reports, so a
+reader that sees the run over (the dashboard stops polling then) sees every report. A write that fails is retried with the next; the run is never at risk from it, since
 the reports are a record of what happened, not a part of any checkpoint.
 """
 
@@ -14,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from outlast.controller import group as g
+from outlast.controller.effects import WriteRunState
 from outlast.protocol import messages as m
 from outlast.storage.records import REPORTS_PER_SEGMENT, ReportEntry, ReportSegment
 from outlast.storage.run_store import RunStore
@@ -42,12 +44,16 @@ class ReportLog:
 
     def observe(self, event: Any, effects: list[g.Effect | StorageEffect | TierAsk], core: "ControllerCore",
                 start: float, end: float) -> None:
-        if not (isinstance(event, g.FromWorker) and isinstance(event.msg, m.Report) and event.msg.rank == 0):
-            return
-        msg = event.msg
+        if isinstance(event, g.FromWorker) and isinstance(event.msg, m.Report) and event.msg.rank == 0:
+            self._keep(event.msg, core.wall())
+        # Watchers see a step's effects before they are carried out: the terminal state is written after this.
+        if core.state.kind.is_terminal and any(isinstance(e, WriteRunState) for e in effects) and not self._closed:
+            self.close()
+
+    def _keep(self, msg: m.Report, wall: float) -> None:
         key = (msg.attempt, msg.index // REPORTS_PER_SEGMENT * REPORTS_PER_SEGMENT)
         with self._lock:
-            self._segments.setdefault(key, []).append(ReportEntry(index=msg.index, time=core.wall(),
+            self._segments.setdefault(key, []).append(ReportEntry(index=msg.index, time=wall,
                                                                   metrics=msg.metrics, stalled_s=msg.stalled_s))
             self._dirty.add(key)
             if self._thread is None:

@@ -4,9 +4,12 @@ across segments; a failed write is retried with the next, and the loop never wai
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 from outlast.controller import group as g
+from outlast.controller.effects import WriteRunState
 from outlast.controller.report_log import ReportLog
+from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.storage.local import LocalStorage
 from outlast.storage.records import REPORTS_PER_SEGMENT
@@ -17,6 +20,7 @@ from tests.integration.procs import wait_until
 class Core:
     def __init__(self) -> None:
         self.t = 1000.0
+        self.state = SimpleNamespace(kind=State.RUNNING)
 
     def wall(self) -> float:
         self.t += 1.0
@@ -95,3 +99,18 @@ def test_a_reports_checkpoint_stall_is_kept_with_it(tmp_path):
     log.observe(g.FromWorker(m.Report(attempt=1, rank=0, index=1, metrics={}, stalled_s=2.5)), [], Core(), 0.0, 0.0)
     log.close()
     assert [r.stalled_s for r in store.read_reports(1)] == [0.0, 2.5]
+
+
+def test_every_report_is_on_storage_before_the_runs_terminal_state_is_written(tmp_path):
+    """The dashboard stops polling a run whose state says it is over: by then its chart must be whole."""
+    store = RunStore(LocalStorage(str(tmp_path)), "run")
+    log = ReportLog(store, flush_s=60.0)  # left alone, the log would write nothing for a minute
+    core = Core()
+    for i in range(5):
+        log.observe(_report(1, 0, i), [], core, 0.0, 0.0)
+    log.observe(g.FromWorker(m.WorkerDone(attempt=1, rank=0, reports=5)), [WriteRunState(id=1, data=b"{}")], core, 0.0, 0.0)
+    assert store.read_reports(1) == []  # a state written while the run goes on waits for nothing
+    core.state = SimpleNamespace(kind=State.FINISHED)
+    log.observe(g.FromWorker(m.WorkerDone(attempt=1, rank=1, reports=5)), [WriteRunState(id=2, data=b"{}")], core, 0.0, 0.0)
+    assert [r.index for r in store.read_reports(1)] == list(range(5))  # before the effect is carried out
+    log.close()
