@@ -111,7 +111,9 @@ NOTES: dict[str, Note] = {
                                     "system wrapped for pyarrow otherwise); the fsspec one without pyarrow"),
     "Result.from_path.storage_filesystem": Note(UNSUPPORTED, "",
                                                 lambda: _train().Result.from_path("/tmp/run", storage_filesystem=1)),
-    "Result.return_value": Note(SAME, "rank 0's return value, kept on storage: None unless the run finished"),
+    "Result.return_value": Note(DIFFERS, "rank 0's return value, for the driver whose workers returned it: None "
+                                          "unless the run finished, and None from Result.from_path (a pickle on "
+                                          "storage is unpickled only under the run's own seal)"),
     "RunConfig.storage_filesystem": Note(UNSUPPORTED, "", lambda: _train().RunConfig(storage_filesystem=object())),
     "RunConfig.callbacks": Note(UNSUPPORTED, "", lambda: _train().RunConfig(callbacks=[print])),
     "RunConfig.worker_runtime_env": Note(DIFFERS, "only env_vars", lambda: _train().RunConfig(

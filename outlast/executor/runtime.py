@@ -97,7 +97,7 @@ class Executor(cf.Executor):
                                           on_change=self._on_node_change)
         # Tasks get the node's environment, the driver's outlast settings and this executor's own
         # credential: never the cluster key.
-        self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key)}
+        self._task_env = {**carried_env(os.environ, None), **issue(access.authenticator, access.key).env}
         if access.embedded is not None and not (isolation and isolation.enable_resource_isolation):
             # Said out loud: a user who expected the isolated node they started may be looking at
             # tasks that nothing protects from each other's memory.

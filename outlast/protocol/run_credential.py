@@ -57,9 +57,9 @@ def worker_key() -> "RunCredential | ClusterKey | None":
     return RunCredential.from_env() or ClusterKey.from_env()
 
 
-def issue(auth: ThreadAuthenticator, cluster: ClusterKey) -> dict[str, str]:
-    """A new credential for one run, admitted on the sockets of `auth`'s context: the environment
-    entries that give it to the run's workers."""
+def issue(auth: ThreadAuthenticator, cluster: ClusterKey) -> RunCredential:
+    """A new credential for one run, admitted on the sockets of `auth`'s context (its `env` gives it
+    to the run's workers)."""
     credential = RunCredential.generate(cluster)
     admit(auth, credential.public)
-    return credential.env
+    return credential

@@ -281,17 +281,32 @@ class WorkerSession:
         self._run(self._core.done())
 
     def _save_return_value(self, value: Any) -> None:
-        """The finishing attempt's value, or none: a failed attempt's rank 0 may have stored one before."""
-        from outlast.train.result import RETURN_VALUE_NAME
+        """The finishing attempt's value, or none: a failed attempt's rank 0 may have stored one before.
+
+        Sealed with the run's credential, so that only this run's driver unpickles it (train/return_value.py)."""
+        from outlast.protocol.run_credential import RunCredential
+        from outlast.storage.records import MAX_DOCUMENT_BYTES, RETURN_VALUE_NAME
+        from outlast.train import return_value
 
         path = f"{self._run_dir}/{RETURN_VALUE_NAME}"
         data = None
-        if value is not None:
+        credential = RunCredential.from_env()
+        if value is not None and credential is None:
+            log.warning("this worker holds no run credential to seal its return value with (its node was started by "
+                        "an older driver); Result.return_value will be None")
+        elif value is not None:
             try:
-                data = cloudpickle.dumps(value)
+                pickled = cloudpickle.dumps(value)
             except Exception as e:
                 log.warning("the train function's return value cannot be pickled (%s); Result.return_value will be "
                             "None", e)
+            else:
+                if len(pickled) > MAX_DOCUMENT_BYTES - 128:
+                    log.warning("the train function's return value pickles to %d bytes, more than the %d kept; "
+                                "Result.return_value will be None: save large results to a file or a checkpoint",
+                                len(pickled), MAX_DOCUMENT_BYTES - 128)
+                else:
+                    data = return_value.seal(pickled, return_value.key_from_secret(credential.secret))
         try:
             if data is not None:
                 self._storage.write_atomic(path, data)

@@ -57,16 +57,23 @@ class Checkpoint:
 
     def get_metadata(self) -> dict[str, Any]:
         """The dict saved with `set_metadata`, in the checkpoint's own files ({} without one)."""
-        try:
-            if "://" in self.path:
-                from outlast.storage import open_storage
+        from outlast.storage import open_storage
+        from outlast.storage.run_store import read_document
 
-                data = open_storage(self.path).read_bytes(METADATA_NAME)
-            else:
-                data = (Path(self.path) / METADATA_NAME).read_bytes()
+        storage = open_storage(self.path)
+        try:
+            data = read_document(storage, METADATA_NAME)  # bounded: the files are anyone's who can write there
         except FileNotFoundError:
             return {}
-        return json.loads(data)
+        try:
+            metadata = json.loads(data)
+        except ValueError as e:
+            raise ValueError(f"{storage.uri(METADATA_NAME)} is not JSON ({e}): the checkpoint's metadata was "
+                             "written by something other than set_metadata") from None
+        if not isinstance(metadata, dict):
+            raise ValueError(f"{storage.uri(METADATA_NAME)} holds a {type(metadata).__name__}, not the dict "
+                             "set_metadata writes")
+        return metadata
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Save `metadata` (JSON) with the checkpoint's files; call it before `report()`."""

@@ -13,9 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
-from outlast.storage.records import RETURN_VALUE_NAME, CheckpointRecord, RunState
+from outlast.storage.records import CheckpointRecord, RunState
+from outlast.train import return_value
 from outlast.train.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -103,7 +102,9 @@ class Result:
 
 def build_result(state: RunState, storage: "Storage", store: "RunStore", num_to_keep: int | None = None,
                  score_attribute: str | None = None, score_order: str = "max",
-                 error: BaseException | None = None) -> Result:
+                 error: BaseException | None = None, return_key: bytes | None = None) -> Result:
+    """The run's result; its return value only with the key of the driver whose workers sealed it
+    (train/return_value.py): from storage alone, `return_value` is None."""
     def checkpoint(record: CheckpointRecord) -> Checkpoint:
         local = storage.local_path(store.path(record.checkpoint_dir))
         return Checkpoint(local if local is not None else storage.uri(store.path(record.checkpoint_dir)))
@@ -116,7 +117,7 @@ def build_result(state: RunState, storage: "Storage", store: "RunStore", num_to_
         path=storage.uri(store.run_dir),
         error=error,
         best_checkpoints=[(checkpoint(c), dict(c.metrics)) for c in best],
-        return_value=_read_return_value(storage, store) if state.status == "finished" else None,
+        return_value=return_value.read(storage, store, return_key) if state.status == "finished" else None,
         last_metrics=state.last_metrics,
     )
 
@@ -154,16 +155,3 @@ def _lookup(metrics: dict[str, Any], key: str) -> Any:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _read_return_value(storage: "Storage", store: "RunStore") -> Any:
-    try:
-        data = storage.read_bytes(store.path(RETURN_VALUE_NAME))
-    except FileNotFoundError:
-        return None
-    try:
-        return cloudpickle.loads(data)
-    except Exception as e:
-        log.warning("could not read the train function's return value at %s: %s",
-                    storage.uri(store.path(RETURN_VALUE_NAME)), e)
-        return None

@@ -27,6 +27,7 @@ from outlast.metrics import DRIVER_PORT_VAR, endpoint_from_env
 from outlast.controller.runtime import Controller, RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import issue
+from outlast.train import return_value
 from outlast.protocol.transport import route_ip
 from outlast.runenv import carried_env, importable_paths
 from outlast.storage import open_storage
@@ -130,14 +131,15 @@ class DataParallelTrainer:
                 log.info("resuming run %s after its driver died, from %s", storage.uri(name),
                          book.state.latest_checkpoint or "scratch")
             try:
-                self._run(book, payload, name, lease, progress)
+                return_key = self._run(book, payload, name, lease, progress)
             except TrainingFailedError as e:
                 raise classify(e) from e.__cause__
-            return _result(book, storage, store, rc)
+            return _result(book, storage, store, rc, return_key)
         finally:
             lease.release()
 
-    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper, progress: ProgressLine) -> None:
+    def _run(self, book: RunBook, payload: bytes, name: str, lease: LeaseKeeper, progress: ProgressLine) -> bytes:
+        """Drive the run to its end; the key its workers seal their return value with (train/return_value.py)."""
         rc = self.run_config
         low, n = worker_range(self.scaling_config)
         elastic = Elastic(low, n, self.scaling_config.elastic_resize_monitor_interval_s) if low < n else None
@@ -171,7 +173,8 @@ class DataParallelTrainer:
             elif self.isolation is not None and self.isolation.enable_resource_isolation:
                 log.warning("an outlast cluster is already running at %s; its own isolation settings apply",
                             access.head_address)
-            plan.env.update(issue(access.authenticator, access.key))  # workers never get the cluster key
+            credential = issue(access.authenticator, access.key)
+            plan.env.update(credential.env)  # workers never get the cluster key
             printer = OutputPrinter(prefixed=rc.worker_output == "prefixed") if plan.forward_output else None
             # The node's liveness comes from its table entry (its agent's pid, on this machine).
             group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
@@ -185,6 +188,7 @@ class DataParallelTrainer:
                 group.close(linger_ms=500 if embedded is None else 0)
                 if printer is not None:
                     printer.close()
+            return return_value.key_from_secret(credential.secret)
         finally:
             if embedded is not None:
                 embedded.stop()
@@ -218,10 +222,10 @@ def _watchers(name: str) -> list:
 Trainer = DataParallelTrainer
 
 
-def _result(book: RunBook, storage, store: RunStore, rc: RunConfig) -> Result:
+def _result(book: RunBook, storage, store: RunStore, rc: RunConfig, return_key: bytes | None = None) -> Result:
     cc = rc.checkpoint_config
     return build_result(book.state, storage, store, cc.num_to_keep, cc.checkpoint_score_attribute,
-                        cc.checkpoint_score_order)
+                        cc.checkpoint_score_order, return_key=return_key)
 
 
 

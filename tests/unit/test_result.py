@@ -50,16 +50,60 @@ def test_metrics_are_those_of_the_latest_checkpoint_not_the_last_report():
     assert build_result(state(last_metrics={"loss": 0.5}), mem, RunStore(mem, "exp")).metrics is None
 
 
-def test_return_value_is_read_only_for_a_finished_run():
+def test_return_value_is_read_only_for_a_finished_run_and_only_with_the_key_that_sealed_it(caplog):
     import cloudpickle
 
+    from outlast.train import return_value as rv
+
+    key = rv.key_from_secret(b"the run credential's secret")
     mem = MemoryStorage()
-    mem.write_atomic("exp/return_value.pkl", cloudpickle.dumps({"acc": 0.9}))
-    assert build_result(state(), mem, RunStore(mem, "exp")).return_value == {"acc": 0.9}
+    mem.write_atomic("exp/return_value.pkl", rv.seal(cloudpickle.dumps({"acc": 0.9}), key))
+    assert build_result(state(), mem, RunStore(mem, "exp"), return_key=key).return_value == {"acc": 0.9}
     running = r.RunState(name="exp", status="errored", created_at=0.0, updated_at=0.0)
-    assert build_result(running, mem, RunStore(mem, "exp")).return_value is None
+    assert build_result(running, mem, RunStore(mem, "exp"), return_key=key).return_value is None
+    # From storage alone (Result.from_path, a relaunched driver), or under another run's key: not unpickled.
+    assert build_result(state(), mem, RunStore(mem, "exp")).return_value is None
+    other = rv.key_from_secret(b"another run's secret")
+    assert build_result(state(), mem, RunStore(mem, "exp"), return_key=other).return_value is None
+    assert "its seal does not match" in caplog.text
 
 
+class Boom:
+    def __reduce__(self):
+        return (exec, ("raise SystemExit('unpickled a stranger')",))
+
+
+def test_a_pickle_written_to_the_storage_path_by_anyone_else_is_never_unpickled(caplog):
+    import cloudpickle
+
+    from outlast.train import return_value as rv
+
+    key = rv.key_from_secret(b"secret")
+    mem = MemoryStorage()
+    payload = cloudpickle.dumps(Boom())
+    forged = [payload,  # a bare pickle, as outlast wrote before it sealed them
+              rv.MAGIC + b"\0" * rv.MAC_BYTES + payload,  # the header, with a made-up seal
+              rv.seal(payload, rv.key_from_secret(b"guessed")),  # sealed under a key that is not the run's
+              rv.MAGIC[:-1]]  # cut short
+    for data in forged:
+        mem.write_atomic("exp/return_value.pkl", data)
+        assert build_result(state(), mem, RunStore(mem, "exp"), return_key=key).return_value is None
+    # A file past the bound is not read whole.
+    mem.write_atomic("exp/return_value.pkl", b"x" * (r.MAX_DOCUMENT_BYTES + 1))
+    assert build_result(state(), mem, RunStore(mem, "exp"), return_key=key).return_value is None
+    assert "larger than" in caplog.text
+
+
+def test_a_seal_covers_every_byte_of_the_pickle():
+    from outlast.train import return_value as rv
+
+    key = rv.key_from_secret(b"secret")
+    sealed = rv.seal(b"pickle bytes", key)
+    assert rv.unseal(sealed, key) == b"pickle bytes"
+    for i in range(len(sealed)):
+        flipped = bytearray(sealed)
+        flipped[i] ^= 1
+        assert rv.unseal(bytes(flipped), key) is None
 def result(*metrics):
     return Result(metrics=None, checkpoint=None, path="/runs/exp",
                   best_checkpoints=[(Checkpoint(f"/c{i}"), m) for i, m in enumerate(metrics)])
