@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from outlast.storage.conditional import GCSConditional, gcs_upload_params
+from outlast.storage.conditional import SMALL, GCSConditional, gcs_upload_params
 
 
 class HttpError(Exception):
@@ -19,6 +19,7 @@ class FakeGCS:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], tuple[bytes, int]] = {}
         self.next_generation = 1700000000000001
+        self.ranges: list[str | None] = []
 
     def __call__(self, method, url, *args, **params):
         if method == "GET":
@@ -26,6 +27,12 @@ class FakeGCS:
             if (bucket, key) not in self.objects:
                 raise FileNotFoundError(f"{bucket}/{key}")
             data, generation = self.objects[(bucket, key)]
+            self.ranges.append(params.get("headers", {}).get("Range"))
+            if self.ranges[-1] is not None:  # "bytes=0-N", as GCS honours it
+                last = int(self.ranges[-1].removeprefix("bytes=0-"))
+                if not data:
+                    raise HttpError(416)
+                data = data[:last + 1]
             return {"x-goog-generation": str(generation)}, data
         (bucket,) = args
         key, want = params["name"], params["ifGenerationMatch"]
@@ -60,3 +67,14 @@ def test_gcs_creates_only_what_is_absent_and_replaces_only_the_generation_read()
     assert second not in (None, first)
     assert cas.write_if("lease", b"four", first) is None
     assert cas.read_versioned("lease").data == b"three"
+
+
+def test_a_read_asks_for_no_more_than_a_small_document_and_an_empty_one_reads_as_empty():
+    gcs = FakeGCS()
+    cas = GCSConditional(Storage(), call=gcs)
+    big = cas.write_if("lease", b"x" * (SMALL + 100), None)
+    read = cas.read_versioned("lease")
+    assert read == (b"x" * (SMALL + 1), big) and not read.whole  # cut, and known to be cut
+    assert gcs.ranges == [f"bytes=0-{SMALL}"]
+    empty = cas.write_if("empty", b"", None)
+    assert cas.read_versioned("empty") == (b"", empty)
