@@ -335,19 +335,23 @@ class _Fleet:
         replaced = False
         if node_gone:
             self._lost_node(at)
-            soonest = heapq.heappop(self.pool) if self.pool else math.inf
+            soonest = self.pool[0] if self.pool else math.inf
             if soonest <= at:
+                heapq.heappop(self.pool)
                 replaced = True
             elif self.mech.elastic and c.nodes - self.missing > 1:
                 self.missing += 1
-                heapq.heappush(self.pool, soonest)
-            else:
+            elif soonest <= at + c.replace_s:
+                heapq.heappop(self.pool)
                 waited, replaced = soonest, True
+            else:  # the scheduler's node comes before a repaired spare
+                waited, replaced = at + c.replace_s, True
         return self._begin(number, at, restored, waited_until=waited, replaced_node=replaced)
 
     def _lost_node(self, at: float) -> None:
         """The lost node comes back: repaired into the spare pool, or, without spares, as the scheduler's
-        replacement."""
+        replacement. (With spares, none free, the scheduler's node is taken when it comes before a repaired
+        one: `_next`.)"""
         heapq.heappush(self.pool, at + (self.c.repair_s if self.mech.spares else self.c.replace_s))
 
     def _grow_if_due(self, a: _Attempt, until: float) -> _Attempt:

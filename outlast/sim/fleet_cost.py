@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from outlast.controller import group as g
 from outlast.controller.core import ControllerCore
@@ -66,44 +66,51 @@ class _Driven:
 
 
 def measure(nodes: int, ranks_per_node: int) -> ControllerCost:
+    """CPU with nothing watching; the peak in a second pass under tracemalloc, which slows every allocation."""
+    cost = _events(nodes, ranks_per_node)
     tracemalloc.start()
     try:
-        d = _Driven(nodes, ranks_per_node)
-        hello = _cpu(lambda: [d.worker(m.WorkerHello(attempt=d.attempt, rank=r, pid=r)) for r in range(d.ranks)])
-        a = d.attempt
-        name = f"checkpoint_{a:03d}_000000"
-        rounds = _cpu(lambda: [d.worker(m.Report(attempt=a, rank=r, index=0, metrics={"step": 0}, checkpoint_dir=name,
-                                                 files=[m.FileEntry(f"shard_{r}.bin", 1, "0" * 64)]))
-                               for r in range(d.ranks)])
-        assert d.core.attempt is not None
-        placement = d.core.attempt.placement
-        drained = placement[0]
-
-        def drain() -> None:
-            d.step(g.FromAgent(drained, m.NodeDraining(node_id=drained, reason="fleet", message="",
-                                                       deadline_unix_s=WALL0 + d.now + 600)), dt=1.0)
-            for r in range(d.ranks):
-                d.worker(m.PreemptionQuery(attempt=a, rank=r, index=1))
-        notice = _cpu(drain)
-
-        def fail_and_restart() -> None:
-            d.step(g.FromAgent(placement[1], m.WorkerExited(run_id="fleet", attempt=a, rank=1, pid=1, exit_code=1,
-                                                            signal=None, error=None, node_id=placement[1])))
-            for r in range(d.ranks):
-                if r != 1:
-                    d.step(g.FromAgent(placement[r], m.WorkerExited(run_id="fleet", attempt=a, rank=r, pid=r,
-                                                                    exit_code=None, signal=15, error=None,
-                                                                    node_id=placement[r])))
-            d.step(g.NodeTable(d.table))
-        restart = _cpu(fail_and_restart)
-        if d.attempt != a + 1:
-            raise RuntimeError(f"the controller did not begin attempt {a + 1} after the failure: it is {d.core.state}")
+        _events(nodes, ranks_per_node)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    return replace(cost, peak_mib=peak / 2 ** 20)
+
+
+def _events(nodes: int, ranks_per_node: int) -> ControllerCost:
+    d = _Driven(nodes, ranks_per_node)
+    hello = _cpu(lambda: [d.worker(m.WorkerHello(attempt=d.attempt, rank=r, pid=r)) for r in range(d.ranks)])
+    a = d.attempt
+    name = f"checkpoint_{a:03d}_000000"
+    rounds = _cpu(lambda: [d.worker(m.Report(attempt=a, rank=r, index=0, metrics={"step": 0}, checkpoint_dir=name,
+                                             files=[m.FileEntry(f"shard_{r}.bin", 1, "0" * 64)]))
+                           for r in range(d.ranks)])
+    assert d.core.attempt is not None
+    placement = d.core.attempt.placement
+    drained = placement[0]
+
+    def drain() -> None:
+        d.step(g.FromAgent(drained, m.NodeDraining(node_id=drained, reason="fleet", message="",
+                                                   deadline_unix_s=WALL0 + d.now + 600)), dt=1.0)
+        for r in range(d.ranks):
+            d.worker(m.PreemptionQuery(attempt=a, rank=r, index=1))
+    notice = _cpu(drain)
+
+    def fail_and_restart() -> None:
+        d.step(g.FromAgent(placement[1], m.WorkerExited(run_id="fleet", attempt=a, rank=1, pid=1, exit_code=1,
+                                                        signal=None, error=None, node_id=placement[1])))
+        for r in range(d.ranks):
+            if r != 1:
+                d.step(g.FromAgent(placement[r], m.WorkerExited(run_id="fleet", attempt=a, rank=r, pid=r,
+                                                                exit_code=None, signal=15, error=None,
+                                                                node_id=placement[r])))
+        d.step(g.NodeTable(d.table))
+    restart = _cpu(fail_and_restart)
+    if d.attempt != a + 1:
+        raise RuntimeError(f"the controller did not begin attempt {a + 1} after the failure: it is {d.core.state}")
     return ControllerCost(ranks=d.ranks, nodes=nodes, hello_cpu_s=hello, report_round_cpu_s=rounds,
                           cpu_us_per_message=(hello + rounds) / (2 * d.ranks) * 1e6, drain_notice_cpu_s=notice,
-                          restart_decision_cpu_s=restart, peak_mib=peak / 2 ** 20)
+                          restart_decision_cpu_s=restart, peak_mib=0.0)
 
 
 def _cpu(fn: object) -> float:
