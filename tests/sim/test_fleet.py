@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import random
 
@@ -13,11 +15,16 @@ from outlast.sim.fleet_command import run
 from outlast.sim.fleet_invariants import violations
 from outlast.sim.interruptions import LLAMA3_PLANNED, LLAMA3_UNEXPECTED, Effect, by_mttf, llama3
 
-SMALL = FleetConfig(nodes=16, days=3.0)
+SMALL = FleetConfig(nodes=16, days=1.0, spares=64)  # never short of a spare: "all on" never waits
 
 
 def small(seed: int = 1) -> dict:
-    return run(SMALL, seed, "llama3", mttf_hours=24.0, drains_per_day=4.0, cost=False)
+    return copy.deepcopy(_small(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _small(seed: int) -> dict:
+    return run(SMALL, seed, "llama3", mttf_hours=8.0, drains_per_day=6.0, cost=False)
 
 
 def test_every_variant_keeps_the_invariants_with_every_kind_of_interruption_striking() -> None:
@@ -29,11 +36,11 @@ def test_every_variant_keeps_the_invariants_with_every_kind_of_interruption_stri
         assert v["budgets"]["worker"] == v["struck"]["rank_dies"] + v["struck"]["node_lost"] + v["struck"]["hang"]
         assert v["budgets"]["preemption"] == v["struck"]["drain"]
         assert sum(v["parts_s"].values()) == pytest.approx(v["held_s"], abs=1.0)
-        assert v["held_s"] == pytest.approx(3 * 86_400, abs=1.0)
+        assert v["held_s"] == pytest.approx(86_400, abs=1.0)
 
 
 def test_a_seed_gives_the_same_run_and_another_seed_another() -> None:
-    first, again, other = small(1), small(1), small(2)
+    first, again, other = small(1), run(SMALL, 1, "llama3", 8.0, 6.0, cost=False), small(2)
     for out in (first, again, other):
         out.pop("simulation"), out.pop("elapsed_s")
         for v in out["variants"]:
