@@ -325,12 +325,15 @@ class _Fleet:
     def _close(self, a: _Attempt, at: float, outcome: str) -> None:
         a.record.ended_at = WALL0 + at
         a.record.outcome = outcome
+        while self.ckpts and self.ckpts[-1].record.committed_at > WALL0 + at:
+            # Not committed when the attempt ended: never written to the history, and gone with the attempt.
+            self.ckpts.pop()
+            self.state.checkpoints.pop()
         if self.ckpts:
             self.state.latest_checkpoint = self.ckpts[-1].record.checkpoint_dir
 
     def _next(self, number: int, at: float, restored: _Ckpt | None, node_gone: bool) -> _Attempt:
         c = self.c
-        self.ckpts = [k for k in self.ckpts if k.record.committed_at <= WALL0 + at]  # an uncommitted one is gone
         waited = at
         replaced = False
         if node_gone:
