@@ -17,6 +17,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from outlast.controller.attempt_verdict import AttemptFacts, FailAttempt, judge_attempt
 from outlast.controller.hangs import HangWatch
@@ -31,7 +32,7 @@ from outlast.storage.records import (
 )
 
 WALL0 = 1_800_000_000.0
-NO_METRICS: dict = {}
+NO_METRICS: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict, fields
+from typing import Any
 
 from outlast.sim.fleet import FleetConfig, Mechanisms, goodput_parts, seeded, simulate
 from outlast.sim.fleet_cost import measure
@@ -31,7 +32,7 @@ PARAMS = {"step_s": "step-s", "checkpoint_gb_per_rank": "checkpoint-gb", "storag
 
 
 def run(config: FleetConfig, seed: int, mix: str, mttf_hours: float | None, drains_per_day: float,
-        cost: bool = True) -> dict:
+        cost: bool = True) -> dict[str, Any]:
     began, cpu0 = time.perf_counter(), time.process_time()
     rng = seeded(seed)
     if mttf_hours is None:
@@ -41,7 +42,7 @@ def run(config: FleetConfig, seed: int, mix: str, mttf_hours: float | None, drai
     causes: dict[str, int] = {}
     for e in events:
         causes[e.cause] = causes.get(e.cause, 0) + 1
-    out: dict = {"version": FLEET_VERSION, "seed": seed, "mix": mix if mttf_hours is None else None,
+    out: dict[str, Any] = {"version": FLEET_VERSION, "seed": seed, "mix": mix if mttf_hours is None else None,
                  "mttf_hours": mttf_hours, "config": {k: v for k, v in asdict(config).items() if k != "timeouts"},
                  "interruptions": {"total": len(events), "by_cause": causes}, "variants": [], "violations": []}
     for mech in VARIANTS:
@@ -74,7 +75,7 @@ def run(config: FleetConfig, seed: int, mix: str, mttf_hours: float | None, drai
     return out
 
 
-def describe(out: dict) -> list[str]:
+def describe(out: dict[str, Any]) -> list[str]:
     c = out["config"]
     lines = [f"fleet: {c['nodes']} nodes x {c['ranks_per_node']} ranks, {c['days']:g} days, "
              f"{out['interruptions']['total']} interruptions (seed {out['seed']})"]
