@@ -1,6 +1,7 @@
 """`python -m outlast.sim --seeds N [--start K] [--jobs J] [--elastic] [--edges] [--tier]`: run N schedules, print
 one JSON line, exit 1 on a violation (printing each failing seed's trace). `--seed S` replays one schedule and prints its
-trace."""
+trace.
+`python -m outlast.sim fleet ...`: a fleet's months, with each mechanism on and off (`fleet --help`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def run_many(start: int, count: int, jobs: int, elastic: bool = False, edges: bo
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fleet"]:
+        from outlast.sim.fleet_command import main as fleet
+        return fleet(argv[1:])
     p = argparse.ArgumentParser(prog="python -m outlast.sim", description=__doc__)
     p.add_argument("--seeds", type=int, help="how many schedules to run")
     p.add_argument("--start", type=int, default=0, help="the first seed")

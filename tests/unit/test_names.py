@@ -48,6 +48,8 @@ NODE_DRAINS = {
     "protocol/messages.py": {"NodeDraining", "DrainNode", "DrainAck", "DrainRefused"},
     "sim/agent_node.py": {"drain"},
     "sim/cluster.py": {"drain"},
+    "sim/fleet.py": {"_drain"},
+    "sim/fleet_cost.py": {"drain"},
     "sim/run.py": {"drain_node", "_drain"},
     "slurm/launcher.py": {"Draining", "_drain"},
     "slurm/policy.py": {"DrainOrder", "AfterDrain", "after_drain"},

@@ -1,0 +1,86 @@
+"""The fleet command at a small size: every variant's invariants hold, and a seed gives the same run."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import random
+
+import pytest
+
+from outlast.sim.__main__ import main
+from outlast.sim.fleet import FleetConfig, Mechanisms, simulate
+from outlast.sim.fleet_command import run
+from outlast.sim.fleet_invariants import violations
+from outlast.sim.interruptions import LLAMA3_PLANNED, LLAMA3_UNEXPECTED, Effect, by_mttf, llama3
+
+SMALL = FleetConfig(nodes=16, days=1.0, spares=64)  # never short of a spare: "all on" never waits
+
+
+def small(seed: int = 1) -> dict:
+    return copy.deepcopy(_small(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _small(seed: int) -> dict:
+    return run(SMALL, seed, "llama3", mttf_hours=8.0, drains_per_day=6.0, cost=False)
+
+
+def test_every_variant_keeps_the_invariants_with_every_kind_of_interruption_striking() -> None:
+    out = small()
+    assert out["violations"] == []
+    assert len(out["variants"]) == 6
+    for v in out["variants"]:
+        assert set(v["struck"]) == {e.value for e in Effect}, v["struck"]
+        assert v["budgets"]["worker"] == v["struck"]["rank_dies"] + v["struck"]["node_lost"] + v["struck"]["hang"]
+        assert v["budgets"]["preemption"] == v["struck"]["drain"]
+        assert sum(v["parts_s"].values()) == pytest.approx(v["held_s"], abs=1.0)
+        assert v["held_s"] == pytest.approx(86_400, abs=1.0)
+
+
+def test_a_seed_gives_the_same_run_and_another_seed_another() -> None:
+    first, again, other = small(1), run(SMALL, 1, "llama3", 8.0, 6.0, cost=False), small(2)
+    for out in (first, again, other):
+        out.pop("simulation"), out.pop("elapsed_s")
+        for v in out["variants"]:
+            v.pop("sim_cpu_s"), v.pop("decisions_cpu_s")
+    assert json.dumps(first) == json.dumps(again)
+    assert json.dumps(first) != json.dumps(other)
+
+
+def test_each_mechanism_is_worth_something_on_its_own() -> None:
+    by = {v["mechanisms"]: v for v in small()["variants"]}
+    on = by["all on"]["goodput"]
+    assert by["off: memory_tier"]["parts_s"]["replayed"] > by["all on"]["parts_s"]["replayed"]
+    assert by["off: jit_drain"]["parts_s"]["replayed"] > by["all on"]["parts_s"]["replayed"]
+    assert by["all off"]["parts_s"]["waiting"] > 0 == by["all on"]["parts_s"]["waiting"]
+    assert all(v["goodput"] <= on for v in by.values())
+
+
+def test_the_llama3_mix_at_its_own_size_is_the_papers_counts() -> None:
+    events = llama3(2048, 54.0, random.Random(7))
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e.cause] = counts.get(e.cause, 0) + 1
+    assert counts == {**{c: n for c, n, _ in LLAMA3_UNEXPECTED}, "planned maintenance": LLAMA3_PLANNED}
+    assert len(events) == 466 and all(0 <= e.at_s < 54 * 86_400 and 0 <= e.node < 2048 for e in events)
+
+
+def test_a_broken_history_is_found() -> None:
+    config = FleetConfig(nodes=8, days=1.0)
+    r = simulate(config, Mechanisms(), by_mttf(8, 1.0, 12.0, 2.0, random.Random(3)))
+    assert violations(r, 1.0) == []
+    r.budgets["worker"] = r.budgets.get("worker", 0) + 1
+    r.state.attempts[1].restored_from = None
+    found = violations(r, 1.0)
+    assert any("budgets charged" in v for v in found) and any("restored None" in v for v in found)
+
+
+def test_the_command_prints_json_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "--nodes", "4", "--days", "0.5", "--mttf-hours", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["controller"]["ranks"] == 32 and out["controller"]["restart_decision_cpu_s"] > 0
+    with pytest.raises(SystemExit):
+        main(["fleet", "--nodes", "0"])
+    assert "--nodes" in capsys.readouterr().err
