@@ -30,7 +30,7 @@ class Dataset:
     ops: tuple[Op, ...] = ()
     block_seed: int | None = None  # randomize_block_order(seed): the order of blocks each epoch
 
-    __outlast_dataset__ = True  # outlast.train.data reads `.data` of it (an indexable view; see `data`)
+    __outlast_dataset__ = True  # outlast.train.data reads it through `rows()` (it may not import this package)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -205,12 +205,11 @@ class Dataset:
     def iter_rows(self, **_ignored: Any) -> _Walkable:
         return self.shard(0, 1).iter_rows()
 
-    @property
-    def data(self) -> Any:
-        """For outlast.train.data: the rows by index, read a block at a time (see RowView)."""
-        from outlast.data.rowview import RowView
+    def rows(self) -> Any:
+        """For outlast.train.data's shards: the rows by number, read as slices of blocks (see BlockRows)."""
+        from outlast.data.block_rows import BlockRows
 
-        return RowView(self)
+        return BlockRows(self)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

@@ -142,17 +142,96 @@ def test_local_shuffle_is_reproducible_and_resumable(tmp_path):
     assert head + _ids(fresh.iter_batches(**kw)) == whole and whole != sorted(whole)
 
 
-def test_a_dataset_passes_to_the_in_memory_shards_as_rows_by_index(tmp_path):
-    from outlast.train.data import DataConfig, install_shards
-    from outlast.train import data as train_data
+def _uneven(tmp_path, sizes=(7, 13, 4, 9, 11, 5)):
+    """One parquet file per entry of `sizes`, each a row group of that many rows: 49 rows, numbered in order."""
+    first = 0
+    for f, n in enumerate(sizes):
+        pq.write_table(pa.table({"id": list(range(first, first + n))}), tmp_path / f"part-{f}.parquet")
+        first += n
+    return data.read_parquet(str(tmp_path))
 
-    ds = _parquet(tmp_path)
-    seen = []
-    for rank in range(2):
-        install_shards({"train": ds}, DataConfig(), rank, 2)
-        seen += [int(i) for batch in train_data._shards["train"].iter_torch_batches(batch_size=16, device="cpu")
-                 for i in batch["id"]]
-    assert sorted(seen) == list(range(120))
+
+def _train_shards(ds, world, split=True):
+    from outlast.train.data import DataShard, to_source
+
+    return [DataShard("train", to_source("train", ds), r, world, split) for r in range(world)]
+
+
+def test_by_block_keeps_runs_as_slices_and_puts_interleaved_rows_back_in_order():
+    import numpy as np
+
+    from outlast.data.block_rows import by_block
+
+    starts = np.array([0, 7, 20, 24])
+    groups, back = by_block(np.arange(5, 22), starts)
+    assert [(b, list(r)) for b, r in groups] == [(0, [5, 6]), (1, list(range(13))), (2, [0, 1])] and back is None
+    groups, back = by_block(np.array([21, 3, 8, 4]), starts)
+    assert [(b, list(r)) for b, r in groups] == [(2, [1]), (0, [3, 4]), (1, [1])]
+    assert list(np.concatenate([r for _, r in groups])[back]) == [1, 3, 1, 4]
+    with pytest.raises(IndexError, match="outside the dataset's 24"):
+        by_block(np.array([24]), starts)
+
+
+def test_row_counts_come_from_footers_unless_a_transform_can_change_them(tmp_path):
+    from outlast.data.block_rows import block_rows_known
+
+    ds = _uneven(tmp_path)
+    assert block_rows_known(ds) == [7, 13, 4, 9, 11, 5]
+    assert block_rows_known(ds.map(lambda r: r).select_columns(["id"])) == [7, 13, 4, 9, 11, 5]
+    assert block_rows_known(ds.filter(lambda r: r["id"] % 2 == 0)) is None
+    assert len(ds.filter(lambda r: r["id"] % 2 == 0).rows()) == 25  # counted by reading each block once
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_get_dataset_shard_gives_every_rank_as_many_rows_and_batches_across_uneven_blocks(tmp_path, world):
+    shards = _train_shards(_uneven(tmp_path), world)
+    per_rank = [[[int(i) for i in b["id"]] for b in s.iter_batches(batch_size=4)] for s in shards]
+    assert len({len(batches) for batches in per_rank}) == 1  # as many steps on every rank: no collective waits
+    rows = [[i for b in batches for i in b] for batches in per_rank]
+    assert {len(r) for r in rows} == {49 // world}
+    assert sorted(i for r in rows for i in r) == list(range(49 // world * world))
+
+
+def test_get_dataset_shard_reads_only_the_blocks_its_rows_are_in(tmp_path):
+    # rows 0-15, 16-31 and 32-47 of blocks 0-6, 7-19, 20-23, 24-32, 33-43 and 44-48
+    shards = _train_shards(_uneven(tmp_path), 3)
+    for s in shards:
+        list(s.iter_batches(batch_size=5))
+    assert [s.source.blocks.blocks_read for s in shards] == [2, 3, 3]
+
+
+def test_a_streamed_local_shuffle_keeps_to_its_window_and_resumes_at_the_next_batch(tmp_path):
+    from outlast.train import data_position as dp
+
+    ds = _uneven(tmp_path)
+    kw = dict(batch_size=4, local_shuffle_buffer_size=8, local_shuffle_seed=3)
+    whole = [int(i) for b in _train_shards(ds, 1)[0].iter_batches(**kw) for i in b["id"]]
+    assert whole != sorted(whole) and sorted(whole) == list(range(49))
+    assert all(sorted(whole[w:w + 8]) == list(range(w, min(w + 8, 49))) for w in range(0, 49, 8))
+    shard = _train_shards(ds, 1)[0]
+    walk = iter(shard.iter_batches(**kw))
+    head = [int(i) for _ in range(3) for i in next(walk)["id"]]
+    saved = {0: shard.data_position()}
+    walk.close()
+    fresh = _train_shards(ds, 1)[0]
+    fresh.resume_from(saved)
+    assert head + [int(i) for b in fresh.iter_batches(**kw) for i in b["id"]] == whole
+    assert list(dp.rows_left(saved[0], 8)[0]) == whole[12:]
+
+
+def test_a_streamed_epoch_split_again_at_another_world_reads_every_row_once(tmp_path):
+    ds = _uneven(tmp_path).randomize_block_order(seed=5)
+    three = _train_shards(ds, 3)
+    walks = [iter(s.iter_batches(batch_size=3)) for s in three]
+    taken = [int(i) for w in walks for i in next(w)["id"]]  # one step each, as ranks in step take
+    saved = {r: s.data_position() for r, s in enumerate(three)}  # what a checkpoint of that step keeps
+    two = _train_shards(ds, 2)
+    for s in two:
+        s.resume_from(saved)
+    rest = [[int(i) for b in s.iter_batches(batch_size=3) for i in b["id"]] for s in two]
+    assert len(rest[0]) - len(rest[1]) in (0, 1)
+    assert sorted(taken + rest[0] + rest[1]) == sorted(
+        i for s in _train_shards(ds, 3) for b in s.iter_batches(batch_size=3) for i in b["id"].tolist())
 
 
 def test_reads_from_s3(s3, tmp_path):
