@@ -234,6 +234,19 @@ def test_a_streamed_epoch_split_again_at_another_world_reads_every_row_once(tmp_
         i for s in _train_shards(ds, 3) for b in s.iter_batches(batch_size=3) for i in b["id"].tolist())
 
 
+def test_a_fixed_size_list_column_is_one_array_per_batch_as_ray_gives(tmp_path):
+    import numpy as np
+
+    x = np.arange(60, dtype=np.float32).reshape(20, 3)
+    pq.write_table(pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 3)}),
+                   tmp_path / "a.parquet", row_group_size=8)
+    batches = list(data.read_parquet(str(tmp_path)).iter_torch_batches(batch_size=6, device="cpu"))
+    assert [tuple(b["x"].shape) for b in batches] == [(6, 3), (6, 3), (6, 3), (2, 3)]
+    assert np.array_equal(np.concatenate([b["x"].numpy() for b in batches]), x)
+    shard = _train_shards(data.read_parquet(str(tmp_path)), 2)[1]
+    assert np.array_equal(np.concatenate([b["x"] for b in shard.iter_batches(batch_size=4)]), x[10:])
+
+
 def test_reads_from_s3(s3, tmp_path):
     import boto3
     import io
