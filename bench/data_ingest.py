@@ -6,8 +6,8 @@ TorchTrainer of 2 workers through `get_dataset_shard("train").iter_torch_batches
 
 The data is made here, in a temporary directory: parquet files of about `--gb` GB in all (a vector of 256
 float32 and an int64 label a row, 8 files of row groups of 8192 rows), and `--images` 64x64 JPEGs made
-with Pillow. Both sides run bench/lib/ingest_scenario.py, which spells the same script with `ray.*` or `outlast.*` (outlast's side imports
-outlast.data, what `ray.data` is under `outlast run`). Each repeat runs each dataset once on each side,
+with Pillow. Both sides run bench/lib/ingest_scenario.py, which spells the same script with `ray.*` or
+`outlast.*` (outlast's side imports outlast.data, what `ray.data` is under `outlast run`). Each repeat runs each dataset once on each side,
 alternating which goes first. Figures: rows per second (all ranks' rows over the time from the first rank's
 first request to the last rank's last batch), the whole run's wall time (starting the framework included),
 and the peak PSS of every process the run started (sampled every 0.5 s), each with the 1-minute load average
@@ -167,7 +167,7 @@ def main() -> None:
         log(f"images: {make_images(datasets['images'], args.images)} in {datasets['images']}")
     sizes = {k: sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) for k, d in datasets.items()}
     runs: dict[str, dict[str, list[dict]]] = {k: {"ray": [], "outlast": []} for k in datasets}
-    for i, fw in harness.interleaved(args.sides, args.repeats):
+    for _, fw in harness.interleaved(args.sides, args.repeats):
         for kind, directory in datasets.items():
             figs = run_one(fw, kind, directory, args, workdir)
             if figs is not None:
