@@ -1,6 +1,6 @@
 """Exactness of a run's data through kills and a resize: how often each row is used in each epoch.
 
-    python3 -m bench.data_exactness [--kills 10] [--epochs 3] [--out bench/results/data-exactness.json]
+    python3 -m bench.data_exactness [--kills 100] [--epochs 3] [--rows 600] [--out bench/results/data-exactness.json]
 
 One run on a local cluster of 3 nodes of 1 CPU: a TorchTrainer of 2 to 4 workers (elastic) reads an
 outlast.data parquet dataset (`--rows` rows in row groups of 7, none on a rank's boundary) through
@@ -129,9 +129,9 @@ def run(args: argparse.Namespace, workdir: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--kills", type=int, default=100)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--rows", type=int, default=240)
+    p.add_argument("--rows", type=int, default=600)
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--out", help="also write the JSON document here (bench/results/data-exactness.json)")
     args = p.parse_args()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,6 +173,8 @@ def main() -> None:
             figs = run_one(fw, kind, directory, args, workdir)
             if figs is not None:
                 runs[kind][fw].append(figs)
+    for directory in datasets.values():
+        shutil.rmtree(directory, ignore_errors=True)  # a GB of files; the runs' logs stay in the work directory
     figures = {}
     for kind, sides in runs.items():
         per_side = {fw: harness.summarize_runs([{k: v for k, v in r.items() if not isinstance(v, list)}
