@@ -65,6 +65,30 @@ def counted_uses(events: list[dict]) -> tuple[dict[int, Counter], dict[int, int]
     return uses, dict(ray_again)
 
 
+def position_cost(storage: str) -> dict:
+    """The data positions the run's checkpoints keep: the largest rank's document in bytes, and what encoding
+    that document again (`data_position.encode`, done at every report) takes, in microseconds."""
+    import glob
+    import json
+    import timeit
+
+    from outlast.train import data_position as dp
+
+    docs = []
+    for manifest in glob.glob(os.path.join(storage, "*", "*", ".outlast-manifest.json")):
+        with open(manifest) as f:
+            docs += [text for text in (json.load(f).get("data_positions") or {}).values() if text]
+    if not docs:
+        return {}
+    largest = max(docs, key=len)
+    head = json.loads(largest)
+    positions = dp.decode(largest, "the largest document")
+    n = 2000
+    took = timeit.timeit(lambda: dp.encode(head["world"], head["rank"], positions), number=n) / n
+    return {"documents": len(docs), "largest_bytes": len(largest),
+            "median_bytes": sorted(len(d) for d in docs)[len(docs) // 2], "encode_us": round(took * 1e6, 1)}
+
+
 def run(args: argparse.Namespace, workdir: str) -> dict:
     import numpy as np
     import pyarrow as pa
@@ -123,7 +147,8 @@ def run(args: argparse.Namespace, workdir: str) -> dict:
             "restores": sum(1 for e in evs if e["event"] == "start" and e["rank"] == 0 and e["restored_step"] is not None),
             "per_epoch": per_epoch,
             "every_row_once_each_epoch": all(set(v["rows_used"]) == {"1"} for v in per_epoch.values()),
-            "ray_rows_used_again_total": sum(ray_again.values()), "error": getattr(result, "error", None) and
+            "ray_rows_used_again_total": sum(ray_again.values()),
+            "position_saved_with_each_checkpoint": position_cost(os.path.join(workdir, "storage")), "error": getattr(result, "error", None) and
             str(result.error), "took_s": round(took, 1)}
 
 

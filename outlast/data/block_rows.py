@@ -15,13 +15,21 @@ after map_batches, filter, flat_map) every block is read and transformed once, t
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
 from outlast.data.batches import to_batch
-from outlast.data.shard import block_order
 
 if TYPE_CHECKING:
     from outlast.data.dataset import Dataset
+
+def block_order(num_blocks: int, epoch: int, seed: int | None) -> list[int]:
+    """The order of the blocks in an epoch: as read, or a permutation set by (seed, epoch)."""
+    order = list(range(num_blocks))
+    if seed is not None:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
 
 ROW_KEEPING_OPS = frozenset({"map", "add_column", "select_columns", "drop_columns"})
 ONE_ROW_READS = frozenset({"images", "binary"})
