@@ -5,7 +5,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="$here/.ray-venv"
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import ray.train.torch, torch, lightning, transformers, xgboost, jax" 2>/dev/null; then
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import ray.train.torch, torch, lightning, transformers, xgboost, jax, PIL" 2>/dev/null; then
     echo "$venv is ready"
     exit 0
 fi
@@ -14,3 +14,5 @@ python3 -m venv "$venv"
 "$venv/bin/python" -c "import ray, torch; print('ray', ray.__version__, 'torch', torch.__version__)"
 # The framework side of bench/frameworks.py (torch stays the CPU build: scripts/constraints.txt).
 "$venv/bin/pip" install -c "$here/../scripts/constraints.txt" lightning transformers accelerate xgboost-cpu jax
+# Ray Data's read_images (bench/data_ingest.py) decodes with Pillow, which ray[train] does not bring.
+"$venv/bin/pip" install -c "$here/../scripts/constraints.txt" pillow

@@ -187,7 +187,7 @@ def _data_module() -> ShimModule:
     data = ShimModule("ray.data", advice=(
         f"outlast's ray.data offers {', '.join(DATA_NAMES)}; read the data with one of them, or build a torch "
         "DataLoader in the train function (see docs/ray-data-parity.md)"))
-    for name in DATA_NAMES:  # only Ray's names: outlast.data's own (Shard, split_rest) stay outlast's
+    for name in DATA_NAMES:  # only Ray's names: outlast.data's own (its errors) stay outlast's
         setattr(data, name, getattr(outlast.data, name))
     return data
 

@@ -2,10 +2,10 @@
 
     ds = outlast.data.read_parquet("s3://bucket/train/")      # nothing read yet
     ds = ds.map_batches(normalize, batch_format="numpy")
-    shard = ds.shard(rank, world_size, seed=7)                # reads only its own blocks
+    shard = ds.shard(rank, world_size, seed=7)                # len // world_size rows, from its own blocks
     for batch in shard.iter_torch_batches(batch_size=64):     # walkable again, once per epoch
         ...
-    position = shard.position()                               # resume(position) goes on from here
+    position = shard.data_position()                          # resume_from({rank: position, ...})
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from typing import Any
 from outlast.data.dataset import Dataset
 from outlast.data.errors import DataReadError, UserFunctionError
 from outlast.data.readers import file_tasks, memory_tasks
-from outlast.data.shard import ShardPosition, Shard, split_rest
 
-__all__ = ["Dataset", "DataReadError", "ShardPosition", "Shard", "UserFunctionError", "from_huggingface", "from_items",
+__all__ = ["Dataset", "DataReadError", "UserFunctionError", "from_huggingface", "from_items",
            "from_numpy", "from_pandas", "from_torch", "read_binary_files", "read_csv", "read_images", "read_json",
-           "read_numpy", "read_parquet", "read_text", "split_rest"]
+           "read_numpy", "read_parquet", "read_text"]
 
 
 def read_parquet(paths: Any, *, columns: list[str] | None = None, **_ignored: Any) -> Dataset:

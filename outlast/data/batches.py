@@ -25,6 +25,9 @@ def column_to_numpy(column: Any) -> Any:
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if isinstance(column.type, pa.FixedShapeTensorType):
         return column.to_numpy_ndarray()
+    if pa.types.is_fixed_size_list(column.type) and column.null_count == 0:
+        values = column_to_numpy(column.flatten())  # flatten, not .values: a slice's rows only
+        return values.reshape(len(column), column.type.list_size, *values.shape[1:])
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         values = column.to_pylist()
         try:

@@ -16,7 +16,8 @@ from outlast.data.batches import check_format, to_batch
 from outlast.data.errors import DataReadError
 from outlast.data.ops import Op, batch_op
 from outlast.data.readers import ReadTask, memory_tasks
-from outlast.data.shard import Shard, _Walkable
+from outlast.data import walk
+from outlast.data.walk import Walkable
 
 _ADVICE = ("outlast's Dataset offers the reads, map, map_batches, filter, flat_map, add_column, drop_columns, "
            "select_columns, random_shuffle, randomize_block_order, repartition, train_test_split, limit, "
@@ -30,7 +31,7 @@ class Dataset:
     ops: tuple[Op, ...] = ()
     block_seed: int | None = None  # randomize_block_order(seed): the order of blocks each epoch
 
-    __outlast_dataset__ = True  # outlast.train.data reads `.data` of it (an indexable view; see `data`)
+    __outlast_dataset__ = True  # outlast.train.data reads it through `rows()` (it may not import this package)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -191,26 +192,33 @@ class Dataset:
     def to_pandas(self) -> Any:
         return to_batch(self._table(), "pandas")
 
-    def shard(self, rank: int, world_size: int, *, seed: int | None = None) -> Shard:
-        """Rank `rank`'s part: every `world_size`-th block of each epoch's block order (shuffled per epoch by
-        `seed`, or by randomize_block_order's seed)."""
-        return Shard(self, rank, world_size, seed if seed is not None else self.block_seed)
+    def shard(self, rank: int, world_size: int, *, seed: int | None = None) -> Any:
+        """Rank `rank` of `world_size`'s part, as `get_dataset_shard` gives it (an outlast.train.data.DataShard):
+        `len // world_size` rows of each epoch, the epoch's rows being its blocks' rows in the epoch's block order
+        (shuffled per epoch by `seed`, or by randomize_block_order's), read as slices of this rank's own blocks.
+        `data_position()` is where it is; `resume_from({rank: position, ...})`, given every rank's, goes on at
+        the next batch, at this world size or another (the rest of the epoch split again)."""
+        from outlast.train.data import DataShard, to_source
 
-    def iter_batches(self, **kwargs: Any) -> _Walkable:
-        return self.shard(0, 1).iter_batches(**kwargs)
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"shard(rank={rank!r}, world_size={world_size!r}): need 0 <= rank < world_size")
+        dataset = self if seed is None else replace(self, block_seed=seed)
+        return DataShard("dataset", to_source("dataset", dataset), rank, world_size)
 
-    def iter_torch_batches(self, **kwargs: Any) -> _Walkable:
-        return self.shard(0, 1).iter_torch_batches(**kwargs)
+    def iter_batches(self, **kwargs: Any) -> Walkable:
+        return walk.iter_batches(self, **kwargs)
 
-    def iter_rows(self, **_ignored: Any) -> _Walkable:
-        return self.shard(0, 1).iter_rows()
+    def iter_torch_batches(self, **kwargs: Any) -> Walkable:
+        return walk.iter_torch_batches(self, **kwargs)
 
-    @property
-    def data(self) -> Any:
-        """For outlast.train.data: the rows by index, read a block at a time (see RowView)."""
-        from outlast.data.rowview import RowView
+    def iter_rows(self, **_ignored: Any) -> Walkable:
+        return walk.iter_rows(self)
 
-        return RowView(self)
+    def rows(self) -> Any:
+        """For outlast.train.data's shards: the rows by number, read as slices of blocks (see BlockRows)."""
+        from outlast.data.block_rows import BlockRows
+
+        return BlockRows(self)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

@@ -2,9 +2,11 @@
 
 Ray Train hands each rank a Ray Data iterator; outlast takes the data itself, in memory:
 a torch `Dataset`, a Hugging Face `datasets.Dataset`, a numpy array or torch tensor, a dict
-of equally long columns, a pandas DataFrame, or a list of rows. The trainer ships them to
-every worker with the train function; each rank reads its shard with the iterator methods
-Ray's examples use (`iter_torch_batches`, `iter_batches`, `iter_rows`).
+of equally long columns, a pandas DataFrame, or a list of rows; or an `outlast.data` Dataset
+(Ray Data's reads, `ray.data` under `outlast run`), which each rank reads a block at a time,
+only the blocks its rows are in. The trainer ships them to every worker with the train
+function; each rank reads its shard with the iterator methods Ray's examples use
+(`iter_torch_batches`, `iter_batches`, `iter_rows`).
 
 A split dataset gives each rank the same number of rows, `len // world_size`, in contiguous
 blocks (the remainder is left out, so that every rank takes as many steps).
@@ -59,10 +61,21 @@ class _Source:
     columns: dict[str, Any] | None = None
     items: Any = None  # a torch Dataset: dataset[i] is a row
     hf: Any = None  # a Hugging Face Dataset: dataset[list of i] is a dict of columns
+    # An outlast.data Dataset's rows (outlast.data.block_rows.BlockRows): blocks.take(rows, epoch) is a pyarrow
+    # Table of those rows, numbered in the epoch's block order and read as slices of the blocks.
+    blocks: Any = None
 
-    def take(self, indices: list[int]) -> Any:
+    @property
+    def streamed(self) -> bool:
+        """Read a block at a time: a shuffle keeps to a window of rows (the loop's local_shuffle_buffer_size)."""
+        return self.blocks is not None
+
+    def take(self, rows: Any, epoch: int = 0) -> Any:
         import numpy as np
 
+        if self.blocks is not None:
+            return self.blocks.columns(rows, epoch)
+        indices = rows.tolist() if hasattr(rows, "tolist") else list(rows)
         if self.columns is not None:
             return {k: _index(v, indices) for k, v in self.columns.items()}
         if self.hf is not None:
@@ -83,8 +96,9 @@ def to_source(name: str, data: Any) -> _Source:
     """Check a dataset handed to a trainer and say how to read it; refuse what outlast cannot."""
     import numpy as np
 
-    if getattr(type(data), "__outlast_dataset__", False):  # ray.data.from_*(...) under `outlast run`
-        data = data.data
+    if getattr(type(data), "__outlast_dataset__", False):  # outlast.data (ray.data under `outlast run`)
+        rows = data.rows()
+        return _Source(len(rows), blocks=rows)
     kind = f"{type(data).__module__}.{type(data).__qualname__}"
     if kind.startswith("ray.data"):
         raise TypeError(f"datasets[{name!r}] is a Ray Data dataset ({kind}), which outlast does not run: {_UNSUPPORTED}")
@@ -191,14 +205,17 @@ class DataShard:
             device = get_device()
 
         def convert(batch: Any) -> Any:
+            import numpy as np
             import torch
             from torch.utils.data import default_collate
 
             if collate_fn is not None:
                 return collate_fn(_to_numpy(batch))
             # Columns of text or objects stay numpy arrays: torch has no tensor for them.
+            # Arrow's buffers (an outlast.data Dataset's columns) are read-only: torch gets a copy it may write.
             batch = default_collate(batch) if isinstance(batch, list) else \
-                {k: torch.as_tensor(v) if getattr(v, "dtype", None) is not None and v.dtype.kind in "biufc" else v
+                {k: torch.as_tensor(np.require(v, requirements="W"))
+                 if getattr(v, "dtype", None) is not None and v.dtype.kind in "biufc" else v
                  for k, v in batch.items()}
             return _to_torch(batch, dtypes, device)
 
@@ -234,12 +251,12 @@ class DataShard:
         if why is not None:
             log.warning("dataset %r: %s: it starts over", self.name, why)
         try:
-            left, least = dp.rows_left(p)
+            left, least = dp.rows_left(p, shuffle_buffer if self.source.streamed else None)
             for start, end in dp.batch_bounds(len(left), least, batch_size or max(len(left), 1), drop_last):
-                chunk = left[start:end].tolist()
+                chunk = left[start:end]
                 # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
                 self._epochs.took(len(chunk))
-                yield convert(self.source.take(chunk))
+                yield convert(self.source.take(chunk, p.epoch))
         finally:
             self._epochs.end(p)
 

@@ -28,7 +28,7 @@ VERSION = 1
 MAX_BYTES = MAX_DATA_POSITION_BYTES  # a position document: a few hundred bytes per dataset in practice
 
 
-Rows = Any  # a 1-d numpy array of row indices (numpy is imported only where rows are)
+Rows = Any  # row indices: a 1-d numpy array, or a range (numpy is imported only where rows are)
 
 
 class DataPositionError(ValueError):
@@ -67,11 +67,11 @@ class Position:
 
 
 def first_rows(length: int, world: int, order_seed: int | None = None) -> Rows:
-    """The epoch's rows as its first generation splits them: all of them but `length % world`."""
-    import numpy as np
-
-    rows = np.arange(length) if order_seed is None else _rng(order_seed).permutation(length)
-    return rows[:length // world * world]
+    """The epoch's rows as its first generation splits them: all of them but `length % world`. In order they
+    are a `range` (which slices as an array does), so that a rank of a large dataset holds no array of them."""
+    if order_seed is None:
+        return range(length // world * world)
+    return _rng(order_seed).permutation(length)[:length // world * world]
 
 
 def shares(rows: Rows, world: int) -> list[Rows]:
@@ -85,9 +85,17 @@ def shares(rows: Rows, world: int) -> list[Rows]:
     return out
 
 
-def order(share: Rows, shuffle: bool, seed: int) -> Rows:
-    """A rank's rows in the order it reads them."""
-    return _rng(seed).permutation(share) if shuffle else share
+def order(share: Rows, shuffle: bool, seed: int, window: int | None = None) -> Rows:
+    """A rank's rows in the order it reads them: shuffled whole, or with a `window`, each `window` rows in turn
+    among themselves (a shuffle that a reader of blocks does with `window` rows held, as Ray's local buffer)."""
+    if not shuffle:
+        return share
+    if window is None or window >= len(share):
+        return _rng(seed).permutation(share)
+    import numpy as np
+
+    rng = _rng(seed)
+    return np.concatenate([rng.permutation(share[s:s + window]) for s in range(0, len(share), window)])
 
 
 def _rng(seed: int) -> Any:
@@ -96,21 +104,22 @@ def _rng(seed: int) -> Any:
     return np.random.default_rng(seed % 2**64)
 
 
-def generation_rows(p: Position) -> Rows:
+def generation_rows(p: Position, window: int | None = None) -> Rows:
     """The rows the current generation splits: the epoch's first split, less what earlier generations took."""
     import numpy as np
 
     rows = first_rows(p.length, p.past[0].world if p.past else p.world, p.order_seed)
     for g in p.past:
         parts = shares(rows, g.world)
-        rows = np.concatenate([order(part, p.shuffle, g.seeds[r])[g.taken[r]:] for r, part in enumerate(parts)])
+        rows = np.concatenate([order(part, p.shuffle, g.seeds[r], window)[g.taken[r]:] for r, part in enumerate(parts)])
     return rows
 
 
-def rows_left(p: Position) -> tuple[Rows, int]:
-    """The rows this rank has left to read in this generation, in order, and the fewest any rank has left."""
-    rows = generation_rows(p)
-    mine = order(shares(rows, p.world)[p.rank], p.shuffle, p.seed)
+def rows_left(p: Position, window: int | None = None) -> tuple[Rows, int]:
+    """The rows this rank has left to read in this generation, in order, and the fewest any rank has left
+    (`window`: see `order`; a restore must pass the window the saved walk used)."""
+    rows = generation_rows(p, window)
+    mine = order(shares(rows, p.world)[p.rank], p.shuffle, p.seed, window)
     return mine[p.taken:], len(rows) // p.world - p.taken
 
 

@@ -1,5 +1,6 @@
-"""A train loop that reads its data through get_dataset_shard and prepare_data_loader, each built once and walked
-every epoch, and logs the rows of every step; a driver for it, for the tests that kill or relaunch one.
+"""A train loop that reads its data through get_dataset_shard (rows in memory, and an outlast.data Dataset of parquet
+row groups of uneven sizes, read a block at a time) and prepare_data_loader, each built once and walked every epoch,
+and logs the rows of every step; a driver for it, for the tests that kill or relaunch one.
 
     python -m tests.integration.data_jobs STORAGE EVENTS [--workers W] [--epochs E] [--step-sleep S]
 """
@@ -20,6 +21,8 @@ from tests.integration.jobs import _fault, log_event, read_events
 
 ROWS = 48  # rows of the dataset: split evenly between 1, 2, 3 and 4 ranks
 BATCH = 2
+ROW_GROUP = 5  # the parquet dataset's row groups: 9 of 5 rows and one of 3, none on a rank's boundary
+KINDS = ("shard", "loader", "stream")
 
 
 def data_loop(config: dict) -> None:
@@ -42,12 +45,14 @@ def data_loop(config: dict) -> None:
     shard = train.get_dataset_shard("train").iter_batches(batch_size=BATCH, local_shuffle_buffer_size=ROWS,
                                                           local_shuffle_seed=1)
     loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(ROWS)), batch_size=BATCH, shuffle=True))
+    stream = train.get_dataset_shard("stream").iter_torch_batches(batch_size=BATCH, local_shuffle_buffer_size=8,
+                                                                   local_shuffle_seed=2, device="cpu")
     for epoch in range(epoch0, config["epochs"]):
-        for rows, loaded in itertools.zip_longest(shard, loader):
+        for rows, loaded, streamed in itertools.zip_longest(shard, loader, stream):
             dist.all_reduce(torch.ones(1))  # in step with the other ranks, as a gradient's all-reduce keeps them
             _fault(config, step, "step")  # the batches taken, the step not reported
             log_event(config, event="used", step=step, epoch=epoch, shard=rows["i"].tolist(),
-                      loader=loaded[0].tolist())
+                      loader=loaded[0].tolist(), stream=streamed["i"].tolist())
             checkpoint = None
             if ctx.get_world_rank() == 0:
                 d = tempfile.mkdtemp()
@@ -65,7 +70,7 @@ def uses_per_epoch(events_path) -> dict[str, dict[int, Counter]]:
     counted is one no later than the step the next attempt restored (steps after it were taken again)."""
     events = read_events(events_path)
     restored = {e["attempt"]: e["restored_step"] for e in events if e["event"] == "start"}
-    out: dict[str, dict[int, Counter]] = {"shard": {}, "loader": {}}
+    out: dict[str, dict[int, Counter]] = {kind: {} for kind in KINDS}
     for e in events:
         if e["event"] != "used":
             continue
@@ -80,12 +85,17 @@ def uses_per_epoch(events_path) -> dict[str, dict[int, Counter]]:
 def fit(storage: str, events: str, workers=3, epochs=2, step_sleep=0.0, fault=None, max_failures=1,
         scaling=None, name="run"):
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    from outlast import data
     from outlast.train import FailureConfig, RunConfig, ScalingConfig
     from outlast.train.torch import TorchTrainer
 
+    parquet = os.path.join(os.path.dirname(os.path.abspath(events)), "stream.parquet")
+    pq.write_table(pa.table({"i": np.arange(ROWS)}), parquet, row_group_size=ROW_GROUP)
     return TorchTrainer(
-        data_loop, datasets={"train": {"i": np.arange(ROWS)}},
+        data_loop, datasets={"train": {"i": np.arange(ROWS)}, "stream": data.read_parquet(parquet)},
         train_loop_config={"events": events, "epochs": epochs, "step_sleep": step_sleep, "fault": fault},
         scaling_config=scaling or ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=name, storage_path=storage,

@@ -1,6 +1,7 @@
 """Exact resume with real processes: a run's data goes on at the next batch of its epoch after a worker is killed,
 after its driver is killed and relaunched, after a drain, and across a resize, so that every row is used exactly
-once in each epoch, through get_dataset_shard's iterators and prepare_data_loader's loaders alike."""
+once in each epoch, through get_dataset_shard's iterators (of rows in memory, and of an outlast.data Dataset read a
+block at a time) and prepare_data_loader's loaders alike."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _state(storage_path, name="run") -> dict:
 
 def assert_each_row_used_once_per_epoch(events, epochs, rows=data_jobs.ROWS):
     uses = data_jobs.uses_per_epoch(events)
-    for kind in ("shard", "loader"):
+    for kind in data_jobs.KINDS:
         assert sorted(uses[kind]) == list(range(epochs)), kind
         for epoch, counts in uses[kind].items():
             assert set(counts) == set(range(rows)), (kind, epoch, sorted(set(range(rows)) - set(counts)))

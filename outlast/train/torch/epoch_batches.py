@@ -54,7 +54,7 @@ class EpochBatches:
         self._bounds = dp.batch_bounds(len(left), least, self.batch_size, self.drop_last)
         self._handed = 0
         for start, end in self._bounds:
-            yield left[start:end].tolist()
+            yield [int(i) for i in left[start:end]]
 
     def handed_out(self) -> None:
         """The loop was handed the walk's next batch."""
