@@ -8,18 +8,21 @@ storage). This loop only reads the clocks, keeps the driver lease, and turns Ctr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
 from typing import Any, Callable, Protocol
 
 from outlast.controller import effects as fx
+from outlast.controller import live_steps
 from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, InEvent, Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup,
+    Effect, InEvent, Interrupted, LeaseLost, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
 )
+from outlast.controller.live_store import LiveStore, host_of
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
 
@@ -43,6 +46,10 @@ class Controller:
         self.watchers = watchers or []  # metrics, progress lines: shown each step, deciding nothing
         self.group = group
         self.clock = clock
+        self.live: LiveStore | None = None
+        if plan.live_recovery:
+            self.live = LiveStore(host_of(group.address))
+            plan = self.plan = dataclasses.replace(plan, live_store=self.live.address)
         self.core = ControllerCore(plan, uuid.uuid4().hex[:12], group.address, wall)
         self.storage = storage if storage is not None else StorageExecutor(plan.book.store)
         ctx = getattr(group, "ctx", None)
@@ -79,6 +86,9 @@ class Controller:
                 answers = self.tiers.take() if self.tiers is not None else []
                 for event in self.group.events(POLL_S) + self.storage.take() + answers or [Tick()]:
                     self._step(event)
+                if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
+                        and (joined := self.live.joined(*awaited)) is not None:
+                    self._step(joined)
                 lease = self.plan.lease
                 if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))
@@ -103,5 +113,8 @@ class Controller:
             elif isinstance(effect, fx.TierAsk):
                 if self.tiers is not None:
                     self.tiers.submit(effect)
+            elif isinstance(effect, PublishMembership):
+                if self.live is not None:
+                    self.live.publish(effect.attempt, effect.membership)
             else:
                 self.group.perform(effect)

@@ -159,6 +159,7 @@ class DataParallelTrainer:
             duplicate_files=rc.checkpoint_config.duplicate_files, forward_output=rc.worker_output != "off",
             elastic=elastic, hang_timeout_s=rc.failure_config.hang_timeout_s,
             checkpoint_storage=rc.checkpoint_config.checkpoint_storage,
+            live_recovery=rc.failure_config.live_recovery,
         )
         ctx = zmq.Context()
         access = embedded = None
