@@ -19,7 +19,7 @@ from outlast.controller.attempt_verdict import (AddFailure, AttemptFacts, Attemp
                                                HistoryNote, SkipRestored, judge_attempt)
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import Effect, QueryTable, Spawn, ToNode
+from outlast.controller.group import Effect, QueryTable, ToNode
 from outlast.controller.heartbeat import heartbeat
 from outlast.controller.horizons import HorizonBook
 from outlast.controller.placement import NoCapacity

@@ -20,9 +20,8 @@ from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, InEvent, Interrupted, LeaseLost, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
+    Effect, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
 )
-from outlast.controller.live_store import LiveStore, host_of
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
 
@@ -33,6 +32,16 @@ log = logging.getLogger("outlast.controller")
 POLL_S = 0.1
 
 
+class LiveStoreIO(Protocol):
+    """The store the controller holds for live recovery's groups (`outlast/train/live/store_host.py`)."""
+
+    address: str  # "host:port", as the ranks reach it
+
+    def publish(self, attempt: int, membership_json: str) -> None: ...
+
+    def joined(self, attempt: int, generation: int) -> LiveJoined | None: ...
+
+
 class StepWatcher(Protocol):
     def observe(self, event: Any, effects: list[Effect | fx.StorageEffect | fx.TierAsk], core: ControllerCore,
                 start: float, end: float) -> None: ...
@@ -41,15 +50,14 @@ class StepWatcher(Protocol):
 class Controller:
     def __init__(self, plan: RunPlan, group: WorkerGroup, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, watchers: list[StepWatcher] | None = None,
-                 storage: StorageExecutor | None = None) -> None:
+                 storage: StorageExecutor | None = None, live: LiveStoreIO | None = None) -> None:
         self.plan = plan
         self.watchers = watchers or []  # metrics, progress lines: shown each step, deciding nothing
         self.group = group
         self.clock = clock
-        self.live: LiveStore | None = None
-        if plan.live_recovery:
-            self.live = LiveStore(host_of(group.address))
-            plan = self.plan = dataclasses.replace(plan, live_store=self.live.address)
+        self.live = live  # FailureConfig(live_recovery=True): its ranks' store, held here
+        if live is not None:
+            plan = self.plan = dataclasses.replace(plan, live_store=live.address)
         self.core = ControllerCore(plan, uuid.uuid4().hex[:12], group.address, wall)
         self.storage = storage if storage is not None else StorageExecutor(plan.book.store)
         ctx = getattr(group, "ctx", None)

@@ -17,6 +17,7 @@ from outlast.client.preload import with_default
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.resize import Elastic
+from outlast.train.live.store_host import LiveStore, host_of
 from outlast.controller.report_log import ReportLog
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
@@ -178,8 +179,10 @@ class DataParallelTrainer:
             group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
                                output=printer)
             reports = ReportLog(book.store)
+            # Live recovery's store, beside the controller that publishes in it, on the address its ranks reach.
+            live = LiveStore(host_of(group.address)) if plan.live_recovery else None
             try:
-                Controller(plan, group, watchers=[progress, reports, *_watchers(name)]).run()
+                Controller(plan, group, watchers=[progress, reports, *_watchers(name)], live=live).run()
             finally:
                 progress.close()
                 reports.close()

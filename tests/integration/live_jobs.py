@@ -20,8 +20,8 @@ def _log(config: dict, **fields) -> None:
 
 def live_loop(config: dict) -> None:
     """Each step's batch is drawn from the step and the rank, so a step run again reads what it read first.
-    `config["kill"]`: [rank, step]: that rank's first process SIGKILLs itself after its backward of that step,
-    its gradients not yet reduced."""
+    `config["kill"]`: [[rank, step], ...]: each rank's first process of the first attempt SIGKILLs itself after its
+    backward of that step, its gradients not yet reduced."""
     import torch
 
     from outlast.train.torch import LiveTraining, prepare_model
@@ -33,19 +33,18 @@ def live_loop(config: dict) -> None:
     rank = train.get_context().get_world_rank()
     step = live.start()
     _log(config, event="start", step=step)
-    kill = config.get("kill")
+    kill = [list(k) for k in config.get("kill") or []]
+    first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
     while step < config["steps"]:
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(32, 8, generator=g)
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         loss.backward()
-        if kill == [rank, step] and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0":
+        if first and [rank, step] in kill:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(config.get("sleep", 0.02))
         was = step
         step = live.step(step)
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
     live.close()
-    digest = [round(float(v), 12) for p in model.state_dict().values() for v in p.reshape(-1)]
-    _log(config, event="end", weights=[float(v) for v in digest],
-         exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])

@@ -21,7 +21,7 @@ from tests.integration.live_jobs import live_loop
 STEPS = 10
 
 
-def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: list[int] | None):
+def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: list[list[int]]):
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / f"{name}.jsonl"
@@ -29,7 +29,7 @@ def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: lis
         live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill},
         scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=1, live_recovery=True)),
+                             failure_config=FailureConfig(max_failures=2, live_recovery=True)),
     ).fit()
     state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
     return read_events(events), state
@@ -42,12 +42,12 @@ def _final(events: list[dict]) -> dict[int, list]:
 @pytest.mark.torch
 @pytest.mark.parametrize("workers,victim", [(2, 1), (2, 0), (3, 0)])
 def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path, workers, victim):
-    events, _ = _train(storage_path, tmp_path, f"clean{workers}{victim}", workers, None)
+    events, _ = _train(storage_path, tmp_path, f"clean{workers}{victim}", workers, [])
     clean = _final(events)
     assert len(clean) == workers and all(w == clean[0] for w in clean.values())
 
     at = 4
-    events, state = _train(storage_path, tmp_path, f"live{workers}{victim}", workers, [victim, at])
+    events, state = _train(storage_path, tmp_path, f"live{workers}{victim}", workers, [[victim, at]])
     starts = [e for e in events if e["event"] == "start"]
     first = {e["rank"]: e["pid"] for e in starts if e["incarnation"] == 0}
     replacement = [e for e in starts if e["incarnation"] == 1]
@@ -69,3 +69,17 @@ def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path
     assert recovery["path"] == "live" and recovery["ranks"] == [victim] and recovery["steps_lost"] in (0, 1)
     assert "SIGKILL" in recovery["cause"] or "signal 9" in recovery["cause"], recovery["cause"]
     assert recovery["seconds"] is not None and recovery["seconds"] >= 0
+
+
+@pytest.mark.torch
+def test_with_every_rank_lost_the_run_falls_back_to_a_restart_and_says_so(storage_path, tmp_path):
+    events, _ = _train(storage_path, tmp_path, "clean", 2, [])
+    clean = _final(events)
+    # Both ranks die in step 4: the first death starts a replacement, the second leaves no rank holding the state.
+    events, state = _train(storage_path, tmp_path, "lost", 2, [[0, 4], [1, 4]])
+    assert _final(events) == clean  # the second attempt trained from scratch (no checkpoint was saved)
+    assert {e["attempt"] for e in events if e["event"] == "end"} == {2}
+    recoveries = state["live_recoveries"]
+    assert recoveries[-1]["path"] == "restart" and "no rank that holds the state" in recoveries[-1]["reason"]
+    assert len(state["attempts"]) == 2 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": 2}  # the live recovery's, and the restart's

@@ -1,6 +1,7 @@
 """The store the controller holds for its ranks' live groups (FailureConfig(live_recovery=True)): where each
-generation's membership is published, each step voted on, each group formed. No rank hosts it, so any rank,
-rank 0 included, dies without taking the rendezvous with it. Effects only; `live.py` decides."""
+generation's membership is published, each step voted on, each group formed. It lives in the driver's process,
+beside the controller, which is handed it (`Controller(live=...)`): no rank hosts it, so any rank, rank 0
+included, dies without taking the rendezvous with it. Effects only; `outlast/controller/live.py` decides."""
 
 from __future__ import annotations
 
