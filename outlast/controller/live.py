@@ -72,6 +72,7 @@ class LiveRun:
         self.max_transfer_deaths = max_transfer_deaths
         self.recovery: Recovery | None = None
         self.unsent: set[int] = set()  # ranks of the newest generation that have not received the state yet
+        self.unreported: set[int] = set()  # replaced ranks whose replacement has not reported yet
 
     def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False) -> Replace | FallBack:
         if not 0 <= rank < self.membership.world_size:
@@ -100,11 +101,19 @@ class LiveRun:
         membership = Membership(self.membership.generation + 1, members, tuple(sorted(unsent)), kept[0])
         self.membership, self.unsent = membership, unsent
         self.incarnation[rank] = incarnation
+        self.unreported.add(rank)
         if rank not in r.ranks:
             r.ranks.append(rank)
         return Replace(rank, incarnation, member, membership,
                        f"rank {rank} is replaced by {member} in generation {membership.generation}; rank {kept[0]} "
                        f"sends the state to rank(s) {sorted(unsent)}, and ranks {kept} go on")
+
+    def first_report(self, rank: int) -> bool:
+        """Whether this is the first report of `rank`'s replacement: its index is where the rank's reports go on."""
+        if rank not in self.unreported:
+            return False
+        self.unreported.discard(rank)
+        return True
 
     def on_joined(self, generation: int, steps_lost: int, wall: float) -> Recovered | None:
         """The sending rank of `generation` says the state went across. An older generation's word is stale:

@@ -21,7 +21,7 @@ def _log(config: dict, **fields) -> None:
 def live_loop(config: dict) -> None:
     """Each step's batch is drawn from the step and the rank, so a step run again reads what it read first.
     `config["kill"]`: [[rank, step], ...]: each rank's first process of the first attempt SIGKILLs itself after its
-    backward of that step, its gradients not yet reduced."""
+    backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step."""
     import torch
 
     from outlast.train.torch import LiveTraining, prepare_model
@@ -46,5 +46,7 @@ def live_loop(config: dict) -> None:
         was = step
         step = live.step(step)
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
+        if config.get("report") and step == was + 1:
+            train.report({"step": was})
     live.close()
     _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])

@@ -25,13 +25,14 @@ def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: lis
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / f"{name}.jsonl"
-    TorchTrainer(
-        live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill},
+    result = TorchTrainer(
+        live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill, "report": True},
         scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=2, live_recovery=True)),
     ).fit()
     state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
+    assert result.last_metrics == {"step": STEPS - 1}  # every rank reported each committed step, a replacement too
     return read_events(events), state
 
 
@@ -41,7 +42,7 @@ def _final(events: list[dict]) -> dict[int, list]:
 
 @pytest.mark.torch
 @pytest.mark.parametrize("workers,victim", [(2, 1), (2, 0), (3, 0)])
-def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path, workers, victim):
+def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path, workers, victim, caplog):
     events, _ = _train(storage_path, tmp_path, f"clean{workers}{victim}", workers, [])
     clean = _final(events)
     assert len(clean) == workers and all(w == clean[0] for w in clean.values())
@@ -62,6 +63,8 @@ def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path
     assert replacement[0]["step"] <= at  # it starts where the others are: at most the one step is run again
     final = _final(events)
     assert set(final) == set(range(workers)) and final == clean
+    # The replacement's reports took the index of the other ranks' reports of the same step.
+    assert "ignored a report" not in caplog.text and "rank(s) [%d] took the state" % victim in caplog.text
 
     assert len(state["attempts"]) == 1 and state["status"] == "finished"
     assert state["failure_counts"] == {"worker": 1}

@@ -10,8 +10,9 @@
 died during it. Then the step was thrown away on every rank, the ranks that live formed a new group with the
 replacement the controller forked, and the replacement received the model's, the optimizer's and `state`'s
 state dicts (and the torch RNG) from one of them. The loop's data must follow the step (a batch drawn from
-the step number and the rank, as `prepare_data_loader`'s shards are), so that a step run again reads what it
-read the first time.
+the step number and the rank), so that a step run again reads what it read the first time
+(`prepare_data_loader` does not follow the step yet, and refuses this mode). `report()` after each committed
+step goes on as usual: the replacement's reports continue from the count of the rank it took the state from.
 
 The model is not wrapped in DistributedDataParallel (prepare_model returns it as it is in this mode): there is
 no default process group, since it could not outlive a rank. Each step's gradients go as one flat tensor, so
@@ -54,7 +55,7 @@ class LiveTraining:
 
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "state": self.state.state_dict() if self.state is not None else None,
-                "rng": torch.get_rng_state()}
+                "rng": torch.get_rng_state(), "reports": get_session("LiveTraining").reports_made}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         import torch
@@ -64,6 +65,7 @@ class LiveTraining:
         if self.state is not None:
             self.state.load_state_dict(d["state"])
         torch.set_rng_state(d["rng"])
+        get_session("LiveTraining").continue_reports(d["reports"])
 
     def start(self) -> int:
         """Join the group; returns the step to run first."""
