@@ -73,11 +73,15 @@ class LiveRun:
         self.recovery: Recovery | None = None
         self.unsent: set[int] = set()  # ranks of the newest generation that have not received the state yet
         self.unreported: set[int] = set()  # replaced ranks whose replacement has not reported yet
+        self.formed = False  # the ranks formed generation 0: the loop makes its steps through the live group
 
     def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False) -> Replace | FallBack:
         if not 0 <= rank < self.membership.world_size:
             return FallBack(f"rank {rank} is not in generation {self.membership.generation} "
                             f"({self.membership.world_size} ranks)")
+        if not self.formed:
+            return FallBack(f"rank {rank} died before the ranks formed their live group (a loop that does not use "
+                            "outlast.train.torch.LiveTraining never does): a replacement would not take the state")
         if node_lost:
             return FallBack(f"rank {rank}'s node is lost, and live recovery replaces a rank only on its own node "
                             "so far")
@@ -116,8 +120,11 @@ class LiveRun:
         return True
 
     def on_joined(self, generation: int, steps_lost: int, wall: float) -> Recovered | None:
-        """The sending rank of `generation` says the state went across. An older generation's word is stale:
-        a newer one was published since, whose joiners still wait."""
+        """The sending rank of `generation` says the state went across (generation 0: rank 0 says the group
+        formed). An older generation's word is stale: a newer one was published since, whose joiners still wait."""
+        if generation == 0:
+            self.formed = True
+            return None
         r = self.recovery
         if r is None or generation != self.membership.generation:
             return None

@@ -74,9 +74,14 @@ def on_joined(c: CoreState, event: LiveJoined) -> None:
 
 
 def awaited(c: CoreState) -> tuple[int, int] | None:
-    """The (attempt, generation) whose state transfer the runtime watches the store for, if any."""
+    """The (attempt, generation) the runtime watches the store for: generation 0 until the ranks formed it, then
+    the generation of a recovery under way, if any."""
     a, live = c.attempt, c.live
-    if a is None or live is None or live.recovery is None:
+    if a is None or live is None:
+        return None
+    if not live.formed:
+        return a.number, 0
+    if live.recovery is None:
         return None
     return a.number, live.membership.generation
 

@@ -10,18 +10,29 @@ from outlast.protocol.membership import Membership
 from tests.fakes.controller import finish_all, make, start
 
 
+def formed(world_size: int, **kw) -> LiveRun:
+    live = LiveRun(world_size, **kw)
+    assert live.on_joined(0, 0, wall=0.0) is None and live.formed
+    return live
+
+
+def test_a_death_before_the_ranks_formed_their_group_falls_back():
+    d = LiveRun(2).on_death(1, "killed", wall=1.0)
+    assert isinstance(d, FallBack) and "LiveTraining" in d.reason
+
+
 def test_a_dead_rank_is_replaced_under_its_own_number_and_the_lowest_rank_kept_sends_the_state():
-    live = LiveRun(3)
+    live = formed(3)
     d = live.on_death(1, "rank 1 was killed", wall=10.0)
     assert isinstance(d, Replace) and d.rank == 1 and d.incarnation == 1 and d.member == "r1i1"
     assert d.membership == Membership(1, ("r0i0", "r1i1", "r2i0"), (1,), 0)
-    live = LiveRun(2)
+    live = formed(2)
     d = live.on_death(0, "rank 0 was killed", wall=10.0)
     assert isinstance(d, Replace) and d.membership == Membership(1, ("r0i1", "r1i0"), (0,), 1)
 
 
 def test_a_death_during_the_transfer_widens_the_recovery_and_the_first_replacement_receives_the_state_again():
-    live = LiveRun(3)
+    live = formed(3)
     live.on_death(1, "rank 1 was killed", wall=10.0)
     d = live.on_death(1, "its replacement was killed", wall=10.5)  # the replacement itself
     assert isinstance(d, Replace) and d.member == "r1i2" and d.membership.joiners == (1,)
@@ -34,14 +45,14 @@ def test_a_death_during_the_transfer_widens_the_recovery_and_the_first_replaceme
 
 
 def test_with_no_rank_left_that_holds_the_state_it_falls_back_to_a_restart():
-    live = LiveRun(2)
+    live = formed(2)
     assert isinstance(live.on_death(1, "killed", wall=1.0), Replace)
     d = live.on_death(0, "killed too", wall=1.1)
     assert isinstance(d, FallBack) and "no rank that holds the state" in d.reason
 
 
 def test_replacements_that_keep_dying_in_their_transfer_fall_back_past_the_bound():
-    live = LiveRun(3, max_transfer_deaths=2)
+    live = formed(3, max_transfer_deaths=2)
     for _ in range(3):
         assert isinstance(live.on_death(2, "killed", wall=1.0), Replace)
     d = live.on_death(2, "killed", wall=1.0)
@@ -49,7 +60,7 @@ def test_replacements_that_keep_dying_in_their_transfer_fall_back_past_the_bound
 
 
 def test_a_lost_node_falls_back_until_a_replacement_can_go_elsewhere():
-    assert isinstance(LiveRun(2).on_death(1, "node lost", wall=1.0, node_lost=True), FallBack)
+    assert isinstance(formed(2).on_death(1, "node lost", wall=1.0, node_lost=True), FallBack)
 
 
 def _live(max_failures: int):
@@ -58,6 +69,7 @@ def _live(max_failures: int):
     published = [e for e in h.effects if isinstance(e, g.PublishMembership)]
     assert [Membership.from_json(p.membership).generation for p in published] == [0]
     assert all(s.msg.env["OUTLAST_LIVE_STORE"] == "controller:7" for s in h.effects if isinstance(s, g.Spawn))
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))  # rank 0: the group formed
     return h, placement
 
 
@@ -81,6 +93,11 @@ def test_the_core_replaces_a_dead_rank_without_stopping_the_others_and_charges_m
     h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=1, wall=h.wall() + 0.25))
     [record] = h.core.book.state.live_recoveries
     assert record.path == "live" and record.ranks == [1] and record.steps_lost == 1 and record.seconds == 0.25
+    # The replacement's first report takes the index its state came with; its predecessor's last never came.
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}))
+    h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
+    h.worker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}))
+    assert h.core.commit_tracker.reports == [2, 2]
     # The replacement's exit is the rank's: the run finishes when every rank returned.
     finish_all(h, placement)
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1

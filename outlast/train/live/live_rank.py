@@ -96,7 +96,9 @@ class LiveRank:
             state = state_dict()
             for joiner in membership.joiners:
                 moved = send_state(group, state, joiner)
-            # The controller learns here that the recovery is over, and what it cost.
+        if rank == (membership.source if membership.source is not None else 0):
+            # The controller learns here that the group formed (generation 0: the loop is live), or that a
+            # recovery is over, and what it cost.
             self.store.set(joined_key(membership.generation),
                            json.dumps({"steps_lost": self.thrown, "wall": time.time()}))
         elif rank in membership.joiners:
