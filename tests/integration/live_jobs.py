@@ -20,8 +20,8 @@ def _log(config: dict, **fields) -> None:
 
 def live_loop(config: dict) -> None:
     """Each step's batch is drawn from the step and the rank, so a step run again reads what it read first.
-    `config["kill"]`: [[rank, step], ...]: each rank's first process of the first attempt SIGKILLs itself after its
-    backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step."""
+    `config["kill"]`: [[rank, step, how], ...]: each rank's first process of the first attempt SIGKILLs itself
+    ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step."""
     import torch
 
     from outlast.train.torch import LiveTraining, prepare_model
@@ -33,14 +33,16 @@ def live_loop(config: dict) -> None:
     rank = train.get_context().get_world_rank()
     step = live.start()
     _log(config, event="start", step=step)
-    kill = [list(k) for k in config.get("kill") or []]
+    kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
     while step < config["steps"]:
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(32, 8, generator=g)
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         loss.backward()
-        if first and [rank, step] in kill:
+        if first and (rank, step) in kill:
+            if kill[rank, step] == "raise":
+                raise RuntimeError(f"rank {rank} fails in step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(config.get("sleep", 0.02))
         was = step
