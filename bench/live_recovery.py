@@ -97,7 +97,7 @@ def one(forks, state_mb: int, world: int, victim: int, workdir: str, i: int) -> 
     import torch.distributed as dist
 
     from outlast.train.live import rendezvous
-    from outlast.train.live.membership import first_membership, replace_members
+    from outlast.protocol.membership import first_membership, replace_members
 
     events = os.path.join(workdir, f"live-{i}.jsonl")
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))

@@ -122,6 +122,15 @@ def render(state: RunState, where: str, held: Goodput | None = None) -> str:
     for r in state.resizes:
         lines.append(f"  attempt {r.attempt}  {_when(r.time)}  {r.from_workers} -> {r.to_workers} workers, "
                      f"{r.steps_lost} steps lost: {r.reason}")
+    if state.live_recoveries:
+        lines.append("live recoveries (each charged to max_failures):")
+    for v in state.live_recoveries:
+        if v.path == "live":
+            how = (f"live: rank(s) {v.ranks} replaced, the state taken from the others in {v.seconds:.2f} s, "
+                   f"{v.steps_lost} step(s) lost")
+        else:
+            how = f"restart from the newest checkpoint: {v.reason}"
+        lines.append(f"  attempt {v.attempt}  {_when(v.time)}  {v.cause}; {how}")
     for h in state.hangs:
         lines.append(f"hang in attempt {h.attempt} at {_when(h.time)}: {h.summary}")
         for g in h.stacks:

@@ -96,6 +96,12 @@ class CommitTracker:
         self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
         self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
 
+    def skip_to(self, rank: int, index: int) -> None:
+        """Live recovery: `rank`'s replacement reports from `index` on, the count of the rank whose state it took.
+        Its predecessor may have died before reporting a step every rank committed; its reports between never come."""
+        if 0 <= rank < self.world_size and index > self.reports[rank]:
+            self.reports[rank] = index
+
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],
         upload_pending: bool = False, upload_files: list[FileEntry] | None = None, data_position: str = "",

@@ -26,13 +26,13 @@ import logging
 from typing import Any, Callable
 
 from outlast.controller import (
-    commit_steps, ending, handlers, hang_steps, lifecycle, memory_restore, on_workers, preempt_steps,
+    commit_steps, ending, handlers, hang_steps, lifecycle, live_steps, memory_restore, on_workers, preempt_steps,
 )
 from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import (
-    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, NodeTable, QueryTable,
+    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, QueryTable,
     RefusedFromWorker, Started, Tick, ToNode,
 )
 from outlast.controller.heartbeat import heartbeat
@@ -182,7 +182,7 @@ EVENTS: dict[type, Callable[[ControllerCore, Any], None]] = {
     FromWorker: _on_worker, RefusedFromWorker: _on_refused, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
     Started: _on_started, LeaseLost: _on_lease_lost, Interrupted: _on_interrupted, Tick: lambda c, e: None,
     **{answer: _on_storage_done for answer in ANSWERS}, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,
-    fx.TierAnswered: _on_tier_answered,
+    fx.TierAnswered: _on_tier_answered, LiveJoined: live_steps.on_joined,
 }
 
 

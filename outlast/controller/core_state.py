@@ -20,6 +20,7 @@ from outlast.controller.commit import CommitTracker
 from outlast.controller.commits import Commits, NodeFacts, View
 from outlast.controller.group import Effect, Spawn, ToRank
 from outlast.controller.hangs import HangWatch
+from outlast.controller.live import LiveRun
 from outlast.controller.horizons import HorizonBook
 from outlast.controller.nodes import NodeBook
 from outlast.controller.resize import Resizes
@@ -82,6 +83,7 @@ class CoreState:
         self.resizes = Resizes(plan.elastic)
         self.retention = RetentionRule(plan.num_to_keep, plan.score_attribute, plan.score_order)
         self.hangs: HangWatch | None = None
+        self.live: LiveRun | None = None  # the attempt's live group, with FailureConfig(live_recovery=True)
         self.last_metrics: dict[str, Any] | None = None
         self.failures: list[FailureRecord] = []
         self.error: TrainingFailedError | None = None

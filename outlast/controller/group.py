@@ -71,7 +71,19 @@ class Interrupted:
     """Ctrl+C in the driver."""
 
 
-InEvent = Union[Started, Tick, FromWorker, RefusedFromWorker, FromAgent, NodeTable, AgentGone, LeaseLost, Interrupted]
+@dataclass(frozen=True)
+class LiveJoined:
+    """Live recovery: the rank that sent the state to generation `generation`'s new ranks says it went across
+    (read from the controller's live store), at `wall`, having thrown `steps_lost` steps away."""
+
+    attempt: int
+    generation: int
+    steps_lost: int
+    wall: float
+
+
+InEvent = Union[Started, Tick, FromWorker, RefusedFromWorker, FromAgent, NodeTable, AgentGone, LeaseLost, Interrupted,
+                LiveJoined]
 
 # ---- effects out ------------------------------------------------------------------------
 
@@ -118,7 +130,15 @@ class ForgetNode:
     node_id: str
 
 
-Effect = Union[Spawn, StopRun, ToRank, ToNode, QueryTable, ForgetNode]
+@dataclass(frozen=True)
+class PublishMembership:
+    """Live recovery: publish a generation of attempt `attempt`'s live group in the store the controller holds."""
+
+    attempt: int
+    membership: str  # Membership.to_json()
+
+
+Effect = Union[Spawn, StopRun, ToRank, ToNode, QueryTable, ForgetNode, PublishMembership]
 
 
 class WorkerGroup(Protocol):

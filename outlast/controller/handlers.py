@@ -11,7 +11,7 @@ import logging
 import signal
 from typing import Any, Callable
 
-from outlast.controller import commit_steps, ending, lifecycle, on_workers, preempt_steps
+from outlast.controller import commit_steps, ending, lifecycle, live_steps, on_workers, preempt_steps
 from outlast.controller import states as st
 from outlast.controller.commits import peer
 from outlast.controller.core_state import CoreState
@@ -146,7 +146,10 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)
     elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
-        lifecycle.on_failure(c, _failure_record(ev, c.wall()))
+        record = _failure_record(ev, c.wall())
+        if live_steps.on_death(c, a, ev.rank, record):
+            return  # the survivors go on, and a replacement takes the rank
+        lifecycle.on_failure(c, record)
     elif s.kind in _PREEMPTED:
         # The others go on saving; if every rank returns, the training is over and the run finishes.
         log.warning("rank %d returned from the train function during a preemption", ev.rank)

@@ -13,13 +13,13 @@ import logging
 import signal
 
 from outlast.controller import effects as fx
-from outlast.controller import ending, memory_restore, resize
+from outlast.controller import ending, live_steps, memory_restore, resize, spawns
 from outlast.controller import states as st
 from outlast.controller.attempt_verdict import (AddFailure, AttemptFacts, AttemptVerdict, EndAttempt, FailAttempt,
                                                HistoryNote, SkipRestored, judge_attempt)
 from outlast.controller.commit import CommitTracker, PendingCheckpoint
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import Effect, QueryTable, Spawn, ToNode
+from outlast.controller.group import Effect, QueryTable, ToNode
 from outlast.controller.heartbeat import heartbeat
 from outlast.controller.horizons import HorizonBook
 from outlast.controller.placement import NoCapacity
@@ -141,6 +141,10 @@ def place(c: CoreState, now: float) -> None:
         env["MASTER_ADDR"] = c.nodes.nodes[a.placement[0]].host
     if c.plan.relax_collectives:
         env["OUTLAST_RELAX_COLLECTIVES"] = "1"
+    if c.plan.live_store:
+        env.update(live_steps.begin(c, a, len(placed.workers)))
+    a.env = env
+    a.specs = {spec.rank: spec for _, spec in placed.workers}
     if len(by_node) > 1:
         log.info("attempt %d: ranks placed on %s", a.number,
                  ", ".join(f"{n} {[s.rank for s in specs]}" for n, specs in by_node.items()))
@@ -148,14 +152,9 @@ def place(c: CoreState, now: float) -> None:
     for node_id, specs in by_node.items():
         if c.nodes.link(node_id, now):
             sends.append(ToNode(node_id, heartbeat(c)))  # the agent knows the run before its workers
-        sends.append(Spawn(node_id, m.SpawnWorkers(
-            run_id=c.run_id, attempt=a.number, controller_address=c.address, workers=specs,
-            payload=c.plan.payload, env=env, cwd=c.plan.cwd, sys_path=c.plan.sys_path,
-            run_name=c.plan.name, restore_checkpoint=a.restore, resources=c.plan.per_worker,
-            run_key=c.run_key, forward_output=c.plan.forward_output,
-            agent_pid=c.nodes.nodes[node_id].agent_pid,
-        )))
+        sends.append(spawns.spawn(c, a, node_id, specs, env))
     memory_restore.pull_then(c, a, sends)
+
 
 
 def restart(c: CoreState, event: Event, preemption: Preemption | None) -> None:

@@ -119,6 +119,8 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
                             c.commits.peer_rate(a.placement.get(msg.rank, "")), c.now)
         if p is not None:
             preempt_steps.forecast_uploads(c, p)
+    if c.live is not None and c.live.first_report(msg.rank):
+        c.commit_tracker.skip_to(msg.rank, msg.index)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
                                            msg.upload_pending, msg.upload_files, msg.data_position)

@@ -15,8 +15,8 @@ import msgspec
 
 from outlast.protocol.kinds import Budget
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, CorruptDocument, DocumentTooLarge, DrainRecord, FailureRecord, Manifest, OutputFile,
-    ResizeRecord,
+    AttemptRecord, CheckpointRecord, CorruptDocument, DocumentTooLarge, DrainRecord, FailureRecord, LiveRecoveryRecord,
+    Manifest, OutputFile, ResizeRecord,
     RunNote, RunState, SkippedCheckpoint, encode,
 )
 from outlast.storage.run_store import RunStore
@@ -191,6 +191,18 @@ class RunBook:
         if resize is not None:
             self.state.resizes.append(resize)
             self._save(now)
+
+    def charge_live_failure(self, record: FailureRecord) -> None:
+        """A rank's death that live recovery answers: the attempt goes on, and the death draws on max_failures
+        as a restart would."""
+        if self.state.attempts:
+            self.state.attempts[-1].failures.append(record)
+        self.state.failure_counts[Budget.WORKER] = self.state.failure_counts.get(Budget.WORKER, 0) + 1
+        self._save(record.time)
+
+    def note_live_recovery(self, record: LiveRecoveryRecord) -> None:
+        self.state.live_recoveries.append(record)
+        self._save(record.time)
 
     def end_attempt(self, outcome: str, now: float) -> None:
         if self.state.attempts and self.state.attempts[-1].ended_at is None:

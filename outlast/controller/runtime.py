@@ -8,17 +8,19 @@ storage). This loop only reads the clocks, keeps the driver lease, and turns Ctr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
 from typing import Any, Callable, Protocol
 
 from outlast.controller import effects as fx
+from outlast.controller import live_steps
 from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, InEvent, Interrupted, LeaseLost, NodeTable, Started, Tick, WorkerGroup,
+    Effect, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
 )
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
@@ -30,6 +32,16 @@ log = logging.getLogger("outlast.controller")
 POLL_S = 0.1
 
 
+class LiveStoreIO(Protocol):
+    """The store the controller holds for live recovery's groups (`outlast/train/live/store_host.py`)."""
+
+    address: str  # "host:port", as the ranks reach it
+
+    def publish(self, attempt: int, membership_json: str) -> None: ...
+
+    def joined(self, attempt: int, generation: int) -> LiveJoined | None: ...
+
+
 class StepWatcher(Protocol):
     def observe(self, event: Any, effects: list[Effect | fx.StorageEffect | fx.TierAsk], core: ControllerCore,
                 start: float, end: float) -> None: ...
@@ -38,11 +50,14 @@ class StepWatcher(Protocol):
 class Controller:
     def __init__(self, plan: RunPlan, group: WorkerGroup, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, watchers: list[StepWatcher] | None = None,
-                 storage: StorageExecutor | None = None) -> None:
+                 storage: StorageExecutor | None = None, live: LiveStoreIO | None = None) -> None:
         self.plan = plan
         self.watchers = watchers or []  # metrics, progress lines: shown each step, deciding nothing
         self.group = group
         self.clock = clock
+        self.live = live  # FailureConfig(live_recovery=True): its ranks' store, held here
+        if live is not None:
+            plan = self.plan = dataclasses.replace(plan, live_store=live.address)
         self.core = ControllerCore(plan, uuid.uuid4().hex[:12], group.address, wall)
         self.storage = storage if storage is not None else StorageExecutor(plan.book.store)
         ctx = getattr(group, "ctx", None)
@@ -79,6 +94,9 @@ class Controller:
                 answers = self.tiers.take() if self.tiers is not None else []
                 for event in self.group.events(POLL_S) + self.storage.take() + answers or [Tick()]:
                     self._step(event)
+                if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
+                        and (joined := self.live.joined(*awaited)) is not None:
+                    self._step(joined)
                 lease = self.plan.lease
                 if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))
@@ -103,5 +121,8 @@ class Controller:
             elif isinstance(effect, fx.TierAsk):
                 if self.tiers is not None:
                     self.tiers.submit(effect)
+            elif isinstance(effect, PublishMembership):
+                if self.live is not None:
+                    self.live.publish(effect.attempt, effect.membership)
             else:
                 self.group.perform(effect)

@@ -56,6 +56,8 @@ class RunPlan:
     elastic: Elastic | None = None  # ScalingConfig(num_workers=(min, max)): world_size starts at max
     hang_timeout_s: float | None = None  # FailureConfig.hang_timeout_s: None adapts (hangs.py); inf never
     checkpoint_storage: str = "storage"  # CheckpointConfig.checkpoint_storage: "storage" or "memory" (commits/holds.py)
+    live_recovery: bool = False  # FailureConfig.live_recovery: a rank's death is answered by a replacement (live.py)
+    live_store: str = ""  # "host:port" of the store the controller holds for the live groups (runtime.py hosts it)
 
 
 @dataclass
@@ -73,6 +75,8 @@ class AttemptState:
     restore_ranks: set[int] | None = None  # the ranks with files in it, as its manifest says
     prepared: bool = False  # storage has said what it restores: it may be placed
     placement: dict[int, str] = field(default_factory=dict)  # rank -> node id
+    specs: dict[int, m.WorkerSpec] = field(default_factory=dict)  # rank -> what it was spawned as (a replacement too)
+    env: dict[str, str] = field(default_factory=dict)  # the environment its ranks were spawned with
     pids: dict[int, int] = field(default_factory=dict)  # rank -> its process, as its agent reported it
     lost: set[int] = field(default_factory=set)  # ranks gone with a preempted node, the run going on without them
     # The attempt's preemption, kept once the state that held it is left (an interrupt, a lost lease, a

@@ -141,6 +141,22 @@ class ResizeRecord(msgspec.Struct, frozen=True, kw_only=True):
     time: float
 
 
+class LiveRecoveryRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A rank's death in a run with live recovery, charged to max_failures: the survivors went on and a
+    replacement took the state from them (`path` "live"), or the attempt restarted from the newest checkpoint
+    ("restart", with `reason`)."""
+
+    attempt: int
+    ranks: list[int]  # the ranks replaced (a death during the transfer adds one)
+    cause: str  # the first death, as FailureRecord.describe() says it
+    path: str  # "live" or "restart"
+    time: float  # the first death
+    generation: int = 0  # the live group's generation that took the state (path "live")
+    steps_lost: int | None = None  # steps the survivors threw away (0 or 1); None on a restart
+    seconds: float | None = None  # from the death to the state received; None on a restart
+    reason: str = ""
+
+
 class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_dir: str
     seq: int
@@ -204,6 +220,7 @@ class RunState(msgspec.Struct, kw_only=True):
     resizes: list[ResizeRecord] = []
     hangs: list[HangRecord] = []
     drains: list[DrainRecord] = []  # additive under version 1: older readers ignore it
+    live_recoveries: list[LiveRecoveryRecord] = []  # additive too
 
 
 class StackGroup(msgspec.Struct, frozen=True, kw_only=True):

@@ -82,6 +82,15 @@ class WorkerSession:
     def heartbeat(self) -> None:
         self._core.heartbeats += 1
 
+    @property
+    def reports_made(self) -> int:
+        return self._core.reports
+
+    def continue_reports(self, count: int) -> None:
+        """Live recovery: a replacement's reports go on from the count of the rank whose state it took, so that
+        its report of a step has the index the other ranks' reports of that step have."""
+        self._core.reports = count
+
     def hello(self, pid: int) -> None:
         self._send(self._core.hello(pid))
         self._run(self._core.welcome(time.monotonic()))

@@ -107,9 +107,15 @@ class FailureConfig:
     # long is hung: every rank's stacks are taken, then the attempt restarts as a failure. None adapts to
     # the run: 10 x its slowest step, never under 5 minutes (outlast/controller/hangs.py says why).
     hang_timeout_s: float | None = None
+    # A rank's death costs at most one step: the other ranks keep running, and a replacement forked for the lost
+    # rank takes the state from them (docs/guide/live-recovery.md). The loop names its state and makes each step
+    # through outlast.train.torch.LiveTraining. Each death is a failure charged to max_failures.
+    live_recovery: bool = False
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        if not isinstance(self.live_recovery, bool):
+            raise ValueError(f"FailureConfig.live_recovery must be True or False, got {self.live_recovery!r}")
         t = self.hang_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= math.inf):
             raise ValueError(f"FailureConfig.hang_timeout_s must be None (adapts to the run) or a number of seconds "

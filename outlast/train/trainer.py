@@ -17,6 +17,7 @@ from outlast.client.preload import with_default
 from outlast.train.worker_main import WorkerPayload
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.resize import Elastic
+from outlast.train.live.store_host import LiveStore, host_of
 from outlast.controller.report_log import ReportLog
 from outlast.controller.runstate import RunBook
 from outlast.controller.agent_group import AgentGroup
@@ -161,6 +162,7 @@ class DataParallelTrainer:
             duplicate_files=rc.checkpoint_config.duplicate_files, forward_output=rc.worker_output != "off",
             elastic=elastic, hang_timeout_s=rc.failure_config.hang_timeout_s,
             checkpoint_storage=rc.checkpoint_config.checkpoint_storage,
+            live_recovery=rc.failure_config.live_recovery,
         )
         ctx = zmq.Context()
         access = embedded = None
@@ -180,8 +182,10 @@ class DataParallelTrainer:
             group = AgentGroup(ctx, access.head_address, access.key, bind_host=route_ip(access.head_address),
                                output=printer)
             reports = ReportLog(book.store)
+            # Live recovery's store, beside the controller that publishes in it, on the address its ranks reach.
+            live = LiveStore(host_of(group.address)) if plan.live_recovery else None
             try:
-                Controller(plan, group, watchers=[progress, reports, *_watchers(name)]).run()
+                Controller(plan, group, watchers=[progress, reports, *_watchers(name)], live=live).run()
             finally:
                 progress.close()
                 reports.close()

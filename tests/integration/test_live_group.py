@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from outlast.train.live import rendezvous
-from outlast.train.live.membership import first_membership, replace_members
+from outlast.protocol.membership import first_membership, replace_members
 from tests.integration.procs import wait_until
 
 STEPS = 6

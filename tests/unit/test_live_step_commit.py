@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outlast.train.live.membership import Membership, MembershipError, first_membership, replace_members
+from outlast.protocol.membership import Membership, MembershipError, first_membership, replace_members
 from outlast.train.live.step_commit import Ledger, StepVerdict, agreed_step, tally, while_waiting
 
 

@@ -6,7 +6,8 @@ next membership the controller publishes in a store it holds, form a new group u
 membership's generation, and hand their state to the rank that replaced the dead one. No rank
 hosts the rendezvous, so rank 0 dies like any other.
 
-- `membership`: who holds which rank in a generation, and who sends the state to whom (pure).
+- `outlast.protocol.membership`: who holds which rank in a generation, and who sends the state to whom
+  (pure; the controller makes them, so it lives below both).
 - `step_commit`: whether a step is applied, from the votes of the ranks (pure).
 - `rendezvous`: memberships published in and read from the controller's store.
 - `commit_store`: a step's votes and verdict in that store.

@@ -17,10 +17,12 @@ joiner, receives it). It returns the step to run next.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from outlast.protocol.membership import joined_key
 from outlast.train.live import rendezvous
 from outlast.train.live.commit_store import StepVotes
 from outlast.train.live.group import GroupBroken, LiveGroup
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import Store
 
-    from outlast.train.live.membership import Membership
+    from outlast.protocol.membership import Membership
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class LiveRank:
         self.votes: StepVotes | None = None
         self.last_break: str | None = None
         self.joins: list[Joined] = []
+        self.thrown = 0  # steps thrown away since the last join: what a recovery cost
 
     @property
     def rank(self) -> int:
@@ -93,11 +96,17 @@ class LiveRank:
             state = state_dict()
             for joiner in membership.joiners:
                 moved = send_state(group, state, joiner)
+        if rank == (membership.source if membership.source is not None else 0):
+            # The controller learns here that the group formed (generation 0: the loop is live), or that a
+            # recovery is over, and what it cost.
+            self.store.set(joined_key(membership.generation),
+                           json.dumps({"steps_lost": self.thrown, "wall": time.time()}))
         elif rank in membership.joiners:
             assert membership.source is not None
             state, moved = receive_state(group, membership.source)
             load_state_dict(state)
         self.has_state = True
+        self.thrown = 0
         self.ledger = self.ledger.regroup(membership.generation, committed)
         self.votes = StepVotes(self.store, membership.generation, membership.world_size)
         self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved,
@@ -117,6 +126,7 @@ class LiveRank:
             reduced = False
         verdict, _ = self.votes.vote(step, reduced)
         self.ledger = self.ledger.after(verdict)
+        self.thrown += verdict is StepVerdict.ABORT
         return verdict is StepVerdict.COMMIT
 
     def close(self) -> None:

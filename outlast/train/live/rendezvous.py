@@ -11,20 +11,13 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outlast.train.live.membership import Membership
+from outlast.protocol.membership import LATEST, Membership, membership_key
 
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-LATEST = "live/latest"
-
-
 class NotAMemberError(RuntimeError):
     """This process is in no newer generation: the group went on without it (it should exit)."""
-
-
-def membership_key(generation: int) -> str:
-    return f"live/membership/{generation}"
 
 
 def connect(host: str, port: int, timeout_s: float) -> Store:

@@ -11,10 +11,11 @@ from outlast.train.torch.helpers import (
     accelerate, backward, enable_reproducibility, get_device, get_devices, prepare_data_loader, prepare_model,
     prepare_optimizer,
 )
+from outlast.train.torch.live import LiveTraining
 from outlast.train.torch.trainer import TorchTrainer
 
 __all__ = [
-    "TorchBackend", "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
+    "LiveTraining", "TorchBackend", "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
     "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer", "save_async",
 ]
 

@@ -47,6 +47,10 @@ class TorchBackend(Backend):
                                        f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); install "
                                        "a CUDA build of torch there, or start the node without --num-gpus")
             torch.cuda.set_device(own_device_indices(os.environ, context.local_rank, torch.cuda.device_count())[0])
+        if os.environ.get("OUTLAST_LIVE_STORE"):
+            # Live recovery: the ranks reduce in a group of their own per generation (LiveTraining), which a
+            # replacement joins; a default group would have to be formed again by every rank at each death.
+            return
         timeout = timedelta(seconds=self.config.timeout_s)
         # gloo otherwise binds to what the hostname resolves to, often 127.0.x.1, which ranks on
         # other nodes cannot reach: bind to the interface this node reaches rank 0's node through.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from outlast.train._session import get_session
@@ -118,6 +119,10 @@ def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_devi
     from outlast.train import positions
     from outlast.train.torch.epoch_batches import EpochBatches
 
+    if os.environ.get("OUTLAST_LIVE_STORE"):
+        raise RuntimeError("prepare_data_loader does not work with FailureConfig(live_recovery=True) yet: a step "
+                           "thrown away after a rank's death must read its batch again. Draw each step's batch "
+                           "from the step number and train.get_context().get_world_rank() (docs/guide/live-recovery.md)")
     loader = data_loader
     batches = None
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)

@@ -74,3 +74,27 @@ def replace_members(previous: Membership, replacements: dict[str, str]) -> Membe
     members = tuple(replacements.get(m, m) for m in previous.members)
     joiners = tuple(r for r, m in enumerate(previous.members) if m in replacements)
     return Membership(previous.generation + 1, members, joiners, kept[0] if joiners else None)
+
+
+def member_name(rank: int, incarnation: int) -> str:
+    """The member holding `rank` after `incarnation` replacements: the controller names it in the
+    membership and in the spawn's environment (`OUTLAST_LIVE_INCARNATION`), the rank names itself."""
+    return f"r{rank}i{incarnation}"
+
+
+# Keys in the controller's live store, under the attempt's prefix (`store_prefix`).
+LATEST = "live/latest"
+
+
+def store_prefix(attempt: int) -> str:
+    """Each attempt's generations start at 0 again, in a namespace of their own."""
+    return f"outlast/a{attempt}"
+
+
+def membership_key(generation: int) -> str:
+    return f"live/membership/{generation}"
+
+
+def joined_key(generation: int) -> str:
+    """Written by the rank that sent the state to a generation's joiners, once it went across."""
+    return f"live/g{generation}/joined"

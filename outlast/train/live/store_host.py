@@ -1,0 +1,53 @@
+"""The store the controller holds for its ranks' live groups (FailureConfig(live_recovery=True)): where each
+generation's membership is published, each step voted on, each group formed. It lives in the driver's process,
+beside the controller, which is handed it (`Controller(live=...)`): no rank hosts it, so any rank, rank 0
+included, dies without taking the rendezvous with it. Effects only; `outlast/controller/live.py` decides."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from outlast.controller.group import LiveJoined
+from outlast.protocol.membership import LATEST, Membership, joined_key, membership_key, store_prefix
+
+TIMEOUT_S = 60.0
+
+
+class LiveStore:
+    def __init__(self, host: str) -> None:
+        import torch.distributed as dist
+
+        # In the driver's process, whose threads it joins: the driver forks nothing after this (its agent, when
+        # embedded, is started before the controller, and by exec).
+        self.store: Any = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                                        timeout=timedelta(seconds=TIMEOUT_S))
+        self.address = f"{host}:{self.store.port}"
+        self._prefixed: dict[int, Any] = {}
+
+    def _of(self, attempt: int) -> Any:
+        import torch.distributed as dist
+
+        if attempt not in self._prefixed:
+            self._prefixed[attempt] = dist.PrefixStore(store_prefix(attempt), self.store)
+        return self._prefixed[attempt]
+
+    def publish(self, attempt: int, membership_json: str) -> None:
+        """The membership first, then the pointer to it: a reader that sees the pointer finds the membership."""
+        generation = Membership.from_json(membership_json).generation
+        s = self._of(attempt)
+        s.set(membership_key(generation), membership_json)
+        s.set(LATEST, str(generation))
+
+    def joined(self, attempt: int, generation: int) -> LiveJoined | None:
+        s = self._of(attempt)
+        if not s.check([joined_key(generation)]):
+            return None
+        d = json.loads(s.get(joined_key(generation)).decode())
+        return LiveJoined(attempt, generation, int(d["steps_lost"]), float(d["wall"]))
+
+
+def host_of(address: str) -> str:
+    """The host of a ZeroMQ endpoint ("tcp://10.0.0.5:4242")."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")

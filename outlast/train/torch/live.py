@@ -1,0 +1,96 @@
+"""The loop's side of live recovery (`FailureConfig(live_recovery=True)`), for data-parallel training.
+
+    live = outlast.train.torch.LiveTraining(model, optimizer, state=other)  # `other`: any state_dict() owner
+    step = live.start()              # 0, or where the other ranks are, for a rank that replaced a lost one
+    while step < steps:
+        loss_of(batch_for(step)).backward()
+        step = live.step(step)       # the gradients averaged over the ranks, then optimizer.step()
+
+`step` returns the step to run next: `step + 1` once every rank reduced this one, or `step` itself when a rank
+died during it. Then the step was thrown away on every rank, the ranks that live formed a new group with the
+replacement the controller forked, and the replacement received the model's, the optimizer's and `state`'s
+state dicts (and the torch RNG) from one of them. The loop's data must follow the step (a batch drawn from
+the step number and the rank), so that a step run again reads what it read the first time
+(`prepare_data_loader` does not follow the step yet, and refuses this mode). `report()` after each committed
+step goes on as usual: the replacement's reports continue from the count of the rank it took the state from.
+
+The model is not wrapped in DistributedDataParallel (prepare_model returns it as it is in this mode): there is
+no default process group, since it could not outlive a rank. Each step's gradients go as one flat tensor, so
+the group reduces them in one order, the same in every generation.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from outlast.protocol.membership import member_name, store_prefix
+from outlast.train._session import get_session
+from outlast.train.live import rendezvous
+from outlast.train.live.live_rank import LiveRank
+
+STORE_VAR, INCARNATION_VAR = "OUTLAST_LIVE_STORE", "OUTLAST_LIVE_INCARNATION"  # set by the controller (live_steps.py)
+
+
+class LiveTraining:
+    def __init__(self, model: Any, optimizer: Any, state: Any = None, timeout_s: float = 60.0) -> None:
+        address = os.environ.get(STORE_VAR)
+        if not address:
+            raise RuntimeError("LiveTraining needs live recovery turned on: "
+                               "RunConfig(failure_config=FailureConfig(live_recovery=True))")
+        if state is not None and not (hasattr(state, "state_dict") and hasattr(state, "load_state_dict")):
+            raise TypeError(f"LiveTraining(state=...) must have state_dict() and load_state_dict(), got "
+                            f"{type(state).__name__}")
+        import torch.distributed as dist
+
+        ctx = get_session("LiveTraining").context
+        host, port = address.rsplit(":", 1)
+        store = dist.PrefixStore(store_prefix(ctx.attempt), rendezvous.connect(host, int(port), timeout_s))
+        self.model, self.optimizer, self.state = model, optimizer, state
+        self.rank = LiveRank(store, member_name(ctx.world_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
+                             timeout_s)
+
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "state": self.state.state_dict() if self.state is not None else None,
+                "rng": torch.get_rng_state(), "reports": get_session("LiveTraining").reports_made}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        import torch
+
+        self.model.load_state_dict(d["model"])
+        self.optimizer.load_state_dict(d["optimizer"])
+        if self.state is not None:
+            self.state.load_state_dict(d["state"])
+        torch.set_rng_state(d["rng"])
+        get_session("LiveTraining").continue_reports(d["reports"])
+
+    def start(self) -> int:
+        """Join the group; returns the step to run first."""
+        return self.rank.join(self.state_dict, self.load_state_dict)
+
+    def step(self, step: int) -> int:
+        """After backward(): average the gradients over the ranks and apply the optimizer's step, or, when a rank
+        died meanwhile, throw the step away and join the next group. Returns the step to run next."""
+        import torch
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
+        committed = self.rank.reduce(step, [flat])
+        if committed:
+            flat /= self.rank.group.world_size if self.rank.group is not None else 1
+            offset = 0
+            for p in params:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        if committed:
+            return step + 1
+        return self.rank.join(self.state_dict, self.load_state_dict)
+
+    def close(self) -> None:
+        self.rank.close()

@@ -1,0 +1,54 @@
+"""A data-parallel loop under live recovery (FailureConfig(live_recovery=True)), for test_live_recovery.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from outlast import train
+
+
+def _log(config: dict, **fields) -> None:
+    ctx = train.get_context()
+    fields.update(rank=ctx.get_world_rank(), attempt=ctx.get_attempt(), pid=os.getpid(),
+                  incarnation=int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0")), t=time.time())
+    with open(config["events"], "a") as f:
+        f.write(json.dumps(fields) + "\n")
+
+
+def live_loop(config: dict) -> None:
+    """Each step's batch is drawn from the step and the rank, so a step run again reads what it read first.
+    `config["kill"]`: [[rank, step, how], ...]: each rank's first process of the first attempt SIGKILLs itself
+    ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step."""
+    import torch
+
+    from outlast.train.torch import LiveTraining, prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    live = LiveTraining(model, optimizer)
+    rank = train.get_context().get_world_rank()
+    step = live.start()
+    _log(config, event="start", step=step)
+    kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
+    first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
+    while step < config["steps"]:
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(32, 8, generator=g)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        loss.backward()
+        if first and (rank, step) in kill:
+            if kill[rank, step] == "raise":
+                raise RuntimeError(f"rank {rank} fails in step {step}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(config.get("sleep", 0.02))
+        was = step
+        step = live.step(step)
+        _log(config, event="step" if step == was + 1 else "thrown", step=was)
+        if config.get("report") and step == was + 1:
+            train.report({"step": was})
+    live.close()
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])

@@ -1,0 +1,102 @@
+"""Live recovery under Trainer.fit() (FailureConfig(live_recovery=True)): real processes, gloo on CPU.
+
+A rank, rank 0 included, SIGKILLs itself (or raises) in the middle of a step. The controller does not stop the others: it
+forks a replacement for the lost rank from the node's fork server and publishes the next generation in the store
+it holds; the survivors throw the step away, form a new group with the replacement, and one of them sends it the
+state. The survivors keep their pids, at most one step is lost, every rank ends with the weights of the run in which
+nothing failed, and the history records the recovery, charged to max_failures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from outlast.train import FailureConfig, RunConfig, ScalingConfig
+from tests.integration.jobs import read_events
+from tests.integration.live_jobs import live_loop
+
+STEPS = 10
+
+
+def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: list[list]):
+    from outlast.train.torch import TorchTrainer
+
+    events = tmp_path / f"{name}.jsonl"
+    result = TorchTrainer(
+        live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill, "report": True},
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=3, live_recovery=True)),
+    ).fit()
+    state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
+    assert result.last_metrics == {"step": STEPS - 1}  # every rank reported each committed step, a replacement too
+    return read_events(events), state
+
+
+def _final(events: list[dict]) -> dict[int, list]:
+    return {e["rank"]: e["exact"] for e in events if e["event"] == "end"}
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """Every rank's final weights in a run in which nothing failed, by world size."""
+    def run(workers: int) -> dict[int, list]:
+        where = tmp_path_factory.mktemp(f"clean{workers}")
+        final = _final(_train(str(where / "storage"), where, "clean", workers, [])[0])
+        assert len(final) == workers and all(w == final[0] for w in final.values())
+        return final
+    return {workers: run(workers) for workers in (2, 3)}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("workers,kills", [
+    (2, [[1, 4, "kill"]]),
+    (2, [[0, 4, "kill"]]),
+    (3, [[0, 3, "kill"], [1, 5, "raise"], [2, 7, "kill"]]),  # one after another, rank 0 first
+], ids=["rank1", "rank0", "three-ranks-each"])
+def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path, workers, kills, clean, caplog):
+    events, state = _train(storage_path, tmp_path, "live", workers, kills)
+    starts = [e for e in events if e["event"] == "start"]
+    first = {e["rank"]: e["pid"] for e in starts if e["incarnation"] == 0}
+    replacements = {e["rank"]: e for e in starts if e["incarnation"] == 1}
+    victims = [k[0] for k in kills]
+    assert sorted(replacements) == sorted(victims) and len(starts) == workers + len(kills)
+    assert {e["attempt"] for e in events} == {1}
+    # A rank's first process never stopped before its own death: every line it logged came from one pid, up to it.
+    for rank, pid in first.items():
+        mine = [e for e in events if e["rank"] == rank and e["incarnation"] == 0]
+        assert {e["pid"] for e in mine} == {pid}
+        if rank not in victims:
+            assert mine[-1]["event"] == "end"
+    # Only the steps in flight at a death were thrown away, and at most once per death on each survivor.
+    thrown = [e for e in events if e["event"] == "thrown"]
+    assert {e["step"] for e in thrown} <= {k[1] for k in kills} and len(thrown) <= len(kills) * (workers - 1)
+    for rank, step, _ in kills:
+        assert replacements[rank]["step"] <= step  # a replacement starts where the others are: one step again at most
+    final = _final(events)
+    assert set(final) == set(range(workers)) and final == clean[workers]
+    # The replacements' reports took the index of the other ranks' reports of the same step.
+    assert "ignored a report" not in caplog.text
+
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": len(kills)}
+    recoveries = state["live_recoveries"]
+    assert [r["ranks"] for r in recoveries] == [[v] for v in victims]
+    for r, (_, _, how) in zip(recoveries, kills):
+        assert r["path"] == "live" and r["steps_lost"] in (0, 1) and r["seconds"] >= 0
+        assert ("SIGKILL" if how == "kill" else "RuntimeError") in r["cause"], r["cause"]
+
+
+@pytest.mark.torch
+def test_with_every_rank_lost_the_run_falls_back_to_a_restart_and_says_so(storage_path, tmp_path, clean):
+    # Both ranks die in step 4: the first death starts a replacement, the second leaves no rank holding the state.
+    events, state = _train(storage_path, tmp_path, "lost", 2, [[0, 4, "kill"], [1, 4, "kill"]])
+    assert _final(events) == clean[2]  # the second attempt trained from scratch (no checkpoint was saved)
+    assert {e["attempt"] for e in events if e["event"] == "end"} == {2}
+    recoveries = state["live_recoveries"]
+    assert recoveries[-1]["path"] == "restart" and "no rank that holds the state" in recoveries[-1]["reason"]
+    assert len(state["attempts"]) == 2 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": 2}  # the live recovery's, and the restart's

@@ -1,0 +1,119 @@
+"""Live recovery's decisions in the controller (`live.py`), and the core carrying them out: no processes."""
+
+from __future__ import annotations
+
+from outlast.controller import group as g
+from outlast.controller.live import FallBack, LiveRun, Recovered, Replace
+from outlast.controller.states import State
+from outlast.protocol import messages as m
+from outlast.protocol.membership import Membership
+from tests.fakes.controller import finish_all, make, start
+
+
+def formed(world_size: int, **kw) -> LiveRun:
+    live = LiveRun(world_size, **kw)
+    assert live.on_joined(0, 0, wall=0.0) is None and live.formed
+    return live
+
+
+def test_a_death_before_the_ranks_formed_their_group_falls_back():
+    d = LiveRun(2).on_death(1, "killed", wall=1.0)
+    assert isinstance(d, FallBack) and "LiveTraining" in d.reason
+
+
+def test_a_dead_rank_is_replaced_under_its_own_number_and_the_lowest_rank_kept_sends_the_state():
+    live = formed(3)
+    d = live.on_death(1, "rank 1 was killed", wall=10.0)
+    assert isinstance(d, Replace) and d.rank == 1 and d.incarnation == 1 and d.member == "r1i1"
+    assert d.membership == Membership(1, ("r0i0", "r1i1", "r2i0"), (1,), 0)
+    live = formed(2)
+    d = live.on_death(0, "rank 0 was killed", wall=10.0)
+    assert isinstance(d, Replace) and d.membership == Membership(1, ("r0i1", "r1i0"), (0,), 1)
+
+
+def test_a_death_during_the_transfer_widens_the_recovery_and_the_first_replacement_receives_the_state_again():
+    live = formed(3)
+    live.on_death(1, "rank 1 was killed", wall=10.0)
+    d = live.on_death(1, "its replacement was killed", wall=10.5)  # the replacement itself
+    assert isinstance(d, Replace) and d.member == "r1i2" and d.membership.joiners == (1,)
+    d = live.on_death(0, "rank 0 was killed", wall=10.7)
+    assert isinstance(d, Replace) and d.membership == Membership(3, ("r0i1", "r1i2", "r2i0"), (0, 1), 2)
+    assert live.on_joined(2, 1, wall=11.0) is None  # a stale generation's word: generation 3 still waits
+    done = live.on_joined(3, 1, wall=11.5)
+    assert done == Recovered(3, (1, 0), "rank 1 was killed", 10.0, 1.5, 1)
+    assert live.recovery is None and live.unsent == set()
+
+
+def test_with_no_rank_left_that_holds_the_state_it_falls_back_to_a_restart():
+    live = formed(2)
+    assert isinstance(live.on_death(1, "killed", wall=1.0), Replace)
+    d = live.on_death(0, "killed too", wall=1.1)
+    assert isinstance(d, FallBack) and "no rank that holds the state" in d.reason
+
+
+def test_replacements_that_keep_dying_in_their_transfer_fall_back_past_the_bound():
+    live = formed(3, max_transfer_deaths=2)
+    for _ in range(3):
+        assert isinstance(live.on_death(2, "killed", wall=1.0), Replace)
+    d = live.on_death(2, "killed", wall=1.0)
+    assert isinstance(d, FallBack) and "more than 2" in d.reason
+
+
+def test_a_lost_node_falls_back_until_a_replacement_can_go_elsewhere():
+    assert isinstance(formed(2).on_death(1, "node lost", wall=1.0, node_lost=True), FallBack)
+
+
+def _live(max_failures: int):
+    h = make(max_failures=max_failures, live_recovery=True, live_store="controller:7")
+    placement = start(h)
+    published = [e for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert [Membership.from_json(p.membership).generation for p in published] == [0]
+    assert all(s.msg.env["OUTLAST_LIVE_STORE"] == "controller:7" for s in h.effects if isinstance(s, g.Spawn))
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))  # rank 0: the group formed
+    return h, placement
+
+
+def killed(h, rank: int, node_id: str) -> m.WorkerExited:
+    return m.WorkerExited(run_id=h.core.run_id, attempt=1, rank=rank, pid=100 + rank, exit_code=None, signal=9,
+                          error=None, node_id=node_id)
+
+
+def test_the_core_replaces_a_dead_rank_without_stopping_the_others_and_charges_max_failures():
+    h, placement = _live(max_failures=1)
+    h.effects.clear()
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    assert h.state is State.RUNNING and not [e for e in h.effects if isinstance(e, g.StopRun)]
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == placement[1] and [w.rank for w in spawn.msg.workers] == [1]
+    assert spawn.msg.attempt == 1 and spawn.msg.env["OUTLAST_LIVE_INCARNATION"] == "1"
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r1i1"), (1,), 0)
+    assert h.core.book.failures_this_launch("worker") == 1
+    assert h.core.book.state.attempts[-1].failures[0].rank == 1
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=1, wall=h.wall() + 0.25))
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "live" and record.ranks == [1] and record.steps_lost == 1 and record.seconds == 0.25
+    # The replacement's first report takes the index its state came with; its predecessor's last never came.
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}))
+    h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
+    h.worker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}))
+    assert h.core.commit_tracker.reports == [2, 2]
+    # The replacement's exit is the rank's: the run finishes when every rank returned.
+    finish_all(h, placement)
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_the_core_restarts_when_no_survivor_holds_the_state_and_says_which_path_it_took():
+    h, placement = _live(max_failures=3)
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    h.agent(placement[0], killed(h, 0, placement[0]))
+    assert h.state is State.RESTARTING
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "restart" and record.ranks == [0] and "no rank that holds the state" in record.reason
+    assert h.core.book.failures_this_launch("worker") == 1  # the live recovery's; the restart's verdict adds its own
+
+
+def test_with_max_failures_spent_a_death_gives_up_as_without_live_recovery():
+    h, placement = _live(max_failures=0)
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    assert h.state is State.RESTARTING and not h.core.book.state.live_recoveries
