@@ -77,7 +77,9 @@ def _schedule(seed, tmp_path):
             for record in stores[victim].records():
                 where = stores[victim].path(record.key)
                 with open(where / record.files[0].path, "r+b") as f:
-                    f.write(b"\xde\xad")
+                    head = f.read(2)
+                    f.seek(0)
+                    f.write(bytes(b ^ 0xFF for b in head))  # changed whatever they were
                 break
         yield storage, stores, alive, candidates, holders, ranks
 

@@ -26,6 +26,15 @@ from outlast.storage.tier_store import TierStore, copy_dir
 MB = 2**20
 
 
+def rot(path: Path, n: int = 1) -> None:
+    """Change a file's first `n` bytes, keeping its size: each byte flipped, so it differs whatever it was
+    (a fixed byte written over random ones left the file whole once in 256 runs)."""
+    with open(path, "r+b") as f:
+        head = f.read(n)
+        f.seek(0)
+        f.write(bytes(b ^ 0xFF for b in head))
+
+
 def write_files(where: Path, sizes: dict[str, int]) -> list[m.FileEntry]:
     out = []
     for name, size in sizes.items():
@@ -70,8 +79,7 @@ def test_a_corrupted_copy_is_dropped_at_its_check(root, tmp_path):
     s = store(root)
     s.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
     key = CopyKey("run", "c1", 0)
-    with open(s.path(key) / "a", "r+b") as f:
-        f.write(b"\xff")
+    rot(s.path(key) / "a")
     assert "does not match its checksum" in s.verify(key)
     assert s.path(key) is None and not copy_dir(root, "n1", key).exists()
 
@@ -173,8 +181,7 @@ def test_a_draining_nodes_hold_links_the_ranks_files_and_copies_those_on_another
     for f in files:
         (here / f.path).unlink()
     assert a.store.verify(copy) is None
-    with open(held / "model.pt", "r+b") as f:
-        f.write(b"\xff")
+    rot(held / "model.pt")
     assert "does not match its checksum" in a.store.verify(copy)
 
     # Where the rank's files are on another file system than the tier (/dev/shm), they are copied.
@@ -316,8 +323,7 @@ def test_a_restore_reads_every_ranks_files_from_memory_when_all_are_here(tmp_pat
 def test_a_corrupted_copy_in_memory_is_skipped_for_another_whole_copy(tmp_path, root):
     same = os.urandom(4000)
     storage, s = committed(tmp_path, root, {0: {"model.pt": same}, 1: {"model.pt": same}}, upload=False)
-    with open(s.path(CopyKey(storage.uri("run"), NAME, 0)) / "model.pt", "r+b") as f:
-        f.write(b"\x00\x01\x02")
+    rot(s.path(CopyKey(storage.uri("run"), NAME, 0)) / "model.pt", 3)
     path, source, said = restore(storage, "run", NAME, tmp_path / "cache", "n1", root)
     assert source is SourceKind.LOCAL_MEMORY and (path / "model.pt").read_bytes() == same
     assert len(said) == 1 and "rank 0" in said[0] and "checksum" in said[0]
@@ -496,8 +502,7 @@ def test_a_pull_to_a_node_whose_own_copy_rotted_fetches_the_peers_whole_one(pair
     for server in (a, b):
         server.store.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
     copy = CopyKey("run", "c1", 0)
-    with open(copy_dir(b.store.root, "n2", copy) / "model.pt", "r+b") as f:
-        f.write(b"\xff")  # same size, another checksum: what a restore there would skip, for storage
+    rot(copy_dir(b.store.root, "n2", copy) / "model.pt")  # same size, another checksum: a restore there skips it
     stored = ask(ctx, key, b.address, m.TierPull(run="run", checkpoint_dir="c1", rank=0, from_address=a.address))
     assert stored.ok and stored.reason != "already held", stored
     assert b.store.verify(copy) is None
