@@ -10,7 +10,7 @@ Methods:
             restore.materialize (download_dir, then every file checked against the manifest), which
             is what a rank's get_checkpoint().as_directory() runs for a checkpoint not on its node
   outlast_fsspec
-            the same with the S3 reads through fsspec (s3fs), as outlast read them before object_store
+            the same with the S3 bytes through fsspec (s3fs), as outlast moved them before object_store
   ray       Ray Train V2's copy: pyarrow's S3 file system through _pyarrow_fs_copy_files
   boto3     a plain boto3 client's transfer manager, 8 threads (s3transfer, 8 MiB parts)
   crt       boto3's transfer manager on the AWS CRT (awscrt's native S3 client)
@@ -76,12 +76,12 @@ class Outlast:
 
 
 class OutlastFsspec(Outlast):
-    """outlast with its S3 reads through fsspec (s3fs), as before they moved onto object_store: the same
-    storage layer with RemoteStorage's range reader switched off."""
+    """outlast with its S3 bytes through fsspec (s3fs), as before they moved onto object_store: the same
+    storage layer with RemoteStorage's object_store client switched off."""
 
     def __init__(self, url):
         super().__init__(url)
-        self.storage._range_reader = lambda: None
+        self.storage._bulk = lambda: None
 
 
 class Ray:

@@ -9,7 +9,7 @@ import boto3
 import pytest
 import xxhash
 
-from outlast.storage import open_storage, remote, s3_ranges
+from outlast.storage import open_storage, remote, s3_bulk
 from outlast.storage.records import Manifest
 from outlast.storage.restore import CorruptCheckpointError, materialize
 from outlast.storage.run_store import RunStore
@@ -38,11 +38,11 @@ def _commit(storage, src) -> Manifest:
 
 def test_many_files_and_a_large_one_round_trip_with_their_checksums(s3, tree, tmp_path, monkeypatch):  # noqa: F811
     # The 3 MB file comes back in four ranged gets, through object_store on S3 as through fsspec elsewhere.
-    monkeypatch.setattr(s3_ranges, "PART", 1 << 20)
+    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
     monkeypatch.setattr(remote, "_RANGE", 1 << 20)
     ranges = []
-    read_into = s3_ranges.RangeReader.read_into
-    monkeypatch.setattr(s3_ranges.RangeReader, "read_into",
+    read_into = s3_bulk.BulkClient.read_into
+    monkeypatch.setattr(s3_bulk.BulkClient, "read_into",
                         lambda self, key, *args: ranges.append((key, *args)) or read_into(self, key, *args))
     src, files = tree
     storage = open_storage("s3://runs/transfers")

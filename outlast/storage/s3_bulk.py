@@ -1,10 +1,12 @@
-"""An S3 object's bytes fetched as ranges by Rust's object_store (the obstore package), for restores.
+"""A checkpoint's bytes to and from S3 through Rust's object_store (the obstore package).
 
 fsspec (s3fs) stays the interface: the URL users give, the listings, the documents and their bounded
-reads, the conditional writes. A restore is most of the bytes a run reads, and there s3fs is the
-bottleneck: each range goes through aiobotocore and Python's event loop chunk by chunk, where
-object_store fetches on Rust's threads with the GIL released (bench/s3_paths.py measures both against
-Ray's pyarrow and the clients alone; docs/benchmarks.md has the figures).
+reads, the conditional writes (a create-only upload too: object_store sends If-None-Match only on a
+single PUT, which would hold the whole file in memory). A checkpoint's files are most of the bytes a
+run moves, and there s3fs is the bottleneck: each part goes through aiobotocore and Python's event
+loop chunk by chunk, where object_store reads the local file, sends and receives on Rust's threads
+with the GIL released (bench/s3_paths.py measures both against Ray's pyarrow and the clients alone;
+docs/benchmarks.md has the figures).
 
 The store reaches the bucket as s3fs's own client does: the endpoint and region that client resolved
 (`AWS_ENDPOINT_URL`, config files), the credentials of botocore's chain (environment, config files,
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from obstore.store import ClientConfig, S3Credential, S3Store
 
 PART = 16 << 20  # one ranged GET; a file is fetched as its parts, in parallel
+UPLOAD_PART = 16 << 20  # one part of a multipart upload (S3 takes none under 5 MiB but the last)
+UPLOAD_PARTS = 8  # parts of one file in flight; the files of a checkpoint go up beside each other
 # Ranges in flight: a thread waits on the network inside Rust, with the GIL released, so more of them
 # than the I/O pool has (two per core) keep the connection busy; each holds one PART in memory.
 CONCURRENCY = 16
@@ -45,18 +49,19 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
-class RangeReader:
-    """Ranges of the objects of one bucket, written into their places in local files."""
+class BulkClient:
+    """The objects of one bucket: ranges of them written into their places in local files, local files
+    uploaded to them."""
 
     def __init__(self, store: S3Store) -> None:
         self.store = store
 
     @classmethod
-    def of(cls, fs: AbstractFileSystem, bucket: str) -> RangeReader:
-        """A reader of `bucket` that reaches it as `fs` (an s3fs file system that has made its client) does."""
+    def of(cls, fs: AbstractFileSystem, bucket: str) -> BulkClient:
+        """A client of `bucket` that reaches it as `fs` (an s3fs file system that has made its client) does."""
         from obstore.store import S3Store
 
-        client = fs.s3  # s3fs's aiobotocore client, made by the listing that comes before any read
+        client = fs.s3  # s3fs's aiobotocore client, made now if no call has made it yet
         endpoint: str = client.meta.endpoint_url
         config: dict[str, Any] = {"region": client.meta.region_name or "us-east-1"}
         if not endpoint.split("://", 1)[-1].split("/", 1)[0].endswith(".amazonaws.com"):
@@ -83,6 +88,14 @@ class RangeReader:
             os.pwrite(fd, memoryview(data), start)
         finally:
             os.close(fd)
+
+
+    def put_file(self, src: str, key: str) -> None:
+        """The local file `src` to object `key`, replacing what is there: one PUT, or a multipart upload
+        once it is over an UPLOAD_PART, which the server shows whole or not at all."""
+        import obstore
+
+        obstore.put(self.store, key, Path(src), chunk_size=UPLOAD_PART, max_concurrency=UPLOAD_PARTS)
 
 
 class _Credentials:
