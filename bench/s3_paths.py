@@ -63,7 +63,7 @@ def probe(python: str, method: str, op: str, local: Path, url: str, aws: dict) -
 
 
 def seed(aws: dict, src: Path, run: str) -> None:
-    """The restores' source: uploaded by outlast, with the manifest a restore checks it against."""
+    """The restores' source: uploaded by outlast, with the manifest a restore checks it against, and read once."""
     from bench.lib.checkpoint_probe import outlast_manifest
     from outlast.storage import open_storage
 
@@ -71,6 +71,16 @@ def seed(aws: dict, src: Path, run: str) -> None:
     storage = open_storage("s3://bench")
     entries = storage.upload_dir(src, f"{run}/{NAME}")
     outlast_manifest(storage, run, NAME, entries)
+    # Read once, untimed: the first GET of an object just written is slower on this server than the next
+    # ones, and would fall on whichever method runs first.
+    import boto3
+
+    client = boto3.client("s3")
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=f"{run}/"):
+        for obj in page.get("Contents", []):
+            body = client.get_object(Bucket="bench", Key=obj["Key"])["Body"]
+            while body.read(16 << 20):
+                pass
 
 
 def find_weed(pythons: list[str]) -> str:
