@@ -166,3 +166,65 @@ def start_moto(workdir, python):
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"moto_server did not come up, see {workdir}/moto.log")
+
+
+def start_seaweedfs(workdir, weed, bucket="bench"):
+    """A SeaweedFS server (`weed mini`: master, volume, filer and S3 gateway in one process) on free loopback
+    ports, its data under workdir, holding an empty `bucket`: (process, the AWS_* variables that reach it).
+    Unlike moto, which reads a whole object to serve each ranged GET, it reads the chunks a range covers,
+    so a client's part size costs the server no extra bytes. It is run with credentials (a server with
+    none refuses some signed calls, pyarrow's multipart parts among them)."""
+    ports = {}
+    socks = []
+    for flag in ("s3.port", "master.port", "volume.port", "filer.port", "admin.port"):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports[flag] = s.getsockname()[1]
+    for s in socks:
+        s.close()
+    # The gRPC ports are each HTTP port + 10000: the free ports are taken below 55000.
+    taken = [p for p in ports.values() if p > 55000]
+    if taken:
+        return start_seaweedfs(workdir, weed, bucket)
+    aws = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports['s3.port']}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    data = os.path.join(workdir, "seaweedfs")
+    os.makedirs(data, exist_ok=True)
+    cmd = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={bucket}",
+           "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+           *(f"-{flag}={port}" for flag, port in ports.items())]
+    with open(os.path.join(workdir, "seaweedfs.log"), "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **aws}, cwd=data)
+    try:
+        import boto3  # the orchestrating process is outlast's Python, which has it
+
+        client = boto3.client("s3", endpoint_url=aws["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+
+        def ready():
+            if proc.poll() is not None:
+                raise RuntimeError(f"weed mini exited ({proc.returncode}), see {workdir}/seaweedfs.log")
+            try:
+                client.head_bucket(Bucket=bucket)
+                return True
+            except Exception:
+                return False
+
+        wait_for(ready, 120, "SeaweedFS's S3 gateway", poll_s=0.5)
+    except BaseException:
+        stop_seaweedfs(proc)
+        raise
+    return proc, aws
+
+
+def stop_seaweedfs(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

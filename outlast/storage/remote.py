@@ -17,14 +17,14 @@ from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 from outlast.storage.checksum import ALGORITHM, hash_file
 from outlast.storage.conditional import _precondition_failed
-from outlast.storage import priority
+from outlast.storage import priority, s3_bulk
 from outlast.storage.local import walk_files
 from outlast.storage.priority import io_pool
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-_RANGE = 32 << 20  # a file over twice this size is fetched in ranges of it, in parallel
+_RANGE = 32 << 20  # through fsspec, a file over twice this size is fetched in ranges of it, in parallel
 
 
 class RemoteStorage:
@@ -45,9 +45,10 @@ class RemoteStorage:
         # path for local:///abs, whose leading slash is the path's own.
         self.root = fs_class._strip_protocol(self.url).rstrip("/") or "/"
         self._fs: AbstractFileSystem | None = None
+        self._bulk_client: s3_bulk.BulkClient | None = None
 
     def __getstate__(self) -> dict[str, str | None]:
-        return {"url": self.url, "protocol": self.protocol, "root": self.root, "_fs": None}
+        return {"url": self.url, "protocol": self.protocol, "root": self.root, "_fs": None, "_bulk_client": None}
 
     @property
     def fs(self) -> AbstractFileSystem:
@@ -62,18 +63,22 @@ class RemoteStorage:
         return f"{self.root}/{path}" if path else self.root
 
     def upload_dir(self, local_dir: Path, dest: str, move: bool = False, replace: bool = True) -> list[FileEntry]:
-        """Files in parallel, each a multipart upload with parts in parallel once it is large
-        (s3fs's put_file); each file's xxh3 is taken from the page cache beside its upload.
+        """Files in parallel, each a multipart upload with parts in parallel once it is large (on S3
+        through object_store, `s3_bulk`, where obstore is installed; elsewhere fsspec's put_file); each
+        file's xxh3 is taken from the page cache beside its upload.
         A restore compares the downloaded bytes with it. A PUT replaces an object whole;
         `replace=False` makes it conditional (see `_create`)."""
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint directory {local_dir} does not exist or is not a directory")
-        fs = self.fs
+        try:
+            self._bulk()  # made here, once, before the files' threads ask for it
+        except Exception as e:
+            raise StorageError(f"could not reach {self.uri(dest)}: {e}") from e
         jobs = []
         for rel in walk_files(local_dir)[0]:
             src = local_dir / rel
-            jobs.append((rel, src, priority.submit(fs.put_file if replace else self._create, str(src), self._p(f"{dest}/{rel}")),
+            jobs.append((rel, src, priority.submit(self._put if replace else self._create, str(src), self._p(f"{dest}/{rel}")),
                          priority.submit(hash_file, src, ALGORITHM)))
         entries = []
         try:
@@ -86,8 +91,16 @@ class RemoteStorage:
                 entries.append(FileEntry(path=rel, size=size, xxh3_128=hexdigest))
                 fault_point("upload.mid")  # other files may still be on their way: a crash mid-upload
         finally:
-            futures.wait([f for *_, put, digest in jobs for f in (put, digest)])
+            futures.wait([put for _, _, put, _ in jobs])
+            futures.wait([digest for *_, digest in jobs])
         return entries
+
+    def _put(self, src: str, key: str) -> None:
+        bulk = self._bulk()
+        if bulk is None:
+            self.fs.put_file(src, key)
+        else:
+            bulk.put_file(src, key.split("/", 1)[1])
 
     def _create(self, src: str, key: str) -> None:
         """Upload `src` only if no object is at `key`. On S3 a conditional PUT (If-None-Match: *, on
@@ -105,10 +118,13 @@ class RemoteStorage:
             self.fs.put_file(src, key)
 
     def download_dir(self, path: str, local_dir: Path) -> None:
-        """Files in parallel; a large file in ranges fetched in parallel into their places."""
+        """Files in parallel; a large file in ranges fetched in parallel into their places. On S3 every
+        file comes as ranges read by object_store (`s3_bulk`) where obstore is installed; elsewhere
+        (gs://, the rest) through fsspec."""
         root = self._p(path)
         try:
             listing = self.fs.find(root, detail=True)
+            reader = self._bulk()
         except FileNotFoundError:
             raise
         except Exception as e:
@@ -133,6 +149,12 @@ class RemoteStorage:
             size = int(info.get("size") or 0)
             with open(target, "wb") as f:
                 f.truncate(size)
+            if reader is not None:
+                key = name.split("/", 1)[1]
+                for offset in range(0, size, s3_bulk.PART):
+                    jobs.append(s3_bulk.pool().submit(reader.read_into, key, target, offset,
+                                                        min(offset + s3_bulk.PART, size)))
+                continue
             for start in range(0, size, _RANGE) if size > 2 * _RANGE else [None]:
                 jobs.append(io_pool().submit(self._fetch, name, target, start, size))
         try:
@@ -143,7 +165,22 @@ class RemoteStorage:
         except Exception as e:
             raise StorageError(f"could not download {self.uri(path)} to {local_dir}: {e}") from e
         finally:
+            for job in jobs:
+                job.cancel()  # a failed download stops here: the ranges not yet started are not fetched
             futures.wait(jobs)
+
+    def _bulk(self) -> s3_bulk.BulkClient | None:
+        """object_store's client of this bucket on S3 when obstore is installed (made once, from the fs's
+        own client); None where fsspec moves the bytes."""
+        if self.protocol not in ("s3", "s3a"):
+            return None
+        if self._bulk_client is None:
+            try:
+                import obstore  # noqa: F401
+            except ImportError:
+                return None
+            self._bulk_client = s3_bulk.BulkClient.of(self.fs, self.root.split("/", 1)[0])
+        return self._bulk_client
 
     def _fetch(self, name: str, target: Path, start: int | None, size: int) -> None:
         if start is None:

@@ -9,7 +9,7 @@ import boto3
 import pytest
 import xxhash
 
-from outlast.storage import open_storage, remote
+from outlast.storage import open_storage, remote, s3_bulk
 from outlast.storage.records import Manifest
 from outlast.storage.restore import CorruptCheckpointError, materialize
 from outlast.storage.run_store import RunStore
@@ -37,7 +37,13 @@ def _commit(storage, src) -> Manifest:
 
 
 def test_many_files_and_a_large_one_round_trip_with_their_checksums(s3, tree, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(remote, "_RANGE", 1 << 20)  # the 3 MB file comes back in four ranged gets
+    # The 3 MB file comes back in four ranged gets, through object_store on S3 as through fsspec elsewhere.
+    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
+    monkeypatch.setattr(remote, "_RANGE", 1 << 20)
+    ranges = []
+    read_into = s3_bulk.BulkClient.read_into
+    monkeypatch.setattr(s3_bulk.BulkClient, "read_into",
+                        lambda self, key, *args: ranges.append((key, *args)) or read_into(self, key, *args))
     src, files = tree
     storage = open_storage("s3://runs/transfers")
     manifest = _commit(storage, src)
@@ -46,6 +52,7 @@ def test_many_files_and_a_large_one_round_trip_with_their_checksums(s3, tree, tm
     path = materialize(storage, "run", NAME, tmp_path / "cache")
     for rel, data in files.items():
         assert (path / rel).read_bytes() == data
+    assert sorted(start for key, _, start, _ in ranges if key.endswith("/model.pt")) == [0, 1 << 20, 2 << 20, 3 << 20]
 
 
 def test_a_restored_copy_that_rots_in_the_node_cache_is_fetched_again(s3, tree, tmp_path):  # noqa: F811

@@ -1,0 +1,123 @@
+"""A checkpoint's bytes to and from S3 through Rust's object_store (the obstore package).
+
+fsspec (s3fs) stays the interface: the URL users give, the listings, the documents and their bounded
+reads, the conditional writes (a create-only upload too: object_store sends If-None-Match only on a
+single PUT, which would hold the whole file in memory). A checkpoint's files are most of the bytes a
+run moves, and there s3fs is the bottleneck: each part goes through aiobotocore and Python's event
+loop chunk by chunk, where object_store reads the local file, sends and receives on Rust's threads
+with the GIL released (bench/s3_paths.py measures both against Ray's pyarrow and the clients alone;
+docs/benchmarks.md has the figures).
+
+The store reaches the bucket as s3fs's own client does: the endpoint and region that client resolved
+(`AWS_ENDPOINT_URL`, config files), the credentials of botocore's chain (environment, config files,
+instance roles), or none where s3fs is anonymous. object_store retries a failed request itself, with
+backoff; what it still cannot fetch is the caller's error, and every restored file is checked against
+its manifest afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+    from obstore.store import ClientConfig, S3Credential, S3Store
+
+PART = 16 << 20  # one ranged GET; a file is fetched as its parts, in parallel
+UPLOAD_PART = 16 << 20  # one part of a multipart upload (S3 takes none under 5 MiB but the last)
+UPLOAD_PARTS = 8  # parts of one file in flight; the files of a checkpoint go up beside each other
+# Ranges in flight: a thread waits on the network inside Rust, with the GIL released, so more of them
+# than the I/O pool has (two per core) keep the connection busy; each holds one PART in memory.
+CONCURRENCY = 16
+_CREDENTIALS_TTL = timedelta(minutes=10)  # how long object_store keeps a set before asking botocore again
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    """The threads that fetch ranges. Made on first use, never at import: a process that forks workers
+    must have no threads."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="outlast-s3-range")
+        return _pool
+
+
+class BulkClient:
+    """The objects of one bucket: ranges of them written into their places in local files, local files
+    uploaded to them."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    @classmethod
+    def of(cls, fs: AbstractFileSystem, bucket: str) -> BulkClient:
+        """A client of `bucket` that reaches it as `fs` (an s3fs file system that has made its client) does."""
+        from obstore.store import S3Store
+
+        client = fs.s3  # s3fs's aiobotocore client, made now if no call has made it yet
+        endpoint: str = client.meta.endpoint_url
+        config: dict[str, Any] = {"region": client.meta.region_name or "us-east-1"}
+        if not endpoint.split("://", 1)[-1].split("/", 1)[0].endswith(".amazonaws.com"):
+            config["endpoint"] = endpoint  # an S3-compatible server; AWS's own is found from the region
+        options: ClientConfig = {"allow_http": endpoint.startswith("http://"), "timeout": "300s"}
+        if fs.anon:
+            return cls(S3Store(bucket, skip_signature=True, client_options=options, **config))
+        return cls(S3Store(bucket, credential_provider=_Credentials(fs), client_options=options, **config))
+
+    def read_into(self, key: str, target: Path, start: int, end: int) -> None:
+        """Bytes [start, end) of object `key` into the same place of the file `target`, which exists.
+        FileNotFoundError when the object is gone."""
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            data = obstore.get_range(self.store, key, start=start, end=end)
+        except NotFoundError as e:
+            raise FileNotFoundError(f"{key}: {e}") from None
+        if len(data) != end - start:
+            raise OSError(f"{key}: asked for bytes {start}-{end}, the server sent {len(data)}")
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            os.pwrite(fd, memoryview(data), start)
+        finally:
+            os.close(fd)
+
+
+    def put_file(self, src: str, key: str) -> None:
+        """The local file `src` to object `key`, replacing what is there: one PUT, or a multipart upload
+        once it is over an UPLOAD_PART, which the server shows whole or not at all."""
+        import obstore
+
+        obstore.put(self.store, key, Path(src), chunk_size=UPLOAD_PART, max_concurrency=UPLOAD_PARTS)
+
+
+class _Credentials:
+    """object_store's credentials from where s3fs takes them: the file system's own key and secret when it
+    was given them, else botocore's chain, whose refreshable credentials (a role's) are asked again."""
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        self.key, self.secret, self.token = fs.key, fs.secret, fs.token
+        self.chain: Any = None
+        if not (self.key and self.secret):
+            import botocore.session
+
+            self.chain = botocore.session.get_session().get_credentials()
+            if self.chain is None:
+                raise OSError("no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                              "or a profile in ~/.aws/credentials)")
+
+    def __call__(self) -> S3Credential:
+        if self.chain is None:
+            key, secret, token = self.key, self.secret, self.token
+        else:
+            frozen = self.chain.get_frozen_credentials()
+            key, secret, token = frozen.access_key, frozen.secret_key, frozen.token
+        return {"access_key_id": key, "secret_access_key": secret, "token": token,
+                "expires_at": datetime.now(timezone.utc) + _CREDENTIALS_TTL}
