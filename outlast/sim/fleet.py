@@ -53,6 +53,7 @@ class FleetConfig:
     replace_s: float = 1800.0  # without a spare: until the scheduler gives the run another node
     repair_s: float = 86_400.0  # a lost node back in the spare pool
     spares: int = 16  # spare nodes, with spares on
+    hang_timeout_s: float | None = None  # FailureConfig.hang_timeout_s: None adapts to the run's steps
     timeouts: Timeouts = Timeouts()
 
 
@@ -283,11 +284,12 @@ class _Fleet:
         return deadline, p, self._newest(deadline)
 
     def _hang_found(self, a: _Attempt) -> float:
-        """When the controller finds the hang: HangWatch's adaptive limit after the newest progress."""
+        """When the controller finds the hang: HangWatch's limit (adaptive, or the run's own) after the newest
+        progress."""
         began = time.process_time()
         fed = a.reports[-64:]
         last = fed[0].time - WALL0 if fed else a.start
-        w = HangWatch(attempt=a.number, ranks=1, timeout_s=None, started=last)
+        w = HangWatch(attempt=a.number, ranks=1, timeout_s=self.c.hang_timeout_s, started=last)
         for r in fed:
             w.on_progress(0, r.index, r.time - WALL0)
             last = r.time - WALL0
