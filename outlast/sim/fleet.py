@@ -49,6 +49,7 @@ class FleetConfig:
     memory_every_s: float = 300.0  # with the memory tier: a checkpoint in memory, copied to a peer node
     startup_s: float = 300.0  # the first attempt: scheduling, images, imports, to the first step
     restart_s: float = 90.0  # a later attempt, restore aside: teardown, spawn, imports, the group's set-up
+    new_node_s: float = 0.0  # more, when a node takes a lost one's place (its agent started; a warm spare: none)
     notice_s: float = 120.0  # a drain's notice (a cloud's preemption notice: 30 s to 2 min)
     replace_s: float = 1800.0  # without a spare: until the scheduler gives the run another node
     repair_s: float = 86_400.0  # a lost node back in the spare pool
@@ -163,7 +164,8 @@ class _Fleet:
         else:
             restore_s = self.to_storage_s
             self.restores["storage"] += 1
-        ready = max(at, waited_until) + (c.startup_s if number == 1 else c.restart_s) + restore_s
+        ready = (max(at, waited_until) + (c.startup_s if number == 1 else c.restart_s) + restore_s
+                 + (c.new_node_s if replaced_node else 0.0))
         rec = AttemptRecord(attempt=number, started_at=WALL0 + at,
                             restored_from=restored.record.checkpoint_dir if restored else None,
                             workers=nodes * c.ranks_per_node)

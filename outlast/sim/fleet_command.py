@@ -27,7 +27,7 @@ LIVE_RECOVERY = ("not yet landed: the rank side is in outlast/train/live/, but t
 PARAMS = {"step_s": "step-s", "checkpoint_gb_per_rank": "checkpoint-gb", "storage_gb_s": "storage-gb-s",
           "network_gb_s": "network-gb-s", "host_copy_gb_s": "host-copy-gb-s",
           "checkpoint_every_s": "checkpoint-every-s", "memory_every_s": "memory-every-s", "startup_s": "startup-s",
-          "restart_s": "restart-s", "notice_s": "notice-s", "replace_s": "replace-s", "repair_s": "repair-s",
+          "restart_s": "restart-s", "new_node_s": "new-node-s", "notice_s": "notice-s", "replace_s": "replace-s", "repair_s": "repair-s",
           "spares": "spares"}
 
 

@@ -9,12 +9,13 @@ placing of steps, checkpoints and restarts, not its accounting.
 
 What is measured, each from this run alone:
 - the step: the mean time from one report to the next, its checkpoint stall taken out, at the run's first size;
-- the stall: the mean `stalled_s` of a report with a checkpoint; the interval: the steps between checkpoints;
+- the stall: the stalls `split` counts, per checkpoint committed; the interval: the steps between checkpoints;
 - a checkpoint's copy: the mean time from its report to its commit;
 - start-up: the first attempt's start to its first report (the first step's compute is in it, as in the model);
 - a restart: from the instant the attempt was lost (a failure's record, a hang's detection, a drained attempt's
   just-in-time checkpoint committed or its deadline) to the next attempt's first report, the model's restore
-  taken out (the real restore is inside that time, and the history does not time it apart);
+  taken out (the real restore is inside that time, and the history does not time it apart), and apart from it
+  the time more a restart onto a node that took a lost one's place took (a new node agent started);
 - a hang's limit: from the hung attempt's last report to the hang's detection, and a lost node's detection likewise
   (the history keeps when a node was found lost, not when it went); a drain's notice: its deadline;
 - spares: the nodes that took a lost one's place at once (the next attempt as large, without waiting).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -56,6 +58,7 @@ class Measured:
     commit_s: float
     startup_s: float
     restart_s: float  # to the first report, restore included
+    new_node_s: float  # more, onto a node that took a lost one's place
     hang_limit_s: float | None
     node_lost_s: float  # from a lost node's attempt's last report to the node found lost
     spares: int  # nodes the run was given at once after losing one: free nodes in the real cluster
@@ -86,8 +89,11 @@ def measure(state: RunState, reports: dict[int, list[ReportEntry]]) -> Measured:
         got = sorted(reports.get(a.attempt, []), key=lambda r: r.time)
         # At the run's full size: the model's steps on fewer nodes take longer by the nodes missing.
         size = (a.workers or workers) / workers
-        steps += [(r.time - p.time - r.stalled_s) * size for p, r in zip(got, got[1:])]
-        stalls += [r.stalled_s for r in got if r.stalled_s > 0]
+        for p, r in zip(got, got[1:]):
+            # As `split` counts a stall: never more than its step, and none on an attempt's first report.
+            stall = min(max(r.stalled_s, 0.0), r.time - p.time) if math.isfinite(r.stalled_s) else 0.0
+            steps.append((r.time - p.time - stall) * size)
+            stalls.append(stall)
     if not steps:
         raise CannotReplay("the run made fewer than two reports in any attempt: no step to measure")
     when = {(r_a, r.index): r.time for r_a, got in reports.items() for r in got}
@@ -105,17 +111,23 @@ def measure(state: RunState, reports: dict[int, list[ReportEntry]]) -> Measured:
     m = Measured(nodes=len(nodes), ranks_per_node=max(1, workers // len(nodes)),
                  wall_s=attempts[-1].ended_at - t0,  # type: ignore[operator]
                  step_s=statistics.fmean(steps), stall_s=stall, checkpoint_steps=every, commit_s=commit,
-                 startup_s=startup, restart_s=0.0, hang_limit_s=_hang_limit(state, reports),
+                 startup_s=startup, restart_s=0.0, new_node_s=0.0, hang_limit_s=_hang_limit(state, reports),
                  node_lost_s=_node_lost_s(state, reports), spares=_spares(state), memory_tier=memory,
                  elastic=bool(state.resizes) or len({a.workers for a in attempts}) > 1,
                  jit_drain=any(_jit_commit(state, a) is not None for a in attempts))
-    restarts = []
+    restarts: list[float] = []
+    onto_new: list[float] = []  # restarts onto a node that took a lost one's place
     for before, a in zip(attempts, attempts[1:]):
         r = _first_report(reports, a)
         lost = _lost_at(state, before, m)
         if r is not None and lost is not None:
-            restarts.append(r.time - r.stalled_s - lost - _restore_s(m, _replaced(state, before, a)))
-    return _replace(m, restart_s=max(statistics.fmean(restarts), 1e-6) if restarts else 1.0)
+            replaced = _replaced(state, before, a)
+            waited = (a.capacity_at - a.waiting_since) if a.capacity_at and a.waiting_since else 0.0
+            took = r.time - r.stalled_s - lost - waited - _restore_s(m, replaced)
+            (onto_new if replaced else restarts).append(took)
+    restart = statistics.fmean(restarts) if restarts else statistics.fmean(onto_new) if onto_new else 1.0
+    new_node = statistics.fmean(onto_new) - restart if onto_new else 0.0
+    return _replace(m, restart_s=max(restart, 1e-6), new_node_s=max(new_node, 0.0))
 
 
 def interruptions(state: RunState, m: Measured, node_of: dict[str, int]) -> list[Interruption]:
@@ -165,6 +177,7 @@ def replay(state: RunState, reports: dict[int, list[ReportEntry]]) -> Replay:
         storage_gb_s=gb_node * m.nodes / m.commit_s, network_gb_s=gb_node / m.commit_s,
         host_copy_gb_s=GB / m.stall_s if m.stall_s > 0 else 1e12,
         checkpoint_every_s=every_s, memory_every_s=every_s, startup_s=m.startup_s, restart_s=m.restart_s,
+        new_node_s=m.new_node_s,
         # No node came back to the run unless it waited for one: a lost node is never repaired within the run.
         notice_s=_notice_s(state), replace_s=max(waits) if waits else 10 * m.wall_s, repair_s=10 * m.wall_s,
         spares=m.spares, hang_timeout_s=m.hang_limit_s, timeouts=Timeouts(node_lost_after_s=m.node_lost_s))
