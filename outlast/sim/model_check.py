@@ -118,20 +118,19 @@ def measure(state: RunState, reports: dict[int, list[ReportEntry]]) -> Measured:
     restarts: list[float] = []
     onto_new: list[float] = []  # restarts onto a node that took a lost one's place
     for before, a in zip(attempts, attempts[1:]):
-        r = _first_report(reports, a)
-        lost = _lost_at(state, before, m)
-        if r is not None and lost is not None:
-            replaced = _replaced(state, before, a)
-            waited = (a.capacity_at - a.waiting_since) if a.capacity_at and a.waiting_since else 0.0
-            took = r.time - r.stalled_s - lost - waited - _restore_s(m, replaced)
-            (onto_new if replaced else restarts).append(took)
+        took = _restart_took(state, reports, m, before, a)
+        if took is not None:
+            (onto_new if _replaced(state, before, a) else restarts).append(took)
     restart = statistics.fmean(restarts) if restarts else statistics.fmean(onto_new) if onto_new else 1.0
     new_node = statistics.fmean(onto_new) - restart if onto_new else 0.0
     return _replace(m, restart_s=max(restart, 1e-6), new_node_s=max(new_node, 0.0))
 
 
-def interruptions(state: RunState, m: Measured, node_of: dict[str, int]) -> list[Interruption]:
-    """Each attempt that did not finish, as the interruption that ended it, at the instant it struck."""
+def interruptions(state: RunState, m: Measured, node_of: dict[str, int],
+                  each_restart: dict[int, float] | None = None) -> list[Interruption]:
+    """Each attempt that did not finish, as the interruption that ended it, at the instant it struck; with
+    `each_restart`, each carrying the time its own restart took (by the attempt it ended)."""
+    each = each_restart or {}
     t0 = state.attempts[0].started_at
     out = []
     hangs = {h.attempt: h for h in state.hangs}
@@ -139,13 +138,14 @@ def interruptions(state: RunState, m: Measured, node_of: dict[str, int]) -> list
     for a in state.attempts[:-1]:
         if a.attempt in drains:
             d = drains[a.attempt]
-            out.append(Interruption(d.time - t0, d.message or "drain", Effect.DRAIN, node_of.get(d.node_ids[0], 0)))
+            out.append(Interruption(d.time - t0, d.message or "drain", Effect.DRAIN, node_of.get(d.node_ids[0], 0),
+                                    each.get(a.attempt)))
             continue
         if a.attempt in hangs or any(f.kind is FailureKind.HANG for f in a.failures):
             hang = hangs.get(a.attempt)
             at = (hang.time if hang else a.ended_at) - (m.hang_limit_s or 0.0)  # type: ignore[operator]
             node = node_of.get(a.failures[0].node_id, 0) if a.failures else 0
-            out.append(Interruption(at - t0, "hang", Effect.HANG, node))
+            out.append(Interruption(at - t0, "hang", Effect.HANG, node, each.get(a.attempt)))
             continue
         if not a.failures:
             raise CannotReplay(f"attempt {a.attempt} ended ({a.outcome}) without a failure, a hang or a drain: "
@@ -155,14 +155,16 @@ def interruptions(state: RunState, m: Measured, node_of: dict[str, int]) -> list
             # The history keeps when the node was found lost, not when it went: it went after the attempt's last
             # report, and was found `node_lost_s` later.
             out.append(Interruption(f.time - t0 - m.node_lost_s, "node lost", Effect.NODE_LOST,
-                                    node_of.get(f.node_id, 0)))
+                                    node_of.get(f.node_id, 0), each.get(a.attempt)))
         else:
             out.append(Interruption(f.time - t0, f"rank {f.rank} failed", Effect.RANK_DIES,
-                                    node_of.get(f.node_id, 0)))
+                                    node_of.get(f.node_id, 0), each.get(a.attempt)))
     return out
 
 
-def replay(state: RunState, reports: dict[int, list[ReportEntry]]) -> Replay:
+def replay(state: RunState, reports: dict[int, list[ReportEntry]], each_restart: bool = False) -> Replay:
+    """The run in the model: with the measured restart times (their means), or with `each_restart` each restart's
+    own."""
     m = measure(state, reports)
     first = state.attempts[0]
     node_ids = sorted({o.node_id for o in first.outputs} | {f.node_id for f in first.failures})
@@ -182,7 +184,13 @@ def replay(state: RunState, reports: dict[int, list[ReportEntry]]) -> Replay:
         notice_s=_notice_s(state), replace_s=max(waits) if waits else 10 * m.wall_s, repair_s=10 * m.wall_s,
         spares=m.spares, hang_timeout_s=m.hang_limit_s, timeouts=Timeouts(node_lost_after_s=m.node_lost_s))
     mech = Mechanisms(memory_tier=m.memory_tier, jit_drain=m.jit_drain, spares=m.spares > 0, elastic=m.elastic)
-    return Replay(m, config, mech, interruptions(state, m, {n: i for i, n in enumerate(node_ids)}))
+    each = None
+    if each_restart:
+        by = {b.attempt: b for b in state.attempts}
+        took = {a.attempt: _restart_took(state, reports, m, a, by[a.attempt + 1]) for a in state.attempts[:-1]
+                if a.attempt + 1 in by}
+        each = {k: max(v, 1e-6) for k, v in took.items() if v is not None}
+    return Replay(m, config, mech, interruptions(state, m, {n: i for i, n in enumerate(node_ids)}, each))
 
 
 def check(state: RunState, reports: dict[int, list[ReportEntry]]) -> dict[str, Any]:
@@ -190,6 +198,8 @@ def check(state: RunState, reports: dict[int, list[ReportEntry]]) -> dict[str, A
     real = split(state, reports, now=state.attempts[-1].ended_at or time.time())
     r = replay(state, reports)
     model = simulate(r.config, r.mechanisms, r.events).goodput
+    each = replay(state, reports, each_restart=True)
+    own = simulate(each.config, each.mechanisms, each.events).goodput
     shares = {"real": _shares(real), "model": _shares(model)}
     return {"version": CHECK_VERSION, "run": state.name,
             "measured": {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r.measured).items()},
@@ -199,7 +209,11 @@ def check(state: RunState, reports: dict[int, list[ReportEntry]]) -> dict[str, A
             "real": _doc(real), "model": _doc(model),
             "goodput_difference": round(model.fraction - real.fraction, 4),
             "parts_difference": {p: round(shares["model"][p] - shares["real"][p], 4) for p in PARTS},
-            "largest_part_difference": max(PARTS, key=lambda p: abs(shares["model"][p] - shares["real"][p]))}
+            "largest_part_difference": max(PARTS, key=lambda p: abs(shares["model"][p] - shares["real"][p])),
+            # The same replay with each restart's own measured time rather than their mean: what is left is the
+            # model's placing of steps, checkpoints and restores.
+            "restarts_s_each": [round(e.restart_s, 3) for e in each.events if e.restart_s is not None],
+            "model_each_restart": _doc(own), "goodput_difference_each_restart": round(own.fraction - real.fraction, 4)}
 
 
 def describe(out: dict[str, Any]) -> list[str]:
@@ -211,7 +225,9 @@ def describe(out: dict[str, Any]) -> list[str]:
              f"{m['checkpoint_steps']} steps, commit {m['commit_s']:.3f} s, start-up {m['startup_s']:.2f} s, "
              f"restart {m['restart_s']:.2f} s",
              f"  goodput: real {100 * real['fraction']:.2f}%, model {100 * model['fraction']:.2f}% "
-             f"(difference {100 * out['goodput_difference']:+.2f} points)",
+             f"(difference {100 * out['goodput_difference']:+.2f} points); with each restart's own time, model "
+             f"{100 * out['model_each_restart']['fraction']:.2f}% "
+             f"({100 * out['goodput_difference_each_restart']:+.2f})",
              f"  {'part':22} {'real %':>8} {'model %':>8} {'diff':>7}"]
     for p in PARTS:
         rs, ms = real["shares"][p], model["shares"][p]
@@ -295,6 +311,17 @@ def _spares(state: RunState) -> int:
     """Node-losing interruptions (a drain, a lost node) after which the next attempt ran at the same size without
     waiting: a free node took the lost one's place."""
     return sum(_replaced(state, a, b) and b.waiting_since is None for a, b in zip(state.attempts, state.attempts[1:]))
+
+
+def _restart_took(state: RunState, reports: dict[int, list[ReportEntry]], m: Measured, before: AttemptRecord,
+                  a: AttemptRecord) -> float | None:
+    """From the instant `before` was lost to `a`'s first report, its wait for capacity and the model's restore out."""
+    r = _first_report(reports, a)
+    lost = _lost_at(state, before, m)
+    if r is None or lost is None:
+        return None
+    waited = (a.capacity_at - a.waiting_since) if a.capacity_at and a.waiting_since else 0.0
+    return r.time - r.stalled_s - lost - waited - _restore_s(m, _replaced(state, before, a))
 
 
 def _replaced(state: RunState, a: AttemptRecord, b: AttemptRecord) -> bool:
