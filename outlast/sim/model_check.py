@@ -100,6 +100,7 @@ def measure(state: RunState, reports: dict[int, list[ReportEntry]]) -> Measured:
     commits = [c.committed_at - when[(c.attempt, c.report_index)] for c in state.checkpoints
                if (c.attempt, c.report_index) in when]
     indexes = sorted({c.report_index + 1 for c in state.checkpoints if c.attempt == attempts[0].attempt})
+    # The first attempt's first checkpoint (retention keeps the newest, so under num_to_keep this can be a multiple).
     every = indexes[0] if indexes else 10**9  # no checkpoint: none in the model either
     # The loop's stall in report() is carried by the report after the checkpoint's, so it is averaged per checkpoint
     # rather than read off the checkpoint's own report.
@@ -107,6 +108,8 @@ def measure(state: RunState, reports: dict[int, list[ReportEntry]]) -> Measured:
     commit = max(statistics.fmean(commits), 1e-6) if commits else 1e-6
     memory = any(c.memory for c in state.checkpoints)
     first = _first_report(reports, attempts[0])
+    if first is None:
+        raise CannotReplay("the run's first attempt has no report within its span: its history and reports disagree")
     startup = first.time - t0 - first.stalled_s
     m = Measured(nodes=len(nodes), ranks_per_node=max(1, workers // len(nodes)),
                  wall_s=attempts[-1].ended_at - t0,  # type: ignore[operator]
