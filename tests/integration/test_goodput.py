@@ -134,4 +134,4 @@ def test_the_fleet_model_replaying_a_killed_run_agrees_with_its_goodput(storage_
     # held time), which moves that time between productive, trained again and restarts; the start-up and the
     # restart are measured from the run itself. A model that charged the restore, the replayed steps or the
     # stalls wrong would be off by far more (a checkpoint interval is 10 steps, about 6%).
-    assert abs(out["goodput_difference"]) <= 0.03, out
+    assert abs(out["goodput_difference"]) <= 0.03, json.dumps(out)
