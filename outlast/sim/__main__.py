@@ -1,7 +1,8 @@
 """`python -m outlast.sim --seeds N [--start K] [--jobs J] [--elastic] [--edges] [--tier]`: run N schedules, print
 one JSON line, exit 1 on a violation (printing each failing seed's trace). `--seed S` replays one schedule and prints its
 trace.
-`python -m outlast.sim fleet ...`: a fleet's months, with each mechanism on and off (`fleet --help`)."""
+`python -m outlast.sim fleet ...`: a fleet's months, with each mechanism on and off (`fleet --help`).
+`python -m outlast.sim check-model RUN_DIR [--json]`: the fleet model replaying a real run, against its goodput."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["fleet"]:
         from outlast.sim.fleet_command import main as fleet
         return fleet(argv[1:])
+    if argv[:1] == ["check-model"]:
+        from outlast.sim.model_check import main as check_model
+        return check_model(argv[1:])
     p = argparse.ArgumentParser(prog="python -m outlast.sim", description=__doc__)
     p.add_argument("--seeds", type=int, help="how many schedules to run")
     p.add_argument("--start", type=int, default=0, help="the first seed")

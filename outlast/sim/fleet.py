@@ -49,10 +49,12 @@ class FleetConfig:
     memory_every_s: float = 300.0  # with the memory tier: a checkpoint in memory, copied to a peer node
     startup_s: float = 300.0  # the first attempt: scheduling, images, imports, to the first step
     restart_s: float = 90.0  # a later attempt, restore aside: teardown, spawn, imports, the group's set-up
+    new_node_s: float = 0.0  # more, when a node takes a lost one's place (its agent started; a warm spare: none)
     notice_s: float = 120.0  # a drain's notice (a cloud's preemption notice: 30 s to 2 min)
     replace_s: float = 1800.0  # without a spare: until the scheduler gives the run another node
     repair_s: float = 86_400.0  # a lost node back in the spare pool
     spares: int = 16  # spare nodes, with spares on
+    hang_timeout_s: float | None = None  # FailureConfig.hang_timeout_s: None adapts to the run's steps
     timeouts: Timeouts = Timeouts()
 
 
@@ -149,7 +151,7 @@ class _Fleet:
                         self.short_s, self.decisions_s)
 
     def _begin(self, number: int, at: float, restored: _Ckpt | None, waited_until: float,
-               replaced_node: bool = False) -> _Attempt:
+               replaced_node: bool = False, restart_s: float | None = None) -> _Attempt:
         c = self.c
         nodes = c.nodes - self.missing
         if restored is None:
@@ -162,7 +164,13 @@ class _Fleet:
         else:
             restore_s = self.to_storage_s
             self.restores["storage"] += 1
-        ready = max(at, waited_until) + (c.startup_s if number == 1 else c.restart_s) + restore_s
+        if number == 1:
+            restart = c.startup_s
+        elif restart_s is not None:
+            restart = restart_s
+        else:
+            restart = c.restart_s + (c.new_node_s if replaced_node else 0.0)
+        ready = max(at, waited_until) + restart + restore_s
         rec = AttemptRecord(attempt=number, started_at=WALL0 + at,
                             restored_from=restored.record.checkpoint_dir if restored else None,
                             workers=nodes * c.ranks_per_node)
@@ -250,7 +258,7 @@ class _Fleet:
         failure = self._failure(a, ev, rank, node_id, end)
         self._judge(a, [failure] if failure else [], preemption, ev)
         self._close(a, end, "failed")
-        return self._next(a.number + 1, end, restore_from, node_gone)
+        return self._next(a.number + 1, end, restore_from, node_gone, ev.restart_s)
 
     def _drain(self, a: _Attempt, ev: Interruption, node_id: str, rank: int
                ) -> tuple[float, Preemption, _Ckpt | None]:
@@ -283,11 +291,12 @@ class _Fleet:
         return deadline, p, self._newest(deadline)
 
     def _hang_found(self, a: _Attempt) -> float:
-        """When the controller finds the hang: HangWatch's adaptive limit after the newest progress."""
+        """When the controller finds the hang: HangWatch's limit (adaptive, or the run's own) after the newest
+        progress."""
         began = time.process_time()
         fed = a.reports[-64:]
         last = fed[0].time - WALL0 if fed else a.start
-        w = HangWatch(attempt=a.number, ranks=1, timeout_s=None, started=last)
+        w = HangWatch(attempt=a.number, ranks=1, timeout_s=self.c.hang_timeout_s, started=last)
         for r in fed:
             w.on_progress(0, r.index, r.time - WALL0)
             last = r.time - WALL0
@@ -333,7 +342,8 @@ class _Fleet:
         if self.ckpts:
             self.state.latest_checkpoint = self.ckpts[-1].record.checkpoint_dir
 
-    def _next(self, number: int, at: float, restored: _Ckpt | None, node_gone: bool) -> _Attempt:
+    def _next(self, number: int, at: float, restored: _Ckpt | None, node_gone: bool,
+              restart_s: float | None) -> _Attempt:
         c = self.c
         waited = at
         replaced = False
@@ -350,7 +360,7 @@ class _Fleet:
                 waited, replaced = soonest, True
             else:  # the scheduler's node comes before a repaired spare
                 waited, replaced = at + c.replace_s, True
-        return self._begin(number, at, restored, waited_until=waited, replaced_node=replaced)
+        return self._begin(number, at, restored, waited_until=waited, replaced_node=replaced, restart_s=restart_s)
 
     def _lost_node(self, at: float) -> None:
         """The lost node comes back: repaired into the spare pool, or, without spares, as the scheduler's

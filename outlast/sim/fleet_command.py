@@ -27,8 +27,9 @@ LIVE_RECOVERY = ("not yet landed: the rank side is in outlast/train/live/, but t
 PARAMS = {"step_s": "step-s", "checkpoint_gb_per_rank": "checkpoint-gb", "storage_gb_s": "storage-gb-s",
           "network_gb_s": "network-gb-s", "host_copy_gb_s": "host-copy-gb-s",
           "checkpoint_every_s": "checkpoint-every-s", "memory_every_s": "memory-every-s", "startup_s": "startup-s",
-          "restart_s": "restart-s", "notice_s": "notice-s", "replace_s": "replace-s", "repair_s": "repair-s",
+          "restart_s": "restart-s", "new_node_s": "new-node-s", "notice_s": "notice-s", "replace_s": "replace-s", "repair_s": "repair-s",
           "spares": "spares"}
+MAY_BE_NONE = ("spares", "new_node_s")  # zero is a setting: no spares; a replacing node as quick as any restart
 
 
 def run(config: FleetConfig, seed: int, mix: str, mttf_hours: float | None, drains_per_day: float,
@@ -113,9 +114,10 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.nodes < 1 or args.ranks_per_node < 1 or args.days <= 0:
         p.error("--nodes and --ranks-per-node must be at least 1, and --days positive")
-    bad = [f"--{flag}" for name, flag in PARAMS.items() if getattr(args, name) <= 0 and name != "spares"]
-    if bad or args.spares < 0:
-        p.error(f"{', '.join(bad) or '--spares'} must be positive (--spares at least 0)")
+    bad = [f"--{flag}" for name, flag in PARAMS.items() if getattr(args, name) <= 0 and name not in MAY_BE_NONE]
+    none_below = [f"--{PARAMS[name]}" for name in MAY_BE_NONE if getattr(args, name) < 0]
+    if bad or none_below:
+        p.error(f"{', '.join(bad + none_below)} must be positive (--spares and --new-node-s at least 0)")
     config = FleetConfig(nodes=args.nodes, ranks_per_node=args.ranks_per_node, days=args.days,
                          **{name: getattr(args, name) for name in PARAMS})
     quiet()

@@ -55,6 +55,7 @@ class Interruption:
     cause: str
     effect: Effect
     node: int  # the node it strikes, 0 .. nodes-1
+    restart_s: float | None = None  # its restart's own time, as measured on a real run (None: the model's)
 
 
 def llama3(nodes: int, days: float, rng: random.Random) -> list[Interruption]:
