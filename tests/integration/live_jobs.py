@@ -21,15 +21,22 @@ def _log(config: dict, **fields) -> None:
 def live_loop(config: dict) -> None:
     """Each step's batch is drawn from the step and the rank, so a step run again reads what it read first.
     `config["kill"]`: [[rank, step, how], ...]: each rank's first process of the first attempt SIGKILLs itself
-    ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step."""
+    ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step.
+    `config["die_in_transfer"]`: the incarnations whose process SIGKILLs itself while it receives the state, after
+    its header (in the first attempt); `config["pad_mb"]`: megabytes of zeros in the state, so that the sender is
+    still sending then."""
     import torch
 
+    from outlast import faults
     from outlast.train.torch import LiveTraining, prepare_model
 
+    if int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0")) in config.get("die_in_transfer", []):
+        os.environ["OUTLAST_FAULT_POINTS"] = "live.receive_state.after_header=kill"
+        faults.reset()
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    live = LiveTraining(model, optimizer)
+    live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)))
     rank = train.get_context().get_world_rank()
     step = live.start()
     _log(config, event="start", step=step)
@@ -52,3 +59,18 @@ def live_loop(config: dict) -> None:
             train.report({"step": was})
     live.close()
     _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+
+
+class _Pad:
+    """Zeros that a replacement receives with the model: a state large enough that its transfer takes a while."""
+
+    def __init__(self, mb: int) -> None:
+        import torch
+
+        self.pad = torch.zeros(mb * 2**20, dtype=torch.uint8)
+
+    def state_dict(self) -> dict:
+        return {"pad": self.pad}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.pad = d["pad"]

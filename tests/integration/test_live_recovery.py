@@ -21,15 +21,16 @@ from tests.integration.live_jobs import live_loop
 STEPS = 10
 
 
-def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: list[list]):
+def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: list[list], max_failures: int = 3,
+           **config):
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / f"{name}.jsonl"
     result = TorchTrainer(
-        live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill, "report": True},
+        live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill, "report": True, **config},
         scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=3, live_recovery=True)),
+                             failure_config=FailureConfig(max_failures=max_failures, live_recovery=True)),
     ).fit()
     state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
     assert result.last_metrics == {"step": STEPS - 1}  # every rank reported each committed step, a replacement too
@@ -100,3 +101,36 @@ def test_with_every_rank_lost_the_run_falls_back_to_a_restart_and_says_so(storag
     assert recoveries[-1]["path"] == "restart" and "no rank that holds the state" in recoveries[-1]["reason"]
     assert len(state["attempts"]) == 2 and state["status"] == "finished"
     assert state["failure_counts"] == {"worker": 2}  # the live recovery's, and the restart's
+
+
+@pytest.mark.torch
+def test_a_replacement_killed_while_it_takes_the_state_widens_the_recovery(storage_path, tmp_path, clean):
+    # Rank 1 dies in step 4; its replacement dies after the state's header, while rank 0 still sends 32 MB: the
+    # same recovery replaces it again (the controller's core allows MAX_TRANSFER_DEATHS such deaths), and rank 0
+    # sends the state to the third process, in the same attempt.
+    events, state = _train(storage_path, tmp_path, "widen", 2, [[1, 4, "kill"]], die_in_transfer=[1], pad_mb=32)
+    starts = [e for e in events if e["event"] == "start"]
+    assert sorted((e["rank"], e["incarnation"]) for e in starts) == [(0, 0), (1, 0), (1, 2)]  # 1 died in start()
+    assert len({e["pid"] for e in events if e["rank"] == 0}) == 1  # the sender lived through both deaths
+    assert {e["attempt"] for e in events} == {1}
+    assert _final(events) == clean[2]
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": 2}
+    [recovery] = state["live_recoveries"]  # one recovery, widened: not two
+    assert recovery["path"] == "live" and recovery["ranks"] == [1] and recovery["steps_lost"] in (0, 1)
+    assert "SIGKILL" in recovery["cause"]
+
+
+@pytest.mark.torch
+def test_replacements_that_keep_dying_while_they_take_the_state_fall_back_to_a_restart(storage_path, tmp_path,
+                                                                                      clean):
+    # Every replacement of rank 1 dies after the header: the third such death is past MAX_TRANSFER_DEATHS (2).
+    events, state = _train(storage_path, tmp_path, "widen-fall", 2, [[1, 4, "kill"]], max_failures=6,
+                           die_in_transfer=[1, 2, 3], pad_mb=32)
+    assert _final(events) == clean[2]  # the second attempt trained from scratch (no checkpoint was saved)
+    assert {e["attempt"] for e in events if e["event"] == "end"} == {2}
+    recoveries = state["live_recoveries"]
+    assert [r["path"] for r in recoveries] == ["restart"]
+    assert "3 more ranks died while rank(s) [1] took the state (more than 2)" in recoveries[0]["reason"]
+    assert len(state["attempts"]) == 2 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": 4}  # three charged to the recovery, and the restart's

@@ -19,6 +19,7 @@ import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outlast.faults import fault_point
 from outlast.storage.checksum import ALGORITHM, new_hasher
 from outlast.train.live.group import LiveGroup
 
@@ -141,6 +142,7 @@ def receive_state(group: LiveGroup, from_rank: int) -> tuple[Any, int]:
     group.recv(header_t, from_rank, HEADER_TAG)
     header = header_t.numpy().tobytes()
     tensors = [torch.empty(s.shape, dtype=s.dtype) for s in _slots(read_header(header))]
+    fault_point("live.receive_state.after_header")  # the sender is still sending: the recovery widens
     for t in tensors:
         if t.numel():
             group.recv(as_bytes(t), from_rank, TENSOR_TAG)

@@ -1,0 +1,79 @@
+"""The loop of bench/live_recovery_fit.py: 2 CPU ranks, a small MLP, ~20 ms steps, under outlast's
+Trainer.fit(), with live recovery (`LiveTraining`) or without it (DDP, a checkpoint every
+`ckpt_every` steps, restored after a restart). Each rank appends one event per step to `events`:
+"step" when it applied the step, "thrown" when live recovery threw it away. The workers import this
+module: standard library only at import time."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from bench.lib.events import emit
+
+
+def _batch(step: int, rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)  # a step run again reads the batch it read first
+    return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+
+def loop(config: dict) -> None:
+    import torch
+
+    from outlast import train
+    from outlast.train.torch import prepare_model
+
+    torch.set_num_threads(1)
+    ctx = train.get_context()
+    rank, attempt = ctx.get_world_rank(), ctx.get_attempt()
+    incarnation = int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    step = 0
+    ckpt = None if config["live"] else train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        step = state["step"] + 1
+    model = prepare_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if ckpt is not None:
+        opt.load_state_dict(state["optim"])
+    live = None
+    if config["live"]:
+        from outlast.train.torch import LiveTraining
+
+        live = LiveTraining(model, opt)
+        step = live.start()
+    emit(config["events"], ev="start", rank=rank, attempt=attempt, incarnation=incarnation, pid=os.getpid(),
+         step=step, t=time.time())
+    while step < config["steps"]:
+        x, y = _batch(step, rank)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(config["pad_s"])  # the rest of a ~20 ms step
+        done = step
+        if live is not None:
+            step = live.step(step)
+        else:
+            opt.step()
+            opt.zero_grad()
+            step += 1
+        applied = step == done + 1
+        emit(config["events"], ev="step" if applied else "thrown", rank=rank, attempt=attempt,
+             incarnation=incarnation, pid=os.getpid(), step=done, t=time.time())
+        if not applied:
+            continue
+        every = config["ckpt_every"]
+        if every and rank == 0 and (done + 1) % every == 0:
+            with tempfile.TemporaryDirectory() as tmp:
+                torch.save({"model": model.module.state_dict() if hasattr(model, "module") else model.state_dict(),
+                            "optim": opt.state_dict(), "step": done}, os.path.join(tmp, "state.pt"))
+                train.report({"step": done}, checkpoint=train.Checkpoint.from_directory(tmp))
+        elif every:
+            train.report({"step": done})
+    if live is not None:
+        live.close()
