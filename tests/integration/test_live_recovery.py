@@ -49,7 +49,13 @@ def clean(tmp_path_factory):
         final = _final(_train(str(where / "storage"), where, "clean", workers, [])[0])
         assert len(final) == workers and all(w == final[0] for w in final.values())
         return final
-    return {workers: run(workers) for workers in (2, 3)}
+    # Module-scoped, so before the per-test OUTLAST_HOME: a home of its own, never the user's (where another
+    # process's node would be found and attached to).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OUTLAST_HOME", str(tmp_path_factory.mktemp("clean_home")))
+        mp.delenv("OUTLAST_ADDRESS", raising=False)
+        mp.setenv("OUTLAST_PRELOAD", "")
+        return {workers: run(workers) for workers in (2, 3)}
 
 
 @pytest.mark.torch
