@@ -6,7 +6,8 @@ down in bulk, one report per step (with its checkpoint stall) and one checkpoint
 its copy is made. At an interruption the real decisions are asked: `controller.attempt_verdict.judge_attempt`
 (restart or raise, and which budget the attempt is charged to), `controller.preemption.Preemption` (what a drain's
 notice covers and when it must be gone), `controller.hangs.HangWatch` (when a hang is found), and
-`controller.types.Timeouts` (when a silent node is lost). What the run does then (how long a restart, a restore, a
+`controller.types.Timeouts` (when a silent node is lost), and with live recovery `controller.live.LiveRun` (whether
+a death is answered by replacing the rank, or by a restart). What the run does then (how long a restart, a restore, a
 copy take) is a model with its parameters in `FleetConfig`, written out in docs/guide/fleet.md.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import heapq
 import math
+
+import msgspec
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -21,6 +24,7 @@ from typing import Any
 
 from outlast.controller.attempt_verdict import AttemptFacts, FailAttempt, judge_attempt
 from outlast.controller.hangs import HangWatch
+from outlast.controller.live import LiveRun, Replace
 from outlast.controller.preemption import Preemption
 from outlast.controller.types import Timeouts
 from outlast.protocol import messages as m
@@ -28,11 +32,15 @@ from outlast.protocol.kinds import Budget, FailureKind
 from outlast.sim.interruptions import SECONDS_PER_DAY, Effect, Interruption
 from outlast.storage.goodput import Goodput, split
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, DrainRecord, FailureRecord, HangRecord, ReportEntry, ResizeRecord, RunState,
+    AttemptRecord, CheckpointRecord, DrainRecord, FailureRecord, HangRecord, LiveRecoveryRecord, ReportEntry,
+    ResizeRecord, RunState,
 )
 
 WALL0 = 1_800_000_000.0
 NO_METRICS: dict[str, Any] = {}
+# bench/results/live-recovery-fit.json: from a kill to the replacement's first step 0.187 s (median of 20), against
+# 0.254 s from a kill to a restarted attempt's first step. The fleet's live recovery is its restart scaled so.
+LIVE_OVER_RESTART = 0.187 / 0.254
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class FleetConfig:
     memory_every_s: float = 300.0  # with the memory tier: a checkpoint in memory, copied to a peer node
     startup_s: float = 300.0  # the first attempt: scheduling, images, imports, to the first step
     restart_s: float = 90.0  # a later attempt, restore aside: teardown, spawn, imports, the group's set-up
+    live_recover_s: float = 90.0 * LIVE_OVER_RESTART  # live recovery: a death to the replacement's first step
     new_node_s: float = 0.0  # more, when a node takes a lost one's place (its agent started; a warm spare: none)
     notice_s: float = 120.0  # a drain's notice (a cloud's preemption notice: 30 s to 2 min)
     replace_s: float = 1800.0  # without a spare: until the scheduler gives the run another node
@@ -64,6 +73,7 @@ class Mechanisms:
     jit_drain: bool = True  # a checkpoint at a drain's notice
     spares: bool = True
     elastic: bool = True  # shrink, rather than wait, when no node replaces a lost one
+    live_recovery: bool = True  # replace a dead rank and go on, where `LiveRun` says so
 
     def label(self) -> str:
         off = [k for k, v in vars(self).items() if not v]
@@ -79,6 +89,7 @@ class FleetRun:
     struck: dict[str, int]  # interruptions per effect that struck the run
     progress: int  # the run's progress at its end: reports that stay, counted through restores
     restores: dict[str, int]  # from memory, from storage, from nothing
+    live: dict[str, int]  # deaths live recovery answered ("live"), and those it left to a restart ("restart")
     node_seconds_short: float  # node-seconds the run ran smaller than asked (elastic)
     decisions_s: float  # CPU in the real decisions (verdicts, preemptions, hang limits)
 
@@ -100,6 +111,9 @@ class _Attempt:
     record: AttemptRecord
     reports: list[ReportEntry] = field(default_factory=list)
     last_t: float = 0.0  # its newest report's time (or its start)
+    live: LiveRun | None = None  # its generations, with live recovery on
+    resume: float = 0.0  # after a live recovery: when the replacement holds the state and the next step begins
+    replay_until: int = 0  # the run's progress before it began: its steps up to there are trained again
 
 
 def simulate(config: FleetConfig, mech: Mechanisms, events: list[Interruption]) -> FleetRun:
@@ -127,6 +141,10 @@ class _Fleet:
         self.budgets: dict[str, int] = {}
         self.struck: dict[str, int] = {}
         self.restores = {"memory": 0, "storage": 0, "none": 0}
+        self.live = {"live": 0, "restart": 0}
+        # Held seconds in live recoveries (the step in flight thrown away, and the replacement taking the state),
+        # by the part the split charged them to.
+        self.live_s = {"productive": 0.0, "replayed": 0.0}
         self.short_s = 0.0
         self.decisions_s = 0.0
         self.history: list[FailureRecord] = []
@@ -139,7 +157,7 @@ class _Fleet:
         for ev in events:
             if ev.at_s >= self.end:
                 break
-            at = max(ev.at_s, a.start)
+            at = max(ev.at_s, a.start, a.resume)  # one that strikes during a live recovery: at its end
             a = self._grow_if_due(a, at)
             a = self._strike(a, replace(ev, at_s=at))
         a = self._grow_if_due(a, self.end)
@@ -147,8 +165,16 @@ class _Fleet:
         self._close(a, self.end, "finished")
         self.state.status = "finished"
         g = split(self.state, self.reports, WALL0 + self.end)
+        if any(self.live_s.values()):
+            # The split reads an attempt's reports and knows no live recovery: the interval from the last report
+            # before a death to the replacement's first step reads as one step. Its recovery is a restart's time.
+            live = self.live_s
+            g = msgspec.structs.replace(g, productive_s=g.productive_s - live["productive"],
+                                        replayed_s=g.replayed_s - live["replayed"],
+                                        restarts_s=g.restarts_s + sum(live.values()),
+                                        fraction=(g.productive_s - live["productive"]) / g.held_s)
         return FleetRun(self.state, self.reports, g, self.budgets, self.struck, self.reached, self.restores,
-                        self.short_s, self.decisions_s)
+                        self.live, self.short_s, self.decisions_s)
 
     def _begin(self, number: int, at: float, restored: _Ckpt | None, waited_until: float,
                replaced_node: bool = False, restart_s: float | None = None) -> _Attempt:
@@ -179,7 +205,12 @@ class _Fleet:
         self.state.attempts.append(rec)
         self.reports[number] = []
         base = restored.progress if restored else 0
-        a = _Attempt(number, at, ready, nodes, restored, base, rec, self.reports[number], last_t=at)
+        a = _Attempt(number, at, ready, nodes, restored, base, rec, self.reports[number], last_t=at,
+                     replay_until=self.reached)
+        if self.mech.live_recovery:
+            began = time.process_time()
+            a.live = LiveRun(nodes * c.ranks_per_node)
+            self.decisions_s += time.process_time() - began
         return a
 
     def _step_s(self, a: _Attempt) -> float:
@@ -190,7 +221,7 @@ class _Fleet:
         """Reports from the attempt's newest one to `until`; with `stop_at_checkpoint`, up to the first checkpoint
         (returned, and committed) whose report falls before `until`."""
         step = self._step_s(a)
-        t = a.reports[-1].time - WALL0 if a.reports else a.first - step
+        t = max(a.reports[-1].time - WALL0 if a.reports else a.first - step, a.resume)
         i = len(a.reports)
         out = a.reports
         while True:
@@ -251,9 +282,15 @@ class _Fleet:
             elif ev.effect is Effect.NODE_LOST:
                 self._lay_steps(a, ev.at_s)
                 end = ev.at_s + c.timeouts.node_lost_after_s
+                if a.live is not None and self._live(a, ev, rank, node_id, end) is not None:
+                    raise AssertionError("live recovery replaced a rank on a lost node")
             else:
                 self._lay_steps(a, ev.at_s)
                 end = ev.at_s
+                if a.live is not None:
+                    replaced = self._live(a, ev, rank, node_id, end)
+                    if replaced is not None:
+                        return a
             restore_from = self._newest(end)
         failure = self._failure(a, ev, rank, node_id, end)
         self._judge(a, [failure] if failure else [], preemption, ev)
@@ -278,7 +315,7 @@ class _Fleet:
         if self.mech.jit_drain:
             # Every rank saves at its next step's end; the run goes once the checkpoint has its copy.
             step = self._step_s(a)
-            t = a.reports[-1].time - WALL0 if a.reports else max(a.first - step, ev.at_s)
+            t = max(a.reports[-1].time - WALL0 if a.reports else max(a.first - step, ev.at_s), a.resume)
             at = max(t, ev.at_s) + step + self.stall_s
             i = len(a.reports)
             if at <= deadline and a.first <= ev.at_s + step:
@@ -289,6 +326,47 @@ class _Fleet:
                 return gone, p, (k if k.record.committed_at - WALL0 <= deadline else self._newest(gone))
         self._lay_steps(a, deadline)
         return deadline, p, self._newest(deadline)
+
+    def _live(self, a: _Attempt, ev: Interruption, rank: int, node_id: str, at: float) -> Replace | None:
+        """Ask the attempt's `LiveRun` about a death. Replaced: the survivors throw away the step in flight, the
+        replacement takes the state, and the attempt goes on with its next step after `live_recover_s` (and the
+        state's transfer); the death is charged to max_failures as the controller charges it. Otherwise None: a
+        restart, as without live recovery."""
+        assert a.live is not None
+        c = self.c
+        failure = self._failure(a, ev, rank, node_id, at)
+        assert failure is not None
+        began = time.process_time()
+        if ev.at_s >= a.first:
+            a.live.on_joined(0, 0, WALL0 + a.first)  # the ranks formed their live group with their first step
+        d = a.live.on_death(rank, failure.describe(), WALL0 + ev.at_s, node_lost=ev.effect is Effect.NODE_LOST)
+        self.decisions_s += time.process_time() - began
+        if not isinstance(d, Replace):
+            self.live["restart"] += 1
+            self.state.live_recoveries.append(LiveRecoveryRecord(
+                attempt=a.number, ranks=[rank], cause=failure.describe(), path="restart", time=WALL0 + ev.at_s,
+                reason=d.reason))
+            return None
+        ready = ev.at_s + c.live_recover_s + c.checkpoint_gb_per_rank / c.network_gb_s
+        began = time.process_time()
+        done = a.live.on_joined(d.membership.generation, 1 if a.reports else 0, WALL0 + ready)
+        self.decisions_s += time.process_time() - began
+        assert done is not None
+        a.record.failures.append(failure)
+        self.history.append(failure)
+        self.budgets[Budget.WORKER.value] = self.budgets.get(Budget.WORKER.value, 0) + 1
+        self.state.failure_counts[Budget.WORKER.value] = self.budgets[Budget.WORKER.value]
+        self.state.live_recoveries.append(LiveRecoveryRecord(
+            attempt=a.number, ranks=list(done.ranks), cause=done.cause, path="live", time=done.since,
+            generation=done.generation, steps_lost=done.steps_lost, seconds=done.seconds, reason=d.reason))
+        self.live["live"] += 1
+        # The next step begins once the replacement holds the state. The split reads the interval from the last
+        # report to that step's as one step (trained again, or productive): all but the step is the recovery's.
+        a.resume = ready
+        if a.reports:
+            replayed = a.base + len(a.reports) + 1 <= a.replay_until
+            self.live_s["replayed" if replayed else "productive"] += ready - (a.reports[-1].time - WALL0)
+        return d
 
     def _hang_found(self, a: _Attempt) -> float:
         """When the controller finds the hang: HangWatch's limit (adaptive, or the run's own) after the newest

@@ -22,12 +22,13 @@ FLEET_VERSION = 1
 # All on, each off alone, all off.
 VARIANTS = [Mechanisms(), *(Mechanisms(**{f.name: False}) for f in fields(Mechanisms)),
             Mechanisms(**{f.name: False for f in fields(Mechanisms)})]
-LIVE_RECOVERY = ("not yet landed: the rank side is in outlast/train/live/, but the controller does not drive it "
-                 "(docs/guide/live-recovery.md), so it is not simulated")
+LIVE_RECOVERY = ("a rank's death asks the attempt's controller.live.LiveRun: replaced, the attempt goes on after "
+                 "live_recover_s and loses the step in flight; a lost node falls back to a restart; a hang or a drain "
+                 "is no death and restarts as before")
 PARAMS = {"step_s": "step-s", "checkpoint_gb_per_rank": "checkpoint-gb", "storage_gb_s": "storage-gb-s",
           "network_gb_s": "network-gb-s", "host_copy_gb_s": "host-copy-gb-s",
           "checkpoint_every_s": "checkpoint-every-s", "memory_every_s": "memory-every-s", "startup_s": "startup-s",
-          "restart_s": "restart-s", "new_node_s": "new-node-s", "notice_s": "notice-s", "replace_s": "replace-s", "repair_s": "repair-s",
+          "restart_s": "restart-s", "live_recover_s": "live-recover-s", "new_node_s": "new-node-s", "notice_s": "notice-s", "replace_s": "replace-s", "repair_s": "repair-s",
           "spares": "spares"}
 MAY_BE_NONE = ("spares", "new_node_s")  # zero is a setting: no spares; a replacing node as quick as any restart
 
@@ -55,8 +56,9 @@ def run(config: FleetConfig, seed: int, mix: str, mttf_hours: float | None, drai
         out["variants"].append({
             "mechanisms": mech.label(), **{k: v for k, v in vars(mech).items()},
             "goodput": round(g.fraction, 5), "parts_s": goodput_parts(g), "held_s": round(g.held_s, 1),
-            "steps": g.steps, "replayed_steps": g.replayed_steps, "attempts": len(r.state.attempts),
+            "steps": g.steps, "replayed_steps": g.replayed_steps, "attempts": len(r.state.attempts), "resizes": len(r.state.resizes),
             "budgets": r.budgets, "struck": r.struck, "restores": r.restores,
+            "live_recoveries": r.live,
             "node_hours_smaller": round(r.node_seconds_short / 3600, 1),
             "decisions_cpu_s": round(r.decisions_s, 4), "sim_cpu_s": round(time.process_time() - v0, 2)})
     out["live_recovery"] = LIVE_RECOVERY

@@ -186,7 +186,10 @@ def replay(state: RunState, reports: dict[int, list[ReportEntry]], each_restart:
         # No node came back to the run unless it waited for one: a lost node is never repaired within the run.
         notice_s=_notice_s(state), replace_s=max(waits) if waits else 10 * m.wall_s, repair_s=10 * m.wall_s,
         spares=m.spares, hang_timeout_s=m.hang_limit_s, timeouts=Timeouts(node_lost_after_s=m.node_lost_s))
-    mech = Mechanisms(memory_tier=m.memory_tier, jit_drain=m.jit_drain, spares=m.spares > 0, elastic=m.elastic)
+    # Live recovery off: each interruption replayed is an attempt that ended, a restart; a real run's live
+    # recoveries, which end no attempt, are not replayed.
+    mech = Mechanisms(memory_tier=m.memory_tier, jit_drain=m.jit_drain, spares=m.spares > 0, elastic=m.elastic,
+                      live_recovery=False)
     each = None
     if each_restart:
         by = {b.attempt: b for b in state.attempts}

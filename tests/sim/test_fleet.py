@@ -6,6 +6,7 @@ import copy
 import functools
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +14,7 @@ from outlast.sim.__main__ import main
 from outlast.sim.fleet import FleetConfig, Mechanisms, simulate
 from outlast.sim.fleet_command import run
 from outlast.sim.fleet_invariants import violations
-from outlast.sim.interruptions import LLAMA3_PLANNED, LLAMA3_UNEXPECTED, Effect, by_mttf, llama3
+from outlast.sim.interruptions import LLAMA3_PLANNED, LLAMA3_UNEXPECTED, Effect, Interruption, by_mttf, llama3
 
 SMALL = FleetConfig(nodes=16, days=1.0, spares=64)  # never short of a spare: "all on" never waits
 
@@ -30,13 +31,23 @@ def _small(seed: int) -> dict:
 def test_every_variant_keeps_the_invariants_with_every_kind_of_interruption_striking() -> None:
     out = small()
     assert out["violations"] == []
-    assert len(out["variants"]) == 6
+    assert len(out["variants"]) == 7
     for v in out["variants"]:
         assert set(v["struck"]) == {e.value for e in Effect}, v["struck"]
         assert v["budgets"]["worker"] == v["struck"]["rank_dies"] + v["struck"]["node_lost"] + v["struck"]["hang"]
         assert v["budgets"]["preemption"] == v["struck"]["drain"]
         assert sum(v["parts_s"].values()) == pytest.approx(v["held_s"], abs=1.0)
         assert v["held_s"] == pytest.approx(86_400, abs=1.0)
+        live = v["live_recoveries"]
+        if v["live_recovery"]:
+            # LiveRun answers every death: a rank's on its node (replaced, or before the live group formed a
+            # restart), a lost node's (a restart); a hang or a drain is no death.
+            assert live["live"] + live["restart"] == v["struck"]["rank_dies"] + v["struck"]["node_lost"]
+            assert 0 < live["live"] <= v["struck"]["rank_dies"] and live["restart"] >= v["struck"]["node_lost"]
+            assert v["attempts"] == 1 + v["budgets"]["worker"] + v["budgets"]["preemption"] - live["live"] + v[
+                "resizes"]
+        else:
+            assert live == {"live": 0, "restart": 0}
 
 
 def test_a_seed_gives_the_same_run_and_another_seed_another() -> None:
@@ -55,6 +66,8 @@ def test_each_mechanism_is_worth_something_on_its_own() -> None:
     assert by["off: memory_tier"]["parts_s"]["replayed"] > by["all on"]["parts_s"]["replayed"]
     assert by["off: jit_drain"]["parts_s"]["replayed"] > by["all on"]["parts_s"]["replayed"]
     assert by["all off"]["parts_s"]["waiting"] > 0 == by["all on"]["parts_s"]["waiting"]
+    assert by["off: live_recovery"]["parts_s"]["restarts"] > by["all on"]["parts_s"]["restarts"]
+    assert by["off: live_recovery"]["goodput"] < on
     assert all(v["goodput"] <= on for v in by.values())
 
 
@@ -65,6 +78,31 @@ def test_the_llama3_mix_at_its_own_size_is_the_papers_counts() -> None:
         counts[e.cause] = counts.get(e.cause, 0) + 1
     assert counts == {**{c: n for c, n, _ in LLAMA3_UNEXPECTED}, "planned maintenance": LLAMA3_PLANNED}
     assert len(events) == 466 and all(0 <= e.at_s < 54 * 86_400 and 0 <= e.node < 2048 for e in events)
+
+
+def test_a_live_recovery_loses_at_most_the_step_in_flight_and_keeps_its_attempt() -> None:
+    config = replace(SMALL, live_recover_s=40.0)
+    events = [Interruption(3600.0, "software bug", Effect.RANK_DIES, 3)]
+    on, off = simulate(config, Mechanisms(), events), simulate(config, Mechanisms(live_recovery=False), events)
+    assert violations(on, 1.0) == [] and violations(off, 1.0) == []
+    assert len(on.state.attempts) == 1 and len(off.state.attempts) == 2
+    [rec] = on.state.live_recoveries
+    assert rec.path == "live" and rec.ranks == [24] and rec.steps_lost == 1 and rec.generation == 1
+    assert rec.seconds == pytest.approx(40.0 + config.checkpoint_gb_per_rank / config.network_gb_s)
+    assert on.budgets == off.budgets == {"worker": 1}
+    # The recovery (the step in flight and the replacement's 40 s) is held as a restart, nothing else: the run
+    # is behind a run that never failed by at most that and one step.
+    gap = on.goodput.restarts_s
+    assert 40.0 < gap < 40.0 + 2 * config.step_s and gap < off.goodput.restarts_s
+    assert on.reports[1][-1].index + 1 >= (86_400 - config.startup_s - gap) // (config.step_s + 0.016) - 1
+
+
+def test_a_lost_node_falls_back_to_a_restart_with_live_recovery_on() -> None:
+    events = [Interruption(3600.0, "faulty GPU", Effect.NODE_LOST, 3)]
+    r = simulate(SMALL, Mechanisms(), events)
+    [rec] = r.state.live_recoveries
+    assert rec.path == "restart" and "node is lost" in rec.reason and len(r.state.attempts) == 2
+    assert violations(r, 1.0) == []
 
 
 def test_a_broken_history_is_found() -> None:

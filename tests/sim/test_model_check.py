@@ -19,7 +19,8 @@ EVENTS = [Interruption(305.5, "a rank fails", Effect.RANK_DIES, 0), Interruption
 
 
 def test_a_model_run_replayed_gives_back_its_parameters_and_its_goodput():
-    run = simulate(CONFIG, Mechanisms(memory_tier=True, jit_drain=True, spares=True, elastic=False), EVENTS)
+    run = simulate(CONFIG, Mechanisms(memory_tier=True, jit_drain=True, spares=True, elastic=False,
+                                   live_recovery=False), EVENTS)
     out = check(run.state, run.reports)
     m = out["measured"]
     assert (m["nodes"], m["ranks_per_node"], m["checkpoint_steps"], m["spares"]) == (1, 4, 10, 1)
@@ -27,7 +28,7 @@ def test_a_model_run_replayed_gives_back_its_parameters_and_its_goodput():
     assert m["hang_limit_s"] == pytest.approx(20.0, abs=0.01) and m["commit_s"] == pytest.approx(2.0)
     # The step is measured as the mean report to report, the drain's one just-in-time checkpoint's stall among them.
     assert m["step_s"] == pytest.approx(1.0, abs=0.001)
-    assert out["mechanisms"] == "off: elastic"
+    assert out["mechanisms"] == "off: elastic, live_recovery"
     assert [e["effect"] for e in out["interruptions"]] == ["rank_dies", "hang", "drain"]
     assert out["real"]["replayed_steps"] > 0 and out["real"]["parts_s"]["drains"] > 0
     assert abs(out["goodput_difference"]) < 0.001, out
