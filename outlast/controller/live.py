@@ -13,7 +13,8 @@ the state is gone, and replacements that keep dying in their transfer are not wo
 `max_transfer_deaths`: both fall back to a restart.
 
 A move is a recovery the controller plans (`on_drain`): a drained node's ranks are replaced like dead
-ones while they still live. Their replacements are forked elsewhere first, and the next generation,
+ones while they still live. A grow (`on_grow`) is planned the same way: the ranks added to an elastic
+run join a generation with a larger world size and take the state from the running ranks. Their replacements are forked elsewhere first, and the next generation,
 published once they wait for it (`publishable`), is `planned`: no step is thrown away, the ranks form it
 after the step in flight, and the drained ranks, left out of it, exit. A death meanwhile widens it as
 it widens any recovery.
@@ -60,9 +61,10 @@ class Recovered:
 
 
 @dataclass(frozen=True)
-class Move:
-    """Fork a member for each of `ranks` (rank -> its `incarnations`) on a node that stays, then publish
-    `membership` (planned) once they wait for it (`LiveRun.publishable`)."""
+class Planned:
+    """Fork a member for each of `ranks` (rank -> its `incarnations`) on a node that stays (a drained rank's
+    replacement, or a rank added), then publish `membership` (planned) once they wait for it
+    (`LiveRun.publishable`)."""
 
     ranks: tuple[int, ...]
     incarnations: dict[int, int]
@@ -72,9 +74,11 @@ class Move:
 
 @dataclass(frozen=True)
 class StayPut:
-    """Not moved live: the drain takes the path it takes without live recovery (a checkpoint, a restart)."""
+    """Not changed live: the drain or the grow takes the path it takes without live recovery (a checkpoint, a
+    restart). `later`: not now, but the live path may open (a recovery under way ends): ask again."""
 
     reason: str
+    later: bool = False
 
 
 @dataclass
@@ -159,7 +163,7 @@ class LiveRun:
 
     # ---- planned changes: a drained node's ranks move ---------------------------------------------------
 
-    def on_drain(self, ranks: list[int], cause: str, wall: float, no_room: str | None) -> Move | StayPut:
+    def on_drain(self, ranks: list[int], cause: str, wall: float, no_room: str | None) -> Planned | StayPut:
         """A drain notice names `ranks` (alive, on draining nodes). `no_room`: why no node that stays can take
         them, None when one can."""
         if not ranks:
@@ -183,9 +187,34 @@ class LiveRun:
         self.unreported |= set(ranks)
         self.recovery = Recovery(since=wall, cause=cause, ranks=sorted(ranks))
         self.unpublished, self.starting = membership, set(ranks)
-        return Move(tuple(sorted(ranks)), incarnations, membership,
+        return Planned(tuple(sorted(ranks)), incarnations, membership,
                     f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
                     f"planned, once started; rank {kept[0]} sends them the state, and the drained ranks exit")
+
+    def on_grow(self, to_workers: int, cause: str, wall: float) -> Planned | StayPut:
+        """The elastic run has room for `to_workers` (more than it has): the added ranks, numbered after the
+        others, join a planned generation of that size; rank 0 sends them the state."""
+        world = self.membership.world_size
+        if to_workers <= world:
+            return StayPut(f"{to_workers} workers is no grow from {world}")
+        if not self.formed:
+            return StayPut(f"the run may grow to {to_workers} workers before the ranks formed their live group")
+        if self.recovery is not None:
+            return StayPut(f"rank(s) {self.recovery.ranks} still take the state in generation "
+                           f"{self.membership.generation}: the grow waits for it", later=True)
+        added = list(range(world, to_workers))
+        # A rank number held before in this attempt (a smaller world since) gets a member name of its own.
+        incarnations = {r: self.incarnation.get(r, -1) + 1 for r in added}
+        members = self.membership.members + tuple(member_name(r, incarnations[r]) for r in added)
+        membership = Membership(self.membership.generation + 1, members, tuple(added), 0, planned=True)
+        self.membership, self.unsent = membership, set(added)
+        self.incarnation.update(incarnations)
+        self.unreported |= set(added)
+        self.recovery = Recovery(since=wall, cause=cause, ranks=added)
+        self.unpublished, self.starting = membership, set(added)
+        return Planned(tuple(added), incarnations, membership,
+                       f"ranks {added} join generation {membership.generation} ({world} to {to_workers} ranks), "
+                       "planned, once started; rank 0 sends them the state")
 
     def on_started(self, member: str) -> None:
         """`member` waits in the store for the planned generation that names it."""

@@ -9,6 +9,7 @@ Plain functions over the core's state, as `lifecycle.py`'s are."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import msgspec
@@ -26,7 +27,7 @@ from outlast.controller.preemption import Preemption
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import Budget, FailureKind
-from outlast.storage.records import FailureRecord, LiveRecoveryRecord
+from outlast.storage.records import FailureRecord, LiveRecoveryRecord, ResizeRecord
 
 log = logging.getLogger("outlast.controller")
 
@@ -135,6 +136,50 @@ def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
         env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank])}
         c.out.append(spawns.spawn(c, a, new, [a.specs[rank]], env))
     log.warning("attempt %d: %s; %s (to %s)", a.number, cause, decision.reason,
+                ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
+    return True
+
+
+# ---- an elastic run grows ------------------------------------------------------------------------------
+
+
+def on_grow(c: CoreState, a: AttemptState, to_workers: int, why: str) -> bool:
+    """True when the grow is live (the added ranks forked, to take the state from the running ranks) or waits for
+    a recovery under way; False: it takes its usual path (a checkpoint saved on a notice, a restart larger)."""
+    live = c.live
+    if live is None or not isinstance(c.state, st.Running):
+        return False
+    current = c.plan.world_size
+    added = list(range(current, to_workers))
+    room = where_to(c.nodes.views(c.run_id, c.now), a.placement, added, c.plan.per_worker, c.plan.strategy)
+    if isinstance(room, NoCapacity):
+        return False
+    cause = f"grow: from {current} to {to_workers} workers ({why})"
+    decision = live.on_grow(to_workers, cause, c.wall())
+    if isinstance(decision, StayPut):
+        if not decision.later:
+            log.info("attempt %d: %s; not live: %s", a.number, cause, decision.reason)
+        return decision.later
+    c.plan = dataclasses.replace(c.plan, world_size=to_workers)
+    c.commit_tracker.grow(to_workers)
+    c.collectives.grow(to_workers)
+    if c.hangs is not None:
+        c.hangs.ranks = to_workers
+    c.book.note_size(to_workers, ResizeRecord(attempt=a.number, from_workers=current, to_workers=to_workers,
+                                             reason=f"grow, live: {why}", steps_lost=0, time=c.wall()), c.wall())
+    c.resizes.since = c.now
+    for rank in decision.ranks:
+        node = room[rank]
+        beside = sum(1 for n in a.placement.values() if n == node)
+        a.placement[rank] = node
+        node_rank = list(dict.fromkeys(a.placement[r] for r in sorted(a.placement))).index(node)
+        a.specs[rank] = m.WorkerSpec(rank=rank, local_rank=beside, local_world_size=beside + 1,
+                                     node_rank=node_rank, world_size=to_workers)
+        if c.nodes.link(node, c.now):
+            c.out.append(ToNode(node, heartbeat(c)))
+        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank])}
+        c.out.append(spawns.spawn(c, a, node, [a.specs[rank]], env))
+    log.warning("attempt %d: %s; %s (%s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
     return True
 

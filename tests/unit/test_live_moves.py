@@ -5,7 +5,7 @@ generation published while every member lives. No processes."""
 from __future__ import annotations
 
 from outlast.controller import group as g
-from outlast.controller.live import LiveRun, Move, Recovered, Replace, StayPut
+from outlast.controller.live import LiveRun, Planned, Recovered, Replace, StayPut
 from outlast.controller.live_room import where_to
 from outlast.controller.placement import NodeView, NoCapacity
 from outlast.controller.states import State
@@ -28,7 +28,7 @@ def formed(world_size: int) -> LiveRun:
 def test_a_drained_rank_moves_in_a_planned_generation_published_once_its_replacement_waits_and_all_were_told():
     live = formed(3)
     d = live.on_drain([1], "drain: node b", wall=10.0, no_room=None)
-    assert isinstance(d, Move) and d.ranks == (1,) and d.incarnations == {1: 1}
+    assert isinstance(d, Planned) and d.ranks == (1,) and d.incarnations == {1: 1}
     assert d.membership == Membership(1, ("r0i0", "r1i1", "r2i0"), (1,), 0, planned=True)
     assert "rank 0 sends" in d.reason and live.starting_members() == ["r1i1"]
     assert live.publishable(told=True) is None  # its replacement has not started yet
@@ -45,7 +45,7 @@ def test_a_drained_rank_moves_in_a_planned_generation_published_once_its_replace
 def test_two_drained_ranks_are_published_when_both_replacements_started():
     live = formed(4)
     d = live.on_drain([2, 3], "drain", wall=1.0, no_room=None)
-    assert isinstance(d, Move) and d.membership.joiners == (2, 3) and d.membership.source == 0
+    assert isinstance(d, Planned) and d.membership.joiners == (2, 3) and d.membership.source == 0
     live.on_started("r3i1")
     assert live.publishable(told=True) is None
     live.on_started("r2i1")
@@ -173,3 +173,63 @@ def test_a_drained_rank_that_returns_before_its_replacement_waits_ends_the_rank_
     assert stop.node_id == "n3" and h.core.live.unpublished is None and h.core.live.recovery is None
     assert not [e for e in h.effects if isinstance(e, g.PublishMembership)]
     assert h.state is State.FINISHED
+
+
+# ---- an elastic run grows -----------------------------------------------------------------------------------
+
+
+def test_added_ranks_join_a_planned_generation_of_the_larger_size_and_rank_0_sends_them_the_state():
+    live = formed(2)
+    d = live.on_grow(4, "grow", wall=5.0)
+    assert isinstance(d, Planned) and d.ranks == (2, 3) and d.incarnations == {2: 0, 3: 0}
+    assert d.membership == Membership(1, ("r0i0", "r1i0", "r2i0", "r3i0"), (2, 3), 0, planned=True)
+    assert live.starting_members() == ["r2i0", "r3i0"]
+    live.on_started("r2i0")
+    live.on_started("r3i0")
+    assert live.publishable(told=True) == d.membership
+    assert live.on_joined(1, 0, wall=6.0) == Recovered(1, (2, 3), "grow", 5.0, 1.0, 0)
+    assert isinstance(live.on_death(3, "killed", wall=7.0), Replace)  # an added rank is a rank like the others
+
+
+def test_a_grow_stays_put_or_waits_with_its_reason():
+    assert "before the ranks formed" in LiveRun(2).on_grow(3, "grow", 1.0).reason
+    assert "no grow" in formed(3).on_grow(3, "grow", 1.0).reason
+    busy = formed(2)
+    busy.on_death(1, "killed", wall=1.0)
+    d = busy.on_grow(3, "grow", 1.0)
+    assert isinstance(d, StayPut) and d.later and "the grow waits" in d.reason
+
+
+def test_the_core_grows_an_elastic_run_live_with_no_notice_no_restart_and_no_budget_drawn():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    placement = start(h)
+    assert h.core.plan.world_size == 2
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.effects.clear()
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))  # a node joins
+    assert h.state is State.RUNNING and h.core.plan.world_size == 3
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == "n3" and [(w.rank, w.world_size) for w in spawn.msg.workers] == [(2, 3)]
+    assert not h.to_rank(0)  # no notice: the loop is not asked to save
+    h.step(g.LiveReady(attempt=1, member="r2i0"))
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r1i0", "r2i0"), (2,), 0, planned=True)
+    h.worker(m.WorkerHello(attempt=1, rank=2, pid=102))
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=0, wall=h.wall() + 0.5))
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "live" and record.cause.startswith("grow") and record.ranks == [2]
+    [resize] = h.core.book.state.resizes
+    assert (resize.from_workers, resize.to_workers, resize.steps_lost) == (2, 3, 0)
+    assert h.core.book.state.failure_counts == {}
+    # The added rank's reports take up the count of the rank that sent it the state.
+    for rank in (0, 1):
+        for i in range(3):
+            h.worker(m.Report(attempt=1, rank=rank, index=i, metrics={"step": i}))
+    h.worker(m.Report(attempt=1, rank=2, index=3, metrics={"step": 3}))
+    assert h.core.commit_tracker.reports == [3, 3, 4]
+    finish_all(h, {**placement, 2: "n3"})
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1

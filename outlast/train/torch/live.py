@@ -26,6 +26,7 @@ the group reduces them in one order, the same in every generation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -75,7 +76,7 @@ class LiveTraining:
 
     def start(self) -> int:
         """Join the group; returns the step to run first."""
-        return self.rank.join(self.state_dict, self.load_state_dict)
+        return self._join()
 
     def step(self, step: int) -> int:
         """After backward(): average the gradients over the ranks and apply the optimizer's step, or, when a rank
@@ -101,7 +102,15 @@ class LiveTraining:
         self.optimizer.zero_grad()
         if committed:
             return step + 1
-        return self.rank.join(self.state_dict, self.load_state_dict)
+        return self._join()
+
+    def _join(self) -> int:
+        step = self.rank.join(self.state_dict, self.load_state_dict)
+        session = get_session("LiveTraining")
+        if self.rank.group is not None and session.context.world_size != self.rank.group.world_size:
+            # A grow: get_context().get_world_size() is the live group's from here, on the ranks that were there too.
+            session.context = dataclasses.replace(session.context, world_size=self.rank.group.world_size)
+        return step
 
     @property
     def generation(self) -> int:
@@ -112,7 +121,7 @@ class LiveTraining:
     def _regroup(self) -> bool:
         """Form the planned generation published meanwhile; False when it leaves this rank out."""
         try:
-            self.rank.join(self.state_dict, self.load_state_dict)
+            self._join()
         except NotAMemberError:
             return False
         return True
