@@ -70,7 +70,8 @@ def live_loop(config: dict) -> None:
         if config.get("report") and step == was + 1:
             train.report({"step": was})
     live.close()
-    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
+         world=train.get_context().get_world_size())
 
 
 class _Pad:
