@@ -33,6 +33,9 @@ log = logging.getLogger("outlast.controller")
 
 STORE_VAR = "OUTLAST_LIVE_STORE"  # where a rank's live group meets: the controller's store, "host:port"
 INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"  # how many times the rank was replaced in this attempt
+# How long a planned generation waits for the drain's notice to be fixed (`horizons.py`) once its new members
+# wait: past it, a loop that stopped asking get_preemption_info() does not hold the move up until the deadline.
+NOTICE_WAIT_S = 2.0
 
 
 def begin(c: CoreState, a: AttemptState, world_size: int) -> dict[str, str]:
@@ -195,11 +198,14 @@ def on_ready(c: CoreState, event: LiveReady) -> None:
 
 def publish_if_ready(c: CoreState) -> None:
     """The planned generation goes out once its new members wait for it and the ranks were told the drain's
-    notice (fixed at once, or at the ranks' next calls of get_preemption_info())."""
+    notice (fixed at once, or at the ranks' next calls of get_preemption_info(); `NOTICE_WAIT_S` at most)."""
     a, live = c.attempt, c.live
     if a is None or live is None or live.unpublished is None:
         return
-    membership = live.publishable(told=a.preemption is None or c.horizons.decision_index is not None)
+    noticed = c.horizons.noticed_at
+    told = a.preemption is None or c.horizons.decision_index is not None or \
+        (noticed is not None and c.now - noticed >= NOTICE_WAIT_S)
+    membership = live.publishable(told=told)
     if membership is not None:
         c.out.append(PublishMembership(a.number, membership.to_json()))
         log.info("attempt %d: the new members wait; generation %d is published", a.number, membership.generation)

@@ -233,3 +233,21 @@ def test_the_core_grows_an_elastic_run_live_with_no_notice_no_restart_and_no_bud
     assert h.core.commit_tracker.reports == [3, 3, 4]
     finish_all(h, {**placement, 2: "n3"})
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_a_move_waits_for_the_notice_to_be_fixed_but_not_for_a_loop_that_stopped_asking():
+    h, placement = _live()
+    for rank in (0, 1):  # grants of many calls: each rank's next call decides the notice
+        h.step(g.FromWorker(m.PreemptionQuery(attempt=1, rank=rank, index=0)))
+        h.step(g.FromWorker(m.PreemptionQuery(attempt=1, rank=rank, index=40)), dt=0.01)
+    _drain(h, "n2")
+    assert h.core.horizons.decision_index is None
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    assert not [e for e in h.effects if isinstance(e, g.PublishMembership)]  # the ranks have not been told yet
+    h.step(dt=2.0)  # no rank asked since: the move goes on without waiting for the deadline
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published.planned and published.generation == 1
+    # The drained process, stopped with the attempt, is stopped where it runs too.
+    from outlast.controller import ending
+    ending.stop_workers(h.core)
+    assert {e.node_id for e in h.core.out if isinstance(e, g.StopRun)} == {"n1", "n2", "n3"}
