@@ -152,6 +152,7 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     failed = ev.exit_code != 0 or ev.error is not None
     if not failed:
         commit_steps.check_uploads_of(c, a, ev.rank)
+        live_steps.on_clean_exit(c, a, ev.rank)
     p = preempt_steps.preemption(c)
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)

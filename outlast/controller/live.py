@@ -14,10 +14,10 @@ the state is gone, and replacements that keep dying in their transfer are not wo
 
 A move is a recovery the controller plans (`on_drain`): a drained node's ranks are replaced like dead
 ones while they still live. A grow (`on_grow`) is planned the same way: the ranks added to an elastic
-run join a generation with a larger world size and take the state from the running ranks. Their replacements are forked elsewhere first, and the next generation,
-published once they wait for it (`publishable`), is `planned`: no step is thrown away, the ranks form it
-after the step in flight, and the drained ranks, left out of it, exit. A death meanwhile widens it as
-it widens any recovery.
+run join a generation with a larger world size and take the state from the running ranks. The new
+members are forked first, and the next generation, published once they wait for it (`publishable`), is
+`planned`: no step is thrown away, the ranks form it after the step in flight, and the drained ranks,
+left out of it, exit. A death meanwhile widens it as it widens any recovery.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ class LiveRun:
         self.unsent: set[int] = set()  # ranks of the newest generation that have not received the state yet
         self.unreported: set[int] = set()  # replaced ranks whose replacement has not reported yet
         self.formed = False  # the ranks formed generation 0: the loop makes its steps through the live group
-        self.unpublished: Membership | None = None  # a planned generation, until its new members started
-        self.starting: set[int] = set()  # ranks of that generation whose new member has not started yet
+        self.unpublished: Membership | None = None  # a planned generation, until its new members wait for it
+        self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
 
     def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False) -> Replace | FallBack:
         if not 0 <= rank < self.membership.world_size:
@@ -161,7 +161,7 @@ class LiveRun:
         self.recovery, self.unsent = None, set()
         return Recovered(generation, tuple(r.ranks), r.cause, r.since, max(0.0, wall - r.since), steps_lost)
 
-    # ---- planned changes: a drained node's ranks move ---------------------------------------------------
+    # ---- planned changes: a drained node's ranks move, an elastic run grows ------------------------------
 
     def on_drain(self, ranks: list[int], cause: str, wall: float, no_room: str | None) -> Planned | StayPut:
         """A drain notice names `ranks` (alive, on draining nodes). `no_room`: why no node that stays can take
@@ -188,8 +188,8 @@ class LiveRun:
         self.recovery = Recovery(since=wall, cause=cause, ranks=sorted(ranks))
         self.unpublished, self.starting = membership, set(ranks)
         return Planned(tuple(sorted(ranks)), incarnations, membership,
-                    f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
-                    f"planned, once started; rank {kept[0]} sends them the state, and the drained ranks exit")
+                       f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
+                       f"planned, once started; rank {kept[0]} sends them the state, and the drained ranks exit")
 
     def on_grow(self, to_workers: int, cause: str, wall: float) -> Planned | StayPut:
         """The elastic run has room for `to_workers` (more than it has): the added ranks, numbered after the

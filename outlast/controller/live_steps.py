@@ -223,22 +223,46 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
     """The exit of a drained rank's process that a move replaced: not the rank's (its replacement holds it)."""
     if (ev.rank, ev.node_id) not in a.retiring:
         return False
-    a.retiring.discard((ev.rank, ev.node_id))
     live = c.live
     if live is not None and live.unpublished is not None and ev.exit_code == 0 and ev.error is None:
-        # It returned from the loop: the training ended before the move could happen. Its exit is the rank's,
-        # and the replacement, waiting for a generation that will not come, is stopped where it is alone.
-        log.info("attempt %d: %s", a.number, live.abandon_move())
-        node = a.placement[ev.rank]
-        if not [r for r in a.ranks_on({node}) if r != ev.rank and r not in a.exited]:
-            c.out.append(StopRun(node, m.StopWorkers(run_id=c.run_id, attempt=a.number,
-                                                     grace_s=c.plan.timeouts.teardown_grace_s)))
-        a.placement[ev.rank] = ev.node_id
+        abandon(c, a)  # it returned from the loop: the training ended before the move; its exit is the rank's
         return False
+    a.retiring.discard((ev.rank, ev.node_id))
     log.info("attempt %d: rank %d's drained process on %s exited (%s); its replacement holds the rank", a.number,
              ev.rank, ev.node_id, "cleanly" if ev.exit_code == 0 and ev.error is None else
              f"exit code {ev.exit_code}, signal {ev.signal}")
     return True
+
+
+def on_clean_exit(c: CoreState, a: AttemptState, rank: int) -> None:
+    """A rank returned from the loop. If a planned generation still waits to go out, the training ended first."""
+    live = c.live
+    if live is not None and live.unpublished is not None and rank not in live.unpublished.joiners:
+        abandon(c, a)
+
+
+def abandon(c: CoreState, a: AttemptState) -> None:
+    """The loop ended before a planned generation's new members waited for it: it never goes out. A drained rank
+    is its own process's again (its replacement's exit is no rank's now); an added rank is done, having nothing
+    to report. The new members, waiting in vain, are stopped where no other rank runs."""
+    live = c.live
+    assert live is not None and live.unpublished is not None
+    joiners = live.unpublished.joiners
+    log.info("attempt %d: %s", a.number, live.abandon_move())
+    for rank in joiners:
+        node = a.placement[rank]
+        drained = next((n for r, n in a.retiring if r == rank), None)
+        if drained is not None:
+            a.retiring.discard((rank, drained))
+            a.retiring.add((rank, node))
+            a.placement[rank] = drained
+        else:
+            a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
+                                                     exit_code=0, signal=None, error=None, node_id=node))
+            a.done.add(rank)
+        if not [r for r, n in a.placement.items() if n == node and r not in a.exited]:
+            c.out.append(StopRun(node, m.StopWorkers(run_id=c.run_id, attempt=a.number,
+                                                     grace_s=c.plan.timeouts.teardown_grace_s)))
 
 
 def _publish_planned(c: CoreState, a: AttemptState, live: LiveRun) -> None:

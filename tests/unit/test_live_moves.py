@@ -251,3 +251,19 @@ def test_a_move_waits_for_the_notice_to_be_fixed_but_not_for_a_loop_that_stopped
     from outlast.controller import ending
     ending.stop_workers(h.core)
     assert {e.node_id for e in h.core.out if isinstance(e, g.StopRun)} == {"n1", "n2", "n3"}
+
+
+def test_a_grow_whose_loop_ends_before_the_added_rank_waits_finishes_and_stops_the_added_rank():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))
+    h.effects.clear()
+    finish_all(h, placement)  # ranks 0 and 1 return before rank 2 waited for its generation
+    [stop] = [e for e in h.effects if isinstance(e, g.StopRun)]
+    assert stop.node_id == "n3" and not [e for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
