@@ -99,8 +99,21 @@ class CommitTracker:
     def skip_to(self, rank: int, index: int) -> None:
         """Live recovery: `rank`'s replacement reports from `index` on, the count of the rank whose state it took.
         Its predecessor may have died before reporting a step every rank committed; its reports between never come."""
-        if 0 <= rank < self.world_size and index > self.reports[rank]:
-            self.reports[rank] = index
+        if 0 <= rank < self.world_size and index > self.reports[rank] and rank not in self.lost:
+            before, self.reports[rank] = self.reports[rank], index
+            self._made[before] -= 1  # counted where it is now, so the least count moves past it
+            self._made[index] = self._made.get(index, 0) + 1
+            self._advance_least()
+
+    def grow(self, world_size: int) -> None:
+        """Live recovery: ranks added to the attempt (an elastic grow), counted as having made the least reports
+        until their first report says where they take up the count (`skip_to`)."""
+        least = 0 if self._least == float("inf") else int(self._least)
+        for _ in range(world_size - self.world_size):
+            self.reports.append(least)
+            self._made[least] = self._made.get(least, 0) + 1
+        self.world_size = max(self.world_size, world_size)
+        self._least = min(self._least, least)
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],

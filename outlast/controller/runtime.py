@@ -20,7 +20,7 @@ from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
+    Effect, InEvent, Interrupted, LeaseLost, LiveJoined, LiveReady, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
 )
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
@@ -40,6 +40,8 @@ class LiveStoreIO(Protocol):
     def publish(self, attempt: int, membership_json: str) -> None: ...
 
     def joined(self, attempt: int, generation: int) -> LiveJoined | None: ...
+
+    def ready(self, attempt: int, member: str) -> LiveReady | None: ...
 
 
 class StepWatcher(Protocol):
@@ -97,6 +99,10 @@ class Controller:
                 if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
                         and (joined := self.live.joined(*awaited)) is not None:
                     self._step(joined)
+                if self.live is not None:
+                    for attempt, member in live_steps.starting(self.core):
+                        if (ready := self.live.ready(attempt, member)) is not None:
+                            self._step(ready)
                 lease = self.plan.lease
                 if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))

@@ -13,6 +13,7 @@ from outlast import train
 def _log(config: dict, **fields) -> None:
     ctx = train.get_context()
     fields.update(rank=ctx.get_world_rank(), attempt=ctx.get_attempt(), pid=os.getpid(),
+                  node=os.environ.get("OUTLAST_NODE_ID"),
                   incarnation=int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0")), t=time.time())
     with open(config["events"], "a") as f:
         f.write(json.dumps(fields) + "\n")
@@ -24,7 +25,10 @@ def live_loop(config: dict) -> None:
     ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step.
     `config["die_in_transfer"]`: the incarnations whose process SIGKILLs itself while it receives the state, after
     its header (in the first attempt); `config["pad_mb"]`: megabytes of zeros in the state, so that the sender is
-    still sending then."""
+    still sending then. `config["notice"]`: ask get_preemption_info() at each step, and log the first notice.
+    `config["until_generation"]`: train past `steps` until the live group reached that generation, and
+    `config["after"]` steps in it (every rank, a new member too, sees it reached at the same step), so that a planned
+    change made while the run trains always happens in it."""
     import torch
 
     from outlast import faults
@@ -42,7 +46,13 @@ def live_loop(config: dict) -> None:
     _log(config, event="start", step=step)
     kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
-    while step < config["steps"]:
+    told = False
+    until = config.get("until_generation", 0)
+    reached = step if live.generation >= until else None
+    while step < config["steps"] or reached is None or step < reached + config.get("after", 0):
+        if config.get("notice") and not told and (info := train.get_preemption_info()) is not None:
+            told = True
+            _log(config, event="notice", step=step, ranks=info.preempted_ranks, node_ids=info.preempted_node_ids)
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(32, 8, generator=g)
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
@@ -54,11 +64,14 @@ def live_loop(config: dict) -> None:
         time.sleep(config.get("sleep", 0.02))
         was = step
         step = live.step(step)
+        if reached is None and live.generation >= until:
+            reached = step
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
         if config.get("report") and step == was + 1:
             train.report({"step": was})
     live.close()
-    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
+         world=train.get_context().get_world_size())
 
 
 class _Pad:
