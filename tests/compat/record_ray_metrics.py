@@ -2,12 +2,12 @@
 
     python3 tests/compat/record_ray_metrics.py [--ray-python bench/.ray-venv/bin/python] [--runs 2]
 
-Runs Ray's torch_linear_example.py (from the wheel that tests/compat fetches, unchanged, `--num-workers 1`:
-3 epochs on one worker) with Ray's Python (bench/setup_ray_venv.sh builds it), with tests/compat/seeded on its
-PYTHONPATH so that torch's default generator is seeded as torch is imported, in the driver and in every
-worker. It runs the script `--runs` times, checks that Ray prints the same metrics each time, and writes them
-to tests/compat/ray_metrics.json with Ray's and torch's versions and the script's SHA-256. Run it again when
-the example or Ray's version changes (the test says so).
+Runs Ray's torch_linear_example.py (from the wheel that tests/compat fetches, unchanged: 3 epochs, with
+`--num-workers 1` and with `--num-workers 2`) with Ray's Python (bench/setup_ray_venv.sh builds it), with
+tests/compat/seeded on its PYTHONPATH so that torch's default generator is seeded as torch is imported, in
+the driver and in every worker. It runs each case `--runs` times, checks that Ray prints the same metrics each
+time, and writes them to tests/compat/ray_metrics.json with Ray's and torch's versions and the script's
+SHA-256. Run it again when the example or Ray's version changes (the test says so).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROOT = HERE.parents[1]
 RECORD = HERE / "ray_metrics.json"
 SEEDED = HERE / "seeded"
 SCRIPT = "ray/train/examples/pytorch/torch_linear_example.py"
-ARGS = ("--num-workers", "1")
+CASES = (("--num-workers", "1"), ("--num-workers", "2"))  # each: the script's arguments
 
 
 def printed_metrics(stdout: str) -> dict:
@@ -60,24 +60,27 @@ def main() -> None:
     versions = json.loads(subprocess.run(
         [args.ray_python, "-c", "import json, ray, torch; print(json.dumps([ray.__version__, torch.__version__]))"],
         capture_output=True, text=True, check=True).stdout)
-    seen = []
-    for n in range(args.runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            env = dict(os.environ, PYTHONPATH=str(SEEDED))
-            proc = subprocess.run([args.ray_python, str(script), *ARGS], cwd=tmp, env=env, capture_output=True,
-                                  text=True, timeout=900)
-        if proc.returncode != 0:
-            sys.exit(f"Ray's run {n + 1} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-        seen.append(printed_metrics(proc.stdout))
-        print(f"run {n + 1}: {seen[-1]}", file=sys.stderr)
-    if any(m != seen[0] for m in seen):
-        sys.exit(f"Ray printed different metrics in its {args.runs} runs: {seen}; nothing recorded")
-    record = {"script": SCRIPT, "args": list(ARGS), "script_sha256": script_hash(script),
+    cases = []
+    for case in CASES:
+        seen = []
+        for n in range(args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                env = dict(os.environ, PYTHONPATH=str(SEEDED))
+                proc = subprocess.run([args.ray_python, str(script), *case], cwd=tmp, env=env, capture_output=True,
+                                      text=True, timeout=900)
+            if proc.returncode != 0:
+                sys.exit(f"Ray's run {n + 1} of {' '.join(case)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+            seen.append(printed_metrics(proc.stdout))
+            print(f"{' '.join(case)}, run {n + 1}: {seen[-1]}", file=sys.stderr)
+        if any(m != seen[0] for m in seen):
+            sys.exit(f"Ray printed different metrics in its {args.runs} runs of {' '.join(case)}: {seen}; "
+                     "nothing recorded")
+        cases.append({"args": list(case), "metrics": seen[0]})
+    record = {"script": SCRIPT, "script_sha256": script_hash(script),
               "ray_version": versions[0], "torch_version": versions[1],
-              "pythonpath": SEEDED.relative_to(ROOT).as_posix(), "runs_that_agreed": args.runs,
-              "metrics": seen[0]}
+              "pythonpath": SEEDED.relative_to(ROOT).as_posix(), "runs_that_agreed": args.runs, "cases": cases}
     RECORD.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {RECORD.relative_to(ROOT)}: {seen[0]}", file=sys.stderr)
+    print(f"wrote {RECORD.relative_to(ROOT)}: {cases}", file=sys.stderr)
 
 
 if __name__ == "__main__":
