@@ -102,7 +102,7 @@ class Sim:
         for fault in s.faults:
             self.world.at(fault.at, self._inject, fault)
         limit = 300.0 + 3 * s.nominal_s * (1 + len(s.faults)) + 200.0 * len(s.faults)
-        self.world.run_until(limit, lambda: self.closed or bool(self.observer.violations))
+        self.world.run_until(limit)
         if not self.observer.violations:
             self.observer.at_end(self.closed, limit)
         book = self.final_book()
@@ -127,7 +127,8 @@ class Sim:
             self.world.note(f"driver{self.generations} refused the run: {e}")
             self.driver.die()
             self.observer.refused(e, before)
-            self.refused, self.closed = str(e), True
+            self.refused = str(e)
+            self._close()
             return
         except OSError as e:  # fit() raises before its run starts; the user launches it again
             self.world.note(f"driver{self.generations} could not open the run: {e}")
@@ -135,14 +136,17 @@ class Sim:
             self.world.after(RELAUNCH_AFTER_S, self._launch, last_seen)
             return
         if not launched:
-            self.closed = True
+            self._close()
         elif self.newer:
             self.observer.violation(f"driver{self.generations} opened the run although a newer outlast wrote its "
                                     f"{', '.join(sorted(self.newer.values()))}")
 
     def driver_closed(self, driver: SimDriver) -> None:
         if driver is self.driver:
-            self.closed = True
+            self._close()
+
+    def _close(self) -> None:
+        self.closed = self.world.stopped = True
 
     def final_book(self) -> RunBook | None:
         self.storage.failing.clear()
