@@ -52,6 +52,7 @@ class Sim:
         self.storage_faults = any(f.kind == "storage_fail" for f in schedule.faults)
         self._pids = 1000
         self.nodes: list[NodeModel] = [self._new_node(f"n{i}") for i in range(schedule.nodes)]
+        self._by_id: dict[str, NodeModel] = {n.node_id: n for n in self.nodes}  # each message to a node
         self.observer = Observer(self)
         self.drained_at: dict[str, float] = {}
         self.driver: SimDriver | None = None
@@ -80,7 +81,7 @@ class Sim:
         return WALL0 + self.world.now
 
     def node(self, node_id: str) -> NodeModel | None:
-        return next((n for n in self.nodes if n.node_id == node_id), None)
+        return self._by_id.get(node_id)
 
     def tier_at(self, address: str) -> SimTier | None:
         """The tier server at `address`: of a live agent, the one that bound it (a new agent binds another)."""
@@ -313,6 +314,7 @@ class Sim:
     def _add_node(self, same_host: bool = False) -> None:
         node = self._new_node(f"n{len(self.nodes)}", same_host)
         self.nodes.append(node)
+        self._by_id[node.node_id] = node
         node.start()
         self.world.note(f"node {node.node_id} joined")
 
