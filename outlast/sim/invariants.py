@@ -338,9 +338,22 @@ class _Image:
     def copy(self) -> "ControllerCore":
         sim, storage = self.sim, copy.copy(self.sim.storage)
         storage.files, storage.failing = dict(sim.storage.files), list(sim.storage.failing)
-        unpickler = pickle.Unpickler(io.BytesIO(self.data))
+        unpickler = _Unpickler(io.BytesIO(self.data))
         unpickler.persistent_load = lambda pid: sim if pid == "sim" else storage  # type: ignore[method-assign]
         return unpickler.load()  # type: ignore[no-any-return]
+
+
+class _Unpickler(pickle.Unpickler):
+    """Each class found once: the plain one imports its module again for every class it names (a third of a
+    copy's time)."""
+
+    _found: dict[tuple[str, str], object] = {}
+
+    def find_class(self, module: str, name: str) -> object:
+        found = self._found.get((module, name))
+        if found is None:
+            found = self._found[(module, name)] = super().find_class(module, name)
+        return found
 
 
 def probes(run_id: str, a: int, node: str, wall: float) -> list[g.InEvent]:
