@@ -6,9 +6,12 @@ Plain functions over the core's state, as `lifecycle.py`'s are."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
-from outlast.controller import spawns
+import msgspec
+
+from outlast.controller import commit_steps, spawns
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import LiveJoined, PublishMembership
@@ -39,7 +42,9 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     if decide_on_failure(record, c.book.failures_this_launch(Budget.WORKER),
                          c.plan.max_failures).action is not FailureDecision.RESTART:
         return False  # the restart's verdict gives up, and says why
-    decision = live.on_death(rank, record.describe(), record.time, node_lost=record.kind is FailureKind.NODE_LOST)
+    finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and e.exit_code == 0 and e.error is None))
+    decision = live.on_death(rank, record.describe(), record.time, node_lost=record.kind is FailureKind.NODE_LOST,
+                             finished=finished)
     if isinstance(decision, FallBack):
         c.live = None
         c.book.note_live_recovery(LiveRecoveryRecord(
@@ -49,10 +54,15 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
                     decision.reason)
         return False
     c.book.charge_live_failure(record)
+    for pending in c.commit_tracker.replaced(rank):
+        commit_steps.begin(c, pending)
     a.exited.pop(rank, None)
     a.pids.pop(rank, None)
     env = {**a.env, INCARNATION_VAR: str(decision.incarnation)}
-    c.out.append(spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env))
+    fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
+    # The replacement takes the state from the other ranks, and restores no checkpoint: the attempt's may be gone
+    # since it began (num_to_keep), and a loop that found one would fail on it before it joined.
+    c.out.append(dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None)))
     c.out.append(PublishMembership(a.number, decision.membership.to_json()))
     log.warning("attempt %d: %s; the other ranks go on: %s (failure %d of max_failures=%d)", a.number,
                 record.describe(), decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)

@@ -27,16 +27,28 @@ class StepVotes:
 
     def vote(self, step: int, reduced: bool) -> tuple[StepVerdict, str]:
         """Vote, then return the step's one verdict and why."""
+        verdict, reason = self.cast(step, reduced)
+        while verdict is None:
+            time.sleep(self.poll_s)
+            verdict, reason = self.poll(step)
+        return verdict, reason
+
+    def cast(self, step: int, reduced: bool) -> tuple[StepVerdict | None, str]:
+        """This rank's vote: the verdict when the vote decides it, else None (`poll` until one is written)."""
         counted = self.store.add(self._key(step, "reduced"), 1) if reduced else 0
         decision = tally(reduced, counted, self.world_size)
-        while True:
-            if decision.verdict is not None:
-                return self._write(step, decision), decision.reason
-            if self.store.check([self._key(step, "verdict")]):
-                return StepVerdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
-            decision = while_waiting(rendezvous.newer_published(self.store, self.generation))
-            if decision.verdict is None:
-                time.sleep(self.poll_s)
+        if decision.verdict is not None:
+            return self._write(step, decision), decision.reason
+        return self.poll(step)
+
+    def poll(self, step: int) -> tuple[StepVerdict | None, str]:
+        """One look for the step's verdict: written by another rank, or ABORT now that a newer generation is out."""
+        if self.store.check([self._key(step, "verdict")]):
+            return StepVerdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
+        decision = while_waiting(rendezvous.newer_published(self.store, self.generation))
+        if decision.verdict is not None:
+            return self._write(step, decision), decision.reason
+        return None, decision.reason
 
     def _write(self, step: int, decision: Tally) -> StepVerdict:
         """Compare-and-set: the first verdict written stands, whoever wrote it."""
