@@ -11,10 +11,10 @@ import logging
 
 import msgspec
 
-from outlast.controller import commit_steps, spawns
+from outlast.controller import spawns
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import LiveJoined, PublishMembership
+from outlast.controller.group import LiveJoined, PublishMembership, Spawn
 from outlast.controller.live import FallBack, LiveRun
 from outlast.controller.policy import FailureDecision, decide_on_failure
 from outlast.controller.types import AttemptState
@@ -54,19 +54,22 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
                     decision.reason)
         return False
     c.book.charge_live_failure(record)
-    for pending in c.commit_tracker.replaced(rank):
-        commit_steps.begin(c, pending)
     a.exited.pop(rank, None)
     a.pids.pop(rank, None)
     env = {**a.env, INCARNATION_VAR: str(decision.incarnation)}
-    fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
-    # The replacement takes the state from the other ranks, and restores no checkpoint: the attempt's may be gone
-    # since it began (num_to_keep), and a loop that found one would fail on it before it joined.
-    c.out.append(dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None)))
+    c.out.append(replacement(c, a, rank, env))
     c.out.append(PublishMembership(a.number, decision.membership.to_json()))
     log.warning("attempt %d: %s; the other ranks go on: %s (failure %d of max_failures=%d)", a.number,
                 record.describe(), decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)
     return True
+
+
+def replacement(c: CoreState, a: AttemptState, rank: int, env: dict[str, str]) -> Spawn:
+    """The fork of `rank`'s replacement. It takes the state from the other ranks, and restores no checkpoint: the
+    attempt's may be gone since it began (num_to_keep), and a loop that found one would fail on it before it
+    joined."""
+    fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
+    return dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None))
 
 
 def on_joined(c: CoreState, event: LiveJoined) -> None:

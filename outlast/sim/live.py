@@ -328,10 +328,12 @@ def _join(w: "SimRank") -> Generator:
             if membership is not None:
                 break
             if sim.world.now > deadline:  # await_membership's timeout
-                # A rank killed in the last step after its verdict: the others finished, and its replacement waits
+                # A rank killed in the last step after its verdict: the others finished, and its replacement waited
                 # for a group that never forms. Its failure is the schedule's doing, charged, and the run restarts.
-                sim.observer.harm += 1
-                sim.facts["live_orphaned_replacements"] += 1
+                # With another rank alive it is no one's doing but the protocol's: charged, and reported.
+                if not any(o.alive and o.attempt == w.attempt and o is not w for o in sim.observer.live.values()):
+                    sim.observer.harm += 1
+                    sim.facts["live_orphaned_replacements"] += 1
                 raise _failed(w, TimeoutError(f"member {side.rank.member}: no generation after {after} named it "
                                               f"within {side.rank.timeout_s} s"))
             yield "sleep", POLL_S
