@@ -84,6 +84,8 @@ class CommitTracker:
         self._made: dict[float, int] = {0: world_size} if world_size else {}
         self._least: float = 0 if world_size else float("inf")
         self.lost: set[int] = set()
+        self.absent: set[int] = set()  # replaced by live recovery, until the replacement's first report (`replaced`)
+        self.ever_replaced: set[int] = set()
         self._pending: dict[int, PendingCheckpoint] = {}
         # Ranks that contributed to the last whole checkpoint: rule (b) of the module docstring.
         self._shard_holders: set[int] | None = set(shard_holders) if shard_holders is not None else None
@@ -96,13 +98,39 @@ class CommitTracker:
         self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
         self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
 
+    def replaced(self, rank: int) -> list[PendingCheckpoint]:
+        """Live recovery: `rank`'s process died and a replacement takes its place. The steps every rank committed
+        that it did not report yet, it never will (its replacement reports from the count of the rank whose state
+        it took, `skip_to`), so until that first report no checkpoint waits for it, and a shard it held and did not
+        report is missing, as a lost rank's. Returns the checkpoints that settled because of it, oldest first.
+
+        Without it, a rank that died between a committed step and its report held up every checkpoint from that
+        step on, and a survivor in a synchronous report() of one of them waited for its commit, never to send the
+        state the replacement waits for."""
+        if not 0 <= rank < self.world_size or rank in self.lost or rank in self.absent:
+            return []
+        self.absent.add(rank)
+        self.ever_replaced.add(rank)
+        self._made[self.reports[rank]] -= 1
+        self._advance_least()
+        return self._ready()
+
     def skip_to(self, rank: int, index: int) -> None:
         """Live recovery: `rank`'s replacement reports from `index` on, the count of the rank whose state it took.
         Its predecessor may have died before reporting a step every rank committed; its reports between never come."""
-        if 0 <= rank < self.world_size and index > self.reports[rank] and rank not in self.lost:
-            before, self.reports[rank] = self.reports[rank], index
-            self._made[before] -= 1  # counted where it is now, so the least count moves past it
+        if not 0 <= rank < self.world_size or rank in self.lost:
+            return
+        if rank in self.absent:  # counted again, from its replacement's first report
+            self.absent.discard(rank)
+            self.reports[rank] = max(index, self.reports[rank])
+            self._made[self.reports[rank]] = self._made.get(self.reports[rank], 0) + 1
+            self._least = min(self._least, self.reports[rank])
+            self._advance_least()
+        elif index > self.reports[rank]:
+            # Moved in the count of ranks by reports made too: the least count is what settles a checkpoint.
+            self._made[self.reports[rank]] -= 1
             self._made[index] = self._made.get(index, 0) + 1
+            self.reports[rank] = index
             self._advance_least()
 
     def grow(self, world_size: int) -> None:
@@ -127,6 +155,10 @@ class CommitTracker:
             raise ValueError(f"a report came from rank {rank}, outside the world of {self.world_size} ranks")
         if rank in self.lost:
             return []
+        if rank in self.absent or (rank in self.ever_replaced and index > self.reports[rank]):
+            # A replaced rank's report: its replacement's first (it counts again from there), or the last of its
+            # predecessor, sent before its death and read after it.
+            self.skip_to(rank, index)
         if index != self.reports[rank]:
             raise ValueError(f"rank {rank} sent report {index}, expected {self.reports[rank]}")
         self.reports[rank] = index + 1
@@ -193,8 +225,9 @@ class CommitTracker:
             raise ValueError(f"cannot lose ranks {outside}, outside the world of {self.world_size} ranks")
         new = ranks - self.lost
         self.lost |= new
-        for rank in new:
+        for rank in new - self.absent:  # an absent rank is out of the count already
             self._made[self.reports[rank]] -= 1
+        self.absent -= new
         self._advance_least()
         for (rank, index) in [k for k in self._early_uploads if k[0] in new]:
             # Its upload finished but its Report never will arrive: the shard is there all the same.
@@ -256,7 +289,7 @@ class CommitTracker:
             pending = self._pending[i]
             if i >= done_below or pending.awaiting:
                 break
-            unreported = [r for r in sorted(self.lost)
+            unreported = [r for r in sorted(self.lost | self.absent)
                           if self.reports[r] <= i and r not in pending.files and r not in pending.errors]
             for rank in [r for r in unreported if self._holds_unreported_shard(pending, r)]:
                 self._mark_missing(pending, rank, "lost before reporting its shard")

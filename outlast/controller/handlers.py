@@ -159,7 +159,11 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
         record = _failure_record(ev, c.wall())
         if live_steps.on_death(c, a, ev.rank, record):
-            return  # the survivors go on, and a replacement takes the rank
+            # The survivors go on, and a replacement takes the rank. The committed steps the dead rank had not
+            # reported it never will: the checkpoints waiting on it settle without it (CommitTracker.replaced).
+            for pending in c.commit_tracker.replaced(ev.rank):
+                commit_steps.begin(c, pending)
+            return
         lifecycle.on_failure(c, record)
     elif s.kind in _PREEMPTED:
         # The others go on saving; if every rank returns, the training is over and the run finishes.

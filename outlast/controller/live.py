@@ -105,13 +105,19 @@ class LiveRun:
         self.unpublished: Membership | None = None  # a planned generation, until its new members wait for it
         self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
 
-    def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False) -> Replace | FallBack:
+    def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False,
+                 finished: tuple[int, ...] = ()) -> Replace | FallBack:
+        """`finished`: ranks whose loop already returned (their process exited cleanly)."""
         if not 0 <= rank < self.membership.world_size:
             return FallBack(f"rank {rank} is not in generation {self.membership.generation} "
                             f"({self.membership.world_size} ranks)")
         if not self.formed:
             return FallBack(f"rank {rank} died before the ranks formed their live group (a loop that does not use "
                             "outlast.train.torch.LiveTraining never does): a replacement would not take the state")
+        if finished:
+            # They committed the last step and left; a replacement would wait for them to form its group, forever.
+            return FallBack(f"rank {rank} died after rank(s) {sorted(finished)} finished their loop: no group is left "
+                            "for a replacement to join")
         if node_lost:
             return FallBack(f"rank {rank}'s node is lost, and live recovery replaces a rank only on its own node "
                             "so far")

@@ -17,7 +17,7 @@ import msgspec
 from outlast.controller import spawns
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import LiveJoined, LiveReady, PublishMembership, StopRun, ToNode
+from outlast.controller.group import LiveJoined, LiveReady, PublishMembership, Spawn, StopRun, ToNode
 from outlast.controller.heartbeat import heartbeat
 from outlast.controller.live import FallBack, LiveRun, StayPut
 from outlast.controller.live_room import where_to
@@ -54,7 +54,9 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
                          c.plan.max_failures).action is not FailureDecision.RESTART:
         return False  # the restart's verdict gives up, and says why
     _publish_planned(c, a, live)  # a planned generation goes first: the next one is built on it
-    decision = live.on_death(rank, record.describe(), record.time, node_lost=record.kind is FailureKind.NODE_LOST)
+    finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and e.exit_code == 0 and e.error is None))
+    decision = live.on_death(rank, record.describe(), record.time, node_lost=record.kind is FailureKind.NODE_LOST,
+                             finished=finished)
     if isinstance(decision, FallBack):
         c.live = None
         c.book.note_live_recovery(LiveRecoveryRecord(
@@ -67,11 +69,19 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     a.exited.pop(rank, None)
     a.pids.pop(rank, None)
     env = {**a.env, INCARNATION_VAR: str(decision.incarnation)}
-    c.out.append(spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env))
+    c.out.append(replacement(c, a, rank, env))
     c.out.append(PublishMembership(a.number, decision.membership.to_json()))
     log.warning("attempt %d: %s; the other ranks go on: %s (failure %d of max_failures=%d)", a.number,
                 record.describe(), decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)
     return True
+
+
+def replacement(c: CoreState, a: AttemptState, rank: int, env: dict[str, str]) -> Spawn:
+    """The fork of `rank`'s replacement. It takes the state from the other ranks, and restores no checkpoint: the
+    attempt's may be gone since it began (num_to_keep), and a loop that found one would fail on it before it
+    joined."""
+    fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
+    return dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None))
 
 
 def on_joined(c: CoreState, event: LiveJoined) -> None:

@@ -1,4 +1,4 @@
-"""`python -m outlast.sim --seeds N [--start K] [--jobs J] [--elastic] [--edges] [--tier]`: run N schedules, print
+"""`python -m outlast.sim --seeds N [--start K] [--jobs J] [--elastic] [--edges] [--tier] [--live]`: run N schedules, print
 one JSON line, exit 1 on a violation (printing each failing seed's trace). `--seed S` replays one schedule and prints its
 trace.
 `python -m outlast.sim fleet ...`: a fleet's months, with each mechanism on and off (`fleet --help`).
@@ -14,23 +14,24 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from outlast.sim.run import quiet, run_seed
-from outlast.sim.schedule import draw
+from outlast.sim.schedule import draw, draw_live
 
 
-def _run_range(bounds: tuple[int, int, bool, bool, bool]) -> list[tuple[int, list[str], str, dict[str, int]]]:
+def _run_range(bounds: tuple[int, int, bool, bool, bool, bool]) -> list[tuple[int, list[str], str, dict[str, int]]]:
     quiet()
     out = []
     for seed in range(bounds[0], bounds[1]):
-        o = run_seed(seed, elastic=bounds[2], edges=bounds[3], tier=bounds[4])
+        o = run_seed(seed, elastic=bounds[2], edges=bounds[3], tier=bounds[4], live=bounds[5])
         out.append((seed, o.violations, o.status, o.facts))
     return out
 
 
 def run_many(start: int, count: int, jobs: int, elastic: bool = False, edges: bool = False,
-             tier: bool = False) -> dict:
+             tier: bool = False, live: bool = False) -> dict:
     began = time.perf_counter()
     chunk = max(1, min(500, count // (jobs * 4) or 1))
-    ranges = [(s, min(s + chunk, start + count), elastic, edges, tier) for s in range(start, start + count, chunk)]
+    ranges = [(s, min(s + chunk, start + count), elastic, edges, tier, live)
+              for s in range(start, start + count, chunk)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             results = [r for part in pool.map(_run_range, ranges) for r in part]
@@ -46,7 +47,7 @@ def run_many(start: int, count: int, jobs: int, elastic: bool = False, edges: bo
             totals[k] = totals.get(k, 0) + v
     return {"schedules": len(results), "violations": sum(len(v) for _, v in failing),
             "failing_seeds": [seed for seed, _ in failing][:50], "schedules_per_s": round(len(results) / elapsed, 1),
-            "elapsed_s": round(elapsed, 2), "jobs": jobs, "edges": edges, "tier": tier, "outcomes": statuses,
+            "elapsed_s": round(elapsed, 2), "jobs": jobs, "edges": edges, "tier": tier, "live": live, "outcomes": statuses,
             "totals": totals,
             "first_violation": failing[0][1][0] if failing else None}
 
@@ -71,22 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier", action="store_true",
                    help="memory tiers on the nodes, the run keeping checkpoints in storage or in memory only, with "
                         "budgets that evict, copies corrupted in RAM and the nodes holding a checkpoint lost")
+    p.add_argument("--live", action="store_true",
+                   help="runs with live recovery: ranks that run its step commit against the controller, killed at "
+                        "each point of a step, two at once, and in their transfer (outlast/sim/live.py)")
     args = p.parse_args(argv)
     if args.seed is not None:
         quiet()
-        o = run_seed(args.seed, trace=True, elastic=args.elastic, edges=args.edges, tier=args.tier)
-        print(f"schedule: {draw(args.seed, args.elastic, edges=args.edges, tier=args.tier)}")
+        o = run_seed(args.seed, trace=True, elastic=args.elastic, edges=args.edges, tier=args.tier, live=args.live)
+        schedule = draw_live(args.seed) if args.live else draw(args.seed, args.elastic, edges=args.edges, tier=args.tier)
+        print(f"schedule: {schedule}")
         print("\n".join(o.trace))
         print(json.dumps({"seed": o.seed, "status": o.status, "virtual_s": round(o.virtual_s, 3),
                           "violations": o.violations}))
         return 1 if o.violations else 0
     if args.seeds is None:
         p.error("give --seeds N (run N schedules) or --seed S (replay one)")
-    summary = run_many(args.start, args.seeds, max(1, args.jobs), args.elastic, args.edges, args.tier)
+    summary = run_many(args.start, args.seeds, max(1, args.jobs), args.elastic, args.edges, args.tier, args.live)
     print(json.dumps(summary))
     if summary["violations"]:
         for seed in summary["failing_seeds"][:3]:
-            flags = "".join(f" --{k}" for k in ("elastic", "edges", "tier") if getattr(args, k))
+            flags = "".join(f" --{k}" for k in ("elastic", "edges", "tier", "live") if getattr(args, k))
             print(f"--- seed {seed} fails; replay with: python -m outlast.sim --seed {seed}{flags}", file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from outlast.controller import group as g
+from outlast.controller import live_steps
 from outlast.controller.core import ControllerCore
 from outlast.controller.driver_lease import LeaseKeeper
 from outlast.controller.resize import Elastic
@@ -20,11 +21,13 @@ from outlast.controller.types import RunPlan, Timeouts
 from outlast.protocol import messages as m
 from outlast.controller import effects as fx
 from outlast.sim.cluster import node_table
+from outlast.sim.live import live_store
 from outlast.sim.storage import SimStorageExecutor
 from outlast.sim.tier import SimTierAsks
 from outlast.sim.workers import Gang
 from outlast.sim.world import Channel
 from outlast.storage.run_store import RunStore
+from outlast.train.live.store_host import LiveStore
 
 if TYPE_CHECKING:
     from outlast.sim.run import Sim
@@ -51,10 +54,12 @@ class SimDriver:
         self._head = Channel(sim.world, sim.schedule.max_delay_s)
         self._forgotten: set[str] = set()  # nodes whose link the core closed: what they send is lost
         self.core: ControllerCore | None = None
+        self.live: LiveStore | None = live_store() if sim.schedule.live else None  # the store it holds for them
         self._performs: dict[type, Callable[[Any], None]] = {
             **dict.fromkeys(fx.STORAGE_EFFECTS, self._to_storage), fx.TierAsk: self._to_tier,
             g.ToRank: self._send_to_rank, **dict.fromkeys((g.Spawn, g.StopRun, g.ToNode), self._send_to_node),
-            g.QueryTable: self._query_table, g.ForgetNode: self._forget_node}
+            g.QueryTable: self._query_table, g.ForgetNode: self._forget_node,
+            g.PublishMembership: self._publish}
 
     def launch(self, last_seen: float | None) -> bool:
         """Open the run as `fit()` does; False if it had already finished."""
@@ -77,7 +82,8 @@ class SimDriver:
             per_worker={"CPU": 1.0}, strategy=s.strategy,
             elastic=Elastic(s.min_workers, s.loop.world_size, s.resize_interval_s) if s.min_workers else None,
             hang_timeout_s=s.hang_timeout_s,
-            checkpoint_storage=s.tier.checkpoint_storage if s.tier is not None else "storage")
+            checkpoint_storage=s.tier.checkpoint_storage if s.tier is not None else "storage",
+            live_recovery=s.live, live_store=self.live.address if self.live is not None else "")
         self.core = ControllerCore(plan, f"driver{self.generation}", f"sim://driver{self.generation}", sim.wall)
         self.storage = SimStorageExecutor(sim, sim.storage, self.deliver, self._storage_escaped)
         self.tiers = SimTierAsks(self)
@@ -105,6 +111,7 @@ class SimDriver:
         if self.alive and self.core is not None and not self.core.closed:
             self._agents_gone()
             self.deliver(g.Tick())
+            self._live_joined()
             self.sim.world.after(TICK_S, self._tick)
 
     def _agents_gone(self) -> None:
@@ -187,6 +194,17 @@ class SimDriver:
         self._forgotten.discard(effect.node_id)
         if node is not None:
             ch.send(node.from_driver, self, effect.msg)
+
+    def _publish(self, effect: g.PublishMembership) -> None:
+        if self.live is not None:
+            self.live.publish(effect.attempt, effect.membership)
+
+    def _live_joined(self) -> None:
+        """As the runtime's loop does after each batch of events: a word from the sending rank, read from the store."""
+        if self.live is not None and self.alive and self.core is not None and not self.core.closed \
+                and (awaited := live_steps.awaited(self.core)) is not None \
+                and (joined := self.live.joined(*awaited)) is not None:
+            self.deliver(joined)
 
     def _query_table(self, effect: g.QueryTable) -> None:
         self._head.send(lambda: self._head.send(self._table_answer))

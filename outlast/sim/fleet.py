@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import heapq
 import math
-
-import msgspec
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -142,9 +140,6 @@ class _Fleet:
         self.struck: dict[str, int] = {}
         self.restores = {"memory": 0, "storage": 0, "none": 0}
         self.live = {"live": 0, "restart": 0}
-        # Held seconds in live recoveries (the step in flight thrown away, and the replacement taking the state),
-        # by the part the split charged them to.
-        self.live_s = {"productive": 0.0, "replayed": 0.0}
         self.short_s = 0.0
         self.decisions_s = 0.0
         self.history: list[FailureRecord] = []
@@ -165,14 +160,6 @@ class _Fleet:
         self._close(a, self.end, "finished")
         self.state.status = "finished"
         g = split(self.state, self.reports, WALL0 + self.end)
-        if any(self.live_s.values()):
-            # The split reads an attempt's reports and knows no live recovery: the interval from the last report
-            # before a death to the replacement's first step reads as one step. Its recovery is a restart's time.
-            live = self.live_s
-            g = msgspec.structs.replace(g, productive_s=g.productive_s - live["productive"],
-                                        replayed_s=g.replayed_s - live["replayed"],
-                                        restarts_s=g.restarts_s + sum(live.values()),
-                                        fraction=(g.productive_s - live["productive"]) / g.held_s)
         return FleetRun(self.state, self.reports, g, self.budgets, self.struck, self.reached, self.restores,
                         self.live, self.short_s, self.decisions_s)
 
@@ -360,12 +347,9 @@ class _Fleet:
             attempt=a.number, ranks=list(done.ranks), cause=done.cause, path="live", time=done.since,
             generation=done.generation, steps_lost=done.steps_lost, seconds=done.seconds, reason=d.reason))
         self.live["live"] += 1
-        # The next step begins once the replacement holds the state. The split reads the interval from the last
-        # report to that step's as one step (trained again, or productive): all but the step is the recovery's.
+        # The next step begins once the replacement holds the state; the split charges the recovery's record, from
+        # the last report before the death to `ready`, to live recoveries.
         a.resume = ready
-        if a.reports:
-            replayed = a.base + len(a.reports) + 1 <= a.replay_until
-            self.live_s["replayed" if replayed else "productive"] += ready - (a.reports[-1].time - WALL0)
         return d
 
     def _hang_found(self, a: _Attempt) -> float:

@@ -111,6 +111,8 @@ class Observer:
                 self._check_spawn(core.run_id, effect.msg, effect.node_id)
         if self.tier is not None:
             self.tier.after_step(driver)
+        if self.sim.schedule.live:
+            self.sim.live_watch.after_step(core.book.state.live_recoveries)
         if self.sim.edges:
             self._check_budget(driver)
             # Initializing lasts from the node table to Started, two steps of one call: nothing comes between.
@@ -230,6 +232,7 @@ class Observer:
         (the cluster shrank to one, a budget was full): that attempt's failure is the schedule's doing."""
         if self.tier is not None and self.tier.memory_only and type(error).__name__ == "CheckpointCommitError":
             self.harm += 1
+
 
     def wrote(self, w: "SimRank", name: str, entry: m.FileEntry) -> None:
         if self.tier is not None:

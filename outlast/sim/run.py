@@ -15,7 +15,8 @@ from outlast.sim.agent_node import AgentNode
 from outlast.sim.cluster import NodeModel
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
-from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, Fault, Schedule, draw
+from outlast.sim.live import POINTS, Group, LiveWatch
+from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, Fault, Schedule, draw, draw_live
 from outlast.sim.storage import SimStorage
 from outlast.sim.tier import SimTier
 from outlast.sim.workers import SimRank
@@ -65,6 +66,13 @@ class Sim:
                                     "states_probed", "newer_documents", "refused_as_newer",
                                     "copies_corrupted", "holders_lost", "restores_from_memory", "evictions"], 0)
         self.newer: dict[str, str] = {}  # path -> which document a newer outlast rewrote
+        # Live recovery (`schedule.live`): the faults armed for a point of a rank's step, each live group by
+        # (attempt, generation), and the invariants.
+        self.live_armed: list[tuple[int | None, str]] = []
+        self.live_groups: dict[tuple[int, int], Group] = {}
+        self.live_watch = LiveWatch(self)
+        if schedule.live:
+            self.facts.update({f"live_kill_{p}": 0 for p in POINTS}, live_orphaned_replacements=0)
         self.refused: str | None = None  # why a driver refused to open the run
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
@@ -107,6 +115,8 @@ class Sim:
         if not self.observer.violations:
             self.observer.at_end(self.closed, limit)
         book = self.final_book()
+        if s.live and book is not None and not self.observer.violations:
+            self.live_watch.at_end(book)
         ob = self.observer
         facts = {"preempted_attempts": len(ob.noticed), "ranks_told": sum(len(v) for v in ob.first_notice.values()),
                  "durable_checkpoints": len(ob.durable), "driver_launches": self.generations,
@@ -114,6 +124,14 @@ class Sim:
                  "resizes": len(book.state.resizes) if book else 0,
                  "grows": sum(r.to_workers > r.from_workers for r in book.state.resizes) if book else 0, **self.own_faults,
                  **self.facts}
+        if s.live and book is not None:
+            recs = book.state.live_recoveries
+            facts.update(live_recovered=sum(r.path == "live" for r in recs),
+                         live_widened=sum(r.path == "live" and r.generation > 0 and len(r.ranks) > 1 for r in recs),
+                         live_fallback_no_holder=sum("no rank that holds the state" in r.reason for r in recs),
+                         live_fallback_transfer_bound=sum("took the state (more than" in r.reason for r in recs),
+                         live_fallback_other=sum(r.path == "restart" and "no rank that holds the state" not in r.reason
+                                                 and "took the state (more than" not in r.reason for r in recs))
         status = "refused" if self.refused is not None else book.state.status if book else "?"
         return Outcome(s.seed, list(ob.violations), status, self.world.now, self.world.trace, facts)
 
@@ -164,7 +182,9 @@ class Sim:
         self.world.note(f"FAULT {f}")
         live_nodes = [n for n in self.nodes if n.alive]
         rank = f.target % self.schedule.loop.world_size
-        if f.kind == "kill_worker":
+        if f.kind == "kill_at":  # the rank dies when it next reaches the point (any rank's, target < 0)
+            self.live_armed.append((f.target if f.target >= 0 else None, f.point))
+        elif f.kind == "kill_worker":
             if hit := next((w for n in live_nodes if (w := n.kill_worker(rank)) is not None), None):
                 self.observer.struck(hit)
         elif f.kind == "unkillable":
@@ -212,6 +232,38 @@ class Sim:
             self._corrupt(f.target)
         elif f.kind == "lose_holders":
             self._lose_holders(f.target)
+
+    # ---- live recovery ------------------------------------------------------------------------
+
+    def live_armed_for(self, w: SimRank, point: str) -> bool:
+        """Whether a fault armed for `point` strikes `w` there (it is spent)."""
+        for i, (rank, at) in enumerate(self.live_armed):
+            if at == point and rank in (None, w.rank):
+                del self.live_armed[i]
+                return True
+        return False
+
+    def live_kill(self, w: SimRank, point: str) -> None:
+        if w.alive and w.node.alive:
+            self.facts[f"live_kill_{point}"] += 1
+            self.world.note(f"rank {w.rank} of attempt {w.attempt} killed at {point}")
+            self.observer.struck(w)
+            w.kill()
+            w.node.worker_exited(w, None, signal.SIGKILL, None)
+
+    def live_group(self, attempt: int, membership) -> Group:
+        key = (attempt, membership.generation)
+        if key not in self.live_groups:
+            self.live_groups[key] = Group(self, membership)
+        return self.live_groups[key]
+
+    def live_died(self, w: SimRank) -> None:
+        """`w`'s process is gone: each group of its attempt that names it loses it."""
+        assert w.live is not None
+        member = w.live.rank.member
+        for (attempt, _), group in self.live_groups.items():
+            if attempt == w.attempt and member in group.membership.members:
+                group.lost(w)
 
     def _corrupt(self, target: int) -> None:
         tiers = [n.tier for n in self.nodes if isinstance(n, AgentNode) and n.alive and n.tier is not None
@@ -320,7 +372,9 @@ class Sim:
 
 
 def run_seed(seed: int, trace: bool = False, elastic: bool = False, edges: bool = False,
-             tier: bool = False) -> Outcome:
+             tier: bool = False, live: bool = False) -> Outcome:
+    if live:
+        return Sim(draw_live(seed), trace=trace).run()
     return Sim(draw(seed, elastic, edges, tier), trace=trace, edges=edges).run()
 
 

@@ -41,6 +41,7 @@ class Fault:
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
     same_host: bool = True  # agent_restart: the driver's machine, where it sees the agent's pid gone at once
     latency_s: float = 0.0  # storage_slow: what each storage call takes meanwhile
+    point: str = ""  # kill_at: where in a live step the rank dies (`outlast/sim/live.py`'s POINTS)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Schedule:
     resize_interval_s: float = 0.0  # elastic_resize_monitor_interval_s
     hang_timeout_s: float = float("inf")  # finite: ranks send progress, and a "hang" fault wedges one
     tier: TierSpec | None = None  # the nodes' memory tiers (outlast/sim/tier.py); None: the nodes keep none
+    live: bool = False  # FailureConfig(live_recovery=True): the ranks run live recovery's protocol (outlast/sim/live.py)
 
     @property
     def nominal_s(self) -> float:
@@ -209,3 +211,47 @@ def _edges(seed: int, s: Schedule) -> Schedule:
         extra += [Fault(at, "driver_death"), Fault(at + vrng.uniform(0.0, 5.0), "newer_document",
                                                    target=vrng.randrange(len(NEWER_DOCUMENTS)))]
     return Schedule(**{**s.__dict__, "loop": loop, "faults": sorted(s.faults + extra, key=lambda f: f.at)})
+
+
+LIVE_POINTS = ("forward", "before_allreduce", "after_allreduce", "voted", "committed", "awaiting", "forming", "sending",
+               "receiving")
+
+
+def draw_live(seed: int) -> Schedule:
+    """A run with live recovery: the loop and cluster of `_draw`, and faults that kill ranks at each point of a
+    live step (`kill_at`, with `LIVE_POINTS`), two at once, a replacement during its transfer, and sometimes a
+    node. No driver dies, no drain comes and storage does not fail: the faults are the ranks'."""
+    base = _draw(seed, False)
+    rng = random.Random(seed * 11 + 5 + (1 << 45))
+    # Rank 0's checkpoints alone (`sharded` off), as a data-parallel loop saves them: a sharded checkpoint's commit
+    # can miss a replacement's shard, whose first report may come after the survivors' of the same step.
+    loop = LoopSpec(**{**base.loop.__dict__, "world_size": rng.choice([1, 2, 2, 3, 3, 4]), "asks": False,
+                       "sharded": False,
+                       "jit": False, "return_on_notice": False, "done_lost": False, "async_upload": False,
+                       "steps": rng.randint(6, 14), "step_s": rng.choice([0.01, 0.1, 1.0, rng.uniform(0.01, 5.0)])})
+    nominal = loop.steps * loop.step_s
+    faults: list[Fault] = []
+    for _ in range(rng.choice([1, 1, 2, 2, 3, 4])):
+        at = rng.uniform(0.0, nominal * 1.1 + 0.5)
+        shape = rng.random()
+        point = rng.choice(LIVE_POINTS)
+        target = rng.randrange(loop.world_size)
+        if shape < 0.6:
+            faults.append(Fault(at, "kill_at", target, point=point))
+        elif shape < 0.75:  # two ranks at the same point of the same step
+            other = (target + 1 + rng.randrange(max(1, loop.world_size - 1))) % loop.world_size
+            faults += [Fault(at, "kill_at", target, point=point), Fault(at, "kill_at", other, point=point)]
+        elif shape < 0.9:  # a rank now, and the next rank that receives the state as it does (its replacement's)
+            faults += [Fault(at, "kill_at", target, point=point),
+                       Fault(at, "kill_at", -1, point="receiving")]
+            if rng.random() < 0.5:  # and the one after it: the bound on deaths in a transfer
+                faults += [Fault(at, "kill_at", -1, point="receiving") for _ in range(rng.choice([1, 2]))]
+        elif shape < 0.95:
+            faults.append(Fault(at, "kill_worker", target))
+            faults.append(Fault(at, "kill_worker", (target + 1) % loop.world_size))
+        else:
+            faults.append(Fault(at, "lose_node", rng.randrange(base.nodes)))
+    return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": 0, "resize_interval_s": 0.0,
+                       "max_failures": rng.choice([-1, -1, 3, 10]), "storage_latency_s": 0.0,
+                       "refuse_deletes": False, "nodes": max(base.nodes, -(-loop.world_size // base.cpus_per_node)),
+                       "faults": sorted(faults, key=lambda f: f.at)})

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Generator
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 from outlast.storage.records import CorruptDocument
+from outlast.sim.live import LiveSide, loop as live_loop
 from outlast.sim.tier import COPY_BYTES, check
 from outlast.storage.run_store import RunStore
 from outlast.storage.tier_restore import choose_copies
@@ -87,6 +88,10 @@ class SimRank:
         self.children: set[int] = set()  # live processes it started, in its process group
         self._resumes = 0
         self._sent_at = float("-inf")
+        self.live: LiveSide | None = None  # live recovery's side of the rank (`outlast/sim/live.py`)
+        if sim.schedule.live and sim.driver is not None and sim.driver.live is not None:
+            self.live = LiveSide(self, sim.driver.live)
+            sim.live_watch.started(self.live)
 
     # ---- running the generator ----------------------------------------------------------
 
@@ -118,6 +123,8 @@ class SimRank:
             self.sim.world.after(arg, self.resume, None)
         elif kind == "barrier":
             self.gang.arrive(self, arg)
+        elif kind == "die":  # a fault armed for this point of a live step
+            self.sim.world.after(0.0, self.sim.live_kill, self, arg)
         else:
             self._waiting = True
 
@@ -132,6 +139,8 @@ class SimRank:
     def exit_process(self) -> None:
         """With `exit_loses_messages`, what the upload thread's socket still holds never arrives: its context
         is never terminated, so nothing lingers for it at the exit (the training socket's does, `worker_main.py`)."""
+        if self.live is not None:
+            self.sim.live_died(self)  # its sockets close with it
         if self.loop.exit_loses_messages:
             self.sim.facts["uploads_lost_at_exit"] += self.uploads_to_controller.lose_pending()
 
@@ -152,6 +161,8 @@ class SimRank:
         if self._gen is not None:
             self._gen.close()
         self.gang.break_()
+        if self.live is not None:
+            self.sim.live_died(self)
 
     def on_message(self, msg: m.Msg) -> None:
         if self.alive and isinstance(msg, m.DumpStacks):  # its watch thread answers, wherever the loop is
@@ -201,6 +212,9 @@ class SimRank:
     def _main(self) -> Generator:
         loop, rng = self.loop, self.sim.world.rng
         step = self._restore()
+        if self.live is not None:
+            yield from live_loop(self, step)
+            return
         saved_on_notice = False
         while step < loop.steps:
             yield "sleep", loop.step_s * rng.uniform(0.9, 1.1)

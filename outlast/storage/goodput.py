@@ -27,6 +27,11 @@ construction (docs/guide/watching.md says how each is measured):
   with it, so the restart begins where the last step that finished ended); a drain notice that reached the
   attempt, a drain; a finished or stopped run, its ending (the last checkpoint's commit, the workers' exit); an
   attempt still going, the step in flight.
+
+A live recovery (`LiveRecoveryRecord`, path "live") keeps its attempt going, so its reports run on through it. The
+interval from the last report before the death (the step in flight, thrown away on every rank) to the state
+received (`time + seconds`) is taken out of whatever pieces it falls in and charged to live recoveries: without
+it, the recovery would read as one long step.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ from outlast.protocol.kinds import FailureKind
 from outlast.storage.naming import is_default_name
 from outlast.storage.records import AttemptRecord, ReportEntry, RunState
 
-GOODPUT_VERSION = 1
+# 2: live recoveries, a part of their own (under 1 they were in productive steps, or steps trained again).
+GOODPUT_VERSION = 2
 
 # The parts, in the order they are shown.
-PARTS = ("productive", "startup", "waiting", "restarts", "replayed", "checkpoint_stalls", "drains", "hangs",
-         "ending", "in_flight")
+PARTS = ("productive", "startup", "waiting", "restarts", "live_recoveries", "replayed", "checkpoint_stalls", "drains",
+         "hangs", "ending", "in_flight")
 
 
 class Goodput(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +62,7 @@ class Goodput(msgspec.Struct, frozen=True, kw_only=True):
     startup_s: float = 0.0  # the first attempt, to its first report
     waiting_s: float = 0.0  # waiting for capacity, in any attempt
     restarts_s: float = 0.0  # from the end of the last step before a failure (or resize) to the next first report
+    live_recoveries_s: float = 0.0  # from the last report before a death that live recovery answered to the state received
     replayed_s: float = 0.0  # steps trained again after a restore
     checkpoint_stalls_s: float = 0.0  # rank 0 in report() with a checkpoint
     drains_s: float = 0.0  # from a drain notice's last step to the next attempt's first report
@@ -76,6 +83,10 @@ def split(state: RunState, reports: dict[int, list[ReportEntry]], now: float) ->
     progress = _Progress(state)
     hangs = {h.attempt: h.time for h in state.hangs}
     drained = {d.attempt: d.time for d in state.drains}
+    deaths: dict[int, list[tuple[float, float]]] = {}
+    for rec in state.live_recoveries:
+        if rec.path == "live" and rec.seconds is not None and math.isfinite(rec.time) and math.isfinite(rec.seconds):
+            deaths.setdefault(rec.attempt, []).append((rec.time, rec.time + max(rec.seconds, 0.0)))
     before = "startup"  # what the piece before an attempt's first report is charged to
     for a in state.attempts:
         start = a.started_at
@@ -84,33 +95,36 @@ def split(state: RunState, reports: dict[int, list[ReportEntry]], now: float) ->
             continue  # a history that says no time (a number too large for a float) held none that can be told
         got = sorted((r for r in reports.get(a.attempt, []) if start <= r.time <= end), key=lambda r: r.time)
         waits = _waiting(a, end)
+        lives = _live_windows(deaths.get(a.attempt, []), [r.time for r in got])
         first = got[0].time if got else end
-        _add(acc, before, start, first, waits)
+        _add(acc, before, start, first, waits, lives)
         base, reached = progress.enter(a)
         for prev, r in zip(got, got[1:]):
             length = r.time - prev.time
             stall = min(max(r.stalled_s, 0.0), length) if math.isfinite(r.stalled_s) else 0.0
+            live = min(_overlap(prev.time, r.time, lives), length - stall)
             acc["checkpoint_stalls"] += stall
+            acc["live_recoveries"] += live
             if base + r.index + 1 <= reached:
-                acc["replayed"] += length - stall
+                acc["replayed"] += length - stall - live
                 replayed_steps += 1
             else:
-                acc["productive"] += length - stall
+                acc["productive"] += length - stall - live
                 steps += 1
         progress.leave(a, base + (got[-1].index + 1 if got else 0))
         tail, before = _tail(a, hangs.get(a.attempt), drained.get(a.attempt))
         last = got[-1].time if got else first
         if tail == "hang":
             detected = min(max(hangs[a.attempt], last), end)
-            _add(acc, "hangs", last, detected, waits)
-            _add(acc, "restarts", detected, end, waits)
+            _add(acc, "hangs", last, detected, waits, lives)
+            _add(acc, "restarts", detected, end, waits, lives)
         else:
-            _add(acc, tail, last, end, waits)
+            _add(acc, tail, last, end, waits, lives)
     held = sum(acc.values())
     return Goodput(held_s=held, fraction=acc["productive"] / held if held > 0 else 0.0, steps=steps,
                    replayed_steps=replayed_steps, complete=progress.complete, productive_s=acc["productive"],
                    startup_s=acc["startup"], waiting_s=acc["waiting"], restarts_s=acc["restarts"],
-                   replayed_s=acc["replayed"], checkpoint_stalls_s=acc["checkpoint_stalls"], drains_s=acc["drains"],
+                   live_recoveries_s=acc["live_recoveries"], replayed_s=acc["replayed"], checkpoint_stalls_s=acc["checkpoint_stalls"], drains_s=acc["drains"],
                    hangs_s=acc["hangs"], ending_s=acc["ending"], in_flight_s=acc["in_flight"])
 
 
@@ -120,15 +134,36 @@ def _waiting(a: AttemptRecord, end: float) -> tuple[float, float] | None:
     return a.waiting_since, min(a.capacity_at if a.capacity_at is not None else end, end)
 
 
-def _add(acc: dict[str, float], part: str, lo: float, hi: float, waits: tuple[float, float] | None) -> None:
-    """[lo, hi] to `part`, but for the window the attempt waited for capacity, which is always waiting."""
+def _live_windows(deaths: list[tuple[float, float]], times: list[float]) -> list[tuple[float, float]]:
+    """The attempt's live recoveries as disjoint windows, each from the last report at or before its death (or
+    the death, before the first report) to the state received."""
+    windows = sorted((max((t for t in times if t <= died), default=died), received) for died, received in deaths)
+    merged: list[tuple[float, float]] = []
+    for lo, hi in windows:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _overlap(lo: float, hi: float, windows: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(hi, w_hi) - max(lo, w_lo)) for w_lo, w_hi in windows)
+
+
+def _add(acc: dict[str, float], part: str, lo: float, hi: float, waits: tuple[float, float] | None,
+         lives: list[tuple[float, float]]) -> None:
+    """[lo, hi] to `part`, but for the window the attempt waited for capacity, which is always waiting, and its
+    live recoveries' (a live recovery never waits for capacity: its attempt holds its workers)."""
     if hi <= lo:
         return
     overlap = 0.0
     if waits is not None:
         overlap = max(0.0, min(hi, waits[1]) - max(lo, waits[0]))
+    live = min(_overlap(lo, hi, lives), hi - lo - overlap)
     acc["waiting"] += overlap
-    acc[part] += hi - lo - overlap
+    acc["live_recoveries"] += live
+    acc[part] += hi - lo - overlap - live
 
 
 def _tail(a: AttemptRecord, hang_at: float | None, drain_at: float | None) -> tuple[str, str]:
@@ -198,6 +233,6 @@ def describe(g: Goodput) -> list[str]:
 
 
 LABELS = {"productive": "productive steps", "startup": "start-up", "waiting": "waiting for capacity",
-          "restarts": "restarts", "replayed": "steps trained again", "checkpoint_stalls": "checkpoint stalls",
+          "restarts": "restarts", "live_recoveries": "live recoveries", "replayed": "steps trained again", "checkpoint_stalls": "checkpoint stalls",
           "drains": "drains", "hangs": "hangs until detected", "ending": "ending",
           "in_flight": "step in flight"}

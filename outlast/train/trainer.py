@@ -183,7 +183,7 @@ class DataParallelTrainer:
                                output=printer)
             reports = ReportLog(book.store)
             # Live recovery's store, beside the controller that publishes in it, on the address its ranks reach.
-            live = LiveStore(host_of(group.address)) if plan.live_recovery else None
+            live = LiveStore.hosted(host_of(group.address)) if plan.live_recovery else None
             try:
                 Controller(plan, group, watchers=[progress, reports, *_watchers(name)], live=live).run()
             finally:

@@ -12,13 +12,15 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from outlast.storage import open_storage
-from outlast.storage.goodput import PARTS, Goodput, split
+from outlast.storage.goodput import GOODPUT_VERSION, PARTS, Goodput, split
 from outlast.storage.run_store import RunStore
 from outlast.testing import LocalCluster
 from outlast.train import FailureConfig, RunConfig, ScalingConfig, Trainer
 from tests.integration.jobs import counting_loop, preemptible_loop, read_events
+from tests.integration.live_jobs import live_loop
 from tests.integration.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,11 +60,37 @@ def test_a_killed_rank_costs_a_restart_and_the_steps_trained_again_and_runs_json
     shown = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", storage_path, "run", "--json"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     doc = json.loads(shown.stdout)["goodput"]
-    assert doc["version"] == 1 and math.isclose(sum(doc[f"{p}_s"] for p in PARTS), doc["held_s"], rel_tol=1e-9)
+    assert doc["version"] == GOODPUT_VERSION and math.isclose(sum(doc[f"{p}_s"] for p in PARTS), doc["held_s"], rel_tol=1e-9)
     assert doc["replayed_steps"] == g.replayed_steps
     text = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", storage_path, "run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60).stdout
     assert "goodput: " in text and "steps trained again" in text and "restarts" in text
+
+
+@pytest.mark.torch
+def test_a_live_recovery_is_a_part_of_its_own_and_not_one_long_step(storage_path, tmp_path):
+    from outlast.train.torch import TorchTrainer
+
+    TorchTrainer(live_loop, train_loop_config={"events": str(tmp_path / "e.jsonl"), "steps": 10,
+                                               "kill": [[1, 4, "kill"]], "report": True},
+                 scaling_config=ScalingConfig(num_workers=2),
+                 run_config=RunConfig(name="run", storage_path=storage_path,
+                                      failure_config=FailureConfig(max_failures=1, live_recovery=True))).fit()
+    g = _goodput(storage_path)
+    state = RunStore(open_storage(storage_path), "run").load_state()
+    assert state is not None and [r.path for r in state.live_recoveries] == ["live"]
+    recovery = state.live_recoveries[0]
+    # From the last report before the death (the step thrown away) to the state received: at least the recovery's
+    # own seconds, and no restart, since the attempt went on.
+    assert g.live_recoveries_s >= recovery.seconds and g.live_recoveries_s > 0  # type: ignore[operator]
+    assert g.restarts_s == g.replayed_s == 0 and len(state.attempts) == 1
+    shown = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", storage_path, "run", "--json"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    doc = json.loads(shown.stdout)["goodput"]
+    assert doc["version"] == GOODPUT_VERSION and doc["live_recoveries_s"] == g.live_recoveries_s
+    text = subprocess.run([sys.executable, "-m", "outlast.cli.main", "runs", storage_path, "run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "live recoveries" in text
 
 
 def test_a_hang_is_charged_until_its_detection(storage_path, tmp_path):

@@ -67,6 +67,7 @@ def test_each_mechanism_is_worth_something_on_its_own() -> None:
     assert by["off: jit_drain"]["parts_s"]["replayed"] > by["all on"]["parts_s"]["replayed"]
     assert by["all off"]["parts_s"]["waiting"] > 0 == by["all on"]["parts_s"]["waiting"]
     assert by["off: live_recovery"]["parts_s"]["restarts"] > by["all on"]["parts_s"]["restarts"]
+    assert by["all on"]["parts_s"]["live_recoveries"] > 0 == by["off: live_recovery"]["parts_s"]["live_recoveries"]
     assert by["off: live_recovery"]["goodput"] < on
     assert all(v["goodput"] <= on for v in by.values())
 
@@ -90,9 +91,10 @@ def test_a_live_recovery_loses_at_most_the_step_in_flight_and_keeps_its_attempt(
     assert rec.path == "live" and rec.ranks == [24] and rec.steps_lost == 1 and rec.generation == 1
     assert rec.seconds == pytest.approx(40.0 + config.checkpoint_gb_per_rank / config.network_gb_s)
     assert on.budgets == off.budgets == {"worker": 1}
-    # The recovery (the step in flight and the replacement's 40 s) is held as a restart, nothing else: the run
-    # is behind a run that never failed by at most that and one step.
-    gap = on.goodput.restarts_s
+    # The recovery (the step in flight and the replacement's 40 s) is held as a live recovery, nothing else: the
+    # run is behind a run that never failed by at most that and one step.
+    gap = on.goodput.live_recoveries_s
+    assert on.goodput.restarts_s == 0 and off.goodput.live_recoveries_s == 0
     assert 40.0 < gap < 40.0 + 2 * config.step_s and gap < off.goodput.restarts_s
     assert on.reports[1][-1].index + 1 >= (86_400 - config.startup_s - gap) // (config.step_s + 0.016) - 1
 

@@ -265,3 +265,43 @@ def test_a_rank_lost_before_its_report_is_placed_where_its_last_report_left_it()
     t.on_report(0, 1, "c", files("m"), {}, data_position="zero@1")
     [done] = t.lose_ranks({1}).settled
     assert done.data_positions == {0: "zero@1", 1: "one@0"}
+
+
+def test_a_replacement_that_skips_the_report_its_predecessor_never_made_lets_later_checkpoints_settle():
+    # Live recovery: rank 0 died after committing step 1 and before reporting it; the others reported it. Its
+    # replacement reports from index 2 on, and the checkpoint of report 2 settles once every rank made it.
+    t = CommitTracker(world_size=3)
+    for rank in range(3):
+        t.on_report(rank, 0, None, [], {})
+    t.on_report(1, 1, None, [], {})
+    t.on_report(2, 1, None, [], {})
+    t.skip_to(0, 2)
+    assert t.on_report(1, 2, None, [], {}) == []
+    assert t.on_report(2, 2, None, [], {}) == []
+    [done] = t.on_report(0, 2, "ckpt_2", files("model.pt"), {"step": 2})
+    assert (done.index, done.checkpoint_dir) == (2, "ckpt_2")
+
+
+def test_a_rank_replaced_before_reporting_a_committed_step_holds_up_no_checkpoint_until_its_replacement_reports():
+    # Rank 1 died after every rank committed step 1 and before it reported it; rank 0 reported step 1 with a
+    # checkpoint (its files alone) and waits for the commit, before it sends the state to rank 1's replacement.
+    t = CommitTracker(world_size=2, shard_holders=[0])
+    for rank in range(2):
+        t.on_report(rank, 0, None, [], {})
+    assert t.on_report(0, 1, "ckpt_1", files("model.pt"), {"step": 1}) == []
+    [done] = t.replaced(1)
+    assert (done.index, done.missing_shards) == (1, [])
+    # The replacement reports from the count of rank 0, whose state it took; from there it is waited for again.
+    t.skip_to(1, 2)
+    assert t.on_report(0, 2, "ckpt_2", files("model.pt"), {"step": 2}) == []
+    [done] = t.on_report(1, 2, None, [], {})
+    assert done.index == 2
+
+
+def test_a_replaced_rank_that_held_a_shard_it_never_reported_leaves_that_checkpoint_incomplete():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "c0", files("s0"), {})
+    t.on_report(1, 0, "c0", files("s1"), {})
+    t.on_report(0, 1, "c1", files("s0"), {})
+    [done] = t.replaced(1)
+    assert done.index == 1 and set(done.missing_shards) == {1}

@@ -9,7 +9,8 @@ import pytest
 from outlast.protocol.kinds import FailureKind
 from outlast.storage.goodput import PARTS, describe, split
 from outlast.storage.records import (
-    AttemptRecord, CheckpointRecord, DrainRecord, FailureRecord, HangRecord, ReportEntry, ResizeRecord, RunState,
+    AttemptRecord, CheckpointRecord, DrainRecord, FailureRecord, HangRecord, LiveRecoveryRecord, ReportEntry,
+    ResizeRecord, RunState,
 )
 
 
@@ -122,6 +123,30 @@ def test_a_resize_is_a_restart_and_its_lost_steps_are_trained_again():
     adds_up(g, 9.0)
     assert g.restarts_s == 1.0 + 1.0
     assert g.replayed_steps == 1 and g.replayed_s == 1.0
+
+
+def test_a_live_recovery_is_charged_from_the_step_thrown_away_to_the_state_received():
+    # Steps report at 2, 4, 6; a rank dies at 6.5 (the step in flight is thrown away), the replacement holds the
+    # state at 9, and the step trained again reports at 10.5.
+    live = LiveRecoveryRecord(attempt=1, ranks=[1], cause="rank 1 killed", path="live", time=6.5, generation=1,
+                              steps_lost=1, seconds=2.5)
+    fell_back = LiveRecoveryRecord(attempt=1, ranks=[0], cause="rank 0 killed", path="restart", time=11.0)
+    g = split(state(attempt(1, 0.0, 12.0, "finished"), live_recoveries=[live, fell_back]),
+              {1: reports([2.0, 4.0, 6.0, 10.5, 11.5])}, now=99.0)
+    adds_up(g, 12.0)
+    assert g.live_recoveries_s == 9.0 - 6.0
+    assert g.productive_s == 2.0 + 2.0 + 1.5 + 1.0  # the step after the recovery, from the state received
+    assert g.steps == 4  # the recovery's interval still closes with a step that stayed
+
+
+def test_a_live_recovery_across_reports_and_into_the_ending_is_carved_out_of_each():
+    live = LiveRecoveryRecord(attempt=1, ranks=[1], cause="c", path="live", time=3.0, generation=1, steps_lost=1,
+                              seconds=8.0)  # reports at 5 and 6 come from a rank not yet stopped: capped at each
+    g = split(state(attempt(1, 0.0, 12.0, "finished"), live_recoveries=[live]), {1: reports([2.0, 5.0, 6.0])},
+              now=99.0)
+    adds_up(g, 12.0)
+    assert g.live_recoveries_s == 11.0 - 2.0
+    assert g.ending_s == 1.0 and g.productive_s == 0.0
 
 
 def test_waiting_for_capacity_is_carved_out_of_the_piece_it_fell_in():

@@ -117,3 +117,19 @@ def test_with_max_failures_spent_a_death_gives_up_as_without_live_recovery():
     h, placement = _live(max_failures=0)
     h.agent(placement[1], killed(h, 1, placement[1]))
     assert h.state is State.RESTARTING and not h.core.book.state.live_recoveries
+
+
+def test_a_death_after_another_rank_finished_its_loop_falls_back():
+    # The finished rank committed the last step and left: a replacement would wait for it to form its group.
+    d = formed(3).on_death(1, "killed", wall=5.0, finished=(2,))
+    assert isinstance(d, FallBack) and "finished their loop" in d.reason
+
+
+def test_a_replacement_restores_no_checkpoint_it_takes_the_state_from_the_others():
+    # The attempt began from a checkpoint that retention may have deleted since: the replacement must not read it.
+    h, placement = _live(max_failures=1)
+    h.core.attempt.restore = "checkpoint_001_000003"
+    h.effects.clear()
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.msg.restore_checkpoint is None and [w.rank for w in spawn.msg.workers] == [1]

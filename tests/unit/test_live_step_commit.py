@@ -86,3 +86,30 @@ def test_a_state_that_does_not_match_its_senders_checksum_is_refused():
     tensors[0][-1] = 5.0
     with pytest.raises(StateTransferCorrupt, match="xxh3_128"):
         join(header, tensors, expected)
+
+
+def test_ranks_that_restored_a_checkpoint_offer_its_step_to_their_first_group():
+    from outlast.sim.live import MemStore
+    from outlast.train.live.live_rank import LiveRank
+
+    fresh, restored = LiveRank(MemStore(), "r0i0"), LiveRank(MemStore(), "r1i0")
+    restored.resume_at(5)
+    first = first_membership(["r0i0", "r1i0"])
+    assert fresh.offered(first) == -1 and restored.offered(first) == 4
+    assert restored.entered(first, 1, agreed_step({0: 4, 1: 4}, ()), 0, 0.0) == 5
+    with pytest.raises(RuntimeError, match="only a loop that just restored"):
+        restored.resume_at(2)
+
+
+def test_a_split_vote_is_the_same_vote_the_one_that_waits_gives():
+    from outlast.sim.live import MemStore
+    from outlast.train.live.commit_store import StepVotes
+
+    store = MemStore()
+    first, second = StepVotes(store, 0, 2), StepVotes(store, 0, 2)
+    assert first.cast(0, reduced=True)[0] is None and first.poll(0)[0] is None
+    assert second.vote(0, reduced=True)[0] is StepVerdict.COMMIT
+    assert first.poll(0)[0] is StepVerdict.COMMIT
+    # A newer generation published while a vote is open throws the step away; the first verdict written stands.
+    store.set("live/membership/1", Membership(1, ("w0.1", "w1.0"), (0,), 1).to_json())
+    assert first.cast(1, reduced=True)[0] is StepVerdict.ABORT and second.cast(1, reduced=True)[0] is StepVerdict.ABORT

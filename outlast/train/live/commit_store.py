@@ -27,19 +27,32 @@ class StepVotes:
 
     def vote(self, step: int, reduced: bool) -> tuple[StepVerdict, str]:
         """Vote, then return the step's one verdict and why."""
+        verdict, reason = self.cast(step, reduced)
+        while verdict is None:
+            time.sleep(self.poll_s)
+            verdict, reason = self.poll(step)
+        return verdict, reason
+
+    def cast(self, step: int, reduced: bool) -> tuple[StepVerdict | None, str]:
+        """This rank's vote: the verdict when the vote decides it, else None (`poll` until one is written)."""
         counted = self.store.add(self._key(step, "reduced"), 1) if reduced else 0
         last = reduced and counted >= self.world_size
         decision = tally(reduced, counted, self.world_size,
                          newer_generation=last and rendezvous.newer_published(self.store, self.generation))
-        while True:
-            if decision.verdict is not None:
-                return self._write(step, decision), decision.reason
-            if self.store.check([self._key(step, "verdict")]):
-                return StepVerdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
-            newer = rendezvous.newest_after(self.store, self.generation)
-            decision = while_waiting(newer is not None, planned=newer is not None and newer.planned)
-            if decision.verdict is None:
-                time.sleep(self.poll_s)
+        if decision.verdict is not None:
+            return self._write(step, decision), decision.reason
+        return self.poll(step)
+
+    def poll(self, step: int) -> tuple[StepVerdict | None, str]:
+        """One look for the step's verdict: written by another rank, or ABORT now that a newer generation is out
+        (not a planned one: its votes still come)."""
+        if self.store.check([self._key(step, "verdict")]):
+            return StepVerdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
+        newer = rendezvous.newest_after(self.store, self.generation)
+        decision = while_waiting(newer is not None, planned=newer is not None and newer.planned)
+        if decision.verdict is not None:
+            return self._write(step, decision), decision.reason
+        return None, decision.reason
 
     def _write(self, step: int, decision: Tally) -> StepVerdict:
         """Compare-and-set: the first verdict written stands, whoever wrote it."""

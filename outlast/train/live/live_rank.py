@@ -1,6 +1,7 @@
 """The calls a data-parallel loop makes to outlive the death of any rank.
 
     live = LiveRank(store, member="w3")
+    live.resume_at(restored_step)               # after a restore from a checkpoint (else it starts at 0)
     step = live.join(state_dict, load_state_dict)
     while step < steps:
         grads = ...                             # forward and backward
@@ -73,6 +74,17 @@ class LiveRank:
         assert self.group is not None, "join() first"
         return self.group.rank
 
+    def resume_at(self, step: int) -> None:
+        """Before the first `join`: the loop restored a checkpoint and goes on at `step` (its steps before are
+        committed). Generation 0's ranks then agree on `step - 1`, where without it they would agree on -1 and run
+        from step 0 again, on top of the restored state."""
+        if self.joins:
+            raise RuntimeError(f"resume_at({step}) after this member joined a group: only a loop that just restored a "
+                               "checkpoint names where it resumes")
+        if step < 0:
+            raise ValueError(f"resume_at({step}): a step is 0 or more")
+        self.ledger = Ledger(self.ledger.generation, committed=step - 1)
+
     def join(self, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None]) -> int:
         """Into the next generation that names this member; a generation that breaks while it forms
         (another member lost) gives way to the one after it."""
@@ -85,8 +97,7 @@ class LiveRank:
             try:
                 return self._form(membership, state_dict, load_state_dict)
             except GroupBroken as e:
-                self.last_break = str(e)
-                self.ledger = Ledger(membership.generation, self.ledger.committed)
+                self.broke(membership, str(e))
 
     def _form(self, membership: Membership, state_dict: Callable[[], Any],
               load_state_dict: Callable[[Any], None]) -> int:
@@ -94,37 +105,55 @@ class LiveRank:
         assert rank is not None
         group = LiveGroup.form(self.store, membership.generation, rank, membership.world_size, self.timeout_s)
         self.group = group
-        # A joiner's -1 is ignored: it takes what the survivors agree on.
-        mine = self.ledger.committed if (self.has_state or membership.generation == 0) else -1
-        committed = agreed_step(dict(enumerate(group.allgather_int(mine))), membership.joiners)
+        committed = agreed_step(dict(enumerate(group.allgather_int(self.offered(membership)))), membership.joiners)
         moved, started = 0, time.monotonic()
         if rank == membership.source:
             state = state_dict()
             for joiner in membership.joiners:
                 moved = send_state(group, state, joiner)
-        if rank == (membership.source if membership.source is not None else 0):
-            # The controller learns here that the group formed (generation 0: the loop is live), or that a
-            # recovery is over, and what it cost.
-            self.store.set(joined_key(membership.generation),
-                           json.dumps({"steps_lost": self.thrown, "wall": time.time()}))
-        elif rank in membership.joiners:
+        if not self.announce(membership, rank) and rank in membership.joiners:
             assert membership.source is not None
             state, moved = receive_state(group, membership.source)
             load_state_dict(state)
+        return self.entered(membership, rank, committed, moved, time.monotonic() - started)
+
+    # The steps of `join` and `reduce` between their collectives, apart so that the simulator (`outlast/sim/live.py`)
+    # drives the same bookkeeping over collectives of its own.
+
+    def offered(self, membership: Membership) -> int:
+        """The committed step this member brings to `membership`'s allgather; a joiner's -1 is ignored: it takes
+        what the survivors agree on."""
+        return self.ledger.committed if (self.has_state or membership.generation == 0) else -1
+
+    def announce(self, membership: Membership, rank: int) -> bool:
+        """On the rank that sent the state (rank 0, when nobody joins), once it went across: the controller learns
+        here that the group formed (generation 0: the loop is live), or that a recovery is over, and what it cost.
+        True when this rank announced."""
+        if rank != (membership.source if membership.source is not None else 0):
+            return False
+        self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": self.thrown, "wall": time.time()}))
+        return True
+
+    def entered(self, membership: Membership, rank: int, committed: int, moved: int, transfer_s: float) -> int:
+        """`membership` formed with this member holding the state of step `committed`: the step to run next."""
         self.has_state = True
         self.thrown = 0
         self.regroup_due = False
         self.ledger = self.ledger.regroup(membership.generation, committed)
         self.votes = StepVotes(self.store, membership.generation, membership.world_size)
-        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved,
-                                 time.monotonic() - started))
+        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved, transfer_s))
         return committed + 1
+
+    def broke(self, membership: Membership, why: str) -> None:
+        """`membership` broke while it formed: wait for the generation after it."""
+        self.last_break = why
+        self.ledger = Ledger(membership.generation, self.ledger.committed)
 
     def reduce(self, step: int, tensors: list[torch.Tensor]) -> bool:
         """Sum `tensors` over the ranks in place, then vote: True when every rank reduced step `step`
         (apply it), False when the step is thrown away (call `join`)."""
         assert self.group is not None and self.votes is not None, "join() first"
-        self.ledger = self.ledger.begin(step)
+        self.begin(step)
         try:
             self.group.allreduce_sum(tensors)
             reduced = True
@@ -132,6 +161,13 @@ class LiveRank:
             self.last_break = str(e)
             reduced = False
         verdict, _ = self.votes.vote(step, reduced)
+        return self.settle(verdict)
+
+    def begin(self, step: int) -> None:
+        self.ledger = self.ledger.begin(step)
+
+    def settle(self, verdict: StepVerdict) -> bool:
+        """The step in flight's verdict: True to apply it."""
         self.ledger = self.ledger.after(verdict)
         self.thrown += verdict is StepVerdict.ABORT
         self.regroup_due = verdict is StepVerdict.REGROUP

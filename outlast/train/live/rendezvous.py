@@ -46,23 +46,31 @@ def newest_after(store: Store, generation: int) -> Membership | None:
 
 def await_membership(store: Store, member: str, after: int, timeout_s: float, spare: bool,
                      poll_s: float = 0.002) -> Membership:
-    """The newest generation after `after` that names `member`. Generations published while this
-    member was busy are skipped: only the newest can still form. A `spare` (a member that has held
-    no rank yet) waits through generations that do not name it; a member that held a rank and is
-    left out of the newest generation raises NotAMemberError."""
+    """The newest generation after `after` that names `member` (`look_for_membership`), waited for."""
     deadline = time.monotonic() + timeout_s
     if spare:
         store.set(ready_key(member), "1")
     while True:
-        while not store.check([membership_key(after + 1)]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"member {member}: no generation after {after} named it within {timeout_s} s")
-            time.sleep(poll_s)
-        latest = max(int(store.get(LATEST)) if store.check([LATEST]) else after + 1, after + 1)
-        membership = Membership.from_json(store.get(membership_key(latest)).decode())
-        if membership.rank_of(member) is not None:
+        membership, after = look_for_membership(store, member, after, spare)
+        if membership is not None:
             return membership
-        if not spare:
-            raise NotAMemberError(f"member {member} is not in generation {membership.generation} "
-                                  f"(members {list(membership.members)})")
-        after = latest
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"member {member}: no generation after {after} named it within {timeout_s} s")
+        time.sleep(poll_s)
+
+
+def look_for_membership(store: Store, member: str, after: int, spare: bool) -> tuple[Membership | None, int]:
+    """One look for the newest generation after `after` that names `member`, and the generation to look after
+    next time. Generations published while this member was busy are skipped: only the newest can still form. A
+    `spare` (a member that has held no rank yet) waits through generations that do not name it; a member that
+    held a rank and is left out of the newest generation raises NotAMemberError."""
+    if not store.check([membership_key(after + 1)]):
+        return None, after
+    latest = max(int(store.get(LATEST)) if store.check([LATEST]) else after + 1, after + 1)
+    membership = Membership.from_json(store.get(membership_key(latest)).decode())
+    if membership.rank_of(member) is not None:
+        return membership, after
+    if not spare:
+        raise NotAMemberError(f"member {member} is not in generation {membership.generation} "
+                              f"(members {list(membership.members)})")
+    return None, latest

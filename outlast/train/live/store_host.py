@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from outlast.controller.group import LiveJoined, LiveReady
 from outlast.protocol.membership import LATEST, Membership, joined_key, membership_key, ready_key, store_prefix
@@ -16,21 +16,28 @@ TIMEOUT_S = 60.0
 
 
 class LiveStore:
-    def __init__(self, host: str) -> None:
+    """`store`: a torch.distributed store (the simulator's in memory, `outlast/sim/live.py`); `scoped(attempt)`
+    gives its view under the attempt's prefix, the one the attempt's ranks use."""
+
+    def __init__(self, store: Any, address: str, scoped: Callable[[int], Any]) -> None:
+        self.store = store
+        self.address = address
+        self._scoped = scoped
+        self._prefixed: dict[int, Any] = {}
+
+    @classmethod
+    def hosted(cls, host: str) -> LiveStore:
+        """A TCPStore on `host`, on a port of its own."""
         import torch.distributed as dist
 
         # In the driver's process, whose threads it joins: the driver forks nothing after this (its agent, when
         # embedded, is started before the controller, and by exec).
-        self.store: Any = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=TIMEOUT_S))
-        self.address = f"{host}:{self.store.port}"
-        self._prefixed: dict[int, Any] = {}
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
+        return cls(store, f"{host}:{store.port}", lambda attempt: dist.PrefixStore(store_prefix(attempt), store))
 
     def _of(self, attempt: int) -> Any:
-        import torch.distributed as dist
-
         if attempt not in self._prefixed:
-            self._prefixed[attempt] = dist.PrefixStore(store_prefix(attempt), self.store)
+            self._prefixed[attempt] = self._scoped(attempt)
         return self._prefixed[attempt]
 
     def publish(self, attempt: int, membership_json: str) -> None:

@@ -1,7 +1,8 @@
 """The loop's side of live recovery (`FailureConfig(live_recovery=True)`), for data-parallel training.
 
     live = outlast.train.torch.LiveTraining(model, optimizer, state=other)  # `other`: any state_dict() owner
-    step = live.start()              # 0, or where the other ranks are, for a rank that replaced a lost one
+    step = live.start(restored)      # restored: the step after a restored checkpoint's (0 without one); a rank
+                                     # that replaced a lost one gets where the other ranks are
     while step < steps:
         loss_of(batch_for(step)).backward()
         step = live.step(step)       # the gradients averaged over the ranks, then optimizer.step()
@@ -74,8 +75,11 @@ class LiveTraining:
         torch.set_rng_state(d["rng"])
         get_session("LiveTraining").continue_reports(d["reports"])
 
-    def start(self) -> int:
-        """Join the group; returns the step to run first."""
+    def start(self, step: int = 0) -> int:
+        """Join the group; returns the step to run first. `step`: where a loop that restored a checkpoint goes on
+        (every rank restored the same one); the ranks agree on it, and a replacement takes the state from them."""
+        if step:
+            self.rank.resume_at(step)
         return self._join()
 
     def step(self, step: int) -> int:

@@ -57,6 +57,7 @@ function legend() {
 
 // The run's held time by part (outlast/storage/goodput.py, worked out by the server): one bar, as wide as the timeline.
 const GOODPUT_COLORS = { productive: "#2e7d32", startup: "#90a4ae", waiting: "#fbc02d", restarts: "#c62828",
+  live_recoveries: "#f48fb1",
   replayed: "#ef9a9a", checkpoint_stalls: "#6a1b9a", drains: "#ef6c00", hangs: "#4e342e", ending: "#b0bec5",
   in_flight: "#a5d6a7" };
 
