@@ -96,11 +96,29 @@ class CommitTracker:
         self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
         self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
 
-    def skip_to(self, rank: int, index: int) -> None:
-        """Live recovery: `rank`'s replacement reports from `index` on, the count of the rank whose state it took.
-        Its predecessor may have died before reporting a step every rank committed; its reports between never come."""
-        if 0 <= rank < self.world_size and index > self.reports[rank]:
-            self.reports[rank] = index
+    def fill(self, rank: int, upto: int) -> list[PendingCheckpoint]:
+        """Live recovery: `rank`'s reports below `upto` never come (it died after every rank committed a step and
+        before it reported it; its replacement reports from the next). They count as made without files, as a lost
+        rank's unmade report does (rules (b) and (c) say whether it held a shard of a checkpoint among them);
+        returns the checkpoints that settled because of it."""
+        if not 0 <= rank < self.world_size or rank in self.lost or upto <= self.reports[rank]:
+            return []
+        for index in range(self.reports[rank], upto):
+            self.reports[rank] = index + 1
+            self._count_report(index)
+            pending = self._pending.get(index)
+            if pending is not None and rank not in pending.files and self._holds_unreported_shard(pending, rank):
+                self._mark_missing(pending, rank, "died before reporting its shard; its replacement reports from "
+                                                  "the next step")
+        return self._ready()
+
+    def lose_uploads(self, rank: int) -> list[PendingCheckpoint]:
+        """Live recovery: `rank` died with its asynchronous uploads running; they never say they are done."""
+        for pending in self._pending.values():
+            if rank in pending.awaiting:
+                pending.awaiting.discard(rank)
+                self._mark_missing(pending, rank, "died while uploading its shard")
+        return self._ready()
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],

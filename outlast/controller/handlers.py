@@ -148,6 +148,8 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
         record = _failure_record(ev, c.wall())
         if live_steps.on_death(c, a, ev.rank, record):
+            for pending in live_steps.settled_by_death(c, ev.rank):
+                commit_steps.begin(c, pending)
             return  # the survivors go on, and a replacement takes the rank
         lifecycle.on_failure(c, record)
     elif s.kind in _PREEMPTED:

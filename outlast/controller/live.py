@@ -74,17 +74,17 @@ class LiveRun:
         self.unsent: set[int] = set()  # ranks of the newest generation that have not received the state yet
         self.unreported: set[int] = set()  # replaced ranks whose replacement has not reported yet
         self.formed = False  # the ranks formed generation 0: the loop makes its steps through the live group
+        self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
 
-    def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False) -> Replace | FallBack:
+    def on_death(self, rank: int, cause: str, wall: float) -> Replace | FallBack:
+        """`rank` died (killed, raised, its node lost, or killed for a hang): replace it, wherever the caller forks
+        the replacement, or fall back."""
         if not 0 <= rank < self.membership.world_size:
             return FallBack(f"rank {rank} is not in generation {self.membership.generation} "
                             f"({self.membership.world_size} ranks)")
         if not self.formed:
             return FallBack(f"rank {rank} died before the ranks formed their live group (a loop that does not use "
                             "outlast.train.torch.LiveTraining never does): a replacement would not take the state")
-        if node_lost:
-            return FallBack(f"rank {rank}'s node is lost, and live recovery replaces a rank only on its own node "
-                            "so far")
         r = self.recovery
         if r is None:
             r = self.recovery = Recovery(since=wall, cause=cause)
@@ -111,6 +111,24 @@ class LiveRun:
         return Replace(rank, incarnation, member, membership,
                        f"rank {rank} is replaced by {member} in generation {membership.generation}; rank {kept[0]} "
                        f"sends the state to rank(s) {sorted(unsent)}, and ranks {kept} go on")
+
+    def on_hang(self, rank: int, summary: str) -> bool:
+        """The hang watch blames `rank`: True when it is killed and its death replaces it (its peers' collective,
+        waiting on it, fails when its sockets close). False: the attempt restarts, as without live recovery."""
+        if not self.formed or not 0 <= rank < self.membership.world_size or rank in self.hung:
+            return False
+        self.hung[rank] = summary
+        return True
+
+    def owed_reports(self, rank: int) -> list[int]:
+        """A report from `rank`, a rank that kept the state, while a recovery is under way and before the state went
+        across: no step commits in a generation still forming, so it reports a step committed before the death, and
+        the ranks lost since (that voted for it) died before they reported it. Their replacements report from the
+        next step on: the controller counts the lost ranks' reports of this one, which never come."""
+        r = self.recovery
+        if r is None or rank in self.unsent:
+            return []
+        return sorted(set(r.ranks) & self.unreported)
 
     def first_report(self, rank: int) -> bool:
         """Whether this is the first report of `rank`'s replacement: its index is where the rank's reports go on."""

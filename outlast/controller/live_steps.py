@@ -7,14 +7,22 @@ Plain functions over the core's state, as `lifecycle.py`'s are."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
+
+import msgspec
 
 from outlast.controller import spawns
 from outlast.controller import states as st
+from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import LiveJoined, PublishMembership
+from outlast.controller.group import LiveJoined, PublishMembership, ToNode
+from outlast.controller.heartbeat import heartbeat
 from outlast.controller.live import FallBack, LiveRun
+from outlast.controller.live_placement import replacement_node
+from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import FailureDecision, decide_on_failure
 from outlast.controller.types import AttemptState
+from outlast.protocol import messages as m
 from outlast.protocol.kinds import Budget, FailureKind
 from outlast.storage.records import FailureRecord, LiveRecoveryRecord
 
@@ -36,27 +44,80 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     live = c.live
     if live is None or not isinstance(c.state, st.Running):
         return False
+    hang = live.hung.pop(rank, None)
+    if hang is not None:  # the controller killed it: its death is the hang
+        record = msgspec.structs.replace(record, kind=FailureKind.HANG, message=hang)
     if decide_on_failure(record, c.book.failures_this_launch(Budget.WORKER),
                          c.plan.max_failures).action is not FailureDecision.RESTART:
         return False  # the restart's verdict gives up, and says why
-    decision = live.on_death(rank, record.describe(), record.time, node_lost=record.kind is FailureKind.NODE_LOST)
+    node, where = a.placement[rank], ""
+    if record.kind is FailureKind.NODE_LOST or node not in c.nodes.heard:
+        held = Counter(a.placement[r] for r in a.placement if r != rank and r not in a.exited)
+        moved = replacement_node([v for v in c.nodes.views(c.run_id, c.now) if v.node_id != node], dict(held),
+                                 c.plan.per_worker, c.plan.strategy)
+        if isinstance(moved, NoCapacity):
+            return _fall_back(c, a, live, rank, record, f"rank {rank}'s node {node} is lost and {moved.reason}")
+        node, where = moved.node_id, f"; forked on {moved.reason}"
+    decision = live.on_death(rank, record.describe(), record.time)
     if isinstance(decision, FallBack):
-        c.live = None
-        c.book.note_live_recovery(LiveRecoveryRecord(
-            attempt=a.number, ranks=[rank], cause=record.describe(), path="restart", time=record.time,
-            generation=live.membership.generation, reason=decision.reason))
-        log.warning("attempt %d: %s; live recovery falls back to a restart: %s", a.number, record.describe(),
-                    decision.reason)
-        return False
+        return _fall_back(c, a, live, rank, record, decision.reason)
     c.book.charge_live_failure(record)
     a.exited.pop(rank, None)
     a.pids.pop(rank, None)
+    a.placement[rank] = node
+    if c.nodes.link(node, c.now):
+        c.out.append(ToNode(node, heartbeat(c)))  # the agent knows the run before its worker
     env = {**a.env, INCARNATION_VAR: str(decision.incarnation)}
-    c.out.append(spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env))
+    c.out.append(spawns.spawn(c, a, node, [a.specs[rank]], env))
     c.out.append(PublishMembership(a.number, decision.membership.to_json()))
-    log.warning("attempt %d: %s; the other ranks go on: %s (failure %d of max_failures=%d)", a.number,
-                record.describe(), decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)
+    log.warning("attempt %d: %s; the other ranks go on: %s%s (failure %d of max_failures=%d)", a.number,
+                record.describe(), decision.reason, where, c.book.failures_this_launch(Budget.WORKER),
+                c.plan.max_failures)
     return True
+
+
+def settled_by_death(c: CoreState, rank: int) -> list[PendingCheckpoint]:
+    """After `on_death` replaced `rank`: the checkpoints its death settles (the caller begins their commits). The
+    ranks that keep the state may have reported a step committed before the death, which the dead rank never
+    will (its replacement reports from their count on); its asynchronous uploads never say they are done."""
+    live = c.live
+    if live is None:
+        return []
+    t = c.commit_tracker
+    reported = max((t.reports[k] for k in range(len(t.reports)) if k not in live.unsent), default=0)
+    return [*t.lose_uploads(rank), *t.fill(rank, reported)]
+
+
+def _fall_back(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: FailureRecord, reason: str) -> bool:
+    c.live = None
+    c.book.note_live_recovery(LiveRecoveryRecord(
+        attempt=a.number, ranks=[rank], cause=record.describe(), path="restart", time=record.time,
+        generation=live.membership.generation, reason=reason))
+    log.warning("attempt %d: %s; live recovery falls back to a restart: %s", a.number, record.describe(), reason)
+    return False
+
+
+def on_hang(c: CoreState, a: AttemptState, rank: int, summary: str) -> bool:
+    """The hang watch blames `rank`: True when it is killed (outlast started it) and its death is answered as any
+    other's; its peers' collective fails as its sockets close. False: the hung attempt restarts as usual."""
+    live = c.live
+    if live is None or not isinstance(c.state, st.Running) or rank not in a.placement or rank in a.exited \
+            or not live.on_hang(rank, summary):
+        return False
+    c.out.append(ToNode(a.placement[rank], m.KillRanks(run_id=c.run_id, attempt=a.number, ranks=[rank],
+                                                       reason=f"rank {rank} hung; live recovery replaces it")))
+    log.error("attempt %d: %s; rank %d is killed and replaced while the others go on", a.number, summary, rank)
+    return True
+
+
+def on_report(c: CoreState, rank: int, index: int) -> list[PendingCheckpoint]:
+    """Report `index` of `rank` was counted. One that a rank keeping the state made while a recovery is under way
+    is of a step committed before the death: the lost ranks' reports of it never come, and are counted here.
+    Returns the checkpoints that settled (the caller begins their commits)."""
+    live = c.live
+    if live is None:
+        return []
+    return [p for lost in live.owed_reports(rank) for p in c.commit_tracker.fill(lost, index + 1)]
 
 
 def on_joined(c: CoreState, event: LiveJoined) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from outlast.controller import commit_steps, ending, hang_steps, lifecycle, preempt_steps
+from outlast.controller import commit_steps, ending, hang_steps, lifecycle, live_steps, preempt_steps
 from outlast.controller import states as st
 from outlast.controller.collectives import Overdue, PendingCollective
 from outlast.controller.commits.events import Reported
@@ -120,14 +120,16 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
         if p is not None:
             preempt_steps.forecast_uploads(c, p)
     if c.live is not None and c.live.first_report(msg.rank):
-        c.commit_tracker.skip_to(msg.rank, msg.index)
+        # A replacement's first report: its predecessor's reports before it that were not counted never come.
+        for pending in c.commit_tracker.fill(msg.rank, msg.index):
+            commit_steps.begin(c, pending)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
                                            msg.upload_pending, msg.upload_files, msg.data_position)
     except ValueError as e:
         log.warning("ignored a report: %s", e)
         return
-    for pending in ready:
+    for pending in [*ready, *live_steps.on_report(c, msg.rank, msg.index)]:
         commit_steps.begin(c, pending)
     exit = a.exited.get(msg.rank)
     if msg.upload_pending and exit is not None and exit.exit_code == 0 and exit.error is None:

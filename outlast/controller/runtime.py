@@ -20,10 +20,12 @@ from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
+    Effect, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, PublishMembership, Started, Tick,
+    WorkerGroup,
 )
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
+from outlast.protocol import messages as m
 
 __all__ = ["Controller", "RunPlan", "Timeouts"]
 
@@ -93,10 +95,12 @@ class Controller:
             try:
                 answers = self.tiers.take() if self.tiers is not None else []
                 for event in self.group.events(POLL_S) + self.storage.take() + answers or [Tick()]:
+                    if isinstance(event, FromWorker) and isinstance(event.msg, m.Report):
+                        # A report made after a recovery's state went across comes after its word in the store:
+                        # the core hears the two in that order (live_steps.on_report tells the steps apart by it).
+                        self._poll_joined()
                     self._step(event)
-                if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
-                        and (joined := self.live.joined(*awaited)) is not None:
-                    self._step(joined)
+                self._poll_joined()
                 lease = self.plan.lease
                 if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))
@@ -109,6 +113,11 @@ class Controller:
             raise KeyboardInterrupt
         if self.core.error is not None:
             raise self.core.error
+
+    def _poll_joined(self) -> None:
+        if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
+                and (joined := self.live.joined(*awaited)) is not None:
+            self._step(joined)
 
     def _step(self, event: InEvent | fx.StorageEvent | fx.TierAnswered) -> None:
         start = self.clock()

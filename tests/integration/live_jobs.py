@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import time
 
 from outlast import train
+from outlast.train import Checkpoint
 
 
 def _log(config: dict, **fields) -> None:
     ctx = train.get_context()
     fields.update(rank=ctx.get_world_rank(), attempt=ctx.get_attempt(), pid=os.getpid(),
+                  node=os.environ.get("OUTLAST_NODE_ID", ""),
                   incarnation=int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0")), t=time.time())
     with open(config["events"], "a") as f:
         f.write(json.dumps(fields) + "\n")
@@ -24,7 +27,10 @@ def live_loop(config: dict) -> None:
     ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step.
     `config["die_in_transfer"]`: the incarnations whose process SIGKILLs itself while it receives the state, after
     its header (in the first attempt); `config["pad_mb"]`: megabytes of zeros in the state, so that the sender is
-    still sending then."""
+    still sending then. `config["faults"]`: [[rank, step, point], ...]: that rank's first process of the first
+    attempt SIGKILLs itself at the named fault point of that step ("forward": before it; "stop": it SIGSTOPs
+    itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a checkpoint with each committed step,
+    uploaded in report(), which returns once the checkpoint is committed (every rank's report of it counted)."""
     import torch
 
     from outlast import faults
@@ -42,7 +48,15 @@ def live_loop(config: dict) -> None:
     _log(config, event="start", step=step)
     kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
+    faults_at = {(k[0], k[1]): k[2] for k in config.get("faults") or []}
     while step < config["steps"]:
+        if first and (rank, step) in faults_at:
+            point = faults_at.pop((rank, step))
+            if point in ("forward", "stop"):
+                os.kill(os.getpid(), signal.SIGKILL if point == "forward" else signal.SIGSTOP)
+            else:
+                os.environ["OUTLAST_FAULT_POINTS"] = f"{point}=kill"
+                faults.reset()
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(32, 8, generator=g)
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
@@ -56,7 +70,12 @@ def live_loop(config: dict) -> None:
         step = live.step(step)
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
         if config.get("report") and step == was + 1:
-            train.report({"step": was})
+            if config.get("checkpoint") and rank == 0:
+                with tempfile.TemporaryDirectory() as d:
+                    torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                    train.report({"step": was}, checkpoint=Checkpoint.from_directory(d))
+            else:
+                train.report({"step": was})
     live.close()
     _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
 

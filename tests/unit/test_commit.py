@@ -265,3 +265,28 @@ def test_a_rank_lost_before_its_report_is_placed_where_its_last_report_left_it()
     t.on_report(0, 1, "c", files("m"), {}, data_position="zero@1")
     [done] = t.lose_ranks({1}).settled
     assert done.data_positions == {0: "zero@1", 1: "one@0"}
+
+
+def test_a_report_filled_for_a_rank_that_died_before_making_it_settles_the_checkpoint_and_counts_once():
+    t = CommitTracker(world_size=2)
+    assert t.on_report(0, 0, "ckpt_0", files("m.pt"), {"step": 0}) == []
+    [done] = t.fill(1, 1)  # rank 1 committed step 0 and died before its report; rank 0 alone saves
+    assert done.index == 0 and not done.missing_shards and t.reports == [1, 1]
+    assert t.fill(1, 1) == []
+    assert t.on_report(1, 1, None, [], {}) == [] and t.on_report(0, 1, "ckpt_1", files("m.pt"), {})[0].index == 1
+
+
+def test_a_filled_report_of_a_rank_that_held_a_shard_leaves_the_checkpoint_missing_it():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "ckpt_0", files("a"), {})
+    t.on_report(1, 0, "ckpt_0", files("b"), {})  # both ranks write a shard
+    t.on_report(0, 1, "ckpt_1", files("a"), {})
+    [done] = t.fill(1, 2)
+    assert done.index == 1 and done.missing_shards == [1]
+
+
+def test_a_rank_lost_while_uploading_leaves_its_checkpoint_missing_its_shard():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "ckpt_0", [], {}, upload_pending=True)
+    t.on_report(1, 0, None, [], {})
+    assert [p.missing_shards for p in t.lose_uploads(0)] == [[0]]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from outlast.controller import group as g
 from outlast.controller.live import FallBack, LiveRun, Recovered, Replace
+from outlast.controller.live_placement import Moved, replacement_node
+from outlast.controller.placement import NodeView, NoCapacity
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.protocol.membership import Membership
@@ -59,12 +61,45 @@ def test_replacements_that_keep_dying_in_their_transfer_fall_back_past_the_bound
     assert isinstance(d, FallBack) and "more than 2" in d.reason
 
 
-def test_a_lost_node_falls_back_until_a_replacement_can_go_elsewhere():
-    assert isinstance(formed(2).on_death(1, "node lost", wall=1.0, node_lost=True), FallBack)
+def test_two_ranks_lost_at_once_are_replaced_in_one_recovery_by_the_one_left():
+    live = formed(3)
+    assert isinstance(live.on_death(0, "rank 0 was killed", wall=1.0), Replace)
+    d = live.on_death(1, "rank 1 was killed", wall=1.01)
+    assert isinstance(d, Replace) and d.membership == Membership(2, ("r0i1", "r1i1", "r2i0"), (0, 1), 2)
+    assert live.on_joined(2, 1, wall=1.5) == Recovered(2, (0, 1), "rank 0 was killed", 1.0, 0.5, 1)
 
 
-def _live(max_failures: int):
-    h = make(max_failures=max_failures, live_recovery=True, live_store="controller:7")
+def test_a_hung_rank_is_killed_once_and_only_after_the_group_formed():
+    assert not LiveRun(2).on_hang(1, "rank 1 hung")
+    live = formed(2)
+    assert live.on_hang(1, "rank 1 hung") and not live.on_hang(1, "rank 1 hung again")
+    assert live.hung == {1: "rank 1 hung"}
+
+
+def test_a_report_made_while_the_state_has_not_gone_across_is_owed_by_the_lost_ranks():
+    live = formed(3)
+    assert live.owed_reports(0) == []  # no recovery under way
+    live.on_death(2, "rank 2 was killed", wall=1.0)
+    assert live.owed_reports(0) == [2] and live.owed_reports(2) == []  # the replacement holds no state yet
+    live.on_joined(1, 0, wall=1.1)
+    assert live.owed_reports(0) == []  # a report after the state went across is of a step the new group committed
+
+
+def test_the_replacement_of_a_lost_node_goes_where_placement_would_put_it():
+    views = [NodeView("n2", "tcp://n2:1", {"CPU": 2.0}), NodeView("n3", "tcp://n3:1", {"CPU": 1.0}),
+             NodeView("n4", "tcp://n4:1", {"CPU": 1.0}, draining=True)]
+    held = {"n2": 1}
+    spread = replacement_node(views, held, {"CPU": 1.0}, "SPREAD")
+    assert isinstance(spread, Moved) and spread.node_id == "n3" and "a spare node" in spread.reason
+    pack = replacement_node(views, held, {"CPU": 1.0}, "PACK")
+    assert isinstance(pack, Moved) and pack.node_id == "n2"
+    assert isinstance(replacement_node(views, {"n2": 2, "n3": 1}, {"CPU": 1.0}, "SPREAD"), NoCapacity)
+    assert isinstance(replacement_node(views, {"n2": 1}, {"CPU": 1.0}, "STRICT_PACK"), Moved)
+    assert isinstance(replacement_node(views[1:], {"n2": 1}, {"CPU": 1.0}, "STRICT_PACK"), NoCapacity)
+
+
+def _live(max_failures: int, **kw):
+    h = make(max_failures=max_failures, live_recovery=True, live_store="controller:7", **kw)
     placement = start(h)
     published = [e for e in h.effects if isinstance(e, g.PublishMembership)]
     assert [Membership.from_json(p.membership).generation for p in published] == [0]
@@ -117,3 +152,75 @@ def test_with_max_failures_spent_a_death_gives_up_as_without_live_recovery():
     h, placement = _live(max_failures=0)
     h.agent(placement[1], killed(h, 1, placement[1]))
     assert h.state is State.RESTARTING and not h.core.book.state.live_recoveries
+
+
+def test_a_lost_node_s_rank_is_replaced_on_the_spare_node_while_the_other_goes_on():
+    h, placement = _live(max_failures=1)  # ranks on n1 and n2; n3 is spare
+    h.effects.clear()
+    h.step(g.AgentGone(placement[1], f"the agent of {placement[1]} died"), dt=1.0)
+    assert h.state is State.RUNNING and not [e for e in h.effects if isinstance(e, g.StopRun)]
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == "n3" and [w.rank for w in spawn.msg.workers] == [1]
+    assert any(isinstance(e, g.ToNode) and e.node_id == "n3" and isinstance(e.msg, m.RunHeartbeat)
+               for e in h.effects)  # the agent there knows the run before its worker
+    assert h.core.attempt.placement == {0: placement[0], 1: "n3"}
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r1i1"), (1,), 0)
+    assert h.core.book.state.attempts[-1].failures[0].kind == "NodeLost"
+
+
+def test_a_lost_node_with_no_room_elsewhere_falls_back_and_says_why():
+    h = make(max_failures=2, live_recovery=True, live_store="controller:7", nodes=("n1", "n2"))
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.AgentGone(placement[1], "gone"), dt=1.0)
+    assert h.state is State.RESTARTING
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "restart" and "no other node has room" in record.reason
+
+
+def test_a_hang_kills_the_blamed_rank_and_its_death_is_replaced_with_the_hang_as_its_cause():
+    h, placement = _live(max_failures=1, hang_timeout_s=5.0)
+    h.effects.clear()
+    h.step(dt=6.0)  # no progress from anyone: the watch asks for stacks
+    h.worker(m.StackDump(attempt=1, rank=0, where="all_reduce", text="in allreduce"))
+    h.step(dt=11.0)  # rank 1 (stopped) never answers: it is blamed, and killed
+    [kill] = [e for e in h.effects if isinstance(e, g.ToNode) and isinstance(e.msg, m.KillRanks)]
+    assert kill.node_id == placement[1] and kill.msg.ranks == [1] and h.state is State.RUNNING
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    assert h.state is State.RUNNING
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == placement[1]
+    failure = h.core.book.state.attempts[-1].failures[0]
+    assert failure.kind == "Hang" and "rank 1 hung" in failure.message
+    h.step(dt=1.0)
+    assert len([e for e in h.effects if isinstance(e, g.ToNode) and isinstance(e.msg, m.KillRanks)]) == 1
+
+
+def test_a_rank_lost_between_a_commit_and_its_report_is_counted_so_the_step_commits():
+    h, placement = _live(max_failures=1)
+    for i in range(2):
+        h.worker(m.Report(attempt=1, rank=1, index=i, metrics={"step": i}))
+        h.worker(m.Report(attempt=1, rank=0, index=i, metrics={"step": i}))
+    # Step 2 commits everywhere; rank 0 reports it, rank 1 dies before it does.
+    h.worker(m.Report(attempt=1, rank=0, index=2, metrics={"step": 2}))
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    assert h.core.commit_tracker.reports == [3, 3]  # counted at the death: rank 0 had reported it
+    # At 3 ranks a slower survivor reports it after the death: counted then (the next test).
+    h.worker(m.Report(attempt=1, rank=0, index=3, metrics={"step": 3}))  # not before the state went across
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=1, wall=h.wall()))
+    h.worker(m.Report(attempt=1, rank=1, index=3, metrics={"step": 3}))
+    assert h.core.commit_tracker.reports == [4, 4]
+
+
+def test_a_report_of_the_committed_step_after_the_death_fills_the_lost_rank_s():
+    h = make(max_failures=1, live_recovery=True, live_store="controller:7", world_size=3, nodes=("n1", "n2", "n3"))
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.agent(placement[2], killed(h, 2, placement[2]))  # it committed step 0, and died before its report
+    assert h.core.commit_tracker.reports == [0, 0, 0]
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0",
+                      files=[m.FileEntry(path="model.pt", size=1, xxh3_128="0" * 32)]))
+    assert h.core.commit_tracker.reports == [1, 0, 1]
+    h.worker(m.Report(attempt=1, rank=1, index=0, metrics={"step": 0}))
+    assert h.core.commit_tracker.reports == [1, 1, 1] and not h.core.commit_tracker.unsettled_below(1)
