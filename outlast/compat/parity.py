@@ -160,8 +160,12 @@ NOTES: dict[str, Note] = {
     "TorchConfig.train_func_context": Note(UNSUPPORTED, "Ray's backend internals"),
     "prepare_data_loader": Note(SAME, "what it returns reads like the DataLoader it wraps (dataset, batch_size, "
                                       "sampler, len); a loader with its default sampler is split by outlast's own "
-                                      "batch sampler (no DistributedSampler padding), whose place every checkpoint "
-                                      "keeps, so a restore goes on at the next batch (docs/guide/training.md)"),
+                                      "batch sampler, whose place every checkpoint keeps, so a restore goes on at "
+                                      "the next batch: each rank reads a DistributedSampler's rows in its order, "
+                                      "but where the dataset's length does not divide by the workers, the last "
+                                      "`len % workers` rows of the epoch's order are left out (a DistributedSampler "
+                                      "repeats its first rows instead, so that every rank has as many) "
+                                      "(docs/guide/training.md)"),
     "prepare_data_loader.auto_transfer": Note(DIFFERS, "accepted; batches move to the device as they are read, "
                                                        "without a side stream"),
     "get_devices": Note(SAME, "one device per worker"),

@@ -22,8 +22,8 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.trace import mark
 from outlast.protocol.transport import (
-    AGENT_EVENTS, HEADER, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, receive_all, send_or_drop,
-    watch_identity,
+    AGENT_EVENTS, HEADER, WORKER_MESSAGES, BadMessage, bind_router, connect_dealer, encode, incarnation_of,
+    receive_all, send_or_drop, watch_identity, worker_identity,
 )
 
 log = logging.getLogger("outlast.controller")
@@ -90,7 +90,7 @@ class AgentGroup:
     def perform(self, effect: g.Effect) -> None:
         if isinstance(effect, g.ToRank):
             to = watch_identity if effect.watch else worker_identity
-            self.sock.send_multipart([to(effect.attempt, effect.rank), encode(effect.msg)])
+            self.sock.send_multipart([to(effect.attempt, effect.rank, effect.incarnation), encode(effect.msg)])
         elif isinstance(effect, (g.Spawn, g.StopRun, g.ToNode)):
             if not isinstance(effect, g.ToNode):
                 mark("controller." + type(effect).__name__.lower(), node=effect.node_id, attempt=effect.msg.attempt)
@@ -169,8 +169,8 @@ class AgentGroup:
                 out.append(refused)
             return refused is not None
 
-        for _, msg in receive_all(self.sock, WORKER_MESSAGES, "message from a worker", on_bad=refuse):
-            out.append(g.FromWorker(msg))
+        for frames, msg in receive_all(self.sock, WORKER_MESSAGES, "message from a worker", on_bad=refuse):
+            out.append(g.FromWorker(msg, incarnation_of(frames[0])))
         return out
 
     def _agent_events(self, sock: zmq.Socket[bytes]) -> list[g.InEvent]:
@@ -212,5 +212,3 @@ class AgentGroup:
         self.sock.close(linger=0)
 
 
-def worker_identity(attempt: int, rank: int) -> bytes:
-    return f"{attempt}:{rank}".encode()

@@ -48,6 +48,10 @@ class CollectiveTracker:
         self.lost: set[int] = set()
         self._pending: dict[int, PendingCollective] = {}
 
+    def grow(self, world_size: int) -> None:
+        """Live recovery: ranks added to the attempt are waited for from the next collective on."""
+        self.world_size = max(self.world_size, world_size)
+
     def arrive(self, rank: int, seq: int, op: str, payload: bytes | None, now: float) -> PendingCollective | None:
         """Record `rank` entering collective `seq`; return it once every surviving rank has arrived."""
         if rank in self.lost:

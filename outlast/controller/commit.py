@@ -96,6 +96,16 @@ class CommitTracker:
         self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
         self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
 
+    def grow(self, world_size: int) -> None:
+        """Live recovery: ranks added to the attempt (an elastic grow), counted as having made the least reports
+        until their first report says where they take up the count (`fill`)."""
+        least = 0 if self._least == float("inf") else int(self._least)
+        for _ in range(world_size - self.world_size):
+            self.reports.append(least)
+            self._made[least] = self._made.get(least, 0) + 1
+        self.world_size = max(self.world_size, world_size)
+        self._least = min(self._least, least)
+
     def fill(self, rank: int, upto: int) -> list[PendingCheckpoint]:
         """Live recovery: `rank`'s reports below `upto` never come (it died after every rank committed a step and
         before it reported it; its replacement reports from the next). They count as made without files, as a lost

@@ -32,7 +32,8 @@ from outlast.controller import effects as fx
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import (
-    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, QueryTable,
+    AgentGone, Effect, FromAgent, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, LiveReady, NodeTable,
+    QueryTable,
     RefusedFromWorker, Started, Tick, ToNode,
 )
 from outlast.controller.heartbeat import heartbeat
@@ -76,6 +77,9 @@ class ControllerCore(CoreState):
 
 
 def _on_worker(c: ControllerCore, event: FromWorker) -> None:
+    a = c.attempt
+    if a is not None and event.msg.attempt == a.number:
+        a.reply_to[event.msg.rank] = event.incarnation
     on_workers.on_worker_message(c, event.msg)
 
 
@@ -182,7 +186,7 @@ EVENTS: dict[type, Callable[[ControllerCore, Any], None]] = {
     FromWorker: _on_worker, RefusedFromWorker: _on_refused, FromAgent: _on_agent, NodeTable: _on_table, AgentGone: _on_agent_gone,
     Started: _on_started, LeaseLost: _on_lease_lost, Interrupted: _on_interrupted, Tick: lambda c, e: None,
     **{answer: _on_storage_done for answer in ANSWERS}, fx.StorageFailed: _on_storage_failed, fx.StorageSlow: _on_storage_slow,
-    fx.TierAnswered: _on_tier_answered, LiveJoined: live_steps.on_joined,
+    fx.TierAnswered: _on_tier_answered, LiveJoined: live_steps.on_joined, LiveReady: live_steps.on_ready,
 }
 
 
@@ -211,6 +215,7 @@ def timers(c: ControllerCore, now: float) -> None:
     if a is None or c.attempt is not a:
         return
     preempt_steps.answer(c, c.horizons.tick(now))
+    live_steps.publish_if_ready(c)
     hang_steps.check_hangs(c, a, now)
     commit_steps.on_timers(c)
     lifecycle.on_timers(c, a, now)

@@ -132,7 +132,9 @@ class CoreState:
     def send_to_rank(self, rank: int, msg: m.Msg, attempt: int | None = None) -> None:
         number = attempt if attempt is not None else self.attempt.number if self.attempt is not None else None
         assert number is not None
-        self.out.append(ToRank(number, rank, msg))
+        a = self.attempt
+        self.out.append(ToRank(number, rank, msg, incarnation=a.reply_to.get(rank, 0)
+                               if a is not None and a.number == number else 0))
 
     def write_state(self) -> None:
         """The history changed: hand storage the new state (before any effect that relies on it)."""

@@ -66,7 +66,8 @@ def stop_workers(c: CoreState) -> None:
     if a.stopped_at is None:
         a.stopped_at = c.now
     stop = m.StopWorkers(run_id=c.run_id, attempt=a.number, grace_s=c.plan.timeouts.teardown_grace_s)
-    for node_id in sorted(set(a.placement.values())):
+    # A drained process that a live move replaced may still run where its rank was.
+    for node_id in sorted(set(a.placement.values()) | {node for _, node in a.retiring}):
         if node_id in c.nodes.heard:
             c.out.append(StopRun(node_id, stop))
 

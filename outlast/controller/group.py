@@ -28,6 +28,7 @@ class Tick:
 @dataclass(frozen=True)
 class FromWorker:
     msg: m.WorkerMessage
+    incarnation: int = 0  # which process of the rank sent it: a live recovery's replacement counts from 1
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,16 @@ class LiveJoined:
     wall: float
 
 
+@dataclass(frozen=True)
+class LiveReady:
+    """Live recovery: `member`, forked for a planned generation, waits in the controller's live store for it."""
+
+    attempt: int
+    member: str
+
+
 InEvent = Union[Started, Tick, FromWorker, RefusedFromWorker, FromAgent, NodeTable, AgentGone, LeaseLost, Interrupted,
-                LiveJoined]
+                LiveJoined, LiveReady]
 
 # ---- effects out ------------------------------------------------------------------------
 
@@ -108,6 +117,7 @@ class ToRank:
     rank: int
     msg: m.Msg
     watch: bool = False  # to the rank's watch thread (its stacks), not to its loop
+    incarnation: int = 0  # which process of the rank: the one whose message was stepped last (`CoreState.reply_to`)
 
 
 @dataclass(frozen=True)

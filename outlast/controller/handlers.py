@@ -83,6 +83,14 @@ def on_node_draining(c: CoreState, node_id: str, notice: m.NodeDraining) -> None
                          c.commit_tracker.reports, now, c.wall(), grace, exited=a.exited)
     if not p.ranks:
         return
+    if live_steps.on_drain(c, a, p):
+        c.book.note_drain(DrainRecord(attempt=a.number, node_ids=list(p.node_ids), reason=notice.reason,
+                                      message=notice.message, time=c.wall(), deadline=notice.deadline_unix_s,
+                                      ranks=list(p.ranks)))
+        for rank in a.exited:
+            c.horizons.lose_rank(rank, now)
+        preempt_steps.answer(c, c.horizons.preempt(now))  # told as always; the attempt goes on
+        return
     p.through_peer, why = peer.decide(c.commit_view())
     log.info("the checkpoint saved for the drain %s: %s", "goes to a peer's memory first, then to storage"
              if p.through_peer else "is uploaded to storage by its ranks", why)
@@ -138,10 +146,13 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     a, s = c.attempt, c.state
     if a is None or ev.run_id != c.run_id or ev.attempt != a.number or ev.rank in a.exited:
         return
+    if live_steps.retired(c, a, ev):
+        return
     a.exited[ev.rank] = ev
     failed = ev.exit_code != 0 or ev.error is not None
     if not failed:
         commit_steps.check_uploads_of(c, a, ev.rank)
+        live_steps.on_clean_exit(c, a, ev.rank)
     p = preempt_steps.preemption(c)
     if s.kind in _PREEMPTED and c.plan.relax_collectives and p is not None and ev.rank in p.ranks:
         lose_preempted_rank(c, a, p, ev, failed)

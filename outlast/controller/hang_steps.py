@@ -53,7 +53,8 @@ def check_hangs(c: CoreState, a: AttemptState, now: float) -> None:
     if hang is not None:
         log.error("attempt %d: ranks %s made no progress for %.0f s (limit %.0f s); asking every rank for its "
                   "stacks before restarting", a.number, hang.ranks, hang.quiet_s, hang.limit_s)
-        c.out += [ToRank(a.number, r, m.DumpStacks(attempt=a.number), watch=True) for r in w.asked]
+        c.out += [ToRank(a.number, r, m.DumpStacks(attempt=a.number), watch=True, incarnation=a.reply_to.get(r, 0))
+                  for r in w.asked]
     end_hung_attempt(c, a, w)
 
 

@@ -279,6 +279,8 @@ def consider_grow(c: CoreState, now: float) -> None:
                                    c.plan.strategy, now)
     if grow.to_workers is None:
         return
+    if live_steps.on_grow(c, a, grow.to_workers, grow.reason):
+        return  # the added ranks take the state from the running ones: no notice, no checkpoint, no restart
     p = resize.grow_notice(grow, c.plan.world_size, c.commit_tracker.reports, now, c.wall())
     log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",
                 a.number, p.notice.message, resize.RESIZE)

@@ -11,6 +11,13 @@ or a survivor's) widens it: the next generation replaces that member too, and ev
 not received the state yet receives it. There is no one left to send it when every member that held
 the state is gone, and replacements that keep dying in their transfer are not worth waiting for past
 `max_transfer_deaths`: both fall back to a restart.
+
+A move is a recovery the controller plans (`on_drain`): a drained node's ranks are replaced like dead
+ones while they still live. A grow (`on_grow`) is planned the same way: the ranks added to an elastic
+run join a generation with a larger world size and take the state from the running ranks. The new
+members are forked first, and the next generation, published once they wait for it (`publishable`), is
+`planned`: no step is thrown away, the ranks form it after the step in flight, and the drained ranks,
+left out of it, exit. A death meanwhile widens it as it widens any recovery.
 """
 
 from __future__ import annotations
@@ -53,6 +60,27 @@ class Recovered:
     steps_lost: int
 
 
+@dataclass(frozen=True)
+class Planned:
+    """Fork a member for each of `ranks` (rank -> its `incarnations`) on a node that stays (a drained rank's
+    replacement, or a rank added), then publish `membership` (planned) once they wait for it
+    (`LiveRun.publishable`)."""
+
+    ranks: tuple[int, ...]
+    incarnations: dict[int, int]
+    membership: Membership
+    reason: str
+
+
+@dataclass(frozen=True)
+class StayPut:
+    """Not changed live: the drain or the grow takes the path it takes without live recovery (a checkpoint, a
+    restart). `later`: not now, but the live path may open (a recovery under way ends): ask again."""
+
+    reason: str
+    later: bool = False
+
+
 @dataclass
 class Recovery:
     """A recovery under way: since the first death (wall time), the ranks replaced so far."""
@@ -74,6 +102,8 @@ class LiveRun:
         self.unsent: set[int] = set()  # ranks of the newest generation that have not received the state yet
         self.unreported: set[int] = set()  # replaced ranks whose replacement has not reported yet
         self.formed = False  # the ranks formed generation 0: the loop makes its steps through the live group
+        self.unpublished: Membership | None = None  # a planned generation, until its new members wait for it
+        self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
         self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
 
     def on_death(self, rank: int, cause: str, wall: float) -> Replace | FallBack:
@@ -148,3 +178,90 @@ class LiveRun:
             return None
         self.recovery, self.unsent = None, set()
         return Recovered(generation, tuple(r.ranks), r.cause, r.since, max(0.0, wall - r.since), steps_lost)
+
+    # ---- planned changes: a drained node's ranks move, an elastic run grows ------------------------------
+
+    def on_drain(self, ranks: list[int], cause: str, wall: float, no_room: str | None) -> Planned | StayPut:
+        """A drain notice names `ranks` (alive, on draining nodes). `no_room`: why no node that stays can take
+        them, None when one can."""
+        if not ranks:
+            return StayPut("the drained nodes hold no rank of this attempt")
+        if not self.formed:
+            return StayPut(f"ranks {ranks} are drained before the ranks formed their live group")
+        if self.recovery is not None:
+            return StayPut(f"ranks {ranks} are drained while rank(s) {self.recovery.ranks} still take the state "
+                           f"in generation {self.membership.generation}")
+        kept = [k for k in range(self.membership.world_size) if k not in ranks]
+        if not kept:
+            return StayPut(f"every rank ({ranks}) is on a draining node: no rank stays to send the state")
+        if no_room is not None:
+            return StayPut(f"no node that stays has room for ranks {ranks}: {no_room}")
+        incarnations = {r: self.incarnation[r] + 1 for r in ranks}
+        members = tuple(member_name(r, incarnations[r]) if r in incarnations else m
+                        for r, m in enumerate(self.membership.members))
+        membership = Membership(self.membership.generation + 1, members, tuple(sorted(ranks)), kept[0], planned=True)
+        self.membership, self.unsent = membership, set(ranks)
+        self.incarnation.update(incarnations)
+        self.unreported |= set(ranks)
+        self.recovery = Recovery(since=wall, cause=cause, ranks=sorted(ranks))
+        self.unpublished, self.starting = membership, set(ranks)
+        return Planned(tuple(sorted(ranks)), incarnations, membership,
+                       f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
+                       f"planned, once started; rank {kept[0]} sends them the state, and the drained ranks exit")
+
+    def on_grow(self, to_workers: int, cause: str, wall: float) -> Planned | StayPut:
+        """The elastic run has room for `to_workers` (more than it has): the added ranks, numbered after the
+        others, join a planned generation of that size; rank 0 sends them the state."""
+        world = self.membership.world_size
+        if to_workers <= world:
+            return StayPut(f"{to_workers} workers is no grow from {world}")
+        if not self.formed:
+            return StayPut(f"the run may grow to {to_workers} workers before the ranks formed their live group")
+        if self.recovery is not None:
+            return StayPut(f"rank(s) {self.recovery.ranks} still take the state in generation "
+                           f"{self.membership.generation}: the grow waits for it", later=True)
+        added = list(range(world, to_workers))
+        # A rank number held before in this attempt (a smaller world since) gets a member name of its own.
+        incarnations = {r: self.incarnation.get(r, -1) + 1 for r in added}
+        members = self.membership.members + tuple(member_name(r, incarnations[r]) for r in added)
+        membership = Membership(self.membership.generation + 1, members, tuple(added), 0, planned=True)
+        self.membership, self.unsent = membership, set(added)
+        self.incarnation.update(incarnations)
+        self.unreported |= set(added)
+        self.recovery = Recovery(since=wall, cause=cause, ranks=added)
+        self.unpublished, self.starting = membership, set(added)
+        return Planned(tuple(added), incarnations, membership,
+                       f"ranks {added} join generation {membership.generation} ({world} to {to_workers} ranks), "
+                       "planned, once started; rank 0 sends them the state")
+
+    def on_started(self, member: str) -> None:
+        """`member` waits in the store for the planned generation that names it."""
+        if self.unpublished is not None and (rank := self.unpublished.rank_of(member)) is not None:
+            self.starting.discard(rank)
+
+    def starting_members(self) -> list[str]:
+        """The planned generation's new members that have not said they wait for it yet."""
+        return [self.unpublished.members[r] for r in sorted(self.starting)] if self.unpublished is not None else []
+
+    def publishable(self, told: bool) -> Membership | None:
+        """The planned generation, to publish now: once every new member of it waits for it (the ranks that go on
+        never wait for a fork and its imports), and once `told` (the ranks know the drain's notice: a drained rank
+        answers get_preemption_info() with it before it leaves)."""
+        if self.unpublished is None or self.starting or not told:
+            return None
+        return self.take_unpublished()
+
+    def abandon_move(self) -> str:
+        """The drained ranks returned from the loop before the planned generation went out (the training ended
+        first): it never will, and their exits are theirs. Returns why, for the log."""
+        moot = self.take_unpublished()
+        assert moot is not None, "no planned generation to abandon"
+        self.recovery, self.unsent = None, set()
+        return (f"the loop ended before generation {moot.generation}'s new members waited for it: the move of "
+                f"ranks {list(moot.joiners)} is moot")
+
+    def take_unpublished(self) -> Membership | None:
+        """The planned generation not published yet, to publish now (its members started, or a death must be
+        answered by the generation after it: generations are published in order)."""
+        membership, self.unpublished, self.starting = self.unpublished, None, set()
+        return membership

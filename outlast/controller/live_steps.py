@@ -1,35 +1,43 @@
 """What live recovery (`live.py` decides) does to the attempt: a rank's death answered by a replacement while
 the survivors go on, the next generation published, and the recovery written to the history once the state
-went across. A death it does not answer (a fallback, or max_failures spent) takes the usual restart.
+went across. A death it does not answer (a fallback, or max_failures spent) takes the usual restart. A drain
+whose ranks can move live (`on_drain`) is told to the ranks as always, but moves them instead of ending the
+attempt: their replacements are forked on nodes that stay, the planned generation is published once they
+wait for it (`on_ready`), and the drained processes' exits are theirs alone (`retired`).
 
 Plain functions over the core's state, as `lifecycle.py`'s are."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections import Counter
 
 import msgspec
+
 
 from outlast.controller import spawns
 from outlast.controller import states as st
 from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.core_state import CoreState
-from outlast.controller.group import LiveJoined, PublishMembership, ToNode
+from outlast.controller.group import LiveJoined, LiveReady, PublishMembership, StopRun, ToNode
 from outlast.controller.heartbeat import heartbeat
-from outlast.controller.live import FallBack, LiveRun
-from outlast.controller.live_placement import replacement_node
+from outlast.controller.live import FallBack, LiveRun, StayPut
+from outlast.controller.live_room import where_to
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import FailureDecision, decide_on_failure
+from outlast.controller.preemption import Preemption
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import Budget, FailureKind
-from outlast.storage.records import FailureRecord, LiveRecoveryRecord
+from outlast.storage.records import FailureRecord, LiveRecoveryRecord, ResizeRecord
 
 log = logging.getLogger("outlast.controller")
 
 STORE_VAR = "OUTLAST_LIVE_STORE"  # where a rank's live group meets: the controller's store, "host:port"
 INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"  # how many times the rank was replaced in this attempt
+# How long a planned generation waits for the drain's notice to be fixed (`horizons.py`) once its new members
+# wait: past it, a loop that stopped asking get_preemption_info() does not hold the move up until the deadline.
+NOTICE_WAIT_S = 2.0
 
 
 def begin(c: CoreState, a: AttemptState, world_size: int) -> dict[str, str]:
@@ -50,14 +58,17 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     if decide_on_failure(record, c.book.failures_this_launch(Budget.WORKER),
                          c.plan.max_failures).action is not FailureDecision.RESTART:
         return False  # the restart's verdict gives up, and says why
+    _publish_planned(c, a, live)  # a planned generation goes first: the next one is built on it
     node, where = a.placement[rank], ""
     if record.kind is FailureKind.NODE_LOST or node not in c.nodes.heard:
-        held = Counter(a.placement[r] for r in a.placement if r != rank and r not in a.exited)
-        moved = replacement_node([v for v in c.nodes.views(c.run_id, c.now) if v.node_id != node], dict(held),
-                                 c.plan.per_worker, c.plan.strategy)
+        # Where placement would put it, beside the ranks that live (the lost node takes no work).
+        living = {r: n for r, n in a.placement.items() if r == rank or r not in a.exited}
+        moved = where_to([v for v in c.nodes.views(c.run_id, c.now) if v.node_id != node], living, [rank],
+                         c.plan.per_worker, c.plan.strategy)
         if isinstance(moved, NoCapacity):
-            return _fall_back(c, a, live, rank, record, f"rank {rank}'s node {node} is lost and {moved.reason}")
-        node, where = moved.node_id, f"; forked on {moved.reason}"
+            return _fall_back(c, a, live, rank, record, f"rank {rank}'s node {node} is lost and no other node has "
+                                                        f"room for it: {moved.reason}")
+        node, where = moved[rank], f"; forked on node {moved[rank]}"
     decision = live.on_death(rank, record.describe(), record.time)
     if isinstance(decision, FallBack):
         return _fall_back(c, a, live, rank, record, decision.reason)
@@ -146,3 +157,172 @@ def awaited(c: CoreState) -> tuple[int, int] | None:
         return None
     return a.number, live.membership.generation
 
+
+
+# ---- a drained node's ranks move ---------------------------------------------------------------------
+
+
+def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
+    """True when the drained ranks move live: the ranks are told of the drain as always, and the attempt goes on
+    while their replacements start elsewhere. False: the drain takes its usual path (a checkpoint, a restart)."""
+    live = c.live
+    if live is None or not isinstance(c.state, st.Running) or a.preemption is not None:
+        return False  # one notice per attempt: the ranks were told of an earlier one already
+    spent = c.book.failures_this_launch(Budget.PREEMPTION)
+    if 0 <= c.plan.max_preemption_failures <= spent:
+        return False  # the restart's verdict gives up, and says why
+    cause = f"drain: {p.as_failure(a.number).message}"
+    room = where_to(c.nodes.views(c.run_id, c.now), a.placement, p.ranks, c.plan.per_worker, c.plan.strategy)
+    decision = live.on_drain(p.ranks, cause, c.wall(),
+                             no_room=room.reason if isinstance(room, NoCapacity) else None)
+    if isinstance(decision, StayPut):
+        c.book.note_live_recovery(LiveRecoveryRecord(
+            attempt=a.number, ranks=list(p.ranks), cause=cause, path="restart", time=c.wall(),
+            generation=live.membership.generation, reason=decision.reason))
+        log.warning("attempt %d: %s; live recovery does not move them: %s", a.number, cause, decision.reason)
+        return False
+    assert not isinstance(room, NoCapacity)
+    c.book.charge_live_failure(p.as_failure(a.number), Budget.PREEMPTION)
+    a.preemption = p
+    for rank in decision.ranks:
+        old, new = a.placement[rank], room[rank]
+        a.retiring.add((rank, old))
+        a.placement[rank] = new
+        a.pids.pop(rank, None)
+        beside = sum(1 for r, n in a.placement.items() if n == new and r != rank)
+        a.specs[rank] = msgspec.structs.replace(a.specs[rank], local_rank=beside, local_world_size=beside + 1)
+        if c.nodes.link(new, c.now):
+            c.out.append(ToNode(new, heartbeat(c)))  # the agent knows the run before its workers
+        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank])}
+        c.out.append(spawns.spawn(c, a, new, [a.specs[rank]], env))
+    log.warning("attempt %d: %s; %s (to %s)", a.number, cause, decision.reason,
+                ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
+    return True
+
+
+# ---- an elastic run grows ------------------------------------------------------------------------------
+
+
+def on_grow(c: CoreState, a: AttemptState, to_workers: int, why: str) -> bool:
+    """True when the grow is live (the added ranks forked, to take the state from the running ranks) or waits for
+    a recovery under way; False: it takes its usual path (a checkpoint saved on a notice, a restart larger)."""
+    live = c.live
+    if live is None or not isinstance(c.state, st.Running):
+        return False
+    current = c.plan.world_size
+    added = list(range(current, to_workers))
+    room = where_to(c.nodes.views(c.run_id, c.now), a.placement, added, c.plan.per_worker, c.plan.strategy)
+    if isinstance(room, NoCapacity):
+        return False
+    cause = f"grow: from {current} to {to_workers} workers ({why})"
+    decision = live.on_grow(to_workers, cause, c.wall())
+    if isinstance(decision, StayPut):
+        if not decision.later:
+            log.info("attempt %d: %s; not live: %s", a.number, cause, decision.reason)
+        return decision.later
+    c.plan = dataclasses.replace(c.plan, world_size=to_workers)
+    c.commit_tracker.grow(to_workers)
+    c.collectives.grow(to_workers)
+    if c.hangs is not None:
+        c.hangs.ranks = to_workers
+    c.book.note_size(to_workers, ResizeRecord(attempt=a.number, from_workers=current, to_workers=to_workers,
+                                             reason=f"grow, live: {why}", steps_lost=0, time=c.wall()), c.wall())
+    c.resizes.since = c.now
+    for rank in decision.ranks:
+        node = room[rank]
+        beside = sum(1 for n in a.placement.values() if n == node)
+        a.placement[rank] = node
+        node_rank = list(dict.fromkeys(a.placement[r] for r in sorted(a.placement))).index(node)
+        a.specs[rank] = m.WorkerSpec(rank=rank, local_rank=beside, local_world_size=beside + 1,
+                                     node_rank=node_rank, world_size=to_workers)
+        if c.nodes.link(node, c.now):
+            c.out.append(ToNode(node, heartbeat(c)))
+        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank])}
+        c.out.append(spawns.spawn(c, a, node, [a.specs[rank]], env))
+    log.warning("attempt %d: %s; %s (%s)", a.number, cause, decision.reason,
+                ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
+    return True
+
+
+def on_ready(c: CoreState, event: LiveReady) -> None:
+    """A new member of a planned generation waits for it in the store."""
+    a, live = c.attempt, c.live
+    if a is None or live is None or event.attempt != a.number:
+        return
+    live.on_started(event.member)
+    publish_if_ready(c)
+
+
+def publish_if_ready(c: CoreState) -> None:
+    """The planned generation goes out once its new members wait for it and the ranks were told the drain's
+    notice (fixed at once, or at the ranks' next calls of get_preemption_info(); `NOTICE_WAIT_S` at most)."""
+    a, live = c.attempt, c.live
+    if a is None or live is None or live.unpublished is None:
+        return
+    noticed = c.horizons.noticed_at
+    told = a.preemption is None or c.horizons.decision_index is not None or \
+        (noticed is not None and c.now - noticed >= NOTICE_WAIT_S)
+    membership = live.publishable(told=told)
+    if membership is not None:
+        c.out.append(PublishMembership(a.number, membership.to_json()))
+        log.info("attempt %d: the new members wait; generation %d is published", a.number, membership.generation)
+
+
+def starting(c: CoreState) -> list[tuple[int, str]]:
+    """The (attempt, member) the runtime watches the store for: a planned generation's new members, until they wait."""
+    a, live = c.attempt, c.live
+    if a is None or live is None:
+        return []
+    return [(a.number, member) for member in live.starting_members()]
+
+
+def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
+    """The exit of a drained rank's process that a move replaced: not the rank's (its replacement holds it)."""
+    if (ev.rank, ev.node_id) not in a.retiring:
+        return False
+    live = c.live
+    if live is not None and live.unpublished is not None and ev.exit_code == 0 and ev.error is None:
+        abandon(c, a)  # it returned from the loop: the training ended before the move; its exit is the rank's
+        return False
+    a.retiring.discard((ev.rank, ev.node_id))
+    log.info("attempt %d: rank %d's drained process on %s exited (%s); its replacement holds the rank", a.number,
+             ev.rank, ev.node_id, "cleanly" if ev.exit_code == 0 and ev.error is None else
+             f"exit code {ev.exit_code}, signal {ev.signal}")
+    return True
+
+
+def on_clean_exit(c: CoreState, a: AttemptState, rank: int) -> None:
+    """A rank returned from the loop. If a planned generation still waits to go out, the training ended first."""
+    live = c.live
+    if live is not None and live.unpublished is not None and rank not in live.unpublished.joiners:
+        abandon(c, a)
+
+
+def abandon(c: CoreState, a: AttemptState) -> None:
+    """The loop ended before a planned generation's new members waited for it: it never goes out. A drained rank
+    is its own process's again (its replacement's exit is no rank's now); an added rank is done, having nothing
+    to report. The new members, waiting in vain, are stopped where no other rank runs."""
+    live = c.live
+    assert live is not None and live.unpublished is not None
+    joiners = live.unpublished.joiners
+    log.info("attempt %d: %s", a.number, live.abandon_move())
+    for rank in joiners:
+        node = a.placement[rank]
+        drained = next((n for r, n in a.retiring if r == rank), None)
+        if drained is not None:
+            a.retiring.discard((rank, drained))
+            a.retiring.add((rank, node))
+            a.placement[rank] = drained
+        else:
+            a.exited.setdefault(rank, m.WorkerExited(run_id=c.run_id, attempt=a.number, rank=rank, pid=0,
+                                                     exit_code=0, signal=None, error=None, node_id=node))
+            a.done.add(rank)
+        if not [r for r, n in a.placement.items() if n == node and r not in a.exited]:
+            c.out.append(StopRun(node, m.StopWorkers(run_id=c.run_id, attempt=a.number,
+                                                     grace_s=c.plan.timeouts.teardown_grace_s)))
+
+
+def _publish_planned(c: CoreState, a: AttemptState, live: LiveRun) -> None:
+    membership = live.take_unpublished()
+    if membership is not None:
+        c.out.append(PublishMembership(a.number, membership.to_json()))

@@ -3,8 +3,11 @@
 A watcher of the controller's loop (see runtime.Controller): `observe` only appends to a buffer,
 and a thread of its own writes the segments that changed, once a second, so the loop never waits
 on storage, except once: the run's terminal state goes to storage after its last reports, so a
-reader that sees the run over (the dashboard stops polling then) sees every report. A write that fails is retried with the next; the run is never at risk from it, since
-the reports are a record of what happened, not a part of any checkpoint.
+reader that sees the run over (the dashboard stops polling then) sees every report. A write that fails
+is retried with the next; the run is never at risk from it, since the reports are a record of what
+happened, not a part of any checkpoint. That last wait is bounded by the storage retry budget
+(`OUTLAST_STORAGE_RETRY_S`), as the terminal state's own write is: a storage that is down does not
+hold the run's end for longer than one storage call would.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from outlast.controller import group as g
 from outlast.controller.effects import WriteRunState
 from outlast.protocol import messages as m
 from outlast.storage.records import REPORTS_PER_SEGMENT, ReportEntry, ReportSegment
+from outlast.storage.retry import retry_budget_s
 from outlast.storage.run_store import RunStore
 
 if TYPE_CHECKING:
@@ -30,9 +34,10 @@ FLUSH_S = 1.0
 
 
 class ReportLog:
-    def __init__(self, store: RunStore, flush_s: float = FLUSH_S) -> None:
+    def __init__(self, store: RunStore, flush_s: float = FLUSH_S, give_up_s: float | None = None) -> None:
         self.store = store
         self.flush_s = flush_s
+        self.give_up_s = retry_budget_s() if give_up_s is None else give_up_s
         self._lock = threading.Lock()
         self._segments: dict[tuple[int, int], list[ReportEntry]] = {}
         self._dirty: set[tuple[int, int]] = set()
@@ -60,15 +65,16 @@ class ReportLog:
                 self._thread = threading.Thread(target=self._loop, name="outlast-report-log", daemon=True)
                 self._thread.start()
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Write what is left, retrying for up to `timeout_s`; called once the run's loop is over."""
+    def close(self) -> None:
+        """Write what is left, retrying for up to `give_up_s`; called once the run's loop is over."""
         with self._lock:
-            self._closed = True
-            self._give_up_at = time.monotonic() + timeout_s
+            if not self._closed:
+                self._closed = True
+                self._give_up_at = time.monotonic() + self.give_up_s
             thread = self._thread
         self._wake.set()
         if thread is not None:
-            thread.join(timeout_s)
+            thread.join(self.give_up_s + self.flush_s)  # a write that hangs past the budget is left to its thread
 
     def _loop(self) -> None:
         while True:

@@ -192,12 +192,12 @@ class RunBook:
             self.state.resizes.append(resize)
             self._save(now)
 
-    def charge_live_failure(self, record: FailureRecord) -> None:
+    def charge_live_failure(self, record: FailureRecord, budget: Budget = Budget.WORKER) -> None:
         """A rank's death that live recovery answers: the attempt goes on, and the death draws on max_failures
-        as a restart would."""
+        as a restart would (a drain whose ranks move live, on max_preemption_failures, as its restart would)."""
         if self.state.attempts:
             self.state.attempts[-1].failures.append(record)
-        self.state.failure_counts[Budget.WORKER] = self.state.failure_counts.get(Budget.WORKER, 0) + 1
+        self.state.failure_counts[budget] = self.state.failure_counts.get(budget, 0) + 1
         self._save(record.time)
 
     def note_live_recovery(self, record: LiveRecoveryRecord) -> None:

@@ -20,8 +20,8 @@ from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, NodeTable, PublishMembership, Started, Tick,
-    WorkerGroup,
+    Effect, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, LiveReady, NodeTable, PublishMembership, Started,
+    Tick, WorkerGroup,
 )
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
@@ -42,6 +42,8 @@ class LiveStoreIO(Protocol):
     def publish(self, attempt: int, membership_json: str) -> None: ...
 
     def joined(self, attempt: int, generation: int) -> LiveJoined | None: ...
+
+    def ready(self, attempt: int, member: str) -> LiveReady | None: ...
 
 
 class StepWatcher(Protocol):
@@ -101,6 +103,10 @@ class Controller:
                         self._poll_joined()
                     self._step(event)
                 self._poll_joined()
+                if self.live is not None:
+                    for attempt, member in live_steps.starting(self.core):
+                        if (ready := self.live.ready(attempt, member)) is not None:
+                            self._step(ready)
                 lease = self.plan.lease
                 if lease is not None and not self.core.state.kind.is_terminal and (lost := lease.lost):
                     self._step(LeaseLost(lost))

@@ -32,13 +32,14 @@ class State(enum.Enum):
     ERRORED = "errored"
     ABORTED = "aborted"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in (State.FINISHED, State.ERRORED, State.ABORTED)
+    # Set on each member below: asked at every step of the controller, a plain attribute, not a property.
+    is_terminal: bool
+    has_live_workers: bool
 
-    @property
-    def has_live_workers(self) -> bool:
-        return self in (State.SCHEDULING, State.RUNNING, State.PREEMPTING, State.SAVED)
+
+for _state in State:
+    _state.is_terminal = _state in (State.FINISHED, State.ERRORED, State.ABORTED)
+    _state.has_live_workers = _state in (State.SCHEDULING, State.RUNNING, State.PREEMPTING, State.SAVED)
 
 
 class Event(enum.Enum):

@@ -85,6 +85,11 @@ class AttemptState:
     failed: bool = False  # a failure ended it (not a preemption's restart, whose teardown may fail too)
     checkpoint_queries: dict[int, int] = field(default_factory=dict)  # rank -> its reports, until answered
     stopped_at: float | None = None  # when its workers were first told to stop (SIGTERM, SIGKILL after the grace)
+    # Live recovery: rank -> which of its processes sent the message stepped last, where answers go (a drained
+    # rank and its replacement live side by side for a while, each asking and answered in turn).
+    reply_to: dict[int, int] = field(default_factory=dict)
+    # Live recovery: (rank, node) of the drained processes that a move replaced: their exit is no rank's.
+    retiring: set[tuple[int, str]] = field(default_factory=set)
 
     def ranks_on(self, node_ids: Collection[str]) -> list[int]:
         return sorted(r for r, n in self.placement.items() if n in node_ids)

@@ -3,7 +3,8 @@
 An epoch's rows are its blocks' rows in the epoch's block order (as read, or shuffled per epoch by
 randomize_block_order's seed), numbered from 0. outlast.train.data splits those numbers between the
 ranks, `len // world_size` each in contiguous ranges (train/data_position.py), so that every rank takes
-as many steps; a rank's batch of row numbers is read here as slices of the one or two blocks it spans.
+as many steps and reads only its own blocks (rows dealt in turn, as prepare_data_loader's are, would be
+in every block); a rank's batch of row numbers is read here as slices of the one or two blocks it spans.
 A view holds only the blocks of the batch it read last: a rank reads its own blocks (and the one or two it
 shares with a neighbour), each once per epoch when it reads in order.
 

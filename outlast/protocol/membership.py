@@ -18,12 +18,15 @@ class MembershipError(ValueError):
 @dataclass(frozen=True)
 class Membership:
     """Generation `generation`: `members[r]` holds rank r. `joiners` are the ranks whose members
-    hold no state yet; `source` is the rank that sends them the state (None when nobody joins)."""
+    hold no state yet; `source` is the rank that sends them the state (None when nobody joins).
+    `planned`: every member of the generation before lives (a drained rank moves, ranks are added), so
+    the ranks finish the step in flight and form this generation after it, throwing no step away."""
 
     generation: int
     members: tuple[str, ...]
     joiners: tuple[int, ...] = ()
     source: int | None = None
+    planned: bool = False
 
     def __post_init__(self) -> None:
         if len(set(self.members)) != len(self.members):
@@ -44,12 +47,12 @@ class Membership:
 
     def to_json(self) -> str:
         return json.dumps({"generation": self.generation, "members": list(self.members),
-                           "joiners": list(self.joiners), "source": self.source})
+                           "joiners": list(self.joiners), "source": self.source, "planned": self.planned})
 
     @classmethod
     def from_json(cls, text: str) -> Membership:
         d = json.loads(text)
-        return cls(d["generation"], tuple(d["members"]), tuple(d["joiners"]), d["source"])
+        return cls(d["generation"], tuple(d["members"]), tuple(d["joiners"]), d["source"], d.get("planned", False))
 
 
 def first_membership(members: list[str]) -> Membership:
@@ -93,6 +96,12 @@ def store_prefix(attempt: int) -> str:
 
 def membership_key(generation: int) -> str:
     return f"live/membership/{generation}"
+
+
+def ready_key(member: str) -> str:
+    """Written by a member new to the group once it waits for a generation that names it: a planned generation
+    is published only then, so that the ranks that go on never wait for a new member's start."""
+    return f"live/ready/{member}"
 
 
 def joined_key(generation: int) -> str:

@@ -7,6 +7,7 @@ ZeroMQ does the framing and reconnection; this module only picks socket options
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -165,9 +166,30 @@ def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, identity: 
     return sock
 
 
-def watch_identity(attempt: int, rank: int) -> bytes:
-    """A rank's watch thread has its own socket (a ZeroMQ socket belongs to one thread), beside "attempt:rank"."""
-    return f"{attempt}:{rank}:watch".encode()
+INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"  # a live recovery's replacement: how many processes held its rank before
+
+
+def incarnation_from_env() -> int:
+    return int(os.environ.get(INCARNATION_VAR, "0") or 0)
+
+
+def worker_identity(attempt: int, rank: int, incarnation: int = 0) -> bytes:
+    """"attempt:rank"; a live recovery's replacement adds ":i{incarnation}", since the process it replaces may
+    still be connected (a drained rank, moving): a ROUTER drops a second peer that takes an identity in use."""
+    return f"{attempt}:{rank}".encode() + (f":i{incarnation}".encode() if incarnation else b"")
+
+
+def watch_identity(attempt: int, rank: int, incarnation: int = 0) -> bytes:
+    """A rank's watch thread has its own socket (a ZeroMQ socket belongs to one thread), beside its worker's."""
+    return worker_identity(attempt, rank, incarnation) + b":watch"
+
+
+def incarnation_of(identity: bytes) -> int:
+    """Which process of its rank a worker's socket belongs to (`worker_identity`): 0 unless it says."""
+    parts = identity.split(b":")
+    if len(parts) > 2 and parts[2][:1] == b"i" and parts[2][1:].isdigit():
+        return int(parts[2][1:])
+    return 0
 
 
 def route_ip(address: str | None) -> str:

@@ -128,10 +128,11 @@ class SimDriver:
             self.die()
             return
         self.sim.observer.after_step(self, event, effects)
+        performs = self._performs
         for effect in effects:
             if world.tracing and not isinstance(effect, (g.ToNode, g.QueryTable, fx.WriteRunState)):
                 world.note(f"driver{self.generation} -> {_describe_effect(effect)}")
-            self.perform(effect)
+            performs[type(effect)](effect)  # as `perform` does
         if self.core.closed:
             self.sim.driver_closed(self)
 

@@ -52,6 +52,7 @@ class Sim:
         self.storage_faults = any(f.kind == "storage_fail" for f in schedule.faults)
         self._pids = 1000
         self.nodes: list[NodeModel] = [self._new_node(f"n{i}") for i in range(schedule.nodes)]
+        self._by_id: dict[str, NodeModel] = {n.node_id: n for n in self.nodes}  # each message to a node
         self.observer = Observer(self)
         self.drained_at: dict[str, float] = {}
         self.driver: SimDriver | None = None
@@ -80,7 +81,7 @@ class Sim:
         return WALL0 + self.world.now
 
     def node(self, node_id: str) -> NodeModel | None:
-        return next((n for n in self.nodes if n.node_id == node_id), None)
+        return self._by_id.get(node_id)
 
     def tier_at(self, address: str) -> SimTier | None:
         """The tier server at `address`: of a live agent, the one that bound it (a new agent binds another)."""
@@ -102,7 +103,7 @@ class Sim:
         for fault in s.faults:
             self.world.at(fault.at, self._inject, fault)
         limit = 300.0 + 3 * s.nominal_s * (1 + len(s.faults)) + 200.0 * len(s.faults)
-        self.world.run_until(limit, lambda: self.closed or bool(self.observer.violations))
+        self.world.run_until(limit)
         if not self.observer.violations:
             self.observer.at_end(self.closed, limit)
         book = self.final_book()
@@ -127,7 +128,8 @@ class Sim:
             self.world.note(f"driver{self.generations} refused the run: {e}")
             self.driver.die()
             self.observer.refused(e, before)
-            self.refused, self.closed = str(e), True
+            self.refused = str(e)
+            self._close()
             return
         except OSError as e:  # fit() raises before its run starts; the user launches it again
             self.world.note(f"driver{self.generations} could not open the run: {e}")
@@ -135,14 +137,17 @@ class Sim:
             self.world.after(RELAUNCH_AFTER_S, self._launch, last_seen)
             return
         if not launched:
-            self.closed = True
+            self._close()
         elif self.newer:
             self.observer.violation(f"driver{self.generations} opened the run although a newer outlast wrote its "
                                     f"{', '.join(sorted(self.newer.values()))}")
 
     def driver_closed(self, driver: SimDriver) -> None:
         if driver is self.driver:
-            self.closed = True
+            self._close()
+
+    def _close(self) -> None:
+        self.closed = self.world.stopped = True
 
     def final_book(self) -> RunBook | None:
         self.storage.failing.clear()
@@ -309,6 +314,7 @@ class Sim:
     def _add_node(self, same_host: bool = False) -> None:
         node = self._new_node(f"n{len(self.nodes)}", same_host)
         self.nodes.append(node)
+        self._by_id[node.node_id] = node
         node.start()
         self.world.note(f"node {node.node_id} joined")
 

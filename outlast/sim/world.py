@@ -14,6 +14,7 @@ class World:
         self._queue: list[tuple[float, int, Callable[..., Any], tuple]] = []
         self._seq = 0
         self.tracing = trace
+        self.stopped = False  # the run closed, or broke an invariant: nothing more happens
         self.trace: list[str] = []
 
     def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
@@ -25,9 +26,10 @@ class World:
         self._seq += 1
         heapq.heappush(self._queue, (t if t > self.now else self.now, self._seq, fn, args))
 
-    def run_until(self, t_end: float, stop: Callable[[], bool]) -> None:
+    def run_until(self, t_end: float) -> None:
+        """Until `t_end`, or until `stopped` (looked at before every callback: a flag, not a call)."""
         q, pop = self._queue, heapq.heappop
-        while q and not stop():
+        while q and not self.stopped:
             if q[0][0] > t_end:
                 break
             t, _, fn, args = pop(q)

@@ -87,6 +87,11 @@ class RemoteStorage:
                     put.result()
                     size, hexdigest = digest.result()
                 except Exception as e:  # botocore and aiohttp raise their own types
+                    # The upload has failed: the files not begun yet are not begun (each would try, and retry,
+                    # against the same store), and those on their way are waited for below.
+                    for job in jobs:
+                        job[2].cancel()
+                        job[3].cancel()
                     raise StorageError(f"could not upload {src} to {self.uri(f'{dest}/{rel}')}: {e}") from e
                 entries.append(FileEntry(path=rel, size=size, xxh3_128=hexdigest))
                 fault_point("upload.mid")  # other files may still be on their way: a crash mid-upload

@@ -18,6 +18,7 @@ its manifest afterwards.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -75,12 +76,14 @@ class BulkClient:
         """Bytes [start, end) of object `key` into the same place of the file `target`, which exists.
         FileNotFoundError when the object is gone."""
         import obstore
-        from obstore.exceptions import NotFoundError
+        from obstore.exceptions import BaseError, NotFoundError
 
         try:
             data = obstore.get_range(self.store, key, start=start, end=end)
         except NotFoundError as e:
-            raise FileNotFoundError(f"{key}: {e}") from None
+            raise FileNotFoundError(f"{key}: {brief(e)}") from None
+        except BaseError as e:
+            raise OSError(brief(e)) from None
         if len(data) != end - start:
             raise OSError(f"{key}: asked for bytes {start}-{end}, the server sent {len(data)}")
         fd = os.open(target, os.O_WRONLY)
@@ -94,8 +97,22 @@ class BulkClient:
         """The local file `src` to object `key`, replacing what is there: one PUT, or a multipart upload
         once it is over an UPLOAD_PART, which the server shows whole or not at all."""
         import obstore
+        from obstore.exceptions import BaseError
 
-        obstore.put(self.store, key, Path(src), chunk_size=UPLOAD_PART, max_concurrency=UPLOAD_PARTS)
+        try:
+            obstore.put(self.store, key, Path(src), chunk_size=UPLOAD_PART, max_concurrency=UPLOAD_PARTS)
+        except BaseError as e:
+            raise OSError(brief(e)) from None
+
+
+def brief(e: Exception) -> str:
+    """object_store's error in a line: its own first line, and the cause at the bottom of the nested
+    "Debug source" that follows it (e.g. "Connection refused"), where the first line says only that a
+    request failed. The whole of it is some forty lines of Rust structs."""
+    text = str(e)
+    first = text.split("\n", 1)[0].strip()
+    causes = re.findall(r'message: "([^"]*)"', text)
+    return f"{first} ({causes[-1]})" if causes and causes[-1] not in first else first
 
 
 class _Credentials:

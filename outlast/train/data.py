@@ -153,7 +153,9 @@ class DataShard:
     _epochs: dp.Epochs = field(init=False)
 
     def __post_init__(self) -> None:
-        self._epochs = dp.Epochs(self.source.length, self.rank, self.world, self.split)
+        # Contiguous shares (not a DistributedSampler's strided ones): a rank of an outlast.data Dataset reads
+        # only the blocks its rows are in, each once an epoch; rows dealt in turn would be in every block.
+        self._epochs = dp.Epochs(self.source.length, self.rank, self.world, self.split, strided=False)
 
     @property
     def indices(self) -> range:

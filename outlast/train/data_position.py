@@ -1,4 +1,5 @@
-"""Where a rank is in its data: the pure core of exact resume (no I/O, no torch).
+"""Where a rank is in its data: the pure core of exact resume (no I/O; torch only for a DistributedSampler's
+permutation, imported when one is drawn).
 
 An epoch of one dataset is read in *generations*. The first splits the epoch's rows between the
 ranks; a restore at another world size (or with ranks that took different numbers of rows) ends
@@ -8,9 +9,15 @@ the generations before this one (each with every rank's count and seed), so that
 recompute the rest from the positions of all ranks and nothing else: no row index is stored, and
 the document stays a few hundred bytes at any dataset size.
 
+A split is *strided* (row i of the rows it splits to rank i % world, as a DistributedSampler deals them;
+prepare_data_loader's) or *contiguous* (each rank a range; get_dataset_shard's, whose ranks read their own
+blocks of a Ray Data dataset: dealt in turn, every rank would read every block). Either way the first
+`len % world` ranks get one row more, and a position's every generation is split by its one rule.
+
 Every row of the epoch's first split is read exactly once in the epoch, through any number of
 restores and resizes. The first split drops `length % world` rows, as `shard_indices` always has,
-so that every rank takes as many steps; a later split keeps them all: the first ranks' shares are
+so that every rank takes as many steps (the rows a DistributedSampler would repeat instead, so that every
+rank has as many: here none is read twice); a later split keeps them all: the first ranks' shares are
 one row longer, and `batch_bounds` folds that row into their last batch, so that every rank still
 takes as many steps (with fewer rows left than ranks, those few rows are dropped).
 """
@@ -24,7 +31,7 @@ from typing import Any
 
 from outlast.protocol.messages import MAX_DATA_POSITION_BYTES
 
-VERSION = 1
+VERSION = 2  # 2: `strided`, and `order_seed` draws torch's permutation (1: numpy's, split in ranges)
 MAX_BYTES = MAX_DATA_POSITION_BYTES  # a position document: a few hundred bytes per dataset in practice
 
 
@@ -57,9 +64,11 @@ class Position:
     seed: int  # this rank's shuffle seed in this generation
     taken: int = 0  # rows of this rank's order handed out (yielded in a batch) in this generation
     past: tuple[Generation, ...] = field(default=())
-    # The whole epoch's rows permuted before the first split (the same on every rank, as a DistributedSampler
-    # shuffles); None: in the dataset's order, each rank shuffling only its own share (Ray's local shuffle).
+    # The whole epoch's rows permuted before the first split, as a DistributedSampler does: torch.randperm
+    # with a generator seeded with it, the same on every rank; None: in the dataset's order, each rank
+    # shuffling only its own share if `shuffle` (Ray Data's local shuffle).
     order_seed: int | None = None
+    strided: bool = False  # each split deals the rows in turn, else in ranges (see the module docstring)
 
     @property
     def generation(self) -> int:
@@ -67,15 +76,23 @@ class Position:
 
 
 def first_rows(length: int, world: int, order_seed: int | None = None) -> Rows:
-    """The epoch's rows as its first generation splits them: all of them but `length % world`. In order they
-    are a `range` (which slices as an array does), so that a rank of a large dataset holds no array of them."""
+    """The epoch's rows as its first generation splits them: all of them but the last `length % world`. In order
+    they are a `range` (which slices as an array does), so that a rank of a large dataset holds no array of them;
+    with `order_seed`, DistributedSampler's permutation (`torch.randperm`, seeded with it: its seed + epoch)."""
     if order_seed is None:
         return range(length // world * world)
-    return _rng(order_seed).permutation(length)[:length // world * world]
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed(order_seed)
+    return torch.randperm(length, generator=generator).numpy()[:length // world * world]
 
 
-def shares(rows: Rows, world: int) -> list[Rows]:
-    """`rows` in `world` contiguous shares, the first `len % world` one row longer than the others."""
+def shares(rows: Rows, world: int, strided: bool = False) -> list[Rows]:
+    """`rows` in `world` shares, the first `len % world` one row longer than the others: rank r's is every
+    world-th row from r when `strided`, else a contiguous range."""
+    if strided:
+        return [rows[r::world] for r in range(world)]
     per, extra = divmod(len(rows), world)
     out, start = [], 0
     for r in range(world):
@@ -110,7 +127,7 @@ def generation_rows(p: Position, window: int | None = None) -> Rows:
 
     rows = first_rows(p.length, p.past[0].world if p.past else p.world, p.order_seed)
     for g in p.past:
-        parts = shares(rows, g.world)
+        parts = shares(rows, g.world, p.strided)
         rows = np.concatenate([order(part, p.shuffle, g.seeds[r], window)[g.taken[r]:] for r, part in enumerate(parts)])
     return rows
 
@@ -119,7 +136,7 @@ def rows_left(p: Position, window: int | None = None) -> tuple[Rows, int]:
     """The rows this rank has left to read in this generation, in order, and the fewest any rank has left
     (`window`: see `order`; a restore must pass the window the saved walk used)."""
     rows = generation_rows(p, window)
-    mine = order(shares(rows, p.world)[p.rank], p.shuffle, p.seed, window)
+    mine = order(shares(rows, p.world, p.strided)[p.rank], p.shuffle, p.seed, window)
     return mine[p.taken:], len(rows) // p.world - p.taken
 
 
@@ -145,8 +162,8 @@ class Epochs:
     puts it. Each walk is one epoch; a walk that ends (read to its end, or left by the loop) makes the next
     walk the next epoch, as on Ray. Pure: the caller draws seeds and does the reading."""
 
-    def __init__(self, length: int, rank: int, world: int, split: bool) -> None:
-        self.length, self.split = length, split
+    def __init__(self, length: int, rank: int, world: int, split: bool, strided: bool = False) -> None:
+        self.length, self.split, self.strided = length, split, strided
         self.rank, self.world = (rank, world) if split else (0, 1)
         self.next_epoch = 0
         self.walk: Position | None = None  # the epoch a walk is reading (None: no walk under way)
@@ -158,7 +175,8 @@ class Epochs:
             return self.resumed
         if self.walk is not None:
             return self.walk
-        return Position(self.next_epoch, self.length, self.split, False, self.world, self.rank, 0)
+        return Position(self.next_epoch, self.length, self.split, False, self.world, self.rank, 0,
+                        strided=self.strided)
 
     def resume_from(self, saved: dict[int, Position], new_seed: int) -> str | None:
         """Go on from the positions every rank saved; None, or why the saved epoch is read again from its
@@ -174,8 +192,9 @@ class Epochs:
             self.next_epoch = first.epoch
             return str(e)
         self.next_epoch = self.resumed.epoch
-        if not self.resumed.past and self.resumed.taken == 0:
-            self.resumed = None  # at the epoch's start: the next walk begins it as any walk does, with its seeds
+        if self.resumed.taken == 0 and not any(any(g.taken) for g in self.resumed.past):
+            # At the epoch's start (at any world size): the next walk begins it as any walk does, with its seeds.
+            self.resumed = None
         return None
 
     def begin(self, shuffle: bool, seed: int, order_seed: int | None = None) -> tuple[Position, str | None]:
@@ -193,7 +212,7 @@ class Epochs:
         epoch = self.next_epoch
         self.next_epoch = epoch + 1
         self.walk = Position(epoch, self.length, self.split, shuffle, self.world, self.rank, seed if shuffle else 0,
-                             order_seed=order_seed)
+                             order_seed=order_seed, strided=self.strided)
         return self.walk, why
 
     def took(self, rows: int) -> None:
@@ -228,9 +247,9 @@ def resume(saved: dict[int, Position], rank: int, world: int, new_seed: int) -> 
         raise DataPositionError(f"the positions of ranks {sorted(expected - set(saved))} of {first.world} are "
                                 "missing")
     for r, p in saved.items():
-        same = (p.epoch, p.length, p.split, p.shuffle, p.world, p.past, p.order_seed)
+        same = (p.epoch, p.length, p.split, p.shuffle, p.world, p.past, p.order_seed, p.strided)
         if same != (first.epoch, first.length, first.split, first.shuffle, first.world, first.past,
-                    first.order_seed) or p.rank != r:
+                    first.order_seed, first.strided) or p.rank != r:
             raise DataPositionError(f"rank {r}'s position (epoch {p.epoch}, generation {p.generation}) disagrees "
                                     f"with rank {first.rank}'s (epoch {first.epoch}, generation {first.generation})")
     takens = {p.taken for p in saved.values()}
@@ -249,6 +268,7 @@ def encode(world: int, rank: int, positions: dict[str, Position]) -> str:
     doc = {"version": VERSION, "world": world, "rank": rank, "datasets": {
         key: {"epoch": p.epoch, "length": p.length, "split": p.split, "shuffle": p.shuffle, "world": p.world,
               "rank": p.rank, "seed": p.seed, "taken": p.taken, "order_seed": p.order_seed,
+              "strided": p.strided,
               "past": [{"world": g.world, "taken": list(g.taken), "seeds": list(g.seeds)} for g in p.past]}
         for key, p in sorted(positions.items())}}
     text = json.dumps(doc, separators=(",", ":"))
@@ -281,7 +301,7 @@ def decode(text: str, where: str) -> dict[str, Position]:
                                     tuple(_int(s) for s in g["seeds"])) for g in d["past"])
             p = Position(_int(d["epoch"]), _int(d["length"]), _bool(d["split"]), _bool(d["shuffle"]),
                          _int(d["world"], 1), _int(d["rank"]), _int(d["seed"]), _int(d["taken"]), past,
-                         None if d["order_seed"] is None else _int(d["order_seed"]))
+                         None if d["order_seed"] is None else _int(d["order_seed"]), _bool(d["strided"]))
         except (KeyError, TypeError, ValueError) as e:
             raise DataPositionError(f"{where}: dataset {key!r}'s position is malformed ({type(e).__name__}: "
                                     f"{e})") from None

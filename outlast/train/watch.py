@@ -28,7 +28,8 @@ import zmq
 
 from outlast.protocol import messages as m
 from outlast.protocol.run_credential import worker_key
-from outlast.protocol.transport import TO_WORKER, BadMessage, connect_dealer, encode, watch_identity
+from outlast.protocol.transport import (TO_WORKER, BadMessage, connect_dealer, encode, incarnation_from_env,
+                                       watch_identity)
 
 log = logging.getLogger("outlast.worker")
 
@@ -48,7 +49,7 @@ def start(attempt: int, rank: int, controller_address: str, count: Callable[[], 
 def _run(attempt: int, rank: int, address: str, count: Callable[[], int], stop: threading.Event,
          main: int | None) -> None:
     ctx = zmq.Context.instance()
-    sock = connect_dealer(ctx, address, watch_identity(attempt, rank), key=worker_key())
+    sock = connect_dealer(ctx, address, watch_identity(attempt, rank, incarnation_from_env()), key=worker_key())
     sent = -1
     try:
         while not stop.is_set():

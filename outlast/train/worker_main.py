@@ -22,7 +22,7 @@ from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 from outlast.protocol.run_credential import worker_key
-from outlast.protocol.transport import connect_dealer
+from outlast.protocol.transport import connect_dealer, incarnation_from_env, worker_identity
 from outlast.runenv import worker_env
 from outlast.threads import follow_cpu_share
 from outlast.storage.base import Storage
@@ -126,7 +126,7 @@ def run(req: m.ForkWorker) -> int:
     _say_in_output()
 
     ctx = zmq.Context()
-    identity = f"{req.attempt}:{spec.rank}".encode()
+    identity = worker_identity(req.attempt, spec.rank, incarnation_from_env())
     sock = connect_dealer(ctx, req.controller_address, identity, key=worker_key())
     phase = "setup"
     code = 1

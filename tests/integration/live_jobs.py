@@ -15,7 +15,7 @@ from outlast.train import Checkpoint
 def _log(config: dict, **fields) -> None:
     ctx = train.get_context()
     fields.update(rank=ctx.get_world_rank(), attempt=ctx.get_attempt(), pid=os.getpid(),
-                  node=os.environ.get("OUTLAST_NODE_ID", ""),
+                  node=os.environ.get("OUTLAST_NODE_ID"),
                   incarnation=int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0")), t=time.time())
     with open(config["events"], "a") as f:
         f.write(json.dumps(fields) + "\n")
@@ -27,10 +27,14 @@ def live_loop(config: dict) -> None:
     ("kill") or raises ("raise") after its backward of that step, its gradients not yet reduced. `config["report"]`: report() after each committed step.
     `config["die_in_transfer"]`: the incarnations whose process SIGKILLs itself while it receives the state, after
     its header (in the first attempt); `config["pad_mb"]`: megabytes of zeros in the state, so that the sender is
-    still sending then. `config["faults"]`: [[rank, step, point], ...]: that rank's first process of the first
-    attempt SIGKILLs itself at the named fault point of that step ("forward": before it; "stop": it SIGSTOPs
-    itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a checkpoint with each committed step,
-    uploaded in report(), which returns once the checkpoint is committed (every rank's report of it counted)."""
+    still sending then. `config["notice"]`: ask get_preemption_info() at each step, and log the first notice.
+    `config["until_generation"]`: train past `steps` until the live group reached that generation, and
+    `config["after"]` steps in it (every rank, a new member too, sees it reached at the same step), so that a planned
+    change made while the run trains always happens in it. `config["faults"]`: [[rank, step, point], ...]: that
+    rank's first process of the first attempt SIGKILLs itself at the named fault point of that step ("forward":
+    before it; "stop": it SIGSTOPs itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a
+    checkpoint with each committed step, uploaded in report(), which returns once the checkpoint is committed
+    (every rank's report of it counted)."""
     import torch
 
     from outlast import faults
@@ -48,8 +52,11 @@ def live_loop(config: dict) -> None:
     _log(config, event="start", step=step)
     kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
+    told = False
+    until = config.get("until_generation", 0)
+    reached = step if live.generation >= until else None
     faults_at = {(k[0], k[1]): k[2] for k in config.get("faults") or []}
-    while step < config["steps"]:
+    while step < config["steps"] or reached is None or step < reached + config.get("after", 0):
         if first and (rank, step) in faults_at:
             point = faults_at.pop((rank, step))
             if point in ("forward", "stop"):
@@ -57,6 +64,9 @@ def live_loop(config: dict) -> None:
             else:
                 os.environ["OUTLAST_FAULT_POINTS"] = f"{point}=kill"
                 faults.reset()
+        if config.get("notice") and not told and (info := train.get_preemption_info()) is not None:
+            told = True
+            _log(config, event="notice", step=step, ranks=info.preempted_ranks, node_ids=info.preempted_node_ids)
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(32, 8, generator=g)
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
@@ -68,6 +78,8 @@ def live_loop(config: dict) -> None:
         time.sleep(config.get("sleep", 0.02))
         was = step
         step = live.step(step)
+        if reached is None and live.generation >= until:
+            reached = step
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
         if config.get("report") and step == was + 1:
             if config.get("checkpoint") and rank == 0:
@@ -77,7 +89,8 @@ def live_loop(config: dict) -> None:
             else:
                 train.report({"step": was})
     live.close()
-    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
+         world=train.get_context().get_world_size())
 
 
 class _Pad:

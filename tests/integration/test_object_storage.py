@@ -70,7 +70,10 @@ def test_an_s3_outage_during_training_is_ridden_out_by_upload_retries(s3, tmp_pa
     assert [c.report_index for c in state.checkpoints] == [4, 9, 14, 19]
 
 
-def test_a_full_disk_during_a_checkpoint_keeps_the_previous_checkpoint(tmp_path):
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    # The run's last state cannot be written either: the controller retries it for the storage budget, which a
+    # full disk does not outlast here.
+    monkeypatch.setenv("OUTLAST_STORAGE_RETRY_S", "3")
     mount = tmp_path / "small"
     mount.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
@@ -123,7 +126,8 @@ def test_an_s3_outage_of_a_few_seconds_is_ridden_out_by_the_controllers_retries_
 def test_an_s3_outage_longer_than_the_retries_fails_the_run_saying_storage_failed(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("OUTLAST_STORAGE_RETRY_S", "3")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries would stretch each call
-    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv("OUTLAST_UPLOAD_TRIES", "1")  # the rank's checkpoint upload fails at once: the controller's
+    events = tmp_path / "events.jsonl"                # retries are what this test is about
     t = _stop_at_step(s3, events, 4, outage_s=None)
     try:
         with pytest.raises(TrainingFailedError) as failed:

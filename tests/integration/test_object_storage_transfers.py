@@ -73,3 +73,17 @@ def test_an_object_changed_in_the_bucket_is_caught_at_the_next_restore(s3, tree,
     with pytest.raises(CorruptCheckpointError, match=r"file model\.pt has 13 bytes, the manifest says 3145733"):
         materialize(storage, "run", NAME, tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").glob("*/*checkpoint_*") if not p.name.endswith(".lock")]
+
+
+def test_an_upload_to_a_server_that_is_down_fails_in_one_line_naming_the_cause(s3, tree):  # noqa: F811
+    """object_store's own error is some forty lines of nested Rust structs; what reaches a user is its first line
+    and the cause at the bottom of it."""
+    src, _ = tree
+    storage = open_storage("s3://runs/down")
+    storage.write_atomic("probe", b"x")  # the client is made while the server is up
+    s3.stop()
+    with pytest.raises(OSError) as failed:
+        storage.upload_dir(src, f"run/{NAME}")
+    text = str(failed.value)
+    assert "\n" not in text and "Debug source" not in text
+    assert "Connection refused" in text and f"run/{NAME}/" in text

@@ -158,13 +158,14 @@ def test_a_document_round_trips_and_stays_small():
 @pytest.mark.parametrize("text, fault", [
     ("not json", "not JSON"),
     (json.dumps({"version": 99, "datasets": {}}), "version 99.*start the run afresh"),
-    (json.dumps({"version": 1}), "no 'datasets'"),
-    (json.dumps({"version": 1, "datasets": {"x": {"epoch": 0}}}), "dataset 'x'.*malformed"),
-    (json.dumps({"version": 1, "datasets": {"x": {"epoch": -1, "length": 1, "split": True, "shuffle": False,
+    (json.dumps({"version": dp.VERSION}), "no 'datasets'"),
+    (json.dumps({"version": dp.VERSION, "datasets": {"x": {"epoch": 0}}}), "dataset 'x'.*malformed"),
+    (json.dumps({"version": dp.VERSION, "datasets": {"x": {"epoch": -1, "length": 1, "split": True, "shuffle": False,
                                                   "world": 1, "rank": 0, "seed": 0, "taken": 0, "past": []}}}),
      "malformed"),
-    (json.dumps({"version": 1, "datasets": {"x": {"epoch": 0, "length": 1, "split": True, "shuffle": False,
-                                                  "world": 1, "rank": 3, "seed": 0, "taken": 0, "past": [], "order_seed": None}}}),
+    (json.dumps({"version": dp.VERSION, "datasets": {"x": {"epoch": 0, "length": 1, "split": True, "shuffle": False,
+                                                  "world": 1, "rank": 3, "seed": 0, "taken": 0, "past": [], "order_seed": None,
+                                                  "strided": False}}}),
      "outside its world"),
     ("x" * (dp.MAX_BYTES + 1), "over"),
 ])
@@ -303,3 +304,52 @@ def test_a_loader_built_again_each_epoch_goes_on_as_one_loader_and_resumes_so():
         assert epoch() == whole[3][1:]
     finally:
         positions.start(None)
+
+
+def sampler_rows(n, rank, world, shuffle, epoch, seed=7, drop_last=False):
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_prepared_loader_gives_each_rank_a_distributed_samplers_rows_in_its_order(world, shuffle):
+    from outlast.train.torch.epoch_batches import EpochBatches
+
+    for r in range(world):
+        b = EpochBatches(24, r, world, 5, shuffle=shuffle, drop_last=False, seed=7)
+        for epoch in (0, 3):
+            b.set_epoch(epoch)
+            rows = loader_rows(b, 24)
+            want = sampler_rows(24, r, world, shuffle, epoch)
+            assert rows == [want[i:i + 5] for i in range(0, len(want), 5)]
+    assert sampler_rows(24, 0, 2, True, 0) != sampler_rows(24, 0, 2, True, 3)  # the epochs are permuted apart
+
+
+def test_where_the_length_does_not_divide_a_prepared_loader_leaves_out_what_a_sampler_would_repeat():
+    from outlast.train.torch.epoch_batches import EpochBatches
+
+    read = []
+    for r in range(3):
+        rows = sum(loader_rows(EpochBatches(25, r, 3, 4, shuffle=True, drop_last=False, seed=7), 25), [])
+        # A DistributedSampler pads to 27 rows with the order's first two; with drop_last it leaves out the last.
+        assert len(sampler_rows(25, r, 3, True, 0)) == 9
+        assert rows == sampler_rows(25, r, 3, True, 0, drop_last=True)
+        read += rows
+    assert len(read) == len(set(read)) == 24
+
+
+def test_a_prepared_loader_resized_at_an_epochs_start_gives_the_samplers_rows_at_the_new_size():
+    saved = {}
+    for r in range(3):
+        b = epoch_batches(r, 3)
+        loader_rows(b, 24)
+        saved[r] = b.data_position()  # reported after the walk: the next epoch, not begun
+    for r in range(2):
+        b = epoch_batches(r, 2)
+        b.resume_from(saved)
+        assert sum(loader_rows(b, 24), []) == sampler_rows(24, r, 2, True, 1)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from outlast.controller import group as g
 from outlast.controller.live import FallBack, LiveRun, Recovered, Replace
-from outlast.controller.live_placement import Moved, replacement_node
-from outlast.controller.placement import NodeView, NoCapacity
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.protocol.membership import Membership
@@ -83,19 +81,6 @@ def test_a_report_made_while_the_state_has_not_gone_across_is_owed_by_the_lost_r
     assert live.owed_reports(0) == [2] and live.owed_reports(2) == []  # the replacement holds no state yet
     live.on_joined(1, 0, wall=1.1)
     assert live.owed_reports(0) == []  # a report after the state went across is of a step the new group committed
-
-
-def test_the_replacement_of_a_lost_node_goes_where_placement_would_put_it():
-    views = [NodeView("n2", "tcp://n2:1", {"CPU": 2.0}), NodeView("n3", "tcp://n3:1", {"CPU": 1.0}),
-             NodeView("n4", "tcp://n4:1", {"CPU": 1.0}, draining=True)]
-    held = {"n2": 1}
-    spread = replacement_node(views, held, {"CPU": 1.0}, "SPREAD")
-    assert isinstance(spread, Moved) and spread.node_id == "n3" and "a spare node" in spread.reason
-    pack = replacement_node(views, held, {"CPU": 1.0}, "PACK")
-    assert isinstance(pack, Moved) and pack.node_id == "n2"
-    assert isinstance(replacement_node(views, {"n2": 2, "n3": 1}, {"CPU": 1.0}, "SPREAD"), NoCapacity)
-    assert isinstance(replacement_node(views, {"n2": 1}, {"CPU": 1.0}, "STRICT_PACK"), Moved)
-    assert isinstance(replacement_node(views[1:], {"n2": 1}, {"CPU": 1.0}, "STRICT_PACK"), NoCapacity)
 
 
 def _live(max_failures: int, **kw):

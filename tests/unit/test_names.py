@@ -42,6 +42,8 @@ NODE_DRAINS = {
     "controller/commits/view.py": {"draining"},
     "controller/heartbeat.py": {"saved_for_drain_at"},
     "controller/lifecycle.py": {"preempted_by_drain"},
+    "controller/live.py": {"on_drain"},
+    "controller/live_steps.py": {"on_drain"},
     "controller/nodes.py": {"note_draining", "drain_of", "_overlay_drains"},
     "controller/policy.py": {"caused_by_drain"},
     "controller/runstate.py": {"note_drain"},

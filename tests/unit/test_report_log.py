@@ -114,3 +114,30 @@ def test_every_report_is_on_storage_before_the_runs_terminal_state_is_written(tm
     log.observe(g.FromWorker(m.WorkerDone(attempt=1, rank=1, reports=5)), [WriteRunState(id=2, data=b"{}")], core, 0.0, 0.0)
     assert [r.index for r in store.read_reports(1)] == list(range(5))  # before the effect is carried out
     log.close()
+
+
+class DownStorage(LocalStorage):
+    """Refuses every write, as a store that is down does."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.writes = 0
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.writes += 1
+        raise OSError(111, "Connection refused")
+
+
+def test_a_store_that_is_down_holds_the_runs_end_no_longer_than_the_storage_retry_budget(tmp_path, monkeypatch):
+    """The terminal state's write gives up after OUTLAST_STORAGE_RETRY_S; the last reports do too, after one more
+    try, where they once held the run's end for half a minute."""
+    monkeypatch.setenv("OUTLAST_STORAGE_RETRY_S", "0")
+    storage = DownStorage(str(tmp_path))
+    log = ReportLog(RunStore(storage, "run"), flush_s=60.0)
+    core = Core()
+    log.observe(_report(1, 0, 0), [], core, 0.0, 0.0)
+    core.state = SimpleNamespace(kind=State.ERRORED)
+    log.observe(g.FromWorker(m.WorkerDone(attempt=1, rank=0, reports=1)), [WriteRunState(id=1, data=b"{}")], core,
+                0.0, 0.0)
+    assert storage.writes == 1  # tried once at the end, then given up
+    assert log._thread is not None and not log._thread.is_alive()

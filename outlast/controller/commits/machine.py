@@ -47,7 +47,7 @@ class Commits:
         self._stored: set[tuple[int, int, int]] = set()  # of those, the ones that are the checkpoint's in storage
         self._events: dict[type, Callable[..., None]] = {  # by the event's type
             Settled: self._begin, Reported: self._reported, UploadsToCheck: self._check_uploads,
-            Timers: lambda e, view, now, out: self.peer.on_timers(view, out), RunEnded: self._run_ended,
+            Timers: self._timers, RunEnded: self._run_ended,
             fx.ManifestWritten: self._answered, fx.ChecksumsRead: self._answered, fx.UploadsFound: self._answered,
             fx.StorageFailed: self._failed, fx.TierAnswered: self._tier_answered,
         }
@@ -57,7 +57,7 @@ class Commits:
         }
         self._tiers: dict[type, Callable[..., None]] = {  # the tiers' answers, by what was asked
             LocalCopy: self.holds.on_local, Replica: self.holds.on_replica, MemoryCopy: self._memory_answered,
-            Told: lambda ask, e, view, out: None, Upload: self.peer.on_upload, Free: self.holds.on_freed,
+            Told: self._told, Upload: self.peer.on_upload, Free: self.holds.on_freed,
         }
 
     # ---- the one entry point ----------------------------------------------------------
@@ -252,6 +252,12 @@ class Commits:
 
     def _uploads_checked(self, ask: UploadCheck, found: fx.UploadsFound, view: View, out: list[Out]) -> None:
         out.append(UploadsChecked(ask.attempt, ask.rank, ask.index, ask.checkpoint_dir, found.files, found.missing))
+
+    def _timers(self, e: Timers, view: View, now: float, out: list[Out]) -> None:
+        self.peer.on_timers(view, out)
+
+    def _told(self, ask: Told, e: fx.TierAnswered, view: View, out: list[Out]) -> None:
+        """A node told its checkpoint is committed: its answer changes nothing."""
 
     def _run_ended(self, e: RunEnded, view: View, now: float, out: list[Out]) -> None:
         """A "storage" run that ends with every checkpoint durable frees its copies in memory on every node that

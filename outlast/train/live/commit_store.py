@@ -28,13 +28,16 @@ class StepVotes:
     def vote(self, step: int, reduced: bool) -> tuple[StepVerdict, str]:
         """Vote, then return the step's one verdict and why."""
         counted = self.store.add(self._key(step, "reduced"), 1) if reduced else 0
-        decision = tally(reduced, counted, self.world_size)
+        last = reduced and counted >= self.world_size
+        decision = tally(reduced, counted, self.world_size,
+                         newer_generation=last and rendezvous.newer_published(self.store, self.generation))
         while True:
             if decision.verdict is not None:
                 return self._write(step, decision), decision.reason
             if self.store.check([self._key(step, "verdict")]):
                 return StepVerdict(self.store.get(self._key(step, "verdict")).decode()), "written by another rank"
-            decision = while_waiting(rendezvous.newer_published(self.store, self.generation))
+            newer = rendezvous.newest_after(self.store, self.generation)
+            decision = while_waiting(newer is not None, planned=newer is not None and newer.planned)
             if decision.verdict is None:
                 time.sleep(self.poll_s)
 

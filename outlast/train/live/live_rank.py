@@ -13,6 +13,11 @@
 `join` waits for the next generation the controller publishes, forms its group, checks that every
 survivor holds the same committed step, and sends that state to the ranks that joined (or, on a
 joiner, receives it). It returns the step to run next.
+
+A planned generation (a drained rank's replacement, ranks added) breaks nothing: the step in flight
+is committed with the verdict REGROUP, and `regroup_due` tells the loop to `join` before its next
+reduction, on every rank after the same step. A member left out of it (the drained rank) gets
+`NotAMemberError` from that `join`: its replacement holds its rank, and it should exit.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class LiveRank:
         self.last_break: str | None = None
         self.joins: list[Joined] = []
         self.thrown = 0  # steps thrown away since the last join: what a recovery cost
+        self.regroup_due = False  # the last step was committed as REGROUP: join before the next reduction
 
     @property
     def rank(self) -> int:
@@ -108,6 +114,7 @@ class LiveRank:
             load_state_dict(state)
         self.has_state = True
         self.thrown = 0
+        self.regroup_due = False
         self.ledger = self.ledger.regroup(membership.generation, committed)
         self.votes = StepVotes(self.store, membership.generation, membership.world_size)
         self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved,
@@ -130,7 +137,8 @@ class LiveRank:
         verdict, _ = self.votes.vote(step, reduced)
         self.ledger = self.ledger.after(verdict)
         self.thrown += verdict is StepVerdict.ABORT
-        return verdict is StepVerdict.COMMIT
+        self.regroup_due = verdict is StepVerdict.REGROUP
+        return verdict.applied
 
     def close(self) -> None:
         if self.group is not None:

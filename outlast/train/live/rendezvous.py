@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outlast.protocol.membership import LATEST, Membership, membership_key
+from outlast.protocol.membership import LATEST, Membership, membership_key, ready_key
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -36,6 +36,14 @@ def newer_published(store: Store, generation: int) -> bool:
     return store.check([membership_key(generation + 1)])
 
 
+def newest_after(store: Store, generation: int) -> Membership | None:
+    """The newest generation published after `generation`, if any."""
+    if not newer_published(store, generation):
+        return None
+    latest = max(int(store.get(LATEST)) if store.check([LATEST]) else generation + 1, generation + 1)
+    return Membership.from_json(store.get(membership_key(latest)).decode())
+
+
 def await_membership(store: Store, member: str, after: int, timeout_s: float, spare: bool,
                      poll_s: float = 0.002) -> Membership:
     """The newest generation after `after` that names `member`. Generations published while this
@@ -43,6 +51,8 @@ def await_membership(store: Store, member: str, after: int, timeout_s: float, sp
     no rank yet) waits through generations that do not name it; a member that held a rank and is
     left out of the newest generation raises NotAMemberError."""
     deadline = time.monotonic() + timeout_s
+    if spare:
+        store.set(ready_key(member), "1")
     while True:
         while not store.check([membership_key(after + 1)]):
             if time.monotonic() > deadline:

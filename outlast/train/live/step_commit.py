@@ -7,7 +7,9 @@ COMMIT. So no rank applies a step that another living rank throws away. A rank t
 voting does not matter: its replacement takes the state from a survivor.
 
 COMMIT needs every rank's "reduced" vote; one "broken" vote, or a newer generation published
-while the vote was open, makes it ABORT.
+while the vote was open, makes it ABORT. A newer generation that is planned (a drained rank moved,
+ranks added: every member of this one lives) throws no step away: the step is committed as
+REGROUP, and every rank forms that generation before its next step, all after the same step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from enum import Enum
 class StepVerdict(Enum):
     COMMIT = "commit"
     ABORT = "abort"
+    REGROUP = "regroup"  # committed, and a newer generation was published: form it before the next step
+
+    @property
+    def applied(self) -> bool:
+        return self is not StepVerdict.ABORT
 
 
 @dataclass(frozen=True)
@@ -30,20 +37,25 @@ class Tally:
     reason: str
 
 
-def tally(reduced: bool, votes_counted: int, world_size: int) -> Tally:
-    """`votes_counted`: "reduced" votes including this rank's, when `reduced`."""
+def tally(reduced: bool, votes_counted: int, world_size: int, newer_generation: bool = False) -> Tally:
+    """`votes_counted`: "reduced" votes including this rank's, when `reduced`. `newer_generation`: one was
+    published by the time the last vote came; the ranks move to it after this step, all after the same one."""
     if not reduced:
         return Tally(StepVerdict.ABORT, "this rank's allreduce raised: a peer is gone")
+    if votes_counted >= world_size and newer_generation:
+        return Tally(StepVerdict.REGROUP, f"all {world_size} ranks reduced the step, and a newer generation "
+                                          "was published: the ranks form it before the next step")
     if votes_counted >= world_size:
         return Tally(StepVerdict.COMMIT, f"all {world_size} ranks reduced the step")
     return Tally(None, f"{votes_counted} of {world_size} ranks reduced the step so far")
 
 
-def while_waiting(newer_generation: bool) -> Tally:
+def while_waiting(newer_generation: bool, planned: bool = False) -> Tally:
     """A rank waiting for a verdict: the controller publishing a newer generation means a member is
     gone, and its vote may never come, so the step is thrown away (unless a COMMIT was written
-    first: the compare-and-set returns whichever verdict came first)."""
-    if newer_generation:
+    first: the compare-and-set returns whichever verdict came first). A planned generation (every
+    member of this one lives: a drained rank moving, ranks added) is no such sign: the votes come."""
+    if newer_generation and not planned:
         return Tally(StepVerdict.ABORT, "a newer generation was published while the vote was open")
     return Tally(None, "waiting for the verdict")
 
@@ -68,7 +80,7 @@ class Ledger:
     def after(self, verdict: StepVerdict) -> Ledger:
         if self.in_flight is None:
             raise RuntimeError("a verdict came with no step in flight")
-        committed = self.in_flight if verdict is StepVerdict.COMMIT else self.committed
+        committed = self.in_flight if verdict.applied else self.committed
         return Ledger(self.generation, committed, None)
 
     def regroup(self, generation: int, committed: int) -> Ledger:

@@ -9,8 +9,8 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from outlast.controller.group import LiveJoined
-from outlast.protocol.membership import LATEST, Membership, joined_key, membership_key, store_prefix
+from outlast.controller.group import LiveJoined, LiveReady
+from outlast.protocol.membership import LATEST, Membership, joined_key, membership_key, ready_key, store_prefix
 
 TIMEOUT_S = 60.0
 
@@ -46,6 +46,9 @@ class LiveStore:
             return None
         d = json.loads(s.get(joined_key(generation)).decode())
         return LiveJoined(attempt, generation, int(d["steps_lost"]), float(d["wall"]))
+
+    def ready(self, attempt: int, member: str) -> LiveReady | None:
+        return LiveReady(attempt, member) if self._of(attempt).check([ready_key(member)]) else None
 
 
 def host_of(address: str) -> str:

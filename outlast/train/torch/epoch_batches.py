@@ -1,9 +1,12 @@
 """The batch sampler `prepare_data_loader` gives a DataLoader: this rank's batches of each epoch, from its place.
 
-It does what a DistributedSampler does (the whole dataset permuted per epoch, seeded the same on every
-rank, then split between the ranks) and keeps its place in every checkpoint (`train/data_position.py`):
-a restored run's DataLoader goes on at the next batch of the epoch, and at another world size the rest
-of the epoch is split again. The DataLoader's workers read the rows it names and keep no state of
+It gives each rank the rows a DistributedSampler gives it (the whole dataset permuted per epoch by
+torch.randperm seeded with seed + epoch, the same on every rank, then dealt in turn: rank r reads rows
+r, r + world, ... of that order), but reads none twice: where the length does not divide by the world
+size, the last `length % world` rows of the order are left out, where a DistributedSampler would repeat
+the first rows. It keeps its place in every checkpoint (`train/data_position.py`): a restored run's
+DataLoader goes on at the next batch of the epoch, and at another world size the rest of the epoch is
+dealt again between the new ranks. The DataLoader's workers read the rows it names and keep no state of
 their own, so the position is all there is to save.
 
 The loop is ahead of what it was handed (a DataLoader's workers prefetch): the wrapper that hands the
@@ -30,7 +33,7 @@ class EpochBatches:
         if batch_size <= 0:
             raise ValueError(f"prepare_data_loader: the DataLoader's batch_size must be positive, got {batch_size}")
         self.batch_size, self.shuffle, self.drop_last, self.seed = batch_size, shuffle, drop_last, seed
-        self._epochs = dp.Epochs(length, rank, world, split=True)
+        self._epochs = dp.Epochs(length, rank, world, split=True, strided=True)
         self._asked_epoch: int | None = None
         self._bounds: list[tuple[int, int]] = []
         self._handed = 0  # batches of this walk handed out to the loop

@@ -14,6 +14,11 @@ the step number and the rank), so that a step run again reads what it read the f
 (`prepare_data_loader` does not follow the step yet, and refuses this mode). `report()` after each committed
 step goes on as usual: the replacement's reports continue from the count of the rank it took the state from.
 
+A planned change of the group (a drained node's rank moved to another node, ranks added to an elastic run) throws
+no step away: after a committed step, `step` forms the next generation before it reduces, and sends the state to
+the ranks that joined. A rank that the next generation leaves out (the drained one) has nothing left to do:
+`step` raises SystemExit(0), and its process exits cleanly, its rank held by its replacement.
+
 The model is not wrapped in DistributedDataParallel (prepare_model returns it as it is in this mode): there is
 no default process group, since it could not outlive a rank. Each step's gradients go as one flat tensor, so
 the group reduces them in one order, the same in every generation.
@@ -21,6 +26,7 @@ the group reduces them in one order, the same in every generation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -29,6 +35,7 @@ from outlast.protocol.membership import member_name, store_prefix
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
+from outlast.train.live.rendezvous import NotAMemberError
 
 STORE_VAR, INCARNATION_VAR = "OUTLAST_LIVE_STORE", "OUTLAST_LIVE_INCARNATION"  # set by the controller (live_steps.py)
 
@@ -70,13 +77,18 @@ class LiveTraining:
 
     def start(self) -> int:
         """Join the group; returns the step to run first."""
-        return self.rank.join(self.state_dict, self.load_state_dict)
+        return self._join()
 
     def step(self, step: int) -> int:
         """After backward(): average the gradients over the ranks and apply the optimizer's step, or, when a rank
         died meanwhile, throw the step away and join the next group. Returns the step to run next."""
         import torch
 
+        if self.rank.regroup_due:
+            # The gradients of this step stay: they were computed on the committed state every member holds.
+            if not self._regroup():
+                self.rank.close()
+                raise SystemExit(0)  # moved: its replacement holds this rank from here
         params = [p for p in self.model.parameters() if p.grad is not None]
         flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
         committed = self.rank.reduce(step, [flat])
@@ -92,7 +104,33 @@ class LiveTraining:
         self.optimizer.zero_grad()
         if committed:
             return step + 1
-        return self.rank.join(self.state_dict, self.load_state_dict)
+        return self._join()
+
+    def _join(self) -> int:
+        step = self.rank.join(self.state_dict, self.load_state_dict)
+        session = get_session("LiveTraining")
+        if self.rank.group is not None and session.context.world_size != self.rank.group.world_size:
+            # A grow: get_context().get_world_size() is the live group's from here, on the ranks that were there too.
+            session.context = dataclasses.replace(session.context, world_size=self.rank.group.world_size)
+        return step
+
+    @property
+    def generation(self) -> int:
+        """The live group's generation the next step runs in (a planned one due after the last step counts): the
+        same on every rank, a new member too, after the same step."""
+        return self.rank.ledger.generation + self.rank.regroup_due
+
+    def _regroup(self) -> bool:
+        """Form the planned generation published meanwhile; False when it leaves this rank out."""
+        try:
+            self._join()
+        except NotAMemberError:
+            return False
+        return True
 
     def close(self) -> None:
+        """At the loop's end. A planned generation due after the last step is formed first, so that its new
+        members receive the state they wait for (and find the loop over, as the others do)."""
+        if self.rank.regroup_due:
+            self._regroup()
         self.rank.close()

@@ -1,0 +1,143 @@
+"""Live recovery's planned changes on a LocalCluster (FailureConfig(live_recovery=True)): real processes, gloo on CPU.
+
+A drain of the node of rank 1 moves that rank to the spare node while the run trains: the controller forks its
+replacement there, publishes the planned generation once the replacement waits for it, the ranks form it after the
+step in flight, rank 0 sends the state, and the drained process exits. No step is lost, nothing is written to
+storage, rank 0 keeps its pid, and the weights are those of a run without the drain. An elastic run (min 2, max 3)
+grows when a node joins: the added rank takes the state from rank 0 in a generation of three ranks, in the same
+attempt, with no step lost.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from outlast.testing import LocalCluster
+from outlast.train import FailureConfig, RunConfig, ScalingConfig
+from tests.integration.jobs import read_events
+from tests.integration.live_jobs import live_loop
+from tests.integration.procs import wait_until
+
+STEPS = 40
+
+
+def _fit(storage_path: str, events: Path, name: str, steps: int, **config):
+    from outlast.train.torch import TorchTrainer
+
+    return TorchTrainer(
+        live_loop, train_loop_config={"events": str(events), "steps": steps, "report": True, **config},
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD", resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=0, live_recovery=True)),
+    ).fit()
+
+
+@pytest.mark.torch
+def test_a_drained_nodes_rank_moves_to_the_spare_node_with_no_step_lost_and_nothing_written(
+        storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        drained: dict[str, str] = {}
+
+        def drain() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
+                       "step 5")
+            drained["node"] = next(e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1)
+            cluster.drain_node(drained["node"], deadline_s=60, message="spot reclaimed")
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        result = _fit(storage_path, events, "moved", STEPS, notice=True, until_generation=1, after=10)
+        t.join()
+        log = read_events(events)
+        trained = max(e["step"] for e in log if e["event"] == "step") + 1
+        clean_events = tmp_path / "clean.jsonl"
+        _fit(storage_path, clean_events, "clean", trained)
+
+    assert result.last_metrics == {"step": trained - 1}
+    starts = [e for e in log if e["event"] == "start"]
+    assert sorted((e["rank"], e["incarnation"]) for e in starts) == [(0, 0), (1, 0), (1, 1)]
+    first = {e["rank"]: e for e in starts if e["incarnation"] == 0}
+    [moved] = [e for e in starts if e["incarnation"] == 1]
+    assert first[1]["node"] == drained["node"] and moved["node"] not in (drained["node"], first[0]["node"])
+    assert {e["attempt"] for e in log} == {1}
+    # No step lost: none thrown away, and each rank's steps go on one after another across its two processes.
+    assert not [e for e in log if e["event"] == "thrown"]
+    for rank in (0, 1):
+        assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == rank] == list(range(trained))
+    assert moved["step"] == 1 + max(e["step"] for e in log if e["event"] == "step" and e["pid"] == first[1]["pid"])
+    assert trained - moved["step"] == 10  # the replacement trained in the group
+    # Rank 0 never stopped; the drained process exited without ending the run; both were told of the drain.
+    assert {e["pid"] for e in log if e["rank"] == 0} == {first[0]["pid"]}
+    assert [e["event"] for e in log if e["pid"] == first[1]["pid"]][-1] != "end"
+    for pid in (first[0]["pid"], first[1]["pid"]):
+        [notice] = [e for e in log if e["event"] == "notice" and e["pid"] == pid]
+        assert notice["ranks"] == [1] and notice["node_ids"] == [drained["node"]]
+    # The weights of a run without the drain, on both ranks.
+    final = {e["rank"]: e["exact"] for e in log if e["event"] == "end"}
+    clean = {e["rank"]: e["exact"] for e in read_events(clean_events) if e["event"] == "end"}
+    assert set(final) == {0, 1} and final == clean
+    # Nothing written to storage; the history has the drain, moved live, charged as a preemption.
+    state = json.loads((Path(storage_path) / "moved" / "run_state.json").read_text())
+    assert state["checkpoints"] == [] and state["latest_checkpoint"] is None
+    assert not [p for p in (Path(storage_path) / "moved").iterdir() if p.name.startswith("checkpoint")]
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    assert state["failure_counts"] == {"preemption": 1}
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("drain") and recovery["ranks"] == [1]
+    assert recovery["steps_lost"] == 0
+    assert [d["ranks"] for d in state["drains"]] == [[1]]
+
+
+@pytest.mark.torch
+def test_an_elastic_run_grows_live_when_a_node_joins_with_no_step_lost_and_no_restart(
+        storage_path, tmp_path, monkeypatch):
+    from outlast.train.torch import TorchTrainer
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def join() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
+                       "step 5")
+            cluster.add_node("node-2")
+
+        t = threading.Thread(target=join, daemon=True)
+        t.start()
+        result = TorchTrainer(
+            live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True,
+                                          "until_generation": 1, "after": 10},
+            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
+                                         elastic_resize_monitor_interval_s=0),
+            run_config=RunConfig(name="grown", storage_path=storage_path,
+                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
+        ).fit()
+        t.join()
+    log = read_events(events)
+    trained = max(e["step"] for e in log if e["event"] == "step") + 1
+    assert result.last_metrics == {"step": trained - 1}
+    starts = {e["rank"]: e for e in log if e["event"] == "start"}
+    assert sorted(starts) == [0, 1, 2] and len([e for e in log if e["event"] == "start"]) == 3
+    assert starts[2]["node"] == "node-2" and starts[2]["step"] == trained - 10
+    assert {e["attempt"] for e in log} == {1}
+    # No step lost: none thrown away; the first ranks trained every step, the added one every step since it joined.
+    assert not [e for e in log if e["event"] == "thrown"]
+    for rank in (0, 1):
+        assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == rank] == list(range(trained))
+        assert {e["pid"] for e in log if e["rank"] == rank} == {starts[rank]["pid"]}
+    assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == 2] == list(range(trained - 10, trained))
+    ends = {e["rank"]: e for e in log if e["event"] == "end"}
+    assert {e["world"] for e in ends.values()} == {3} and ends[0]["exact"] == ends[1]["exact"] == ends[2]["exact"]
+    state = json.loads((Path(storage_path) / "grown" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["attempts"][0]["workers"] == 3
+    assert state["failure_counts"] == {} and state["checkpoints"] == []  # no budget drawn, nothing to restore
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["ranks"] == [2]
+    assert recovery["steps_lost"] == 0
+    [resize] = state["resizes"]
+    assert (resize["from_workers"], resize["to_workers"], resize["steps_lost"]) == (2, 3, 0)

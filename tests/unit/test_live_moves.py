@@ -1,0 +1,269 @@
+"""Live recovery's planned changes in the controller: a drained node's ranks move to a node that stays, the
+survivors going on (`live.py` decides, `live_steps.py` carries it out), and the rank side's verdict for a
+generation published while every member lives. No processes."""
+
+from __future__ import annotations
+
+from outlast.controller import group as g
+from outlast.controller.live import LiveRun, Planned, Recovered, Replace, StayPut
+from outlast.controller.live_room import where_to
+from outlast.controller.placement import NodeView, NoCapacity
+from outlast.controller.states import State
+from outlast.protocol import messages as m
+from outlast.protocol.membership import Membership
+from outlast.protocol.transport import incarnation_of, watch_identity, worker_identity
+from outlast.train.live.step_commit import Ledger, StepVerdict, tally, while_waiting
+from tests.fakes.controller import finish_all, make, start
+
+
+def formed(world_size: int) -> LiveRun:
+    live = LiveRun(world_size)
+    live.on_joined(0, 0, wall=0.0)
+    return live
+
+
+# ---- the pure core ---------------------------------------------------------------------------------
+
+
+def test_a_drained_rank_moves_in_a_planned_generation_published_once_its_replacement_waits_and_all_were_told():
+    live = formed(3)
+    d = live.on_drain([1], "drain: node b", wall=10.0, no_room=None)
+    assert isinstance(d, Planned) and d.ranks == (1,) and d.incarnations == {1: 1}
+    assert d.membership == Membership(1, ("r0i0", "r1i1", "r2i0"), (1,), 0, planned=True)
+    assert "rank 0 sends" in d.reason and live.starting_members() == ["r1i1"]
+    assert live.publishable(told=True) is None  # its replacement has not started yet
+    live.on_started("r1i0")  # the drained process itself is no new member
+    assert live.starting_members() == ["r1i1"]
+    live.on_started("r1i1")
+    assert live.publishable(told=False) is None  # the ranks have not all been told of the drain yet
+    assert live.publishable(told=True) == d.membership and live.unpublished is None
+    assert live.publishable(told=True) is None  # published once
+    done = live.on_joined(1, 0, wall=10.5)
+    assert done == Recovered(1, (1,), "drain: node b", 10.0, 0.5, 0)
+
+
+def test_two_drained_ranks_are_published_when_both_replacements_started():
+    live = formed(4)
+    d = live.on_drain([2, 3], "drain", wall=1.0, no_room=None)
+    assert isinstance(d, Planned) and d.membership.joiners == (2, 3) and d.membership.source == 0
+    live.on_started("r3i1")
+    assert live.publishable(told=True) is None
+    live.on_started("r2i1")
+    assert live.publishable(told=True) == d.membership
+
+
+def test_a_drain_stays_put_with_its_reason():
+    assert "before the ranks formed" in LiveRun(2).on_drain([1], "drain", 1.0, None).reason
+    assert "every rank" in formed(2).on_drain([0, 1], "drain", 1.0, None).reason
+    assert "no node that stays has room for ranks [1]: full" in formed(2).on_drain([1], "drain", 1.0, "full").reason
+    busy = formed(2)
+    assert isinstance(busy.on_death(0, "killed", wall=1.0), Replace)
+    d = busy.on_drain([1], "drain", 1.0, None)
+    assert isinstance(d, StayPut) and "still take the state" in d.reason
+
+
+def test_a_death_during_a_move_publishes_the_planned_generation_first_and_widens_the_recovery():
+    live = formed(3)
+    live.on_drain([2], "drain", wall=1.0, no_room=None)
+    planned = live.take_unpublished()
+    assert planned is not None and planned.planned and live.publishable(told=True) is None
+    d = live.on_death(1, "killed", wall=1.2)
+    assert isinstance(d, Replace) and d.membership == Membership(2, ("r0i0", "r1i1", "r2i1"), (1, 2), 0)
+    assert not d.membership.planned
+    assert live.on_joined(2, 1, wall=2.0) == Recovered(2, (2, 1), "drain", 1.0, 1.0, 1)
+
+
+def test_the_moving_ranks_go_to_nodes_that_are_not_draining_beside_the_ranks_kept():
+    nodes = [NodeView("a", "", {"CPU": 2}), NodeView("b", "", {"CPU": 1}, draining=True), NodeView("c", "", {"CPU": 1})]
+    assert where_to(nodes, {0: "a", 1: "b"}, [1], {"CPU": 1}, "SPREAD") == {1: "a"}
+    assert where_to(nodes, {0: "a", 1: "a", 2: "b"}, [2], {"CPU": 1}, "PACK") == {2: "c"}
+    full = where_to(nodes, {0: "a", 1: "a", 2: "c", 3: "b"}, [3], {"CPU": 1}, "STRICT_SPREAD")
+    assert isinstance(full, NoCapacity) and "1 draining" in full.reason
+
+
+# ---- the rank side's verdict ----------------------------------------------------------------------------
+
+
+def test_a_planned_generation_commits_the_step_in_flight_as_regroup_and_aborts_nothing():
+    assert tally(True, 2, 2, newer_generation=True).verdict is StepVerdict.REGROUP
+    assert tally(True, 2, 2, newer_generation=False).verdict is StepVerdict.COMMIT
+    assert while_waiting(True, planned=True).verdict is None  # every member lives: its vote comes
+    assert while_waiting(True, planned=False).verdict is StepVerdict.ABORT
+    assert Ledger(0).begin(0).after(StepVerdict.REGROUP).committed == 0
+
+
+def test_a_replacement_has_identities_of_its_own_beside_the_process_it_replaces():
+    assert worker_identity(3, 1) == b"3:1" and worker_identity(3, 1, 2) == b"3:1:i2"
+    assert watch_identity(3, 1, 2) == b"3:1:i2:watch" and watch_identity(3, 1) == b"3:1:watch"
+    assert [incarnation_of(i) for i in (b"3:1", b"3:1:i2", b"3:1:i2:watch", b"3:1:watch", b"3:1:fetch")] \
+        == [0, 2, 2, 0, 0]
+
+
+# ---- the core carrying it out ---------------------------------------------------------------------------
+
+
+def _live(**kw):
+    h = make(nodes=("n1", "n2", "n3"), live_recovery=True, live_store="controller:7", **kw)
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.effects.clear()
+    return h, placement
+
+
+def _drain(h, node_id: str) -> None:
+    h.agent(node_id, m.NodeDraining(node_id=node_id, reason="spot", message="reclaimed",
+                                    deadline_unix_s=h.wall() + 30, node_ids=[node_id]))
+
+
+def test_the_core_moves_a_drained_rank_to_the_spare_node_tells_every_rank_and_charges_the_preemption_budget():
+    h, placement = _live(max_failures=0)
+    assert placement == {0: "n1", 1: "n2"}
+    _drain(h, "n2")
+    assert h.state is State.RUNNING and not [e for e in h.effects if isinstance(e, g.StopRun)]
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == "n3" and [w.rank for w in spawn.msg.workers] == [1]
+    assert spawn.msg.env["OUTLAST_LIVE_INCARNATION"] == "1"
+    assert not [e for e in h.effects if isinstance(e, g.PublishMembership)]  # not before the replacement started
+    # Every rank is told of the drain, as without live recovery.
+    for rank in (0, 1):
+        h.worker(m.PreemptionQuery(attempt=1, rank=rank, index=5))
+    notices = [e for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.PreemptionNotice)]
+    assert {e.rank for e in notices} == {0, 1} and notices[0].msg.ranks == [1]
+    # The replacement says hello from its own socket, and is answered there.
+    h.step(g.FromWorker(m.WorkerHello(attempt=1, rank=1, pid=300), incarnation=1))
+    [welcome] = [e for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.Welcome)]
+    assert welcome.incarnation == 1
+    h.worker(m.PreemptionQuery(attempt=1, rank=1, index=6))  # the drained process asks again: answered there
+    assert [e.incarnation for e in h.effects if isinstance(e, g.ToRank) and e.rank == 1][-1] == 0
+    assert not [e for e in h.effects if isinstance(e, g.PublishMembership)]
+    # Once it waits in the store for its generation, the planned generation is published.
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r1i1"), (1,), 0, planned=True)
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=0, wall=h.wall() + 0.5))
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "live" and record.cause.startswith("drain") and record.steps_lost == 0
+    assert h.core.book.state.failure_counts == {"preemption": 1}  # not max_failures (0 here)
+    assert [d.ranks for d in h.core.book.state.drains] == [[1]]
+    # The drained process exits cleanly: not the rank's exit; the run finishes with the replacement's.
+    h.agent("n2", h.exited(1, "n2"))
+    assert h.state is State.RUNNING and 1 not in h.core.attempt.exited
+    finish_all(h, {0: "n1", 1: "n3"})
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_a_drain_with_no_room_elsewhere_takes_its_usual_path_and_the_history_says_why():
+    h, placement = _live()
+    h.step(g.NodeTable([m.NodeInfo(node_id=n, address=f"tcp://{n}:1", host=n, resources={"CPU": 1.0})
+                        for n in ("n1", "n2")]))
+    _drain(h, "n2")
+    assert h.state is State.PREEMPTING
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "restart" and "no node that stays has room" in record.reason
+
+
+def test_a_drained_rank_that_returns_before_its_replacement_waits_ends_the_rank_and_stops_the_replacement():
+    h, placement = _live()
+    _drain(h, "n2")
+    h.worker(m.WorkerDone(attempt=1, rank=0, reports=0))
+    h.agent("n1", h.exited(0, "n1"))
+    h.worker(m.WorkerDone(attempt=1, rank=1, reports=0))
+    h.agent("n2", h.exited(1, "n2"))  # the loop ended before the move: the drained process returned
+    [stop] = [e for e in h.effects if isinstance(e, g.StopRun)]
+    assert stop.node_id == "n3" and h.core.live.unpublished is None and h.core.live.recovery is None
+    assert not [e for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert h.state is State.FINISHED
+
+
+# ---- an elastic run grows -----------------------------------------------------------------------------------
+
+
+def test_added_ranks_join_a_planned_generation_of_the_larger_size_and_rank_0_sends_them_the_state():
+    live = formed(2)
+    d = live.on_grow(4, "grow", wall=5.0)
+    assert isinstance(d, Planned) and d.ranks == (2, 3) and d.incarnations == {2: 0, 3: 0}
+    assert d.membership == Membership(1, ("r0i0", "r1i0", "r2i0", "r3i0"), (2, 3), 0, planned=True)
+    assert live.starting_members() == ["r2i0", "r3i0"]
+    live.on_started("r2i0")
+    live.on_started("r3i0")
+    assert live.publishable(told=True) == d.membership
+    assert live.on_joined(1, 0, wall=6.0) == Recovered(1, (2, 3), "grow", 5.0, 1.0, 0)
+    assert isinstance(live.on_death(3, "killed", wall=7.0), Replace)  # an added rank is a rank like the others
+
+
+def test_a_grow_stays_put_or_waits_with_its_reason():
+    assert "before the ranks formed" in LiveRun(2).on_grow(3, "grow", 1.0).reason
+    assert "no grow" in formed(3).on_grow(3, "grow", 1.0).reason
+    busy = formed(2)
+    busy.on_death(1, "killed", wall=1.0)
+    d = busy.on_grow(3, "grow", 1.0)
+    assert isinstance(d, StayPut) and d.later and "the grow waits" in d.reason
+
+
+def test_the_core_grows_an_elastic_run_live_with_no_notice_no_restart_and_no_budget_drawn():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    placement = start(h)
+    assert h.core.plan.world_size == 2
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.effects.clear()
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))  # a node joins
+    assert h.state is State.RUNNING and h.core.plan.world_size == 3
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == "n3" and [(w.rank, w.world_size) for w in spawn.msg.workers] == [(2, 3)]
+    assert not h.to_rank(0)  # no notice: the loop is not asked to save
+    h.step(g.LiveReady(attempt=1, member="r2i0"))
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r1i0", "r2i0"), (2,), 0, planned=True)
+    h.worker(m.WorkerHello(attempt=1, rank=2, pid=102))
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=0, wall=h.wall() + 0.5))
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "live" and record.cause.startswith("grow") and record.ranks == [2]
+    [resize] = h.core.book.state.resizes
+    assert (resize.from_workers, resize.to_workers, resize.steps_lost) == (2, 3, 0)
+    assert h.core.book.state.failure_counts == {}
+    # The added rank's reports take up the count of the rank that sent it the state.
+    for rank in (0, 1):
+        for i in range(3):
+            h.worker(m.Report(attempt=1, rank=rank, index=i, metrics={"step": i}))
+    h.worker(m.Report(attempt=1, rank=2, index=3, metrics={"step": 3}))
+    assert h.core.commit_tracker.reports == [3, 3, 4]
+    finish_all(h, {**placement, 2: "n3"})
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_a_move_waits_for_the_notice_to_be_fixed_but_not_for_a_loop_that_stopped_asking():
+    h, placement = _live()
+    for rank in (0, 1):  # grants of many calls: each rank's next call decides the notice
+        h.step(g.FromWorker(m.PreemptionQuery(attempt=1, rank=rank, index=0)))
+        h.step(g.FromWorker(m.PreemptionQuery(attempt=1, rank=rank, index=40)), dt=0.01)
+    _drain(h, "n2")
+    assert h.core.horizons.decision_index is None
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    assert not [e for e in h.effects if isinstance(e, g.PublishMembership)]  # the ranks have not been told yet
+    h.step(dt=2.0)  # no rank asked since: the move goes on without waiting for the deadline
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published.planned and published.generation == 1
+    # The drained process, stopped with the attempt, is stopped where it runs too.
+    from outlast.controller import ending
+    ending.stop_workers(h.core)
+    assert {e.node_id for e in h.core.out if isinstance(e, g.StopRun)} == {"n1", "n2", "n3"}
+
+
+def test_a_grow_whose_loop_ends_before_the_added_rank_waits_finishes_and_stops_the_added_rank():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))
+    h.effects.clear()
+    finish_all(h, placement)  # ranks 0 and 1 return before rank 2 waited for its generation
+    [stop] = [e for e in h.effects if isinstance(e, g.StopRun)]
+    assert stop.node_id == "n3" and not [e for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
