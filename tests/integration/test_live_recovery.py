@@ -209,7 +209,7 @@ def test_a_stopped_rank_is_found_by_the_hang_watch_killed_and_replaced_while_the
 
 
 @pytest.mark.torch
-def test_a_lost_node_s_rank_is_replaced_on_the_spare_node_from_the_survivor(storage_path, tmp_path, clean,
+def test_a_lost_node_s_rank_is_replaced_on_another_node_from_the_survivor(storage_path, tmp_path, clean,
                                                                             monkeypatch):
     from outlast.testing import LocalCluster
 
@@ -229,5 +229,5 @@ def test_a_lost_node_s_rank_is_replaced_on_the_spare_node_from_the_survivor(stor
     assert "lost" in recovery["cause"]
     assert state["attempts"][0]["failures"][0]["kind"] == "NodeLost"
     nodes = {(e["rank"], e["incarnation"]): e["node"] for e in got if e["event"] == "start"}
-    assert len({nodes[0, 0], nodes[1, 0], nodes[1, 1]}) == 3  # the replacement went to the spare node
+    assert nodes[1, 1] != nodes[1, 0]  # the replacement went to a node with room: the spare, or rank 0's
     assert _final(got) == clean[2]
