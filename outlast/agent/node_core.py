@@ -76,6 +76,8 @@ class NodeCore:
         if isinstance(req, m.StopWorkers):
             return [*self._refuse_held(lambda k: k == (req.run_id, req.attempt), "stopped before its workers started"),
                     *self.sup.stop_attempt(req.run_id, req.attempt, req.grace_s, now)]
+        if isinstance(req, m.KillRanks):
+            return [*self.sup.kill_ranks(req.run_id, req.attempt, req.ranks, req.reason)]
         if isinstance(req, m.EndRun):
             return [*self._refuse_held(lambda k: k[0] == req.run_id, "ended before its workers started"),
                     self._finish_output(req.run_id, None), *self.sup.end_run(req.run_id, now)]

@@ -188,6 +188,14 @@ class Supervisor:
         victims = [w for w in self.workloads_of(run_id) if w.attempt == attempt and not w.is_task]
         return self._terminate(victims, grace_s, now, f"run {run_id}: attempt {attempt} stopped by its controller")
 
+    def kill_ranks(self, run_id: str, attempt: int, ranks: list[int], reason: str) -> list[Effect]:
+        """SIGKILL some ranks of an attempt, the others left running: no grace, as a stopped process ignores
+        SIGTERM. Their exits are reported as any other."""
+        victims = [w for w in self.workloads_of(run_id) if w.attempt == attempt and not w.is_task and w.rank in ranks]
+        for w in victims:
+            w.kill_at = float("inf")
+        return [Kill(w.pid, signal.SIGKILL, f"run {run_id}: {reason}") for w in victims]
+
     def end_run(self, run_id: str, now: float) -> list[Effect]:
         run = self.runs.get(run_id)
         if run is None:

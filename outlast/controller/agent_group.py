@@ -56,6 +56,10 @@ class AgentGroup:
         self.clock = clock
         self._output = output  # workers' output lines go there, not to the core: they decide nothing
         self.sock, self.address = bind_router(ctx, bind_host, key=key)
+        # A rank's identity ("attempt:rank") belongs to its newest process. A live recovery's replacement may
+        # connect before the router has seen the lost process's connection end (its node is known lost before its
+        # sockets close): without the handover the router keeps the old one's, and never delivers the new one's.
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._query = connect_dealer(ctx, head_address, key=key)
         self._query_sent: float | None = None
         self._table: list[m.NodeInfo] = []  # the last table the head (or the store) gave

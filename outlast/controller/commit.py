@@ -143,6 +143,14 @@ class CommitTracker:
         self.world_size = max(self.world_size, world_size)
         self._least = min(self._least, least)
 
+    def lose_uploads(self, rank: int) -> list[PendingCheckpoint]:
+        """Live recovery: `rank` died with its asynchronous uploads running; they never say they are done."""
+        for pending in self._pending.values():
+            if rank in pending.awaiting:
+                pending.awaiting.discard(rank)
+                self._mark_missing(pending, rank, "died while uploading its shard")
+        return self._ready()
+
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],
         upload_pending: bool = False, upload_files: list[FileEntry] | None = None, data_position: str = "",

@@ -160,8 +160,9 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
         record = _failure_record(ev, c.wall())
         if live_steps.on_death(c, a, ev.rank, record):
             # The survivors go on, and a replacement takes the rank. The committed steps the dead rank had not
-            # reported it never will: the checkpoints waiting on it settle without it (CommitTracker.replaced).
-            for pending in c.commit_tracker.replaced(ev.rank):
+            # reported it never will, nor will its uploads say they are done: the checkpoints waiting on it settle
+            # without it (CommitTracker.replaced, lose_uploads).
+            for pending in [*c.commit_tracker.lose_uploads(ev.rank), *c.commit_tracker.replaced(ev.rank)]:
                 commit_steps.begin(c, pending)
             return
         lifecycle.on_failure(c, record)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from outlast.controller import lifecycle
+from outlast.controller import lifecycle, live_steps
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import ToRank
 from outlast.controller.hangs import HangWatch
@@ -65,6 +65,9 @@ def end_hung_attempt(c: CoreState, a: AttemptState, w: HangWatch) -> None:
     record, rank = w.record(c.wall()), w.blamed()
     w.hang = None  # explained once
     c.book.state.hangs.append(record)  # written with the failure, below
+    if live_steps.on_hang(c, a, rank, f"rank {rank} hung: {record.summary}"):
+        w.restart_clock(rank, c.now)  # the others waited on it: their silence ends with its death
+        return
     log.error("attempt %d hung: %s", a.number, record.summary)
     lifecycle.on_failure(c, FailureRecord(
         attempt=a.number, rank=rank, node_id=a.placement.get(rank, ""), pid=a.pids.get(rank, 0), exit_code=None,

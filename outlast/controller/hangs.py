@@ -74,6 +74,13 @@ class HangWatch:
         self.counts[rank] = count
         self.last[rank] = now
 
+    def restart_clock(self, replaced: int, now: float) -> None:
+        """Live recovery killed `replaced` for the hang: the ranks that waited on it go on, and its replacement
+        counts its progress from nothing. Every rank's silence starts now."""
+        self.counts.pop(replaced, None)
+        self.last = dict.fromkeys(range(self.ranks), now)
+        self.calm_until = -math.inf
+
     def check(self, live: list[int], now: float) -> Hang | None:
         """A hang to explain, once: the ranks in `live` that made no progress for the limit."""
         if self.hang is not None or now < self.calm_until:

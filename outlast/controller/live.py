@@ -38,6 +38,7 @@ class Replace:
     member: str
     membership: Membership
     reason: str
+    charged: bool = True  # False: another rank of the same lost node, whose loss is one failure, charged once
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Recovery:
     cause: str
     ranks: list[int] = field(default_factory=list)
     deaths: int = 0
+    nodes_lost: set[str] = field(default_factory=set)  # a lost node's ranks die together: one death, one failure
 
 
 class LiveRun:
@@ -104,10 +106,14 @@ class LiveRun:
         self.formed = False  # the ranks formed generation 0: the loop makes its steps through the live group
         self.unpublished: Membership | None = None  # a planned generation, until its new members wait for it
         self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
+        self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
 
-    def on_death(self, rank: int, cause: str, wall: float, node_lost: bool = False,
-                 finished: tuple[int, ...] = ()) -> Replace | FallBack:
-        """`finished`: ranks whose loop already returned (their process exited cleanly)."""
+    def on_death(self, rank: int, cause: str, wall: float, finished: tuple[int, ...] = (),
+                 lost_node: str | None = None) -> Replace | FallBack:
+        """`rank` died (killed, raised, its node lost, or killed for a hang): replace it, wherever the caller forks
+        the replacement, or fall back. `finished`: ranks whose loop already returned (their process exited
+        cleanly). `lost_node`: the node whose loss killed it; the other ranks of that node die with it, and the
+        loss is one death of the recovery and one failure, not one per rank."""
         if not 0 <= rank < self.membership.world_size:
             return FallBack(f"rank {rank} is not in generation {self.membership.generation} "
                             f"({self.membership.world_size} ranks)")
@@ -118,13 +124,11 @@ class LiveRun:
             # They committed the last step and left; a replacement would wait for them to form its group, forever.
             return FallBack(f"rank {rank} died after rank(s) {sorted(finished)} finished their loop: no group is left "
                             "for a replacement to join")
-        if node_lost:
-            return FallBack(f"rank {rank}'s node is lost, and live recovery replaces a rank only on its own node "
-                            "so far")
         r = self.recovery
+        same_loss = r is not None and lost_node is not None and lost_node in r.nodes_lost
         if r is None:
             r = self.recovery = Recovery(since=wall, cause=cause)
-        else:
+        elif not same_loss:
             r.deaths += 1
             if r.deaths > self.max_transfer_deaths:
                 return FallBack(f"{r.deaths} more ranks died while rank(s) {r.ranks} took the state "
@@ -135,6 +139,8 @@ class LiveRun:
             return FallBack(f"rank {rank} died and no rank that holds the state is left "
                             f"(generation {self.membership.generation} had ranks "
                             f"{sorted(self.unsent)} still waiting for it)")
+        if lost_node is not None:
+            r.nodes_lost.add(lost_node)
         incarnation = self.incarnation[rank] + 1
         member = member_name(rank, incarnation)
         members = tuple(member if k == rank else m for k, m in enumerate(self.membership.members))
@@ -146,7 +152,24 @@ class LiveRun:
             r.ranks.append(rank)
         return Replace(rank, incarnation, member, membership,
                        f"rank {rank} is replaced by {member} in generation {membership.generation}; rank {kept[0]} "
-                       f"sends the state to rank(s) {sorted(unsent)}, and ranks {kept} go on")
+                       f"sends the state to rank(s) {sorted(unsent)}, and ranks {kept} go on", charged=not same_loss)
+
+    def holders_besides(self, ranks: list[int]) -> list[int]:
+        """The ranks that hold the state and are not among `ranks` (those of a node lost at once): none left, and
+        the node's loss falls back at its first rank, not after some of its ranks were replaced."""
+        return [k for k in range(self.membership.world_size) if k not in self.unsent and k not in ranks]
+
+    def losing(self, node: str) -> bool:
+        """Whether the recovery under way began with, or took in, the loss of `node`."""
+        return self.recovery is not None and node in self.recovery.nodes_lost
+
+    def on_hang(self, rank: int, summary: str) -> bool:
+        """The hang watch blames `rank`: True when it is killed and its death replaces it (its peers' collective,
+        waiting on it, fails when its sockets close). False: the attempt restarts, as without live recovery."""
+        if not self.formed or not 0 <= rank < self.membership.world_size or rank in self.hung:
+            return False
+        self.hung[rank] = summary
+        return True
 
     def first_report(self, rank: int) -> bool:
         """Whether this is the first report of `rank`'s replacement: its index is where the rank's reports go on."""

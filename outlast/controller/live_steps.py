@@ -14,6 +14,7 @@ import logging
 
 import msgspec
 
+
 from outlast.controller import spawns
 from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
@@ -50,29 +51,48 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     live = c.live
     if live is None or not isinstance(c.state, st.Running):
         return False
-    if decide_on_failure(record, c.book.failures_this_launch(Budget.WORKER),
-                         c.plan.max_failures).action is not FailureDecision.RESTART:
-        return False  # the restart's verdict gives up, and says why
+    hang = live.hung.pop(rank, None)
+    if hang is not None:  # the controller killed it: its death is the hang
+        record = msgspec.structs.replace(record, kind=FailureKind.HANG, message=hang)
+    node, where = a.placement[rank], ""
+    lost = record.kind is FailureKind.NODE_LOST or node not in c.nodes.heard
+    if not (lost and live.losing(node)) and decide_on_failure(
+            record, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures).action is not FailureDecision.RESTART:
+        return False  # the restart's verdict gives up, and says why (a node's loss is judged at its first rank)
     _publish_planned(c, a, live)  # a planned generation goes first: the next one is built on it
+    if lost:
+        # Where placement would put it, beside the ranks that live (the lost node takes no work). The node's other
+        # ranks die with it, each told in turn: room is found for all of them at the first, or the node's loss
+        # falls back to one restart at once (not after some of them were replaced, and charged, already).
+        living = {r: n for r, n in a.placement.items() if r == rank or r not in a.exited}
+        doomed = sorted(r for r, n in living.items() if n == node)
+        moved = where_to([v for v in c.nodes.views(c.run_id, c.now) if v.node_id != node], living, doomed,
+                         c.plan.per_worker, c.plan.strategy)
+        if isinstance(moved, NoCapacity):
+            return _fall_back(c, a, live, rank, record, f"rank(s) {doomed} of lost node {node} have no room on "
+                                                        f"another node: {moved.reason}")
+        if not live.holders_besides(doomed):
+            return _fall_back(c, a, live, rank, record, f"node {node} is lost with rank(s) {doomed}, and no rank "
+                                                        "that holds the state is left")
+        node, where = moved[rank], f"; forked on node {moved[rank]}"
     finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and e.exit_code == 0 and e.error is None))
-    decision = live.on_death(rank, record.describe(), record.time, node_lost=record.kind is FailureKind.NODE_LOST,
-                             finished=finished)
+    decision = live.on_death(rank, record.describe(), record.time, finished=finished,
+                             lost_node=a.placement[rank] if lost else None)
     if isinstance(decision, FallBack):
-        c.live = None
-        c.book.note_live_recovery(LiveRecoveryRecord(
-            attempt=a.number, ranks=[rank], cause=record.describe(), path="restart", time=record.time,
-            generation=live.membership.generation, reason=decision.reason))
-        log.warning("attempt %d: %s; live recovery falls back to a restart: %s", a.number, record.describe(),
-                    decision.reason)
-        return False
-    c.book.charge_live_failure(record)
+        return _fall_back(c, a, live, rank, record, decision.reason)
+    if decision.charged:
+        c.book.charge_live_failure(record)
     a.exited.pop(rank, None)
     a.pids.pop(rank, None)
+    a.placement[rank] = node
+    if c.nodes.link(node, c.now):
+        c.out.append(ToNode(node, heartbeat(c)))  # the agent knows the run before its worker
     env = {**a.env, INCARNATION_VAR: str(decision.incarnation)}
-    c.out.append(replacement(c, a, rank, env))
+    c.out.append(replacement(c, a, rank, env))  # on a.placement[rank]: the node found above when its own is lost
     c.out.append(PublishMembership(a.number, decision.membership.to_json()))
-    log.warning("attempt %d: %s; the other ranks go on: %s (failure %d of max_failures=%d)", a.number,
-                record.describe(), decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)
+    log.warning("attempt %d: %s; the other ranks go on: %s%s (failure %d of max_failures=%d)", a.number,
+                record.describe(), decision.reason, where, c.book.failures_this_launch(Budget.WORKER),
+                c.plan.max_failures)
     return True
 
 
@@ -82,6 +102,28 @@ def replacement(c: CoreState, a: AttemptState, rank: int, env: dict[str, str]) -
     joined."""
     fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
     return dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None))
+
+
+def _fall_back(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: FailureRecord, reason: str) -> bool:
+    c.live = None
+    c.book.note_live_recovery(LiveRecoveryRecord(
+        attempt=a.number, ranks=[rank], cause=record.describe(), path="restart", time=record.time,
+        generation=live.membership.generation, reason=reason))
+    log.warning("attempt %d: %s; live recovery falls back to a restart: %s", a.number, record.describe(), reason)
+    return False
+
+
+def on_hang(c: CoreState, a: AttemptState, rank: int, summary: str) -> bool:
+    """The hang watch blames `rank`: True when it is killed (outlast started it) and its death is answered as any
+    other's; its peers' collective fails as its sockets close. False: the hung attempt restarts as usual."""
+    live = c.live
+    if live is None or not isinstance(c.state, st.Running) or rank not in a.placement or rank in a.exited \
+            or not live.on_hang(rank, summary):
+        return False
+    c.out.append(ToNode(a.placement[rank], m.KillRanks(run_id=c.run_id, attempt=a.number, ranks=[rank],
+                                                       reason=f"rank {rank} hung; live recovery replaces it")))
+    log.error("attempt %d: %s; rank %d is killed and replaced while the others go on", a.number, summary, rank)
+    return True
 
 
 def on_joined(c: CoreState, event: LiveJoined) -> None:

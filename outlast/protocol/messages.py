@@ -159,6 +159,16 @@ class StopWorkers(Msg, frozen=True):
     grace_s: float
 
 
+class KillRanks(Msg, frozen=True):
+    """SIGKILL these ranks of an attempt now, leaving its other ranks running (live recovery: a hung rank, whose
+    peers wait in a collective with it, is killed and replaced; a SIGSTOPped process dies of SIGKILL alone)."""
+
+    run_id: str
+    attempt: int
+    ranks: list[int]
+    reason: str
+
+
 class RunHeartbeat(Msg, frozen=True):
     run_id: str
     timeout_s: float  # the agent kills the run's workers when no heartbeat came for this long
@@ -837,7 +847,7 @@ TierRequest = Union[TierHold, TierPull, TierUpload, TierOffer, TierChunk, TierOf
 TierReply = Union[TierStored, TierHoldings, TierOffer, TierChunk, TierAck]
 
 
-AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,
+AgentRequest = Union[Ping, SpawnWorkers, StopWorkers, KillRanks, RunHeartbeat, EndRun, StatusRequest, Shutdown, SpawnTask,
                      DrainNode, RegisterNode, NodeHeartbeat, ListNodes, ReadOutput]
 AgentEvent = Union[Pong, WorkerStarted, WorkerExited, StatusReply, ShutdownAck, TaskExited, NodeDraining, DrainAck,
                    SpawnRefused, DrainRefused, NodeList, WorkerOutput, OutputLines]

@@ -205,10 +205,14 @@ class LiveWatch:
         self.verdicts: dict[tuple[int, int, int], dict[str, bool]] = {}  # (attempt, generation, step) -> member's
         self.top: dict[int, int] = {}  # attempt -> the highest step any rank applied
         self.replacements = 0
+        self.together = 0  # ranks lost with another of their node: the node's loss is one failure
         self.seen_records = 0
 
     def violation(self, text: str) -> None:
         self.sim.observer.violation(text)
+
+    def node_lost(self, ranks: int) -> None:
+        self.together += max(0, ranks - 1)
 
     def started(self, side: LiveSide) -> None:
         self.replacements += side.incarnation > 0
@@ -261,11 +265,12 @@ class LiveWatch:
         self.seen_records = len(records)
 
     def at_end(self, book) -> None:
-        """Every death live recovery answered (a replacement forked for it) is charged to max_failures, and a
-        recovery lost at most the step in flight."""
+        """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
+        of one lost node together as one), and a recovery lost at most the step in flight."""
         charged = book.state.failure_counts.get("worker", 0)
-        if charged < self.replacements:
-            self.violation(f"{self.replacements} ranks replaced, but only {charged} failures charged to max_failures")
+        if charged < self.replacements - self.together:
+            self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
+                           f"their node), but only {charged} failures charged to max_failures")
         for rec in book.state.live_recoveries:
             if rec.path == "live" and (rec.steps_lost or 0) > 1:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "

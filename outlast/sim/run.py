@@ -205,6 +205,7 @@ class Sim:
             node = self.nodes[f.target % len(self.nodes)]
             if node.alive:  # with workers, or placed on before the head declares it dead
                 self.observer.harm += 1
+                self.live_watch.node_lost(sum(w.alive for w in node.workers.values()))
             node.die()
         elif f.kind in ("drain", "drain_empty"):
             candidates = [n for n in live_nodes if not n.workers] if f.kind == "drain_empty" else live_nodes

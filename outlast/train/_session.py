@@ -107,6 +107,7 @@ class WorkerSession:
                write: Callable[[Path], None] | None = None) -> None:
         """`write(dir)`: a staged save; the files are written into a directory of outlast's,
         off the training thread, then uploaded (ASYNC)."""
+        fault_point("report.begin")
         if checkpoint is None and write is None:
             self._report(metrics)
             return

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import time
 
 from outlast import train
+from outlast.train import Checkpoint
 
 
 def _log(config: dict, **fields) -> None:
@@ -28,7 +30,11 @@ def live_loop(config: dict) -> None:
     still sending then. `config["notice"]`: ask get_preemption_info() at each step, and log the first notice.
     `config["until_generation"]`: train past `steps` until the live group reached that generation, and
     `config["after"]` steps in it (every rank, a new member too, sees it reached at the same step), so that a planned
-    change made while the run trains always happens in it."""
+    change made while the run trains always happens in it. `config["faults"]`: [[rank, step, point], ...]: that
+    rank's first process of the first attempt SIGKILLs itself at the named fault point of that step ("forward":
+    before it; "stop": it SIGSTOPs itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a
+    checkpoint with each committed step, uploaded in report(), which returns once the checkpoint is committed
+    (every rank's report of it counted)."""
     import torch
 
     from outlast import faults
@@ -49,7 +55,15 @@ def live_loop(config: dict) -> None:
     told = False
     until = config.get("until_generation", 0)
     reached = step if live.generation >= until else None
+    faults_at = {(k[0], k[1]): k[2] for k in config.get("faults") or []}
     while step < config["steps"] or reached is None or step < reached + config.get("after", 0):
+        if first and (rank, step) in faults_at:
+            point = faults_at.pop((rank, step))
+            if point in ("forward", "stop"):
+                os.kill(os.getpid(), signal.SIGKILL if point == "forward" else signal.SIGSTOP)
+            else:
+                os.environ["OUTLAST_FAULT_POINTS"] = f"{point}=kill"
+                faults.reset()
         if config.get("notice") and not told and (info := train.get_preemption_info()) is not None:
             told = True
             _log(config, event="notice", step=step, ranks=info.preempted_ranks, node_ids=info.preempted_node_ids)
@@ -68,7 +82,12 @@ def live_loop(config: dict) -> None:
             reached = step
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
         if config.get("report") and step == was + 1:
-            train.report({"step": was})
+            if config.get("checkpoint") and rank == 0:
+                with tempfile.TemporaryDirectory() as d:
+                    torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                    train.report({"step": was}, checkpoint=Checkpoint.from_directory(d))
+            else:
+                train.report({"step": was})
     live.close()
     _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
          world=train.get_context().get_world_size())

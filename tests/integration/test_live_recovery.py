@@ -10,6 +10,7 @@ nothing failed, and the history records the recovery, charged to max_failures.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,20 +18,22 @@ import pytest
 from outlast.train import FailureConfig, RunConfig, ScalingConfig
 from tests.integration.jobs import read_events
 from tests.integration.live_jobs import live_loop
+from tests.integration.procs import wait_until
 
 STEPS = 10
 
 
 def _train(storage_path: str, tmp_path: Path, name: str, workers: int, kill: list[list], max_failures: int = 3,
-           **config):
+           strategy: str = "PACK", hang_timeout_s: float | None = None, **config):
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / f"{name}.jsonl"
     result = TorchTrainer(
         live_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill, "report": True, **config},
-        scaling_config=ScalingConfig(num_workers=workers),
+        scaling_config=ScalingConfig(num_workers=workers, placement_strategy=strategy),
         run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=max_failures, live_recovery=True)),
+                             failure_config=FailureConfig(max_failures=max_failures, live_recovery=True,
+                                                          hang_timeout_s=hang_timeout_s)),
     ).fit()
     state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
     assert result.last_metrics == {"step": STEPS - 1}  # every rank reported each committed step, a replacement too
@@ -140,3 +143,91 @@ def test_replacements_that_keep_dying_while_they_take_the_state_fall_back_to_a_r
     assert "3 more ranks died while rank(s) [1] took the state (more than 2)" in recoveries[0]["reason"]
     assert len(state["attempts"]) == 2 and state["status"] == "finished"
     assert state["failure_counts"] == {"worker": 4}  # three charged to the recovery, and the restart's
+
+
+def _one_recovery_kept_the_others(events: list[dict], state: dict, workers: int, victims: list[int]) -> dict:
+    """The survivors kept their pids, the run ended in its first attempt, and one recovery replaced `victims`."""
+    starts = [e for e in events if e["event"] == "start"]
+    assert sorted(e["rank"] for e in starts if e["incarnation"] == 1) == sorted(victims)
+    for rank in set(range(workers)) - set(victims):
+        assert len({e["pid"] for e in events if e["rank"] == rank}) == 1
+    assert {e["attempt"] for e in events} == {1}
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": len(victims)}
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and sorted(recovery["ranks"]) == sorted(victims)
+    assert recovery["steps_lost"] in (0, 1)
+    return recovery
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("victims", [[1, 2], [0, 2]], ids=["ranks-1-2", "ranks-0-2"])
+def test_two_of_three_ranks_killed_at_once_are_replaced_in_one_recovery_from_the_one_left(
+        storage_path, tmp_path, victims, clean):
+    events, state = _train(storage_path, tmp_path, "two", 3, [[v, 4, "kill"] for v in victims])
+    recovery = _one_recovery_kept_the_others(events, state, 3, victims)
+    assert "SIGKILL" in recovery["cause"]
+    assert _final(events) == clean[3]
+
+
+PHASES = {  # the fault point a rank dies at in each phase of a step ("forward": the loop kills itself)
+    "forward": "forward", "allreduce": "live.allreduce", "vote": "live.vote", "optimizer": "live.optimizer_step",
+    "report": "report.begin", "upload": "upload.mid",
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("rank,phase", [(r, p) for p in PHASES for r in (0, 1) if not (p == "upload" and r == 1)],
+                         ids=lambda v: str(v))
+def test_a_rank_killed_in_each_phase_of_a_step_costs_at_most_that_step(storage_path, tmp_path, rank, phase, clean,
+                                                                        caplog):
+    # Rank 0 reports a checkpoint with every step, uploaded before its report() returns, and report() then waits
+    # for the checkpoint's commit: a rank lost after a step's commit and before its report of it is counted by
+    # the controller, or rank 0 would wait for that report forever. Rank 1 uploads nothing ("upload" is rank 0's).
+    events, state = _train(storage_path, tmp_path, f"{phase}{rank}", 2, [], faults=[[rank, 4, PHASES[phase]]],
+                           checkpoint=True)
+    recovery = _one_recovery_kept_the_others(events, state, 2, [rank])
+    assert "SIGKILL" in recovery["cause"]
+    assert _final(events) == clean[2]
+    assert "ignored a report" not in caplog.text
+    # Every step's report was counted on every rank: the checkpoints went on committing after the recovery.
+    steps = [c["metrics"]["step"] for c in state["checkpoints"]]
+    assert steps[-1] == STEPS - 1 and set(range(5, STEPS)) <= set(steps)
+
+
+@pytest.mark.torch
+def test_a_stopped_rank_is_found_by_the_hang_watch_killed_and_replaced_while_the_other_goes_on(
+        storage_path, tmp_path, clean):
+    # Rank 1 SIGSTOPs itself before step 4: rank 0 waits in the allreduce, its sockets open. The hang watch (5 s)
+    # asks both for their stacks; rank 1 sends none, is blamed, and is SIGKILLed by its agent, which breaks rank
+    # 0's allreduce at once.
+    events, state = _train(storage_path, tmp_path, "hang", 2, [], faults=[[1, 4, "stop"]], hang_timeout_s=5.0)
+    recovery = _one_recovery_kept_the_others(events, state, 2, [1])
+    assert "rank 1 hung" in recovery["cause"] and "made no progress" in recovery["cause"]
+    assert state["attempts"][0]["failures"][0]["kind"] == "Hang"
+    assert _final(events) == clean[2]
+
+
+@pytest.mark.torch
+def test_a_lost_node_s_rank_is_replaced_on_another_node_from_the_survivor(storage_path, tmp_path, clean,
+                                                                            monkeypatch):
+    from outlast.testing import LocalCluster
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "node.jsonl"
+    with LocalCluster(num_nodes=3, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def kill_rank_1s_node():
+            wait_until(lambda: events.exists() and any(e["event"] == "step" and e["step"] >= 3
+                                                       for e in read_events(events)), timeout_s=120, what="step 3")
+            [node] = {e["node"] for e in read_events(events) if e["rank"] == 1}
+            cluster.kill_node(node)
+        killer = threading.Thread(target=kill_rank_1s_node, daemon=True)
+        killer.start()
+        got, state = _train(storage_path, tmp_path, "node", 2, [], strategy="SPREAD", sleep=0.3)
+        killer.join()
+    recovery = _one_recovery_kept_the_others(got, state, 2, [1])
+    assert "lost" in recovery["cause"]
+    assert state["attempts"][0]["failures"][0]["kind"] == "NodeLost"
+    nodes = {(e["rank"], e["incarnation"]): e["node"] for e in got if e["event"] == "start"}
+    assert nodes[1, 1] != nodes[1, 0]  # the replacement went to a node with room: the spare, or rank 0's
+    assert _final(got) == clean[2]

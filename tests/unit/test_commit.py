@@ -305,3 +305,10 @@ def test_a_replaced_rank_that_held_a_shard_it_never_reported_leaves_that_checkpo
     t.on_report(0, 1, "c1", files("s0"), {})
     [done] = t.replaced(1)
     assert done.index == 1 and set(done.missing_shards) == {1}
+
+
+def test_a_rank_lost_while_uploading_leaves_its_checkpoint_missing_its_shard():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, "ckpt_0", [], {}, upload_pending=True)
+    t.on_report(1, 0, None, [], {})
+    assert [p.missing_shards for p in t.lose_uploads(0)] == [[0]]

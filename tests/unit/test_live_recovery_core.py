@@ -7,7 +7,8 @@ from outlast.controller.live import FallBack, LiveRun, Recovered, Replace
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.protocol.membership import Membership
-from tests.fakes.controller import finish_all, make, start
+from outlast.controller.core import ControllerCore
+from tests.fakes.controller import Harness, finish_all, make, make_plan, node, start
 
 
 def formed(world_size: int, **kw) -> LiveRun:
@@ -59,12 +60,23 @@ def test_replacements_that_keep_dying_in_their_transfer_fall_back_past_the_bound
     assert isinstance(d, FallBack) and "more than 2" in d.reason
 
 
-def test_a_lost_node_falls_back_until_a_replacement_can_go_elsewhere():
-    assert isinstance(formed(2).on_death(1, "node lost", wall=1.0, node_lost=True), FallBack)
+def test_two_ranks_lost_at_once_are_replaced_in_one_recovery_by_the_one_left():
+    live = formed(3)
+    assert isinstance(live.on_death(0, "rank 0 was killed", wall=1.0), Replace)
+    d = live.on_death(1, "rank 1 was killed", wall=1.01)
+    assert isinstance(d, Replace) and d.membership == Membership(2, ("r0i1", "r1i1", "r2i0"), (0, 1), 2)
+    assert live.on_joined(2, 1, wall=1.5) == Recovered(2, (0, 1), "rank 0 was killed", 1.0, 0.5, 1)
 
 
-def _live(max_failures: int):
-    h = make(max_failures=max_failures, live_recovery=True, live_store="controller:7")
+def test_a_hung_rank_is_killed_once_and_only_after_the_group_formed():
+    assert not LiveRun(2).on_hang(1, "rank 1 hung")
+    live = formed(2)
+    assert live.on_hang(1, "rank 1 hung") and not live.on_hang(1, "rank 1 hung again")
+    assert live.hung == {1: "rank 1 hung"}
+
+
+def _live(max_failures: int, **kw):
+    h = make(max_failures=max_failures, live_recovery=True, live_store="controller:7", **kw)
     placement = start(h)
     published = [e for e in h.effects if isinstance(e, g.PublishMembership)]
     assert [Membership.from_json(p.membership).generation for p in published] == [0]
@@ -133,3 +145,73 @@ def test_a_replacement_restores_no_checkpoint_it_takes_the_state_from_the_others
     h.agent(placement[1], killed(h, 1, placement[1]))
     [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
     assert spawn.msg.restore_checkpoint is None and [w.rank for w in spawn.msg.workers] == [1]
+
+
+def test_a_lost_node_s_rank_is_replaced_on_the_spare_node_while_the_other_goes_on():
+    h, placement = _live(max_failures=1)  # ranks on n1 and n2; n3 is spare
+    h.effects.clear()
+    h.step(g.AgentGone(placement[1], f"the agent of {placement[1]} died"), dt=1.0)
+    assert h.state is State.RUNNING and not [e for e in h.effects if isinstance(e, g.StopRun)]
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == "n3" and [w.rank for w in spawn.msg.workers] == [1]
+    assert any(isinstance(e, g.ToNode) and e.node_id == "n3" and isinstance(e.msg, m.RunHeartbeat)
+               for e in h.effects)  # the agent there knows the run before its worker
+    assert h.core.attempt.placement == {0: placement[0], 1: "n3"}
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r1i1"), (1,), 0)
+    assert h.core.book.state.attempts[-1].failures[0].kind == "NodeLost"
+
+
+def test_a_lost_node_with_no_room_elsewhere_falls_back_and_says_why():
+    h = make(max_failures=2, live_recovery=True, live_store="controller:7", nodes=("n1", "n2"))
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.AgentGone(placement[1], "gone"), dt=1.0)
+    assert h.state is State.RESTARTING
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "restart" and "have no room on another node" in record.reason
+
+
+def test_a_hang_kills_the_blamed_rank_and_its_death_is_replaced_with_the_hang_as_its_cause():
+    h, placement = _live(max_failures=1, hang_timeout_s=5.0)
+    h.effects.clear()
+    h.step(dt=6.0)  # no progress from anyone: the watch asks for stacks
+    h.worker(m.StackDump(attempt=1, rank=0, where="all_reduce", text="in allreduce"))
+    h.step(dt=11.0)  # rank 1 (stopped) never answers: it is blamed, and killed
+    [kill] = [e for e in h.effects if isinstance(e, g.ToNode) and isinstance(e.msg, m.KillRanks)]
+    assert kill.node_id == placement[1] and kill.msg.ranks == [1] and h.state is State.RUNNING
+    h.agent(placement[1], killed(h, 1, placement[1]))
+    assert h.state is State.RUNNING
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.node_id == placement[1]
+    failure = h.core.book.state.attempts[-1].failures[0]
+    assert failure.kind == "Hang" and "rank 1 hung" in failure.message
+    h.step(dt=1.0)
+    assert len([e for e in h.effects if isinstance(e, g.ToNode) and isinstance(e.msg, m.KillRanks)]) == 1
+
+
+def test_the_ranks_of_one_lost_node_are_one_death_and_one_failure():
+    live = formed(4)
+    first = live.on_death(0, "node n0 lost", wall=1.0, lost_node="n0")
+    second = live.on_death(1, "node n0 lost", wall=1.0, lost_node="n0")
+    assert isinstance(first, Replace) and first.charged and isinstance(second, Replace) and not second.charged
+    assert live.losing("n0") and not live.losing("n1")
+    assert live.recovery is not None and live.recovery.deaths == 0  # the bound on deaths in a transfer is untouched
+    third = live.on_death(2, "rank 2 was killed", wall=2.0)
+    assert isinstance(third, Replace) and third.charged and live.recovery.deaths == 1
+
+
+def test_a_lost_node_that_held_every_rank_with_the_state_falls_back_at_its_first_rank():
+    h = Harness(core=None)  # type: ignore[arg-type]
+    h.core = ControllerCore(make_plan(max_failures=3, live_recovery=True, live_store="controller:7", strategy="PACK"),
+                            "run1", "tcp://controller:1", wall=h.wall)
+    h.step(g.NodeTable([node("n1", cpus=2.0), node("n2", cpus=2.0)]))
+    h.step(g.Started())
+    placement = start(h)
+    assert placement[0] == placement[1]  # both ranks on one node, the other spare
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.AgentGone(placement[0], "gone"), dt=1.0)
+    assert h.state in (State.RESTARTING, State.PLACING)  # the attempt is over, and the next one placed
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "restart" and "no rank that holds the state is left" in record.reason
+    assert h.core.book.state.failure_counts == {"worker": 1}  # one node, one failure

@@ -205,3 +205,13 @@ def test_a_worker_that_sigkill_does_not_end_is_reported_by_pid_and_its_node_give
     effects = sup.on_reaped(reaped(101, sig=signal.SIGKILL, exit_code=None))
     assert sent(effects) == [] and any(isinstance(e, ReleaseLeaf) for e in effects)
     assert any(isinstance(e, Warn) and "died at last" in e.text for e in effects)
+
+
+def test_killed_ranks_get_sigkill_at_once_and_the_others_run_on():
+    sup = Supervisor("n1")
+    running(sup, [101, 102, 103])
+    effects = sup.kill_ranks("r1", 1, [1], "rank 1 hung")
+    assert kills(effects) == [(102, signal.SIGKILL)]
+    assert kills(sup.tick(4.0)) == []  # no grace runs out: the others are not stopped
+    sup.on_reaped(reaped(102, rank=1, exit_code=None, sig=signal.SIGKILL))
+    assert kills(sup.kill_ranks("r1", 1, [1], "again")) == []  # gone

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from outlast.faults import fault_point
 from outlast.protocol.membership import joined_key
 from outlast.train.live import rendezvous
 from outlast.train.live.commit_store import StepVotes
@@ -154,12 +155,14 @@ class LiveRank:
         (apply it), False when the step is thrown away (call `join`)."""
         assert self.group is not None and self.votes is not None, "join() first"
         self.begin(step)
+        fault_point("live.allreduce")  # the others are in the allreduce, waiting for this rank
         try:
             self.group.allreduce_sum(tensors)
             reduced = True
         except GroupBroken as e:
             self.last_break = str(e)
             reduced = False
+        fault_point("live.vote")  # reduced everywhere, and this rank's vote never comes
         verdict, _ = self.votes.vote(step, reduced)
         return self.settle(verdict)
 

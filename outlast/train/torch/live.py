@@ -31,6 +31,7 @@ import dataclasses
 import os
 from typing import Any
 
+from outlast.faults import fault_point
 from outlast.protocol.membership import member_name, store_prefix
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
@@ -96,6 +97,7 @@ class LiveTraining:
         flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
         committed = self.rank.reduce(step, [flat])
         if committed:
+            fault_point("live.optimizer_step")  # committed everywhere, not applied here
             flat /= self.rank.group.world_size if self.rank.group is not None else 1
             offset = 0
             for p in params:
