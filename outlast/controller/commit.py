@@ -98,9 +98,14 @@ class CommitTracker:
 
     def skip_to(self, rank: int, index: int) -> None:
         """Live recovery: `rank`'s replacement reports from `index` on, the count of the rank whose state it took.
-        Its predecessor may have died before reporting a step every rank committed; its reports between never come."""
-        if 0 <= rank < self.world_size and index > self.reports[rank]:
+        Its predecessor may have died before reporting a step every rank committed; its reports between never come.
+        The count of ranks at each number of reports moves with it: a checkpoint reported after the skip settles
+        once every rank is past it, as it would without the gap."""
+        if 0 <= rank < self.world_size and rank not in self.lost and index > self.reports[rank]:
+            self._made[self.reports[rank]] -= 1
+            self._made[index] = self._made.get(index, 0) + 1
             self.reports[rank] = index
+            self._advance_least()
 
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],

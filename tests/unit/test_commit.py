@@ -265,3 +265,25 @@ def test_a_rank_lost_before_its_report_is_placed_where_its_last_report_left_it()
     t.on_report(0, 1, "c", files("m"), {}, data_position="zero@1")
     [done] = t.lose_ranks({1}).settled
     assert done.data_positions == {0: "zero@1", 1: "one@0"}
+
+
+def test_a_checkpoint_after_a_replacements_skipped_report_settles_once_every_rank_made_it():
+    # Live recovery: rank 0 died after committing step 0 and before its report 0; its replacement reports
+    # from index 1, the count of the rank it took the state from.
+    t = CommitTracker(world_size=2)
+    assert t.on_report(1, 0, None, [], {}) == []
+    t.skip_to(0, 1)
+    assert t.on_report(0, 1, "c", files("model.pt"), {"step": 1}) == []
+    [done] = t.on_report(1, 1, None, [], {})
+    assert (done.index, done.files) == (1, {0: files("model.pt")})
+
+
+def test_skipping_to_a_count_a_rank_already_made_changes_nothing():
+    t = CommitTracker(world_size=2)
+    t.on_report(0, 0, None, [], {})
+    t.skip_to(0, 1)
+    t.skip_to(0, 0)
+    assert t.reports == [1, 0]
+    [done] = [*t.on_report(0, 1, "c", files("m"), {}), *t.on_report(1, 0, None, [], {}),
+              *t.on_report(1, 1, None, [], {})]
+    assert done.index == 1
