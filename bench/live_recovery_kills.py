@@ -18,6 +18,9 @@ fraction of that phase's usual length. The parts:
   and a run without failures; every rank's final weights against the run without failures, torch.equal.
   The efficiency runs' final weights are compared too.
 - cost: the step time with the mode on and off, nothing failing (bench/live_recovery_fit.py's measure).
+- nodes (alone, as root): `--nodes-kills` kills at 8 ranks, a CPU each, on 4 nodes of 2 CPUs in network
+  namespaces (tests/integration/netns.py, as bench/kill_nodes.py); the start events name each rank's
+  network namespace, so the result says how many the ranks ran in.
 The warm floor (bench/lib/warm_floor.py) before and after. Each run records the 1-minute load average: the
 machine has 2 cores, shared with other work. Ray Train 2.60 has no live mode; its restart figure is quoted
 from bench/results/core_kill.json, not run here.
@@ -49,7 +52,7 @@ def log(msg: str) -> None:
 
 
 def fit(tmp: str, name: str, *, live: bool, ranks: int, steps: int, kills: list[live_kills.Kill],
-        ckpt_every: int = 0, final: bool = False) -> dict:
+        ckpt_every: int = 0, final: bool = False, cpus_per_rank: float = 0) -> dict:
     """One Trainer.fit() of the loop; its events, its history and (with `final`) its ranks' final weights."""
     from outlast.train import FailureConfig, RunConfig, ScalingConfig
     from outlast.train.torch import TorchTrainer
@@ -64,7 +67,9 @@ def fit(tmp: str, name: str, *, live: bool, ranks: int, steps: int, kills: list[
         loop, train_loop_config={"events": events, "marks": marks, "steps": steps, "live": live,
                                  "pad_s": STEP_S * 0.75, "ckpt_every": ckpt_every, "final_dir": final_dir,
                                  "kills": live_kills.as_config(kills)},
-        scaling_config=ScalingConfig(num_workers=ranks),
+        # Without a request ranks are placed by count, all on the first node; a CPU each spreads them.
+        scaling_config=ScalingConfig(num_workers=ranks,
+                                     resources_per_worker={"CPU": cpus_per_rank} if cpus_per_rank else None),
         run_config=RunConfig(name=name, storage_path=os.path.join(tmp, "storage"),
                              failure_config=FailureConfig(max_failures=len(kills) + 2, live_recovery=live)),
     ).fit()
@@ -105,6 +110,7 @@ def phases_part(tmp: str, kills: int, seed: int) -> dict:
         per_kill = (live_kills.live_losses if live else live_kills.restart_losses)(got["events"])
         out[mode] = {**got["run"], "steps_lost": live_kills.counts([k["steps_lost"] for k in per_kill]),
                      "steps_lost_by_phase": live_kills.by_phase(per_kill),
+                     "steps_lost_by_planned_phase": live_kills.by_phase(per_kill, "phase"),
                      "steps_lost_summary": live_kills.summary([k["steps_lost"] for k in per_kill], 2),
                      "kill_to_training_s": live_kills.summary([k["kill_to_training_s"] for k in per_kill]),
                      "history": recoveries(got["history"]), "kills": per_kill}
@@ -184,7 +190,7 @@ def nodes_part(tmp: str, kills: int, ranks: int, seed: int) -> dict:
         os.environ.update(cluster.env)
         plan = live_kills.plan(kills, PHASE_EVERY, ranks, seed, phases=NO_CKPT_PHASES)
         got = fit(tmp, f"nodes-{ranks}", live=True, ranks=ranks, steps=(plan[-1].step if plan else 20) + PHASE_EVERY,
-                  kills=plan)
+                  kills=plan, cpus_per_rank=1)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -233,6 +239,8 @@ def main() -> int:
     unknown = set(parts) - {"phases", "efficiency", "identical", "cost", "nodes"}
     if unknown:
         p.error(f"unknown parts {sorted(unknown)}: choose among phases, efficiency, identical, cost, nodes")
+    if "nodes" in parts and len(parts) > 1:
+        p.error("run the part 'nodes' alone (--parts nodes): it needs root, and its fit() uses the cluster it starts")
     started, load_start = time.time(), [round(x, 2) for x in os.getloadavg()]
     doc: dict = {"benchmark": "live_recovery_kills", "date": stamp(), "cpus": os.cpu_count(), "seed": a.seed,
                  "step_s_target": STEP_S, "load_at_start": load_start}

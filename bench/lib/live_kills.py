@@ -128,11 +128,12 @@ def _to_training(events: list[dict], kill: dict, end: float, before: set[int], n
     return round(min(firsts) - kill["t"], 4) if firsts else None
 
 
-def by_phase(losses: list[dict]) -> dict[str, dict[str, int]]:
-    """The kills' steps lost counted per phase the kill landed in: {"allreduce": {"0": 3, "1": 30}, ...}."""
+def by_phase(losses: list[dict], key: str = "hit_phase") -> dict[str, dict[str, int]]:
+    """The kills' steps lost counted per phase the kill landed in (`key` "phase": the phase planned):
+    {"allreduce": {"0": 3, "1": 30}, ...}."""
     out: dict[str, dict[str, int]] = {}
     for k in losses:
-        cell = out.setdefault(k.get("hit_phase", k["phase"]), {})
+        cell = out.setdefault(k.get(key, k["phase"]), {})
         key = "unknown" if k["steps_lost"] is None else str(k["steps_lost"])
         cell[key] = cell.get(key, 0) + 1
     return {p: dict(sorted(c.items())) for p, c in sorted(out.items(), key=lambda pc: _phase_order(pc[0]))}
