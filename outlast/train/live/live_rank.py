@@ -89,9 +89,16 @@ class LiveRank:
     def join(self, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None]) -> int:
         """Into the next generation that names this member; a generation that breaks while it forms
         (another member lost) gives way to the one after it."""
+        formed_not: str | None = None
         while True:
-            membership = rendezvous.await_membership(self.store, self.member, self.ledger.generation, self.timeout_s,
-                                                      spare=not self.joins)
+            try:
+                membership = rendezvous.await_membership(self.store, self.member, self.ledger.generation,
+                                                          self.timeout_s, spare=not self.joins)
+            except TimeoutError as e:
+                if formed_not is None:
+                    raise
+                # Waiting after a group that failed to form: why it failed is the news.
+                raise TimeoutError(f"{e}; generation {self.ledger.generation} failed to form: {formed_not}") from e
             if self.group is not None:
                 self.group.close()
                 self.group = None
@@ -99,6 +106,7 @@ class LiveRank:
                 return self._form(membership, state_dict, load_state_dict)
             except GroupBroken as e:
                 self.broke(membership, str(e))
+                formed_not = self.last_break
 
     def _form(self, membership: Membership, state_dict: Callable[[], Any],
               load_state_dict: Callable[[Any], None]) -> int:
