@@ -22,7 +22,7 @@ from typing import Any
 
 from outlast.controller.attempt_verdict import AttemptFacts, FailAttempt, judge_attempt
 from outlast.controller.hangs import HangWatch
-from outlast.controller.live import LiveRun, Replace
+from outlast.controller.live import FallBack, LiveRun, Replace
 from outlast.controller.preemption import Preemption
 from outlast.controller.types import Timeouts
 from outlast.protocol import messages as m
@@ -269,8 +269,12 @@ class _Fleet:
             elif ev.effect is Effect.NODE_LOST:
                 self._lay_steps(a, ev.at_s)
                 end = ev.at_s + c.timeouts.node_lost_after_s
-                if a.live is not None and self._live(a, ev, rank, node_id, end) is not None:
-                    raise AssertionError("live recovery replaced a rank on a lost node")
+                # The node's ranks are replaced on a node with room: a spare free when the loss is seen.
+                room = bool(self.pool) and self.pool[0] <= end
+                if a.live is not None and self._live(a, ev, rank, node_id, end, room=room) is not None:
+                    self._lost_node(end)  # the lost node goes to repair, and the spare its ranks went to is taken
+                    heapq.heappop(self.pool)
+                    return a
             else:
                 self._lay_steps(a, ev.at_s)
                 end = ev.at_s
@@ -314,7 +318,8 @@ class _Fleet:
         self._lay_steps(a, deadline)
         return deadline, p, self._newest(deadline)
 
-    def _live(self, a: _Attempt, ev: Interruption, rank: int, node_id: str, at: float) -> Replace | None:
+    def _live(self, a: _Attempt, ev: Interruption, rank: int, node_id: str, at: float,
+              room: bool = True) -> Replace | None:
         """Ask the attempt's `LiveRun` about a death. Replaced: the survivors throw away the step in flight, the
         replacement takes the state, and the attempt goes on with its next step after `live_recover_s` (and the
         state's transfer); the death is charged to max_failures as the controller charges it. Otherwise None: a
@@ -326,7 +331,15 @@ class _Fleet:
         began = time.process_time()
         if ev.at_s >= a.first:
             a.live.on_joined(0, 0, WALL0 + a.first)  # the ranks formed their live group with their first step
-        d = a.live.on_death(rank, failure.describe(), WALL0 + ev.at_s, node_lost=ev.effect is Effect.NODE_LOST)
+        lost = ev.effect is Effect.NODE_LOST
+        d: Replace | FallBack
+        if lost and not room:
+            d = FallBack(f"rank(s) of lost node {node_id} have no room on another node: no spare is free")
+        else:  # a lost node's ranks die together: one recovery, one failure
+            for r in range(rank, rank + (c.ranks_per_node if lost else 1)):
+                d = a.live.on_death(r, failure.describe(), WALL0 + at, lost_node=node_id if lost else None)
+                if not isinstance(d, Replace):
+                    break
         self.decisions_s += time.process_time() - began
         if not isinstance(d, Replace):
             self.live["restart"] += 1
@@ -334,7 +347,7 @@ class _Fleet:
                 attempt=a.number, ranks=[rank], cause=failure.describe(), path="restart", time=WALL0 + ev.at_s,
                 reason=d.reason))
             return None
-        ready = ev.at_s + c.live_recover_s + c.checkpoint_gb_per_rank / c.network_gb_s
+        ready = at + c.live_recover_s + c.checkpoint_gb_per_rank / c.network_gb_s
         began = time.process_time()
         done = a.live.on_joined(d.membership.generation, 1 if a.reports else 0, WALL0 + ready)
         self.decisions_s += time.process_time() - began

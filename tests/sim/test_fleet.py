@@ -40,10 +40,11 @@ def test_every_variant_keeps_the_invariants_with_every_kind_of_interruption_stri
         assert v["held_s"] == pytest.approx(86_400, abs=1.0)
         live = v["live_recoveries"]
         if v["live_recovery"]:
-            # LiveRun answers every death: a rank's on its node (replaced, or before the live group formed a
-            # restart), a lost node's (a restart); a hang or a drain is no death.
+            # LiveRun answers every death: a rank's on its node, and a lost node's ranks, together, on a spare free
+            # when the loss is seen (replaced, or a restart: before the live group formed, no spare free); a hang
+            # or a drain is no death.
             assert live["live"] + live["restart"] == v["struck"]["rank_dies"] + v["struck"]["node_lost"]
-            assert 0 < live["live"] <= v["struck"]["rank_dies"] and live["restart"] >= v["struck"]["node_lost"]
+            assert 0 < live["live"] <= v["struck"]["rank_dies"] + v["struck"]["node_lost"]
             assert v["attempts"] == 1 + v["budgets"]["worker"] + v["budgets"]["preemption"] - live["live"] + v[
                 "resizes"]
         else:
@@ -99,11 +100,16 @@ def test_a_live_recovery_loses_at_most_the_step_in_flight_and_keeps_its_attempt(
     assert on.reports[1][-1].index + 1 >= (86_400 - config.startup_s - gap) // (config.step_s + 0.016) - 1
 
 
-def test_a_lost_node_falls_back_to_a_restart_with_live_recovery_on() -> None:
+def test_a_lost_nodes_ranks_go_on_live_on_a_free_spare_and_restart_when_none_is_free() -> None:
     events = [Interruption(3600.0, "faulty GPU", Effect.NODE_LOST, 3)]
     r = simulate(SMALL, Mechanisms(), events)
     [rec] = r.state.live_recoveries
-    assert rec.path == "restart" and "node is lost" in rec.reason and len(r.state.attempts) == 2
+    assert rec.path == "live" and len(r.state.attempts) == 1 and r.budgets == {"worker": 1}  # the node: one failure
+    assert rec.ranks == list(range(3 * SMALL.ranks_per_node, 4 * SMALL.ranks_per_node))
+    assert violations(r, 1.0) == []
+    r = simulate(SMALL, Mechanisms(spares=False), events)
+    [rec] = r.state.live_recoveries
+    assert rec.path == "restart" and "no room" in rec.reason and len(r.state.attempts) >= 2  # elastic: 3
     assert violations(r, 1.0) == []
 
 
