@@ -13,6 +13,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from outlast.protocol.membership import membership_key
+
 if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroupGloo, Store
@@ -30,10 +32,29 @@ class LiveGroup:
         self.world_size = world_size
 
     @classmethod
-    def form(cls, store: Store, generation: int, rank: int, world_size: int, timeout_s: float) -> LiveGroup:
-        """Blocks until every rank of the generation has connected (or raises GroupBroken at `timeout_s`)."""
+    def form(cls, store: Store, generation: int, rank: int, world_size: int, timeout_s: float,
+             poll_s: float = 0.005) -> LiveGroup:
+        """Blocks until every rank of the generation has connected (or raises GroupBroken at `timeout_s`).
+
+        Every member first says it is here, in the store, and waits for the others there, where it can see a
+        newer generation published meanwhile (a member died while this one formed: a replacement forked for two
+        deaths a few milliseconds apart, say). Only then is gloo's group made, whose rendezvous cannot be left
+        before its timeout: waiting in it for a dead member cost the whole `timeout_s` (60 s)."""
+        import time
+
         import torch.distributed as dist
 
+        store.set(f"live/g{generation}/here/{rank}", "1")
+        others = [f"live/g{generation}/here/{r}" for r in range(world_size)]
+        deadline = time.monotonic() + timeout_s
+        while not store.check(others):
+            if store.check([membership_key(generation + 1)]):
+                raise GroupBroken(f"generation {generation}: rank {rank} left it before it formed: generation "
+                                  f"{generation + 1} was published meanwhile")
+            if time.monotonic() > deadline:
+                raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: not every rank "
+                                  f"came within {timeout_s} s")
+            time.sleep(poll_s)
         try:
             pg = dist.ProcessGroupGloo(dist.PrefixStore(f"live/g{generation}/pg", store), rank, world_size,
                                        timedelta(seconds=timeout_s))
