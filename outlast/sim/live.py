@@ -121,7 +121,7 @@ class Group:
         if not self.formed and not self.broken:
             self._break(0.0)
 
-    def collective(self, w: "SimRank", name: str, value: int = 0) -> None:
+    def meet(self, w: "SimRank", name: str, value: int = 0) -> None:
         """`w` waits in collective `name`; resumed with the values of all (by rank), or BROKEN."""
         if self.broken:
             self.sim.world.after(0.0, w.resume, BROKEN)
@@ -292,7 +292,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         side.rank.begin(step)
         yield from _point(w, "before_allreduce")
         assert side.group is not None
-        side.group.collective(w, f"allreduce {step}")
+        side.group.meet(w, f"allreduce {step}")
         reduced = (yield "live", None) != BROKEN
         yield from _point(w, "after_allreduce")
         assert side.rank.votes is not None
@@ -350,7 +350,7 @@ def _join(w: "SimRank") -> Generator:
         side.rank_in = rank
         group = side.group = sim.live_group(w.attempt, membership)
         yield from _point(w, "forming")
-        group.collective(w, "form", side.rank.offered(membership))
+        group.meet(w, "form", side.rank.offered(membership))
         gathered = yield "live", None
         if gathered == BROKEN:
             side.rank.broke(membership, "the group broke while it formed")
