@@ -125,7 +125,7 @@ class LiveRun:
             return FallBack(f"rank {rank} died after rank(s) {sorted(finished)} finished their loop: no group is left "
                             "for a replacement to join")
         r = self.recovery
-        same_loss = r is not None and lost_node is not None and lost_node in r.nodes_lost
+        same_loss = lost_node is not None and self.losing(lost_node)
         if r is None:
             r = self.recovery = Recovery(since=wall, cause=cause)
         elif not same_loss:
@@ -134,7 +134,7 @@ class LiveRun:
                 return FallBack(f"{r.deaths} more ranks died while rank(s) {r.ranks} took the state "
                                 f"(more than {self.max_transfer_deaths})")
         unsent = self.unsent | {rank}
-        kept = [k for k in range(self.membership.world_size) if k not in unsent]
+        kept = self.holders_besides([rank])
         if not kept:
             return FallBack(f"rank {rank} died and no rank that holds the state is left "
                             f"(generation {self.membership.generation} had ranks "
