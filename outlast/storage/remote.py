@@ -89,9 +89,9 @@ class RemoteStorage:
                 except Exception as e:  # botocore and aiohttp raise their own types
                     # The upload has failed: the files not begun yet are not begun (each would try, and retry,
                     # against the same store), and those on their way are waited for below.
-                    for job in jobs:
-                        job[2].cancel()
-                        job[3].cancel()
+                    for _, _, other_put, other_digest in jobs:
+                        other_put.cancel()
+                        other_digest.cancel()
                     raise StorageError(f"could not upload {src} to {self.uri(f'{dest}/{rel}')}: {e}") from e
                 entries.append(FileEntry(path=rel, size=size, xxh3_128=hexdigest))
                 fault_point("upload.mid")  # other files may still be on their way: a crash mid-upload
