@@ -1,8 +1,9 @@
-"""The framework trainers' shared shape, and the pure parts of the LightGBM integration."""
+"""The framework trainers' shared shape, the pure parts of the LightGBM integration, and the Transformers callback."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -103,3 +104,25 @@ def test_arrow_backed_columns_become_types_lightgbm_takes_and_others_stay():
     assert {c: str(t) for c, t in out.dtypes.items()} == {
         "i": "Int32", "u": "UInt8", "f": "Float64", "b": "boolean", "s": "string[pyarrow]", "n": "int64"}
     assert out["i"].tolist() == [1, 2]
+
+
+def test_the_transformers_callback_reports_the_checkpoint_of_its_own_step_not_a_newer_one_left_behind(
+        tmp_path, monkeypatch):
+    # A driver killed after the Trainer saved step 16 and relaunched from step 8's commit saves step 12 next:
+    # checkpoint-16 of the killed run is still in output_dir, and is not what step 12 reports.
+    pytest.importorskip("transformers")
+    from outlast import train
+    from outlast.train.huggingface.transformers import RayTrainReportCallback
+
+    for step in (8, 12, 16):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "step").write_text(str(step))
+    reported = []
+
+    def report(metrics, checkpoint=None):
+        with checkpoint.as_directory() as d:
+            reported.append((metrics, (Path(d) / "checkpoint" / "step").read_text()))
+    monkeypatch.setattr(train, "report", report)
+    state = SimpleNamespace(global_step=12, log_history=[{"loss": 1.0}, {"loss": 0.5, "step": 12}])
+    RayTrainReportCallback().on_save(SimpleNamespace(output_dir=str(tmp_path)), state, None)
+    assert reported == [({"loss": 0.5, "step": 12}, "12")]

@@ -1,7 +1,7 @@
 """`outlast.train.huggingface.transformers`: a `transformers.Trainer` inside a `TorchTrainer`.
 
 The same names as `ray.train.huggingface.transformers` and the same behaviour:
-`RayTrainReportCallback.on_save` copies the newest checkpoint of `args.output_dir` into
+`RayTrainReportCallback.on_save` copies the checkpoint just saved in `args.output_dir` into
 `checkpoint/` of a new directory and reports it with every metric of `state.log_history`;
 `prepare_trainer` lets the trainer take a `get_dataset_shard(...).iter_torch_batches(...)`
 (already batched) as its train or eval dataset.
@@ -23,10 +23,12 @@ from typing import Any
 try:
     import transformers.trainer
     from transformers.trainer_callback import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as e:
     raise ModuleNotFoundError(f"outlast.train.huggingface.transformers needs transformers: pip install "
                               f"transformers ({e})") from None
 
+import torch.distributed
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from outlast import train
@@ -36,21 +38,34 @@ __all__ = ["PreemptionCheckpointCallback", "RayTrainReportCallback", "prepare_tr
 
 
 class RayTrainReportCallback(TrainerCallback):
-    """After each save: the newest checkpoint under `checkpoint/`, with the metrics logged so far."""
+    """After each save: the checkpoint just saved, under `checkpoint/`, with the metrics logged so far."""
 
     CHECKPOINT_NAME = "checkpoint"
 
     def on_save(self, args, state, control, **kwargs):
+        # The Trainer returns from its save on each rank without waiting for the others, and rank 0 writes
+        # the shared files (the model, trainer_state.json) last: a rank that copied at once would copy them
+        # half-written, or see a temporary file vanish mid-copy. Every rank saves on the same step.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
         with TemporaryDirectory() as tmpdir:
             metrics: dict[str, Any] = {}
             for log in state.log_history:
                 metrics.update(log)
-            source = transformers.trainer.get_last_checkpoint(args.output_dir)
+            source = _saved_now(args.output_dir, state.global_step)
             checkpoint = None
             if source is not None:
                 shutil.copytree(source, Path(tmpdir, self.CHECKPOINT_NAME))
                 checkpoint = Checkpoint.from_directory(tmpdir)
             train.report(metrics=metrics, checkpoint=checkpoint)
+
+
+def _saved_now(output_dir: str, step: int) -> str | None:
+    """The folder the Trainer saved this step's checkpoint in. Not merely the newest of `output_dir`: a run
+    resumed from an earlier step finds there the newer folders its killed predecessor saved and never
+    reported, and would report one of those under this step's metrics."""
+    folder = Path(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+    return str(folder) if folder.is_dir() else transformers.trainer.get_last_checkpoint(output_dir)
 
 
 class PreemptionCheckpointCallback(TrainerCallback):
