@@ -93,8 +93,14 @@ def test_both_endpoints_count_a_run_that_trains_fails_and_restores(cluster, tmp_
         try:
             wait_until(lambda: any(e["event"] == "step" and e["step"] >= 4 and e["attempt"] == 1
                                    for e in read_events(events)), 120, "attempt 1 at step 4")
-            # attempt 1 cannot fail before `go` exists: what is read here is a run that has not failed
-            mid_run["driver"] = scrape(DriverMetrics.serving())
+            # attempt 1 cannot fail before `go` exists: what is read here is a run that has not failed. The
+            # driver splits the goodput again only once ten times the split's own cost has passed
+            # (controller/metrics.py), so a scrape just after a report may show the split of the report before:
+            # the one kept is the first that counts a productive step.
+            def productive() -> bool:
+                mid_run["driver"] = scrape(DriverMetrics.serving())
+                return value(mid_run["driver"], "outlast_run_goodput_seconds", part="productive", run="scraped") > 0
+            wait_until(productive, 60, "a scrape whose goodput counts a productive step")
             # the nodes read their workloads once a second: wait for a reading with both ranks in it
             wait_until(lambda: sum(value(scrape(url), "outlast_node_workers", kind="worker") for url in nodes) == 2,
                        60, "both ranks' workers counted by their nodes")
