@@ -1,12 +1,12 @@
 """The chaos harness (`bench/chaos.py`) in CI, and the bugs it found, each guarded on its own.
 
-The CI run injects 20 faults, every kind at least twice (node lost, short and long partitions, a
-drain with a deadline, the S3 server killed and started again, storage slowed past the driver
-timeout, the driver killed with an asynchronous upload in flight, a rank that starts a daemon of
-its own), on nodes with resource isolation on. It takes about 3 minutes on two quiet cores (each
-fault that ends an attempt costs a restart) and more under load, so `scripts/test` runs it in the
-session of the pure tests, which ends first. The 100-fault runs are benchmarks
-(`bench/results/chaos-100-seed*.json`, docs/chaos.md).
+The CI run injects one fault of every kind (node lost, short and long partitions, a drain with a
+deadline, the S3 server killed and started again, storage slowed past the driver timeout, the
+driver killed with an asynchronous upload in flight, a rank that starts a daemon of its own), on
+nodes with resource isolation on. Each fault that ends an attempt costs a restart, so it takes
+minutes under load, and `scripts/test` runs it in the session of the pure tests, which ends first.
+Many faults of each kind in one run are the benchmarks' (`bench/results/chaos-100-seed*.json`,
+docs/chaos.md): the mix of kinds the CI run draws is the same, only shorter.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ COUNTS = ("failures_charged_to_their_budget", "history_accounts_for_each_fault")
 @pytest.mark.xfail(raises=AttemptsShiftedByLoad, strict=False,
                    reason="on a loaded 2-core machine a short partition can outlast the node timeout "
                           "(seen at load averages of 11-15); every other promise is asserted strictly")
-def test_twenty_faults_of_every_kind_on_a_cluster_and_nothing_lost(tmp_path):
+def test_a_fault_of_every_kind_on_a_cluster_and_nothing_lost(tmp_path):
     from bench.chaos import run
-    from bench.lib.chaos_plan import Timeouts
+    from bench.lib.chaos_plan import KINDS, Timeouts
 
     # A node timeout of 3 s: a short partition is 0.1-0.25 of it, and on two cores shared with the rest of
     # the suite a 2 s timeout leaves little room for a heartbeat delayed by the load.
-    result = run(seed=7, n=20, workdir=tmp_path, timeouts=Timeouts(node_s=3.0))
+    result = run(seed=7, n=len(KINDS), workdir=tmp_path, timeouts=Timeouts(node_s=3.0))
     print(json.dumps({k: result[k] for k in ("mix", "clean_s", "chaos_s", "attempts", "failure_counts",
                                              "promises", "load_1m")}))
-    assert len(result["mix"]) == 8 and min(result["mix"].values()) >= 2
+    assert result["mix"] == dict.fromkeys(KINDS, 1), result["mix"]
     assert result["isolation"] == "on", result["isolation"]  # else the cgroup promise would hold trivially
     broken = {k: v for k, v in result["promises"].items() if v is not None}
     why = json.dumps(broken, indent=1) + "\n" + json.dumps(result["history"], indent=1)

@@ -121,22 +121,22 @@ def test_memory_tier_schedules_hold_every_invariant_and_reach_the_interesting_st
     assert totals["copies_corrupted"] > 50 and totals["holders_lost"] > 30
 
 
-# Minutes of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s.
+# A minute of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s under load.
 @pytest.mark.timeout(1200)
-def test_five_thousand_schedules_hold_every_invariant_and_reach_the_interesting_states():
+def test_two_thousand_schedules_hold_every_invariant_and_reach_the_interesting_states():
     # A longer sweep is `python -m outlast.sim --seeds N --jobs 2` (about 100 schedules a second a core).
-    summary = run_many(0, 5_000, jobs=2)
-    assert summary["schedules"] == 5_000
+    summary = run_many(0, 2_000, jobs=2)
+    assert summary["schedules"] == 2_000
     assert summary["violations"] == 0, summary
     totals = summary["totals"]
-    assert totals["preempted_attempts"] > 500  # drains that reached a run
-    assert totals["ranks_told"] > 500  # ranks that saw a notice
-    assert totals["driver_launches"] > 5_250  # relaunched drivers
-    assert summary["outcomes"].get("finished", 0) > 4_000
+    assert totals["preempted_attempts"] > 200  # drains that reached a run
+    assert totals["ranks_told"] > 200  # ranks that saw a notice
+    assert totals["driver_launches"] > 2_100  # relaunched drivers
+    assert summary["outcomes"].get("finished", 0) > 1_600
     # outlast's own processes die too: fork servers, embedded agents (a new node), persistent agents (restarted)
-    assert totals["fork_server_deaths"] > 500
-    assert totals["agent_deaths"] > 250
-    assert totals["agent_restarts"] > 500
+    assert totals["fork_server_deaths"] > 200
+    assert totals["agent_deaths"] > 100
+    assert totals["agent_restarts"] > 200
 
 
 def test_a_seed_replays_to_the_same_trace():
