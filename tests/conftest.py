@@ -17,6 +17,30 @@ def _isolated_outlast_home(tmp_path_factory, monkeypatch):
     yield home
 
 
+STANDBY_VARS = ("OUTLAST_FORK_SERVER_STANDBY", "OUTLAST_AGENT_STANDBY")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_standbys():
+    """Nodes the tests start keep no standby fork server and drivers no standby agent, unless a test asks
+    (`standbys`). A standby imports what its server imports (torch, for a TorchTrainer's node: 5 s of CPU),
+    once per node, and most tests start a node of their own for a run of seconds that no standby ever
+    serves: with them, fork servers were the suite's largest use of its two cores. Session-wide, so that
+    module-scoped fixtures' runs keep none either; test_standbys.py and test_fork_server_end.py test them."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in STANDBY_VARS:
+            mp.setenv(name, "0")
+        yield
+
+
+@pytest.fixture
+def standbys(monkeypatch):
+    """A standby fork server beside every node's server, and a standby agent beside a driver's node: as
+    outside the tests."""
+    for name in STANDBY_VARS:
+        monkeypatch.setenv(name, "1")
+
+
 @pytest.fixture
 def storage_path(tmp_path):
     path = tmp_path / "storage"

@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from outlast.testing import LocalCluster
 from tests.integration.jobs import read_events
 from tests.integration.procs import alive, wait_until
+
+pytestmark = pytest.mark.usefixtures("standbys")  # what these tests are about
 
 DRIVER = """
 import sys

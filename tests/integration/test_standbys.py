@@ -18,6 +18,8 @@ from tests.integration.procs import alive, live_descendants_running, wait_until
 from tests.integration.standby_jobs import kill_once_loop, spare_loop, traced
 from tests.integration.jobs import read_events
 
+pytestmark = pytest.mark.usefixtures("standbys")  # what these tests are about
+
 
 def _status(cluster: LocalCluster) -> m.StatusReply:
     reply = cluster._request(cluster.head_address, m.StatusRequest())
