@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from outlast.client.preload import TORCH_MODULES
 from outlast.storage import open_storage
 from outlast.storage.run_store import RunStore
 from outlast.testing import LocalCluster
@@ -27,10 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def cluster(monkeypatch, tmp_path):
+def cluster(monkeypatch, tmp_path, request):
+    """Two nodes; a test marked `preload(*modules)` has their fork servers import those modules once, so that
+    its workers fork warm instead of each importing torch and its framework again (seconds of CPU apiece)."""
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     monkeypatch.setenv("OUTLAST_CAPACITY_TIMEOUT_S", "5")
-    with LocalCluster(num_nodes=2, node_timeout_s=2, workdir=tmp_path / "cl") as c:
+    marker = request.node.get_closest_marker("preload")
+    with LocalCluster(num_nodes=2, node_timeout_s=2, workdir=tmp_path / "cl",
+                      preload=list(marker.args) if marker else None) as c:
         yield c
 
 
@@ -97,6 +102,7 @@ def _lightning_fit(storage_path, events, **extra):
 
 
 @pytest.mark.torch
+@pytest.mark.preload(*TORCH_MODULES, "lightning.pytorch")
 def test_a_lightning_run_resumes_from_its_epoch_checkpoint_after_a_rank_is_killed(cluster, storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
     # 64 rows, batch 4, two ranks: 8 steps an epoch; rank 1 dies in the second epoch.
@@ -108,6 +114,7 @@ def test_a_lightning_run_resumes_from_its_epoch_checkpoint_after_a_rank_is_kille
 
 
 @pytest.mark.torch
+@pytest.mark.preload(*TORCH_MODULES, "lightning.pytorch")
 def test_a_drained_lightning_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
     drainer = _drain_at(cluster, events, 3)
@@ -126,6 +133,7 @@ def _transformers_fit(storage_path, events, tmp_path, **extra):
 
 
 @pytest.mark.torch
+@pytest.mark.preload(*TORCH_MODULES, "transformers")
 def test_a_transformers_run_resumes_from_its_last_save_after_a_rank_is_killed(cluster, storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
     # 64 rows, batch 4 per device, two ranks: 8 steps an epoch, 16 in all; saved every 4 steps.
@@ -136,6 +144,7 @@ def test_a_transformers_run_resumes_from_its_last_save_after_a_rank_is_killed(cl
 
 
 @pytest.mark.torch
+@pytest.mark.preload(*TORCH_MODULES, "transformers")
 def test_a_drained_transformers_run_moves_with_its_just_in_time_checkpoint(cluster, storage_path, tmp_path):
     events = tmp_path / "events.jsonl"
     drainer = _drain_at(cluster, events, 2)
