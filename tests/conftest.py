@@ -17,7 +17,11 @@ def _isolated_outlast_home(tmp_path_factory, monkeypatch):
     yield home
 
 
-STANDBY_VARS = ("OUTLAST_FORK_SERVER_STANDBY", "OUTLAST_AGENT_STANDBY")
+def _standby_vars() -> tuple[str, str]:
+    from outlast.agent import forkserver
+    from outlast.client import embedded
+
+    return forkserver.STANDBY_VAR, embedded.STANDBY_VAR
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,7 +32,7 @@ def _no_standbys():
     serves: with them, fork servers were the suite's largest use of its two cores. Session-wide, so that
     module-scoped fixtures' runs keep none either; test_standbys.py and test_fork_server_end.py test them."""
     with pytest.MonkeyPatch.context() as mp:
-        for name in STANDBY_VARS:
+        for name in _standby_vars():
             mp.setenv(name, "0")
         yield
 
@@ -37,7 +41,7 @@ def _no_standbys():
 def standbys(monkeypatch):
     """A standby fork server beside every node's server, and a standby agent beside a driver's node: as
     outside the tests."""
-    for name in STANDBY_VARS:
+    for name in _standby_vars():
         monkeypatch.setenv(name, "1")
 
 
