@@ -169,8 +169,8 @@ def efficiency(clean_wall_s: float, killed_wall_s: float) -> float:
 
 
 def efficiency_bound(every: int, steps_lost: float) -> float:
-    """The most a run can reach with a kill every `every` applied steps when each kill throws away
-    `steps_lost` steps and recovers in no time: every / (every + steps_lost)."""
+    """The most a run can reach with a kill every `every` applied steps when each kill costs `steps_lost`
+    steps' time and recovers in no time: every / (every + steps_lost)."""
     return round(every / (every + steps_lost), 4)
 
 

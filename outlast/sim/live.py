@@ -10,9 +10,9 @@ step count: the steps applied, in order. The faults kill a rank when it next rea
 (`POINTS`), so every point is reached on purpose.
 
 `LiveWatch` checks, on every schedule: no step applied by some ranks and thrown away by others; no committed step
-lost (a recovery loses at most the step in flight); the survivors of a generation holding the same weights; a
-fallback that says no rank holds the state only when none lives; every death live recovery answered charged to
-max_failures.
+lost, and no step's work lost by a live recovery (the survivors keep the step in flight and reduce it again); the
+survivors of a generation holding the same weights; a fallback that says no rank holds the state only when none
+lives; every death live recovery answered charged to max_failures.
 """
 
 from __future__ import annotations
@@ -266,29 +266,31 @@ class LiveWatch:
 
     def at_end(self, book) -> None:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
-        of one lost node together as one), and a recovery lost at most the step in flight."""
+        of one lost node together as one), and a live recovery lost no step (the survivors keep the one in flight)."""
         charged = book.state.failure_counts.get("worker", 0)
         if charged < self.replacements - self.together:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
                            f"their node), but only {charged} failures charged to max_failures")
         for rec in book.state.live_recoveries:
-            if rec.path == "live" and (rec.steps_lost or 0) > 1:
+            if rec.path == "live" and rec.steps_lost:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
                                "steps")
 
 
 def loop(w: "SimRank", first_step: int) -> Generator:
-    """The rank's loop with `outlast.train.torch.LiveTraining`: join, then each step reduced, voted on, and applied
-    or thrown away (then join again)."""
+    """The rank's loop with `outlast.train.torch.LiveTraining`: join, then each step reduced, voted on, and applied;
+    a step that broke is kept and reduced again once the rank joined the next generation."""
     sim, side, steps = w.sim, w.live, w.loop.steps
     assert side is not None
     side.weights = first_step  # what it restored: steps 0..first_step-1 applied (none, from the start)
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
     step = yield from _join(w)
+    kept = False  # this rank holds the gradients of `step` from before it broke: no forward and backward again
     while step < steps:
-        yield from _point(w, "forward")
-        yield "sleep", w.loop.step_s * sim.world.rng.uniform(0.9, 1.1)
+        if not kept:
+            yield from _point(w, "forward")
+            yield "sleep", w.loop.step_s * sim.world.rng.uniform(0.9, 1.1)
         side.rank.begin(step)
         yield from _point(w, "before_allreduce")
         assert side.group is not None
@@ -306,8 +308,14 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             sim.world.note(f"rank {w.rank} ({side.rank.member}) step {step}: {verdict.value}")
         sim.live_watch.verdict(w, step, committed)
         if not committed:
-            step = yield from _join(w)
+            side.rank.keep_in_flight()
+            resumed = yield from _join(w)
+            if resumed != step:
+                sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} kept the gradients "
+                                       f"of step {step}, but its generation went on at step {resumed}")
+            step, kept = resumed, True
             continue
+        kept = False
         side.weights += 1  # optimizer.step()
         yield from _point(w, "committed")
         if (step + 1) % w.loop.report_every == 0:
@@ -381,7 +389,8 @@ def _join(w: "SimRank") -> Generator:
             side.rank.broke(membership, "the source was lost during the transfer")
             continue
         side.weights, reports = received
-        w.core.reports = reports  # LiveTraining.load_state_dict: continue_reports        sim.live_watch.received(w, membership, committed)
+        w.core.reports = reports  # LiveTraining.load_state_dict: continue_reports
+        sim.live_watch.received(w, membership, committed)
         return side.rank.entered(membership, rank, committed, 0, 0.0)
 
 

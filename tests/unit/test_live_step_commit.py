@@ -113,3 +113,30 @@ def test_a_split_vote_is_the_same_vote_the_one_that_waits_gives():
     # A newer generation published while a vote is open throws the step away; the first verdict written stands.
     store.set("live/membership/1", Membership(1, ("w0.1", "w1.0"), (0,), 1).to_json())
     assert first.cast(1, reduced=True)[0] is StepVerdict.ABORT and second.cast(1, reduced=True)[0] is StepVerdict.ABORT
+
+
+def test_a_step_that_broke_and_was_kept_is_announced_as_no_step_lost_and_one_thrown_away_as_one():
+    import json
+
+    from outlast.protocol.membership import joined_key
+    from outlast.sim.live import MemStore
+    from outlast.train.live.live_rank import LiveRank
+
+    def after_a_broken_step(keep: bool) -> int:
+        store = MemStore()
+        rank = LiveRank(store, "r0i0")
+        first = first_membership(["r0i0", "r1i0"])
+        rank.entered(first, 0, agreed_step({0: -1, 1: -1}, ()), 0, 0.0)
+        rank.begin(0)
+        assert rank.settle(StepVerdict.ABORT) is False
+        if keep:
+            rank.keep_in_flight()
+        second = replace_members(first, {"r1i0": "r1i1"})
+        assert rank.announce(second, 0)
+        return json.loads(store.get(joined_key(second.generation)))["steps_lost"]
+
+    assert after_a_broken_step(keep=True) == 0
+    assert after_a_broken_step(keep=False) == 1
+    rank = LiveRank(MemStore(), "r0i0")
+    with pytest.raises(RuntimeError, match="no step broken"):
+        rank.keep_in_flight()

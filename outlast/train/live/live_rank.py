@@ -5,15 +5,15 @@
     step = live.join(state_dict, load_state_dict)
     while step < steps:
         grads = ...                             # forward and backward
-        if live.reduce(step, grads):            # summed over the ranks, and the step committed
-            optimizer.step(); step += 1
-        else:                                   # a rank died: the step is thrown away everywhere
-            optimizer.zero_grad()
-            step = live.join(state_dict, load_state_dict)
+        while not live.reduce(step, copy_of(grads)):  # summed over the ranks, and the step committed
+            live.keep_in_flight()               # a rank died: no rank applies the step; this one keeps its
+            live.join(state_dict, load_state_dict)  # gradients and reduces them again with the replacement
+        optimizer.step(); step += 1
 
 `join` waits for the next generation the controller publishes, forms its group, checks that every
 survivor holds the same committed step, and sends that state to the ranks that joined (or, on a
-joiner, receives it). It returns the step to run next.
+joiner, receives it). It returns the step to run next: on a survivor, the step that broke; on a replacement, the same step, whose
+forward and backward it then runs on its own batch.
 
 A planned generation (a drained rank's replacement, ranks added) breaks nothing: the step in flight
 is committed with the verdict REGROUP, and `regroup_due` tells the loop to `join` before its next
@@ -67,7 +67,7 @@ class LiveRank:
         self.votes: StepVotes | None = None
         self.last_break: str | None = None
         self.joins: list[Joined] = []
-        self.thrown = 0  # steps thrown away since the last join: what a recovery cost
+        self.thrown = 0  # steps whose work this rank threw away since the last join: what a recovery cost
         self.regroup_due = False  # the last step was committed as REGROUP: join before the next reduction
 
     @property
@@ -160,7 +160,7 @@ class LiveRank:
 
     def reduce(self, step: int, tensors: list[torch.Tensor]) -> bool:
         """Sum `tensors` over the ranks in place, then vote: True when every rank reduced step `step`
-        (apply it), False when the step is thrown away (call `join`)."""
+        (apply it), False when it broke: no rank applies it (keep its gradients, `keep_in_flight`, and `join`)."""
         assert self.group is not None and self.votes is not None, "join() first"
         self.begin(step)
         fault_point("live.allreduce")  # the others are in the allreduce, waiting for this rank
@@ -183,6 +183,13 @@ class LiveRank:
         self.thrown += verdict is StepVerdict.ABORT
         self.regroup_due = verdict is StepVerdict.REGROUP
         return verdict.applied
+
+    def keep_in_flight(self) -> None:
+        """After a step broke (`reduce` returned False): the loop keeps the step's gradients, computed on the state
+        every survivor holds, to reduce them again in the next generation. The step broke, but no work is lost."""
+        if not self.thrown:
+            raise RuntimeError("keep_in_flight() with no step broken since the last join")
+        self.thrown -= 1
 
     def close(self) -> None:
         if self.group is not None:

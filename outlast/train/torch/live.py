@@ -7,12 +7,14 @@
         loss_of(batch_for(step)).backward()
         step = live.step(step)       # the gradients averaged over the ranks, then optimizer.step()
 
-`step` returns the step to run next: `step + 1` once every rank reduced this one, or `step` itself when a rank
-died during it. Then the step was thrown away on every rank, the ranks that live formed a new group with the
-replacement the controller forked, and the replacement received the model's, the optimizer's and `state`'s
-state dicts (and the torch RNG) from one of them. The loop's data must follow the step (a batch drawn from
-the step number and the rank), so that a step run again reads what it read the first time
-(`prepare_data_loader` does not follow the step yet, and refuses this mode). `report()` after each committed
+`step` returns the step to run next, `step + 1`, once every rank reduced this one. When a rank died during it,
+no rank applies it: the ranks that live keep their gradients of the step, form a new group with the replacement
+the controller forked, and send it the model's, the optimizer's and `state`'s state dicts (and the torch RNG)
+from one of them; the replacement starts at that step (`start()` returns it), runs its forward and backward, and
+every rank reduces the step again. So a death costs the survivors no step, only the wait for the replacement.
+The loop's data must follow the step (a batch drawn from the step number and the rank), so that the replacement
+reads the batch its rank would have read (`prepare_data_loader` does not follow the step yet, and refuses this
+mode). `report()` after each committed
 step goes on as usual: the replacement's reports continue from the count of the rank it took the state from.
 
 A planned change of the group (a drained node's rank moved to another node, ranks added to an elastic run) throws
@@ -84,8 +86,8 @@ class LiveTraining:
         return self._join()
 
     def step(self, step: int) -> int:
-        """After backward(): average the gradients over the ranks and apply the optimizer's step, or, when a rank
-        died meanwhile, throw the step away and join the next group. Returns the step to run next."""
+        """After backward(): average the gradients over the ranks and apply the optimizer's step. When a rank died
+        meanwhile, join the next group first and reduce this step's gradients again in it. Returns `step + 1`."""
         import torch
 
         if self.rank.regroup_due:
@@ -94,21 +96,30 @@ class LiveTraining:
                 self.rank.close()
                 raise SystemExit(0)  # moved: its replacement holds this rank from here
         params = [p for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
-        committed = self.rank.reduce(step, [flat])
-        if committed:
-            fault_point("live.optimizer_step")  # committed everywhere, not applied here
-            flat /= self.rank.group.world_size if self.rank.group is not None else 1
-            offset = 0
-            for p in params:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                offset += n
-            self.optimizer.step()
+        while True:
+            # One flat copy: the group reduces it in one order, the same in every generation, and the gradients
+            # themselves stay as backward() left them until the step is committed.
+            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
+            if self.rank.reduce(step, [flat]):
+                break
+            # A rank died during this step. This rank's gradients were computed on the state every survivor still
+            # holds, so it keeps them: once the group formed again, the replacement (which takes that state and
+            # runs this step's forward and backward on its own batch) and the survivors reduce this step again.
+            self.rank.keep_in_flight()
+            resumed = self._join()
+            if resumed != step:
+                raise RuntimeError(f"after step {step} broke, the survivors agreed to go on at step {resumed}: a "
+                                   "survivor's committed step moved, so its gradients cannot be reduced again")
+        fault_point("live.optimizer_step")  # committed everywhere, not applied here
+        flat /= self.rank.group.world_size if self.rank.group is not None else 1
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+        self.optimizer.step()
         self.optimizer.zero_grad()
-        if committed:
-            return step + 1
-        return self._join()
+        return step + 1
 
     def _join(self) -> int:
         step = self.rank.join(self.state_dict, self.load_state_dict)
