@@ -1,7 +1,7 @@
 """Live recovery under Trainer.fit(): steps lost per kill by phase, training efficiency, bit-identical weights.
 
     .venv/bin/python -m bench.live_recovery_kills [--kills 200] [--efficiency-steps 1000]
-        [--identical-kills 100] [--parts phases,efficiency,identical,cost] [--out FILE]
+        [--identical-kills 100] [--step-s 0.02] [--parts phases,efficiency,identical,cost] [--out FILE]
     .venv/bin/python -m bench.live_recovery_kills --quick   # 24 kills, 200 steps, 12 kills: about 3 min
 
 CPU ranks on the node fit() starts, a small MLP, ~20 ms steps (bench/lib/live_kill_loop.py). Each kill is a
@@ -12,8 +12,8 @@ fraction of that phase's usual length. The parts:
   the steps lost per kill by the phase it landed in, from the survivors' own counts and from the run's
   history (`live_recoveries`). Then the same kills with live recovery off: the whole group restarts from
   the newest checkpoint, and the steps lost are those trained again.
-- efficiency: `--efficiency-steps` steps at 2 ranks without a failure, then with a kill every 5 and every 2
-  steps: the useful steps over wall time, against the run without failures.
+- efficiency: `--efficiency-steps` steps of `--step-s` at 2 ranks without a failure, then with a kill every 5
+  and every 2 steps: the useful steps over wall time, against the run without failures.
 - identical: at 2 and at 3 ranks, `--identical-kills` kills (one every 5 steps, rank 0 among the victims)
   and a run without failures; every rank's final weights against the run without failures, torch.equal.
   The efficiency runs' final weights are compared too.
@@ -52,7 +52,7 @@ def log(msg: str) -> None:
 
 
 def fit(tmp: str, name: str, *, live: bool, ranks: int, steps: int, kills: list[live_kills.Kill],
-        ckpt_every: int = 0, final: bool = False, cpus_per_rank: float = 0) -> dict:
+        ckpt_every: int = 0, final: bool = False, cpus_per_rank: float = 0, step_s: float = STEP_S) -> dict:
     """One Trainer.fit() of the loop; its events, its history and (with `final`) its ranks' final weights."""
     from outlast.train import FailureConfig, RunConfig, ScalingConfig
     from outlast.train.torch import TorchTrainer
@@ -65,7 +65,7 @@ def fit(tmp: str, name: str, *, live: bool, ranks: int, steps: int, kills: list[
     load, started = round(os.getloadavg()[0], 2), time.time()
     result = TorchTrainer(
         loop, train_loop_config={"events": events, "marks": marks, "steps": steps, "live": live,
-                                 "pad_s": STEP_S * 0.75, "ckpt_every": ckpt_every, "final_dir": final_dir,
+                                 "pad_s": step_s * 0.75, "ckpt_every": ckpt_every, "final_dir": final_dir,
                                  "kills": live_kills.as_config(kills)},
         # Without a request ranks are placed by count, all on the first node; a CPU each spreads them.
         scaling_config=ScalingConfig(num_workers=ranks,
@@ -136,12 +136,12 @@ def weights_equal(clean_dir: str, killed_dir: str, ranks: int) -> dict:
     return {"ranks": out, "all_equal": all(v is True for v in out.values())}
 
 
-def efficiency_part(tmp: str, steps: int, seed: int) -> dict:
-    clean = fit(tmp, "eff-clean", live=True, ranks=2, steps=steps, kills=[], final=True)
-    out = {"steps": steps, "clean": clean["run"]}
+def efficiency_part(tmp: str, steps: int, seed: int, step_s: float) -> dict:
+    clean = fit(tmp, "eff-clean", live=True, ranks=2, steps=steps, kills=[], final=True, step_s=step_s)
+    out = {"steps": steps, "step_s_target": step_s, "clean": clean["run"]}
     for every in (5, 2):
         n = max(0, (steps - 20) // every - 1)
-        got = fit(tmp, f"eff-every{every}", live=True, ranks=2, steps=steps, final=True,
+        got = fit(tmp, f"eff-every{every}", live=True, ranks=2, steps=steps, final=True, step_s=step_s,
                   kills=live_kills.plan(n, every, 2, seed + every, phases=NO_CKPT_PHASES))
         per_kill = live_kills.live_losses(got["events"])
         cw, kw = clean["run"]["training"]["wall_s"], got["run"]["training"]["wall_s"]
@@ -225,6 +225,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=200)
     p.add_argument("--efficiency-steps", type=int, default=1000)
+    p.add_argument("--step-s", type=float, default=STEP_S, help="the efficiency part's step time (most of it a sleep)")
     p.add_argument("--identical-kills", type=int, default=100)
     p.add_argument("--quiet-steps", type=int, default=300)
     p.add_argument("--nodes-kills", type=int, default=10, help="kills at 8 ranks on 4 nodes (the part 'nodes')")
@@ -251,7 +252,7 @@ def main() -> int:
         if "phases" in parts:
             doc["phases"] = phases_part(tmp, a.kills, a.seed)
         if "efficiency" in parts:
-            doc["efficiency"] = efficiency_part(tmp, a.efficiency_steps, a.seed)
+            doc["efficiency"] = efficiency_part(tmp, a.efficiency_steps, a.seed, a.step_s)
         if "identical" in parts:
             doc["identical"] = identical_part(tmp, a.identical_kills, a.seed)
         if "nodes" in parts:

@@ -320,9 +320,9 @@ class _Fleet:
 
     def _live(self, a: _Attempt, ev: Interruption, rank: int, node_id: str, at: float,
               room: bool = True) -> Replace | None:
-        """Ask the attempt's `LiveRun` about a death. Replaced: the survivors throw away the step in flight, the
-        replacement takes the state, and the attempt goes on with its next step after `live_recover_s` (and the
-        state's transfer); the death is charged to max_failures as the controller charges it. Otherwise None: a
+        """Ask the attempt's `LiveRun` about a death. Replaced: the replacement takes the state, and the step in
+        flight is run again from `live_recover_s` (and the state's transfer) on: the survivors keep their part of
+        it, but wait the step's time for the replacement's; the death is charged to max_failures as the controller charges it. Otherwise None: a
         restart, as without live recovery."""
         assert a.live is not None
         c = self.c
@@ -349,7 +349,7 @@ class _Fleet:
             return None
         ready = at + c.live_recover_s + c.checkpoint_gb_per_rank / c.network_gb_s
         began = time.process_time()
-        done = a.live.on_joined(d.membership.generation, 1 if a.reports else 0, WALL0 + ready)
+        done = a.live.on_joined(d.membership.generation, 0, WALL0 + ready)  # the survivors kept the step
         self.decisions_s += time.process_time() - began
         assert done is not None
         a.record.failures.append(failure)

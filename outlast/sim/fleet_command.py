@@ -23,7 +23,7 @@ FLEET_VERSION = 1
 VARIANTS = [Mechanisms(), *(Mechanisms(**{f.name: False}) for f in fields(Mechanisms)),
             Mechanisms(**{f.name: False for f in fields(Mechanisms)})]
 LIVE_RECOVERY = ("a rank's death asks the attempt's controller.live.LiveRun: replaced, the attempt goes on after "
-                 "live_recover_s and loses the step in flight; a lost node falls back to a restart; a hang or a drain "
+                 "live_recover_s and the step in flight's time (the replacement's part of it); a lost node falls back to a restart; a hang or a drain "
                  "is no death and restarts as before")
 PARAMS = {"step_s": "step-s", "checkpoint_gb_per_rank": "checkpoint-gb", "storage_gb_s": "storage-gb-s",
           "network_gb_s": "network-gb-s", "host_copy_gb_s": "host-copy-gb-s",

@@ -82,18 +82,18 @@ def test_the_llama3_mix_at_its_own_size_is_the_papers_counts() -> None:
     assert len(events) == 466 and all(0 <= e.at_s < 54 * 86_400 and 0 <= e.node < 2048 for e in events)
 
 
-def test_a_live_recovery_loses_at_most_the_step_in_flight_and_keeps_its_attempt() -> None:
+def test_a_live_recovery_costs_the_step_in_flights_time_and_keeps_its_attempt() -> None:
     config = replace(SMALL, live_recover_s=40.0)
     events = [Interruption(3600.0, "software bug", Effect.RANK_DIES, 3)]
     on, off = simulate(config, Mechanisms(), events), simulate(config, Mechanisms(live_recovery=False), events)
     assert violations(on, 1.0) == [] and violations(off, 1.0) == []
     assert len(on.state.attempts) == 1 and len(off.state.attempts) == 2
     [rec] = on.state.live_recoveries
-    assert rec.path == "live" and rec.ranks == [24] and rec.steps_lost == 1 and rec.generation == 1
+    assert rec.path == "live" and rec.ranks == [24] and rec.steps_lost == 0 and rec.generation == 1
     assert rec.seconds == pytest.approx(40.0 + config.checkpoint_gb_per_rank / config.network_gb_s)
     assert on.budgets == off.budgets == {"worker": 1}
-    # The recovery (the step in flight and the replacement's 40 s) is held as a live recovery, nothing else: the
-    # run is behind a run that never failed by at most that and one step.
+    # The recovery (the step in flight, kept but waiting for the replacement's part, and the replacement's 40 s) is
+    # held as a live recovery, nothing else: the run is behind a run that never failed by at most that and one step.
     gap = on.goodput.live_recoveries_s
     assert on.goodput.restarts_s == 0 and off.goodput.live_recoveries_s == 0
     assert 40.0 < gap < 40.0 + 2 * config.step_s and gap < off.goodput.restarts_s
