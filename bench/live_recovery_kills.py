@@ -20,7 +20,8 @@ fraction of that phase's usual length. The parts:
 - cost: the step time with the mode on and off, nothing failing (bench/live_recovery_fit.py's measure).
 - nodes (alone, as root): `--nodes-kills` kills at 8 ranks, a CPU each, on 4 nodes of 2 CPUs in network
   namespaces (tests/integration/netns.py, as bench/kill_nodes.py); the start events name each rank's
-  network namespace, so the result says how many the ranks ran in.
+  network namespace, so the result says how many the ranks ran in. `--out` writes the whole document: the part
+  carries its date, warm floor and ratios, to be copied into a file of the other parts.
 The warm floor (bench/lib/warm_floor.py) before and after. Each run records the 1-minute load average: the
 machine has 2 cores, shared with other work. Ray Train 2.60 has no live mode; its restart figure is quoted
 from bench/results/core_kill.json, not run here.
@@ -221,6 +222,15 @@ def ray_restart() -> dict:
             "load1": core["figures"]["kill.cluster.load1"]["ray"]}
 
 
+def nodes_ratios(doc: dict, floor: float | None) -> dict | None:
+    got = doc["nodes"]["kill_to_training_s"]
+    if not got or not floor:
+        return None
+    return {"kill_to_training_to_warm_floor": round(got["median"] / floor, 2),
+            "ray_restart_to_kill_to_training": round(doc["ray_2_60"]["ray_kill_to_training_s"]["median"]
+                                                     / got["median"], 1)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=200)
@@ -271,6 +281,10 @@ def main() -> int:
         doc["ratios"]["ray_restart_to_live_kill_to_training"] = round(
             doc["ray_2_60"]["ray_kill_to_training_s"]["median"] / ph["live"]["kill_to_training_s"]["median"], 1) \
             if ph["live"]["kill_to_training_s"] else None
+    if "nodes" in parts:
+        # The part runs alone and is merged into a file of the other parts by hand: it carries its own date, floor
+        # and ratios.
+        doc["nodes"].update(date=doc["date"], warm_floor_median_s=floor, ratios=nodes_ratios(doc, floor))
     doc["wall_s"] = round(time.time() - started, 1)
     doc["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
     doc["note"] = ("steps_lost: live, the steps a surviving process threw away after the kill (its 'thrown' "

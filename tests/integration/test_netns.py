@@ -8,6 +8,8 @@ its agent and workers running but unreachable, as a machine whose network failed
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -200,3 +202,60 @@ def test_a_node_cut_off_for_less_than_the_node_timeout_keeps_its_ranks_and_the_a
     assert {e["attempt"] for e in read_events(events)} == {1}, "the short cut ended the attempt"
     state = json.loads((Path(storage_path) / "short-cut" / "run_state.json").read_text())
     assert len(state["attempts"]) == 1 and not state["attempts"][0]["failures"], state["attempts"]
+
+
+@pytest.mark.torch
+def test_live_groups_form_across_namespace_nodes_and_a_killed_rank_is_replaced_while_the_others_go_on(
+        cluster, storage_path, tmp_path):
+    # Each node has its own network, and its hostname resolves to 127.0.0.1 there: a live group's ranks must
+    # advertise their node's address on the bridge, or the ranks on other nodes cannot connect to them.
+    from outlast.procutil import pid_alive
+    from outlast.train import FailureConfig, RunConfig, ScalingConfig
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.live_jobs import live_loop
+
+    events = tmp_path / "events.jsonl"
+    steps, workers = 30, 3
+    killed: dict = {}
+
+    def kill_a_member_s_rank() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            evs = read_events(events) if events.exists() else []
+            placed = {e["rank"]: (e["node"], e["pid"]) for e in evs if e["event"] == "start"}
+            if len(placed) == workers and any(e["event"] == "step" and e["step"] >= 3 for e in evs):
+                rank = max(r for r, (node, _) in placed.items() if node != "head")
+                killed.update(rank=rank, node=placed[rank][0], pid=placed[rank][1])
+                os.kill(killed["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_a_member_s_rank, daemon=True)
+    killer.start()
+    result = TorchTrainer(
+        live_loop, train_loop_config={"events": str(events), "steps": steps, "report": True, "sleep": 0.05},
+        scaling_config=ScalingConfig(num_workers=workers, placement_strategy="SPREAD"),
+        run_config=RunConfig(name="live-netns", storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=1, live_recovery=True)),
+    ).fit()
+    killer.join(timeout=30)
+    evs = read_events(events)
+    starts = [e for e in evs if e["event"] == "start"]
+    first = {e["rank"]: e for e in starts if e["incarnation"] == 0}
+    assert len({e["node"] for e in first.values()} - {"head"}) >= 2, f"fewer than 2 member nodes held a rank: {first}"
+    assert killed, f"no rank on a member node reached step 3: {starts}"
+    assert result.error is None and result.last_metrics == {"step": steps - 1}
+    assert not pid_alive(killed["pid"])
+    # The others never stopped: each logged from its first pid only, up to its end, in the first attempt.
+    for rank in set(range(workers)) - {killed["rank"]}:
+        mine = [e for e in evs if e["rank"] == rank]
+        assert {e["pid"] for e in mine} == {first[rank]["pid"]} and mine[-1]["event"] == "end", mine[-1]
+    assert [e["rank"] for e in starts if e["incarnation"] == 1] == [killed["rank"]]
+    assert {e["attempt"] for e in evs} == {1}
+    ends = [e["exact"] for e in evs if e["event"] == "end"]
+    assert len(ends) == workers and all(w == ends[0] for w in ends)
+    state = json.loads((Path(storage_path) / "live-netns" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["ranks"] == [killed["rank"]], recovery
+    assert "SIGKILL" in recovery["cause"]

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from outlast.protocol.membership import membership_key
+from outlast.train.gloo_bind import device_toward, store_host
 
 if TYPE_CHECKING:
     import torch
@@ -55,9 +56,17 @@ class LiveGroup:
                 raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: not every rank "
                                   f"came within {timeout_s} s")
             time.sleep(poll_s)
+        prefixed, timeout = dist.PrefixStore(f"live/g{generation}/pg", store), timedelta(seconds=timeout_s)
+        # Each rank advertises the address it reaches the store by, which every other rank reaches too: gloo's own
+        # choice, the hostname's address, is often 127.0.x.1 and out of reach of ranks on other nodes.
+        device = device_toward(store_host(store))
         try:
-            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"live/g{generation}/pg", store), rank, world_size,
-                                       timedelta(seconds=timeout_s))
+            if device is None:
+                pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            else:
+                options = dist.ProcessGroupGloo._Options()
+                options._devices, options._timeout = [device], timeout
+                pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         except RuntimeError as e:
             raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: {e}") from e
         return cls(pg, generation, rank, world_size)

@@ -11,6 +11,7 @@ from outlast.errors import RendezvousError, WorkerSetupError
 from outlast.faults import fault_point
 from outlast.train.backend import Backend
 from outlast.train.context import TrainContext
+from outlast.train.gloo_bind import IFNAME_VAR, interface_toward
 
 
 @dataclass
@@ -52,10 +53,10 @@ class TorchBackend(Backend):
             # replacement joins; a default group would have to be formed again by every rank at each death.
             return
         timeout = timedelta(seconds=self.config.timeout_s)
-        # gloo otherwise binds to what the hostname resolves to, often 127.0.x.1, which ranks on
-        # other nodes cannot reach: bind to the interface this node reaches rank 0's node through.
-        if "GLOO_SOCKET_IFNAME" not in os.environ and (iface := interface_toward(os.environ.get("MASTER_ADDR"))):
-            os.environ["GLOO_SOCKET_IFNAME"] = iface
+        # Bind to the interface this node reaches rank 0's node through (outlast/train/gloo_bind.py): the default
+        # group's gloo takes it only by name, from the environment.
+        if IFNAME_VAR not in os.environ and (iface := interface_toward(os.environ.get("MASTER_ADDR"))):
+            os.environ[IFNAME_VAR] = iface
         try:
             fault_point(f"rendezvous.rank{context.world_rank}")
             self._meet(backend, context, timeout)
@@ -102,22 +103,3 @@ class TorchBackend(Backend):
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def interface_toward(addr: str | None) -> str | None:
-    """The name of the network interface this host sends to `addr` from, or None if unknown."""
-    import socket
-
-    import psutil
-
-    if not addr:
-        return None
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((addr, 9))  # a UDP connect sends nothing: it only picks the route
-            local = s.getsockname()[0]
-    except OSError:
-        return None
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
-            return name
-    return None
