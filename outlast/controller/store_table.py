@@ -22,19 +22,23 @@ log = logging.getLogger("outlast.controller")
 
 
 class StoreTable:
-    def __init__(self, config: EtcdConfig, key: ClusterKey) -> None:
-        store = EtcdStore(config, namespace_of(key.public), sealer=Sealer(key.secret))  # checks every record
-        self.session = StoreSession(store, lambda _view: store.probe(), interval_s=min(1.0, config.lease_ttl_s / 3))
-        self.session.start()
+    def __init__(self, session: StoreSession) -> None:
+        """Over a session not yet started (a test's, over a fake store, times its answers); `connect` makes one."""
+        self.session = session.start()
         self._seen: tuple[int, bool] | None = None
         self._told: dict[str, m.NodeDraining] = {}
         self._wanted = False
 
     @classmethod
+    def connect(cls, config: EtcdConfig, key: ClusterKey) -> "StoreTable":
+        store = EtcdStore(config, namespace_of(key.public), sealer=Sealer(key.secret))  # checks every record
+        return cls(StoreSession(store, lambda _view: store.probe(), interval_s=min(1.0, config.lease_ttl_s / 3)))
+
+    @classmethod
     def from_env(cls, key: ClusterKey | None) -> "StoreTable | None":
         """The store named by $OUTLAST_ETCD (LocalCluster and `outlast slurm` set it), or None: ask the head."""
         config = EtcdConfig.from_env()
-        return cls(config, key) if config is not None and key is not None else None
+        return cls.connect(config, key) if config is not None and key is not None else None
 
     def want(self) -> None:
         """The core asked for the table: it gets one on the next poll even if nothing changed."""
