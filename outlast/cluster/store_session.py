@@ -32,7 +32,9 @@ class StoreSession:
         self.read_once = threading.Event()
         self.unavailable_since: float | None = None
         self.detail = ""
-        self._partial = False  # the view came from one member alone: read it again once a majority answers
+        # The view came from one member alone: read it again once a majority answers. Guarded by `lock`, set
+        # with the view it describes. A fresh session's view is not yet from anywhere: `read_once` is unset.
+        self._partial = False
         self._stopping = threading.Event()
         self._threads = [threading.Thread(target=self._watch_loop, name="outlast-store-watch", daemon=True),
                          threading.Thread(target=self._beat_loop, name="outlast-store-beat", daemon=True)]
@@ -51,6 +53,22 @@ class StoreSession:
                 # must stay quick (Slurm kills a step that takes long, before it cleans up).
                 t.join(timeout=0.5)
 
+    def no_majority(self, now_unix: float) -> str | None:
+        """Why what the view says may not be acted on (nothing new placed on it), or None when it may: it was
+        read with a majority behind it and no beat has found that majority gone since. Call it holding `lock`,
+        so the answer is about the view read under the same hold.
+
+        A view read from one member alone is refused even before the first beat has answered: the read with a
+        majority and the beat's probe fail at the same moment (both wait out the same call timeout on the
+        lone member), and the fallback read that follows is quick, so on a loaded machine it can land before
+        the probe's failure is recorded. A table from that member would place a run while etcd has no majority."""
+        if self.unavailable_since is not None:
+            return (f"the cluster store has been unavailable for {now_unix - self.unavailable_since:.0f} s "
+                    f"({self.detail})")
+        if self._partial:
+            return "the cluster store's view was read from one etcd member alone: no majority is known behind it"
+        return None
+
     def health(self) -> StoreHealth:
         with self.lock:
             head = self.view.head or ""
@@ -64,14 +82,15 @@ class StoreSession:
             try:
                 try:
                     items, revision = self.store.read_all()
-                    self._partial = False
+                    partial = False
                 except StoreUnavailable:
                     # Without a majority, what one member has (a restarting one may not have replayed
                     # everything yet): better than nothing for drains, and replaced once the store is back.
                     items, revision = self.store.read_all(serializable=True)
-                    self._partial = True
+                    partial = True
                 with self.lock:
                     self.view.reset(items)
+                    self._partial = partial
                     self.version += 1
                     self._say_refused()
                 self.read_once.set()
