@@ -94,11 +94,13 @@ class Controller:
         while not self.core.closed:
             try:
                 answers = self.tiers.take() if self.tiers is not None else []
-                for event in self.group.events(POLL_S) + self.storage.take() + answers or [Tick()]:
+                events = self.group.events(POLL_S) + self.storage.take() + answers or [Tick()]
+                # The ranks' word in the live store, written before any of these events happened (a rank's death
+                # right after its group formed), goes first: the store answers what was set before it is asked.
+                self._live_joined()
+                for event in events:
                     self._step(event)
-                if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
-                        and (joined := self.live.joined(*awaited)) is not None:
-                    self._step(joined)
+                self._live_joined()
                 if self.live is not None:
                     for attempt, member in live_steps.starting(self.core):
                         if (ready := self.live.ready(attempt, member)) is not None:
@@ -115,6 +117,12 @@ class Controller:
             raise KeyboardInterrupt
         if self.core.error is not None:
             raise self.core.error
+
+    def _live_joined(self) -> None:
+        """Step the word of the live group formed or recovered that the core waits for, once it is in the store."""
+        if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
+                and (joined := self.live.joined(*awaited)) is not None:
+            self._step(joined)
 
     def _step(self, event: InEvent | fx.StorageEvent | fx.TierAnswered) -> None:
         start = self.clock()

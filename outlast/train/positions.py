@@ -8,6 +8,8 @@ positions of all the ranks that saved it, so that it can go on where the run was
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -81,6 +83,43 @@ def document(world: int, rank: int) -> str:
         return ""
     restore()
     return dp.encode(world, rank, {key: r.data_position() for key, r in _readers.items()})
+
+
+def step_start(at_commit: str, now: str) -> str:
+    """The positions at the start of the step in flight, from this rank's document when the step before it was
+    committed (`at_commit`) and its document now: the first, but for a reader that has begun a walk of a newer
+    epoch since, which is at that walk's start (the loop's own state, sent with it, counts that epoch begun)."""
+    if not at_commit or not now:
+        return at_commit or now
+    then = dp.decode(at_commit, "this rank's data position at the last commit")
+    current = dp.decode(now, "this rank's data position")
+    world, rank = _world_and_rank(now)
+    out = {key: (dataclasses.replace(p, taken=0, past=()) if key not in then or p.epoch > then[key].epoch
+                 else then[key]) for key, p in current.items()}
+    return dp.encode(world, rank, out)
+
+
+def _world_and_rank(document: str) -> tuple[int, int]:
+    doc = json.loads(document)
+    return int(doc["world"]), int(doc["rank"])
+
+
+def take_up(document: str, world: int) -> list[str]:
+    """A rank that replaced a lost one in live recovery goes on where the rank it took the state from was at the
+    start of the step it takes up: `document` is that rank's (`document()`, as it stood then). It stands for a
+    restored checkpoint's, for every rank of `world`: prepare_data_loader's loaders read in lockstep (a batch of
+    the same size at each step, the rows dealt in turn from one order), so every rank was at the same place of
+    its own share. Returns the keys of the readers that cannot be placed so (get_dataset_shard's, whose ranks
+    shuffle their shares each with a seed of its own): those begin their epoch again, as without a restore."""
+    global _saved, _restored, _cache
+    if not document:
+        return []
+    held = dp.decode(document, "the data position a live recovery's sender held")
+    kept = {key: p for key, p in held.items() if p.strided and p.world == world}
+    docs = {r: dp.encode(world, r, {key: dataclasses.replace(p, rank=r) for key, p in kept.items()})
+            for r in range(world)}
+    _saved, _restored, _cache = (lambda: docs), False, None
+    return sorted(set(held) - set(kept))
 
 
 _cache: dict[str, dict[int, dp.Position]] | None = None

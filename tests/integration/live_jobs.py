@@ -106,3 +106,64 @@ class _Pad:
 
     def load_state_dict(self, d: dict) -> None:
         self.pad = d["pad"]
+
+
+class _Epoch:
+    """The loop's own state beside the model: the epoch it is in, which a replacement receives with the rest."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.epoch = d["epoch"]
+
+
+def live_loader_loop(config: dict) -> None:
+    """A loop fed by prepare_data_loader (a shuffled DataLoader of `rows` rows, `batch` a batch), `epochs` epochs,
+    each batch's row ids logged with the step that applied them. `config["kill"]`: [[rank, step], ...]: that
+    rank's first process of the first attempt SIGKILLs itself after its backward of that step."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from outlast.train.torch import LiveTraining, prepare_data_loader, prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(config["rows"], 8, generator=torch.Generator().manual_seed(7))
+    loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(config["rows"]), x),
+                                            batch_size=config["batch"], shuffle=True))
+    epoch = _Epoch()
+    live = LiveTraining(model, optimizer, state=epoch)
+    rank = train.get_context().get_world_rank()
+    step = live.start()
+    _log(config, event="start", step=step, epoch=epoch.epoch)
+    kill = {(k[0], k[1]) for k in config.get("kill") or []}
+    first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
+    while epoch.epoch < config["epochs"]:
+        loader.sampler.set_epoch(epoch.epoch)
+        for ids, xb in loader:
+            ((model(xb) - xb.sum(dim=1, keepdim=True)) ** 2).mean().backward()
+            if first and (rank, step) in kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(config.get("sleep", 0.01))
+            was = step
+            step = live.step(step)
+            _log(config, event="step", step=was, epoch=epoch.epoch, rows=ids.tolist())
+        epoch.epoch += 1
+    live.close()
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+
+
+def live_custom_sampler_loop(config: dict) -> None:
+    """prepare_data_loader of a DataLoader with a sampler of its own, under live recovery."""
+    import torch
+    from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
+
+    from outlast.train.torch import prepare_data_loader
+
+    prepare_data_loader(DataLoader(TensorDataset(torch.arange(8)), batch_size=2,
+                                   sampler=SubsetRandomSampler(range(8))))

@@ -353,3 +353,33 @@ def test_a_prepared_loader_resized_at_an_epochs_start_gives_the_samplers_rows_at
         b = epoch_batches(r, 2)
         b.resume_from(saved)
         assert sum(loader_rows(b, 24), []) == sampler_rows(24, r, 2, True, 1)
+
+
+def _loader_position(epoch: int, taken: int, rank: int = 0) -> dp.Position:
+    """prepare_data_loader's place: rows dealt in turn from one shuffled order, 2 ranks, 48 rows."""
+    return dp.Position(epoch, 48, True, False, 2, rank, 0, taken, order_seed=epoch, strided=True)
+
+
+def test_the_step_in_flights_start_is_the_place_at_the_last_commit_or_the_start_of_a_newer_epochs_walk():
+    at_commit = dp.encode(2, 1, {"loader:0": _loader_position(0, 12, 1)})
+    mid = dp.encode(2, 1, {"loader:0": _loader_position(0, 16, 1)})
+    assert positions.step_start(at_commit, mid) == at_commit  # the batch of the step in flight is given back
+    # The step before was the epoch's last; the step in flight began the next epoch's walk: at its start.
+    last = dp.encode(2, 1, {"loader:0": _loader_position(0, 24, 1)})
+    begun = dp.encode(2, 1, {"loader:0": _loader_position(1, 4, 1)})
+    [(_, p)] = dp.decode(positions.step_start(last, begun), "test").items()
+    assert (p.epoch, p.taken, p.rank) == (1, 0, 1)
+    assert positions.step_start("", begun) == begun and positions.step_start(last, "") == last
+
+
+def test_a_replacement_takes_up_a_survivors_place_dealt_to_every_rank_and_leaves_an_unsplittable_reader_alone():
+    shard = dp.Position(0, 48, True, True, 2, 0, 1234, 8)  # get_dataset_shard's: each rank shuffles with its seed
+    sent = dp.encode(2, 0, {"loader:0": _loader_position(0, 12), "shard:0": shard})
+    positions.start(None)
+    try:
+        assert positions.take_up(sent, 2) == ["shard:0"]
+        saved = positions._read_saved()
+        assert set(saved) == {"loader:0"} and sorted(saved["loader:0"]) == [0, 1]
+        assert all(p.taken == 12 and p.rank == r for r, p in saved["loader:0"].items())
+    finally:
+        positions.start(None)

@@ -7,6 +7,7 @@ from typing import Any
 
 from outlast.train._session import get_session
 from outlast.train.torch.ddp_layout import can_fix_bucket_layout, fix_bucket_layout
+from outlast.train.torch.live import STORE_VAR
 from outlast.trace import mark
 
 
@@ -119,13 +120,16 @@ def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_devi
     from outlast.train import positions
     from outlast.train.torch.epoch_batches import EpochBatches
 
-    if os.environ.get("OUTLAST_LIVE_STORE"):
-        raise RuntimeError("prepare_data_loader does not work with FailureConfig(live_recovery=True) yet: a step "
-                           "thrown away after a rank's death must read its batch again. Draw each step's batch "
-                           "from the step number and train.get_context().get_world_rank() (docs/guide/live-recovery.md)")
     loader = data_loader
     batches = None
-    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    live = bool(os.environ.get(STORE_VAR))
+    if live:
+        # Live recovery forms no default group: the ranks are the run's, and a replacement takes its loader's
+        # place from a survivor (LiveTraining), which only the batches below keep.
+        ctx = get_session("prepare_data_loader").context
+        world, rank = ctx.world_size, ctx.world_rank
+    else:
+        world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     if add_dist_sampler and type(data_loader.sampler) in (SequentialSampler, RandomSampler) and \
             data_loader.batch_size is not None and hasattr(data_loader.dataset, "__len__"):
         batches = EpochBatches(len(data_loader.dataset), rank, world, data_loader.batch_size,
@@ -138,6 +142,13 @@ def prepare_data_loader(data_loader, add_dist_sampler: bool = True, move_to_devi
             worker_init_fn=data_loader.worker_init_fn, persistent_workers=data_loader.persistent_workers,
             **({"prefetch_factor": data_loader.prefetch_factor} if data_loader.num_workers else {}),
         )
+    elif live:
+        raise RuntimeError("prepare_data_loader with FailureConfig(live_recovery=True) takes a DataLoader over a "
+                           "dataset with a length, a batch_size and its default sampler (shuffle=True or False), "
+                           "whose place a replacement rank takes up; this one has "
+                           f"{type(data_loader.sampler).__name__}. Use such a DataLoader, or draw each step's batch "
+                           "from the step number and train.get_context().get_world_rank() "
+                           "(docs/guide/live-recovery.md)")
     elif add_dist_sampler and world > 1 and not isinstance(data_loader.sampler, DistributedSampler):
         shuffle = not isinstance(data_loader.sampler, SequentialSampler)
         sampler = DistributedSampler(data_loader.dataset, shuffle=shuffle)

@@ -30,15 +30,19 @@ the group reduces them in one order, the same in every generation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
 from outlast.faults import fault_point
+from outlast.train import positions
 from outlast.protocol.membership import member_name, store_prefix
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
 from outlast.train.live.rendezvous import NotAMemberError
+
+log = logging.getLogger("outlast.worker")
 
 STORE_VAR, INCARNATION_VAR = "OUTLAST_LIVE_STORE", "OUTLAST_LIVE_INCARNATION"  # set by the controller (live_steps.py)
 
@@ -60,13 +64,15 @@ class LiveTraining:
         self.model, self.optimizer, self.state = model, optimizer, state
         self.rank = LiveRank(store, member_name(ctx.world_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
                              timeout_s)
+        self._place = ""  # this rank's data positions at the start of the step in flight: what a joiner takes up
 
     def state_dict(self) -> dict[str, Any]:
         import torch
 
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "state": self.state.state_dict() if self.state is not None else None,
-                "rng": torch.get_rng_state(), "reports": get_session("LiveTraining").reports_made}
+                "rng": torch.get_rng_state(), "reports": get_session("LiveTraining").reports_made,
+                "data": positions.step_start(self._place, self._place_now())}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         import torch
@@ -76,7 +82,12 @@ class LiveTraining:
         if self.state is not None:
             self.state.load_state_dict(d["state"])
         torch.set_rng_state(d["rng"])
-        get_session("LiveTraining").continue_reports(d["reports"])
+        session = get_session("LiveTraining")
+        session.continue_reports(d["reports"])
+        world = self.rank.group.world_size if self.rank.group is not None else session.context.world_size
+        for key in positions.take_up(d["data"], world):
+            log.warning("live recovery: %s begins its epoch again on this replacement: only prepare_data_loader's "
+                        "loaders are taken up at the place of the step in flight", key)
 
     def start(self, step: int = 0) -> int:
         """Join the group; returns the step to run first. `step`: where a loop that restored a checkpoint goes on
@@ -119,6 +130,7 @@ class LiveTraining:
             offset += n
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self._keep_place()
         return step + 1
 
     def _join(self) -> int:
@@ -127,7 +139,19 @@ class LiveTraining:
         if self.rank.group is not None and session.context.world_size != self.rank.group.world_size:
             # A grow: get_context().get_world_size() is the live group's from here, on the ranks that were there too.
             session.context = dataclasses.replace(session.context, world_size=self.rank.group.world_size)
+        if not self._place:
+            self._keep_place()
         return step
+
+    def _keep_place(self) -> None:
+        """Once a step committed: the data positions from which a joiner of the next recovery takes up the batches
+        of the step it runs with the survivors (`positions.step_start`)."""
+        self._place = self._place_now()
+
+    @staticmethod
+    def _place_now() -> str:
+        context = get_session("LiveTraining").context
+        return positions.document(context.world_size, context.world_rank)
 
     @property
     def generation(self) -> int:

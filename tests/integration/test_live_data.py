@@ -1,0 +1,73 @@
+"""Live recovery with prepare_data_loader: a replacement reads the batches of the step it takes up.
+
+Two ranks read a shuffled DataLoader through prepare_data_loader; a rank is SIGKILLed mid-epoch and at the first
+step of an epoch. The survivor keeps its batch of the step that broke; the replacement takes the loader's place
+from it (the place at the start of that step, dealt to its own rank) and the epoch the loop is in, reads the batch
+the lost rank was reading, and goes on. Every row is used once per epoch, in committed steps, and the weights are
+those of the run in which nothing failed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from outlast.train import FailureConfig, RunConfig, ScalingConfig
+from tests.integration.jobs import read_events
+from tests.integration.live_jobs import live_loader_loop
+
+ROWS, BATCH, EPOCHS = 48, 4, 2  # 6 steps an epoch at 2 ranks
+
+
+def _fit(storage_path: str, tmp_path: Path, name: str, kill: list[list[int]]) -> tuple[list[dict], dict]:
+    from outlast.train.torch import TorchTrainer
+
+    events = tmp_path / f"{name}.jsonl"
+    TorchTrainer(
+        live_loader_loop,
+        train_loop_config={"events": str(events), "rows": ROWS, "batch": BATCH, "epochs": EPOCHS, "kill": kill},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=3, live_recovery=True)),
+    ).fit()
+    return read_events(events), json.loads((Path(storage_path) / name / "run_state.json").read_text())
+
+
+@pytest.mark.torch
+def test_a_replacement_reads_the_batches_of_the_step_it_takes_up_and_every_row_is_used_once_an_epoch(
+        storage_path, tmp_path):
+    clean, _ = _fit(storage_path, tmp_path, "clean", [])
+    # Rank 1 dies mid-epoch 0 (step 3), rank 0 at the first step of epoch 1 (step 6).
+    killed, state = _fit(storage_path, tmp_path, "killed", [[1, 3], [0, 6]])
+    assert [r["path"] for r in state["live_recoveries"]] == ["live", "live"] and len(state["attempts"]) == 1
+    starts = {(e["rank"], e["incarnation"]): e for e in killed if e["event"] == "start"}
+    assert (starts[1, 1]["step"], starts[1, 1]["epoch"]) == (3, 0) and (starts[0, 1]["step"], starts[0, 1]["epoch"]) \
+        == (6, 1)
+
+    def batches(events: list[dict]) -> dict[tuple[int, int], list[int]]:
+        return {(e["rank"], e["step"]): e["rows"] for e in events if e["event"] == "step"}
+
+    # Each rank read, at each step, what it read in the run without failures: the replacements too.
+    assert batches(killed) == batches(clean)
+    for epoch in range(EPOCHS):
+        used = Counter(r for e in killed if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
+        assert used == Counter(range(ROWS)), epoch
+    final = {e["rank"]: e["exact"] for e in killed if e["event"] == "end"}
+    assert final == {e["rank"]: e["exact"] for e in clean if e["event"] == "end"}
+
+
+@pytest.mark.torch
+def test_a_loader_whose_place_a_replacement_could_not_take_up_is_refused_saying_what_to_use(storage_path):
+    from outlast.errors import WorkerGroupError
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.live_jobs import live_custom_sampler_loop
+
+    with pytest.raises(WorkerGroupError) as e:
+        TorchTrainer(live_custom_sampler_loop, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name="sampler", storage_path=storage_path,
+                                          failure_config=FailureConfig(max_failures=0, live_recovery=True))).fit()
+    assert "prepare_data_loader with FailureConfig(live_recovery=True)" in str(e.value)
+    assert "SubsetRandomSampler" in str(e.value) and "docs/guide/live-recovery.md" in str(e.value)
