@@ -276,19 +276,21 @@ def ray_part(args: argparse.Namespace, workdir: str) -> dict:
             "derived_rows_used_again_total": sum(derived.values()),
             "restart_s": harness.summary(restarts), "restarts_s": restarts,
             "took_s": round(took, 1), "load1_at_start": load[0], "error": error}
-    ray, rows = sides["ray"], args.epochs * steps_per_epoch * 3 * BATCH
+    ray, outlast, rows = sides["ray"], sides["outlast"], args.epochs * steps_per_epoch * 3 * BATCH
+    ray["rows_used_again_per_kill"] = round(ray["rows_used_again_total"] / max(ray["kills"], 1), 1)
     ratios = {"ray_measured_over_derived": harness.ratio(ray["rows_used_again_total"],
                                                          ray["derived_rows_used_again_total"]),
-              "ray_used_again_over_rows": ray["rows_used_again_total"] / rows,
-              "ray_used_again_per_kill_over_rows": ray["rows_used_again_total"] / max(ray["kills"], 1) / rows}
+              "ray_used_again_over_the_epochs_rows": ray["rows_used_again_total"] / rows,
+              "ray_steps_taken_over_outlast": harness.ratio(ray["steps_taken"], outlast["steps_taken"]),
+              "ray_restart_over_outlast": harness.ratio(ray["restart_s"], outlast["restart_s"])}
     return {"kill_steps": kills, **sides, "ratios": {k: v if v is None else round(v, 3) for k, v in ratios.items()},
             "ray_settings": {"workers": 3, "dataset": f"ray.data.from_items of {args.rows} rows",
                              "through": f"get_dataset_shard('train').iter_torch_batches(batch_size={BATCH}), "
                                         "a new pass each epoch",
                              "checkpoint": "rank 0's every step (CheckpointConfig(num_to_keep=2))",
                              "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": args.ray_poll_s},
-            "load": {"before": load_before, "after": harness.load(),
-                     "note": "load1_at_start: the 1-minute load average when each side began"}}
+            "date": harness.stamp(), "load": {"before": load_before, "after": harness.load(),
+                                              "note": "load1_at_start: the 1-minute load average when each side began"}}
 
 
 def main() -> None:
