@@ -1,11 +1,13 @@
 """Exactness of a run's data through kills and a resize: how often each row is used in each epoch, and
-whether the model ends as a run without faults ends.
+whether the model ends as a run without faults ends; and, on Ray 2.60 in the same run, the rows the same loop
+reads again through kills.
 
-    python3 -m bench.data_exactness [--kills 100] [--epochs 3] [--rows 600] [--out bench/results/data-exactness.json]
+    python3 -m bench.data_exactness [--parts outlast ray] [--kills 100] [--ray-kills 8] [--epochs 3] [--rows 600]
+        [--out bench/results/data-exactness.json]
 
-Three runs of one loop (bench/lib/exact_loop.py), each on a fresh local cluster of 3 nodes of 1 CPU: a
-TorchTrainer of 2 to 4 workers (elastic) reads an outlast.data parquet dataset (`--rows` rows in row groups
-of 7, none on a rank's boundary) through `get_dataset_shard("train").iter_torch_batches(batch_size=2)`,
+The outlast part: three runs of one loop (bench/lib/exact_loop.py), each on a fresh local cluster of 3 nodes of
+1 CPU: a TorchTrainer of 2 to 4 workers (elastic) reads an outlast.data parquet dataset (`--rows` rows in row
+groups of 7, none on a rank's boundary) through `get_dataset_shard("train").iter_torch_batches(batch_size=2)`,
 trains a small float64 model on it and reports a checkpoint (the model and the optimizer) every step. The
 first run has no faults. In the second, rank 1 kills itself (SIGKILL) in each of the first `--kills`
 attempts, at steps spread over the epochs, at 3 ranks throughout. The third has the same kills, then a node
@@ -13,30 +15,39 @@ is killed (3 -> 2 workers) and, once the 2 train, a node is added (2 -> 3).
 
 A step counts when it is no later than the step the next attempt restored (later steps were taken again).
 Figures, per epoch: how many rows were used 0, 1 or more times (outlast: all once), and what the same
-faults cost a loop on Ray, whose Ray Data restarts an epoch at its start: the rows of the epoch used before
-each restored step, used again. Ray's figure is derived from this run's restore points, not measured on
-Ray: a worker SIGKILL takes Ray 2.60 about a minute to train again on this machine (61.4 s, the median
-of bench/results/core_kill.json), so 100 of them would take well over an hour. The final weights of the
-two runs with faults, each float in hex, against the run without: with the kills alone they must be the
-same bits; across the resize they cannot be, since the steps at 2 ranks average the gradients of 4 rows,
-not 6, and the rows are split again.
+faults would cost a loop on Ray, whose Ray Data restarts an epoch at its start: the rows of the epoch used
+before each restored step, used again. That figure is derived from the run's restore points: a worker
+SIGKILL takes Ray 2.60 tens of seconds to train again on this machine, so 100 of them would take over an
+hour. The final weights of the two runs with faults, each float in hex, against the run without: with the
+kills alone they must be the same bits; across the resize they cannot be, since the steps at 2 ranks average
+the gradients of 4 rows, not 6, and the rows are split again.
+
+The ray part measures it: the same loop written for Ray 2.60 (bench/lib/ray_exact_loop.py, run by
+bench/.ray-venv's python: a TorchTrainer of 3 workers on `ray.data.from_items` of the same rows, the epoch and
+the step restored from `ray.train.get_checkpoint()`, FailureConfig(max_failures) restarting the group) and
+outlast's loop at 3 ranks, each through the same `--ray-kills` kills of rank 1. For each side: the rows used
+again per epoch, counted from the rows each step logged, beside the figure derived from that side's restore
+points as above, and the seconds from each kill to the next attempt's first step.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 
-from bench.lib import harness
+from bench.lib import harness, reread, venvs
 from bench.lib.events import read_events
 
 ROW_GROUP = 7
 BATCH = 2
+RUN_VAR = "OUTLAST_BENCH_EXACT_RUN"  # carried by every process of a Ray run: what is killed at its end
 
 
 def log(msg: str) -> None:
@@ -54,13 +65,9 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def counted_uses(events: list[dict]) -> tuple[dict[int, Counter], dict[int, int]]:
     """(epoch -> row -> uses in steps that counted, epoch -> rows Ray would have used again). Each restore puts
     the run at the step it restored; on Ray the loop would read that step's epoch again from its start."""
-    restored = {e["attempt"]: e["restored_step"] for e in events if e["event"] == "start"}
-    counted = [e for e in events if e["event"] == "used" and not (
-        restored.get(e["attempt"] + 1, "never") is None or
-        (restored.get(e["attempt"] + 1, "never") != "never" and e["step"] > restored[e["attempt"] + 1]))]
-    uses: dict[int, Counter] = {}
-    for e in counted:
-        uses.setdefault(e["epoch"], Counter()).update(e["rows"])
+    restored = reread.restored_steps(events)
+    counted = reread.counted(events)
+    uses = reread.uses_by_epoch(events)
     ray_again: Counter = Counter()
     last = {}
     for e in counted:
@@ -167,19 +174,17 @@ def exactness(events: list[dict], args: argparse.Namespace, took: float, error: 
             "ray_rows_used_again_total": sum(ray_again.values()), "error": error, "took_s": round(took, 1)}
 
 
+def kill_plan(total: int, kills: int) -> dict[str, int]:
+    """Attempt -> the step rank 1 kills itself at: the k-th kill spread over the run's first two thirds, off the
+    epochs' boundaries."""
+    return {str(a + 1): int((a + 1) * total * 2 / 3 / (kills + 1)) + 1 for a in range(kills)}
+
+
 def run(args: argparse.Namespace, workdir: str) -> dict:
     """Three runs of the same loop on the same rows: without faults, with the kills alone (3 ranks
     throughout) and with the kills and the resize."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    os.environ["OUTLAST_NODE_TIMEOUT_S"] = "2"
-    pq.write_table(pa.table({"i": np.arange(args.rows)}), os.path.join(workdir, "rows.parquet"),
-                   row_group_size=ROW_GROUP)
     total = args.rows // 3 // BATCH * args.epochs
-    # The k-th kill at a step spread over the run's first two thirds, off the epochs' boundaries.
-    kills = {str(a + 1): int((a + 1) * total * 2 / 3 / (args.kills + 1)) + 1 for a in range(args.kills)}
+    kills = kill_plan(total, args.kills)
     log(f"{args.rows} rows, {total // args.epochs} steps an epoch at 3 ranks, kills at {kills}")
     runs = {}
     for name, run_kills, resize in (("no_faults", {}, False), ("kills", kills, False),
@@ -199,24 +204,132 @@ def run(args: argparse.Namespace, workdir: str) -> dict:
     return figures
 
 
+def train_on_ray(args: argparse.Namespace, workdir: str, kills: dict[str, int]) -> tuple[list[dict], str | None]:
+    """One run of bench/lib/ray_exact_loop.py in Ray's virtual environment, rank 1 killed at the steps `kills`
+    names. Its events and error; every process it started is killed at the end."""
+    from bench.lib import proctree
+
+    events, log_path, run_id = (os.path.join(workdir, "events.jsonl"), os.path.join(workdir, "ray.log"),
+                                os.path.basename(workdir))
+    cmd = venvs.module(venvs.RAY_PY, "bench.lib.ray_exact_loop", "--events", events,
+                       "--storage", os.path.join(workdir, "storage"), "--kills", json.dumps(kills),
+                       "--rows", str(args.rows), "--epochs", str(args.epochs), "--batch", str(BATCH))
+    # Ray's report() waits for the controller to take the previous result, which it does once a poll (2 s by
+    # default): at the default a step would take 2 s, so the controller polls as often as a step takes.
+    env = venvs.with_root({**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TRAIN_V2_ENABLED": "1",
+                           "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(args.ray_poll_s), RUN_VAR: run_id})
+    since = time.time()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=venvs.ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.ray_timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            proctree.killpg(proc.pid)
+            proc.wait()
+    proctree.kill_all(proctree.ours(RUN_VAR, run_id, (), since))
+    got = read_events(events)
+    ends = [e for e in got if e["event"] == "fit_end"]
+    error = None if rc == 0 and ends and ends[0]["error"] is None else (
+        f"rc {rc}, {ends[0]['error'] if ends else 'no result'}; see {log_path}")
+    return got, error
+
+
+def ray_part(args: argparse.Namespace, workdir: str) -> dict:
+    """The same loop written for Ray 2.60 and for outlast, each through the same `--ray-kills` kills at 3 ranks:
+    the rows each used again per epoch, measured, beside the figure derived from the restore points."""
+    steps_per_epoch = args.rows // 3 // BATCH
+    kills = kill_plan(steps_per_epoch * args.epochs, args.ray_kills)
+    load_before = harness.load()
+    log(f"ray part: kills at {kills}")
+    sides: dict[str, dict] = {}
+    for side in ("outlast", "ray"):
+        side_dir = os.path.join(workdir, f"{side}_kills")
+        os.makedirs(side_dir)
+        load = harness.load()
+        started = time.time()
+        if side == "outlast":
+            events, _, error = train(args, side_dir, kills, False)
+        else:
+            events, error = train_on_ray(args, side_dir, kills)
+        took = time.time() - started
+        log(f"{side}: {took:.0f} s, error {error}")
+        uses = reread.uses_by_epoch(events)
+        again = reread.used_again(uses)
+        restores = [s for a, s in sorted(reread.restored_steps(events).items()) if a > 1 and s is not None]
+        derived = reread.derived_again(restores, steps_per_epoch, 3 * BATCH)
+        per_epoch = {}
+        for epoch in range(args.epochs):
+            counts = uses.get(epoch, Counter())
+            histogram = Counter(counts[r] for r in range(steps_per_epoch * 3 * BATCH))
+            per_epoch[str(epoch)] = {"rows_used": dict(sorted((str(k), v) for k, v in histogram.items())),
+                                     "rows_used_again": again.get(epoch, 0),
+                                     "derived_rows_used_again": derived.get(epoch, 0)}
+        restarts = reread.restart_seconds(events)
+        sides[side] = {
+            "kills": len([e for e in events if e["event"] == "kill"]), "restored_steps": restores,
+            "steps_taken": len({(e["attempt"], e["step"]) for e in events if e["event"] == "used"}),
+            "steps_counted": len({e["step"] for e in reread.counted(events)}),
+            "per_epoch": per_epoch, "rows_used_again_total": sum(again.values()),
+            "derived_rows_used_again_total": sum(derived.values()),
+            "restart_s": harness.summary(restarts), "restarts_s": restarts,
+            "took_s": round(took, 1), "load1_at_start": load[0], "error": error}
+    ray, outlast, rows = sides["ray"], sides["outlast"], args.epochs * steps_per_epoch * 3 * BATCH
+    ray["rows_used_again_per_kill"] = round(ray["rows_used_again_total"] / max(ray["kills"], 1), 1)
+    ratios = {"ray_measured_over_derived": harness.ratio(ray["rows_used_again_total"],
+                                                         ray["derived_rows_used_again_total"]),
+              "ray_used_again_over_the_epochs_rows": ray["rows_used_again_total"] / rows,
+              "ray_steps_taken_over_outlast": harness.ratio(ray["steps_taken"], outlast["steps_taken"]),
+              "ray_restart_over_outlast": harness.ratio(ray["restart_s"], outlast["restart_s"])}
+    return {"kill_steps": kills, **sides, "ratios": {k: v if v is None else round(v, 3) for k, v in ratios.items()},
+            "ray_settings": {"workers": 3, "dataset": f"ray.data.from_items of {args.rows} rows",
+                             "through": f"get_dataset_shard('train').iter_torch_batches(batch_size={BATCH}), "
+                                        "a new pass each epoch",
+                             "checkpoint": "rank 0's every step (CheckpointConfig(num_to_keep=2))",
+                             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": args.ray_poll_s},
+            "date": harness.stamp(), "load": {"before": load_before, "after": harness.load(),
+                                              "note": "load1_at_start: the 1-minute load average when each side began"}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", nargs="+", default=["outlast", "ray"], choices=["outlast", "ray"])
     p.add_argument("--kills", type=int, default=100)
+    p.add_argument("--ray-kills", type=int, default=8, help="the kills of the ray part, on each side")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rows", type=int, default=600)
     p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--ray-poll-s", type=float, default=0.1, help="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S of the Ray run")
+    p.add_argument("--ray-timeout", type=int, default=3600, help="seconds the Ray run may take")
     p.add_argument("--out", help="also write the JSON document here (bench/results/data-exactness.json)")
     args = p.parse_args()
     workdir = tempfile.mkdtemp(prefix="outlast-bench-exact-")
     harness.private_state_dirs(workdir)
     load_before = harness.load()
-    figures = run(args, workdir)
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.environ["OUTLAST_NODE_TIMEOUT_S"] = "2"
+    pq.write_table(pa.table({"i": np.arange(args.rows)}), os.path.join(workdir, "rows.parquet"),
+                   row_group_size=ROW_GROUP)
+    figures = run(args, workdir) if "outlast" in args.parts else {}
+    versions = {}
+    if "ray" in args.parts:
+        venvs.ensure_ray_venv()
+        figures["ray_kills"] = ray_part(args, workdir)
+        versions = {"ray": subprocess.run([venvs.RAY_PY, "-c", "import ray; print(ray.__version__)"],
+                                          capture_output=True, text=True).stdout.strip()}
     doc = {"benchmark": "data-exactness", "date": harness.stamp(), "figures": figures,
-           "settings": {"kills": args.kills, "epochs": args.epochs, "rows": args.rows, "batch_size": BATCH,
-                        "row_group": ROW_GROUP, "resize": "3 -> 2 -> 3 (a node killed, then one added)"},
-           "ray": "derived: the rows of each restored step's epoch used up to that step, which a loop on Ray "
-                  "reads again (Ray Data restarts an epoch at its start); not measured on Ray",
-           "machine": harness.machine({}), "load": {"before": load_before, "after": harness.load()}}
+           "settings": {"kills": args.kills, "ray_kills": args.ray_kills, "epochs": args.epochs, "rows": args.rows,
+                        "batch_size": BATCH, "row_group": ROW_GROUP, "parts": args.parts,
+                        "resize": "3 -> 2 -> 3 (a node killed, then one added)"},
+           "ray": "kills, kills_and_resize: derived: the rows of each restored step's epoch used up to that step, "
+                  "which a loop on Ray reads again (Ray Data restarts an epoch at its start); ray_kills: measured "
+                  "on Ray 2.60 with the same loop, beside the figure derived from its restore points",
+           "machine": harness.machine(versions), "load": {"before": load_before, "after": harness.load()}}
     harness.publish(doc, args.out)
 
 

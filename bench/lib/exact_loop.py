@@ -46,7 +46,7 @@ def exact_loop(config: dict) -> None:
     for epoch in range(epoch0, config["epochs"]):
         for batch in shard:
             if rank == 1 and kill_at is not None and step >= kill_at:
-                emit(config["events"], event="kill", attempt=attempt, step=step)
+                emit(config["events"], event="kill", attempt=attempt, step=step, time=time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
             x = features(batch["i"])
             loss = ((model(x).squeeze(1) - target(x)) ** 2).mean()
@@ -55,7 +55,7 @@ def exact_loop(config: dict) -> None:
             average_gradients(model, ctx.get_world_size())
             optimizer.step()
             emit(config["events"], event="used", attempt=attempt, rank=rank, step=step, epoch=epoch,
-                 rows=batch["i"].tolist())
+                 rows=batch["i"].tolist(), time=time.time())
             checkpoint = None
             if rank == 0:
                 d = tempfile.mkdtemp()
