@@ -125,6 +125,11 @@ def test_a_history_naming_a_file_outlast_did_not_write_gets_an_error_and_no_byte
         assert not hostname or hostname not in cli.stdout
 
 
+def _wrong(token: str) -> str:
+    """The token with its last character changed: a token that ends in "x" must not be sent back as its own."""
+    return token[:-1] + ("y" if token.endswith("x") else "x")
+
+
 def test_off_loopback_every_request_needs_the_token_printed_at_start(dashboard, runs):
     d = dashboard(str(runs), host="0.0.0.0")
     assert "?token=" in d.banner
@@ -132,7 +137,7 @@ def test_off_loopback_every_request_needs_the_token_printed_at_start(dashboard, 
     for path in ["/runs", "/api/runs", "/static/app.js", "/api/runs/0/run"]:
         status, body, _ = _raw(d, path)
         assert status == 401 and "token" in body, path
-        status, _, _ = _raw(d, f"{path}{'&' if '?' in path else '?'}token={token[:-1]}x")
+        status, _, _ = _raw(d, f"{path}{'&' if '?' in path else '?'}token={_wrong(token)}")
         assert status == 401, path
     status, body, headers = _raw(d, f"/api/runs?token={token}")
     assert status == 200 and json.loads(body)["paths"][0]["runs"][0]["name"] == "run"
@@ -280,7 +285,7 @@ def test_in_the_browser_without_the_token_a_plain_page_says_what_is_wrong_and_ho
     text = page.inner_text("body")
     assert "needs the token it printed when it started" in text and "loading" not in text
     assert "open the URL that outlast dashboard printed" in text and f"{url}/runs?token=…" in text
-    page.goto(f"{url}/runs/0/run?token={token[:-1]}x")
+    page.goto(f"{url}/runs/0/run?token={_wrong(token)}")
     assert "the token in this address is not this dashboard's" in page.inner_text("#locked")
     page.context.clear_cookies()
     seen = _watch(page)
