@@ -67,7 +67,9 @@ def clean(tmp_path_factory):
     (2, [[1, 4, "kill"]]),
     (2, [[0, 4, "kill"]]),
     (3, [[0, 3, "kill"], [1, 5, "raise"], [2, 7, "kill"]]),  # one after another, rank 0 first
-], ids=["rank1", "rank0", "three-ranks-each"])
+    # In the first step: the death reaches the controller right after rank 0's word that the group formed.
+    (2, [[1, 0, "kill"]]),
+], ids=["rank1", "rank0", "three-ranks-each", "first-step"])
 def test_a_killed_rank_is_replaced_while_the_others_go_on(storage_path, tmp_path, workers, kills, clean, caplog):
     events, state = _train(storage_path, tmp_path, "live", workers, kills)
     starts = [e for e in events if e["event"] == "start"]

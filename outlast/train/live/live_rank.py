@@ -135,10 +135,12 @@ class LiveRank:
         return self.ledger.committed if (self.has_state or membership.generation == 0) else -1
 
     def announce(self, membership: Membership, rank: int) -> bool:
-        """On the rank that sent the state (rank 0, when nobody joins), once it went across: the controller learns
-        here that the group formed (generation 0: the loop is live), or that a recovery is over, and what it cost.
+        """On the rank that sent the state, once it went across, or on every rank when nobody joins: the controller
+        learns here that the group formed (generation 0: the loop is live), or that a recovery is over, and what it
+        cost. With nobody joining, every rank's word is the same news, and each says it before its first step, so
+        no rank's death can reach the controller before the word that the group it died in formed.
         True when this rank announced."""
-        if rank != (membership.source if membership.source is not None else 0):
+        if membership.source is not None and rank != membership.source:
             return False
         self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": self.thrown, "wall": time.time()}))
         return True
