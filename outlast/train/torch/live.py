@@ -12,10 +12,11 @@ no rank applies it: the ranks that live keep their gradients of the step, form a
 the controller forked, and send it the model's, the optimizer's and `state`'s state dicts (and the torch RNG)
 from one of them; the replacement starts at that step (`start()` returns it), runs its forward and backward, and
 every rank reduces the step again. So a death costs the survivors no step, only the wait for the replacement.
-The loop's data must follow the step (a batch drawn from the step number and the rank), so that the replacement
-reads the batch its rank would have read (`prepare_data_loader` does not follow the step yet, and refuses this
-mode). `report()` after each committed
-step goes on as usual: the replacement's reports continue from the count of the rank it took the state from.
+The replacement must read the batch its rank would have read: either the loop draws each step's batch from the
+step number and the rank, or it reads a loader of `prepare_data_loader`, whose place at the start of the step in
+flight goes with the state and is taken up by the replacement (`positions.step_start`, `positions.take_up`).
+`report()` after each committed step goes on as usual: the replacement's reports continue from the count of the
+rank it took the state from.
 
 A planned change of the group (a drained node's rank moved to another node, ranks added to an elastic run) throws
 no step away: after a committed step, `step` forms the next generation before it reduces, and sends the state to
@@ -35,8 +36,8 @@ import os
 from typing import Any
 
 from outlast.faults import fault_point
-from outlast.train import positions
 from outlast.protocol.membership import member_name, store_prefix
+from outlast.train import positions
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
