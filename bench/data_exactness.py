@@ -18,9 +18,11 @@ Figures, per epoch: how many rows were used 0, 1 or more times (outlast: all onc
 faults would cost a loop on Ray, whose Ray Data restarts an epoch at its start: the rows of the epoch used
 before each restored step, used again. That figure is derived from the run's restore points: a worker
 SIGKILL takes Ray 2.60 tens of seconds to train again on this machine, so 100 of them would take over an
-hour. The final weights of the two runs with faults, each float in hex, against the run without: with the
-kills alone they must be the same bits; across the resize they cannot be, since the steps at 2 ranks average
-the gradients of 4 rows, not 6, and the rows are split again.
+hour. The final weights of the two runs with faults, each float in hex, against the run without: they must be
+the same bits. Across the resize that needs `--virtual-ranks` (6 by default): the dataset is split into that
+many fixed shares, a step reads a batch of each (6 rows at any world size) and `virtual_rank_gradients` sums
+their gradients in one order; with `--virtual-ranks 0` each rank reads batches of 2 and the gradients are
+all-reduced, so the steps at 2 ranks average 4 rows, not 6, and the resized run ends with other weights.
 
 The ray part measures it: the same loop written for Ray 2.60 (bench/lib/ray_exact_loop.py, run by
 bench/.ray-venv's python: a TorchTrainer of 3 workers on `ray.data.from_items` of the same rows, the epoch and
@@ -111,7 +113,7 @@ def train(args: argparse.Namespace, workdir: str, kills: dict[str, int], resize:
     from bench.lib.exact_loop import exact_loop
     from outlast import data
     from outlast.testing import LocalCluster
-    from outlast.train import FailureConfig, RunConfig, ScalingConfig
+    from outlast.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
     from outlast.train.torch import TorchTrainer
 
     events = os.path.join(workdir, "events.jsonl")
@@ -134,8 +136,11 @@ def train(args: argparse.Namespace, workdir: str, kills: dict[str, int], resize:
         started = time.time()
         result = TorchTrainer(
             exact_loop, datasets={"train": data.read_parquet(os.path.join(os.path.dirname(workdir), "rows.parquet"))},
-            train_loop_config={"events": events, "epochs": args.epochs, "batch": BATCH, "kills": kills,
-                               "step_sleep": args.step_sleep},
+            train_loop_config={"events": events, "epochs": args.epochs, "kills": kills, "step_sleep": args.step_sleep,
+                               # a virtual rank's batch: the step's 3 * BATCH rows among them
+                               "batch": 3 * BATCH // args.virtual_ranks if args.virtual_ranks else BATCH,
+                               "virtual_ranks": args.virtual_ranks},
+            dataset_config=DataConfig(virtual_ranks=args.virtual_ranks or None),
             scaling_config=ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1},
                                          elastic_resize_monitor_interval_s=0),
             run_config=RunConfig(name="exact", storage_path=os.path.join(workdir, "storage"),
@@ -301,6 +306,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rows", type=int, default=600)
     p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--virtual-ranks", type=int, default=6, choices=[0, 6],
+                   help="DataConfig(virtual_ranks=...) of the outlast runs (0: none); each step reads 6 rows among them")
     p.add_argument("--ray-poll-s", type=float, default=0.1, help="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S of the Ray run")
     p.add_argument("--ray-timeout", type=int, default=3600, help="seconds the Ray run may take")
     p.add_argument("--out", help="also write the JSON document here (bench/results/data-exactness.json)")
@@ -325,6 +332,7 @@ def main() -> None:
     doc = {"benchmark": "data-exactness", "date": harness.stamp(), "figures": figures,
            "settings": {"kills": args.kills, "ray_kills": args.ray_kills, "epochs": args.epochs, "rows": args.rows,
                         "batch_size": BATCH, "row_group": ROW_GROUP, "parts": args.parts,
+                        "virtual_ranks": args.virtual_ranks,
                         "resize": "3 -> 2 -> 3 (a node killed, then one added)"},
            "ray": "kills, kills_and_resize: derived: the rows of each restored step's epoch used up to that step, "
                   "which a loop on Ray reads again (Ray Data restarts an epoch at its start); ray_kills: measured "

@@ -1,5 +1,7 @@
 """The train loop of bench/data_exactness.py: each step takes one batch of `get_dataset_shard("train")` (an
-outlast.data parquet dataset), trains a small model on it (float64, SGD with momentum, the gradients averaged over the ranks), reports a
+outlast.data parquet dataset; with `config["virtual_ranks"]`, a batch of each virtual rank the rank holds, their
+gradients reduced by `virtual_rank_gradients`, so that a step is the same at any world size), trains a small
+model on it (float64, SGD with momentum, the gradients averaged over the ranks), reports a
 checkpoint (rank 0's: the epoch, the step, the model's and the optimizer's state) and logs the rows it took;
 rank 1 kills itself (SIGKILL) at the step `config["kills"]` names for its attempt. At the end rank 0 logs the
 model's final weights, each float in hex, so that two runs compare bit for bit.
@@ -23,6 +25,7 @@ def exact_loop(config: dict) -> None:
 
     from outlast import train
     from outlast.train import Checkpoint
+    from outlast.train.torch import virtual_rank_gradients
 
     ctx = train.get_context()
     torch.manual_seed(0)  # the same initial weights in every run (DDP broadcasts rank 0's in any case)
@@ -43,19 +46,28 @@ def exact_loop(config: dict) -> None:
          restored_step=step - 1 if ckpt is not None else None, restored_epoch=epoch0 if ckpt is not None else None)
     shard = train.get_dataset_shard("train").iter_torch_batches(batch_size=config["batch"], device="cpu")
     kill_at = config["kills"].get(str(attempt))
+    def loss_of(batch):
+        x = features(batch["i"])
+        return ((model(x).squeeze(1) - target(x)) ** 2).mean()
+
     for epoch in range(epoch0, config["epochs"]):
         for batch in shard:
             if rank == 1 and kill_at is not None and step >= kill_at:
                 emit(config["events"], event="kill", attempt=attempt, step=step, time=time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
-            x = features(batch["i"])
-            loss = ((model(x).squeeze(1) - target(x)) ** 2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            average_gradients(model, ctx.get_world_size())
+            if config.get("virtual_ranks"):
+                # One batch per virtual rank held: the step's rows and gradients are the same at any world size.
+                loss = torch.stack(virtual_rank_gradients(model, batch, loss_of)).mean()
+                rows = [i for part in batch for i in part["i"].tolist()]
+            else:
+                loss = loss_of(batch)
+                optimizer.zero_grad()
+                loss.backward()
+                average_gradients(model, ctx.get_world_size())
+                rows = batch["i"].tolist()
             optimizer.step()
             emit(config["events"], event="used", attempt=attempt, rank=rank, step=step, epoch=epoch,
-                 rows=batch["i"].tolist(), time=time.time())
+                 rows=rows, time=time.time())
             checkpoint = None
             if rank == 0:
                 d = tempfile.mkdtemp()

@@ -10,10 +10,16 @@ function; each rank reads its shard with the iterator methods Ray's examples use
 
 A split dataset gives each rank the same number of rows, `len // world_size`, in contiguous
 blocks (the remainder is left out, so that every rank takes as many steps).
+
+With `DataConfig(virtual_ranks=V)` a split dataset is cut into V shares that stay the same at every world
+size, and each rank reads the shares of the virtual ranks it holds, a batch of each a step: a step's rows
+do not depend on how many ranks read them, which is what a run needs to end with the same weights through
+a resize (`outlast.train.torch.virtual_rank_gradients` reduces their gradients in one order at any world).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -34,11 +40,17 @@ _UNSUPPORTED = ("outlast reads datasets in memory: pass a torch Dataset, a Huggi
 
 @dataclass
 class DataConfig:
-    """Which datasets to split between the ranks ("all", or a list of names); the others go whole to each rank."""
+    """Which datasets to split between the ranks ("all", or a list of names); the others go whole to each rank.
+
+    `virtual_ranks` (outlast's own; Ray has none): split each of them into that many shares, fixed for the
+    run, whatever its world size; a rank reads the shares of the virtual ranks it holds (a contiguous run
+    of them), one batch of each per step, and its iterators hand it `VirtualBatches`. At least the run's
+    largest world size; a multiple of each world size it runs at gives every rank as many."""
 
     datasets_to_split: Literal["all"] | list[str] = "all"
     execution_options: Any = None
     enable_shard_locality: bool = True
+    virtual_ranks: int | None = None
 
     def __post_init__(self) -> None:
         if self.datasets_to_split != "all" and not (
@@ -48,6 +60,16 @@ class DataConfig:
                              f"got {self.datasets_to_split!r}")
         if self.execution_options is not None:
             raise ValueError(f"DataConfig(execution_options=...) is not supported: {_UNSUPPORTED}")
+        if self.virtual_ranks is not None and (not isinstance(self.virtual_ranks, int)
+                                               or isinstance(self.virtual_ranks, bool) or self.virtual_ranks < 1):
+            raise ValueError(f"DataConfig.virtual_ranks must be a positive int (or None), got {self.virtual_ranks!r}")
+
+    def check_world(self, max_workers: int) -> None:
+        """Refuse a run that can have more ranks than virtual ranks: a rank would hold none and read nothing."""
+        if self.virtual_ranks is not None and max_workers > self.virtual_ranks:
+            raise ValueError(f"DataConfig(virtual_ranks={self.virtual_ranks}) cannot be read by up to {max_workers} "
+                             f"workers: each rank needs a virtual rank of its own; set virtual_ranks to at least "
+                             f"{max_workers} (a multiple of every world size the run has gives each rank as many)")
 
     def splits(self, name: str) -> bool:
         return self.datasets_to_split == "all" or name in self.datasets_to_split
@@ -270,6 +292,100 @@ class DataShard:
                              "DataLoader in the train function and call prepare_data_loader on it")
 
 
+def held_virtual_ranks(rank: int, world: int, virtual: int) -> range:
+    """The virtual ranks rank `rank` of `world` holds: a contiguous run, the first ranks' one shorter when
+    `virtual` does not divide by `world` (so that with 3 of 2 ranks, rank 1 holds two)."""
+    return range(rank * virtual // world, (rank + 1) * virtual // world)
+
+
+class VirtualBatches(list):  # type: ignore[type-arg]
+    """One step's batches of a rank that holds virtual ranks: a batch of each, in the order of `virtual_ranks`."""
+
+    def __init__(self, batches: list[Any], virtual_ranks: tuple[int, ...], virtual_world: int) -> None:
+        super().__init__(batches)
+        self.virtual_ranks, self.virtual_world = virtual_ranks, virtual_world
+
+
+class _VirtualPart(DataShard):
+    """The share of one virtual rank: a shard of a world that never changes size (`world` is the virtual one)."""
+
+    def resume_from(self, saved: dict[int, dp.Position]) -> None:
+        """Go on from this virtual rank's own saved position: the rank that held it saved it, in the same virtual
+        world, so the share is the same and nothing is split again (every virtual rank steps in lockstep, so
+        the others' places are this one's, with their own seeds)."""
+        mine = [p for p in saved.values() if p.world == self.world and p.rank == self.rank]
+        if len(mine) != 1:
+            found = sorted((p.rank, p.world) for p in saved.values())
+            log.warning("dataset %r: virtual rank %d of %d has no saved position of its own (found rank, world "
+                        "%s): epoch %d is read again from its start", self.name, self.rank, self.world, found,
+                        self._epochs.next_epoch)
+            return
+        super().resume_from({r: dataclasses.replace(mine[0], rank=r) for r in range(self.world)})
+
+
+class VirtualRankShard:
+    """A rank's part of a dataset split between virtual ranks (`DataConfig(virtual_ranks=...)`): the shares of
+    the virtual ranks it holds, walked together; each step hands the loop `VirtualBatches`, a batch of each."""
+
+    def __init__(self, name: str, source: _Source, rank: int, world: int, virtual_world: int) -> None:
+        if world > virtual_world:
+            raise ValueError(f"dataset {name!r}: {world} ranks cannot share {virtual_world} virtual ranks; set "
+                             f"DataConfig(virtual_ranks=...) to at least {world}")
+        self.name, self.virtual_world = name, virtual_world
+        self.virtual_ranks = tuple(held_virtual_ranks(rank, world, virtual_world))
+        self.parts = [_VirtualPart(name, source, v, virtual_world, True) for v in self.virtual_ranks]
+
+    def count(self) -> int:
+        return sum(p.count() for p in self.parts)
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def iter_batches(self, **kwargs: Any) -> Iterable[VirtualBatches]:
+        """iter_batches of each virtual rank's share, in step: see DataShard.iter_batches for the arguments."""
+        return _Together(self, [p.iter_batches(**kwargs) for p in self.parts])
+
+    def iter_torch_batches(self, **kwargs: Any) -> Iterable[VirtualBatches]:
+        """iter_torch_batches of each virtual rank's share, in step: see DataShard.iter_torch_batches."""
+        return _Together(self, [p.iter_torch_batches(**kwargs) for p in self.parts])
+
+    def iter_rows(self) -> Iterable[VirtualBatches]:
+        """A row of each virtual rank's share a step."""
+        return _Together(self, [p.iter_rows() for p in self.parts])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"get_dataset_shard({self.name!r}).{name} is not supported with virtual ranks: their "
+                             "shards offer iter_batches, iter_torch_batches, iter_rows and count")
+
+
+class _Together:
+    """The walks of a rank's virtual ranks, one batch of each per step. Every virtual rank has as many batches
+    (`data_position.batch_bounds` counts them from the rank with the fewest rows left), so all end together; each
+    walk is closed when the step loop ends, so that each counts its epoch ended, as one walk alone does."""
+
+    def __init__(self, shard: VirtualRankShard, walks: list[Iterable[Any]]) -> None:
+        self._shard, self._walks = shard, walks
+
+    def __iter__(self) -> Iterator[VirtualBatches]:
+        walks = [iter(w) for w in self._walks]
+        try:
+            while True:
+                batches = []
+                for walk in walks:
+                    try:
+                        batches.append(next(walk))
+                    except StopIteration:
+                        return
+                yield VirtualBatches(batches, self._shard.virtual_ranks, self._shard.virtual_world)
+        finally:
+            for walk in walks:
+                close = getattr(walk, "close", None)
+                if close is not None:
+                    close()
+
+
 class BatchIterable:
     """What an iterator method returns: an iterable each walk over which reads one epoch of the shard."""
 
@@ -317,7 +433,7 @@ def _to_torch(batch: Any, dtypes: Any, device: Any) -> Any:
 
 # -- the worker's side ------------------------------------------------------------
 
-_shards: dict[str, DataShard] | None = None
+_shards: dict[str, DataShard | VirtualRankShard] | None = None
 
 
 def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, world_size: int) -> None:
@@ -325,11 +441,17 @@ def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, worl
     _shards = {}
     for name, data in datasets.items():
         source = to_source(name, data)
-        _shards[name] = DataShard(name, source, rank, world_size, config.splits(name))
-        positions.track(f"dataset:{name}", _shards[name])
+        if config.virtual_ranks is not None and config.splits(name):
+            shard = VirtualRankShard(name, source, rank, world_size, config.virtual_ranks)
+            _shards[name] = shard
+            for part in shard.parts:  # each under its virtual rank's key, which whoever holds it next reads
+                positions.track(f"dataset:{name}@{part.rank}", part)
+        else:
+            _shards[name] = DataShard(name, source, rank, world_size, config.splits(name))
+            positions.track(f"dataset:{name}", _shards[name])
 
 
-def get_dataset_shard(dataset_name: str | None = None) -> DataShard:
+def get_dataset_shard(dataset_name: str | None = None) -> DataShard | VirtualRankShard:
     """This rank's shard of the dataset passed to the trainer as `datasets={dataset_name: ...}`."""
     from outlast.train._session import get_session
 

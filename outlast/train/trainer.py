@@ -94,7 +94,9 @@ class DataParallelTrainer:
                 raise TypeError(f"datasets must be a dict of name -> dataset, got {type(datasets).__name__}")
             for name, data in datasets.items():
                 to_source(name, data)  # refuses what a worker could not read, before anything starts
-            self.backend = WithDatasets(self.backend, datasets, dataset_config or DataConfig())
+            dataset_config = dataset_config or DataConfig()
+            dataset_config.check_world(worker_range(self.scaling_config)[1])
+            self.backend = WithDatasets(self.backend, datasets, dataset_config)
         self.isolation = isolation
         self.metadata = metadata
 

@@ -65,6 +65,69 @@ def data_loop(config: dict) -> None:
             time.sleep(config.get("step_sleep", 0.0))
 
 
+def virtual_loop(config: dict) -> None:
+    """Each step reads a batch of each virtual rank the rank holds (`DataConfig(virtual_ranks=...)`), trains a small
+    float64 model on them through `virtual_rank_gradients`, reports a checkpoint of the model and the optimizer, and
+    logs the rows; rank 0 logs the final weights, each float in hex."""
+    import torch
+
+    from outlast.train.torch import virtual_rank_gradients
+
+    ctx = train.get_context()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    epoch0, step = 0, 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        epoch0, step = state["epoch"], state["step"] + 1
+    log_event(config, event="start", restored_step=step - 1 if ckpt else None, world=ctx.get_world_size())
+
+    def loss_of(batch):
+        x = batch["i"].double().unsqueeze(1) / ROWS
+        x = torch.cat([x, x.sin(), x.cos()], dim=1)
+        return ((model(x).squeeze(1) - (x[:, 0] - 2 * x[:, 1] * x[:, 2])) ** 2).mean()
+
+    shard = train.get_dataset_shard("train").iter_torch_batches(batch_size=1, local_shuffle_buffer_size=ROWS,
+                                                                local_shuffle_seed=1, device="cpu")
+    for epoch in range(epoch0, config["epochs"]):
+        for batches in shard:
+            virtual_rank_gradients(model, batches, loss_of)
+            optimizer.step()
+            log_event(config, event="used", step=step, epoch=epoch,
+                      shard=[i for b in batches for i in b["i"].tolist()])
+            checkpoint = None
+            if ctx.get_world_rank() == 0:
+                d = tempfile.mkdtemp()
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                            "step": step}, os.path.join(d, "state.pt"))
+                checkpoint = Checkpoint.from_directory(d)
+            train.report({"step": step}, checkpoint=checkpoint)
+            step += 1
+            time.sleep(config.get("step_sleep", 0.0))
+    if ctx.get_world_rank() == 0:
+        log_event(config, event="weights", weights=[float(v).hex() for p in model.parameters()
+                                                    for v in p.detach().flatten().tolist()])
+
+
+def fit_virtual(storage: str, events: str, scaling, epochs=6, step_sleep=0.0, name="run"):
+    """`virtual_loop` on ROWS rows split into 12 virtual ranks (a step reads 12 rows at any world size: 4 steps an
+    epoch)."""
+    import numpy as np
+
+    from outlast.train import DataConfig, FailureConfig, RunConfig
+    from outlast.train.torch import TorchTrainer
+
+    return TorchTrainer(
+        virtual_loop, datasets={"train": {"i": np.arange(ROWS)}}, dataset_config=DataConfig(virtual_ranks=12),
+        train_loop_config={"events": events, "epochs": epochs, "step_sleep": step_sleep}, scaling_config=scaling,
+        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=0))).fit()
+
+
 def uses_per_epoch(events_path) -> dict[str, dict[int, Counter]]:
     """For the shard and the loader: epoch -> how often each row was used in a step that counted. A step that
     counted is one no later than the step the next attempt restored (steps after it were taken again)."""
@@ -78,7 +141,7 @@ def uses_per_epoch(events_path) -> dict[str, dict[int, Counter]]:
         if after is None or (after != "never" and e["step"] > after):
             continue
         for kind in out:
-            out[kind].setdefault(e["epoch"], Counter()).update(e[kind])
+            out[kind].setdefault(e["epoch"], Counter()).update(e.get(kind, ()))  # virtual_loop logs the shard
     return out
 
 

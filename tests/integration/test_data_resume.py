@@ -120,3 +120,34 @@ def test_a_resize_three_two_three_splits_the_rest_of_the_epoch_every_row_used_on
     state = _state(storage_path)
     assert state["status"] == "finished" and [a["workers"] for a in state["attempts"]] == [3, 2, 3]
     assert_each_row_used_once_per_epoch(events, 3)
+
+
+@pytest.mark.torch
+def test_with_virtual_ranks_a_run_resized_three_two_three_ends_with_the_weights_of_one_rank_alone(
+        storage_path, tmp_path, monkeypatch):
+    """Bit for bit: the steps at 3, 2 and 3 ranks read the same rows and sum the same gradients in the same order
+    as a run of one rank that never failed (data_jobs.virtual_loop, 12 virtual ranks)."""
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    alone_events = tmp_path / "alone.jsonl"
+    data_jobs.fit_virtual(storage_path, str(alone_events), ScalingConfig(num_workers=1), name="alone")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def faults():
+            wait_until(lambda: _at(1, 2)(read_events(events)), 120, "attempt 1 at step 2")
+            cluster.kill_node("node-2")
+            wait_until(lambda: _at(2, 1)(read_events(events)), 120, "attempt 2 training")
+            cluster.add_node("node-3")
+
+        t = threading.Thread(target=faults, daemon=True)
+        t.start()
+        data_jobs.fit_virtual(storage_path, str(events), ScalingConfig(
+            num_workers=(2, 3), resources_per_worker={"CPU": 1}, elastic_resize_monitor_interval_s=0),
+            step_sleep=0.1)
+        t.join()
+    state = _state(storage_path)
+    assert state["status"] == "finished" and [a["workers"] for a in state["attempts"]] == [3, 2, 3]
+    uses = data_jobs.uses_per_epoch(events)["shard"]
+    assert all(sorted(counts.elements()) == list(range(data_jobs.ROWS)) for counts in uses.values()) and len(uses) == 6
+    (alone,) = [e["weights"] for e in read_events(alone_events) if e["event"] == "weights"]
+    (resized,) = [e["weights"] for e in read_events(events) if e["event"] == "weights"]
+    assert resized == alone
