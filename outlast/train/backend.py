@@ -34,9 +34,11 @@ class WithDatasets(Backend):
         self.needs_rendezvous = inner.needs_rendezvous
 
     def on_start(self, context: TrainContext) -> None:
+        from outlast.train import positions
         from outlast.train.data import install_shards
 
-        install_shards(self.datasets, self.config, context.world_rank, context.world_size)
+        install_shards(self.datasets, self.config, context.world_rank, context.world_size,
+                       positions.shared_seed(context))
         self.inner.on_start(context)
 
     def on_shutdown(self) -> None:

@@ -172,6 +172,7 @@ class DataShard:
     rank: int = 0
     world: int = 1
     split: bool = True
+    seed_base: int | None = None  # the run's shared seed (`data_position.run_seed`) under live recovery
     _epochs: dp.Epochs = field(init=False)
 
     def __post_init__(self) -> None:
@@ -261,17 +262,26 @@ class DataShard:
     def resume_from(self, saved: dict[int, dp.Position]) -> None:
         """Go on from the positions every rank saved (rank -> position): the next walk reads the rest of
         the saved epoch, or the next epoch when the saved one had ended."""
-        why = self._epochs.resume_from(saved, random.getrandbits(62))
+        first = saved[min(saved)]
+        why = self._epochs.resume_from(saved, self._new_seed(first.epoch, first.generation + 1))
         if why is not None:
             log.warning("dataset %r: epoch %d is read again from its start: %s", self.name,
                         self._epochs.next_epoch, why)
+
+    def _new_seed(self, epoch: int, generation: int) -> int:
+        """A seed for this rank's shuffle of its share in a generation of an epoch, where the loop gave none: from
+        the run's shared seed under live recovery, so that a replacement can tell it (`positions.take_up`), else
+        at random."""
+        if self.seed_base is not None:
+            return dp.rank_seed(self.seed_base, epoch, generation, self._epochs.rank)
+        return random.getrandbits(62)
 
     def _walk_batches(self, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,
                       seed: int | None, convert: Callable[[Any], Any]) -> Iterator[Any]:
         positions.restore()
         epoch = self._epochs.next_epoch
         # Rows shuffled within this rank's shard, differently each epoch (seeded: reproducibly).
-        p, why = self._epochs.begin(bool(shuffle_buffer), seed + epoch if seed is not None else random.getrandbits(62))
+        p, why = self._epochs.begin(bool(shuffle_buffer), seed + epoch if seed is not None else self._new_seed(epoch, 0))
         if why is not None:
             log.warning("dataset %r: %s: it starts over", self.name, why)
         try:
@@ -327,13 +337,14 @@ class VirtualRankShard:
     """A rank's part of a dataset split between virtual ranks (`DataConfig(virtual_ranks=...)`): the shares of
     the virtual ranks it holds, walked together; each step hands the loop `VirtualBatches`, a batch of each."""
 
-    def __init__(self, name: str, source: _Source, rank: int, world: int, virtual_world: int) -> None:
+    def __init__(self, name: str, source: _Source, rank: int, world: int, virtual_world: int,
+                 seed_base: int | None = None) -> None:
         if world > virtual_world:
             raise ValueError(f"dataset {name!r}: {world} ranks cannot share {virtual_world} virtual ranks; set "
                              f"DataConfig(virtual_ranks=...) to at least {world}")
         self.name, self.virtual_world = name, virtual_world
         self.virtual_ranks = tuple(held_virtual_ranks(rank, world, virtual_world))
-        self.parts = [_VirtualPart(name, source, v, virtual_world, True) for v in self.virtual_ranks]
+        self.parts = [_VirtualPart(name, source, v, virtual_world, True, seed_base) for v in self.virtual_ranks]
 
     def count(self) -> int:
         return sum(p.count() for p in self.parts)
@@ -362,8 +373,10 @@ class VirtualRankShard:
 
 class _Together:
     """The walks of a rank's virtual ranks, one batch of each per step. Every virtual rank has as many batches
-    (`data_position.batch_bounds` counts them from the rank with the fewest rows left), so all end together; each
-    walk is closed when the step loop ends, so that each counts its epoch ended, as one walk alone does."""
+    (`data_position.batch_bounds` counts them from the rank with the fewest rows left), so all end together. Each
+    walk is asked for its next batch every step, the last one too, so that every walk begins its epoch (a walk
+    begins at its first `next`: one of an empty rest, after a restore at an epoch's end, must still begin and
+    end it) and each is closed when the step loop ends, so that each counts its epoch ended."""
 
     def __init__(self, shard: VirtualRankShard, walks: list[Iterable[Any]]) -> None:
         self._shard, self._walks = shard, walks
@@ -372,12 +385,17 @@ class _Together:
         walks = [iter(w) for w in self._walks]
         try:
             while True:
-                batches = []
+                batches, ended = [], 0
                 for walk in walks:
                     try:
                         batches.append(next(walk))
                     except StopIteration:
-                        return
+                        ended += 1
+                if ended:
+                    if batches:
+                        raise RuntimeError(f"dataset {self._shard.name!r}: the walks of virtual ranks "
+                                           f"{list(self._shard.virtual_ranks)} ended at different steps")
+                    return
                 yield VirtualBatches(batches, self._shard.virtual_ranks, self._shard.virtual_world)
         finally:
             for walk in walks:
@@ -436,18 +454,22 @@ def _to_torch(batch: Any, dtypes: Any, device: Any) -> Any:
 _shards: dict[str, DataShard | VirtualRankShard] | None = None
 
 
-def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, world_size: int) -> None:
+def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, world_size: int,
+                   seed_base: int | None = None) -> None:
+    """Each dataset's shard for rank `rank` of `world_size`. `seed_base`: the run's shared seed, from which a rank
+    that shuffles without the loop's seed draws (live recovery's, so that a replacement can tell the lost rank's
+    seed); None: at random."""
     global _shards
     _shards = {}
     for name, data in datasets.items():
         source = to_source(name, data)
         if config.virtual_ranks is not None and config.splits(name):
-            shard = VirtualRankShard(name, source, rank, world_size, config.virtual_ranks)
+            shard = VirtualRankShard(name, source, rank, world_size, config.virtual_ranks, seed_base)
             _shards[name] = shard
             for part in shard.parts:  # each under its virtual rank's key, which whoever holds it next reads
                 positions.track(f"dataset:{name}@{part.rank}", part)
         else:
-            _shards[name] = DataShard(name, source, rank, world_size, config.splits(name))
+            _shards[name] = DataShard(name, source, rank, world_size, config.splits(name), seed_base)
             positions.track(f"dataset:{name}", _shards[name])
 
 

@@ -25,6 +25,7 @@ takes as many steps (with fewer rows left than ranks, those few rows are dropped
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,22 @@ def _rng(seed: int) -> Any:
     import numpy as np
 
     return np.random.default_rng(seed % 2**64)
+
+
+def run_seed(storage_path: str, name: str) -> int:
+    """The seed every rank of a run shares, from its `(storage_path, name)`: the same in every attempt and after
+    the driver is relaunched."""
+    return _hash62(f"{storage_path}\0{name}")
+
+
+def rank_seed(base: int, epoch: int, generation: int, rank: int) -> int:
+    """A rank's shuffle seed in one generation of an epoch, from the run's shared seed (`run_seed`): any rank can
+    tell any other's, so that a live recovery's replacement reads its share in the order of the rank it replaces."""
+    return _hash62(f"{base}/{epoch}/{generation}/{rank}")
+
+
+def _hash62(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
 
 
 def generation_rows(p: Position, window: int | None = None) -> Rows:

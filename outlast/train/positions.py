@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from outlast.train import data_position as dp
+
+LIVE_STORE_VAR = "OUTLAST_LIVE_STORE"  # set in every rank of a live-recovery run (controller/live_steps.py)
 
 
 class Resumable(Protocol):
@@ -104,22 +107,47 @@ def _world_and_rank(document: str) -> tuple[int, int]:
     return int(doc["world"]), int(doc["rank"])
 
 
-def take_up(document: str, world: int) -> list[str]:
+def shared_seed(context: Any) -> int | None:
+    """The seed a rank that shuffles without the loop's seed draws from: the run's (`data_position.run_seed`) under
+    live recovery, where a replacement must tell the seed of the rank it replaces; None (at random) otherwise."""
+    if not os.environ.get(LIVE_STORE_VAR):
+        return None
+    return dp.run_seed(context.storage_path, context.experiment_name)
+
+
+def take_up(document: str, world: int, seed: int | None = None) -> list[str]:
     """A rank that replaced a lost one in live recovery goes on where the rank it took the state from was at the
     start of the step it takes up: `document` is that rank's (`document()`, as it stood then). It stands for a
-    restored checkpoint's, for every rank of `world`: prepare_data_loader's loaders read in lockstep (a batch of
-    the same size at each step, the rows dealt in turn from one order), so every rank was at the same place of
-    its own share. Returns the keys of the readers that cannot be placed so (get_dataset_shard's, whose ranks
-    shuffle their shares each with a seed of its own): those begin their epoch again, as without a restore."""
+    restored checkpoint's, for every rank of `world`: the ranks read in lockstep (a batch of the same size at
+    each step), so every rank was at the same place of its own share. prepare_data_loader's loaders deal one
+    order in turn; get_dataset_shard's ranks shuffle their shares each with a seed of its own, which every rank
+    can tell from the attempt's shared `seed` (`data_position.rank_seed`) when the loop gave none, and is the same
+    on every rank when it did (`local_shuffle_seed` plus the epoch). Returns the keys of the readers that cannot
+    be placed so (a position of another world size, or a seed drawn at random): those begin their epoch again."""
     global _saved, _restored, _cache
     if not document:
         return []
     held = dp.decode(document, "the data position a live recovery's sender held")
-    kept = {key: p for key, p in held.items() if p.strided and p.world == world}
-    docs = {r: dp.encode(world, r, {key: dataclasses.replace(p, rank=r) for key, p in kept.items()})
+    kept = {key: p for key, p in held.items() if p.world == world and (p.strided or _seed_of(p, p.rank, seed) is not None)}
+    docs = {r: dp.encode(world, r, {key: dataclasses.replace(p, rank=r, seed=p.seed if p.strided else _seed_of(p, r, seed))
+                                    for key, p in kept.items()})
             for r in range(world)}
     _saved, _restored, _cache = (lambda: docs), False, None
     return sorted(set(held) - set(kept))
+
+
+def _seed_of(p: dp.Position, rank: int, seed: int | None) -> int | None:
+    """Rank `rank`'s shuffle seed in `p`'s generation, told from the sender's position `p`: the same as the
+    sender's (no shuffle, or the loop's own seed), drawn from the attempt's `seed`, or None (drawn at random)."""
+    if not p.shuffle:
+        return p.seed
+    if seed is None:
+        return None  # a seed drawn at random cannot be told from the loop's
+    if p.seed == dp.rank_seed(seed, p.epoch, p.generation, p.rank):
+        return dp.rank_seed(seed, p.epoch, p.generation, rank)
+    if p.generation == 0:
+        return p.seed  # the loop's local_shuffle_seed plus the epoch: every rank's
+    return None
 
 
 _cache: dict[str, dict[int, dp.Position]] | None = None

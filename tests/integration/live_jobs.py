@@ -158,6 +158,39 @@ def live_loader_loop(config: dict) -> None:
     _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
 
 
+def live_shard_loop(config: dict) -> None:
+    """live_loader_loop's, fed by get_dataset_shard("train") (`rows` rows of an id and 8 features, each rank's share
+    shuffled without a seed of the loop's)."""
+    import torch
+
+    from outlast.train.torch import LiveTraining, prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batches = train.get_dataset_shard("train").iter_torch_batches(
+        batch_size=config["batch"], local_shuffle_buffer_size=config["rows"], device="cpu")
+    epoch = _Epoch()
+    live = LiveTraining(model, optimizer, state=epoch)
+    rank = train.get_context().get_world_rank()
+    step = live.start()
+    _log(config, event="start", step=step, epoch=epoch.epoch)
+    kill = {(k[0], k[1]) for k in config.get("kill") or []}
+    first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
+    while epoch.epoch < config["epochs"]:
+        for batch in batches:
+            ((model(batch["x"]) - batch["x"].sum(dim=1, keepdim=True)) ** 2).mean().backward()
+            if first and (rank, step) in kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(config.get("sleep", 0.01))
+            was = step
+            step = live.step(step)
+            _log(config, event="step", step=was, epoch=epoch.epoch, rows=batch["i"].tolist())
+        epoch.epoch += 1
+    live.close()
+    _log(config, event="end")
+
+
 def live_custom_sampler_loop(config: dict) -> None:
     """prepare_data_loader of a DataLoader with a sampler of its own, under live recovery."""
     import torch

@@ -71,3 +71,35 @@ def test_a_loader_whose_place_a_replacement_could_not_take_up_is_refused_saying_
                                           failure_config=FailureConfig(max_failures=0, live_recovery=True))).fit()
     assert "prepare_data_loader with FailureConfig(live_recovery=True)" in str(e.value)
     assert "SubsetRandomSampler" in str(e.value) and "docs/guide/live-recovery.md" in str(e.value)
+
+
+@pytest.mark.torch
+def test_a_replacement_goes_on_with_the_lost_ranks_shuffled_share_of_a_dataset_shard(storage_path, tmp_path):
+    """get_dataset_shard: each rank shuffles its own share, with a seed drawn from the run's, which the replacement
+    tells from the survivor's place; it reads the rest of the lost rank's share in the lost rank's order."""
+    import numpy as np
+
+    from outlast.train.torch import TorchTrainer
+    from tests.integration.live_jobs import live_shard_loop
+
+    events = tmp_path / "shard.jsonl"
+    x = np.random.default_rng(7).standard_normal((ROWS, 8)).astype(np.float32)
+    TorchTrainer(
+        live_shard_loop, datasets={"train": {"i": np.arange(ROWS), "x": x}},
+        train_loop_config={"events": str(events), "rows": ROWS, "batch": BATCH, "epochs": EPOCHS,
+                           "kill": [[1, 3], [0, 6]]},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="shard", storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=3, live_recovery=True)),
+    ).fit()
+    killed = read_events(events)
+    state = json.loads((Path(storage_path) / "shard" / "run_state.json").read_text())
+    assert [r["path"] for r in state["live_recoveries"]] == ["live", "live"] and len(state["attempts"]) == 1
+    starts = {(e["rank"], e["incarnation"]): e for e in killed if e["event"] == "start"}
+    assert (starts[1, 1]["step"], starts[1, 1]["epoch"]) == (3, 0) and (starts[0, 1]["step"], starts[0, 1]["epoch"]) \
+        == (6, 1)
+    for epoch in range(EPOCHS):
+        for rank, share in ((0, range(ROWS // 2)), (1, range(ROWS // 2, ROWS))):
+            used = Counter(r for e in killed if e["event"] == "step" and e["epoch"] == epoch and e["rank"] == rank
+                           for r in e["rows"])
+            assert used == Counter(share), (epoch, rank)  # the share once, its shuffled rest read by the replacement

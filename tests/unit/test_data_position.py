@@ -383,3 +383,49 @@ def test_a_replacement_takes_up_a_survivors_place_dealt_to_every_rank_and_leaves
         assert all(p.taken == 12 and p.rank == r for r, p in saved["loader:0"].items())
     finally:
         positions.start(None)
+
+
+def test_a_replacement_takes_up_a_shard_shuffled_with_the_runs_seed_at_the_lost_ranks_seed():
+    base = dp.run_seed("/storage", "run")
+    assert base == dp.run_seed("/storage", "run") != dp.run_seed("/storage", "other")
+    drawn = dp.Position(1, 48, True, True, 3, 2, dp.rank_seed(base, 1, 0, 2), 8)  # rank 2's, from the run's seed
+    loops = dp.Position(1, 48, True, True, 3, 2, 7 + 1, 8)  # local_shuffle_seed=7 in epoch 1: every rank's
+    random = dp.Position(1, 48, True, True, 3, 2, 99, 8, past=(dp.Generation(2, (4, 4), (5, 6)),))
+    sent = dp.encode(3, 2, {"dataset:a": drawn, "dataset:b": loops, "dataset:c": random})
+    positions.start(None)
+    try:
+        assert positions.take_up(sent, 3, base) == ["dataset:c"]  # a later generation's seed not from the run's
+        saved = positions._read_saved()
+        assert {r: p.seed for r, p in saved["dataset:a"].items()} == {r: dp.rank_seed(base, 1, 0, r) for r in range(3)}
+        assert {p.seed for p in saved["dataset:b"].values()} == {8}
+        assert all(p.taken == 8 and p.rank == r for r, p in saved["dataset:a"].items())
+        # Without the run's seed, no shuffled shard's seed can be told.
+        assert positions.take_up(sent, 3, None) == ["dataset:a", "dataset:b", "dataset:c"]
+    finally:
+        positions.start(None)
+
+
+def test_a_replacement_of_a_shard_reads_the_rest_of_the_lost_ranks_share_in_its_order():
+    """The lost rank's walk, and the walk of a replacement placed from a survivor's position: together its share."""
+    import numpy as np
+
+    from outlast.train import data
+
+    base = dp.run_seed("/s", "run")
+
+    def shard(rank):
+        return data.DataShard("train", data.to_source("train", {"i": np.arange(48)}), rank, 3, True, base)
+
+    lost = [b["i"].tolist() for b in shard(1).iter_batches(batch_size=4, local_shuffle_buffer_size=48)]
+    survivor = shard(0)
+    walk = iter(survivor.iter_batches(batch_size=4, local_shuffle_buffer_size=48))
+    next(walk), next(walk)
+    positions.start(None)
+    try:
+        positions.take_up(dp.encode(3, 0, {"dataset:train": survivor.data_position()}), 3, base)
+        replacement = shard(1)
+        positions.track("dataset:train", replacement)
+        rest = [b["i"].tolist() for b in replacement.iter_batches(batch_size=4, local_shuffle_buffer_size=48)]
+    finally:
+        positions.start(None)
+    assert rest == lost[2:] and sorted(sum(lost, [])) == list(range(16, 32))

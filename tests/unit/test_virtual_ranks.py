@@ -83,6 +83,19 @@ def test_a_resize_goes_on_at_the_next_step_with_the_same_rows():
     assert merged == reference
 
 
+def test_a_restore_at_an_epochs_last_step_goes_on_at_the_next_epoch_on_every_virtual_rank():
+    """Saved after the epoch's last batch, in the loop: the first walk reads the empty rest (every virtual rank's
+    walk begins and ends it), the next is the next epoch, as in the run that was not restored."""
+    reference = _by_step(_walk(2, epochs=2)[0])
+    first, docs = _walk(2, epochs=1, steps=ROWS // V // 2)
+    rest, _ = _walk(3, epochs=2, saved=docs)
+    assert [epoch for epoch, _ in rest[0]] == [1] * (ROWS // V // 2)  # the loop's second walk: the data's epoch 1
+    merged = _by_step(first)
+    for s, parts in _by_step(rest).items():
+        merged[ROWS // V // 2 + s] = parts
+    assert merged == reference
+
+
 def test_a_resize_three_two_three_reads_every_row_once_an_epoch():
     first, docs = _walk(3, epochs=1, steps=1)
     middle, docs = _walk(2, epochs=1, steps=2, saved=docs)

@@ -13,8 +13,9 @@ the controller forked, and send it the model's, the optimizer's and `state`'s st
 from one of them; the replacement starts at that step (`start()` returns it), runs its forward and backward, and
 every rank reduces the step again. So a death costs the survivors no step, only the wait for the replacement.
 The replacement must read the batch its rank would have read: either the loop draws each step's batch from the
-step number and the rank, or it reads a loader of `prepare_data_loader`, whose place at the start of the step in
-flight goes with the state and is taken up by the replacement (`positions.step_start`, `positions.take_up`).
+step number and the rank, or it reads a loader of `prepare_data_loader` or a `get_dataset_shard` iterator, whose
+place at the start of the step in flight goes with the state and is taken up by the replacement
+(`positions.step_start`, `positions.take_up`).
 `report()` after each committed step goes on as usual: the replacement's reports continue from the count of the
 rank it took the state from.
 
@@ -86,9 +87,9 @@ class LiveTraining:
         session = get_session("LiveTraining")
         session.continue_reports(d["reports"])
         world = self.rank.group.world_size if self.rank.group is not None else session.context.world_size
-        for key in positions.take_up(d["data"], world):
-            log.warning("live recovery: %s begins its epoch again on this replacement: only prepare_data_loader's "
-                        "loaders are taken up at the place of the step in flight", key)
+        for key in positions.take_up(d["data"], world, positions.shared_seed(session.context)):
+            log.warning("live recovery: %s begins its epoch again on this replacement: its place was saved at "
+                        "another world size, or shuffled with a seed drawn at random", key)
 
     def start(self, step: int = 0) -> int:
         """Join the group; returns the step to run first. `step`: where a loop that restored a checkpoint goes on
