@@ -11,7 +11,8 @@ groups of 7, none on a rank's boundary) through `get_dataset_shard("train").iter
 trains a small float64 model on it and reports a checkpoint (the model and the optimizer) every step. The
 first run has no faults. In the second, rank 1 kills itself (SIGKILL) in each of the first `--kills`
 attempts, at steps spread over the epochs, at 3 ranks throughout. The third has the same kills, then a node
-is killed (3 -> 2 workers) and, once the 2 train, a node is added (2 -> 3).
+is killed (3 -> 2 workers) and, once the 2 train, a node is added (2 -> 3); once the 3 train, a node is drained
+with nowhere to move (3 -> 2) and, once the 2 train, another added (2 -> 3).
 
 A step counts when it is no later than the step the next attempt restored (later steps were taken again).
 Figures, per epoch: how many rows were used 0, 1 or more times (outlast: all once), and what the same
@@ -117,18 +118,32 @@ def train(args: argparse.Namespace, workdir: str, kills: dict[str, int], resize:
     from outlast.train.torch import TorchTrainer
 
     events = os.path.join(workdir, "events.jsonl")
-    total = args.rows // 3 // BATCH * args.epochs
     with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=os.path.join(workdir, "cl")) as cl:
         def resize_now() -> None:
             def attempt_at(a: int, s: int) -> bool:
                 return any(e["event"] == "used" and e["attempt"] == a and e["step"] >= s
                            for e in read_events(events))
+            def attempt_after(a: int) -> bool:
+                return any(e["event"] == "used" and e["attempt"] > a for e in read_events(events))
+
+            def attempts() -> int:
+                return max((e["attempt"] for e in read_events(events) if e["event"] == "start"), default=0)
+
             after = len(kills) + 1
-            wait_for(lambda: attempt_at(after, int(total * 0.7)), 900, f"attempt {after} at 70% of the run")
+            last_kill = max(kills.values(), default=0)
+            wait_for(lambda: attempt_at(after, last_kill + 2), 900, f"attempt {after} past the last kill")
             cl.kill_node("node-2")
-            wait_for(lambda: any(e["event"] == "used" and e["attempt"] > after for e in read_events(events)), 300,
-                     "training at 2 workers")
+            wait_for(lambda: attempt_after(after), 300, "training at 2 workers")
+            grown = attempts()
             cl.add_node("node-3")
+            wait_for(lambda: attempt_after(grown), 300, "training at 3 workers again")
+            # A drain with nowhere to move: the elastic run goes on at 2, then grows on a node added once it does.
+            drained = attempts()
+            cl.drain_node("node-1", deadline_s=10)
+            wait_for(lambda: attempt_after(drained), 300, "training at 2 workers after the drain")
+            grown = attempts()
+            cl.add_node("node-4")
+            wait_for(lambda: attempt_after(grown), 300, "training at 3 workers after the drain")
 
         t = threading.Thread(target=resize_now, daemon=True)
         if resize:
@@ -137,6 +152,9 @@ def train(args: argparse.Namespace, workdir: str, kills: dict[str, int], resize:
         result = TorchTrainer(
             exact_loop, datasets={"train": data.read_parquet(os.path.join(os.path.dirname(workdir), "rows.parquet"))},
             train_loop_config={"events": events, "epochs": args.epochs, "kills": kills, "step_sleep": args.step_sleep,
+                               # the resizes come after the kills: steps long enough for the four to fit in the run
+                               "slow_from": max(kills.values(), default=0) + 1 if resize else None,
+                               "slow_step_sleep": args.resize_step_sleep,
                                # a virtual rank's batch: the step's 3 * BATCH rows among them
                                "batch": 3 * BATCH // args.virtual_ranks if args.virtual_ranks else BATCH,
                                "virtual_ranks": args.virtual_ranks},
@@ -306,6 +324,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rows", type=int, default=600)
     p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--resize-step-sleep", type=float, default=0.3,
+                   help="seconds each step sleeps in the resized run once its kills are over")
     p.add_argument("--virtual-ranks", type=int, default=6, choices=[0, 6],
                    help="DataConfig(virtual_ranks=...) of the outlast runs (0: none); each step reads 6 rows among them")
     p.add_argument("--ray-poll-s", type=float, default=0.1, help="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S of the Ray run")
@@ -333,7 +353,8 @@ def main() -> None:
            "settings": {"kills": args.kills, "ray_kills": args.ray_kills, "epochs": args.epochs, "rows": args.rows,
                         "batch_size": BATCH, "row_group": ROW_GROUP, "parts": args.parts,
                         "virtual_ranks": args.virtual_ranks,
-                        "resize": "3 -> 2 -> 3 (a node killed, then one added)"},
+                        "resize": "3 -> 2 -> 3 (a node killed, then one added) -> 2 -> 3 (a node drained with "
+                                  "nowhere to move, then one added)"},
            "ray": "kills, kills_and_resize: derived: the rows of each restored step's epoch used up to that step, "
                   "which a loop on Ray reads again (Ray Data restarts an epoch at its start); ray_kills: measured "
                   "on Ray 2.60 with the same loop, beside the figure derived from its restore points",

@@ -78,7 +78,8 @@ def exact_loop(config: dict) -> None:
                 checkpoint = Checkpoint.from_directory(d)
             train.report({"step": step, "epoch": epoch, "loss": loss.item()}, checkpoint=checkpoint)
             step += 1
-            time.sleep(config.get("step_sleep", 0.0))
+            slow = config.get("slow_from") is not None and step >= config["slow_from"]
+            time.sleep(config["slow_step_sleep"] if slow else config.get("step_sleep", 0.0))
     if rank == 0:
         emit(config["events"], event="weights", attempt=attempt, step=step,
              weights={k: [float(v).hex() for v in t.flatten().tolist()] for k, t in model.state_dict().items()})
