@@ -3,7 +3,8 @@ and a standby.
 
 A fresh fork server imports the preloaded modules again (torch: seconds, and tens of seconds on a
 busy machine) before it can fork, so its death would cost the run that long. So once the server
-is ready, and no fork was asked for in the last `STANDBY_AFTER_FORKS_S`, a second one is started,
+is ready, has forked everything asked of it, and forked nothing in the last `STANDBY_AFTER_FORKS_S`,
+a second one is started,
 the standby: it imports the same modules, then waits on its
 pipe and forks nothing. When the server dies, the standby takes its place at once, what is
 asked of it goes to the standby, and a new standby is started (by the restart policy: later
@@ -66,6 +67,9 @@ class ForkServer:
         self.restart_at: float | None = None  # when the next server (or standby) may start
         self.given_up = False
         self.last_fork = clock()
+        # Forks asked of the active server that it has not reported forked: a standby never starts while one is on
+        # its way (a server that is still importing reads the first run's requests only once it is ready).
+        self.forks_pending = 0
         self._waiting: list[tuple[m.ForkChild, m.ForkWorker | m.ForkTask]] = []
         self.start()
 
@@ -105,6 +109,7 @@ class ForkServer:
         assert self.active is not None
         how = describe_exit(_reap(self.active))
         self.active = None
+        self.forks_pending = 0  # its forks died with it; the restart asks for its own
         decision = self.restarts.on_death(now, how)
         if isinstance(decision, GiveUp):
             self.given_up = True
@@ -133,8 +138,9 @@ class ForkServer:
             started = self.start()
             self.restarts.restarted(now)
             return f"started the fork server again (pid {started.proc.pid})"
-        if self.standby_enabled and self.spare is None and self.active.ready \
-                and now - self.last_fork >= STANDBY_AFTER_FORKS_S:
+        # A fork asked for and not reported is waited for (a request the server dropped, at most STANDBY_RETRY_S).
+        wait_s = STANDBY_RETRY_S if self.forks_pending else STANDBY_AFTER_FORKS_S
+        if self.standby_enabled and self.spare is None and self.active.ready and now - self.last_fork >= wait_s:
             self.restart_at = None
             self.spare = self._spawn()
             mark("agent.standby_start", server=self.spare.proc.pid)
@@ -189,6 +195,7 @@ class ForkServer:
         if self.active is None:
             self._waiting.append((order, request))
             return
+        self.forks_pending += 1
         fd = fork_request.sealed(request)
         try:
             self.active.conn.send_bytes(encode(order))
@@ -206,7 +213,10 @@ class ForkServer:
         except (EOFError, OSError):
             return None
         msg = FROM_ZYGOTE.decode(data)
-        if isinstance(msg, m.ZygoteReady):
+        if isinstance(msg, m.Forked):
+            self.forks_pending = max(0, self.forks_pending - 1)
+            self.last_fork = self.clock()  # the wait for a standby counts from the fork itself
+        elif isinstance(msg, m.ZygoteReady):
             mark("agent.forkserver_ready", server=self.active.proc.pid)
             self.active.ready = True
         return msg

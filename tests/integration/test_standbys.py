@@ -114,3 +114,27 @@ def test_a_restarted_rank_is_a_spare_forked_before_the_kill_and_a_spare_killed_b
     # fit() stopped the node: no spare is left, used or not.
     for pid in spares:
         wait_until(lambda pid=pid: not alive(pid), 30, f"spare {pid} to end with the node")
+
+
+@pytest.mark.torch
+def test_the_standby_fork_server_waits_for_the_forks_asked_while_the_server_imported(storage_path, tmp_path,
+                                                                                      monkeypatch):
+    """A run asked for its ranks while the node's server was still importing torch: the server forks them once
+    ready, and the standby (seconds of imports on the same cores) starts only after they are forked."""
+    from outlast.agent.forkserver import STANDBY_AFTER_FORKS_S
+    from tests.integration.jobs import sleepy_loop
+
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("OUTLAST_TRACE_FILE", str(trace))
+    with LocalCluster(num_nodes=1) as cluster:  # the default preload: torch; fit() asks before it is imported
+        result = Trainer(sleepy_loop, train_loop_config={"steps": 2, "events": str(tmp_path / "events.jsonl")},
+                         scaling_config=ScalingConfig(num_workers=2),
+                         run_config=RunConfig(name="early", storage_path=storage_path)).fit()
+        assert result.error is None
+        wait_until(lambda: _status(cluster).fork_server_standby_pid != 0, 300, "a ready standby fork server")
+    marks = [json.loads(line) for line in trace.read_text().splitlines()]
+    ready = min(e["t"] for e in marks if e["phase"] == "agent.forkserver_ready")
+    forks = [e["t"] for e in marks if e["phase"] == "zygote.fork"]
+    (standby,) = [e["t"] for e in marks if e["phase"] == "agent.standby_start"]
+    assert len(forks) == 2 and min(forks) >= ready  # asked while it imported, forked once ready
+    assert standby >= max(forks) + STANDBY_AFTER_FORKS_S
