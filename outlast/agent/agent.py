@@ -208,9 +208,7 @@ class Agent:
     def _fork_server_died(self) -> None:
         """Its workloads died with it: report them lost (their runs restart them), then start a new
         one (it imports the preloaded modules again), later if it keeps dying, or stop the node."""
-        proc = self.forks.proc
-        assert proc is not None  # its pipe is the one that ended
-        pid = proc.pid
+        pid = self.forks.pid
         how, decision = self.forks.died(self.clock())
         self.core.gpus.release_all()
         self.apply(self.sup.lose_all(f"the fork server of node {self.node_id} (pid {pid}) died ({how}); "

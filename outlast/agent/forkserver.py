@@ -4,21 +4,25 @@ and a standby.
 A fresh fork server imports the preloaded modules again (torch: seconds, and tens of seconds on a
 busy machine) before it can fork, so its death would cost the run that long. So once the server
 is ready, has forked everything asked of it, and forked nothing in the last `STANDBY_AFTER_FORKS_S`,
-a second one is started,
-the standby: it imports the same modules, then waits on its
-pipe and forks nothing. When the server dies, the standby takes its place at once, what is
-asked of it goes to the standby, and a new standby is started (by the restart policy: later
-each time servers keep dying, and never once it gives up). With no standby ready, what is
-asked waits here for the new server, which reads it once its modules are imported.
-`OUTLAST_FORK_SERVER_STANDBY=0` keeps no standby (its memory: docs/benchmarks.md).
+it is asked to fork a standby (`ForkStandby`): a copy of itself, its modules imported already,
+sharing its pages, that waits on a socket of its own and forks nothing. When the server dies, the
+standby takes its place at once, what is asked of it goes to the standby, and the new server is
+asked for a new standby (by the restart policy: later each time servers keep dying, and never once
+it gives up). With no server at all, a fresh one is started, and what is asked waits here for it,
+which reads it once its modules are imported. `OUTLAST_FORK_SERVER_STANDBY=0` keeps no standby.
 
-Both are the agent's children: each leads its own session, is a subreaper and gets SIGTERM when
-the agent dies, so a standby ends with its agent as the server does.
+A server started here is the agent's child: it leads its own session, is a subreaper and gets
+SIGTERM when the agent dies. A standby is its server's child, and outlives it (that is its use);
+it ends when its socket to the agent does, or with its server when the server is stopped. The agent
+holds a pidfd of each server it did not start, so that it waits for and, if it must, kills that very
+process, never another that took its pid.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -47,9 +51,17 @@ STANDBY_AFTER_FORKS_S = 2.0
 
 @dataclass
 class _Server:
-    proc: subprocess.Popen[bytes]
+    """A fork server: started here (`proc`), or a standby its server forked (`pidfd`, once it said its pid)."""
+
+    proc: subprocess.Popen[bytes] | None
     conn: Connection
     ready: bool = False
+    pid: int = 0
+    pidfd: int = -1
+
+    def __post_init__(self) -> None:
+        if self.proc is not None:
+            self.pid = self.proc.pid
 
 
 class ForkServer:
@@ -84,13 +96,14 @@ class ForkServer:
         return self.active is not None and self.active.ready
 
     @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
-        return self.active.proc if self.active is not None else None
+    def pid(self) -> int:
+        """The active server's pid (0: none, or a standby that took over before it said its pid)."""
+        return self.active.pid if self.active is not None else 0
 
     @property
     def standby_pid(self) -> int:
         """The standby's pid once it is ready to take over, else 0."""
-        return self.spare.proc.pid if self.spare is not None and self.spare.ready else 0
+        return self.spare.pid if self.spare is not None and self.spare.ready else 0
 
     def fileno(self) -> int:
         assert self.active is not None
@@ -121,10 +134,10 @@ class ForkServer:
             self.takeovers += 1
             self.last_fork = now  # the restart's forks are on their way: the next standby waits for them
             self.restarts.restarted(now)
-            mark("agent.standby_took_over", server=self.active.proc.pid, ready=self.active.ready)
+            mark("agent.standby_took_over", server=self.active.pid, ready=self.active.ready)
             self._send_waiting()
             when = "now" if decision.at <= now else f"in {decision.at - now:.0f} s"
-            decision = Restart(decision.at, f"the fork server died ({how}); its standby (pid {self.active.proc.pid}) "
+            decision = Restart(decision.at, f"the fork server died ({how}); its standby (pid {self.active.pid}) "
                                             f"took its place, and a new standby starts {when}")
         return how, decision
 
@@ -137,14 +150,14 @@ class ForkServer:
             self.restart_at = None
             started = self.start()
             self.restarts.restarted(now)
-            return f"started the fork server again (pid {started.proc.pid})"
+            return f"started the fork server again (pid {started.pid})"
         # A fork asked for and not reported is waited for (a request the server dropped, at most STANDBY_RETRY_S).
         wait_s = STANDBY_RETRY_S if self.forks_pending else STANDBY_AFTER_FORKS_S
         if self.standby_enabled and self.spare is None and self.active.ready and now - self.last_fork >= wait_s:
             self.restart_at = None
-            self.spare = self._spawn()
-            mark("agent.standby_start", server=self.spare.proc.pid)
-            return f"started a standby fork server (pid {self.spare.proc.pid})"
+            self.spare = self._fork_standby(self.active)
+            mark("agent.standby_start", server=self.active.pid)
+            return f"asked the fork server (pid {self.active.pid}) for a standby"
         return None
 
     def on_standby(self) -> str | None:
@@ -154,12 +167,15 @@ class ForkServer:
             msg = FROM_ZYGOTE.decode(self.spare.conn.recv_bytes())
         except (EOFError, OSError):
             how = describe_exit(_reap(self.spare))
-            pid, self.spare = self.spare.proc.pid, None
+            pid, self.spare = self.spare.pid, None
             self.restart_at = self.clock() + STANDBY_RETRY_S
-            return f"the standby fork server (pid {pid}) died ({how}); starting another in {STANDBY_RETRY_S:.0f} s"
+            return f"the standby fork server (pid {pid or 'not known yet'}) died ({how}); another in " \
+                   f"{STANDBY_RETRY_S:.0f} s"
         if isinstance(msg, m.ZygoteReady):
+            if self.spare.proc is None:
+                self.spare.pid, self.spare.pidfd = msg.pid, _pidfd(msg.pid)
             self.spare.ready = True
-            mark("agent.standby_ready", server=self.spare.proc.pid)
+            mark("agent.standby_ready", server=self.spare.pid)
         return None
 
     def start(self) -> _Server:
@@ -181,6 +197,20 @@ class ForkServer:
         self.starts += 1
         return _Server(proc, Connection(ours.detach()))
 
+    @staticmethod
+    def _fork_standby(server: _Server) -> _Server | None:
+        """Ask `server` to fork a standby serving a new socket; None when the server is gone (its end is read)."""
+        ours, theirs = socket.socketpair()
+        try:
+            server.conn.send_bytes(encode(m.ForkStandby()))
+            send_handle(server.conn, theirs.fileno(), server.pid)
+        except OSError:
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        return _Server(None, Connection(ours.detach()))
+
     def _send_waiting(self) -> None:
         waiting, self._waiting = self._waiting, []
         for order, request in waiting:
@@ -199,7 +229,7 @@ class ForkServer:
         fd = fork_request.sealed(request)
         try:
             self.active.conn.send_bytes(encode(order))
-            send_handle(self.active.conn, fd, self.active.proc.pid)
+            send_handle(self.active.conn, fd, self.active.pid)
         except OSError:
             pass  # it died: the poll loop reads the end of file and reports the fork lost
         finally:
@@ -217,7 +247,7 @@ class ForkServer:
             self.forks_pending = max(0, self.forks_pending - 1)
             self.last_fork = self.clock()  # the wait for a standby counts from the fork itself
         elif isinstance(msg, m.ZygoteReady):
-            mark("agent.forkserver_ready", server=self.active.proc.pid)
+            mark("agent.forkserver_ready", server=self.active.pid)
             self.active.ready = True
         return msg
 
@@ -225,7 +255,7 @@ class ForkServer:
         for s in (self.active, self.spare):
             if s is None:
                 continue
-            if s.ready:
+            if s.ready or s.proc is None:
                 try:
                     s.conn.send_bytes(encode(m.StopForking()))  # an ordinary end, not the agent's death
                 except OSError:
@@ -235,13 +265,8 @@ class ForkServer:
             s.conn.close()
         deadline = time.monotonic() + 5.0  # one for both: they end side by side, and the agent's stop has a budget
         for s in (self.active, self.spare):
-            if s is None:
-                continue
-            try:
-                s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                s.proc.kill()
-                s.proc.wait()
+            if s is not None:
+                _wait(s, max(0.0, deadline - time.monotonic()))
         self.active = self.spare = None
 
     def _end_spare(self) -> None:
@@ -251,10 +276,37 @@ class ForkServer:
 
 
 def _reap(s: _Server, timeout_s: float = 1.0, end: bool = False) -> int | None:
-    """Close the pipe (a server exits on EOF) and return the exit code (negative: the signal)."""
+    """Close the pipe (a server exits on EOF) and return the exit code (negative: the signal; None: a standby,
+    whose exit status is its parent's)."""
     s.conn.close()
+    return _wait(s, 5.0 if end else timeout_s)
+
+
+def _wait(s: _Server, timeout_s: float) -> int | None:
+    """Wait for `s` to end, killing it past `timeout_s` (half dead, its pipe closed, or deaf: it is ours)."""
+    if s.proc is not None:
+        try:
+            return s.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            return s.proc.wait()
+    if s.pidfd < 0:  # a standby that never said its pid: its server, which forked it, ends it (or its socket did)
+        return None
     try:
-        return s.proc.wait(timeout=5.0 if end else timeout_s)
-    except subprocess.TimeoutExpired:
-        s.proc.kill()  # half dead (its pipe closed), or deaf: it is ours, so it goes
-        return s.proc.wait()
+        if not select.select([s.pidfd], [], [], timeout_s)[0]:
+            signal.pidfd_send_signal(s.pidfd, signal.SIGKILL)
+            select.select([s.pidfd], [], [], 5.0)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(s.pidfd)
+        s.pidfd = -1
+    return None
+
+
+def _pidfd(pid: int) -> int:
+    """A pidfd of the standby that just said it is ready (its socket open, so it is alive: the pid is its)."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return -1

@@ -38,7 +38,7 @@ def node_status(agent: Agent) -> m.StatusReply:
         run_drain_saves={r.run_id: r.saved_for_drain_at for r in agent.sup.runs.values()
                          if r.saved_for_drain_at is not None},
         metrics_url=agent.metrics.url if agent.metrics is not None else "",
-        fork_server_pid=agent.forks.proc.pid if agent.forks.proc is not None else 0,
+        fork_server_pid=agent.forks.pid,
         fork_server_standby_pid=agent.forks.standby_pid,
         fork_server_cuda=ready.cuda_initialized if (ready := agent.fork_server_ready) is not None else "",
         gpus={i: [f"{k[0]}/a{k[1]}/r{k[2]}" for k, shares in agent.core.gpus.held.items() if i in shares]

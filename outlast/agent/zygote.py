@@ -18,6 +18,13 @@ death, or the end of its pipe): every worker's group, then whatever they leave t
 No secret of a run ever enters this process: every child forked later would inherit it. The
 server gets a `ForkChild` (what to run, where, what to report) and an fd it never reads; the child
 reads its request from that fd after the fork (outlast/agent/fork_request.py), a spare too.
+
+Its standby (the server that takes its place when it dies) is forked from it too, on `ForkStandby`,
+before any worker: a copy whose imports are done and whose pages it shares, rather than a second
+Python importing torch again (seconds of CPU, and as much memory again). The standby leads its own
+session, serves a socket of its own to the agent, and is not killed with the workers' orphans; it
+outlives this server when this server dies (the case it is for), and ends when the agent goes (the
+end of its own socket) or when this server is stopped.
 """
 
 from __future__ import annotations
@@ -92,10 +99,13 @@ def read_error_file(path: str) -> m.WorkerError | None:
 
 
 class Zygote:
-    def __init__(self, conn: Connection, worker_user: WorkerUser | None = None) -> None:
+    def __init__(self, conn: Connection, worker_user: WorkerUser | None = None,
+                 ready: m.ZygoteReady | None = None) -> None:
         self.conn = conn
         self.worker_user = worker_user
+        self.ready = ready  # what this server's imports gave: what a standby forked from it reports too
         self.children: dict[int, m.ForkChild] = {}
+        self.standbys: set[int] = set()  # forked on ForkStandby: the agent's, neither workers nor orphans
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_w = wake_w
         signal.set_wakeup_fd(wake_w)
@@ -137,7 +147,7 @@ class Zygote:
             if self.conn.fileno() in ready:
                 try:
                     order = TO_ZYGOTE.decode(self.conn.recv_bytes())
-                    fd = recv_handle(self.conn) if isinstance(order, m.ForkChild) else -1
+                    fd = recv_handle(self.conn) if isinstance(order, (m.ForkChild, m.ForkStandby)) else -1
                 except BadMessage as e:  # the agent's own bug, or another outlast's: no fork, and the server stays
                     print(f"outlast fork server: dropped a malformed request: {e}", file=sys.stderr)
                     continue
@@ -147,6 +157,9 @@ class Zygote:
                 if isinstance(order, m.StopForking):
                     self.shutdown()
                     return
+                if isinstance(order, m.ForkStandby):
+                    self.fork_standby(fd)
+                    continue
                 self.fork(order, fd)
 
     def fork(self, order: m.ForkChild, fd: int) -> None:
@@ -167,6 +180,22 @@ class Zygote:
         mark("zygote.fork", child=pid, attempt=order.attempt, rank=order.rank)
         self._tell(m.Forked(run_id=order.run_id, attempt=order.attempt, rank=order.rank, pid=pid,
                             task_id=order.task_id, output_file=order.output_file))
+
+    def fork_standby(self, fd: int) -> None:
+        """Fork a standby server that serves the socket `fd` (closed here: it is the standby's alone)."""
+        try:
+            pid = os.fork()
+        except OSError as e:  # no memory or pids: the agent sees the socket end, and tries again later
+            print(f"outlast fork server: no standby ({e})", file=sys.stderr)
+            os.close(fd)
+            return
+        if pid == 0:
+            self._leave_the_server()
+            self.standbys.clear()
+            serve_as_standby(Connection(fd), self.worker_user, self.ready)  # never returns
+        os.close(fd)
+        self.standbys.add(pid)
+        mark("zygote.standby", child=pid)
 
     def fork_spare(self) -> None:
         ours, theirs = (Connection(s.detach()) for s in socket.socketpair())
@@ -294,6 +323,10 @@ class Zygote:
             spare = self.spares.pop(pid, None)
             if spare is not None:
                 spare.close()  # killed before a request came; another is forked when idle
+            if pid in self.standbys:  # the agent sees its socket end, and says how
+                self.standbys.discard(pid)
+                os.waitpid(pid, 0)
+                continue
             mark("zygote.reaped", child=pid, ours=order is not None)
             if order is not None:
                 kill_tree(pid, signal.SIGKILL)
@@ -309,7 +342,7 @@ class Zygote:
 
     def kill_orphans(self) -> None:
         """Kill what dead workers left: every child of ours that we did not fork (docstring above)."""
-        for pid in own_children() - set(self.children) - set(self.spares):
+        for pid in own_children() - set(self.children) - set(self.spares) - self.standbys:
             try:
                 leads_group = os.getpgid(pid) == pid
             except ProcessLookupError:
@@ -325,7 +358,7 @@ class Zygote:
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Kill every worker's group, then reap until no child is left (each dead one may hand
         us orphans), for at most `timeout_s`."""
-        for pid in [*self.children, *self.spares]:
+        for pid in [*self.children, *self.spares, *self.standbys]:  # a standby goes with the server it stands by
             kill_tree(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -339,6 +372,23 @@ class Zygote:
             self.children.pop(pid, None)
 
 
+def serve_as_standby(conn: Connection, worker_user: WorkerUser | None, ready: m.ZygoteReady | None) -> None:
+    """In a standby just forked: say it is ready (its modules are its server's), then serve as a server does."""
+    code = 0
+    try:
+        standby = Zygote(conn, worker_user, ready)
+        conn.send_bytes(encode(msgspec.structs.replace(ready or m.ZygoteReady(preloaded=[], failed={}),
+                                                       pid=os.getpid())))
+        standby.serve()
+    except OSError:
+        pass  # the agent went before it was told: nothing ran here
+    except BaseException:
+        traceback.print_exc()
+        code = 70
+    finally:
+        os._exit(code)
+
+
 def main() -> None:
     fd = int(sys.argv[1])
     modules = [s for s in sys.argv[2].split(",") if s] if len(sys.argv) > 2 else []
@@ -348,13 +398,13 @@ def main() -> None:
     become_subreaper()
     conn = Connection(fd)
     mark("zygote.start")
-    ready = preload(modules)
+    ready = msgspec.structs.replace(preload(modules), pid=os.getpid())
     mark("zygote.ready")
     try:
         conn.send_bytes(encode(ready))
     except OSError:
         return  # the agent stopped while we imported (a short run's standby): nothing ran here
-    Zygote(conn, worker_user).serve()
+    Zygote(conn, worker_user, ready).serve()
 
 
 if __name__ == "__main__":

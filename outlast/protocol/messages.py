@@ -912,6 +912,11 @@ class StopForking(Msg, frozen=True):
     """The agent is stopping: the end of the pipe that follows is an ordinary end."""
 
 
+class ForkStandby(Msg, frozen=True):
+    """Fork a standby of this fork server: a copy of it, its modules imported already, that serves the socket
+    whose fd follows (outlast/agent/forkserver.py)."""
+
+
 class ZygoteReady(Msg, frozen=True):
     preloaded: list[str]
     failed: dict[str, str]  # module -> why it did not import
@@ -919,6 +924,7 @@ class ZygoteReady(Msg, frozen=True):
     # that initialized CUDA cannot use a GPU, so the agent says so at once.
     cuda_initialized: str = ""
     cuda_driver_loaded: bool = False  # libcuda is mapped in the server (loading it alone is harmless)
+    pid: int = 0  # the server's: a forked standby is its fork server's child, not the agent's
 
 
 class Forked(Msg, frozen=True):
@@ -941,6 +947,6 @@ class Reaped(Msg, frozen=True):
     task_id: str = ""
 
 
-ToZygote = Union[ForkChild, StopForking]
+ToZygote = Union[ForkChild, StopForking, ForkStandby]
 ToChild = Union[ForkWorker, ForkTask]  # read by the child from its memfd
 FromZygote = Union[ZygoteReady, Forked, Reaped]

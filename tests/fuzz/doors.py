@@ -388,7 +388,7 @@ class ForkServerDoor(Door):
         try:
             conn.send_bytes(frame)
             if fd >= 0:
-                send_handle(conn, fd, self.forks.proc.pid)
+                send_handle(conn, fd, self.forks.pid)
         except OSError:
             pass  # it died: `alive` says so
         finally:
@@ -425,7 +425,7 @@ class ForkServerDoor(Door):
                     self._probes_reaped.add(msg.run_id)
 
     def alive(self) -> str | None:
-        proc = self.forks.proc
+        proc = self.forks.active.proc if self.forks.active is not None else None  # standby=False: one it started
         if proc is None or proc.poll() is not None:
             return f"the fork server exited with {proc.returncode if proc else '?'}"
         probe = f"probe-{self.n}"
