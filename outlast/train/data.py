@@ -268,6 +268,13 @@ class DataShard:
             log.warning("dataset %r: epoch %d is read again from its start: %s", self.name,
                         self._epochs.next_epoch, why)
 
+    def regroup(self, saved: dict[int, dp.Position], rank: int, world: int) -> None:
+        """A live grow made this rank `rank` of `world`: the rest of the epoch is split again from the old world's
+        positions (`saved`), and a walk under way goes on with this rank's new share at its next batch."""
+        first = saved[min(saved)]
+        self.rank, self.world = rank, world
+        self._epochs.regroup(saved, rank, world, self._new_seed(first.epoch, first.generation + 1))
+
     def _new_seed(self, epoch: int, generation: int) -> int:
         """A seed for this rank's shuffle of its share in a generation of an epoch, where the loop gave none: from
         the run's shared seed under live recovery, so that a replacement can tell it (`positions.take_up`), else
@@ -284,13 +291,23 @@ class DataShard:
         p, why = self._epochs.begin(bool(shuffle_buffer), seed + epoch if seed is not None else self._new_seed(epoch, 0))
         if why is not None:
             log.warning("dataset %r: %s: it starts over", self.name, why)
+        window = shuffle_buffer if self.source.streamed else None
         try:
-            left, least = dp.rows_left(p, shuffle_buffer if self.source.streamed else None)
-            for start, end in dp.batch_bounds(len(left), least, batch_size or max(len(left), 1), drop_last):
-                chunk = left[start:end]
-                # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
-                self._epochs.took(len(chunk))
-                yield convert(self.source.take(chunk, p.epoch))
+            plan = self._epochs.walk
+            while plan is not None:
+                left, least = dp.rows_left(plan, window)
+                for start, end in dp.batch_bounds(len(left), least, batch_size or max(len(left), 1), drop_last):
+                    chunk = left[start:end]
+                    # Counted before the loop sees the batch: a checkpoint reported in the loop body has used it.
+                    self._epochs.took(len(chunk))
+                    handed = self._epochs.walk
+                    yield convert(self.source.take(chunk, p.epoch))
+                    if self._epochs.walk is not handed:
+                        break  # regrouped while the loop held the batch (a live grow): the new share from its start
+                else:
+                    plan = None
+                    continue
+                plan = self._epochs.walk
         finally:
             self._epochs.end(p)
 
@@ -337,14 +354,13 @@ class VirtualRankShard:
     """A rank's part of a dataset split between virtual ranks (`DataConfig(virtual_ranks=...)`): the shares of
     the virtual ranks it holds, walked together; each step hands the loop `VirtualBatches`, a batch of each."""
 
-    def __init__(self, name: str, source: _Source, rank: int, world: int, virtual_world: int,
-                 seed_base: int | None = None) -> None:
+    def __init__(self, name: str, source: _Source, rank: int, world: int, virtual_world: int) -> None:
         if world > virtual_world:
             raise ValueError(f"dataset {name!r}: {world} ranks cannot share {virtual_world} virtual ranks; set "
                              f"DataConfig(virtual_ranks=...) to at least {world}")
         self.name, self.virtual_world = name, virtual_world
         self.virtual_ranks = tuple(held_virtual_ranks(rank, world, virtual_world))
-        self.parts = [_VirtualPart(name, source, v, virtual_world, True, seed_base) for v in self.virtual_ranks]
+        self.parts = [_VirtualPart(name, source, v, virtual_world, True) for v in self.virtual_ranks]
 
     def count(self) -> int:
         return sum(p.count() for p in self.parts)
@@ -464,7 +480,10 @@ def install_shards(datasets: dict[str, Any], config: DataConfig, rank: int, worl
     for name, data in datasets.items():
         source = to_source(name, data)
         if config.virtual_ranks is not None and config.splits(name):
-            shard = VirtualRankShard(name, source, rank, world_size, config.virtual_ranks, seed_base)
+            if seed_base is not None:
+                raise ValueError(f"dataset {name!r}: DataConfig(virtual_ranks=...) is not for live recovery, whose "
+                                 "LiveTraining reduces the gradients itself: drop one or the other")
+            shard = VirtualRankShard(name, source, rank, world_size, config.virtual_ranks)
             _shards[name] = shard
             for part in shard.parts:  # each under its virtual rank's key, which whoever holds it next reads
                 positions.track(f"dataset:{name}@{part.rank}", part)

@@ -232,6 +232,18 @@ class Epochs:
                              order_seed=order_seed, strided=self.strided)
         return self.walk, why
 
+    def regroup(self, saved: dict[int, Position], rank: int, world: int, new_seed: int) -> None:
+        """The world changed under the reader (a live-recovery run grew): from now on it is rank `rank` of
+        `world`, and the rest of the epoch it is in, from the positions every rank of the old world holds
+        (`saved`), is split again between the new ranks, as a restore at another size splits it."""
+        if not self.split:
+            return
+        self.rank, self.world = rank, world
+        if self.walk is not None:
+            self.walk = resume(saved, rank, world, new_seed)
+        elif self.resumed is not None:
+            self.resumed = resume(saved, rank, world, new_seed)
+
     def took(self, rows: int) -> None:
         """The loop was handed `rows` more rows of this walk."""
         assert self.walk is not None

@@ -27,6 +27,12 @@ class Resumable(Protocol):
     def resume_from(self, saved: dict[int, dp.Position]) -> None: ...
 
 
+class Regroups(Protocol):
+    """A reader whose rest of the epoch can be split again while it reads (a live grow): DataShard, EpochBatches."""
+
+    def regroup(self, saved: dict[int, dp.Position], rank: int, world: int) -> None: ...
+
+
 class Follows(Resumable, Protocol):
     """A reader that can go on from an earlier reader of the same source (prepare_data_loader's, built again)."""
 
@@ -115,25 +121,59 @@ def shared_seed(context: Any) -> int | None:
     return dp.run_seed(context.storage_path, context.experiment_name)
 
 
-def take_up(document: str, world: int, seed: int | None = None) -> list[str]:
+def take_up(document: str, seed: int | None = None) -> list[str]:
     """A rank that replaced a lost one in live recovery goes on where the rank it took the state from was at the
     start of the step it takes up: `document` is that rank's (`document()`, as it stood then). It stands for a
-    restored checkpoint's, for every rank of `world`: the ranks read in lockstep (a batch of the same size at
-    each step), so every rank was at the same place of its own share. prepare_data_loader's loaders deal one
-    order in turn; get_dataset_shard's ranks shuffle their shares each with a seed of its own, which every rank
-    can tell from the attempt's shared `seed` (`data_position.rank_seed`) when the loop gave none, and is the same
-    on every rank when it did (`local_shuffle_seed` plus the epoch). Returns the keys of the readers that cannot
-    be placed so (a position of another world size, or a seed drawn at random): those begin their epoch again."""
+    restored checkpoint's, for every rank of the world it was saved at: the ranks read in lockstep (a batch of the
+    same size at each step), so every rank was at the same place of its own share (`everyones`). A rank that joined
+    a grown group takes up its place in the split of the larger world the others made before the step (`regroup`),
+    as a replacement does. prepare_data_loader's
+    loaders deal one order in turn; get_dataset_shard's ranks shuffle their shares each with a seed of its own,
+    which every rank can tell from the attempt's shared `seed` (`data_position.rank_seed`) when the loop gave
+    none, and is the same on every rank when it did (`local_shuffle_seed` plus the epoch). Returns the keys of the
+    readers that cannot be placed so (a seed drawn at random): those begin their epoch again."""
     global _saved, _restored, _cache
     if not document:
         return []
     held = dp.decode(document, "the data position a live recovery's sender held")
-    kept = {key: p for key, p in held.items() if p.world == world and (p.strided or _seed_of(p, p.rank, seed) is not None)}
-    docs = {r: dp.encode(world, r, {key: dataclasses.replace(p, rank=r, seed=p.seed if p.strided else _seed_of(p, r, seed))
-                                    for key, p in kept.items()})
+    every = {key: everyones(p, seed) for key, p in held.items()}
+    kept = {key: ranks for key, ranks in every.items() if ranks is not None}
+    world = max((len(ranks) for ranks in kept.values()), default=1)
+    docs = {r: dp.encode(world, r, {key: ranks[r] for key, ranks in kept.items() if r in ranks})
             for r in range(world)}
     _saved, _restored, _cache = (lambda: docs), False, None
     return sorted(set(held) - set(kept))
+
+
+def regroup(document: str, rank: int, world: int, seed: int | None) -> list[str]:
+    """A live grow made this rank `rank` of `world`: every tracked reader splits the rest of its epoch again
+    between the new ranks, from this rank's own place (`document`, `document()` as it stands at the grow, told to
+    every rank of the old world as `take_up` tells it), as the ranks that joined do from the place they were sent.
+    Returns the keys of the readers that go on as they were (their other ranks' places cannot be told)."""
+    if not document:
+        return []
+    left = []
+    for key, p in dp.decode(document, "this rank's data position").items():
+        reader, ranks = _readers.get(key), everyones(p, seed)
+        if ranks is None or not hasattr(reader, "regroup"):
+            left.append(key)
+            continue
+        reader.regroup(ranks, rank, world)
+    return left
+
+
+def everyones(p: dp.Position, seed: int | None) -> dict[int, dp.Position] | None:
+    """Every rank's place in `p`'s generation, told from one rank's, `p` (the ranks read in lockstep: a batch of
+    the same size at each step), or None when a rank's shuffle seed cannot be told (see `take_up`)."""
+    if not p.split:
+        return None
+    out = {}
+    for r in range(p.world):
+        s = p.seed if p.strided else _seed_of(p, r, seed)
+        if s is None:
+            return None
+        out[r] = dataclasses.replace(p, rank=r, seed=s)
+    return out
 
 
 def _seed_of(p: dp.Position, rank: int, seed: int | None) -> int | None:

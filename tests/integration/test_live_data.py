@@ -103,3 +103,52 @@ def test_a_replacement_goes_on_with_the_lost_ranks_shuffled_share_of_a_dataset_s
             used = Counter(r for e in killed if e["event"] == "step" and e["epoch"] == epoch and e["rank"] == rank
                            for r in e["rows"])
             assert used == Counter(share), (epoch, rank)  # the share once, its shuffled rest read by the replacement
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("loop", ["live_shard_loop", "live_loader_loop"])
+def test_a_live_grow_splits_the_rest_of_the_epoch_between_the_new_ranks(storage_path, tmp_path, monkeypatch, loop):
+    """An elastic run (min 2, max 3) grows live mid-epoch when a node joins: the two ranks that were there and the
+    one that joined split the rest of the epoch between them (the joiner from the place it was sent, the others
+    from their own), so every row is used once an epoch, in the same attempt, with no step lost."""
+    import threading
+
+    import numpy as np
+
+    from outlast.testing import LocalCluster
+    from outlast.train.torch import TorchTrainer
+    from tests.integration import live_jobs
+    from tests.integration.procs import wait_until
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    rows, batch, epochs = 96, 4, 3  # 12 steps an epoch at 2 ranks
+    events = tmp_path / "grow.jsonl"
+    x = np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32)
+    with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def join() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
+                       "step 3")
+            cluster.add_node("node-2")
+
+        t = threading.Thread(target=join, daemon=True)
+        t.start()
+        TorchTrainer(
+            getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
+            train_loop_config={"events": str(events), "rows": rows, "batch": batch, "epochs": epochs, "sleep": 0.15},
+            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
+                                         elastic_resize_monitor_interval_s=0),
+            run_config=RunConfig(name="grow", storage_path=storage_path,
+                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
+        ).fit()
+        t.join()
+    log = read_events(events)
+    state = json.loads((Path(storage_path) / "grow" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["attempts"][0]["workers"] == 3
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("grow")
+    joined = min(e["step"] for e in log if e["event"] == "step" and e["rank"] == 2)
+    assert 0 < joined < epochs * rows // (2 * batch)  # it joined mid-run
+    for epoch in range(epochs):
+        used = Counter(r for e in log if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
+        assert used == Counter(range(rows)), (epoch, sorted((r, n) for r, n in used.items() if n != 1),
+                                              sorted(set(range(rows)) - set(used)))

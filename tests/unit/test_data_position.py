@@ -377,7 +377,7 @@ def test_a_replacement_takes_up_a_survivors_place_dealt_to_every_rank_and_leaves
     sent = dp.encode(2, 0, {"loader:0": _loader_position(0, 12), "shard:0": shard})
     positions.start(None)
     try:
-        assert positions.take_up(sent, 2) == ["shard:0"]
+        assert positions.take_up(sent) == ["shard:0"]
         saved = positions._read_saved()
         assert set(saved) == {"loader:0"} and sorted(saved["loader:0"]) == [0, 1]
         assert all(p.taken == 12 and p.rank == r for r, p in saved["loader:0"].items())
@@ -394,13 +394,13 @@ def test_a_replacement_takes_up_a_shard_shuffled_with_the_runs_seed_at_the_lost_
     sent = dp.encode(3, 2, {"dataset:a": drawn, "dataset:b": loops, "dataset:c": random})
     positions.start(None)
     try:
-        assert positions.take_up(sent, 3, base) == ["dataset:c"]  # a later generation's seed not from the run's
+        assert positions.take_up(sent, base) == ["dataset:c"]  # a later generation's seed not from the run's
         saved = positions._read_saved()
         assert {r: p.seed for r, p in saved["dataset:a"].items()} == {r: dp.rank_seed(base, 1, 0, r) for r in range(3)}
         assert {p.seed for p in saved["dataset:b"].values()} == {8}
         assert all(p.taken == 8 and p.rank == r for r, p in saved["dataset:a"].items())
         # Without the run's seed, no shuffled shard's seed can be told.
-        assert positions.take_up(sent, 3, None) == ["dataset:a", "dataset:b", "dataset:c"]
+        assert positions.take_up(sent, None) == ["dataset:a", "dataset:b", "dataset:c"]
     finally:
         positions.start(None)
 
@@ -422,7 +422,7 @@ def test_a_replacement_of_a_shard_reads_the_rest_of_the_lost_ranks_share_in_its_
     next(walk), next(walk)
     positions.start(None)
     try:
-        positions.take_up(dp.encode(3, 0, {"dataset:train": survivor.data_position()}), 3, base)
+        positions.take_up(dp.encode(3, 0, {"dataset:train": survivor.data_position()}), base)
         replacement = shard(1)
         positions.track("dataset:train", replacement)
         rest = [b["i"].tolist() for b in replacement.iter_batches(batch_size=4, local_shuffle_buffer_size=48)]

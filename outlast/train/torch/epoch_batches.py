@@ -38,6 +38,8 @@ class EpochBatches:
         self._bounds: list[tuple[int, int]] = []
         self._handed = 0  # batches of this walk handed out to the loop
         self._begun: dp.Position | None = None  # where this loader's latest walk began
+        self._yielded = 0  # batches of the current plan given to the DataLoader (ahead of the loop, with workers)
+        self._regrouped = False  # a live grow dealt the rest again: the walk takes up the new plan
 
     def set_epoch(self, epoch: int) -> None:
         """As DistributedSampler.set_epoch: the permutation of the epochs that begin from now on."""
@@ -53,11 +55,35 @@ class EpochBatches:
         epoch = self._asked_epoch if self._asked_epoch is not None else self._epochs.next_epoch
         p, _ = self._epochs.begin(False, 0, order_seed=self.seed + epoch if self.shuffle else None)
         self._begun = p
-        left, least = dp.rows_left(p)
-        self._bounds = dp.batch_bounds(len(left), least, self.batch_size, self.drop_last)
-        self._handed = 0
-        for start, end in self._bounds:
-            yield [int(i) for i in left[start:end]]
+        plan: dp.Position | None = p
+        while plan is not None:
+            left, least = dp.rows_left(plan)
+            self._bounds = dp.batch_bounds(len(left), least, self.batch_size, self.drop_last)
+            self._handed = 0
+            self._yielded = 0
+            for start, end in self._bounds:
+                self._yielded += 1
+                yield [int(i) for i in left[start:end]]
+                if self._regrouped:
+                    self._regrouped = False
+                    break  # a live grow: this rank's new share from its start
+            else:
+                plan = None
+                continue
+            plan = self._epochs.walk
+
+    def regroup(self, saved: dict[int, dp.Position], rank: int, world: int) -> None:
+        """A live grow made this rank `rank` of `world`: the rest of the epoch is dealt again from the old world's
+        positions (`saved`). A walk under way goes on with the new share once every batch it gave the DataLoader
+        was handed to the loop; one whose DataLoader's workers fetched ahead keeps its old share to the epoch's
+        end (the rows fetched ahead would be read twice), and says so."""
+        if self._yielded > self._handed:
+            log.warning("prepare_data_loader: a live grow to %d ranks deals the rest of epoch %d again only to a "
+                        "DataLoader without workers fetching ahead (num_workers=0); this one keeps its share",
+                        world, self._epochs.next_epoch - 1)
+            return
+        self._epochs.regroup(saved, rank, world, random.getrandbits(62))
+        self._regrouped = self._epochs.walk is not None
 
     def handed_out(self) -> None:
         """The loop was handed the walk's next batch."""

@@ -21,8 +21,12 @@ rank it took the state from.
 
 A planned change of the group (a drained node's rank moved to another node, ranks added to an elastic run) throws
 no step away: after a committed step, `step` forms the next generation before it reduces, and sends the state to
-the ranks that joined. A rank that the next generation leaves out (the drained one) has nothing left to do:
-`step` raises SystemExit(0), and its process exits cleanly, its rank held by its replacement.
+the ranks that joined. When the planned generation is larger (a grow), the step that announced it also splits the
+rest of each reader's epoch between the ranks of the larger world before it returns (`positions.regroup`), so
+that the next step's batches, the ranks that were there and the ones that join alike, come from the new split: a
+joiner takes up its place there as a replacement does. A rank that the next generation leaves out (the drained
+one) has nothing left to do: `step` raises SystemExit(0), and its process exits cleanly, its rank held by its
+replacement.
 
 The model is not wrapped in DistributedDataParallel (prepare_model returns it as it is in this mode): there is
 no default process group, since it could not outlive a rank. Each step's gradients go as one flat tensor, so
@@ -86,10 +90,9 @@ class LiveTraining:
         torch.set_rng_state(d["rng"])
         session = get_session("LiveTraining")
         session.continue_reports(d["reports"])
-        world = self.rank.group.world_size if self.rank.group is not None else session.context.world_size
-        for key in positions.take_up(d["data"], world, positions.shared_seed(session.context)):
-            log.warning("live recovery: %s begins its epoch again on this replacement: its place was saved at "
-                        "another world size, or shuffled with a seed drawn at random", key)
+        for key in positions.take_up(d["data"], positions.shared_seed(session.context)):
+            log.warning("live recovery: %s begins its epoch again on this rank: its place was shuffled with a seed "
+                        "drawn at random", key)
 
     def start(self, step: int = 0) -> int:
         """Join the group; returns the step to run first. `step`: where a loop that restored a checkpoint goes on
@@ -132,6 +135,8 @@ class LiveTraining:
             offset += n
         self.optimizer.step()
         self.optimizer.zero_grad()
+        if self.rank.regroup_due:
+            self._split_for_planned()
         self._keep_place()
         return step + 1
 
@@ -144,6 +149,18 @@ class LiveTraining:
         if not self._place:
             self._keep_place()
         return step
+
+    def _split_for_planned(self) -> None:
+        """The step just committed announced a planned generation: when it is larger (a grow), split the rest of each
+        reader's epoch between the ranks of the larger world now, before the loop takes the next step's batch."""
+        planned = rendezvous.newest_after(self.rank.store, self.rank.ledger.generation)
+        context = get_session("LiveTraining").context
+        if planned is None or planned.world_size <= context.world_size:
+            return
+        for key in positions.regroup(self._place_now(), context.world_rank, planned.world_size,
+                                     positions.shared_seed(context)):
+            log.warning("live grow: %s goes on with its share of the smaller world to its epoch's end: its other "
+                        "ranks' places cannot be told", key)
 
     def _keep_place(self) -> None:
         """Once a step committed: the data positions from which a joiner of the next recovery takes up the batches
