@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
-    from obstore.store import ClientConfig, S3Credential, S3Store
+    from obstore.store import ClientConfig, S3Config, S3Credential, S3Store
 
 PART = 16 << 20  # one ranged GET; a file is fetched as its parts, in parallel
 UPLOAD_PART = 16 << 20  # one part of a multipart upload (S3 takes none under 5 MiB but the last)
@@ -66,16 +66,16 @@ class BulkClient:
 
         client = fs.s3  # s3fs's aiobotocore client, made now if no call has made it yet
         endpoint: str = client.meta.endpoint_url
-        config: dict[str, Any] = {"region": client.meta.region_name or "us-east-1"}
+        config: S3Config = {"region": client.meta.region_name or "us-east-1"}
         if not endpoint.split("://", 1)[-1].split("/", 1)[0].endswith(".amazonaws.com"):
             config["endpoint"] = endpoint  # an S3-compatible server; AWS's own is found from the region
         options: ClientConfig = {"allow_http": endpoint.startswith("http://"), "timeout": "300s"}
         if fs.anon:
-            return cls(S3Store(bucket, skip_signature=True, client_options=options, **config))
+            return cls(S3Store(bucket, config={**config, "skip_signature": True}, client_options=options))
         credentials = _Credentials(fs)
         if credentials.fixed is not None:
-            return cls(S3Store(bucket, **credentials.fixed, client_options=options, **config))
-        return cls(S3Store(bucket, credential_provider=credentials, client_options=options, **config))
+            return cls(S3Store(bucket, config={**config, **credentials.fixed}, client_options=options))
+        return cls(S3Store(bucket, config=config, credential_provider=credentials, client_options=options))
 
     def read_into(self, key: str, target: Path, start: int, end: int) -> None:
         """Bytes [start, end) of object `key` into the same place of the file `target`, which exists.
@@ -129,7 +129,7 @@ class _Credentials:
     def __init__(self, fs: AbstractFileSystem) -> None:
         self.fs = fs
         self.chain: Any = None
-        self.fixed: dict[str, str] | None = None
+        self.fixed: S3Config | None = None
         if fs.key and fs.secret:
             self.fixed = _keys(fs.key, fs.secret, fs.token)
             return
@@ -153,8 +153,8 @@ class _Credentials:
                 "expires_at": datetime.now(timezone.utc) + _CREDENTIALS_TTL}
 
 
-def _keys(key: str, secret: str, token: str | None) -> dict[str, str]:
-    keys = {"access_key_id": key, "secret_access_key": secret}
+def _keys(key: str, secret: str, token: str | None) -> S3Config:
+    keys: S3Config = {"access_key_id": key, "secret_access_key": secret}
     if token:
         keys["session_token"] = token
     return keys

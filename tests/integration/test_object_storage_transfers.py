@@ -146,3 +146,14 @@ def test_refreshable_credentials_reach_object_store_through_a_provider_asked_aga
     storage._bulk_client = None  # made again, now through the provider
     path = materialize(storage, "run", NAME, tmp_path / "cache")
     assert [(path / e.path).read_bytes() for e in manifest.files] == [files[e.path] for e in manifest.files]
+
+
+def test_an_anonymous_file_system_reads_without_signing(s3, tmp_path):  # noqa: F811
+    import s3fs
+
+    boto3.client("s3").put_object(Bucket="runs", Key="public/blob", Body=b"0123456789", ACL="public-read")
+    fs = s3fs.S3FileSystem(anon=True, skip_instance_cache=True)
+    target = tmp_path / "blob"
+    target.write_bytes(b"\0" * 10)
+    s3_bulk.BulkClient.of(fs, "runs").read_into("public/blob", target, 2, 6)
+    assert target.read_bytes() == b"\0\0" + b"2345" + b"\0" * 4
