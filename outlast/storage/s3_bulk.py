@@ -9,8 +9,10 @@ with the GIL released (bench/s3_paths.py measures both against Ray's pyarrow and
 docs/benchmarks.md has the figures).
 
 The store reaches the bucket as s3fs's own client does: the endpoint and region that client resolved
-(`AWS_ENDPOINT_URL`, config files), the credentials of botocore's chain (environment, config files,
-instance roles), or none where s3fs is anonymous. object_store retries a failed request itself, with
+(`AWS_ENDPOINT_URL`, config files), and the credentials it signs with, or none where s3fs is anonymous:
+the file system's own key and secret, else the set its session's chain (environment, config files,
+profiles, instance roles) found when the client was made. A fixed set is handed to object_store as it
+is; a refreshable one (a role's) through a provider it asks again. The chain is not walked a second time. object_store retries a failed request itself, with
 backoff; what it still cannot fetch is the caller's error, and every restored file is checked against
 its manifest afterwards.
 """
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
-    from obstore.store import ClientConfig, S3Credential, S3Store
+    from obstore.store import ClientConfig, S3Config, S3Credential, S3Store
 
 PART = 16 << 20  # one ranged GET; a file is fetched as its parts, in parallel
 UPLOAD_PART = 16 << 20  # one part of a multipart upload (S3 takes none under 5 MiB but the last)
@@ -64,13 +66,16 @@ class BulkClient:
 
         client = fs.s3  # s3fs's aiobotocore client, made now if no call has made it yet
         endpoint: str = client.meta.endpoint_url
-        config: dict[str, Any] = {"region": client.meta.region_name or "us-east-1"}
+        config: S3Config = {"region": client.meta.region_name or "us-east-1"}
         if not endpoint.split("://", 1)[-1].split("/", 1)[0].endswith(".amazonaws.com"):
             config["endpoint"] = endpoint  # an S3-compatible server; AWS's own is found from the region
         options: ClientConfig = {"allow_http": endpoint.startswith("http://"), "timeout": "300s"}
         if fs.anon:
-            return cls(S3Store(bucket, skip_signature=True, client_options=options, **config))
-        return cls(S3Store(bucket, credential_provider=_Credentials(fs), client_options=options, **config))
+            return cls(S3Store(bucket, config={**config, "skip_signature": True}, client_options=options))
+        credentials = _Credentials(fs)
+        if credentials.fixed is not None:
+            return cls(S3Store(bucket, config={**config, **credentials.fixed}, client_options=options))
+        return cls(S3Store(bucket, config=config, credential_provider=credentials, client_options=options))
 
     def read_into(self, key: str, target: Path, start: int, end: int) -> None:
         """Bytes [start, end) of object `key` into the same place of the file `target`, which exists.
@@ -116,25 +121,40 @@ def brief(e: Exception) -> str:
 
 
 class _Credentials:
-    """object_store's credentials from where s3fs takes them: the file system's own key and secret when it
-    was given them, else botocore's chain, whose refreshable credentials (a role's) are asked again."""
+    """object_store's credentials from where s3fs's client takes them: the file system's own key and secret
+    when it was given them, else the set its session resolved for the client (aiobotocore's chain, which
+    honours the session's profile). `fixed`: the keys to hand object_store once, where they never change;
+    None where they are refreshable (a role's), which object_store then asks this provider for again."""
 
     def __init__(self, fs: AbstractFileSystem) -> None:
-        self.key, self.secret, self.token = fs.key, fs.secret, fs.token
+        self.fs = fs
         self.chain: Any = None
-        if not (self.key and self.secret):
-            import botocore.session
+        self.fixed: S3Config | None = None
+        if fs.key and fs.secret:
+            self.fixed = _keys(fs.key, fs.secret, fs.token)
+            return
+        from botocore.credentials import RefreshableCredentials
+        from fsspec.asyn import sync
 
-            self.chain = botocore.session.get_session().get_credentials()
-            if self.chain is None:
-                raise OSError("no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                              "or a profile in ~/.aws/credentials)")
+        fs.s3  # noqa: B018 - the client made, and with it the session and the credentials it signs with
+        self.chain = sync(fs.loop, fs.session.get_credentials)  # the session's own, resolved once and kept
+        if self.chain is None:
+            raise OSError("no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                          "or a profile in ~/.aws/credentials)")
+        if not isinstance(self.chain, RefreshableCredentials):
+            frozen = sync(fs.loop, self.chain.get_frozen_credentials)
+            self.fixed = _keys(frozen.access_key, frozen.secret_key, frozen.token)
 
     def __call__(self) -> S3Credential:
-        if self.chain is None:
-            key, secret, token = self.key, self.secret, self.token
-        else:
-            frozen = self.chain.get_frozen_credentials()
-            key, secret, token = frozen.access_key, frozen.secret_key, frozen.token
-        return {"access_key_id": key, "secret_access_key": secret, "token": token,
+        from fsspec.asyn import sync
+
+        frozen = sync(self.fs.loop, self.chain.get_frozen_credentials)  # refreshed by the chain when near expiry
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
                 "expires_at": datetime.now(timezone.utc) + _CREDENTIALS_TTL}
+
+
+def _keys(key: str, secret: str, token: str | None) -> S3Config:
+    keys: S3Config = {"access_key_id": key, "secret_access_key": secret}
+    if token:
+        keys["session_token"] = token
+    return keys

@@ -87,3 +87,73 @@ def test_an_upload_to_a_server_that_is_down_fails_in_one_line_naming_the_cause(s
     text = str(failed.value)
     assert "\n" not in text and "Debug source" not in text
     assert "Connection refused" in text and f"run/{NAME}/" in text
+
+
+def test_fixed_credentials_are_handed_to_object_store_without_a_second_walk_of_the_chain(s3, tree, tmp_path,  # noqa: F811
+                                                                                         monkeypatch):
+    """The keys in the environment, which s3fs's session resolved when its client was made, go to object_store
+    as they are: no botocore session of its own, no provider for object_store to call back into Python."""
+    import botocore.session
+
+    monkeypatch.setattr(botocore.session, "get_session", lambda *a, **k: pytest.fail("the chain walked again"))
+    src, files = tree
+    storage = open_storage("s3://runs/fixed")
+    manifest = _commit(storage, src)
+    credentials = s3_bulk._Credentials(storage.fs)
+    assert credentials.fixed == {"access_key_id": "testing", "secret_access_key": "testing"}
+    path = materialize(storage, "run", NAME, tmp_path / "cache")
+    assert [(path / e.path).read_bytes() for e in manifest.files] == [files[e.path] for e in manifest.files]
+
+
+def test_a_file_system_given_its_own_keys_signs_with_them(s3):  # noqa: F811
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key="given", secret="its-secret", token="a-token", skip_instance_cache=True)
+    assert s3_bulk._Credentials(fs).fixed == {"access_key_id": "given", "secret_access_key": "its-secret",
+                                              "session_token": "a-token"}
+
+
+def test_refreshable_credentials_reach_object_store_through_a_provider_asked_again(s3, tree, tmp_path,  # noqa: F811
+                                                                                    monkeypatch):
+    """A role's credentials expire: object_store is handed a provider that asks the session's set, which botocore
+    refreshes, each time it needs them."""
+    from datetime import datetime, timedelta, timezone
+
+    from aiobotocore.credentials import AioRefreshableCredentials
+
+    fetched = []
+
+    async def refresh():
+        fetched.append(1)
+        return {"access_key": "role-key", "secret_key": "role-secret", "token": f"role-token-{len(fetched)}",
+                "expiry_time": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()}
+
+    src, files = tree
+    storage = open_storage("s3://runs/role")
+    manifest = _commit(storage, src)  # made with the environment's keys
+    role = AioRefreshableCredentials.create_from_metadata(
+        metadata={"access_key": "role-key", "secret_key": "role-secret", "token": "role-token-0",
+                  "expiry_time": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()},
+        refresh_using=refresh, method="assume-role")
+
+    async def session_credentials():
+        return role
+
+    monkeypatch.setattr(storage.fs.session, "get_credentials", session_credentials)
+    credentials = s3_bulk._Credentials(storage.fs)
+    assert credentials.fixed is None
+    assert credentials()["token"] == "role-token-0" and credentials()["access_key_id"] == "role-key"
+    storage._bulk_client = None  # made again, now through the provider
+    path = materialize(storage, "run", NAME, tmp_path / "cache")
+    assert [(path / e.path).read_bytes() for e in manifest.files] == [files[e.path] for e in manifest.files]
+
+
+def test_an_anonymous_file_system_reads_without_signing(s3, tmp_path):  # noqa: F811
+    import s3fs
+
+    boto3.client("s3").put_object(Bucket="runs", Key="public/blob", Body=b"0123456789", ACL="public-read")
+    fs = s3fs.S3FileSystem(anon=True, skip_instance_cache=True)
+    target = tmp_path / "blob"
+    target.write_bytes(b"\0" * 10)
+    s3_bulk.BulkClient.of(fs, "runs").read_into("public/blob", target, 2, 6)
+    assert target.read_bytes() == b"\0\0" + b"2345" + b"\0" * 4
