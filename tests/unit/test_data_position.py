@@ -429,3 +429,40 @@ def test_a_replacement_of_a_shard_reads_the_rest_of_the_lost_ranks_share_in_its_
     finally:
         positions.start(None)
     assert rest == lost[2:] and sorted(sum(lost, [])) == list(range(16, 32))
+
+
+def test_a_live_grow_splits_the_rest_of_a_walk_under_way_and_the_joiner_takes_up_its_share():
+    """Ranks 0 and 1 of 2 are two batches into their shuffled shares; the world grows to 3: each splits the rest
+    from its own place (`positions.regroup`), the joiner takes up its place from rank 0's (`take_up`), and the
+    three read the rest of the epoch in lockstep, every row once."""
+    import numpy as np
+
+    from outlast.train import data
+
+    base = dp.run_seed("/s", "grow")
+
+    def shard(rank, world):
+        return data.DataShard("train", data.to_source("train", {"i": np.arange(48)}), rank, world, True, base)
+
+    read: list[int] = []
+    old = [shard(r, 2) for r in range(2)]
+    walks = [iter(s.iter_batches(batch_size=4, local_shuffle_buffer_size=48)) for s in old]
+    for _ in range(2):
+        read += [i for w in walks for i in next(w)["i"].tolist()]
+    places = [s.data_position() for s in old]
+    for r, s in enumerate(old):
+        positions.start(None)
+        positions.track("dataset:train", s)
+        assert positions.regroup(dp.encode(2, r, {"dataset:train": places[r]}), r, 3, base) == []
+    positions.start(None)
+    try:
+        positions.take_up(dp.encode(3, 0, {"dataset:train": old[0].data_position()}), base)
+        joiner = shard(2, 3)
+        positions.track("dataset:train", joiner)
+        walks.append(iter(joiner.iter_batches(batch_size=4, local_shuffle_buffer_size=48)))
+        rest = [[b["i"].tolist() for b in w] for w in walks]
+    finally:
+        positions.start(None)
+    assert len({len(r) for r in rest}) == 1  # as many batches on every rank
+    read += [i for r in rest for b in r for i in b]
+    assert sorted(read) == list(range(48))
