@@ -113,12 +113,13 @@ class _Epoch:
 
     def __init__(self) -> None:
         self.epoch = 0
+        self.running = False  # inside an epoch the loop decided to run (a rank that joins mid-epoch runs it too)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch}
+        return {"epoch": self.epoch, "running": self.running}
 
     def load_state_dict(self, d: dict) -> None:
-        self.epoch = d["epoch"]
+        self.epoch, self.running = d["epoch"], d.get("running", False)
 
 
 def live_loader_loop(config: dict) -> None:
@@ -143,7 +144,7 @@ def live_loader_loop(config: dict) -> None:
     _log(config, event="start", step=step, epoch=epoch.epoch)
     kill = {(k[0], k[1]) for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
-    while epoch.epoch < config["epochs"]:
+    while _more_epochs(config, epoch, live):
         loader.sampler.set_epoch(epoch.epoch)
         for ids, xb in loader:
             ((model(xb) - xb.sum(dim=1, keepdim=True)) ** 2).mean().backward()
@@ -154,8 +155,21 @@ def live_loader_loop(config: dict) -> None:
             step = live.step(step)
             _log(config, event="step", step=was, epoch=epoch.epoch, rows=ids.tolist())
         epoch.epoch += 1
+        epoch.running = False
     live.close()
     _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+
+
+def _more_epochs(config: dict, epoch, live) -> bool:
+    """Another epoch: `config["epochs"]` of them, and with `config["until_generation"]`, on until the live group has
+    reached that generation (a grow that takes its time under load), at most 40 epochs. The ranks decide at an
+    epoch's start, all after the same step, where the generation is the same on every rank; a rank that joins
+    mid-epoch finds the decision in the state it was sent (`running`), and runs the epoch to its end."""
+    if not epoch.running:
+        epoch.running = epoch.epoch < config["epochs"] or live.generation < config.get("until_generation", 0)
+        if epoch.running and epoch.epoch >= 40:
+            raise RuntimeError(f"generation {config['until_generation']} not reached in 40 epochs")
+    return epoch.running
 
 
 def live_shard_loop(config: dict) -> None:
@@ -177,7 +191,7 @@ def live_shard_loop(config: dict) -> None:
     _log(config, event="start", step=step, epoch=epoch.epoch)
     kill = {(k[0], k[1]) for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
-    while epoch.epoch < config["epochs"]:
+    while _more_epochs(config, epoch, live):
         for batch in batches:
             ((model(batch["x"]) - batch["x"].sum(dim=1, keepdim=True)) ** 2).mean().backward()
             if first and (rank, step) in kill:
@@ -187,6 +201,7 @@ def live_shard_loop(config: dict) -> None:
             step = live.step(step)
             _log(config, event="step", step=was, epoch=epoch.epoch, rows=batch["i"].tolist())
         epoch.epoch += 1
+        epoch.running = False
     live.close()
     _log(config, event="end")
 
