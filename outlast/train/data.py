@@ -303,11 +303,10 @@ class DataShard:
                     handed = self._epochs.walk
                     yield convert(self.source.take(chunk, p.epoch))
                     if self._epochs.walk is not handed:
-                        break  # regrouped while the loop held the batch (a live grow): the new share from its start
+                        break  # regrouped while the loop held the batch (a live grow)
                 else:
-                    plan = None
-                    continue
-                plan = self._epochs.walk
+                    break  # read to its end
+                plan = self._epochs.walk  # the new share, from its start
         finally:
             self._epochs.end(p)
 

@@ -66,11 +66,10 @@ class EpochBatches:
                 yield [int(i) for i in left[start:end]]
                 if self._regrouped:
                     self._regrouped = False
-                    break  # a live grow: this rank's new share from its start
+                    break  # a live grow
             else:
-                plan = None
-                continue
-            plan = self._epochs.walk
+                break  # read to its end
+            plan = self._epochs.walk  # this rank's new share, from its start
 
     def regroup(self, saved: dict[int, dp.Position], rank: int, world: int) -> None:
         """A live grow made this rank `rank` of `world`: the rest of the epoch is dealt again from the old world's
