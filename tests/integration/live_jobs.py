@@ -166,7 +166,10 @@ def _more_epochs(config: dict, epoch, live) -> bool:
     epoch's start, all after the same step, where the generation is the same on every rank; a rank that joins
     mid-epoch finds the decision in the state it was sent (`running`), and runs the epoch to its end."""
     if not epoch.running:
-        epoch.running = epoch.epoch < config["epochs"] or live.generation < config.get("until_generation", 0)
+        # The generation formed, not one due: a loop that stopped at an epoch's end with a grow due would form it
+        # in close(), and the ranks that joined would run no step.
+        formed = live.rank.ledger.generation
+        epoch.running = epoch.epoch < config["epochs"] or formed < config.get("until_generation", 0)
         if epoch.running and epoch.epoch >= 40:
             raise RuntimeError(f"generation {config['until_generation']} not reached in 40 epochs")
     return epoch.running
