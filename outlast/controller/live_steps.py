@@ -28,12 +28,13 @@ from outlast.controller.preemption import Preemption
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import Budget, FailureKind
+from outlast.protocol.transport import INCARNATION_VAR, LIVE_STORE_VAR
 from outlast.storage.records import FailureRecord, LiveRecoveryRecord, ResizeRecord
 
 log = logging.getLogger("outlast.controller")
 
-STORE_VAR = "OUTLAST_LIVE_STORE"  # where a rank's live group meets: the controller's store, "host:port"
-INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"  # how many times the rank was replaced in this attempt
+STORE_VAR = LIVE_STORE_VAR  # where a rank's live group meets: the controller's store, "host:port"
+# INCARNATION_VAR (protocol/transport.py): how many times the rank was replaced in this attempt
 # How long a planned generation waits for the drain's notice to be fixed (`horizons.py`) once its new members
 # wait: past it, a loop that stopped asking get_preemption_info() does not hold the move up until the deadline.
 NOTICE_WAIT_S = 2.0

@@ -167,6 +167,7 @@ def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, identity: 
 
 
 INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"  # a live recovery's replacement: how many processes held its rank before
+LIVE_STORE_VAR = "OUTLAST_LIVE_STORE"  # in every rank of a live-recovery run: its live group's store, "host:port"
 
 
 def incarnation_from_env() -> int:

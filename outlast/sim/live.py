@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol.membership import Membership, member_name, store_prefix
+from outlast.protocol.transport import INCARNATION_VAR
 from outlast.sim.schedule import LIVE_POINTS
 from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
@@ -38,7 +39,6 @@ POINTS = LIVE_POINTS
 POLL_S = 0.01  # a rank's look at the store while it waits for a verdict or a generation
 TRANSFER_S = (0.005, 0.3)  # the state's transfer
 FORM_TIMEOUT_S = 60.0  # LiveRank's: a group whose member never connects fails to form only then
-INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"
 BROKEN = "broken"
 
 

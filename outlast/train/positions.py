@@ -14,9 +14,8 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from outlast.protocol.transport import LIVE_STORE_VAR
 from outlast.train import data_position as dp
-
-LIVE_STORE_VAR = "OUTLAST_LIVE_STORE"  # set in every rank of a live-recovery run (controller/live_steps.py)
 
 
 class Resumable(Protocol):
@@ -25,12 +24,6 @@ class Resumable(Protocol):
     def data_position(self) -> dp.Position: ...
 
     def resume_from(self, saved: dict[int, dp.Position]) -> None: ...
-
-
-class Regroups(Protocol):
-    """A reader whose rest of the epoch can be split again while it reads (a live grow): DataShard, EpochBatches."""
-
-    def regroup(self, saved: dict[int, dp.Position], rank: int, world: int) -> None: ...
 
 
 class Follows(Resumable, Protocol):

@@ -5,6 +5,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from outlast.protocol.transport import LIVE_STORE_VAR
 from outlast.agent.gpus import own_device_indices
 from outlast.client.preload import TORCH_MODULES
 from outlast.errors import RendezvousError, WorkerSetupError
@@ -48,7 +49,7 @@ class TorchBackend(Backend):
                                        f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); install "
                                        "a CUDA build of torch there, or start the node without --num-gpus")
             torch.cuda.set_device(own_device_indices(os.environ, context.local_rank, torch.cuda.device_count())[0])
-        if os.environ.get("OUTLAST_LIVE_STORE"):
+        if os.environ.get(LIVE_STORE_VAR):
             # Live recovery: the ranks reduce in a group of their own per generation (LiveTraining), which a
             # replacement joins; a default group would have to be formed again by every rank at each death.
             return

@@ -42,6 +42,7 @@ from typing import Any
 
 from outlast.faults import fault_point
 from outlast.protocol.membership import member_name, store_prefix
+from outlast.protocol.transport import INCARNATION_VAR, LIVE_STORE_VAR
 from outlast.train import positions
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
@@ -50,7 +51,7 @@ from outlast.train.live.rendezvous import NotAMemberError
 
 log = logging.getLogger("outlast.worker")
 
-STORE_VAR, INCARNATION_VAR = "OUTLAST_LIVE_STORE", "OUTLAST_LIVE_INCARNATION"  # set by the controller (live_steps.py)
+STORE_VAR = LIVE_STORE_VAR  # set by the controller (live_steps.py), as INCARNATION_VAR is
 
 
 class LiveTraining:
