@@ -36,6 +36,7 @@ def loop(config: dict) -> None:
     step = live.start()
     print(f"[rank {rank} pid {os.getpid()}] training from step {step}", flush=True)
     while step < config["steps"]:
+        rank = train.get_context().get_world_rank()  # a shrink (an elastic run's lost node) numbers ranks afresh
         # The batch follows from the step and the rank: a step run again reads the same one.
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(64, 3, generator=g)
@@ -43,8 +44,10 @@ def loop(config: dict) -> None:
         loss.backward()
         if rank == 0 and step == KILL_AT and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0":
             os.kill(os.getpid(), signal.SIGKILL)
-        step = live.step(step)  # returns step + 1: a step that broke was reduced again with the replacement
-        train.report({"step": step - 1, "loss": loss.item()})
+        done = live.step(step)  # step + 1: a step that broke was reduced again with the replacement
+        if done > step:  # not thrown away by a shrink
+            train.report({"step": step, "loss": loss.item()})
+        step = done
     live.close()
 
 

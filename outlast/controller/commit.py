@@ -29,6 +29,7 @@ the decision about what that rank delivered was made when it was lost.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,14 +309,28 @@ class CommitTracker:
         for p in out:
             p.metrics = self._lead_metrics.get(p.index, p.metrics)
             p.data_positions = self._positions.pop(p.index, {})
+            worlds = {_world_of(d) for d in p.data_positions.values()}
             for rank in self.lost - set(p.data_positions):
                 # Lost before it made this report: where it was at its last one. What it read since was never
-                # reported, so it is read again.
-                if rank in self._last_position:
-                    p.data_positions[rank] = self._last_position[rank]
+                # reported, so it is read again. Not when the others reported at another world size: a live group
+                # shrank without it, and split what it had not read between them.
+                last = self._last_position.get(rank)
+                if last is not None and (not worlds or _world_of(last) in worlds):
+                    p.data_positions[rank] = last
         oldest_kept = min([done_below, *self._pending])
         while self._lead_metrics and next(iter(self._lead_metrics)) < oldest_kept:
             del self._lead_metrics[next(iter(self._lead_metrics))]
         for index in [i for i in self._positions if i < oldest_kept]:
             del self._positions[index]  # a report without a checkpoint: nothing keeps its positions
         return out
+
+
+def _world_of(position: str) -> int | None:
+    """The world size a rank's data position document was written at (`outlast/train/data_position.py`); None
+    when it says none. The document is the rank's: read as data, never trusted to be well formed."""
+    try:
+        doc = json.loads(position)
+    except ValueError:
+        return None
+    world = doc.get("world") if isinstance(doc, dict) else None
+    return world if isinstance(world, int) else None

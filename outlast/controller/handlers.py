@@ -158,7 +158,11 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
         lose_preempted_rank(c, a, p, ev, failed)
     elif failed and not (s.kind is State.RESTARTING and _our_stop(c, a, ev)):
         record = _failure_record(ev, c.wall())
+        lost_before = set(a.lost)
         if live_steps.on_death(c, a, ev.rank, record):
+            if a.lost - lost_before:
+                lose_shrunk_ranks(c, a, a.lost - lost_before)
+                return
             # The survivors go on, and a replacement takes the rank. The committed steps the dead rank had not
             # reported it never will, nor will its uploads say they are done: the checkpoints waiting on it settle
             # without it (CommitTracker.replaced, lose_uploads).
@@ -212,6 +216,17 @@ def lose_preempted_rank(c: CoreState, a: AttemptState, p: Preemption, ev: m.Work
         on_workers.reply_collective(c, done)
     if a.all_exited(c.plan.world_size) and c.state.kind in _PREEMPTED:
         lifecycle.restart(c, Event.PREEMPTION_SAFE, p)
+
+
+def lose_shrunk_ranks(c: CoreState, a: AttemptState, ranks: set[int]) -> None:
+    """Live recovery shrank the group without `ranks` (a lost node's): no checkpoint, collective or preemption
+    answer waits for them from here; a checkpoint they held a shard of and never reported is missing it."""
+    for rank in sorted(ranks):
+        preempt_steps.answer(c, c.horizons.lose_rank(rank, c.now))
+    for pending in c.commit_tracker.lose_ranks(ranks).settled:
+        commit_steps.begin(c, pending)
+    for done in c.collectives.lose_ranks(ranks):
+        on_workers.reply_collective(c, done)
 
 
 def _failure_record(ev: m.WorkerExited, wall: float) -> FailureRecord:

@@ -18,6 +18,11 @@ run join a generation with a larger world size and take the state from the runni
 members are forked first, and the next generation, published once they wait for it (`publishable`), is
 `planned`: no step is thrown away, the ranks form it after the step in flight, and the drained ranks,
 left out of it, exit. A death meanwhile widens it as it widens any recovery.
+
+A shrink (`on_shrink`) answers a lost node with no room elsewhere in an elastic run: the next generation leaves
+its ranks out, and the ranks that live go on as a smaller world, with nobody to send the state to. The group's
+ranks are numbered afresh, in order (`slots`); the controller keeps its own numbers for the processes, which
+its messages name, and the lost ones stay lost for the rest of the attempt.
 """
 
 from __future__ import annotations
@@ -39,6 +44,15 @@ class Replace:
     membership: Membership
     reason: str
     charged: bool = True  # False: another rank of the same lost node, whose loss is one failure, charged once
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """Publish `membership`: the ranks that live go on without `ranks` (a lost node's), as a smaller world."""
+
+    ranks: tuple[int, ...]
+    membership: Membership
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -94,9 +108,14 @@ class Recovery:
 
 
 class LiveRun:
-    """One attempt's generations. Generation 0 is the attempt's ranks as spawned (incarnation 0)."""
+    """One attempt's generations. Generation 0 is the attempt's ranks as spawned (incarnation 0).
+
+    A rank here is the controller's number of it, which its process was spawned with and its messages carry;
+    `slots` lists them in the live group's order, so the group's rank of one is its index there. The two are the
+    same until a shrink leaves ranks out."""
 
     def __init__(self, world_size: int, max_transfer_deaths: int = MAX_TRANSFER_DEATHS) -> None:
+        self.slots = list(range(world_size))
         self.membership = first_membership([member_name(r, 0) for r in range(world_size)])
         self.incarnation = {r: 0 for r in range(world_size)}
         self.max_transfer_deaths = max_transfer_deaths
@@ -114,9 +133,9 @@ class LiveRun:
         the replacement, or fall back. `finished`: ranks whose loop already returned (their process exited
         cleanly). `lost_node`: the node whose loss killed it; the other ranks of that node die with it, and the
         loss is one death of the recovery and one failure, not one per rank."""
-        if not 0 <= rank < self.membership.world_size:
+        if rank not in self.slots:
             return FallBack(f"rank {rank} is not in generation {self.membership.generation} "
-                            f"({self.membership.world_size} ranks)")
+                            f"(ranks {self.slots})")
         if not self.formed:
             return FallBack(f"rank {rank} died before the ranks formed their live group (a loop that does not use "
                             "outlast.train.torch.LiveTraining never does): a replacement would not take the state")
@@ -141,12 +160,10 @@ class LiveRun:
                             f"{sorted(self.unsent)} still waiting for it)")
         if lost_node is not None:
             r.nodes_lost.add(lost_node)
-        incarnation = self.incarnation[rank] + 1
+        incarnation = self.incarnation[rank] = self.incarnation[rank] + 1
         member = member_name(rank, incarnation)
-        members = tuple(member if k == rank else m for k, m in enumerate(self.membership.members))
-        membership = Membership(self.membership.generation + 1, members, tuple(sorted(unsent)), kept[0])
+        membership = self._next(unsent, kept[0])
         self.membership, self.unsent = membership, unsent
-        self.incarnation[rank] = incarnation
         self.unreported.add(rank)
         if rank not in r.ranks:
             r.ranks.append(rank)
@@ -154,10 +171,55 @@ class LiveRun:
                        f"rank {rank} is replaced by {member} in generation {membership.generation}; rank {kept[0]} "
                        f"sends the state to rank(s) {sorted(unsent)}, and ranks {kept} go on", charged=not same_loss)
 
+    def on_shrink(self, ranks: list[int], cause: str, wall: float, least: int, node: str,
+                  finished: tuple[int, ...] = ()) -> Shrunk | FallBack:
+        """Node `node` is lost with `ranks`, and no other node has room for them: the ranks that live go on without
+        them when at least `least` (the elastic run's min_workers) are left. The step in flight is thrown away (its
+        batches go back to the rest of the epoch, split again between the smaller world)."""
+        left = [k for k in self.slots if k not in ranks]
+        if not self.formed:
+            return FallBack(f"rank(s) {ranks} were lost before the ranks formed their live group")
+        if finished:
+            return FallBack(f"rank(s) {ranks} were lost after rank(s) {sorted(finished)} finished their loop")
+        if len(left) < least:
+            return FallBack(f"{len(left)} rank(s) would be left, fewer than the run's min_workers={least}")
+        if not self.holders_besides(ranks):
+            return FallBack(f"node {node} is lost with rank(s) {ranks}, and no rank that holds the state is left")
+        waiting = sorted(self.unsent - set(ranks))
+        if waiting:
+            # Their place in the data is told from the sender's, at the world size they were forked for.
+            return FallBack(f"rank(s) {waiting} still wait for the state: the world cannot shrink under them")
+        r = self.recovery
+        if r is None:
+            r = self.recovery = Recovery(since=wall, cause=cause)
+        elif not self.losing(node):
+            r.deaths += 1
+            if r.deaths > self.max_transfer_deaths:
+                return FallBack(f"{r.deaths} more ranks died while rank(s) {r.ranks} took the state "
+                                f"(more than {self.max_transfer_deaths})")
+        r.nodes_lost.add(node)
+        r.ranks += [k for k in ranks if k not in r.ranks]
+        world = len(self.slots)
+        self.slots, self.unsent = left, set()
+        self.unreported -= set(ranks)
+        for k in ranks:
+            self.hung.pop(k, None)
+        self.membership = self._next(set(), None)
+        return Shrunk(tuple(ranks), self.membership,
+                      f"rank(s) {ranks} are left out of generation {self.membership.generation}: ranks {left} go on "
+                      f"as {len(left)} of {world}, renumbered 0 to {len(left) - 1}, the step in flight thrown away")
+
     def holders_besides(self, ranks: list[int]) -> list[int]:
         """The ranks that hold the state and are not among `ranks` (those of a node lost at once): none left, and
         the node's loss falls back at its first rank, not after some of its ranks were replaced."""
-        return [k for k in range(self.membership.world_size) if k not in self.unsent and k not in ranks]
+        return [k for k in self.slots if k not in self.unsent and k not in ranks]
+
+    def _next(self, joiners: set[int], source: int | None, planned: bool = False) -> Membership:
+        """The generation after the newest: `slots`' members as they stand, `joiners` and `source` as ranks of the
+        controller's numbering (made the group's here)."""
+        members = tuple(member_name(r, self.incarnation[r]) for r in self.slots)
+        return Membership(self.membership.generation + 1, members, tuple(sorted(self.slots.index(r) for r in joiners)),
+                          None if source is None else self.slots.index(source), planned=planned)
 
     def losing(self, node: str) -> bool:
         """Whether the recovery under way began with, or took in, the loss of `node`."""
@@ -166,7 +228,7 @@ class LiveRun:
     def on_hang(self, rank: int, summary: str) -> bool:
         """The hang watch blames `rank`: True when it is killed and its death replaces it (its peers' collective,
         waiting on it, fails when its sockets close). False: the attempt restarts, as without live recovery."""
-        if not self.formed or not 0 <= rank < self.membership.world_size or rank in self.hung:
+        if not self.formed or rank not in self.slots or rank in self.hung:
             return False
         self.hung[rank] = summary
         return True
@@ -202,17 +264,15 @@ class LiveRun:
         if self.recovery is not None:
             return StayPut(f"ranks {ranks} are drained while rank(s) {self.recovery.ranks} still take the state "
                            f"in generation {self.membership.generation}")
-        kept = [k for k in range(self.membership.world_size) if k not in ranks]
+        kept = [k for k in self.slots if k not in ranks]
         if not kept:
             return StayPut(f"every rank ({ranks}) is on a draining node: no rank stays to send the state")
         if no_room is not None:
             return StayPut(f"no node that stays has room for ranks {ranks}: {no_room}")
         incarnations = {r: self.incarnation[r] + 1 for r in ranks}
-        members = tuple(member_name(r, incarnations[r]) if r in incarnations else m
-                        for r, m in enumerate(self.membership.members))
-        membership = Membership(self.membership.generation + 1, members, tuple(sorted(ranks)), kept[0], planned=True)
-        self.membership, self.unsent = membership, set(ranks)
         self.incarnation.update(incarnations)
+        membership = self._next(set(ranks), kept[0], planned=True)
+        self.membership, self.unsent = membership, set(ranks)
         self.unreported |= set(ranks)
         self.recovery = Recovery(since=wall, cause=cause, ranks=sorted(ranks))
         self.unpublished, self.starting = membership, set(ranks)
@@ -224,6 +284,8 @@ class LiveRun:
         """The elastic run has room for `to_workers` (more than it has): the added ranks, numbered after the
         others, join a planned generation of that size; rank 0 sends them the state."""
         world = self.membership.world_size
+        if self.slots != list(range(world)):
+            return StayPut(f"the run shrank live to ranks {self.slots} in this attempt: it grows at its next restart")
         if to_workers <= world:
             return StayPut(f"{to_workers} workers is no grow from {world}")
         if not self.formed:
@@ -234,10 +296,10 @@ class LiveRun:
         added = list(range(world, to_workers))
         # A rank number held before in this attempt (a smaller world since) gets a member name of its own.
         incarnations = {r: self.incarnation.get(r, -1) + 1 for r in added}
-        members = self.membership.members + tuple(member_name(r, incarnations[r]) for r in added)
-        membership = Membership(self.membership.generation + 1, members, tuple(added), 0, planned=True)
-        self.membership, self.unsent = membership, set(added)
         self.incarnation.update(incarnations)
+        self.slots += added
+        membership = self._next(set(added), 0, planned=True)
+        self.membership, self.unsent = membership, set(added)
         self.unreported |= set(added)
         self.recovery = Recovery(since=wall, cause=cause, ranks=added)
         self.unpublished, self.starting = membership, set(added)
@@ -247,12 +309,14 @@ class LiveRun:
 
     def on_started(self, member: str) -> None:
         """`member` waits in the store for the planned generation that names it."""
-        if self.unpublished is not None and (rank := self.unpublished.rank_of(member)) is not None:
-            self.starting.discard(rank)
+        if self.unpublished is not None and (index := self.unpublished.rank_of(member)) is not None:
+            self.starting.discard(self.slots[index])
 
     def starting_members(self) -> list[str]:
         """The planned generation's new members that have not said they wait for it yet."""
-        return [self.unpublished.members[r] for r in sorted(self.starting)] if self.unpublished is not None else []
+        if self.unpublished is None:
+            return []
+        return [member_name(r, self.incarnation[r]) for r in sorted(self.starting)]
 
     def publishable(self, told: bool) -> Membership | None:
         """The planned generation, to publish now: once every new member of it waits for it (the ranks that go on
@@ -265,11 +329,16 @@ class LiveRun:
     def abandon_move(self) -> str:
         """The drained ranks returned from the loop before the planned generation went out (the training ended
         first): it never will, and their exits are theirs. Returns why, for the log."""
+        joiners = self.joining()
         moot = self.take_unpublished()
         assert moot is not None, "no planned generation to abandon"
         self.recovery, self.unsent = None, set()
         return (f"the loop ended before generation {moot.generation}'s new members waited for it: the move of "
-                f"ranks {list(moot.joiners)} is moot")
+                f"ranks {joiners} is moot")
+
+    def joining(self) -> list[int]:
+        """The ranks (the controller's numbers) that join the planned generation not published yet."""
+        return [self.slots[i] for i in self.unpublished.joiners] if self.unpublished is not None else []
 
     def take_unpublished(self) -> Membership | None:
         """The planned generation not published yet, to publish now (its members started, or a death must be

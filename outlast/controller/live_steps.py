@@ -28,7 +28,7 @@ from outlast.controller.preemption import Preemption
 from outlast.controller.types import AttemptState
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import Budget, FailureKind
-from outlast.protocol.transport import INCARNATION_VAR, LIVE_STORE_VAR
+from outlast.protocol.transport import INCARNATION_VAR, LIVE_GROUP_RANK_VAR, LIVE_STORE_VAR
 from outlast.storage.records import FailureRecord, LiveRecoveryRecord, ResizeRecord
 
 log = logging.getLogger("outlast.controller")
@@ -52,6 +52,8 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     live = c.live
     if live is None or not isinstance(c.state, st.Running):
         return False
+    if rank in a.lost:
+        return True  # a rank of a node whose loss shrank the group: left out of it already
     hang = live.hung.pop(rank, None)
     if hang is not None:  # the controller killed it: its death is the hang
         record = msgspec.structs.replace(record, kind=FailureKind.HANG, message=hang)
@@ -70,8 +72,7 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
         moved = where_to([v for v in c.nodes.views(c.run_id, c.now) if v.node_id != node], living, doomed,
                          c.plan.per_worker, c.plan.strategy)
         if isinstance(moved, NoCapacity):
-            return _fall_back(c, a, live, rank, record, f"rank(s) {doomed} of lost node {node} have no room on "
-                                                        f"another node: {moved.reason}")
+            return _shrink(c, a, live, rank, record, doomed, node, moved.reason)
         if not live.holders_besides(doomed):
             return _fall_back(c, a, live, rank, record, f"node {node} is lost with rank(s) {doomed}, and no rank "
                                                         "that holds the state is left")
@@ -88,13 +89,51 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
     a.placement[rank] = node
     if c.nodes.link(node, c.now):
         c.out.append(ToNode(node, heartbeat(c)))  # the agent knows the run before its worker
-    env = {**a.env, INCARNATION_VAR: str(decision.incarnation)}
+    env = {**a.env, INCARNATION_VAR: str(decision.incarnation), **group_rank(live, rank)}
     c.out.append(replacement(c, a, rank, env))  # on a.placement[rank]: the node found above when its own is lost
     c.out.append(PublishMembership(a.number, decision.membership.to_json()))
     log.warning("attempt %d: %s; the other ranks go on: %s%s (failure %d of max_failures=%d)", a.number,
                 record.describe(), decision.reason, where, c.book.failures_this_launch(Budget.WORKER),
                 c.plan.max_failures)
     return True
+
+
+def _shrink(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: FailureRecord, doomed: list[int],
+            node: str, no_room: str) -> bool:
+    """Node `node` is lost with `doomed`, and no other node has room for them: an elastic run goes on without them,
+    smaller, its lost ranks out of the attempt (`a.lost`: nothing waits for them, as for a preempted node's under
+    relaxed collectives). Else, or when the smaller world is not allowed, the usual restart."""
+    why = f"rank(s) {doomed} of lost node {node} have no room on another node: {no_room}"
+    elastic = c.resizes.elastic
+    if elastic is None:
+        return _fall_back(c, a, live, rank, record, why)
+    finished = tuple(sorted(r for r, e in a.exited.items() if r not in doomed and e.exit_code == 0
+                            and e.error is None))
+    before = len(live.slots)
+    decision = live.on_shrink(doomed, f"shrink: {record.describe()}", record.time, elastic.min_workers, node,
+                              finished=finished)
+    if isinstance(decision, FallBack):
+        return _fall_back(c, a, live, rank, record, f"{why}, and the run cannot shrink: {decision.reason}")
+    c.book.charge_live_failure(record)
+    a.lost |= set(doomed)
+    a.done |= set(doomed)  # they have nothing more to say
+    after = len(live.slots)
+    c.book.note_size(after, ResizeRecord(attempt=a.number, from_workers=before, to_workers=after,
+                                         reason=f"shrink, live: node {node} lost", steps_lost=1, time=c.wall()),
+                     c.wall())
+    c.resizes.since = c.now
+    c.out.append(PublishMembership(a.number, decision.membership.to_json()))
+    log.warning("attempt %d: %s; %s; %s (failure %d of max_failures=%d)", a.number, record.describe(), why,
+                decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)
+    return True
+
+
+def group_rank(live: LiveRun, rank: int) -> dict[str, str]:
+    """The environment that tells a forked rank its rank and world in the live group, when a shrink numbered the
+    group afresh (its spec keeps the number it was spawned as: what its messages to the controller carry)."""
+    if live.slots == list(range(len(live.slots))):
+        return {}
+    return {LIVE_GROUP_RANK_VAR: f"{live.slots.index(rank)}/{len(live.slots)}"}
 
 
 def replacement(c: CoreState, a: AttemptState, rank: int, env: dict[str, str]) -> Spawn:
@@ -189,7 +228,7 @@ def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
         a.specs[rank] = msgspec.structs.replace(a.specs[rank], local_rank=beside, local_world_size=beside + 1)
         if c.nodes.link(new, c.now):
             c.out.append(ToNode(new, heartbeat(c)))  # the agent knows the run before its workers
-        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank])}
+        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank]), **group_rank(live, rank)}
         c.out.append(spawns.spawn(c, a, new, [a.specs[rank]], env))
     log.warning("attempt %d: %s; %s (to %s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
@@ -290,7 +329,7 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
 def on_clean_exit(c: CoreState, a: AttemptState, rank: int) -> None:
     """A rank returned from the loop. If a planned generation still waits to go out, the training ended first."""
     live = c.live
-    if live is not None and live.unpublished is not None and rank not in live.unpublished.joiners:
+    if live is not None and live.unpublished is not None and rank not in live.joining():
         abandon(c, a)
 
 
@@ -300,7 +339,7 @@ def abandon(c: CoreState, a: AttemptState) -> None:
     to report. The new members, waiting in vain, are stopped where no other rank runs."""
     live = c.live
     assert live is not None and live.unpublished is not None
-    joiners = live.unpublished.joiners
+    joiners = live.joining()
     log.info("attempt %d: %s", a.number, live.abandon_move())
     for rank in joiners:
         node = a.placement[rank]

@@ -168,10 +168,28 @@ def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, identity: 
 
 INCARNATION_VAR = "OUTLAST_LIVE_INCARNATION"  # a live recovery's replacement: how many processes held its rank before
 LIVE_STORE_VAR = "OUTLAST_LIVE_STORE"  # in every rank of a live-recovery run: its live group's store, "host:port"
+# A rank forked into a live group that a shrink numbered afresh: "rank/world", its rank and the world's size there
+# (get_context()'s), where the rank it was spawned as stays its name to the controller.
+LIVE_GROUP_RANK_VAR = "OUTLAST_LIVE_GROUP_RANK"
 
 
 def incarnation_from_env() -> int:
     return int(os.environ.get(INCARNATION_VAR, "0") or 0)
+
+
+def live_group_rank_from_env() -> tuple[int, int] | None:
+    """(rank, world) of `LIVE_GROUP_RANK_VAR`, or None when it is not set."""
+    text = os.environ.get(LIVE_GROUP_RANK_VAR, "")
+    if not text:
+        return None
+    rank, _, world = text.partition("/")
+    try:
+        r, w = int(rank), int(world)
+    except ValueError:
+        raise ValueError(f"{LIVE_GROUP_RANK_VAR}={text!r} is not 'rank/world'") from None
+    if not 0 <= r < w:
+        raise ValueError(f"{LIVE_GROUP_RANK_VAR}={text!r}: the rank is not below the world size")
+    return r, w
 
 
 def worker_identity(attempt: int, rank: int, incarnation: int = 0) -> bytes:

@@ -266,15 +266,17 @@ class LiveWatch:
 
     def at_end(self, book) -> None:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
-        of one lost node together as one), and a live recovery lost no step (the survivors keep the one in flight)."""
+        of one lost node together as one), and a live recovery lost no step (the survivors keep the one in flight),
+        but a shrink, which throws that step away: one."""
         charged = book.state.failure_counts.get("worker", 0)
         if charged < self.replacements - self.together:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
                            f"their node), but only {charged} failures charged to max_failures")
         for rec in book.state.live_recoveries:
-            if rec.path == "live" and rec.steps_lost:
+            allowed = 1 if rec.cause.startswith("shrink") else 0  # a shrink throws the step in flight away
+            if rec.path == "live" and rec.steps_lost > allowed:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
-                               "steps")
+                               f"steps (at most {allowed})")
 
 
 def loop(w: "SimRank", first_step: int) -> Generator:
@@ -313,7 +315,8 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             if resumed != step:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} kept the gradients "
                                        f"of step {step}, but its generation went on at step {resumed}")
-            step, kept = resumed, True
+            # A shrink: LiveTraining throws the step away, and runs it again on the new split of the data.
+            step, kept = resumed, not side.rank.joins[-1].shrunk
             continue
         kept = False
         side.weights += 1  # optimizer.step()

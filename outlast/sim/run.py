@@ -128,6 +128,7 @@ class Sim:
             recs = book.state.live_recoveries
             facts.update(live_recovered=sum(r.path == "live" for r in recs),
                          live_widened=sum(r.path == "live" and r.generation > 0 and len(r.ranks) > 1 for r in recs),
+                         live_shrunk=sum(r.path == "live" and r.cause.startswith("shrink") for r in recs),
                          live_fallback_no_holder=sum("no rank that holds the state" in r.reason for r in recs),
                          live_fallback_transfer_bound=sum("took the state (more than" in r.reason for r in recs),
                          live_fallback_other=sum(r.path == "restart" and "no rank that holds the state" not in r.reason

@@ -251,7 +251,13 @@ def draw_live(seed: int) -> Schedule:
             faults.append(Fault(at, "kill_worker", (target + 1) % loop.world_size))
         else:
             faults.append(Fault(at, "lose_node", rng.randrange(base.nodes)))
-    return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": 0, "resize_interval_s": 0.0,
+    # Half the runs that lose a node are elastic, so that a node lost with no room elsewhere shrinks the group live.
+    # Drawn apart, so that the other schedules stay what their seeds drew before.
+    elastic = random.Random(seed * 13 + 9 + (1 << 46))
+    low = 0
+    if loop.world_size > 1 and any(f.kind == "lose_node" for f in faults) and elastic.random() < 0.5:
+        low = elastic.randint(1, loop.world_size - 1)
+    return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": low, "resize_interval_s": 0.0,
                        "max_failures": rng.choice([-1, -1, 3, 10]), "storage_latency_s": 0.0,
                        "refuse_deletes": False, "nodes": max(base.nodes, -(-loop.world_size // base.cpus_per_node)),
                        "faults": sorted(faults, key=lambda f: f.at)})

@@ -60,8 +60,12 @@ class WorkerSession:
         restore_checkpoint: str | None,
         controller_address: str = "",
         cache_root: Path | None = None,
+        spawned_rank: int | None = None,
     ) -> None:
         self.context = context
+        # The rank the controller spawned this process as, which every message to it names. The same as
+        # context.world_rank, but in a live group that a shrink numbered afresh (get_context() tells the group's).
+        self.spawned_rank = context.world_rank if spawned_rank is None else spawned_rank
         self._sock = sock
         self._storage = storage
         self._run_dir = run_dir
@@ -69,9 +73,9 @@ class WorkerSession:
         self._restored: Checkpoint | None = None
         self._cache_root = cache_root
         self._controller_address = controller_address
-        self._core = SessionCore(context.attempt, context.world_rank)
+        self._core = SessionCore(context.attempt, self.spawned_rank)
         self._preemption: PreemptionInfo | None = None
-        self._uploads = Uploads(storage, controller_address, context.attempt, context.world_rank)
+        self._uploads = Uploads(storage, controller_address, context.attempt, self.spawned_rank)
         self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
         self._memory_only = os.environ.get("OUTLAST_CHECKPOINT_STORAGE") == "memory"
 

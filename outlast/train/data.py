@@ -273,14 +273,14 @@ class DataShard:
         positions (`saved`), and a walk under way goes on with this rank's new share at its next batch."""
         first = saved[min(saved)]
         self.rank, self.world = rank, world
-        self._epochs.regroup(saved, rank, world, self._new_seed(first.epoch, first.generation + 1))
+        self._epochs.regroup(saved, rank, world, self._new_seed(first.epoch, first.generation + 1, rank))
 
-    def _new_seed(self, epoch: int, generation: int) -> int:
+    def _new_seed(self, epoch: int, generation: int, rank: int | None = None) -> int:
         """A seed for this rank's shuffle of its share in a generation of an epoch, where the loop gave none: from
         the run's shared seed under live recovery, so that a replacement can tell it (`positions.take_up`), else
         at random."""
         if self.seed_base is not None:
-            return dp.rank_seed(self.seed_base, epoch, generation, self._epochs.rank)
+            return dp.rank_seed(self.seed_base, epoch, generation, self._epochs.rank if rank is None else rank)
         return random.getrandbits(62)
 
     def _walk_batches(self, batch_size: int | None, drop_last: bool, shuffle_buffer: int | None,

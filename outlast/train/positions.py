@@ -102,8 +102,12 @@ def step_start(at_commit: str, now: str) -> str:
 
 
 def _world_and_rank(document: str) -> tuple[int, int]:
+    """The world size and rank a document was written at (its datasets' are checked by `dp.decode`)."""
     doc = json.loads(document)
-    return int(doc["world"]), int(doc["rank"])
+    world, rank = doc.get("world"), doc.get("rank")
+    if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
+        raise dp.DataPositionError(f"a data position names rank {rank!r} of world {world!r}: not a rank of a world")
+    return world, rank
 
 
 def shared_seed(context: Any) -> int | None:
@@ -192,8 +196,12 @@ def _read_saved() -> dict[str, dict[int, dp.Position]]:
     if _cache is not None:
         return _cache
     out: dict[str, dict[int, dp.Position]] = {}
-    for rank, text in sorted((_saved() if _saved is not None else {}).items()):
-        for key, p in dp.decode(text, f"the data position of rank {rank}").items():
+    for reporter, text in sorted((_saved() if _saved is not None else {}).items()):
+        # Keyed by the rank the document names, the rank it held in its world: a live group that shrank numbered
+        # its ranks afresh, while the checkpoint names each document by the rank that reported it.
+        held = dp.decode(text, f"the data position of rank {reporter}")
+        _, rank = _world_and_rank(text)
+        for key, p in held.items():
             out.setdefault(key, {})[rank] = p
     _cache = out
     return out

@@ -22,7 +22,7 @@ from outlast.procutil import become_clean_process, user_traceback
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
 from outlast.protocol.run_credential import worker_key
-from outlast.protocol.transport import connect_dealer, incarnation_from_env, worker_identity
+from outlast.protocol.transport import connect_dealer, incarnation_from_env, live_group_rank_from_env, worker_identity
 from outlast.runenv import worker_env
 from outlast.threads import follow_cpu_share
 from outlast.storage.base import Storage
@@ -136,13 +136,15 @@ def run(req: m.ForkWorker) -> int:
         backend = payload.backend
         if payload.main_file:
             restore_source_filenames(payload.train_fn, payload.main_file)
+        # A rank forked into a live group that a shrink numbered afresh holds another rank there than its name.
+        world_rank, world_size = live_group_rank_from_env() or (spec.rank, spec.world_size)
         context = TrainContext(
-            world_rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+            world_rank=world_rank, world_size=world_size, local_rank=spec.local_rank,
             local_world_size=spec.local_world_size, node_rank=spec.node_rank, experiment_name=req.run_name,
             attempt=req.attempt, storage_path=payload.storage.uri(payload.run_dir),
         )
         session = _session.WorkerSession(context, sock, payload.storage, payload.run_dir, req.restore_checkpoint,
-                                          controller_address=req.controller_address)
+                                          controller_address=req.controller_address, spawned_rank=spec.rank)
         _session.set_session(session)
         positions.start(session.saved_data_positions)
         session.hello(os.getpid())

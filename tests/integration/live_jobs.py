@@ -124,7 +124,7 @@ class _Epoch:
 
 def live_loader_loop(config: dict) -> None:
     """A loop fed by prepare_data_loader (a shuffled DataLoader of `rows` rows, `batch` a batch), `epochs` epochs,
-    each batch's row ids logged with the step that applied them. `config["kill"]`: [[rank, step], ...]: that
+    each batch's row ids logged with the step that applied them ("thrown": a step a live shrink threw away). `config["kill"]`: [[rank, step], ...]: that
     rank's first process of the first attempt SIGKILLs itself after its backward of that step."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -153,11 +153,13 @@ def live_loader_loop(config: dict) -> None:
             time.sleep(config.get("sleep", 0.01))
             was = step
             step = live.step(step)
-            _log(config, event="step", step=was, epoch=epoch.epoch, rows=ids.tolist())
+            _log(config, event="step" if step == was + 1 else "thrown", step=was, epoch=epoch.epoch,
+                 rows=ids.tolist())
         epoch.epoch += 1
         epoch.running = False
     live.close()
-    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()])
+    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
+         world=train.get_context().get_world_size())
 
 
 def _more_epochs(config: dict, epoch, live) -> bool:
@@ -202,11 +204,12 @@ def live_shard_loop(config: dict) -> None:
             time.sleep(config.get("sleep", 0.01))
             was = step
             step = live.step(step)
-            _log(config, event="step", step=was, epoch=epoch.epoch, rows=batch["i"].tolist())
+            _log(config, event="step" if step == was + 1 else "thrown", step=was, epoch=epoch.epoch,
+                 rows=batch["i"].tolist())
         epoch.epoch += 1
         epoch.running = False
     live.close()
-    _log(config, event="end")
+    _log(config, event="end", world=train.get_context().get_world_size())
 
 
 def live_custom_sampler_loop(config: dict) -> None:

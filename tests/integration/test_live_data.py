@@ -157,3 +157,71 @@ def test_a_live_grow_splits_the_rest_of_the_epoch_between_the_new_ranks(storage_
         used = Counter(r for e in log if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
         assert used == Counter(range(rows)), (epoch, sorted((r, n) for r, n in used.items() if n != 1),
                                               sorted(set(range(rows)) - set(used)))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("loop", ["live_shard_loop", "live_loader_loop"])
+def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(storage_path, tmp_path, monkeypatch, loop):
+    """An elastic run (min 2, max 3) on three one-CPU nodes loses a rank's node mid-epoch, with no room for the rank
+    elsewhere: the two ranks left go on in the same processes as a world of two, numbered afresh, the step in
+    flight thrown away (one step lost), and split the rest of the epoch from every rank's place at that step's
+    start, so every row is used once an epoch; the history has the shrink, charged as one failure. Then the
+    process spawned as rank 2, the group's rank 1 since, is killed: its replacement, forked as rank 2 and told it is
+    the group's rank 1 of 2, takes up that rank's place in the new split."""
+    import threading
+
+    import numpy as np
+
+    from outlast.testing import LocalCluster
+    from outlast.train.torch import TorchTrainer
+    from tests.integration import live_jobs
+    from tests.integration.procs import wait_until
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    rows, batch, epochs = 96, 4, 3  # 8 steps an epoch at 3 ranks, 12 at 2
+    events = tmp_path / "shrink.jsonl"
+    x = np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32)
+    with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def lose_rank_1s_node() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
+                       "step 3")
+            [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1}
+            cluster.kill_node(node)
+
+        t = threading.Thread(target=lose_rank_1s_node, daemon=True)
+        t.start()
+        TorchTrainer(
+            getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
+            train_loop_config={"events": str(events), "rows": rows, "batch": batch, "epochs": epochs, "sleep": 0.1,
+                               "kill": [[2, 14]]},  # the loop's rank as it started: the process spawned as rank 2
+            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
+                                         elastic_resize_monitor_interval_s=0),
+            run_config=RunConfig(name="shrink", storage_path=storage_path,
+                                 failure_config=FailureConfig(max_failures=2, live_recovery=True)),
+        ).fit()
+        t.join()
+    log = read_events(events)
+    state = json.loads((Path(storage_path) / "shrink" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["attempts"][0]["workers"] == 2 and state["status"] == "finished"
+    assert state["failure_counts"] == {"worker": 2}
+    [resize] = state["resizes"]
+    assert (resize["from_workers"], resize["to_workers"], resize["steps_lost"]) == (3, 2, 1)
+    [shrink, replaced] = state["live_recoveries"]
+    assert shrink["path"] == "live" and shrink["cause"].startswith("shrink") and shrink["ranks"] == [1]
+    assert shrink["steps_lost"] == 1
+    assert replaced["path"] == "live" and replaced["ranks"] == [2] and replaced["steps_lost"] == 0
+    # Ranks 0 and 2 went on in their own processes, numbered 0 and 1 of 2 from the shrink; each threw one step away.
+    starts = {(e["rank"], e["incarnation"]): e["pid"] for e in log if e["event"] == "start"}
+    assert sorted(starts) == [(0, 0), (1, 0), (1, 1), (2, 0)]  # the replacement: the group's rank 1
+    for pid in (starts[0, 0], starts[2, 0]):
+        assert len([e for e in log if e["event"] == "thrown" and e["pid"] == pid]) == 1
+    assert [e["rank"] for e in log if e["pid"] == starts[2, 0] and e["event"] == "step"][-1] == 1
+    ends = {e["pid"]: e for e in log if e["event"] == "end"}
+    assert set(ends) == {starts[0, 0], starts[1, 1]} and {e["world"] for e in ends.values()} == {2}
+    assert (ends[starts[0, 0]]["rank"], ends[starts[1, 1]]["rank"]) == (0, 1)
+    run = 1 + max(e["epoch"] for e in log if e["event"] == "step")
+    assert run == epochs
+    for epoch in range(run):
+        used = Counter(r for e in log if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
+        assert used == Counter(range(rows)), (epoch, sorted((r, n) for r, n in used.items() if n != 1),
+                                              sorted(set(range(rows)) - set(used)))

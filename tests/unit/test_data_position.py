@@ -466,3 +466,51 @@ def test_a_live_grow_splits_the_rest_of_a_walk_under_way_and_the_joiner_takes_up
     assert len({len(r) for r in rest}) == 1  # as many batches on every rank
     read += [i for r in rest for b in r for i in b]
     assert sorted(read) == list(range(48))
+
+
+def test_a_live_shrink_splits_the_rest_from_the_step_in_flights_start_and_a_later_replacement_takes_it_up():
+    """Ranks 0, 1 and 2 of 3 read two batches of their shuffled shares and took a third (the step in flight) when
+    rank 1's node is lost with no room elsewhere: the step is thrown away, and ranks 0 and 2, numbered 0 and 1 of 2
+    from here, split the rest from every rank's place at that step's start (`positions.regroup`), their walks under
+    way going on with the new shares. Then the group's rank 1 dies and its replacement takes up its place from rank
+    0's (`take_up`). Every row is read once in the epoch; a checkpoint's documents, named by the ranks that
+    reported them (0 and 2), place the ranks they name (0 and 1 of 2)."""
+    from outlast.train import data
+
+    base = dp.run_seed("/s", "shrink")
+
+    def shard(rank, world):
+        return data.DataShard("train", data.to_source("train", {"i": np.arange(60)}), rank, world, True, base)
+
+    read: list[int] = []
+    old = [shard(r, 3) for r in range(3)]
+    walks = [iter(s.iter_batches(batch_size=4, local_shuffle_buffer_size=60)) for s in old]
+    for _ in range(2):
+        read += [i for w in walks for i in next(w)["i"].tolist()]
+    starts = [s.data_position() for s in old]
+    for w in walks:
+        next(w)  # the step in flight: thrown away, its rows read again from the new split
+    survivors = {0: (old[0], walks[0]), 1: (old[2], walks[2])}  # the group's new rank -> the old rank's reader
+    for new_rank, (s, _) in survivors.items():
+        positions.start(None)
+        positions.track("dataset:train", s)
+        assert positions.regroup(dp.encode(3, s.rank, {"dataset:train": starts[s.rank]}), new_rank, 2, base) == []
+    positions.start(None)
+    read += [i for _, w in survivors.values() for i in next(w)["i"].tolist()]  # the step again, on the new split
+    documents = {0: dp.encode(2, 0, {"dataset:train": survivors[0][0].data_position()}),
+                 2: dp.encode(2, 1, {"dataset:train": survivors[1][0].data_position()})}
+    try:
+        positions.take_up(documents[0], base)  # the group's rank 1 lost: its replacement
+        replacement = shard(1, 2)
+        positions.track("dataset:train", replacement)
+        rest = [[b["i"].tolist() for b in w] for w in (survivors[0][1], iter(
+            replacement.iter_batches(batch_size=4, local_shuffle_buffer_size=60)))]
+        positions.start(lambda: documents)  # a restore of the checkpoint the two reported
+        restored = shard(1, 2)
+        positions.track("dataset:train", restored)
+        assert [b["i"].tolist() for b in restored.iter_batches(batch_size=4, local_shuffle_buffer_size=60)] == rest[1]
+    finally:
+        positions.start(None)
+    assert len({len(r) for r in rest}) == 1
+    read += [i for r in rest for b in r for i in b]
+    assert sorted(read) == list(range(60))

@@ -267,3 +267,37 @@ def test_a_grow_whose_loop_ends_before_the_added_rank_waits_finishes_and_stops_t
     [stop] = [e for e in h.effects if isinstance(e, g.StopRun)]
     assert stop.node_id == "n3" and not [e for e in h.effects if isinstance(e, g.PublishMembership)]
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsewhere():
+    from outlast.controller.resize import Elastic
+
+    h = make(nodes=("n1", "n2", "n3"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7", max_failures=1)
+    placement = start(h)
+    assert h.core.plan.world_size == 3
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    for rank in range(3):  # every rank reported step 0 at the world of 3
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0},
+                          data_position=f'{{"world":3,"rank":{rank}}}'))
+    h.effects.clear()
+    lost = placement[1]
+    h.step(g.AgentGone(lost, f"the agent of {lost} died"), dt=1.0)
+    assert h.state is State.RUNNING and not [e for e in h.effects if isinstance(e, (g.StopRun, g.Spawn))]
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r2i0"), (), None)
+    assert h.core.attempt.lost == {1} and h.core.commit_tracker.lost == {1}
+    [resize] = h.core.book.state.resizes
+    assert (resize.from_workers, resize.to_workers, resize.steps_lost) == (3, 2, 1) and "shrink" in resize.reason
+    assert h.core.book.state.attempts[-1].workers == 2 and h.core.book.failures_this_launch("worker") == 1
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=1, wall=h.wall() + 0.5))
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "live" and record.cause.startswith("shrink") and record.ranks == [1]
+    assert record.steps_lost == 1
+    # The ranks that live report at the world of 2, under the numbers they were spawned as.
+    for rank, group_rank in ((0, 0), (2, 1)):
+        h.worker(m.Report(attempt=1, rank=rank, index=1, metrics={"step": 1}, checkpoint_dir="checkpoint_1",
+                          files=[], data_position=f'{{"world":2,"rank":{group_rank}}}'))
+    assert h.core.commit_tracker.reports == [2, 1, 2]
+    finish_all(h, {0: placement[0], 2: placement[2]})
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1

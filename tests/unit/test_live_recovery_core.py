@@ -215,3 +215,38 @@ def test_a_lost_node_that_held_every_rank_with_the_state_falls_back_at_its_first
     [record] = h.core.book.state.live_recoveries
     assert record.path == "restart" and "no rank that holds the state is left" in record.reason
     assert h.core.book.state.failure_counts == {"worker": 1}  # one node, one failure
+
+
+# ---- a shrink: a lost node with no room elsewhere, in an elastic run ------------------------------------
+
+
+def test_a_shrink_leaves_the_lost_ranks_out_and_numbers_the_others_afresh_with_nobody_to_send_to():
+    from outlast.controller.live import Shrunk
+
+    live = formed(3)
+    d = live.on_shrink([1], "shrink: node b lost", wall=5.0, least=2, node="b")
+    assert isinstance(d, Shrunk) and d.ranks == (1,)
+    # Rank 2's process is the group's rank 1 from here; every rank announces, nobody joins.
+    assert d.membership == Membership(1, ("r0i0", "r2i0"), (), None) and live.slots == [0, 2]
+    assert "thrown away" in d.reason
+    assert live.on_joined(1, 1, wall=5.5) == Recovered(1, (1,), "shrink: node b lost", 5.0, 0.5, 1)
+    # A later death of the controller's rank 2 is replaced under its own name, in the group's rank 1.
+    r = live.on_death(2, "rank 2 was killed", wall=9.0)
+    assert isinstance(r, Replace) and r.member == "r2i1"
+    assert r.membership == Membership(2, ("r0i0", "r2i1"), (1,), 0)
+    assert isinstance(live.on_death(1, "the lost rank, again", wall=9.1), FallBack)  # not a rank of the group
+    assert "grows at its next restart" in live.on_grow(3, "grow", wall=10.0).reason
+
+
+def test_a_shrink_below_min_workers_or_under_a_replacement_still_waiting_falls_back_and_says_why():
+    live = formed(2)
+    d = live.on_shrink([1], "shrink", wall=1.0, least=2, node="b")
+    assert isinstance(d, FallBack) and "min_workers=2" in d.reason and live.slots == [0, 1]
+    live = formed(3)
+    assert isinstance(live.on_death(2, "rank 2 was killed", wall=1.0), Replace)
+    d = live.on_shrink([1], "shrink", wall=1.1, least=1, node="b")
+    assert isinstance(d, FallBack) and "[2] still wait for the state" in d.reason
+    d = formed(3).on_shrink([0, 1, 2], "shrink", wall=1.0, least=0, node="b")
+    assert isinstance(d, FallBack) and "no rank that holds the state" in d.reason
+    d = LiveRun(3).on_shrink([1], "shrink", wall=1.0, least=1, node="b")
+    assert isinstance(d, FallBack) and "before the ranks formed" in d.reason

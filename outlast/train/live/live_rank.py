@@ -19,6 +19,9 @@ A planned generation (a drained rank's replacement, ranks added) breaks nothing:
 is committed with the verdict REGROUP, and `regroup_due` tells the loop to `join` before its next
 reduction, on every rank after the same step. A member left out of it (the drained rank) gets
 `NotAMemberError` from that `join`: its replacement holds its rank, and it should exit.
+
+A generation smaller than the one before, with nobody joining, is a shrink (a lost node's ranks left out):
+`Joined.shrunk` tells the loop to throw the step in flight away, and the word that the group formed counts it lost.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Joined:
     committed: int
     state_bytes: int
     transfer_s: float
+    shrunk: bool = False  # a smaller world than the generation before: the step in flight is thrown away
 
 
 class LiveRank:
@@ -134,6 +138,12 @@ class LiveRank:
         what the survivors agree on."""
         return self.ledger.committed if (self.has_state or membership.generation == 0) else -1
 
+    def shrinks(self, membership: Membership) -> bool:
+        """Whether `membership` is a smaller world than the one this member was in: a shrink (a lost node's ranks
+        left out, nobody to replace them). The step in flight is thrown away on every rank: its batches go back to
+        the rest of the epoch, which the smaller world splits again."""
+        return bool(self.joins) and self.has_state and membership.world_size < self.joins[-1].world_size
+
     def announce(self, membership: Membership, rank: int) -> bool:
         """On the rank that sent the state, once it went across, or on every rank when nobody joins: the controller
         learns here that the group formed (generation 0: the loop is live), or that a recovery is over, and what it
@@ -142,17 +152,20 @@ class LiveRank:
         True when this rank announced."""
         if membership.source is not None and rank != membership.source:
             return False
-        self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": self.thrown, "wall": time.time()}))
+        lost = self.thrown + self.shrinks(membership)
+        self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": lost, "wall": time.time()}))
         return True
 
     def entered(self, membership: Membership, rank: int, committed: int, moved: int, transfer_s: float) -> int:
         """`membership` formed with this member holding the state of step `committed`: the step to run next."""
+        shrunk = self.shrinks(membership)
         self.has_state = True
         self.thrown = 0
         self.regroup_due = False
         self.ledger = self.ledger.regroup(membership.generation, committed)
         self.votes = StepVotes(self.store, membership.generation, membership.world_size)
-        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved, transfer_s))
+        self.joins.append(Joined(membership.generation, rank, membership.world_size, committed, moved, transfer_s,
+                                 shrunk))
         return committed + 1
 
     def broke(self, membership: Membership, why: str) -> None:

@@ -28,6 +28,11 @@ joiner takes up its place there as a replacement does. A rank that the next gene
 one) has nothing left to do: `step` raises SystemExit(0), and its process exits cleanly, its rank held by its
 replacement.
 
+A lost node whose ranks no other node has room for shrinks an elastic run: the next generation leaves them out and
+numbers the ranks that live afresh (`get_context()`'s rank and world size change with it). Their parts of the step
+in flight are gone, so `step` throws the step away on every rank and returns it (the loop runs it again), after
+splitting the rest of each reader's epoch, from every rank's place at the step's start, between the smaller world.
+
 The model is not wrapped in DistributedDataParallel (prepare_model returns it as it is in this mode): there is
 no default process group, since it could not outlive a rank. Each step's gradients go as one flat tensor, so
 the group reduces them in one order, the same in every generation.
@@ -69,7 +74,8 @@ class LiveTraining:
         host, port = address.rsplit(":", 1)
         store = dist.PrefixStore(store_prefix(ctx.attempt), rendezvous.connect(host, int(port), timeout_s))
         self.model, self.optimizer, self.state = model, optimizer, state
-        self.rank = LiveRank(store, member_name(ctx.world_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
+        session = get_session("LiveTraining")
+        self.rank = LiveRank(store, member_name(session.spawned_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
                              timeout_s)
         self._place = ""  # this rank's data positions at the start of the step in flight: what a joiner takes up
 
@@ -104,7 +110,8 @@ class LiveTraining:
 
     def step(self, step: int) -> int:
         """After backward(): average the gradients over the ranks and apply the optimizer's step. When a rank died
-        meanwhile, join the next group first and reduce this step's gradients again in it. Returns `step + 1`."""
+        meanwhile, join the next group first and reduce this step's gradients again in it. Returns `step + 1`, or
+        `step` when the group shrank (the step thrown away, to run again)."""
         import torch
 
         if self.rank.regroup_due:
@@ -112,6 +119,9 @@ class LiveTraining:
             if not self._regroup():
                 self.rank.close()
                 raise SystemExit(0)  # moved: its replacement holds this rank from here
+            if self.rank.joins[-1].shrunk:  # a node lost meanwhile: as below, the step goes again on the new split
+                self.optimizer.zero_grad()
+                return step
         params = [p for p in self.model.parameters() if p.grad is not None]
         while True:
             # One flat copy: the group reduces it in one order, the same in every generation, and the gradients
@@ -127,6 +137,11 @@ class LiveTraining:
             if resumed != step:
                 raise RuntimeError(f"after step {step} broke, the survivors agreed to go on at step {resumed}: a "
                                    "survivor's committed step moved, so its gradients cannot be reduced again")
+            if self.rank.joins[-1].shrunk:
+                # A smaller world: the lost ranks' batches of this step are not there to reduce. Every rank throws
+                # the step away and runs it again on its batch of the new split (`_split_for_shrink`).
+                self.optimizer.zero_grad()
+                return step
         fault_point("live.optimizer_step")  # committed everywhere, not applied here
         flat /= self.rank.group.world_size if self.rank.group is not None else 1
         offset = 0
@@ -144,12 +159,30 @@ class LiveTraining:
     def _join(self) -> int:
         step = self.rank.join(self.state_dict, self.load_state_dict)
         session = get_session("LiveTraining")
-        if self.rank.group is not None and session.context.world_size != self.rank.group.world_size:
-            # A grow: get_context().get_world_size() is the live group's from here, on the ranks that were there too.
-            session.context = dataclasses.replace(session.context, world_size=self.rank.group.world_size)
+        group = self.rank.group
+        if group is not None and (session.context.world_size, session.context.world_rank) != (group.world_size,
+                                                                                                group.rank):
+            # A grow, or a shrink: get_context()'s world size, and after a shrink the rank, are the live group's
+            # from here (a shrink numbers the ranks that live afresh, in order).
+            was = session.context
+            session.context = dataclasses.replace(was, world_size=group.world_size, world_rank=group.rank)
+            if self.rank.joins[-1].shrunk:
+                self._split_for_shrink(was.world_size)
         if not self._place:
             self._keep_place()
         return step
+
+    def _split_for_shrink(self, world: int) -> None:
+        """The group shrank from `world` ranks, and the step in flight is thrown away: the rest of each reader's
+        epoch, from every rank's place at that step's start (told from this rank's own, as a replacement tells
+        them), is split between the ranks that live, so the lost ranks' rows are read by them."""
+        context = get_session("LiveTraining").context
+        start = positions.step_start(self._place, self._place_now())
+        for key in positions.regroup(start, context.world_rank, context.world_size, positions.shared_seed(context)):
+            log.warning("live shrink from %d to %d ranks: %s goes on with this rank's share to its epoch's end: the "
+                        "lost ranks' places cannot be told, and the rows they had not read this epoch are not read",
+                        world, context.world_size, key)
+        self._keep_place()
 
     def _split_for_planned(self) -> None:
         """The step just committed announced a planned generation: when it is larger (a grow), split the rest of each
