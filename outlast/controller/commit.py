@@ -29,7 +29,6 @@ the decision about what that rank delivered was made when it was lost.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +97,10 @@ class CommitTracker:
         self._early_uploads: dict[tuple[int, int], tuple[str, list[FileEntry], str | None]] = {}
         self._positions: dict[int, dict[int, str]] = {}  # report index -> rank -> data position, until settled
         self._last_position: dict[int, str] = {}  # rank -> the data position of its latest report
+        # Live recovery: rank -> the generation from which a shrink left it out, and report index -> the newest
+        # generation a rank reported it in. A report of that generation or a later one is no concern of the rank.
+        self._left: dict[int, int] = {}
+        self._generation: dict[int, int] = {}
 
     def replaced(self, rank: int) -> list[PendingCheckpoint]:
         """Live recovery: `rank`'s process died and a replacement takes its place. The steps every rank committed
@@ -155,6 +158,7 @@ class CommitTracker:
     def on_report(
         self, rank: int, index: int, checkpoint_dir: str | None, files: list[FileEntry], metrics: dict[str, Any],
         upload_pending: bool = False, upload_files: list[FileEntry] | None = None, data_position: str = "",
+        generation: int = 0,
     ) -> list[PendingCheckpoint]:
         """Record report `index` of `rank`; return the checkpoints that just settled, oldest first.
 
@@ -172,6 +176,8 @@ class CommitTracker:
             raise ValueError(f"rank {rank} sent report {index}, expected {self.reports[rank]}")
         self.reports[rank] = index + 1
         self._count_report(index)
+        if generation:
+            self._generation[index] = max(generation, self._generation.get(index, 0))
         if rank == self._lead and self.world_size > 1:
             # setdefault: after rank 0's loss, what rank 0 reported before it still wins.
             self._lead_metrics.setdefault(index, metrics)
@@ -226,9 +232,13 @@ class CommitTracker:
         self._record_upload(pending, rank, files, error)
         return self._ready()
 
-    def lose_ranks(self, ranks: Iterable[int]) -> LossOutcome:
-        """Stop waiting for `ranks` (their node is gone); return the checkpoints that settled because of it."""
+    def lose_ranks(self, ranks: Iterable[int], left_from: int | None = None) -> LossOutcome:
+        """Stop waiting for `ranks` (their node is gone); return the checkpoints that settled because of it.
+        `left_from`: a live shrink's generation, from which the group goes on without them: a report made in it or
+        later is the smaller world's, with no shard and no data position of theirs."""
         ranks = set(ranks)
+        if left_from is not None:
+            self._left.update(dict.fromkeys(ranks, left_from))
         outside = sorted(r for r in ranks if not 0 <= r < self.world_size)
         if outside:
             raise ValueError(f"cannot lose ranks {outside}, outside the world of {self.world_size} ranks")
@@ -269,6 +279,10 @@ class CommitTracker:
         if not self._made:
             self._least = float("inf")
 
+    def _left_before(self, rank: int, index: int) -> bool:
+        """Whether a live shrink left `rank` out before report `index` was made (in the generation it was made in)."""
+        return rank in self._left and self._generation.get(index, 0) >= self._left[rank]
+
     def _survivors(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.lost]
 
@@ -299,7 +313,8 @@ class CommitTracker:
             if i >= done_below or pending.awaiting:
                 break
             unreported = [r for r in sorted(self.lost | self.absent)
-                          if self.reports[r] <= i and r not in pending.files and r not in pending.errors]
+                          if self.reports[r] <= i and r not in pending.files and r not in pending.errors
+                          and not self._left_before(r, i)]
             for rank in [r for r in unreported if self._holds_unreported_shard(pending, r)]:
                 self._mark_missing(pending, rank, "lost before reporting its shard")
             if not pending.missing_shards:
@@ -309,28 +324,18 @@ class CommitTracker:
         for p in out:
             p.metrics = self._lead_metrics.get(p.index, p.metrics)
             p.data_positions = self._positions.pop(p.index, {})
-            worlds = {_world_of(d) for d in p.data_positions.values()}
             for rank in self.lost - set(p.data_positions):
                 # Lost before it made this report: where it was at its last one. What it read since was never
-                # reported, so it is read again. Not when the others reported at another world size: a live group
-                # shrank without it, and split what it had not read between them.
-                last = self._last_position.get(rank)
-                if last is not None and (not worlds or _world_of(last) in worlds):
-                    p.data_positions[rank] = last
+                # reported, so it is read again. Not in a report of a group that shrank without it: the ranks left
+                # split what it had not read between them.
+                if rank in self._last_position and not self._left_before(rank, p.index):
+                    p.data_positions[rank] = self._last_position[rank]
+            self._generation.pop(p.index, None)
         oldest_kept = min([done_below, *self._pending])
         while self._lead_metrics and next(iter(self._lead_metrics)) < oldest_kept:
             del self._lead_metrics[next(iter(self._lead_metrics))]
         for index in [i for i in self._positions if i < oldest_kept]:
             del self._positions[index]  # a report without a checkpoint: nothing keeps its positions
+        for index in [i for i in self._generation if i < oldest_kept]:
+            del self._generation[index]
         return out
-
-
-def _world_of(position: str) -> int | None:
-    """The world size a rank's data position document was written at (`outlast/train/data_position.py`); None
-    when it says none. The document is the rank's: read as data, never trusted to be well formed."""
-    try:
-        doc = json.loads(position)
-    except ValueError:
-        return None
-    world = doc.get("world") if isinstance(doc, dict) else None
-    return world if isinstance(world, int) else None

@@ -223,7 +223,8 @@ def lose_shrunk_ranks(c: CoreState, a: AttemptState, ranks: set[int]) -> None:
     answer waits for them from here; a checkpoint they held a shard of and never reported is missing it."""
     for rank in sorted(ranks):
         preempt_steps.answer(c, c.horizons.lose_rank(rank, c.now))
-    for pending in c.commit_tracker.lose_ranks(ranks).settled:
+    assert c.live is not None
+    for pending in c.commit_tracker.lose_ranks(ranks, left_from=c.live.membership.generation).settled:
         commit_steps.begin(c, pending)
     for done in c.collectives.lose_ranks(ranks):
         on_workers.reply_collective(c, done)

@@ -272,15 +272,19 @@ def size_attempt(c: CoreState, a: AttemptState, workers: int, now: float) -> Non
 
 def consider_grow(c: CoreState, now: float) -> None:
     a = c.attempt
+    # A live shrink's lost ranks are out of the attempt: the run trains on without them, and may grow back.
+    lost = a.lost if a is not None and c.live is not None else set()
+    workers = c.plan.world_size - len(lost)
     # Every node table comes here while the run trains: one that cannot grow builds no views of the nodes.
-    if a is None or a.exited or not c.resizes.may_grow(c.plan.world_size):
+    if a is None or set(a.exited) - lost or not c.resizes.may_grow(workers):
         return
-    grow = c.resizes.consider_grow(c.nodes.views(c.run_id, now), c.plan.world_size, c.plan.per_worker,
-                                   c.plan.strategy, now)
+    grow = c.resizes.consider_grow(c.nodes.views(c.run_id, now), workers, c.plan.per_worker, c.plan.strategy, now)
     if grow.to_workers is None:
         return
     if live_steps.on_grow(c, a, grow.to_workers, grow.reason):
         return  # the added ranks take the state from the running ones: no notice, no checkpoint, no restart
+    if lost:
+        return  # the notice's grow counts the attempt's ranks from 0: a shrunk one grows live, or at its restart
     p = resize.grow_notice(grow, c.plan.world_size, c.commit_tracker.reports, now, c.wall())
     log.warning("attempt %d: %s; the loop is told to save a checkpoint (get_preemption_info().reason == %r)",
                 a.number, p.notice.message, resize.RESIZE)

@@ -280,12 +280,16 @@ class LiveRun:
                        f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
                        f"planned, once started; rank {kept[0]} sends them the state, and the drained ranks exit")
 
+    def added_for(self, to_workers: int) -> list[int]:
+        """The controller's numbers of the ranks a grow to `to_workers` adds: after every number this attempt has
+        given (a shrink's lost ranks keep theirs), so that no tracker takes a new rank for a lost one."""
+        first = max(self.incarnation) + 1
+        return list(range(first, first + to_workers - self.membership.world_size))
+
     def on_grow(self, to_workers: int, cause: str, wall: float) -> Planned | StayPut:
-        """The elastic run has room for `to_workers` (more than it has): the added ranks, numbered after the
-        others, join a planned generation of that size; rank 0 sends them the state."""
+        """The elastic run has room for `to_workers` (more than it has): the added ranks (`added_for`) join a
+        planned generation of that size, after the others in the group's order; its rank 0 sends them the state."""
         world = self.membership.world_size
-        if self.slots != list(range(world)):
-            return StayPut(f"the run shrank live to ranks {self.slots} in this attempt: it grows at its next restart")
         if to_workers <= world:
             return StayPut(f"{to_workers} workers is no grow from {world}")
         if not self.formed:
@@ -293,19 +297,19 @@ class LiveRun:
         if self.recovery is not None:
             return StayPut(f"rank(s) {self.recovery.ranks} still take the state in generation "
                            f"{self.membership.generation}: the grow waits for it", later=True)
-        added = list(range(world, to_workers))
-        # A rank number held before in this attempt (a smaller world since) gets a member name of its own.
-        incarnations = {r: self.incarnation.get(r, -1) + 1 for r in added}
+        added = self.added_for(to_workers)
+        incarnations = dict.fromkeys(added, 0)
         self.incarnation.update(incarnations)
+        source = self.slots[0]
         self.slots += added
-        membership = self._next(set(added), 0, planned=True)
+        membership = self._next(set(added), source, planned=True)
         self.membership, self.unsent = membership, set(added)
         self.unreported |= set(added)
         self.recovery = Recovery(since=wall, cause=cause, ranks=added)
         self.unpublished, self.starting = membership, set(added)
         return Planned(tuple(added), incarnations, membership,
                        f"ranks {added} join generation {membership.generation} ({world} to {to_workers} ranks), "
-                       "planned, once started; rank 0 sends them the state")
+                       f"planned, once started; rank {source} sends them the state")
 
     def on_started(self, member: str) -> None:
         """`member` waits in the store for the planned generation that names it."""

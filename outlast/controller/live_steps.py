@@ -128,6 +128,11 @@ def _shrink(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: Fai
     return True
 
 
+def held(a: AttemptState) -> dict[int, str]:
+    """Where the attempt's ranks are, but those a shrink left out: they hold nothing (their node is gone)."""
+    return {r: n for r, n in a.placement.items() if r not in a.lost}
+
+
 def group_rank(live: LiveRun, rank: int) -> dict[str, str]:
     """The environment that tells a forked rank its rank and world in the live group, when a shrink numbered the
     group afresh (its spec keeps the number it was spawned as: what its messages to the controller carry)."""
@@ -207,7 +212,7 @@ def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
     if 0 <= c.plan.max_preemption_failures <= spent:
         return False  # the restart's verdict gives up, and says why
     cause = f"drain: {p.as_failure(a.number).message}"
-    room = where_to(c.nodes.views(c.run_id, c.now), a.placement, p.ranks, c.plan.per_worker, c.plan.strategy)
+    room = where_to(c.nodes.views(c.run_id, c.now), held(a), p.ranks, c.plan.per_worker, c.plan.strategy)
     decision = live.on_drain(p.ranks, cause, c.wall(),
                              no_room=room.reason if isinstance(room, NoCapacity) else None)
     if isinstance(decision, StayPut):
@@ -244,9 +249,9 @@ def on_grow(c: CoreState, a: AttemptState, to_workers: int, why: str) -> bool:
     live = c.live
     if live is None or not isinstance(c.state, st.Running):
         return False
-    current = c.plan.world_size
-    added = list(range(current, to_workers))
-    room = where_to(c.nodes.views(c.run_id, c.now), a.placement, added, c.plan.per_worker, c.plan.strategy)
+    current = live.membership.world_size
+    added = live.added_for(to_workers)
+    room = where_to(c.nodes.views(c.run_id, c.now), held(a), added, c.plan.per_worker, c.plan.strategy)
     if isinstance(room, NoCapacity):
         return False
     cause = f"grow: from {current} to {to_workers} workers ({why})"
@@ -255,24 +260,26 @@ def on_grow(c: CoreState, a: AttemptState, to_workers: int, why: str) -> bool:
         if not decision.later:
             log.info("attempt %d: %s; not live: %s", a.number, cause, decision.reason)
         return decision.later
-    c.plan = dataclasses.replace(c.plan, world_size=to_workers)
-    c.commit_tracker.grow(to_workers)
-    c.collectives.grow(to_workers)
+    # The trackers count every rank the attempt numbered, a shrink's lost ones too (lost in them).
+    numbered = max(added) + 1
+    c.plan = dataclasses.replace(c.plan, world_size=numbered)
+    c.commit_tracker.grow(numbered)
+    c.collectives.grow(numbered)
     if c.hangs is not None:
-        c.hangs.ranks = to_workers
+        c.hangs.ranks = numbered
     c.book.note_size(to_workers, ResizeRecord(attempt=a.number, from_workers=current, to_workers=to_workers,
                                              reason=f"grow, live: {why}", steps_lost=0, time=c.wall()), c.wall())
     c.resizes.since = c.now
     for rank in decision.ranks:
         node = room[rank]
-        beside = sum(1 for n in a.placement.values() if n == node)
+        beside = sum(1 for n in held(a).values() if n == node)
         a.placement[rank] = node
-        node_rank = list(dict.fromkeys(a.placement[r] for r in sorted(a.placement))).index(node)
+        node_rank = list(dict.fromkeys(n for _, n in sorted(held(a).items()))).index(node)
         a.specs[rank] = m.WorkerSpec(rank=rank, local_rank=beside, local_world_size=beside + 1,
                                      node_rank=node_rank, world_size=to_workers)
         if c.nodes.link(node, c.now):
             c.out.append(ToNode(node, heartbeat(c)))
-        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank])}
+        env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank]), **group_rank(live, rank)}
         c.out.append(spawns.spawn(c, a, node, [a.specs[rank]], env))
     log.warning("attempt %d: %s; %s (%s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))

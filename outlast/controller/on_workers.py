@@ -123,7 +123,7 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
         c.commit_tracker.skip_to(msg.rank, msg.index)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,
-                                           msg.upload_pending, msg.upload_files, msg.data_position)
+                                           msg.upload_pending, msg.upload_files, msg.data_position, msg.generation)
     except ValueError as e:
         log.warning("ignored a report: %s", e)
         return

@@ -500,9 +500,14 @@ class Report(Msg, frozen=True):
     # Where the rank is in its data (train/data_position.py's document; "" when it reads none through outlast):
     # a checkpoint's manifest keeps every rank's, so that a restore goes on at the next batch.
     data_position: str = ""
+    # The live group's generation the rank reported in (live recovery; 0 without it): a rank that a shrink left
+    # out has no part in a report made in the shrink's generation or after it.
+    generation: int = 0
 
     def __post_init__(self) -> None:
         paths.check_name("checkpoint", self.checkpoint_dir)
+        if self.generation < 0:
+            raise ValueError(f"generation is {self.generation}, below 0")
         if len(self.data_position) > MAX_DATA_POSITION_BYTES:
             raise ValueError(f"data_position is {len(self.data_position)} bytes, over {MAX_DATA_POSITION_BYTES}")
         paths.check_absolute("local_dir", self.local_dir, empty_ok=True)

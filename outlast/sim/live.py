@@ -288,6 +288,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
     step = yield from _join(w)
+    w.core.generation = side.rank.ledger.generation  # LiveTraining tells the session after each join
     kept = False  # this rank holds the gradients of `step` from before it broke: no forward and backward again
     while step < steps:
         if not kept:
@@ -312,6 +313,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         if not committed:
             side.rank.keep_in_flight()
             resumed = yield from _join(w)
+            w.core.generation = side.rank.ledger.generation
             if resumed != step:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} kept the gradients "
                                        f"of step {step}, but its generation went on at step {resumed}")

@@ -79,6 +79,10 @@ class WorkerSession:
         self._relaxed = os.environ.get("OUTLAST_RELAX_COLLECTIVES") == "1"
         self._memory_only = os.environ.get("OUTLAST_CHECKPOINT_STORAGE") == "memory"
 
+    def in_live_generation(self, generation: int) -> None:
+        """Live recovery: the rank's live group formed `generation`; its reports from here say so."""
+        self._core.generation = generation
+
     def progress(self) -> int:
         """Calls into outlast so far, each one progress (read by the watch thread, `watch.py`)."""
         return self._core.progress()

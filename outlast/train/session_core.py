@@ -71,6 +71,7 @@ class SessionCore:
     def __init__(self, attempt: int, rank: int) -> None:
         self.attempt, self.rank = attempt, rank
         self.reports = 0
+        self.generation = 0  # the live group's generation this rank is in (live recovery), sent with each report
         self.stalled_s = 0.0  # the previous report() call's seconds, when it had a checkpoint: sent with the next
         self.collectives = 0
         self.preemption_calls = 0
@@ -172,7 +173,7 @@ class SessionCore:
         `upload_files` are the files it begins with (paths and sizes), when they are known already;
         `data_position` is where the rank is in its data (`positions.document`)."""
         base = dict(attempt=self.attempt, rank=self.rank, index=slot.index, metrics=metrics, stalled_s=self.stalled_s,
-                    data_position=data_position)
+                    data_position=data_position, generation=self.generation)
         self.stalled_s = 0.0
         if not checkpoint:
             return Step(send=(m.Report(**base),))

@@ -167,7 +167,9 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     flight thrown away (one step lost), and split the rest of the epoch from every rank's place at that step's
     start, so every row is used once an epoch; the history has the shrink, charged as one failure. Then the
     process spawned as rank 2, the group's rank 1 since, is killed: its replacement, forked as rank 2 and told it is
-    the group's rank 1 of 2, takes up that rank's place in the new split."""
+    the group's rank 1 of 2, takes up that rank's place in the new split. Then a node joins: the run grows back to
+    three live, the rank added numbered 3 by the controller and 2 in the group, and every row is still used once
+    an epoch."""
     import threading
 
     import numpy as np
@@ -187,13 +189,17 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
                        "step 3")
             [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1}
             cluster.kill_node(node)
+            wait_until(lambda: any(e["event"] == "start" and e["incarnation"] == 1 for e in read_events(events)),
+                       120, "the replacement")
+            cluster.add_node("node-3")
 
         t = threading.Thread(target=lose_rank_1s_node, daemon=True)
         t.start()
         TorchTrainer(
             getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
+            # On until the grown generation formed: the shrink's is 1, the replacement's 2, the grow's 3.
             train_loop_config={"events": str(events), "rows": rows, "batch": batch, "epochs": epochs, "sleep": 0.1,
-                               "kill": [[2, 14]]},  # the loop's rank as it started: the process spawned as rank 2
+                               "kill": [[2, 14]], "until_generation": 3},  # the rank spawned as 2
             scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
                                          elastic_resize_monitor_interval_s=0),
             run_config=RunConfig(name="shrink", storage_path=storage_path,
@@ -202,25 +208,29 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
         t.join()
     log = read_events(events)
     state = json.loads((Path(storage_path) / "shrink" / "run_state.json").read_text())
-    assert len(state["attempts"]) == 1 and state["attempts"][0]["workers"] == 2 and state["status"] == "finished"
+    assert len(state["attempts"]) == 1 and state["attempts"][0]["workers"] == 3 and state["status"] == "finished"
     assert state["failure_counts"] == {"worker": 2}
-    [resize] = state["resizes"]
-    assert (resize["from_workers"], resize["to_workers"], resize["steps_lost"]) == (3, 2, 1)
-    [shrink, replaced] = state["live_recoveries"]
+    assert [(r["from_workers"], r["to_workers"], r["steps_lost"]) for r in state["resizes"]] == [(3, 2, 1), (2, 3, 0)]
+    [shrink, replaced, grown] = state["live_recoveries"]
     assert shrink["path"] == "live" and shrink["cause"].startswith("shrink") and shrink["ranks"] == [1]
     assert shrink["steps_lost"] == 1
     assert replaced["path"] == "live" and replaced["ranks"] == [2] and replaced["steps_lost"] == 0
+    assert grown["path"] == "live" and grown["cause"].startswith("grow") and grown["ranks"] == [3]
     # Ranks 0 and 2 went on in their own processes, numbered 0 and 1 of 2 from the shrink; each threw one step away.
-    starts = {(e["rank"], e["incarnation"]): e["pid"] for e in log if e["event"] == "start"}
-    assert sorted(starts) == [(0, 0), (1, 0), (1, 1), (2, 0)]  # the replacement: the group's rank 1
+    begun = [e for e in log if e["event"] == "start"]
+    starts = {(e["rank"], e["incarnation"]): e["pid"] for e in begun[:4]}
+    # The replacement is the group's rank 1; the rank added last, the group's rank 2 (a start there of its own).
+    assert sorted(starts) == [(0, 0), (1, 0), (1, 1), (2, 0)] and len(begun) == 5
+    added = begun[4]["pid"]
+    assert (begun[4]["rank"], begun[4]["incarnation"]) == (2, 0)
     for pid in (starts[0, 0], starts[2, 0]):
         assert len([e for e in log if e["event"] == "thrown" and e["pid"] == pid]) == 1
     assert [e["rank"] for e in log if e["pid"] == starts[2, 0] and e["event"] == "step"][-1] == 1
     ends = {e["pid"]: e for e in log if e["event"] == "end"}
-    assert set(ends) == {starts[0, 0], starts[1, 1]} and {e["world"] for e in ends.values()} == {2}
-    assert (ends[starts[0, 0]]["rank"], ends[starts[1, 1]]["rank"]) == (0, 1)
+    assert set(ends) == {starts[0, 0], starts[1, 1], added} and {e["world"] for e in ends.values()} == {3}
+    assert [ends[p]["rank"] for p in (starts[0, 0], starts[1, 1], added)] == [0, 1, 2]
     run = 1 + max(e["epoch"] for e in log if e["event"] == "step")
-    assert run == epochs
+    assert run >= epochs
     for epoch in range(run):
         used = Counter(r for e in log if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
         assert used == Counter(range(rows)), (epoch, sorted((r, n) for r, n in used.items() if n != 1),

@@ -267,22 +267,20 @@ def test_a_rank_lost_before_its_report_is_placed_where_its_last_report_left_it()
     assert done.data_positions == {0: "zero@1", 1: "one@0"}
 
 
-def test_a_rank_lost_to_a_live_shrink_is_placed_only_beside_reports_of_the_world_it_read_in():
-    # Ranks 0 and 2 go on as a world of 2 after rank 1's node was lost: what rank 1 had not read was split between
-    # them, so its last place (a world of 3) belongs only in checkpoints the others reported at a world of 3.
-    def at(world: int, rank: int) -> str:
-        return f'{{"world":{world},"rank":{rank}}}'
-
+def test_a_rank_a_live_shrink_left_out_has_no_part_in_the_reports_of_the_smaller_world():
+    # Ranks 0 and 2 go on as a world of 2 (generation 1) after rank 1's node was lost: a checkpoint of a step before
+    # (generation 0) has rank 1's last place and misses its shard, as a lost rank's; one the smaller world reported
+    # has neither: what rank 1 had not read was split between ranks 0 and 2, and it holds no shard of their state.
     t = CommitTracker(world_size=3)
     for rank in range(3):
-        t.on_report(rank, 0, None, [], {}, data_position=at(3, rank))
-    t.on_report(0, 1, "c1", files("m"), {}, data_position=at(3, 0))
-    t.on_report(2, 1, None, [], {}, data_position=at(3, 2))
-    [old] = t.lose_ranks({1}).settled
-    assert old.data_positions == {0: at(3, 0), 1: at(3, 1), 2: at(3, 2)}
-    t.on_report(2, 2, None, [], {}, data_position=at(2, 1))
-    [new] = t.on_report(0, 2, "c2", files("m"), {}, data_position=at(2, 0))
-    assert new.data_positions == {0: at(2, 0), 2: at(2, 1)}
+        t.on_report(rank, 0, None, [], {}, data_position=f"{rank}@0")
+    t.on_report(0, 1, "c1", files("m"), {}, data_position="0@1")
+    t.on_report(2, 1, "c1", files("n"), {}, data_position="2@1")
+    [old] = t.lose_ranks({1}, left_from=1).settled
+    assert old.data_positions == {0: "0@1", 1: "1@0", 2: "2@1"} and old.missing_shards == [1]
+    t.on_report(2, 2, "c2", files("n"), {}, data_position="2@2", generation=1)
+    [new] = t.on_report(0, 2, "c2", files("m"), {}, data_position="0@2", generation=1)
+    assert new.data_positions == {0: "0@2", 2: "2@2"} and new.missing_shards == []
 
 
 def test_a_replacement_that_skips_the_report_its_predecessor_never_made_lets_later_checkpoints_settle():

@@ -269,8 +269,9 @@ def test_a_grow_whose_loop_ends_before_the_added_rank_waits_finishes_and_stops_t
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
 
 
-def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsewhere():
+def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsewhere_and_grows_it_back():
     from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
 
     h = make(nodes=("n1", "n2", "n3"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
              live_store="controller:7", max_failures=1)
@@ -297,7 +298,20 @@ def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsew
     # The ranks that live report at the world of 2, under the numbers they were spawned as.
     for rank, group_rank in ((0, 0), (2, 1)):
         h.worker(m.Report(attempt=1, rank=rank, index=1, metrics={"step": 1}, checkpoint_dir="checkpoint_1",
-                          files=[], data_position=f'{{"world":2,"rank":{group_rank}}}'))
+                          files=[], data_position=f'{{"world":2,"rank":{group_rank}}}', generation=1))
+    assert h.core.book.state.latest_checkpoint == "checkpoint_1"  # rank 1 holds no shard of the smaller world's
     assert h.core.commit_tracker.reports == [2, 1, 2]
-    finish_all(h, {0: placement[0], 2: placement[2]})
+    # A node joins: the run grows back live, the added rank numbered 3 (1 stays the lost one's), the group's rank 2.
+    h.effects.clear()
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3", "n4")]), dt=1.0)
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert [(w.rank, w.world_size) for w in spawn.msg.workers] == [(3, 3)]
+    assert spawn.node_id == "n4" and spawn.msg.env["OUTLAST_LIVE_GROUP_RANK"] == "2/3"
+    assert h.core.plan.world_size == 4 and h.core.commit_tracker.reports == [2, 1, 2, 2]
+    h.step(g.LiveReady(attempt=1, member="r3i0"))
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(2, ("r0i0", "r2i0", "r3i0"), (2,), 0, planned=True)
+    h.step(g.LiveJoined(attempt=1, generation=2, steps_lost=0, wall=h.wall() + 0.5))
+    assert [(r.from_workers, r.to_workers) for r in h.core.book.state.resizes] == [(3, 2), (2, 3)]
+    finish_all(h, {0: placement[0], 2: placement[2], 3: "n4"})
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outlast.controller import group as g
-from outlast.controller.live import FallBack, LiveRun, Recovered, Replace
+from outlast.controller.live import FallBack, LiveRun, Planned, Recovered, Replace
 from outlast.controller.states import State
 from outlast.protocol import messages as m
 from outlast.protocol.membership import Membership
@@ -235,7 +235,14 @@ def test_a_shrink_leaves_the_lost_ranks_out_and_numbers_the_others_afresh_with_n
     assert isinstance(r, Replace) and r.member == "r2i1"
     assert r.membership == Membership(2, ("r0i0", "r2i1"), (1,), 0)
     assert isinstance(live.on_death(1, "the lost rank, again", wall=9.1), FallBack)  # not a rank of the group
-    assert "grows at its next restart" in live.on_grow(3, "grow", wall=10.0).reason
+    assert live.on_joined(2, 0, wall=9.5) is not None
+    # A node joins: the rank added is numbered after every number the attempt gave, and is the group's rank 2.
+    assert live.added_for(3) == [3]
+    grow = live.on_grow(3, "grow", wall=10.0)
+    assert isinstance(grow, Planned) and grow.ranks == (3,) and live.slots == [0, 2, 3]
+    assert grow.membership == Membership(3, ("r0i0", "r2i1", "r3i0"), (2,), 0, planned=True)
+    live.on_started("r3i0")
+    assert live.starting_members() == [] and live.publishable(told=True) == grow.membership
 
 
 def test_a_shrink_below_min_workers_or_under_a_replacement_still_waiting_falls_back_and_says_why():

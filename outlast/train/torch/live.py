@@ -159,6 +159,7 @@ class LiveTraining:
     def _join(self) -> int:
         step = self.rank.join(self.state_dict, self.load_state_dict)
         session = get_session("LiveTraining")
+        session.in_live_generation(self.rank.ledger.generation)
         group = self.rank.group
         if group is not None and (session.context.world_size, session.context.world_rank) != (group.world_size,
                                                                                                 group.rank):
