@@ -12,8 +12,11 @@ the first notice (bench/lib/elastic_scenario.py, bench/lib/ray_elastic_scenario.
   node added: a 1-CPU node joins -> first step at world size 2; steps lost.
 
 outlast runs with elastic_resize_monitor_interval_s 0 (the grow itself) and once at its
-default 60 s; Ray at its default 60 s (its resize monitor's period). Ratios are
-ray / outlast (> 1: outlast faster). One JSON document on stdout, progress on stderr.
+default 60 s; Ray at its default 60 s (its resize monitor's period). outlast runs it also with
+live recovery (`--live` of bench/lib/elastic_scenario.py: the group shrinks and grows in the same
+processes, no checkpoint read; the shrink throws the step in flight away). Ratios are
+ray / outlast (> 1: outlast faster); `ratio_live` is Ray's over live recovery's. One JSON
+document on stdout, progress on stderr.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ray-repeats", type=int, default=1, help="each Ray repeat takes about 6 minutes")
     args = p.parse_args()
-    ours = ours_60 = ray = {}
+    ours = ours_60 = ours_live = ray = {}
     if args.only != "ray":
         ours = run_json(venvs.module(OUTLAST_PY, "bench.lib.elastic_scenario", "--repeats", str(args.repeats)),
                         timeout=300 * args.repeats)
+        ours_live = run_json(venvs.module(OUTLAST_PY, "bench.lib.elastic_scenario", "--repeats", str(args.repeats),
+                                          "--live"), timeout=300 * args.repeats)
         ours_60 = run_json(venvs.module(OUTLAST_PY, "bench.lib.elastic_scenario", "--repeats", "1",
                                         "--interval-s", "60"), timeout=400)
     if args.only != "outlast":
@@ -53,11 +58,12 @@ def main() -> int:
                                     "--interval-s", "60"), timeout=560 * args.ray_repeats + 60)
     figures = {}
     for key in FIGURES:
-        o, o60, r = median(ours, key), median(ours_60, key), median(ray, key)
-        ratio = r / o if key.endswith("_s") and o and r is not None else None
-        figures[key] = {"outlast": o, "outlast_interval_60s": o60, "ray": r, "ratio": ratio}
-    print(json.dumps({"figures": figures, "outlast": ours, "outlast_interval_60s": ours_60, "ray": ray}, indent=1,
-                     default=str))
+        o, o60, live, r = median(ours, key), median(ours_60, key), median(ours_live, key), median(ray, key)
+        timed = key.endswith("_s") and r is not None
+        figures[key] = {"outlast": o, "outlast_interval_60s": o60, "outlast_live": live, "ray": r,
+                        "ratio": r / o if timed and o else None, "ratio_live": r / live if timed and live else None}
+    print(json.dumps({"figures": figures, "outlast": ours, "outlast_interval_60s": ours_60, "outlast_live": ours_live,
+                      "ray": ray}, indent=1, default=str))
     return 0
 
 
