@@ -102,10 +102,23 @@ def run_json(cmd, timeout):
         done = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=timeout, text=True, cwd=venvs.ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
-    try:
-        return json.loads(done.stdout)
-    except ValueError:
+    document = last_document(done.stdout)
+    if document is None:
         return {"error": f"no JSON (exit {done.returncode})", "stdout_tail": done.stdout[-2000:]}
+    return document
+
+
+def last_document(text: str):
+    """The JSON document that ends `text`: a scenario prints it last, and the lines before it may be its workers'
+    output, which the driver prints as they come. None when `text` ends in none."""
+    start = len(text)
+    while (start := text.rfind("{", 0, start)) >= 0:
+        if start == 0 or text[start - 1] == "\n":
+            try:
+                return json.loads(text[start:])
+            except ValueError:
+                pass
+    return None
 
 
 def prepare_both(only, prefix):
