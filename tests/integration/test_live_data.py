@@ -160,16 +160,17 @@ def test_a_live_grow_splits_the_rest_of_the_epoch_between_the_new_ranks(storage_
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("loop", ["live_shard_loop", "live_loader_loop"])
-def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(storage_path, tmp_path, monkeypatch, loop):
-    """An elastic run (min 2, max 3) on three one-CPU nodes loses a rank's node mid-epoch, with no room for the rank
-    elsewhere: the two ranks left go on in the same processes as a world of two, numbered afresh, the step in
-    flight thrown away (one step lost), and split the rest of the epoch from every rank's place at that step's
-    start, so every row is used once an epoch; the history has the shrink, charged as one failure. Then the
-    process spawned as rank 2, the group's rank 1 since, is killed: its replacement, forked as rank 2 and told it is
-    the group's rank 1 of 2, takes up that rank's place in the new split. Then a node joins: the run grows back to
-    three live, the rank added numbered 3 by the controller and 2 in the group, and every row is still used once
-    an epoch."""
+@pytest.mark.parametrize("loop,lost", [("live_shard_loop", 1), ("live_loader_loop", 0)])
+def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(storage_path, tmp_path, monkeypatch, loop,
+                                                                            lost):
+    """An elastic run (min 2, max 3) on three one-CPU nodes loses a rank's node mid-epoch (rank 1's, or rank 0's:
+    the rank that sends the state and writes the run's return value), with no room for the rank elsewhere: the two
+    ranks left go on in the same processes as a world of two, numbered afresh, the step in flight thrown away (one
+    step lost), and split the rest of the epoch from every rank's place at that step's start, so every row is used
+    once an epoch; the history has the shrink, charged as one failure. Then the process spawned as rank 2, the
+    group's rank 1 since, is killed: its replacement, forked as rank 2 and told it is the group's rank 1 of 2, takes
+    up that rank's place in the new split. Then a node joins: the run grows back to three live, the rank added
+    numbered 3 by the controller and 2 in the group, and every row is still used once an epoch."""
     import threading
 
     import numpy as np
@@ -183,17 +184,22 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     rows, batch, epochs = 96, 4, 3  # 8 steps an epoch at 3 ranks, 12 at 2
     events = tmp_path / "shrink.jsonl"
     x = np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32)
-    with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
-        def lose_rank_1s_node() -> None:
+    kept = [r for r in range(3) if r != lost]  # the group's ranks 0 and 1 after the shrink
+    # A head that takes no rank, so that losing rank 0's node leaves the node table where it was.
+    with LocalCluster(num_nodes=1, cpus_per_node=0, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        for _ in range(3):
+            cluster.add_node(extra_args=["--num-cpus", "1"])
+
+        def lose_a_node() -> None:
             wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
                        "step 3")
-            [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1}
+            [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == lost}
             cluster.kill_node(node)
             wait_until(lambda: any(e["event"] == "start" and e["incarnation"] == 1 for e in read_events(events)),
                        120, "the replacement")
-            cluster.add_node("node-3")
+            cluster.add_node(extra_args=["--num-cpus", "1"])
 
-        t = threading.Thread(target=lose_rank_1s_node, daemon=True)
+        t = threading.Thread(target=lose_a_node, daemon=True)
         t.start()
         TorchTrainer(
             getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
@@ -212,23 +218,23 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     assert state["failure_counts"] == {"worker": 2}
     assert [(r["from_workers"], r["to_workers"], r["steps_lost"]) for r in state["resizes"]] == [(3, 2, 1), (2, 3, 0)]
     [shrink, replaced, grown] = state["live_recoveries"]
-    assert shrink["path"] == "live" and shrink["cause"].startswith("shrink") and shrink["ranks"] == [1]
+    assert shrink["path"] == "live" and shrink["cause"].startswith("shrink") and shrink["ranks"] == [lost]
     assert shrink["steps_lost"] == 1
     assert replaced["path"] == "live" and replaced["ranks"] == [2] and replaced["steps_lost"] == 0
     assert grown["path"] == "live" and grown["cause"].startswith("grow") and grown["ranks"] == [3]
-    # Ranks 0 and 2 went on in their own processes, numbered 0 and 1 of 2 from the shrink; each threw one step away.
+    # The ranks kept went on in their own processes, numbered 0 and 1 of 2 from the shrink; each threw one step away.
     begun = [e for e in log if e["event"] == "start"]
     starts = {(e["rank"], e["incarnation"]): e["pid"] for e in begun[:4]}
     # The replacement is the group's rank 1; the rank added last, the group's rank 2 (a start there of its own).
     assert sorted(starts) == [(0, 0), (1, 0), (1, 1), (2, 0)] and len(begun) == 5
     added = begun[4]["pid"]
     assert (begun[4]["rank"], begun[4]["incarnation"]) == (2, 0)
-    for pid in (starts[0, 0], starts[2, 0]):
+    for pid in (starts[kept[0], 0], starts[2, 0]):
         assert len([e for e in log if e["event"] == "thrown" and e["pid"] == pid]) == 1
     assert [e["rank"] for e in log if e["pid"] == starts[2, 0] and e["event"] == "step"][-1] == 1
     ends = {e["pid"]: e for e in log if e["event"] == "end"}
-    assert set(ends) == {starts[0, 0], starts[1, 1], added} and {e["world"] for e in ends.values()} == {3}
-    assert [ends[p]["rank"] for p in (starts[0, 0], starts[1, 1], added)] == [0, 1, 2]
+    assert set(ends) == {starts[kept[0], 0], starts[1, 1], added} and {e["world"] for e in ends.values()} == {3}
+    assert [ends[p]["rank"] for p in (starts[kept[0], 0], starts[1, 1], added)] == [0, 1, 2]
     run = 1 + max(e["epoch"] for e in log if e["event"] == "step")
     assert run >= epochs
     for epoch in range(run):
