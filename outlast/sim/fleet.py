@@ -22,11 +22,12 @@ from typing import Any
 
 from outlast.controller.attempt_verdict import AttemptFacts, FailAttempt, judge_attempt
 from outlast.controller.hangs import HangWatch
-from outlast.controller.live import FallBack, LiveRun, Replace
+from outlast.controller.live import FallBack, LiveRun, Planned, Replace, Shrunk
 from outlast.controller.preemption import Preemption
 from outlast.controller.types import Timeouts
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import Budget, FailureKind
+from outlast.protocol.membership import member_name
 from outlast.sim.interruptions import SECONDS_PER_DAY, Effect, Interruption
 from outlast.storage.goodput import Goodput, split
 from outlast.storage.records import (
@@ -254,7 +255,8 @@ class _Fleet:
         c = self.c
         self.struck[ev.effect.value] = self.struck.get(ev.effect.value, 0) + 1
         node_id = f"n{ev.node}"
-        rank = ev.node * c.ranks_per_node % (a.nodes * c.ranks_per_node)
+        ranks = self._ranks_on(a, ev.node)
+        rank = ranks[0]
         preemption = None
         hang = None
         node_gone = ev.effect in (Effect.NODE_LOST, Effect.DRAIN)
@@ -271,17 +273,17 @@ class _Fleet:
                 end = ev.at_s + c.timeouts.node_lost_after_s
                 # The node's ranks are replaced on a node with room: a spare free when the loss is seen.
                 room = bool(self.pool) and self.pool[0] <= end
-                if a.live is not None and self._live(a, ev, rank, node_id, end, room=room) is not None:
-                    self._lost_node(end)  # the lost node goes to repair, and the spare its ranks went to is taken
-                    heapq.heappop(self.pool)
+                answered = self._live(a, ev, ranks, node_id, end, room=room) if a.live is not None else None
+                if answered is not None:
+                    self._lost_node(end)  # the lost node goes to repair...
+                    if isinstance(answered, Replace):
+                        heapq.heappop(self.pool)  # ...and the spare its ranks went to is taken
                     return a
             else:
                 self._lay_steps(a, ev.at_s)
                 end = ev.at_s
-                if a.live is not None:
-                    replaced = self._live(a, ev, rank, node_id, end)
-                    if replaced is not None:
-                        return a
+                if a.live is not None and self._live(a, ev, ranks[:1], node_id, end) is not None:
+                    return a
             restore_from = self._newest(end)
         failure = self._failure(a, ev, rank, node_id, end)
         self._judge(a, [failure] if failure else [], preemption, ev)
@@ -318,38 +320,55 @@ class _Fleet:
         self._lay_steps(a, deadline)
         return deadline, p, self._newest(deadline)
 
-    def _live(self, a: _Attempt, ev: Interruption, rank: int, node_id: str, at: float,
-              room: bool = True) -> Replace | None:
-        """Ask the attempt's `LiveRun` about a death. Replaced: the replacement takes the state, and the step in
-        flight is run again from `live_recover_s` (and the state's transfer) on: the survivors keep their part of
-        it, but wait the step's time for the replacement's; the death is charged to max_failures as the controller charges it. Otherwise None: a
-        restart, as without live recovery."""
+    def _ranks_on(self, a: _Attempt, node: int) -> list[int]:
+        """The ranks of the attempt's node that an interruption of fleet node `node` strikes. With live recovery,
+        as the group holds them (a live shrink leaves a node's ranks out and a grow adds a node's after the
+        others: the group's ranks stay in whole nodes)."""
+        rpn = self.c.ranks_per_node
+        i = node % a.nodes
+        if a.live is not None:
+            return a.live.slots[i * rpn:(i + 1) * rpn]
+        return list(range(i * rpn, (i + 1) * rpn))
+
+    def _live(self, a: _Attempt, ev: Interruption, ranks: list[int], node_id: str, at: float,
+              room: bool = True) -> Replace | Shrunk | None:
+        """Ask the attempt's `LiveRun` about a death of `ranks` (a lost node's, or one rank). Replaced: the
+        replacement takes the state, and the step in flight is run again from `live_recover_s` (and the state's
+        transfer) on: the survivors keep their part of it, but wait the step's time for the replacement's; the
+        death is charged to max_failures as the controller charges it. Shrunk (a lost node with no room, in an
+        elastic run): the group goes on without the node from `live_recover_s` on, the step in flight thrown
+        away, each step longer by the node missing. Otherwise None: a restart, as without live recovery."""
         assert a.live is not None
         c = self.c
+        rank = ranks[0]
         failure = self._failure(a, ev, rank, node_id, at)
         assert failure is not None
         began = time.process_time()
         if ev.at_s >= a.first:
             a.live.on_joined(0, 0, WALL0 + a.first)  # the ranks formed their live group with their first step
         lost = ev.effect is Effect.NODE_LOST
-        d: Replace | FallBack
+        d: Replace | Shrunk | FallBack
         if lost and not room:
             d = FallBack(f"rank(s) of lost node {node_id} have no room on another node: no spare is free")
+            if self.mech.elastic and a.nodes > 1:  # as the controller's `live_steps._shrink`, at min_workers of a node
+                d = a.live.on_shrink(ranks, f"shrink: {failure.describe()}", WALL0 + at, c.ranks_per_node, node_id)
         else:  # a lost node's ranks die together: one recovery, one failure
-            for r in range(rank, rank + (c.ranks_per_node if lost else 1)):
+            for r in ranks:
                 d = a.live.on_death(r, failure.describe(), WALL0 + at, lost_node=node_id if lost else None)
                 if not isinstance(d, Replace):
                     break
         self.decisions_s += time.process_time() - began
-        if not isinstance(d, Replace):
+        if isinstance(d, FallBack):
             self.live["restart"] += 1
             self.state.live_recoveries.append(LiveRecoveryRecord(
                 attempt=a.number, ranks=[rank], cause=failure.describe(), path="restart", time=WALL0 + ev.at_s,
                 reason=d.reason))
             return None
-        ready = at + c.live_recover_s + c.checkpoint_gb_per_rank / c.network_gb_s
+        moved = c.checkpoint_gb_per_rank / c.network_gb_s if isinstance(d, Replace) else 0.0
+        ready = at + c.live_recover_s + moved
         began = time.process_time()
-        done = a.live.on_joined(d.membership.generation, 0, WALL0 + ready)  # the survivors kept the step
+        # The survivors kept the step in flight, or a shrink threw it away.
+        done = a.live.on_joined(d.membership.generation, int(isinstance(d, Shrunk)), WALL0 + ready)
         self.decisions_s += time.process_time() - began
         assert done is not None
         a.record.failures.append(failure)
@@ -360,10 +379,21 @@ class _Fleet:
             attempt=a.number, ranks=list(done.ranks), cause=done.cause, path="live", time=done.since,
             generation=done.generation, steps_lost=done.steps_lost, seconds=done.seconds, reason=d.reason))
         self.live["live"] += 1
-        # The next step begins once the replacement holds the state; the split charges the recovery's record, from
-        # the last report before the death to `ready`, to live recoveries.
+        if isinstance(d, Shrunk):
+            self.missing += 1
+            self._resize(a, a.nodes - 1, f"shrink, live: node {node_id} lost", 1, at)
+        # The next step begins once the replacement holds the state (or the smaller group formed); the split charges
+        # the recovery's record, from the last report before the death to `ready`, to live recoveries.
         a.resume = ready
         return d
+
+    def _resize(self, a: _Attempt, nodes: int, reason: str, steps_lost: int, at: float) -> None:
+        """A live shrink or grow: the attempt goes on with `nodes` nodes."""
+        rpn = self.c.ranks_per_node
+        self.state.resizes.append(ResizeRecord(attempt=a.number, from_workers=a.nodes * rpn, to_workers=nodes * rpn,
+                                               reason=reason, steps_lost=steps_lost, time=WALL0 + at))
+        a.nodes = nodes
+        a.record.workers = nodes * rpn
 
     def _hang_found(self, a: _Attempt) -> float:
         """When the controller finds the hang: HangWatch's limit (adaptive, or the run's own) after the newest
@@ -444,8 +474,14 @@ class _Fleet:
         heapq.heappush(self.pool, at + (self.c.repair_s if self.mech.spares else self.c.replace_s))
 
     def _grow_if_due(self, a: _Attempt, until: float) -> _Attempt:
-        """An elastic run smaller than asked grows back at its first checkpoint once a node is free."""
+        """An elastic run smaller than asked grows back at its first checkpoint once a node is free; with live recovery,
+        as the node starts (its ranks take the state from the running ones, which train on meanwhile)."""
         while self.missing and self.pool and self.pool[0] < until:
+            if a.live is not None:
+                t = max(self.pool[0], a.start, a.resume) + self.c.new_node_s
+                if t >= until or not self._grow_live(a, t):
+                    return a
+                continue
             self._lay_steps(a, max(self.pool[0], a.start))
             k = self._lay_steps(a, until, stop_at_checkpoint=True)
             if k is None:
@@ -461,6 +497,36 @@ class _Fleet:
             self._close(a, at, "resized")
             a = self._begin(a.number + 1, at, k, waited_until=at, replaced_node=True)
         return a
+
+
+    def _grow_live(self, a: _Attempt, t: float) -> bool:
+        """A free node's ranks join the attempt's group at `t` (`LiveRun.on_grow`, as `live_steps.on_grow` asks it),
+        and take the state from the running ranks: the step that forms the larger group waits for it. False: not
+        live (the attempt's ranks have not formed their group yet)."""
+        assert a.live is not None
+        c = self.c
+        began = time.process_time()
+        world = len(a.live.slots)
+        d = a.live.on_grow(world + c.ranks_per_node, "grow: a node is free again", WALL0 + t)
+        if not isinstance(d, Planned):
+            self.decisions_s += time.process_time() - began
+            return False
+        for r in d.ranks:
+            a.live.on_started(member_name(r, d.incarnations[r]))
+        assert a.live.publishable(told=True) == d.membership
+        ready = t + c.checkpoint_gb_per_rank / c.network_gb_s
+        done = a.live.on_joined(d.membership.generation, 0, WALL0 + ready)
+        self.decisions_s += time.process_time() - began
+        assert done is not None
+        self._lay_steps(a, t)
+        heapq.heappop(self.pool)
+        self.missing -= 1
+        self.state.live_recoveries.append(LiveRecoveryRecord(
+            attempt=a.number, ranks=list(done.ranks), cause=done.cause, path="live", time=done.since,
+            generation=done.generation, steps_lost=0, seconds=done.seconds, reason=d.reason))
+        self._resize(a, a.nodes + 1, "grow, live: a node is free again", 0, t)
+        a.resume = ready
+        return True
 
 
 def goodput_parts(g: Goodput) -> dict[str, float]:

@@ -23,8 +23,10 @@ FLEET_VERSION = 1
 VARIANTS = [Mechanisms(), *(Mechanisms(**{f.name: False}) for f in fields(Mechanisms)),
             Mechanisms(**{f.name: False for f in fields(Mechanisms)})]
 LIVE_RECOVERY = ("a rank's death asks the attempt's controller.live.LiveRun: replaced, the attempt goes on after "
-                 "live_recover_s and the step in flight's time (the replacement's part of it); a lost node falls back to a restart; a hang or a drain "
-                 "is no death and restarts as before")
+                 "live_recover_s and the step in flight's time (the replacement's part of it); a lost node's ranks are "
+                 "replaced together on a spare free when the loss is seen, or, with none free, an elastic run shrinks "
+                 "live (the step in flight thrown away) and grows back live once a node is free; a hang or a drain is "
+                 "no death and restarts as before")
 PARAMS = {"step_s": "step-s", "checkpoint_gb_per_rank": "checkpoint-gb", "storage_gb_s": "storage-gb-s",
           "network_gb_s": "network-gb-s", "host_copy_gb_s": "host-copy-gb-s",
           "checkpoint_every_s": "checkpoint-every-s", "memory_every_s": "memory-every-s", "startup_s": "startup-s",
@@ -57,6 +59,7 @@ def run(config: FleetConfig, seed: int, mix: str, mttf_hours: float | None, drai
             "mechanisms": mech.label(), **{k: v for k, v in vars(mech).items()},
             "goodput": round(g.fraction, 5), "parts_s": goodput_parts(g), "held_s": round(g.held_s, 1),
             "steps": g.steps, "replayed_steps": g.replayed_steps, "attempts": len(r.state.attempts), "resizes": len(r.state.resizes),
+            "live_resizes": sum(", live:" in x.reason for x in r.state.resizes),
             "budgets": r.budgets, "struck": r.struck, "restores": r.restores,
             "live_recoveries": r.live,
             "node_hours_smaller": round(r.node_seconds_short / 3600, 1),

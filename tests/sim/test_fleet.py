@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from outlast.sim.__main__ import main
-from outlast.sim.fleet import FleetConfig, Mechanisms, simulate
+from outlast.sim.fleet import WALL0, FleetConfig, Mechanisms, simulate
 from outlast.sim.fleet_command import run
 from outlast.sim.fleet_invariants import violations
 from outlast.sim.interruptions import LLAMA3_PLANNED, LLAMA3_UNEXPECTED, Effect, Interruption, by_mttf, llama3
@@ -45,8 +45,9 @@ def test_every_variant_keeps_the_invariants_with_every_kind_of_interruption_stri
             # or a drain is no death.
             assert live["live"] + live["restart"] == v["struck"]["rank_dies"] + v["struck"]["node_lost"]
             assert 0 < live["live"] <= v["struck"]["rank_dies"] + v["struck"]["node_lost"]
+            # A resize is an attempt of its own, but a live one (an elastic run's shrink, or its grow back).
             assert v["attempts"] == 1 + v["budgets"]["worker"] + v["budgets"]["preemption"] - live["live"] + v[
-                "resizes"]
+                "resizes"] - v["live_resizes"]
         else:
             assert live == {"live": 0, "restart": 0}
 
@@ -100,16 +101,30 @@ def test_a_live_recovery_costs_the_step_in_flights_time_and_keeps_its_attempt() 
     assert on.reports[1][-1].index + 1 >= (86_400 - config.startup_s - gap) // (config.step_s + 0.016) - 1
 
 
-def test_a_lost_nodes_ranks_go_on_live_on_a_free_spare_and_restart_when_none_is_free() -> None:
+def test_a_lost_nodes_ranks_go_on_live_on_a_free_spare_shrink_live_when_none_is_free_and_restart_if_not_elastic(
+) -> None:
     events = [Interruption(3600.0, "faulty GPU", Effect.NODE_LOST, 3)]
     r = simulate(SMALL, Mechanisms(), events)
     [rec] = r.state.live_recoveries
     assert rec.path == "live" and len(r.state.attempts) == 1 and r.budgets == {"worker": 1}  # the node: one failure
     assert rec.ranks == list(range(3 * SMALL.ranks_per_node, 4 * SMALL.ranks_per_node))
     assert violations(r, 1.0) == []
+    # No spare: the elastic run goes on a node smaller in the same attempt (its step in flight lost), and grows back
+    # live once the scheduler's node comes (`replace_s` later), as the controller's `LiveRun` decides.
     r = simulate(SMALL, Mechanisms(spares=False), events)
+    shrink, grow = r.state.live_recoveries
+    assert (shrink.path, shrink.steps_lost, grow.path, grow.steps_lost) == ("live", 1, "live", 0)
+    assert shrink.cause.startswith("shrink") and grow.cause.startswith("grow") and len(r.state.attempts) == 1
+    assert [(x.from_workers, x.to_workers) for x in r.state.resizes] == [
+        (SMALL.nodes * SMALL.ranks_per_node, (SMALL.nodes - 1) * SMALL.ranks_per_node),
+        ((SMALL.nodes - 1) * SMALL.ranks_per_node, SMALL.nodes * SMALL.ranks_per_node)]
+    assert grow.time == pytest.approx(WALL0 + 3600.0 + SMALL.timeouts.node_lost_after_s + SMALL.replace_s)
+    assert r.node_seconds_short / 3600 == pytest.approx((SMALL.timeouts.node_lost_after_s + SMALL.replace_s) / 3600,
+                                                        abs=0.1)
+    assert violations(r, 1.0) == []
+    r = simulate(SMALL, Mechanisms(spares=False, elastic=False), events)
     [rec] = r.state.live_recoveries
-    assert rec.path == "restart" and "no room" in rec.reason and len(r.state.attempts) >= 2  # elastic: 3
+    assert rec.path == "restart" and "no room" in rec.reason and len(r.state.attempts) == 2
     assert violations(r, 1.0) == []
 
 
