@@ -10,18 +10,16 @@ the error (`failed`), and the transfer it belongs to ends with what it wrote.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
-from outlast.agent.tier_client import (SERVER, TransferError, TransferSealer, digests_for, file_view, new_transfer,
-                                       refused, write_all)
+from outlast.agent.tier_client import (CHUNK, SERVER, TAG, Landing, TransferError, TransferSealer, digests_for,
+                                       file_view, new_transfer, open_landing, refused)
 from outlast.agent.tier_schedule import OpenTransfer, Transfers
 from outlast.protocol import messages as m
-from outlast.storage import safepath
 from outlast.storage.memtier import CopyKey
 from outlast.storage.tier_store import TierRecord, TierStore, os_failure
 
@@ -32,16 +30,16 @@ class _Carrier:
     """A transfer's own on the server: its seal, and an offer's files open for writing and their checksums as
     its chunks are written."""
 
-    def __init__(self, transfer: m.Transfer, fds: dict[str, int] | None = None,
+    def __init__(self, transfer: m.Transfer, landings: dict[str, Landing] | None = None,
                  files: Sequence[m.FileEntry] = ()) -> None:
         self.sealer = TransferSealer(transfer, SERVER)
-        self.fds = fds or {}  # path -> fd
+        self.landings = landings or {}  # path -> where its chunks go
         self.digests = digests_for(list(files))
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds = {}
+        for landing in self.landings.values():
+            landing.close()
+        self.landings = {}
 
 
 class TierAnswers:
@@ -54,6 +52,8 @@ class TierAnswers:
         self._lock = lock
         self.transfers = transfers
         self.data_address = data_address
+        # The server thread opens every chunk written through a buffer into this one: its pages stay made.
+        self._buffer = bytearray(CHUNK)
 
     def let_go(self, transfer: OpenTransfer[_Carrier] | None) -> None:
         """A transfer ended without its copy kept: its files are closed, and what an offer wrote goes, with its
@@ -90,7 +90,7 @@ class TierAnswers:
         return refused(key, node, why)
 
     def data(self, msg: m.TierRequest, head: bytes, sealed: memoryview | bytes, now: float,
-             ) -> m.TierReply | list[bytes] | None:
+             ) -> m.TierReply | list[bytes | memoryview] | None:
         """A chunk of an offer, or a fetch of one, on the data socket: only within a transfer this server opened."""
         if not isinstance(msg, (m.TierChunk, m.TierFetch)):
             return None  # nothing else is asked here, and the data socket answers no stranger more than it must
@@ -102,16 +102,20 @@ class TierAnswers:
         if isinstance(msg, m.TierChunk) and transfer.is_offer:
             if msg.path not in (transfer.sizes or {}):
                 return refused(key, node, f"no offer of {msg.path} is open")
-            try:
-                data = transfer.carrier.sealer.open(head, msg, sealed)
-            except TransferError as e:
-                return refused(key, node, str(e))
-            why = transfer.past_declared(msg.path, msg.offset, len(data))
+            why = transfer.past_declared(msg.path, msg.offset, len(sealed) - TAG)
             if why is not None:
                 self.let_go(self.transfers.end(msg.session))
                 return refused(key, node, why)
-            write_all(transfer.carrier.fds[msg.path], data, msg.offset)
+            try:
+                data = transfer.carrier.landings[msg.path].put(transfer.carrier.sealer, head, msg, sealed,
+                                                               self._buffer)
+            except TransferError as e:
+                # What failed its seal may have been opened into the file already: the transfer ends, and its
+                # files go.
+                self.let_go(self.transfers.end(msg.session))
+                return refused(key, node, str(e))
             transfer.carrier.digests.update(msg.path, msg.offset, data)
+            data.release()
             return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
                              offset=msg.offset)
         if isinstance(msg, m.TierFetch) and not transfer.is_offer and msg.path:
@@ -166,24 +170,24 @@ class TierAnswers:
     def _offer(self, ident: bytes, key: CopyKey, msg: m.TierOffer, now: float) -> m.TierReply:
         with self._lock:
             admission, partial = self.store.begin(msg.run, msg.checkpoint_dir, msg.rank, msg.seq, msg.files,
-                                                  msg.primary)
+                                                  msg.primary, reuse=True)
         if partial is None:
             return refused(key, self.store.node_id, admission.reason if not admission.admit else "already held")
-        fds: dict[str, int] = {}
+        landings: dict[str, Landing] = {}
         try:
             for entry in msg.files:
-                if entry.path in fds:
+                if entry.path in landings:
                     raise ValueError(f"file {entry.path} is offered twice")
-                fds[entry.path] = safepath.open_under(partial, entry.path, write=True)
+                landings[entry.path] = open_landing(partial, entry)
         except (OSError, ValueError):
-            for fd in fds.values():
-                os.close(fd)
+            for landing in landings.values():
+                landing.close()
             with self._lock:
                 self.store.abort(key)
             raise  # answered by `failed`, with the path and errno, once what was half-made is gone
         transfer = new_transfer(self.data_address)
         self.transfers.open(transfer.session, key, now, sender=ident, sizes={f.path: f.size for f in msg.files},
-                            carrier=_Carrier(transfer, fds, msg.files))
+                            carrier=_Carrier(transfer, landings, msg.files))
         return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, transfer=transfer)
 
     def _held(self, key: CopyKey) -> tuple[TierRecord, Path] | m.TierStored:

@@ -180,7 +180,7 @@ class TierServer:
                 reason=f"{self.store.node_id} refused a request that does not decode: {e}"))])
             return
         now = time.monotonic()
-        reply: m.TierReply | list[bytes] | None = None  # None: answered later, or not at all
+        reply: m.TierReply | list[bytes | memoryview] | None = None  # None: answered later, or not at all
         try:
             if sock is self._data:
                 # A chunk's sealed bytes are the frame after its header (tier_client.TransferSealer.seal).
