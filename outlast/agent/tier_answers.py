@@ -134,7 +134,8 @@ class TierAnswers:
                                          nbytes=r.nbytes, primary=r.primary, committed=r.committed)
                           for r in self.store.records()]
                 return m.TierHoldings(node_id=node, budget_bytes=self.store.book.budget_bytes,
-                                      used_bytes=self.store.book.used(), copies=copies)
+                                      used_bytes=self.store.book.used(), copies=copies,
+                                      spare_bytes=self.store.spare_bytes())
         if isinstance(msg, m.TierCommit):
             with self._lock:
                 self.store.mark_committed(msg.run, msg.checkpoint_dir)

@@ -41,7 +41,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REPLIES, connect_dealer, encode
 from outlast.storage import safepath
-from outlast.storage.checksum import InOrderDigests
+from outlast.storage.checksum import InOrderDigests, new_hasher
 from outlast.storage.memtier import CopyKey
 
 CHUNK = 8 << 20
@@ -148,6 +148,22 @@ class Landing:
         out = memoryview(buffer)[:length]
         sealer.open(head, chunk, sealed, out)
         write_all(self.fd, out, chunk.offset)
+        return out
+
+    def copy(self, offset: int, data: memoryview, buffer: bytearray) -> memoryview:
+        """Copy `data` (a slice of a file mapped: a rank's) to `offset`; the bytes as written, to be hashed while
+        they are at hand (where the file is not mapped, from the buffer they were written from)."""
+        if offset < 0 or offset + len(data) > self.size:
+            raise ValueError(f"{len(data)} bytes at {offset} lie outside a file of {self.size} bytes")
+        if self._view is not None:
+            out = self._view[offset:offset + len(data)]
+        elif len(data) <= len(buffer):
+            out = memoryview(buffer)[:len(data)]
+        else:
+            raise ValueError(f"{len(data)} bytes do not fit a buffer of {len(buffer)}")
+        out[:] = data
+        if self._view is None:
+            write_all(self.fd, out, offset)
         return out
 
     def close(self) -> None:
@@ -324,6 +340,38 @@ def open_landing(where: Path, entry: m.FileEntry) -> Landing:
     except BaseException:
         os.close(fd)
         raise
+
+
+def copy_checked(src_root: str, entry: m.FileEntry, where: Path, owner: int | None = None) -> str:
+    """Copy the file `entry` from under `src_root` (a file of `owner`'s, when given) to the same place under
+    `where` (written over a spare file placed there: `open_landing`), and return the checksum of the bytes
+    written, taken as they are written (by `entry`'s algorithm): the copy is checked against its record
+    without being read again. ValueError where the file's size is not the record's."""
+    algorithm = entry.checksum[0]
+    src = safepath.open_under(src_root, entry.path, owner=owner)
+    try:
+        size = os.fstat(src).st_size
+        if size != entry.size:
+            raise ValueError(f"file {entry.path} has {size} bytes, the record says {entry.size}")
+        hasher = new_hasher(algorithm)
+        landing = open_landing(where, entry)
+        try:
+            if size:
+                source = mmap.mmap(src, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                   prot=mmap.PROT_READ)
+                buffer = bytearray(0 if landing.mapped else min(CHUNK, size))
+                try:
+                    with memoryview(source) as view:
+                        for offset in range(0, size, CHUNK):
+                            with view[offset:offset + CHUNK] as part, landing.copy(offset, part, buffer) as written:
+                                hasher.update(written)
+                finally:
+                    source.close()
+        finally:
+            landing.close()
+        return hasher.hexdigest()
+    finally:
+        os.close(src)
 
 
 def _recv_sealed(sock: zmq.Socket[bytes], timeout_s: float, what: str) -> tuple[bytes, m.TierReply, memoryview | bytes]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.tier_client import TransferError, fetch, push, refused
+from outlast.agent.tier_client import TransferError, copy_checked, fetch, push, refused
 from outlast.agent.tier_schedule import queue_for
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -223,21 +223,22 @@ class TierWork:
         if partial is None:
             return None if admission.admit else admission.reason
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
-        linked: dict[str, str] = {}
+        known: dict[str, str] = {}
         try:
             for entry in hold.files:
                 if hold.link and _linked(hold.source_dir, entry.path, partial, self._source_owner):
                     # The rank's own file, whose checksum it has just taken; every later use checks it again.
-                    linked[entry.path] = entry.checksum[1]
+                    known[entry.path] = entry.checksum[1]
                 else:
-                    safepath.copy_under(hold.source_dir, entry.path, partial, owner=self._source_owner, keep=True)
+                    # Checked by the checksum of the bytes as they were written: not read again.
+                    known[entry.path] = copy_checked(hold.source_dir, entry, partial, self._source_owner)
         except (OSError, ValueError) as e:
             with self._lock:
                 self.store.abort(key)
             why = os_failure(self.store.node_id, self.store.root, e) if isinstance(e, OSError) else str(e)
             return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: {why}"
         with self._lock:
-            return self.store.finish(key, linked)
+            return self.store.finish(key, known)
 
 
 def _linked(source_dir: str, rel: str, partial: Path, owner: int | None) -> bool:

@@ -63,6 +63,7 @@ from outlast.storage.memtier import Admission, Copy, CopyKey, TierBook
 
 _PARTIAL = ".partial"
 _SPARE = "spare"
+_SPARE_MIN = 1 << 20  # smaller files are made anew: their pages are not worth a file to keep them
 
 
 class TierRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -442,7 +443,7 @@ class TierStore:
                 try:
                     st = path.lstat()
                     if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
-                            and st.st_size > 0):
+                            and st.st_size >= _SPARE_MIN):
                         continue
                     if kept and seen.get(path.relative_to(where).as_posix()) != st.st_ctime_ns:
                         continue

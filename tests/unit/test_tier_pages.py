@@ -205,3 +205,45 @@ def test_a_file_kept_for_its_pages_is_written_over_only_when_it_is_ours_alone(tm
     fd = safepath.open_under(tmp_path, "sym", write=True, keep=True)
     os.close(fd)
     assert not (tmp_path / "sym").is_symlink() and (tmp_path / "other-link").read_bytes() == b"old bytes"
+
+
+@pytest.mark.parametrize("spare", [False, True])
+def test_a_ranks_file_copied_in_is_checked_by_the_checksum_of_what_was_written(tmp_path, spare):
+    from outlast.agent.tier_client import CHUNK, copy_checked
+
+    src = tmp_path / "rank"
+    src.mkdir()
+    data = os.urandom(CHUNK + 4321)
+    (src / "model.pt").write_bytes(data)
+    entry = entry_of(src / "model.pt", "model.pt")
+    where = tmp_path / "copy"
+    where.mkdir()
+    if spare:  # pages there already: copied straight into a map of them
+        (where / "model.pt").write_bytes(os.urandom(2 * CHUNK))
+    assert copy_checked(str(src), entry, where) == entry.xxh3_128
+    assert (where / "model.pt").read_bytes() == data
+    # A file whose size is not its record's is refused before a byte is copied.
+    (src / "model.pt").write_bytes(data[:-1])
+    with pytest.raises(ValueError, match="the record says"):
+        copy_checked(str(src), entry, where)
+    # Bytes that differ from the rank's checksum give another checksum: the store's check refuses the copy.
+    (src / "model.pt").write_bytes(os.urandom(len(data)))
+    assert copy_checked(str(src), entry, where) != entry.xxh3_128
+
+
+def test_a_hold_copies_in_and_keeps_only_what_matches_its_checksums(tmp_path):
+    from outlast.agent.tier_work import TierWork
+
+    store = tier(tmp_path, budget=8 * MB)
+    work = TierWork(None, None, store, threading.Lock(), lambda: None)  # no peer: no socket is made
+    src = tmp_path / "rank"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.pt").write_bytes(os.urandom(3 * MB))
+    (src / "sub" / "opt.pt").write_bytes(b"")
+    files = [entry_of(src / "model.pt", "model.pt"), entry_of(src / "sub" / "opt.pt", "sub/opt.pt")]
+    hold = m.TierHold(run=RUN, checkpoint_dir="c1", rank=0, seq=1, files=files, source_dir=str(src))
+    assert work.copy_in(hold) is None and store.verify(CopyKey(RUN, "c1", 0)) is None
+    bad = [files[0], m.FileEntry(path="sub/opt.pt", size=0, xxh3_128="0" * 32)]
+    why = work.copy_in(m.TierHold(run=RUN, checkpoint_dir="c2", rank=0, seq=2, files=bad, source_dir=str(src)))
+    assert why is not None and "sub/opt.pt does not match its checksum" in why
+    assert store.record(CopyKey(RUN, "c2", 0)) is None and not store.writing(CopyKey(RUN, "c2", 0))
