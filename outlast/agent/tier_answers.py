@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -107,15 +108,13 @@ class TierAnswers:
                 self.let_go(self.transfers.end(msg.session))
                 return refused(key, node, why)
             try:
-                data = transfer.carrier.landings[msg.path].put(transfer.carrier.sealer, head, msg, sealed,
-                                                               self._buffer)
+                transfer.carrier.landings[msg.path].put(transfer.carrier.sealer, head, msg, sealed, self._buffer,
+                                                        partial(transfer.carrier.digests.update, msg.path, msg.offset))
             except TransferError as e:
                 # What failed its seal may have been opened into the file already: the transfer ends, and its
                 # files go.
                 self.let_go(self.transfers.end(msg.session))
                 return refused(key, node, str(e))
-            transfer.carrier.digests.update(msg.path, msg.offset, data)
-            data.release()
             return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
                              offset=msg.offset)
         if isinstance(msg, m.TierFetch) and not transfer.is_offer and msg.path:

@@ -31,6 +31,8 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -137,74 +139,69 @@ class TransferSealer:
 class Landing:
     """A file of a copy being received, `size` bytes (set here: a reused file's pages past it go back, a new
     file's are made as chunks come). Where every page of the file is there already (a spare file of the
-    tier's), each chunk's seal is opened straight into a map of the file: overwriting a page allocates
-    nothing, so a full tmpfs cannot fault the map. Elsewhere it is opened into a buffer the caller reuses
-    and written from there: into pages not yet made a write is cheaper than faults through a map (1.5 GB/s
-    through the map against 2.1 written, here), and a full tmpfs is then the write's ENOSPC."""
+    tier's), each chunk goes straight into a map of its own range, made for it and unmade after (so that a
+    chunk costs the server's thread its own pages' time, whatever the file's size): overwriting a page
+    allocates nothing, so a full tmpfs cannot fault the map. Elsewhere it goes into a buffer the caller
+    reuses and is written from there: into pages not yet made a write is cheaper than faults through a map
+    (1.5 GB/s through the map against 2.1 written, here), and a full tmpfs is then the write's ENOSPC.
+    Either way `seen` is given the bytes as they now are in the file, to hash while they are at hand."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.fd, self.size = fd, size
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
-        self._view: memoryview | None = None
-        if size and os.fstat(fd).st_blocks * 512 >= size:
-            self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
-            self._view = memoryview(self._map)
-
-    @property
-    def mapped(self) -> bool:
-        return self._view is not None
+        self.mapped = size > 0 and os.fstat(fd).st_blocks * 512 >= size
 
     def put(self, sealer: TransferSealer, head: bytes, chunk: m.TierChunk, sealed: memoryview | bytes,
-            buffer: bytearray) -> memoryview:
-        """Open a chunk's seal into its place (TransferError where it fails, or lies outside the file); its bytes
-        as written, to be hashed while they are at hand."""
+            buffer: bytearray, seen: Callable[[memoryview], None]) -> None:
+        """Open a chunk's seal into its place; TransferError where it fails (what it opened into the file is not
+        the chunk's: the caller drops the file), or where the chunk lies outside the file."""
         length = len(sealed) - TAG
         if length < 0 or chunk.offset < 0 or chunk.offset + length > self.size:
             raise TransferError(f"a chunk of {chunk.path} at {chunk.offset} ({max(length, 0)} bytes) lies outside "
                                 f"its file's {self.size} bytes: refused")
-        if self._view is not None:
-            out = self._view[chunk.offset:chunk.offset + length]
+        with self._place(chunk.offset, length, buffer) as out:
             sealer.open(head, chunk, sealed, out)
-            return out
-        if len(buffer) < length:
-            raise TransferError(f"a chunk of {chunk.path} at {chunk.offset} has {length} bytes, more than a chunk")
-        out = memoryview(buffer)[:length]
-        sealer.open(head, chunk, sealed, out)
-        write_all(self.fd, out, chunk.offset)
-        return out
+            if not self.mapped:
+                write_all(self.fd, out, chunk.offset)
+            seen(out)
 
-    def read_from(self, src: int, offset: int, length: int, buffer: bytearray) -> memoryview:
+    def read_from(self, src: int, offset: int, length: int, buffer: bytearray,
+                  seen: Callable[[memoryview], None]) -> None:
         """Read `length` bytes at `offset` of the file `src` (a rank's) into their place here, in the kernel
-        (which lets go of the GIL, as a copy between two maps would not); the bytes as written, to be hashed
-        while they are at hand (where the file is not mapped, from the buffer they were written from)."""
+        (which lets go of the GIL, as a copy between two maps would not)."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"{length} bytes at {offset} lie outside a file of {self.size} bytes")
-        if self._view is not None:
-            out = self._view[offset:offset + length]
-        elif length <= len(buffer):
-            out = memoryview(buffer)[:length]
-        else:
-            raise ValueError(f"{length} bytes do not fit a buffer of {len(buffer)}")
-        done = 0
-        while done < length:
-            n = os.preadv(src, [out[done:]], offset + done)
-            if n == 0:
-                out.release()
-                raise OSError(errno.EIO, f"a file being copied ended {offset + done} bytes in, before its size")
-            done += n
-        if self._view is None:
-            write_all(self.fd, out, offset)
-        return out
+        with self._place(offset, length, buffer) as out:
+            done = 0
+            while done < length:
+                n = os.preadv(src, [out[done:]], offset + done)
+                if n == 0:
+                    raise OSError(errno.EIO, f"a file being copied ended {offset + done} bytes in, before its size")
+                done += n
+            if not self.mapped:
+                write_all(self.fd, out, offset)
+            seen(out)
+
+    @contextmanager
+    def _place(self, offset: int, length: int, buffer: bytearray) -> Iterator[memoryview]:
+        """Where `length` bytes at `offset` go: a map of that range of the file, or the start of `buffer`."""
+        if self.mapped and length:
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            pages = mmap.mmap(self.fd, offset + length - start, offset=start,
+                              flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            try:
+                with memoryview(pages) as whole, whole[offset - start:] as out:
+                    yield out
+            finally:
+                pages.close()
+            return
+        if length > len(buffer):
+            raise TransferError(f"{length} bytes do not fit a buffer of {len(buffer)}: more than a chunk")
+        with memoryview(buffer)[:length] as out:
+            yield out
 
     def close(self) -> None:
-        if self._view is not None:
-            self._view.release()
-            self._view = None
-            try:
-                self._map.close()
-            except BufferError:  # a chunk's view still held: the map closes when it goes
-                pass
         os.close(self.fd)
 
 
@@ -350,9 +347,8 @@ def fetch(ctx: zmq.Context[zmq.Socket[bytes]], key_pair: ClusterKey | None, addr
                     # The copy's room was made for its declared sizes: nothing else is written.
                     raise TransferError(f"{address} sent {max(len(sealed) - TAG, 0)} bytes of {chunk.path} at "
                                         f"{chunk.offset}, which were not asked for")
-                plain = landings[chunk.path].put(sealer, head, chunk, sealed, buffer)
-                digests.update(chunk.path, chunk.offset, plain)
-                plain.release()
+                landings[chunk.path].put(sealer, head, chunk, sealed, buffer,
+                                         partial(digests.update, chunk.path, chunk.offset))
                 done += 1
         finally:
             for landing in landings.values():
@@ -391,8 +387,7 @@ def copy_checked(src_root: str, entry: m.FileEntry, where: Path, owner: int | No
         try:
             buffer = bytearray(0 if landing.mapped else min(CHUNK, size))
             for offset in range(0, size, CHUNK):
-                with landing.read_from(src, offset, min(CHUNK, size - offset), buffer) as written:
-                    hasher.update(written)
+                landing.read_from(src, offset, min(CHUNK, size - offset), buffer, hasher.update)
         finally:
             landing.close()
         return hasher.hexdigest()

@@ -177,15 +177,16 @@ def test_a_landing_writes_only_inside_its_file_and_opens_only_whole_seals(tmp_pa
             data = os.urandom(MB)
             chunk = m.TierChunk(run=RUN, checkpoint_dir="c", rank=0, path=name, offset=MB)
             head, sealed = sender.seal(chunk, data)
-            opened = landing.put(receiver, head, TIER_REQUESTS.decode(head), sealed,
-                                 bytearray(MB))
-            assert bytes(opened) == data
-            opened.release()
+            seen: list[bytes] = []
+            landing.put(receiver, head, TIER_REQUESTS.decode(head), sealed, bytearray(MB),
+                        lambda b, into=seen: into.append(bytes(b)))
+            assert seen == [data]  # what is hashed is what the file now holds
             past = m.TierChunk(run=RUN, checkpoint_dir="c", rank=0, path=name, offset=MB + 1)
             with pytest.raises(TransferError, match="outside"):
-                landing.put(receiver, head, past, sealed, bytearray(MB))
+                landing.put(receiver, head, past, sealed, bytearray(MB), seen.append)
             with pytest.raises(TransferError, match="outside"):
-                landing.put(receiver, head, chunk, sealed[:TAG - 1], bytearray(MB))
+                landing.put(receiver, head, chunk, sealed[:TAG - 1], bytearray(MB), seen.append)
+            assert len(seen) == 1
         finally:
             landing.close()
         assert (tmp_path / name).read_bytes()[MB:] == data and (tmp_path / name).stat().st_size == 2 * MB
