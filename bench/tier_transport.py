@@ -8,6 +8,10 @@ Each repeat, interleaved, with the receiving side in a process of its own (as a 
   sealed chunks on the data socket, the peer's check and keep). Both servers last the whole run,
   each with a budget of 1.5 copies, so each repeat's copy evicts the one before and is written into
   its pages, as a run's checkpoints are (the first repeat has none to reuse: `seconds[0]`);
+- `tier_pull`: that copy pulled from the peer by a third tier server that holds nothing of it (a
+  `TierPull`, as a rank's new node after a failure restores from a peer's memory): its `seconds`
+  (fetch over CURVE, chunks sealed by the peer on the data socket, opened into this node's pages
+  and checked as they come), the third node's budget 1.5 copies as well;
 - `zmq_curve`: the same bytes in the tier's 8 MiB chunks, at most 4 unanswered, on one ZeroMQ
   socket with CURVE (how the tier sent them before its data socket);
 - `zmq_plain`: the same on a socket without encryption: the transport's floor;
@@ -125,6 +129,10 @@ class TierPair:
         self.here_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-here-"))
         self.here = TierServer(self.ctx, self.key, TierStore(self.here_root, "here", budget)).start()
         self.here.store.open()
+        # A node that holds nothing of the copy, as a rank's new node after a failure, pulls it from the peer.
+        self.third_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-third-"))
+        self.third = TierServer(self.ctx, self.key, TierStore(self.third_root, "third", budget)).start()
+        self.third.store.open()
         self.address = self.peer.stdout.readline().strip()
         self.seq = 0
 
@@ -140,13 +148,31 @@ class TierPair:
             raise RuntimeError(f"the replica failed: {stored}")
         return stored.replica_seconds
 
+    def pull(self) -> float:
+        """The last replica's copy pulled from the peer by the third node (a restore from a peer's memory)."""
+        from outlast.agent.tier_client import ask
+        from outlast.protocol import messages as m
+
+        from outlast.storage.memtier import CopyKey
+
+        # What a node pulls is held as committed, so the budget keeps it until a newer checkpoint of the run is
+        # committed there, which this node never hears of: the copy it pulled before goes as it would then.
+        with self.third._lock:
+            self.third.store.drop(CopyKey("bench", f"c{self.seq - 1}", 0))
+        stored = ask(self.ctx, self.key, self.third.address,
+                     m.TierPull(run="bench", checkpoint_dir=f"c{self.seq}", rank=0, from_address=self.address))
+        if not stored.ok:
+            raise RuntimeError(f"the pull failed: {stored}")
+        return stored.seconds
+
     def close(self) -> None:
+        self.third.stop()
         self.here.stop()
         self.auth.stop()
         self.ctx.term()
         self.peer.stdin.close()
         self.peer.wait(timeout=60)
-        subprocess.run(["rm", "-rf", str(self.peer_root), str(self.here_root)], check=False)
+        subprocess.run(["rm", "-rf", str(self.peer_root), str(self.here_root), str(self.third_root)], check=False)
 
 
 def zmq_chunks(path: Path, curve: bool) -> float:
@@ -211,6 +237,7 @@ def main() -> None:
     files = [m.FileEntry(path="model.pt", size=args.mb << 20, xxh3_128=hash_file(src / "model.pt")[1])]
     pair = TierPair(args.mb << 20)
     cases = {"tier_replica": lambda: pair.replica(src, files),
+             "tier_pull": pair.pull,
              "zmq_curve": lambda: zmq_chunks(src / "model.pt", curve=True),
              "zmq_plain": lambda: zmq_chunks(src / "model.pt", curve=False)}
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -232,9 +259,9 @@ def main() -> None:
             doc["ray"] = summary(args.mb, json.loads(done.stdout.strip().splitlines()[-1]))
         else:
             doc["ray"] = {"error": done.stderr[-2000:]}
-    tier = doc["tier_replica"]["mb_per_s_median"]
-    doc["ratios"] = {f"tier_replica_over_{k}": tier / doc[k]["mb_per_s_median"]
-                     for k in ("zmq_curve", "zmq_plain", "ray") if "mb_per_s_median" in doc.get(k, {})}
+    doc["ratios"] = {f"{t}_over_{k}": doc[t]["mb_per_s_median"] / doc[k]["mb_per_s_median"]
+                     for t in ("tier_replica", "tier_pull") for k in ("zmq_curve", "zmq_plain", "ray")
+                     if "mb_per_s_median" in doc.get(k, {})}
     subprocess.run(["rm", "-rf", str(workdir)], check=False)
     text = json.dumps(doc, indent=1)
     print(text)

@@ -16,9 +16,10 @@ from functools import partial
 from pathlib import Path
 
 import msgspec
+import zmq
 
-from outlast.agent.tier_client import (CHUNK, SERVER, TAG, Landing, TransferError, TransferSealer, digests_for,
-                                       file_view, new_transfer, open_landing, refused)
+from outlast.agent.tier_client import (CHUNK, SERVER, TAG, WINDOW, Landing, TransferError, TransferSealer,
+                                       digests_for, file_range, new_transfer, open_landing, refused)
 from outlast.agent.tier_schedule import OpenTransfer, Transfers
 from outlast.protocol import messages as m
 from outlast.storage.memtier import CopyKey
@@ -36,6 +37,23 @@ class _Carrier:
         self.sealer = TransferSealer(transfer, SERVER)
         self.landings = landings or {}  # path -> where its chunks go
         self.digests = digests_for(list(files))
+        # A fetch's chunks are sealed into these, made as needed, each again once zmq has sent what it held
+        # (its tracker): one more than a fetcher's window, so a fetch makes no new pages after its first chunks.
+        self.ring: list[bytearray | None] = [None] * (WINDOW + 1)
+        self.trackers: list[zmq.MessageTracker | None] = [None] * (WINDOW + 1)
+        self.turn = 0
+
+    def seal_buffer(self) -> tuple[int, bytearray] | None:
+        """The next buffer of the ring that zmq is done with (made if need be), or None: never waited for."""
+        slot = self.turn % len(self.ring)
+        tracker = self.trackers[slot]
+        if tracker is not None and not tracker.done:
+            return None
+        self.turn += 1
+        buffer = self.ring[slot]
+        if buffer is None:
+            buffer = self.ring[slot] = bytearray(CHUNK + TAG)
+        return slot, buffer
 
     def close(self) -> None:
         for landing in self.landings.values():
@@ -55,6 +73,7 @@ class TierAnswers:
         self.data_address = data_address
         # The server thread opens every chunk written through a buffer into this one: its pages stay made.
         self._buffer = bytearray(CHUNK)
+        self._sealed: tuple[_Carrier, int] | None = None  # the ring buffer of the chunk being sent (`sent`)
 
     def let_go(self, transfer: OpenTransfer[_Carrier] | None) -> None:
         """A transfer ended without its copy kept: its files are closed, and what an offer wrote goes, with its
@@ -93,6 +112,7 @@ class TierAnswers:
     def data(self, msg: m.TierRequest, head: bytes, sealed: memoryview | bytes, now: float,
              ) -> m.TierReply | list[bytes | memoryview] | None:
         """A chunk of an offer, or a fetch of one, on the data socket: only within a transfer this server opened."""
+        self.sent(None)  # a chunk sealed last time whose frames never reached zmq (its send raised): let go
         if not isinstance(msg, (m.TierChunk, m.TierFetch)):
             return None  # nothing else is asked here, and the data socket answers no stranger more than it must
         key = CopyKey(msg.run, msg.checkpoint_dir, msg.rank)
@@ -118,11 +138,18 @@ class TierAnswers:
             return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
                              offset=msg.offset)
         if isinstance(msg, m.TierFetch) and not transfer.is_offer and msg.path:
-            reply = self._chunk(transfer.key, msg)
-            if isinstance(reply, tuple):
-                return transfer.carrier.sealer.seal(*reply)
-            return reply
+            return self._chunk(transfer.key, transfer.carrier, msg)
         return refused(key, node, f"a {type(msg).__name__} does not belong on the data socket")
+
+    def sent(self, tracker: zmq.MessageTracker | None) -> None:
+        """The frames `data` answered with were given to zmq: the ring buffer they were sealed into (if any) is
+        sealed into again once `tracker` says zmq is done with it (without one, never: it is let go to zmq)."""
+        if self._sealed is not None:
+            carrier, slot = self._sealed
+            carrier.trackers[slot] = tracker
+            if tracker is None:
+                carrier.ring[slot] = None
+            self._sealed = None
 
     def request(self, ident: bytes, msg: m.TierRequest, now: float) -> m.TierReply:
         """A request on the CURVE socket, other than the hold threads' (holds, pulls, uploads)."""
@@ -208,8 +235,8 @@ class TierAnswers:
         return m.TierOffer(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, seq=record.seq,
                            files=record.files, primary=record.primary)
 
-    def _chunk(self, key: CopyKey, msg: m.TierFetch) -> m.TierStored | tuple[m.TierChunk, memoryview]:
-        """A fetch of a chunk: its header and its bytes, to be sealed."""
+    def _chunk(self, key: CopyKey, carrier: _Carrier, msg: m.TierFetch) -> m.TierStored | list[bytes | memoryview]:
+        """A fetch of a chunk: its header and its bytes sealed, read from a map of that range of the file alone."""
         held = self._held(key)
         if isinstance(held, m.TierStored):
             return held
@@ -217,12 +244,22 @@ class TierAnswers:
         node = self.store.node_id
         if not any(f.path == msg.path for f in record.files):  # the copy's own files, nothing else under it
             return refused(key, node, f"{msg.path} is not a file of {msg.checkpoint_dir} rank {msg.rank}")
+        if msg.offset < 0 or not 0 <= msg.length <= CHUNK:
+            return refused(key, node, f"a fetch of {msg.length} bytes at {msg.offset} of {msg.path}: a chunk is at "
+                                      f"most {CHUNK} bytes, from an offset in the file")
+        chunk = m.TierChunk(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
+                            offset=msg.offset)
         try:
-            view = file_view(where, msg.path)
+            with file_range(where, msg.path, msg.offset, msg.length) as data:
+                free = carrier.seal_buffer()
+                if free is None:  # zmq still sends every buffer of the ring: this chunk's seal is a new one
+                    return carrier.sealer.seal(chunk, data)
+                slot, buffer = free
+                frames = carrier.sealer.seal(chunk, data, buffer)
+                self._sealed = (carrier, slot)
+                return frames
         except (OSError, ValueError) as e:
             return refused(key, node, f"cannot read {msg.path}: {e}")
-        return (m.TierChunk(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
-                            offset=msg.offset), view[msg.offset:msg.offset + msg.length])
 
 
 def _named(msg: m.TierRequest) -> CopyKey:

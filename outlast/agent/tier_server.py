@@ -191,8 +191,8 @@ class TierServer:
                 reply = self.answers.request(ident, msg, now)
         except Exception as e:  # noqa: BLE001 - the request's answer; the thread goes on
             reply = self.answers.failed(ident, msg, e)
-        if isinstance(reply, list):
-            sock.send_multipart([ident, *reply], copy=False)
+        if isinstance(reply, list):  # a chunk's frames: tracked, so that its buffer is sealed into again once sent
+            self.answers.sent(sock.send_multipart([ident, *reply], copy=False, track=True))
         elif reply is not None:
             sock.send_multipart([ident, encode(reply)])
 
