@@ -215,8 +215,9 @@ class TierWork:
     def copy_in(self, hold: m.TierHold) -> str | None:
         try:
             with self._lock:
+                # A draining node links the rank's files in: a rank's file is never written over as spare pages.
                 admission, partial = self.store.begin(hold.run, hold.checkpoint_dir, hold.rank, hold.seq, hold.files,
-                                                      reuse=True)
+                                                      reuse=not hold.link)
         except OSError as e:  # begin let its room go
             return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: " \
                    f"{os_failure(self.store.node_id, self.store.root, e)}"
