@@ -15,10 +15,11 @@ silent for `timeout_s` fails the transfer, saying so.
 
 A chunk's bytes travel as a frame of their own after its `TierChunk` (`TransferSealer.seal`), never
 inside the msgpack: they are sealed straight from a map of the file (the page cache, or the tier's
-tmpfs) into one of a few buffers the sender reuses (fresh pages for every chunk cost more than the
-encryption), and the receiver opens each seal straight into its place in a map of the file it
-writes when the file's pages are there already (a spare file of the tier's: `TierStore.begin`),
-else into one reused buffer that is written into the file (`Landing`). The checksum of what came is
+tmpfs; a fetch's holder maps each chunk's range alone) into one of a few buffers the sender uses
+again (new pages for every chunk cost more than the encryption), and the receiver opens each seal
+straight into its place, a map of that chunk's range of the file, where the file's pages are there
+already (a spare file of the tier's: `TierStore.begin`), else into one reused buffer that is
+written into the file (`Landing`). The checksum of what came is
 taken in that same pass, from the bytes just opened (`InOrderDigests`): nothing is read again to
 check the copy. So the copies on the way are the seal's, the kernel's socket, and the opening of
 the seal into the file (with a write from the buffer where the file's pages are new).

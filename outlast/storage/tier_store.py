@@ -28,13 +28,13 @@ Spare pages. Writing into tmpfs pages that already exist runs several times as f
 ones (a chunk's seal opened straight into a map of existing pages at ~6 GB/s, against ~2 GB/s
 written into new pages here, and 0.3-1.0 GB/s into pages the VM never used), so the files of a
 copy that goes (evicted, dropped, or a transfer that failed) are kept as spare files, and a copy
-received from a peer (`begin(reuse=True)`) is written into them, as Gemini writes into buffers it
-allocated once. What the tier holds in pages stays within its budget: held copies, copies being
+copied in or received from a peer (`begin(reuse=True)`) is written into them, as Gemini writes into
+buffers it allocated once. What the tier holds in pages stays within its budget: held copies, copies being
 written and spare files together (spare files go, smallest first, whenever the other two need
-their room; all of them when a run is freed). Only pages nobody else can see are kept: a file this
-agent received by transfer, with no other link, whose inode has not changed since the copy was
-kept (its ctime: a restore's link, made or removed, changes it), and not being uploaded; anything
-else is removed as before.
+their room; all of them when a run is freed). Only pages nobody else can see are kept: a file of
+such a copy, with no other link, whose inode has not changed since the copy was kept (its ctime: a
+restore's link, made or removed, changes it), and not being read off the lock (an upload, a
+replica); anything else is removed as before.
 
 Decisions (what fits, what is evicted) are `outlast/storage/memtier.py`'s; this module only does
 them. Not thread-safe: one thread owns a store.
@@ -157,7 +157,7 @@ class TierStore:
         self._clock = clock
         self._spare: list[tuple[Path, int]] = []  # spare files and their sizes (the module's "Spare pages")
         self._spare_seq = 0
-        self._received: set[CopyKey] = set()  # copies this agent received by transfer: their pages may be kept
+        self._received: set[CopyKey] = set()  # begun with `reuse` by this agent: their pages may be kept
         self._kept_ctimes: dict[CopyKey, dict[str, int]] = {}  # of a received copy's files when it was kept
         self._reading: dict[CopyKey, int] = {}  # copies being read off the lock (an upload): their pages are not
 
@@ -234,8 +234,9 @@ class TierStore:
     def begin(self, run: str, checkpoint_dir: str, rank: int, seq: int, files: list[FileEntry],
               primary: bool = True, reuse: bool = False) -> tuple[Admission, Path | None]:
         """Make room for a copy (evicting as `TierBook.plan` says) and give the directory to write it in.
-        `reuse`: a copy received by transfer, whose files are opened with `safepath.open_under(keep=True)`:
-        spare files are placed there for them to be written over."""
+        `reuse`: a copy copied in or received by this agent, whose files are opened with
+        `safepath.open_under(keep=True)`: spare files are placed there for them to be written over, and its
+        own pages may be kept as spare when it goes."""
         record = TierRecord(run=run, checkpoint_dir=checkpoint_dir, rank=rank, seq=seq, files=list(files),
                             stored_at=self._clock(), primary=primary)
         negative = next((f for f in files if f.size < 0), None)
@@ -451,6 +452,11 @@ class TierStore:
                     self._spare_seq += 1
                     target = spare / str(self._spare_seq)
                     os.rename(path, target)
+                    # A link made between the look above and the move (a restore's) shows now; none can be made
+                    # after it, the file's name being gone.
+                    if target.lstat().st_nlink != 1:
+                        target.unlink()
+                        continue
                     self._spare.append((target, st.st_size))
                 except OSError:
                     continue  # removed with the rest below
@@ -465,7 +471,11 @@ class TierStore:
             if not self._spare or entry.size <= 0:
                 break
             path, size = self._spare.pop()
-            parent, name = safepath.open_parent(partial, entry.path)
+            try:
+                parent, name = safepath.open_parent(partial, entry.path)
+            except OSError:
+                path.unlink(missing_ok=True)  # its pages go; the path is refused where the copy's file is opened
+                continue
             try:
                 os.rename(path, name, dst_dir_fd=parent)
                 if size > entry.size:
