@@ -5,7 +5,13 @@
 Each repeat, interleaved, with the receiving side in a process of its own (as a peer's agent is):
 - `tier_replica`: a `TierHold` of one file of --mb MB (random bytes) on a tier server with the
   cluster key, pushed to a peer's tier server: its `replica_seconds`, the transfer alone (offer,
-  sealed chunks on the data socket, the peer's check and keep);
+  sealed chunks on the data socket, the peer's check and keep). Both servers last the whole run,
+  each with a budget of 1.5 copies, so each repeat's copy evicts the one before and is written into
+  its pages, as a run's checkpoints are (the first repeat has none to reuse: `seconds[0]`);
+- `tier_pull`: that copy pulled from the peer by a third tier server that holds nothing of it (a
+  `TierPull`, as a rank's new node after a failure restores from a peer's memory): its `seconds`
+  (fetch over CURVE, chunks sealed by the peer on the data socket, opened into this node's pages
+  and checked as they come), the third node's budget 1.5 copies as well;
 - `zmq_curve`: the same bytes in the tier's 8 MiB chunks, at most 4 unanswered, on one ZeroMQ
   socket with CURVE (how the tier sent them before its data socket);
 - `zmq_plain`: the same on a socket without encryption: the transport's floor;
@@ -40,7 +46,7 @@ from outlast.storage.tier_store import TierStore
 key = ClusterKey(sys.argv[1].encode())
 ctx = zmq.Context()
 auth = start_authenticator(ctx, key)
-server = TierServer(ctx, key, TierStore(Path(sys.argv[2]), "peer", 64 << 30)).start()
+server = TierServer(ctx, key, TierStore(Path(sys.argv[2]), "peer", int(sys.argv[3]))).start()
 server.store.open()
 print(server.address, flush=True)
 sys.stdin.read()
@@ -100,38 +106,73 @@ def log(msg: str) -> None:
     print(f"[tier-transport {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def tier_replica(src: Path, files, workdir: Path) -> float:
-    import zmq
+class TierPair:
+    """Two tier servers, this process's and a peer's in a process of its own, kept across the repeats as a
+    node's are across a run's checkpoints: each budget holds one copy and a half, so that each repeat's
+    copy evicts the one before it and is written into its pages (`TierStore`'s spare pages), as Ray's
+    object store reuses its own between repeats. The first repeat finds none."""
 
-    from outlast.agent.tier_client import ask
-    from outlast.agent.tier_server import TierServer
-    from outlast.protocol import messages as m
-    from outlast.protocol.auth import ClusterKey, start_authenticator
-    from outlast.storage.tier_store import TierStore
+    def __init__(self, nbytes: int) -> None:
+        import zmq
 
-    key = ClusterKey.generate()
-    peer_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-peer-"))
-    peer = subprocess.Popen([sys.executable, "-c", PEER, key.secret.decode(), str(peer_root)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    ctx = zmq.Context()
-    auth = start_authenticator(ctx, key)
-    here_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-here-"))
-    here = TierServer(ctx, key, TierStore(here_root, "here", 64 << 30)).start()
-    try:
-        here.store.open()
-        address = peer.stdout.readline().strip()
-        stored = ask(ctx, key, here.address, m.TierHold(run="bench", checkpoint_dir="c1", rank=0, seq=1, files=files,
-                                                        source_dir=str(src), peer_address=address))
+        from outlast.agent.tier_server import TierServer
+        from outlast.protocol.auth import ClusterKey, start_authenticator
+        from outlast.storage.tier_store import TierStore
+
+        budget = nbytes * 3 // 2
+        self.key = ClusterKey.generate()
+        self.peer_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-peer-"))
+        self.peer = subprocess.Popen([sys.executable, "-c", PEER, self.key.secret.decode(), str(self.peer_root),
+                                      str(budget)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.ctx = zmq.Context()
+        self.auth = start_authenticator(self.ctx, self.key)
+        self.here_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-here-"))
+        self.here = TierServer(self.ctx, self.key, TierStore(self.here_root, "here", budget)).start()
+        self.here.store.open()
+        # A node that holds nothing of the copy, as a rank's new node after a failure, pulls it from the peer.
+        self.third_root = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tier-bench-third-"))
+        self.third = TierServer(self.ctx, self.key, TierStore(self.third_root, "third", budget)).start()
+        self.third.store.open()
+        self.address = self.peer.stdout.readline().strip()
+        self.seq = 0
+
+    def replica(self, src: Path, files) -> float:
+        from outlast.agent.tier_client import ask
+        from outlast.protocol import messages as m
+
+        self.seq += 1
+        stored = ask(self.ctx, self.key, self.here.address,
+                     m.TierHold(run="bench", checkpoint_dir=f"c{self.seq}", rank=0, seq=self.seq, files=files,
+                                source_dir=str(src), peer_address=self.address))
         if not (stored.ok and stored.replica_node == "peer"):
             raise RuntimeError(f"the replica failed: {stored}")
         return stored.replica_seconds
-    finally:
-        here.stop()
-        auth.stop()
-        ctx.term()
-        peer.stdin.close()
-        peer.wait(timeout=60)
-        subprocess.run(["rm", "-rf", str(peer_root), str(here_root)], check=False)
+
+    def pull(self) -> float:
+        """The last replica's copy pulled from the peer by the third node (a restore from a peer's memory)."""
+        from outlast.agent.tier_client import ask
+        from outlast.protocol import messages as m
+
+        from outlast.storage.memtier import CopyKey
+
+        # What a node pulls is held as committed, so the budget keeps it until a newer checkpoint of the run is
+        # committed there, which this node never hears of: the copy it pulled before goes as it would then.
+        with self.third._lock:
+            self.third.store.drop(CopyKey("bench", f"c{self.seq - 1}", 0))
+        stored = ask(self.ctx, self.key, self.third.address,
+                     m.TierPull(run="bench", checkpoint_dir=f"c{self.seq}", rank=0, from_address=self.address))
+        if not stored.ok:
+            raise RuntimeError(f"the pull failed: {stored}")
+        return stored.seconds
+
+    def close(self) -> None:
+        self.third.stop()
+        self.here.stop()
+        self.auth.stop()
+        self.ctx.term()
+        self.peer.stdin.close()
+        self.peer.wait(timeout=60)
+        subprocess.run(["rm", "-rf", str(self.peer_root), str(self.here_root), str(self.third_root)], check=False)
 
 
 def zmq_chunks(path: Path, curve: bool) -> float:
@@ -194,7 +235,9 @@ def main() -> None:
         for _ in range(args.mb):
             f.write(os.urandom(1 << 20))
     files = [m.FileEntry(path="model.pt", size=args.mb << 20, xxh3_128=hash_file(src / "model.pt")[1])]
-    cases = {"tier_replica": lambda: tier_replica(src, files, workdir),
+    pair = TierPair(args.mb << 20)
+    cases = {"tier_replica": lambda: pair.replica(src, files),
+             "tier_pull": pair.pull,
              "zmq_curve": lambda: zmq_chunks(src / "model.pt", curve=True),
              "zmq_plain": lambda: zmq_chunks(src / "model.pt", curve=False)}
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -204,6 +247,7 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
             times[name].append(case())
             log(f"repeat {r + 1}: {name} {times[name][-1]:.2f} s")
+    pair.close()
     doc = {"mb": args.mb, "repeats": args.repeats, "cpus": os.cpu_count(),
            "load_avg_1m": [min(loads), max(loads)]}
     doc.update({name: summary(args.mb, t) for name, t in times.items()})
@@ -215,9 +259,9 @@ def main() -> None:
             doc["ray"] = summary(args.mb, json.loads(done.stdout.strip().splitlines()[-1]))
         else:
             doc["ray"] = {"error": done.stderr[-2000:]}
-    tier = doc["tier_replica"]["mb_per_s_median"]
-    doc["ratios"] = {f"tier_replica_over_{k}": tier / doc[k]["mb_per_s_median"]
-                     for k in ("zmq_curve", "zmq_plain", "ray") if "mb_per_s_median" in doc.get(k, {})}
+    doc["ratios"] = {f"{t}_over_{k}": doc[t]["mb_per_s_median"] / doc[k]["mb_per_s_median"]
+                     for t in ("tier_replica", "tier_pull") for k in ("zmq_curve", "zmq_plain", "ray")
+                     if "mb_per_s_median" in doc.get(k, {})}
     subprocess.run(["rm", "-rf", str(workdir)], check=False)
     text = json.dumps(doc, indent=1)
     print(text)

@@ -10,18 +10,18 @@ the error (`failed`), and the transfer it belongs to ends with what it wrote.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import msgspec
+import zmq
 
-from outlast.agent.tier_client import (SERVER, TransferError, TransferSealer, digests_for, file_view, new_transfer,
-                                       refused, write_all)
+from outlast.agent.tier_client import (CHUNK, SERVER, TAG, WINDOW, Landing, TransferError, TransferSealer,
+                                       digests_for, file_range, new_transfer, open_landing, refused)
 from outlast.agent.tier_schedule import OpenTransfer, Transfers
 from outlast.protocol import messages as m
-from outlast.storage import safepath
 from outlast.storage.memtier import CopyKey
 from outlast.storage.tier_store import TierRecord, TierStore, os_failure
 
@@ -32,16 +32,33 @@ class _Carrier:
     """A transfer's own on the server: its seal, and an offer's files open for writing and their checksums as
     its chunks are written."""
 
-    def __init__(self, transfer: m.Transfer, fds: dict[str, int] | None = None,
+    def __init__(self, transfer: m.Transfer, landings: dict[str, Landing] | None = None,
                  files: Sequence[m.FileEntry] = ()) -> None:
         self.sealer = TransferSealer(transfer, SERVER)
-        self.fds = fds or {}  # path -> fd
+        self.landings = landings or {}  # path -> where its chunks go
         self.digests = digests_for(list(files))
+        # A fetch's chunks are sealed into these, made as needed, each again once zmq has sent what it held
+        # (its tracker): one more than a fetcher's window, so a fetch makes no new pages after its first chunks.
+        self.ring: list[bytearray | None] = [None] * (WINDOW + 1)
+        self.trackers: list[zmq.MessageTracker | None] = [None] * (WINDOW + 1)
+        self.turn = 0
+
+    def seal_buffer(self) -> tuple[int, bytearray] | None:
+        """The next buffer of the ring that zmq is done with (made if need be), or None: never waited for."""
+        slot = self.turn % len(self.ring)
+        tracker = self.trackers[slot]
+        if tracker is not None and not tracker.done:
+            return None
+        self.turn += 1
+        buffer = self.ring[slot]
+        if buffer is None:
+            buffer = self.ring[slot] = bytearray(CHUNK + TAG)
+        return slot, buffer
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds = {}
+        for landing in self.landings.values():
+            landing.close()
+        self.landings = {}
 
 
 class TierAnswers:
@@ -54,6 +71,9 @@ class TierAnswers:
         self._lock = lock
         self.transfers = transfers
         self.data_address = data_address
+        # The server thread opens every chunk written through a buffer into this one: its pages stay made.
+        self._buffer = bytearray(CHUNK)
+        self._sealed: tuple[_Carrier, int] | None = None  # the ring buffer of the chunk being sent (`sent`)
 
     def let_go(self, transfer: OpenTransfer[_Carrier] | None) -> None:
         """A transfer ended without its copy kept: its files are closed, and what an offer wrote goes, with its
@@ -90,8 +110,9 @@ class TierAnswers:
         return refused(key, node, why)
 
     def data(self, msg: m.TierRequest, head: bytes, sealed: memoryview | bytes, now: float,
-             ) -> m.TierReply | list[bytes] | None:
+             ) -> m.TierReply | list[bytes | memoryview] | None:
         """A chunk of an offer, or a fetch of one, on the data socket: only within a transfer this server opened."""
+        self.sent(None)  # a chunk sealed last time whose frames never reached zmq (its send raised): let go
         if not isinstance(msg, (m.TierChunk, m.TierFetch)):
             return None  # nothing else is asked here, and the data socket answers no stranger more than it must
         key = CopyKey(msg.run, msg.checkpoint_dir, msg.rank)
@@ -102,24 +123,33 @@ class TierAnswers:
         if isinstance(msg, m.TierChunk) and transfer.is_offer:
             if msg.path not in (transfer.sizes or {}):
                 return refused(key, node, f"no offer of {msg.path} is open")
-            try:
-                data = transfer.carrier.sealer.open(head, msg, sealed)
-            except TransferError as e:
-                return refused(key, node, str(e))
-            why = transfer.past_declared(msg.path, msg.offset, len(data))
+            why = transfer.past_declared(msg.path, msg.offset, len(sealed) - TAG)
             if why is not None:
                 self.let_go(self.transfers.end(msg.session))
                 return refused(key, node, why)
-            write_all(transfer.carrier.fds[msg.path], data, msg.offset)
-            transfer.carrier.digests.update(msg.path, msg.offset, data)
+            try:
+                transfer.carrier.landings[msg.path].put(transfer.carrier.sealer, head, msg, sealed, self._buffer,
+                                                        partial(transfer.carrier.digests.update, msg.path, msg.offset))
+            except TransferError as e:
+                # What failed its seal may have been opened into the file already: the transfer ends, and its
+                # files go.
+                self.let_go(self.transfers.end(msg.session))
+                return refused(key, node, str(e))
             return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
                              offset=msg.offset)
         if isinstance(msg, m.TierFetch) and not transfer.is_offer and msg.path:
-            reply = self._chunk(transfer.key, msg)
-            if isinstance(reply, tuple):
-                return transfer.carrier.sealer.seal(*reply)
-            return reply
+            return self._chunk(transfer.key, transfer.carrier, msg)
         return refused(key, node, f"a {type(msg).__name__} does not belong on the data socket")
+
+    def sent(self, tracker: zmq.MessageTracker | None) -> None:
+        """The frames `data` answered with were given to zmq: the ring buffer they were sealed into (if any) is
+        sealed into again once `tracker` says zmq is done with it (without one, never: it is let go to zmq)."""
+        if self._sealed is not None:
+            carrier, slot = self._sealed
+            carrier.trackers[slot] = tracker
+            if tracker is None:
+                carrier.ring[slot] = None
+            self._sealed = None
 
     def request(self, ident: bytes, msg: m.TierRequest, now: float) -> m.TierReply:
         """A request on the CURVE socket, other than the hold threads' (holds, pulls, uploads)."""
@@ -130,7 +160,8 @@ class TierAnswers:
                                          nbytes=r.nbytes, primary=r.primary, committed=r.committed)
                           for r in self.store.records()]
                 return m.TierHoldings(node_id=node, budget_bytes=self.store.book.budget_bytes,
-                                      used_bytes=self.store.book.used(), copies=copies)
+                                      used_bytes=self.store.book.used(), copies=copies,
+                                      spare_bytes=self.store.spare_bytes())
         if isinstance(msg, m.TierCommit):
             with self._lock:
                 self.store.mark_committed(msg.run, msg.checkpoint_dir)
@@ -166,24 +197,24 @@ class TierAnswers:
     def _offer(self, ident: bytes, key: CopyKey, msg: m.TierOffer, now: float) -> m.TierReply:
         with self._lock:
             admission, partial = self.store.begin(msg.run, msg.checkpoint_dir, msg.rank, msg.seq, msg.files,
-                                                  msg.primary)
+                                                  msg.primary, reuse=True)
         if partial is None:
             return refused(key, self.store.node_id, admission.reason if not admission.admit else "already held")
-        fds: dict[str, int] = {}
+        landings: dict[str, Landing] = {}
         try:
             for entry in msg.files:
-                if entry.path in fds:
+                if entry.path in landings:
                     raise ValueError(f"file {entry.path} is offered twice")
-                fds[entry.path] = safepath.open_under(partial, entry.path, write=True)
+                landings[entry.path] = open_landing(partial, entry)
         except (OSError, ValueError):
-            for fd in fds.values():
-                os.close(fd)
+            for landing in landings.values():
+                landing.close()
             with self._lock:
                 self.store.abort(key)
             raise  # answered by `failed`, with the path and errno, once what was half-made is gone
         transfer = new_transfer(self.data_address)
         self.transfers.open(transfer.session, key, now, sender=ident, sizes={f.path: f.size for f in msg.files},
-                            carrier=_Carrier(transfer, fds, msg.files))
+                            carrier=_Carrier(transfer, landings, msg.files))
         return m.TierAck(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, transfer=transfer)
 
     def _held(self, key: CopyKey) -> tuple[TierRecord, Path] | m.TierStored:
@@ -204,8 +235,8 @@ class TierAnswers:
         return m.TierOffer(run=key.run, checkpoint_dir=key.checkpoint_dir, rank=key.rank, seq=record.seq,
                            files=record.files, primary=record.primary)
 
-    def _chunk(self, key: CopyKey, msg: m.TierFetch) -> m.TierStored | tuple[m.TierChunk, memoryview]:
-        """A fetch of a chunk: its header and its bytes, to be sealed."""
+    def _chunk(self, key: CopyKey, carrier: _Carrier, msg: m.TierFetch) -> m.TierStored | list[bytes | memoryview]:
+        """A fetch of a chunk: its header and its bytes sealed, read from a map of that range of the file alone."""
         held = self._held(key)
         if isinstance(held, m.TierStored):
             return held
@@ -213,12 +244,22 @@ class TierAnswers:
         node = self.store.node_id
         if not any(f.path == msg.path for f in record.files):  # the copy's own files, nothing else under it
             return refused(key, node, f"{msg.path} is not a file of {msg.checkpoint_dir} rank {msg.rank}")
+        if msg.offset < 0 or not 0 <= msg.length <= CHUNK:
+            return refused(key, node, f"a fetch of {msg.length} bytes at {msg.offset} of {msg.path}: a chunk is at "
+                                      f"most {CHUNK} bytes, from an offset in the file")
+        chunk = m.TierChunk(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
+                            offset=msg.offset)
         try:
-            view = file_view(where, msg.path)
+            with file_range(where, msg.path, msg.offset, msg.length) as data:
+                free = carrier.seal_buffer()
+                if free is None:  # zmq still sends every buffer of the ring: this chunk's seal is a new one
+                    return carrier.sealer.seal(chunk, data)
+                slot, buffer = free
+                frames = carrier.sealer.seal(chunk, data, buffer)
+                self._sealed = (carrier, slot)
+                return frames
         except (OSError, ValueError) as e:
             return refused(key, node, f"cannot read {msg.path}: {e}")
-        return (m.TierChunk(run=msg.run, checkpoint_dir=msg.checkpoint_dir, rank=msg.rank, path=msg.path,
-                            offset=msg.offset), view[msg.offset:msg.offset + msg.length])
 
 
 def _named(msg: m.TierRequest) -> CopyKey:

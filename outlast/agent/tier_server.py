@@ -180,7 +180,7 @@ class TierServer:
                 reason=f"{self.store.node_id} refused a request that does not decode: {e}"))])
             return
         now = time.monotonic()
-        reply: m.TierReply | list[bytes] | None = None  # None: answered later, or not at all
+        reply: m.TierReply | list[bytes | memoryview] | None = None  # None: answered later, or not at all
         try:
             if sock is self._data:
                 # A chunk's sealed bytes are the frame after its header (tier_client.TransferSealer.seal).
@@ -191,8 +191,8 @@ class TierServer:
                 reply = self.answers.request(ident, msg, now)
         except Exception as e:  # noqa: BLE001 - the request's answer; the thread goes on
             reply = self.answers.failed(ident, msg, e)
-        if isinstance(reply, list):
-            sock.send_multipart([ident, *reply], copy=False)
+        if isinstance(reply, list):  # a chunk's frames: tracked, so that its buffer is sealed into again once sent
+            self.answers.sent(sock.send_multipart([ident, *reply], copy=False, track=True))
         elif reply is not None:
             sock.send_multipart([ident, encode(reply)])
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from outlast.agent.tier_client import TransferError, fetch, push, refused
+from outlast.agent.tier_client import TransferError, copy_checked, fetch, push, refused
 from outlast.agent.tier_schedule import queue_for
 from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
@@ -27,7 +27,7 @@ from outlast.protocol.transport import connect_dealer
 from outlast.storage import open_storage, safepath
 from outlast.storage.memtier import CopyKey
 from outlast.storage.retry import upload_with_retries
-from outlast.storage.tier_store import TierStore, check_files, os_failure
+from outlast.storage.tier_store import TierRecord, TierStore, check_files, os_failure
 
 log = logging.getLogger("outlast.agent.tier")
 
@@ -93,8 +93,15 @@ class TierWork:
                                 replica_seconds=replica_s)
         with self._lock:
             src = self.store.path(key)
-        if replica is None and hold.peer_address and src is not None:
-            replica = self.replicate(hold, key, src, peers)
+            if src is not None:
+                self.store.reading(key, 1)  # read off the lock: its pages are not reused meanwhile
+        try:
+            if replica is None and hold.peer_address and src is not None:
+                replica = self.replicate(hold, key, src, peers)
+        finally:
+            if src is not None:
+                with self._lock:
+                    self.store.reading(key, -1)
         replica_node, replica_reason, replica_s = replica or ("", "", 0.0)
         return m.TierStored(run=hold.run, checkpoint_dir=hold.checkpoint_dir, rank=hold.rank, node_id=node,
                             ok=src is not None, nbytes=nbytes,
@@ -142,7 +149,7 @@ class TierWork:
         def room(offer: m.TierOffer) -> Path:
             with self._lock:
                 admission, partial = self.store.begin(pull.run, pull.checkpoint_dir, pull.rank, offer.seq,
-                                                      offer.files, primary=False)
+                                                      offer.files, primary=False, reuse=True)
             if partial is None:
                 raise TransferError(admission.reason if not admission.admit else "already held")
             began.append(partial)
@@ -178,8 +185,19 @@ class TierWork:
         key = CopyKey(up.run, up.checkpoint_dir, up.rank)
         with self._lock:
             record, where = self.store.record(key), self.store.path(key)
+            if record is not None and where is not None:
+                self.store.reading(key, 1)  # read off the lock: its pages are not reused meanwhile
         if record is None or where is None:
             return refused(key, node, f"{up.checkpoint_dir} rank {up.rank} is not held on {node}")
+        try:
+            return self._upload(up, key, record, where, asked_at)
+        finally:
+            with self._lock:
+                self.store.reading(key, -1)
+
+    def _upload(self, up: m.TierUpload, key: CopyKey, record: TierRecord, where: Path,
+                asked_at: float) -> m.TierStored:
+        node = self.store.node_id
         why = check_files(where, record.files)
         if why is not None:
             with self._lock:
@@ -197,28 +215,31 @@ class TierWork:
     def copy_in(self, hold: m.TierHold) -> str | None:
         try:
             with self._lock:
-                admission, partial = self.store.begin(hold.run, hold.checkpoint_dir, hold.rank, hold.seq, hold.files)
+                # A draining node links the rank's files in: a rank's file is never written over as spare pages.
+                admission, partial = self.store.begin(hold.run, hold.checkpoint_dir, hold.rank, hold.seq, hold.files,
+                                                      reuse=not hold.link)
         except OSError as e:  # begin let its room go
             return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: " \
                    f"{os_failure(self.store.node_id, self.store.root, e)}"
         if partial is None:
             return None if admission.admit else admission.reason
         key = CopyKey(hold.run, hold.checkpoint_dir, hold.rank)
-        linked: dict[str, str] = {}
+        known: dict[str, str] = {}
         try:
             for entry in hold.files:
                 if hold.link and _linked(hold.source_dir, entry.path, partial, self._source_owner):
                     # The rank's own file, whose checksum it has just taken; every later use checks it again.
-                    linked[entry.path] = entry.checksum[1]
+                    known[entry.path] = entry.checksum[1]
                 else:
-                    safepath.copy_under(hold.source_dir, entry.path, partial, owner=self._source_owner)
+                    # Checked by the checksum of the bytes as they were written: not read again.
+                    known[entry.path] = copy_checked(hold.source_dir, entry, partial, self._source_owner)
         except (OSError, ValueError) as e:
             with self._lock:
                 self.store.abort(key)
             why = os_failure(self.store.node_id, self.store.root, e) if isinstance(e, OSError) else str(e)
             return f"{hold.checkpoint_dir} rank {hold.rank} was not kept in memory: {why}"
         with self._lock:
-            return self.store.finish(key, linked)
+            return self.store.finish(key, known)
 
 
 def _linked(source_dir: str, rel: str, partial: Path, owner: int | None) -> bool:

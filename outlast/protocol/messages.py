@@ -844,8 +844,9 @@ class TierStored(Msg, frozen=True):
 class TierHoldings(Msg, frozen=True):
     node_id: str
     budget_bytes: int
-    used_bytes: int
+    used_bytes: int  # copies held and being written
     copies: list[TierCopyInfo]
+    spare_bytes: int = 0  # pages kept for the next copy received; with used_bytes, within budget_bytes
 
 
 TierRequest = Union[TierHold, TierPull, TierUpload, TierOffer, TierChunk, TierOfferEnd, TierFetch, TierCommit, TierFree, TierList]

@@ -25,7 +25,9 @@ from outlast.storage.checksum import hash_file
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Read and write: a file received into is mapped (`tier_client.Landing`), which a write-only descriptor cannot be.
+_WRITE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_KEEP = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class UnsafePath(OSError):
@@ -41,13 +43,21 @@ def child(root: Path, *names: str) -> Path:
     return root.joinpath(*names)
 
 
-def open_under(root: str | os.PathLike[str], rel: str, write: bool = False, owner: int | None = None) -> int:
+def open_under(root: str | os.PathLike[str], rel: str, write: bool = False, owner: int | None = None,
+               keep: bool = False) -> int:
     """A descriptor of the regular file `rel` under `root`, reached without following any link below `root`.
-    `write`: the file is made anew (its directories too), for writing. `owner`: the file must belong to this
-    uid (an agent running as root reads only what its workers' user wrote). Raises `UnsafePath` for a path
-    or a file that is not allowed, OSError as the kernel says otherwise."""
+    `write`: the file is made anew (its directories too), for writing. `keep` (with `write`): a regular file
+    of this process's user with no other link, found there, is opened to be written over instead (the
+    tier's spare pages, placed in its own room for a copy); anything else is replaced as without it.
+    `owner`: the file must belong to this uid (an agent running as root reads only what its workers' user
+    wrote). Raises `UnsafePath` for a path or a file that is not allowed, OSError as the kernel says
+    otherwise."""
     parent, name = _open_parent(root, rel, make=write)
     try:
+        if write and keep:
+            kept = _kept(parent, name)
+            if kept is not None:
+                return kept
         if write:
             try:
                 os.unlink(name, dir_fd=parent)
@@ -75,11 +85,25 @@ def open_under(root: str | os.PathLike[str], rel: str, write: bool = False, owne
     return fd
 
 
+def _kept(parent: int, name: str) -> int | None:
+    """`name` in `parent` opened for writing over, when it is a regular file of ours with no other link."""
+    try:
+        fd = os.open(name, _KEEP, dir_fd=parent)
+    except OSError:  # absent, a link (ELOOP), a FIFO without a reader: made anew by the caller
+        return None
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+        os.set_blocking(fd, True)
+        return fd
+    os.close(fd)
+    return None
+
+
 @contextmanager
 def opened(root: str | os.PathLike[str], rel: str, write: bool = False,
-           owner: int | None = None) -> Iterator[IO[bytes]]:
+           owner: int | None = None, keep: bool = False) -> Iterator[IO[bytes]]:
     """`open_under` as a binary file object, closed at the block's end."""
-    with os.fdopen(open_under(root, rel, write, owner), "wb" if write else "rb") as f:
+    with os.fdopen(open_under(root, rel, write, owner, keep), "wb" if write else "rb") as f:
         yield f
 
 
@@ -98,16 +122,18 @@ def hash_under(root: str | os.PathLike[str], rel: str, algorithm: str) -> tuple[
 
 
 def copy_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.PathLike[str],
-               owner: int | None = None) -> None:
+               owner: int | None = None, keep: bool = False) -> None:
     """Copy `rel` from under `src_root` (a file of `owner`'s, when given) to the same place under `dst_root`,
-    in the kernel."""
-    with opened(src_root, rel, owner=owner) as fin, opened(dst_root, rel, write=True) as fout:
+    in the kernel. `keep`: as `open_under`'s, a file found there written over, cut to the copy's size."""
+    with opened(src_root, rel, owner=owner) as fin, opened(dst_root, rel, write=True, keep=keep) as fout:
         offset, left = 0, os.fstat(fin.fileno()).st_size
         while left > 0:
             n = os.sendfile(fout.fileno(), fin.fileno(), offset, left)
             if n == 0:
                 raise OSError(errno.EIO, f"{rel} under {src_root} ended before its size")
             offset, left = offset + n, left - n
+        if keep and os.fstat(fout.fileno()).st_size != offset:
+            os.ftruncate(fout.fileno(), offset)
 
 
 def link_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.PathLike[str],
@@ -129,6 +155,12 @@ def link_under(src_root: str | os.PathLike[str], rel: str, dst_root: str | os.Pa
             os.close(parent)
     finally:
         os.close(src)
+
+
+def open_parent(root: str | os.PathLike[str], rel: str) -> tuple[int, str]:
+    """A descriptor of the directory `rel`'s file goes in under `root` (made, no link followed), and the file's
+    name: the caller closes it."""
+    return _open_parent(root, rel, make=True)
 
 
 def _open_parent(root: str | os.PathLike[str], rel: str, make: bool) -> tuple[int, str]:

@@ -22,6 +22,19 @@ Layout under the root (`$OUTLAST_TIER_DIR`, else /dev/shm/outlast-<uid>):
     <node_id>/<run hash>/<checkpoint>/rank-R.partial/  a copy being written: its bytes count in the budget
     <node_id>/restores/<run hash>/<checkpoint>/  links to held copies for a restore (tier_restore.py): they go
                                                  with the copies they link, so they pin nothing of their own
+    <node_id>/spare/N                           pages kept for the next copy received (below)
+
+Spare pages. Writing into tmpfs pages that already exist runs several times as fast as making new
+ones (a chunk's seal opened straight into a map of existing pages at ~6 GB/s, against ~2 GB/s
+written into new pages here, and 0.3-1.0 GB/s into pages the VM never used), so the files of a
+copy that goes (evicted, dropped, or a transfer that failed) are kept as spare files, and a copy
+copied in or received from a peer (`begin(reuse=True)`) is written into them, as Gemini writes into
+buffers it allocated once. What the tier holds in pages stays within its budget: held copies, copies being
+written and spare files together (spare files go, smallest first, whenever the other two need
+their room; all of them when a run is freed). Only pages nobody else can see are kept: a file of
+such a copy, with no other link, whose inode has not changed since the copy was kept (its ctime: a
+restore's link, made or removed, changes it), and not being read off the lock (an upload, a
+replica); anything else is removed as before.
 
 Decisions (what fits, what is evicted) are `outlast/storage/memtier.py`'s; this module only does
 them. Not thread-safe: one thread owns a store.
@@ -34,6 +47,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -48,6 +62,8 @@ from outlast.storage import safepath
 from outlast.storage.memtier import Admission, Copy, CopyKey, TierBook
 
 _PARTIAL = ".partial"
+_SPARE = "spare"
+_SPARE_MIN = 1 << 20  # smaller files are made anew: their pages are not worth a file to keep them
 
 
 class TierRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,6 +155,11 @@ class TierStore:
         self._records: dict[CopyKey, TierRecord] = {}
         self._pending: dict[CopyKey, TierRecord] = {}  # begun, not yet finished
         self._clock = clock
+        self._spare: list[tuple[Path, int]] = []  # spare files and their sizes (the module's "Spare pages")
+        self._spare_seq = 0
+        self._received: set[CopyKey] = set()  # begun with `reuse` by this agent: their pages may be kept
+        self._kept_ctimes: dict[CopyKey, dict[str, int]] = {}  # of a received copy's files when it was kept
+        self._reading: dict[CopyKey, int] = {}  # copies being read off the lock (an upload): their pages are not
 
     # -- start ----------------------------------------------------------------------------
 
@@ -172,6 +193,7 @@ class TierStore:
 
     def _reclaim(self) -> list[str]:
         shutil.rmtree(self.home / "restores", ignore_errors=True)  # links for restores that are over
+        shutil.rmtree(self.home / _SPARE, ignore_errors=True)  # an earlier agent's, counted in no budget now
         kept, dropped = 0, []
         for record_path in sorted(self.home.glob("*/*/rank-*.json")):
             try:
@@ -210,8 +232,11 @@ class TierStore:
     # -- copies in ----------------------------------------------------------------------
 
     def begin(self, run: str, checkpoint_dir: str, rank: int, seq: int, files: list[FileEntry],
-              primary: bool = True) -> tuple[Admission, Path | None]:
-        """Make room for a copy (evicting as `TierBook.plan` says) and give the directory to write it in."""
+              primary: bool = True, reuse: bool = False) -> tuple[Admission, Path | None]:
+        """Make room for a copy (evicting as `TierBook.plan` says) and give the directory to write it in.
+        `reuse`: a copy copied in or received by this agent, whose files are opened with
+        `safepath.open_under(keep=True)`: spare files are placed there for them to be written over, and its
+        own pages may be kept as spare when it goes."""
         record = TierRecord(run=run, checkpoint_dir=checkpoint_dir, rank=rank, seq=seq, files=list(files),
                             stored_at=self._clock(), primary=primary)
         negative = next((f for f in files if f.size < 0), None)
@@ -229,9 +254,14 @@ class TierStore:
         try:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
+            if reuse:
+                self._received.add(record.key)
+                self._place_spare(partial, files)
         except OSError:
             self.abort(record.key)
             raise
+        finally:
+            self._trim_spare()
         return admission, partial
 
     def finish(self, key: CopyKey, known: Mapping[str, str] | None = None) -> str | None:
@@ -249,15 +279,18 @@ class TierStore:
             why = str(e)
         if why is not None:
             self.book.abort(key)
-            shutil.rmtree(partial, ignore_errors=True)
+            self._let_go(key, partial)
+            self._trim_spare()
             return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: {why}"
         admission, evicted = self.book.finish(record.copy())
         if not admission.admit:
-            shutil.rmtree(partial, ignore_errors=True)
+            self._let_go(key, partial)
+            self._trim_spare()
             return admission.reason
         for gone in evicted:
             self._remove(gone.key)
             self._records.pop(gone.key, None)
+        self._trim_spare()
         final = copy_dir(self.root, self.node_id, key)
         try:
             shutil.rmtree(final, ignore_errors=True)
@@ -267,16 +300,20 @@ class TierStore:
             self.book.drop(key)
             self._remove(key)
             shutil.rmtree(partial, ignore_errors=True)
+            self._trim_spare()
             return f"{key.checkpoint_dir} rank {key.rank} was not kept in memory: " \
                    f"{os_failure(self.node_id, self.root, e)}"
         self._records[key] = record
+        if key in self._received:
+            self._kept_ctimes[key] = _ctimes(final)
         return None
 
     def abort(self, key: CopyKey) -> None:
         """A copy being written that will not be: what it wrote goes, and its bytes in flight."""
         if self._pending.pop(key, None) is not None:
             self.book.abort(key)
-            shutil.rmtree(self._partial(key), ignore_errors=True)
+            self._let_go(key, self._partial(key))
+            self._trim_spare()
 
     def writing(self, key: CopyKey) -> bool:
         return key in self._pending
@@ -337,6 +374,20 @@ class TierStore:
         self.book.drop(key)
         self._records.pop(key, None)
         self._remove(key)
+        self._trim_spare()
+
+    def spare_bytes(self) -> int:
+        """Bytes of spare pages kept for the next copy received (within the budget with `book.used()`)."""
+        return sum(size for _, size in self._spare)
+
+    def reading(self, key: CopyKey, n: int) -> None:
+        """`n` more (or, negative, fewer) readers of a held copy off the lock: while one reads, the copy's pages
+        are not kept as spare when it goes, but removed (a reader keeps them until it is done)."""
+        left = self._reading.get(key, 0) + n
+        if left > 0:
+            self._reading[key] = left
+        else:
+            self._reading.pop(key, None)
 
     def free_run(self, run: str) -> int:
         keys = [k for k in self._records if k.run == run]
@@ -344,6 +395,8 @@ class TierStore:
             self.drop(key)
         for key in [k for k in self._pending if k.run == run]:
             self.abort(key)
+        # A run that ends gives its memory back: spare pages too, until a copy comes again.
+        self._trim_spare(keep=0)
         shutil.rmtree(self.home / run_dir_name(run), ignore_errors=True)
         # The links its restores made: with the copies gone, they alone would keep the bytes.
         self._unlink_restores(run, None)
@@ -374,10 +427,81 @@ class TierStore:
     def _remove(self, key: CopyKey) -> None:
         final = copy_dir(self.root, self.node_id, key)
         final.with_name(final.name + ".json").unlink(missing_ok=True)
-        shutil.rmtree(final, ignore_errors=True)
+        self._let_go(key, final, kept=True)
         # A restore's links to the copy would keep its bytes outside the budget. A restore reads its run's newest
         # committed checkpoint, not evicted until a newer one is committed, by when the restore has been read.
         self._unlink_restores(key.run, key.checkpoint_dir)
+
+    def _let_go(self, key: CopyKey, where: Path, kept: bool = False) -> None:
+        """The files of `key` under `where` go: kept as spare where nobody else can see their pages, else
+        removed. `kept`: a held copy, whose files must still be as `finish` left them (no link made or removed
+        since: a restore's); a partial one has been seen by nobody. The caller trims what is spare to the
+        budget (`_trim_spare`) once its book is settled."""
+        seen = self._kept_ctimes.pop(key, {})
+        if key in self._received and not self._reading.get(key) and where.is_dir():
+            spare = self.home / _SPARE
+            for path in sorted(where.rglob("*")):
+                try:
+                    st = path.lstat()
+                    if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+                            and st.st_size >= _SPARE_MIN):
+                        continue
+                    if kept and seen.get(path.relative_to(where).as_posix()) != st.st_ctime_ns:
+                        continue
+                    spare.mkdir(mode=0o700, exist_ok=True)
+                    self._spare_seq += 1
+                    target = spare / str(self._spare_seq)
+                    os.rename(path, target)
+                    # A link made between the look above and the move (a restore's) shows now; none can be made
+                    # after it, the file's name being gone.
+                    if target.lstat().st_nlink != 1:
+                        target.unlink()
+                        continue
+                    self._spare.append((target, st.st_size))
+                except OSError:
+                    continue  # removed with the rest below
+        self._received.discard(key)
+        shutil.rmtree(where, ignore_errors=True)
+
+    def _place_spare(self, partial: Path, files: list[FileEntry]) -> None:
+        """Spare files moved to where `files` go under `partial` (the largest spare for the largest file), cut to
+        their sizes: the copy is written over their pages."""
+        self._spare.sort(key=lambda s: s[1])
+        for entry in sorted(files, key=lambda f: f.size, reverse=True):
+            if not self._spare or entry.size <= 0:
+                break
+            path, size = self._spare.pop()
+            try:
+                parent, name = safepath.open_parent(partial, entry.path)
+            except OSError:
+                path.unlink(missing_ok=True)  # its pages go; the path is refused where the copy's file is opened
+                continue
+            try:
+                os.rename(path, name, dst_dir_fd=parent)
+                if size > entry.size:
+                    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    try:
+                        os.ftruncate(fd, entry.size)
+                    finally:
+                        os.close(fd)
+            except OSError:
+                path.unlink(missing_ok=True)  # its pages go; the file is made anew where it was to be
+            finally:
+                os.close(parent)
+
+    def _trim_spare(self, keep: int | None = None) -> None:
+        """Spare files removed, smallest first, until what is spare is at most `keep` bytes (default: what the
+        budget leaves beside the copies held and being written)."""
+        room = self.book.budget_bytes - self.book.used() if keep is None else keep
+        self._spare.sort(key=lambda s: s[1], reverse=True)
+        while self._spare and self.spare_bytes() > max(room, 0):
+            path, _ = self._spare.pop()
+            path.unlink(missing_ok=True)
+        if not self._spare:
+            try:
+                (self.home / _SPARE).rmdir()
+            except OSError:  # absent, or not empty: a file of ours it does not list is removed at the next start
+                pass
 
     def _unlink_restores(self, run: str, checkpoint_dir: str | None) -> None:
         """The restore links of `run` (of one checkpoint, or all), under the lock its restores take."""
@@ -405,3 +529,16 @@ def _has_size(where: Path, entry: FileEntry) -> bool:
         return safepath.size_under(where, entry.path) == entry.size
     except OSError:
         return False
+
+
+def _ctimes(where: Path) -> dict[str, int]:
+    """The ctime of each regular file under `where`, by its path relative to it."""
+    out = {}
+    for path in where.rglob("*"):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[path.relative_to(where).as_posix()] = st.st_ctime_ns
+    return out

@@ -569,3 +569,28 @@ def test_the_data_socket_serves_no_chunk_outside_a_transfer_the_server_opened(pa
     fetched, _ = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / "back")
     assert fetched.transfer is not None and fetched.transfer.data_address == a.data_address
     assert (tmp_path / "back/model.pt").read_bytes() == (tmp_path / "ckpt/model.pt").read_bytes()
+
+
+def test_a_fetch_is_served_from_sealing_buffers_used_again_and_asks_no_more_than_a_chunk(pair, tmp_path):
+    ctx, key, (a, _b) = pair
+    # More chunks than the ring has buffers, twice over: each buffer is sealed into again once zmq sent it.
+    files = write_files(tmp_path / "ckpt", {"model.pt": 6 * CHUNK + 12345, "small": 10})
+    a.store.put_dir("run", "c1", 0, 1, files, tmp_path / "ckpt")
+    for n in range(2):
+        fetched, digests = fetch(ctx, key, a.address, CopyKey("run", "c1", 0), tmp_path / f"back{n}")
+        for f in files:
+            assert (tmp_path / f"back{n}" / f.path).read_bytes() == (tmp_path / "ckpt" / f.path).read_bytes()
+            assert digests[f.path] == f.xxh3_128  # taken as the chunks were written
+    # Within a transfer, a fetch of more than a chunk, or from before the file's start, is refused.
+    offer = ask(ctx, key, a.address, m.TierFetch(run="run", checkpoint_dir="c1", rank=0))
+    assert isinstance(offer, m.TierOffer) and offer.transfer is not None
+    sock = connect_dealer(ctx, offer.transfer.data_address)
+    try:
+        for offset, length in ((0, CHUNK + 1), (-1, 10)):
+            sock.send(encode(m.TierFetch(run="run", checkpoint_dir="c1", rank=0, path="model.pt", offset=offset,
+                                         length=length, session=offer.transfer.session)))
+            assert sock.poll(5000)
+            reply = TIER_REPLIES.decode(sock.recv_multipart()[0])
+            assert isinstance(reply, m.TierStored) and not reply.ok and "at most" in reply.reason, reply
+    finally:
+        sock.close(linger=0)
