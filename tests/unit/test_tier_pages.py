@@ -87,6 +87,13 @@ def inode(store: TierStore, checkpoint_dir: str, path: str) -> int:
     return (copy_dir(store.root, "n1", CopyKey(RUN, checkpoint_dir, 0)) / path).stat().st_ino
 
 
+def hold(store: TierStore, checkpoint_dir: str, path: str) -> int:
+    """A descriptor of a copy's file, open while a test asks whether its pages are written over: what it reads
+    afterwards says which bytes that very file holds (an inode number alone can be a new file's, once the old
+    one is gone)."""
+    return os.open(copy_dir(store.root, "n1", CopyKey(RUN, checkpoint_dir, 0)) / path, os.O_RDONLY)
+
+
 def within_budget(store: TierStore) -> bool:
     return store.book.used() + store.spare_bytes() <= store.book.budget_bytes
 
@@ -95,13 +102,14 @@ def test_a_copy_received_is_written_into_the_pages_of_the_copy_it_evicts_and_che
     store, peer = server
     first = {"model.pt": os.urandom(3 * MB)}
     assert peer.send("c1", 1, first).ok
-    held = inode(store, "c1", "model.pt")
+    held = hold(store, "c1", "model.pt")
 
     second = {"model.pt": os.urandom(3 * MB)}
     assert peer.send("c2", 2, second).ok
     # c1 went to make room for c2, and c2's file is c1's, its pages written over in place.
     assert store.record(CopyKey(RUN, "c1", 0)) is None
-    assert inode(store, "c2", "model.pt") == held
+    assert os.pread(held, 3 * MB, 0) == second["model.pt"] and os.fstat(held).st_ino == inode(store, "c2", "model.pt")
+    os.close(held)
     assert (copy_dir(store.root, "n1", CopyKey(RUN, "c2", 0)) / "model.pt").read_bytes() == second["model.pt"]
     assert store.verify(CopyKey(RUN, "c2", 0)) is None and within_budget(store)
 
@@ -127,20 +135,23 @@ def test_spare_pages_stay_within_the_budget_and_go_when_the_run_is_freed(server)
 
 def test_pages_a_restore_linked_or_an_upload_reads_are_not_written_over(server, tmp_path):
     store, peer = server
-    assert peer.send("c1", 1, {"model.pt": os.urandom(3 * MB)}).ok
-    linked = inode(store, "c1", "model.pt")
+    first, second = os.urandom(3 * MB), os.urandom(3 * MB)
+    assert peer.send("c1", 1, {"model.pt": first}).ok
+    linked = hold(store, "c1", "model.pt")
     # A restore's link, made and removed: the pages may still be mapped by the rank that read them.
     link = tmp_path / "restore-link"
     os.link(copy_dir(store.root, "n1", CopyKey(RUN, "c1", 0)) / "model.pt", link)
     link.unlink()
-    assert peer.send("c2", 2, {"model.pt": os.urandom(3 * MB)}).ok
-    assert inode(store, "c2", "model.pt") != linked and store.spare_bytes() == 0
+    assert peer.send("c2", 2, {"model.pt": second}).ok
+    assert os.pread(linked, 3 * MB, 0) == first and store.spare_bytes() == 0
+    os.close(linked)
 
     # A copy being uploaded (read off the lock) when it goes: its pages are not kept either.
-    read = inode(store, "c2", "model.pt")
+    read = hold(store, "c2", "model.pt")
     store.reading(CopyKey(RUN, "c2", 0), 1)
     assert peer.send("c3", 3, {"model.pt": os.urandom(3 * MB)}).ok
-    assert inode(store, "c3", "model.pt") != read
+    assert os.pread(read, 3 * MB, 0) == second
+    os.close(read)
     store.reading(CopyKey(RUN, "c2", 0), -1)
 
 
