@@ -188,14 +188,8 @@ class Landing:
     def _place(self, offset: int, length: int, buffer: bytearray) -> Iterator[memoryview]:
         """Where `length` bytes at `offset` go: a map of that range of the file, or the start of `buffer`."""
         if self.mapped and length:
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            pages = mmap.mmap(self.fd, offset + length - start, offset=start,
-                              flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
-            try:
-                with memoryview(pages) as whole, whole[offset - start:] as out:
-                    yield out
-            finally:
-                pages.close()
+            with _range_map(self.fd, offset, length, writable=True) as out:
+                yield out
             return
         if length > len(buffer):
             raise TransferError(f"{length} bytes do not fit a buffer of {len(buffer)}: more than a chunk")
@@ -234,9 +228,17 @@ def file_range(root: Path | str, rel: str, offset: int, length: int) -> Iterator
         if length == 0:
             yield memoryview(b"")
             return
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        pages = mmap.mmap(f.fileno(), offset + length - start, offset=start, prot=mmap.PROT_READ,
-                          flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        with _range_map(f.fileno(), offset, length, writable=False) as view:
+            yield view
+
+
+@contextmanager
+def _range_map(fd: int, offset: int, length: int, writable: bool) -> Iterator[memoryview]:
+    """`length` bytes of the file `fd` at `offset`, from a map of that range alone (from the allocation granularity
+    below it), its pages mapped at once; unmapped at the block's end."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    pages = mmap.mmap(fd, offset + length - start, offset=start, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
     try:
         with memoryview(pages) as whole, whole[offset - start:] as view:
             yield view
