@@ -124,19 +124,41 @@ class _Epoch:
 
 def live_loader_loop(config: dict) -> None:
     """A loop fed by prepare_data_loader (a shuffled DataLoader of `rows` rows, `batch` a batch), `epochs` epochs,
-    each batch's row ids logged with the step that applied them ("thrown": a step a live shrink threw away). `config["kill"]`: [[rank, step], ...]: that
-    rank's first process of the first attempt SIGKILLs itself after its backward of that step."""
+    each batch's row ids logged with the step that applied them ("thrown": a step a live shrink threw away).
+    `config["kill"]`: [[rank, step], ...]: that rank's first process of the first attempt SIGKILLs itself after its
+    backward of that step."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from outlast.train.torch import LiveTraining, prepare_data_loader, prepare_model
+    from outlast.train.torch import prepare_data_loader
 
-    torch.manual_seed(0)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = _model()
     x = torch.randn(config["rows"], 8, generator=torch.Generator().manual_seed(7))
     loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(config["rows"]), x),
                                             batch_size=config["batch"], shuffle=True))
+
+    def epoch_batches(epoch: int):
+        loader.sampler.set_epoch(epoch)
+        return loader
+
+    _live_epochs(config, model, optimizer, epoch_batches)
+
+
+def _model():
+    import torch
+
+    from outlast.train.torch import prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _live_epochs(config: dict, model, optimizer, epoch_batches) -> None:
+    """The loop of live_loader_loop and live_shard_loop: each batch of `epoch_batches(epoch)` (row ids, features)
+    trained and logged, epoch after epoch (`_more_epochs`), through LiveTraining."""
+    from outlast.train.torch import LiveTraining
+
     epoch = _Epoch()
     live = LiveTraining(model, optimizer, state=epoch)
     rank = train.get_context().get_world_rank()
@@ -145,8 +167,7 @@ def live_loader_loop(config: dict) -> None:
     kill = {(k[0], k[1]) for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
     while _more_epochs(config, epoch, live):
-        loader.sampler.set_epoch(epoch.epoch)
-        for ids, xb in loader:
+        for ids, xb in epoch_batches(epoch.epoch):
             ((model(xb) - xb.sum(dim=1, keepdim=True)) ** 2).mean().backward()
             if first and (rank, step) in kill:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -180,36 +201,10 @@ def _more_epochs(config: dict, epoch, live) -> bool:
 def live_shard_loop(config: dict) -> None:
     """live_loader_loop's, fed by get_dataset_shard("train") (`rows` rows of an id and 8 features, each rank's share
     shuffled without a seed of the loop's)."""
-    import torch
-
-    from outlast.train.torch import LiveTraining, prepare_model
-
-    torch.manual_seed(0)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = _model()
     batches = train.get_dataset_shard("train").iter_torch_batches(
         batch_size=config["batch"], local_shuffle_buffer_size=config["rows"], device="cpu")
-    epoch = _Epoch()
-    live = LiveTraining(model, optimizer, state=epoch)
-    rank = train.get_context().get_world_rank()
-    step = live.start()
-    _log(config, event="start", step=step, epoch=epoch.epoch)
-    kill = {(k[0], k[1]) for k in config.get("kill") or []}
-    first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
-    while _more_epochs(config, epoch, live):
-        for batch in batches:
-            ((model(batch["x"]) - batch["x"].sum(dim=1, keepdim=True)) ** 2).mean().backward()
-            if first and (rank, step) in kill:
-                os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(config.get("sleep", 0.01))
-            was = step
-            step = live.step(step)
-            _log(config, event="step" if step == was + 1 else "thrown", step=was, epoch=epoch.epoch,
-                 rows=batch["i"].tolist())
-        epoch.epoch += 1
-        epoch.running = False
-    live.close()
-    _log(config, event="end", world=train.get_context().get_world_size())
+    _live_epochs(config, model, optimizer, lambda epoch: ((b["i"], b["x"]) for b in batches))
 
 
 def live_custom_sampler_loop(config: dict) -> None:

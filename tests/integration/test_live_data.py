@@ -113,17 +113,12 @@ def test_a_live_grow_splits_the_rest_of_the_epoch_between_the_new_ranks(storage_
     from their own), so every row is used once an epoch, in the same attempt, with no step lost."""
     import threading
 
-    import numpy as np
-
     from outlast.testing import LocalCluster
-    from outlast.train.torch import TorchTrainer
-    from tests.integration import live_jobs
     from tests.integration.procs import wait_until
 
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     rows, batch, epochs = 96, 4, 3  # 12 steps an epoch at 2 ranks
     events = tmp_path / "grow.jsonl"
-    x = np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32)
     with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
         def join() -> None:
             wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
@@ -132,31 +127,18 @@ def test_a_live_grow_splits_the_rest_of_the_epoch_between_the_new_ranks(storage_
 
         t = threading.Thread(target=join, daemon=True)
         t.start()
-        TorchTrainer(
-            getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
-            # Each epoch read whole; on until the grown generation formed (the new node's fork server imports torch
-            # first, which takes its time on a loaded machine).
-            train_loop_config={"events": str(events), "rows": rows, "batch": batch, "epochs": epochs, "sleep": 0.1,
-                               "until_generation": 1},
-            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
-                                         elastic_resize_monitor_interval_s=0),
-            run_config=RunConfig(name="grow", storage_path=storage_path,
-                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
-        ).fit()
+        # Each epoch read whole; on until the grown generation formed (the new node's fork server imports torch
+        # first, which takes its time on a loaded machine).
+        state = _fit_elastic(storage_path, "grow", loop, events, rows, max_failures=0, batch=batch, epochs=epochs,
+                             until_generation=1)
         t.join()
     log = read_events(events)
-    state = json.loads((Path(storage_path) / "grow" / "run_state.json").read_text())
     assert len(state["attempts"]) == 1 and state["attempts"][0]["workers"] == 3
     [recovery] = state["live_recoveries"]
     assert recovery["path"] == "live" and recovery["cause"].startswith("grow")
     joined = min(e["step"] for e in log if e["event"] == "step" and e["rank"] == 2)
     assert joined > 0  # it joined mid-run
-    run = 1 + max(e["epoch"] for e in log if e["event"] == "step")
-    assert run >= epochs
-    for epoch in range(run):
-        used = Counter(r for e in log if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
-        assert used == Counter(range(rows)), (epoch, sorted((r, n) for r, n in used.items() if n != 1),
-                                              sorted(set(range(rows)) - set(used)))
+    _each_row_once_an_epoch(log, rows, epochs)
 
 
 @pytest.mark.torch
@@ -173,17 +155,12 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     numbered 3 by the controller and 2 in the group, and every row is still used once an epoch."""
     import threading
 
-    import numpy as np
-
     from outlast.testing import LocalCluster
-    from outlast.train.torch import TorchTrainer
-    from tests.integration import live_jobs
     from tests.integration.procs import wait_until
 
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     rows, batch, epochs = 96, 4, 3  # 8 steps an epoch at 3 ranks, 12 at 2
     events = tmp_path / "shrink.jsonl"
-    x = np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32)
     kept = [r for r in range(3) if r != lost]  # the group's ranks 0 and 1 after the shrink
     # A head that takes no rank, so that losing rank 0's node leaves the node table where it was.
     with LocalCluster(num_nodes=1, cpus_per_node=0, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
@@ -201,19 +178,12 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
 
         t = threading.Thread(target=lose_a_node, daemon=True)
         t.start()
-        TorchTrainer(
-            getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
-            # On until the grown generation formed: the shrink's is 1, the replacement's 2, the grow's 3.
-            train_loop_config={"events": str(events), "rows": rows, "batch": batch, "epochs": epochs, "sleep": 0.1,
-                               "kill": [[2, 14]], "until_generation": 3},  # the rank spawned as 2
-            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
-                                         elastic_resize_monitor_interval_s=0),
-            run_config=RunConfig(name="shrink", storage_path=storage_path,
-                                 failure_config=FailureConfig(max_failures=2, live_recovery=True)),
-        ).fit()
+        # On until the grown generation formed: the shrink's is 1, the replacement's 2, the grow's 3. The kill is
+        # of the rank spawned as 2 (the loop's rank as it started).
+        state = _fit_elastic(storage_path, "shrink", loop, events, rows, max_failures=2, batch=batch, epochs=epochs,
+                             kill=[[2, 14]], until_generation=3)
         t.join()
     log = read_events(events)
-    state = json.loads((Path(storage_path) / "shrink" / "run_state.json").read_text())
     assert len(state["attempts"]) == 1 and state["attempts"][0]["workers"] == 3 and state["status"] == "finished"
     assert state["failure_counts"] == {"worker": 2}
     assert [(r["from_workers"], r["to_workers"], r["steps_lost"]) for r in state["resizes"]] == [(3, 2, 1), (2, 3, 0)]
@@ -235,6 +205,32 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     ends = {e["pid"]: e for e in log if e["event"] == "end"}
     assert set(ends) == {starts[kept[0], 0], starts[1, 1], added} and {e["world"] for e in ends.values()} == {3}
     assert [ends[p]["rank"] for p in (starts[kept[0], 0], starts[1, 1], added)] == [0, 1, 2]
+    _each_row_once_an_epoch(log, rows, epochs)
+
+
+def _fit_elastic(storage_path: str, name: str, loop: str, events: Path, rows: int, max_failures: int,
+                 **config) -> dict:
+    """`loop` of live_jobs.py under fit(), an elastic run of 2 to 3 one-CPU ranks with live recovery, over `rows`
+    rows of an id and 8 features: the run's history once it finished."""
+    import numpy as np
+
+    from outlast.train.torch import TorchTrainer
+    from tests.integration import live_jobs
+
+    x = np.random.default_rng(7).standard_normal((rows, 8)).astype(np.float32)
+    TorchTrainer(
+        getattr(live_jobs, loop), datasets={"train": {"i": np.arange(rows), "x": x}},
+        train_loop_config={"events": str(events), "rows": rows, "sleep": 0.1, **config},
+        scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
+                                     elastic_resize_monitor_interval_s=0),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=max_failures, live_recovery=True)),
+    ).fit()
+    return json.loads((Path(storage_path) / name / "run_state.json").read_text())
+
+
+def _each_row_once_an_epoch(log: list[dict], rows: int, epochs: int) -> None:
+    """Every row was used once in each epoch the run trained (at least `epochs`), in steps applied."""
     run = 1 + max(e["epoch"] for e in log if e["event"] == "step")
     assert run >= epochs
     for epoch in range(run):
