@@ -58,6 +58,11 @@ def test_a_spare_forked_after_another_runs_worker_holds_none_of_that_runs_creden
             a = json.loads(a_out.read_text())
             needles = {"run A's credential": shifted(a["credential"].split(" ", 1)[1].encode()),
                        "run A's train function": shifted(marker.encode())}
+            # The server forks its spares once the forks asked of it are made: B's rank, asked for at once, could be
+            # forked on demand (as A's was) before any spare exists. B is asked for once one does.
+            a_forked = next(e["t"] for e in traced("zygote.fork") + traced("zygote.spare") if e["child"] == a["pid"])
+            wait_until(lambda: any(e["t"] > a_forked for e in traced("zygote.spare")), 60,
+                       "a spare forked after run A's rank")
             b_out = tmp_path / "b.json"
             Trainer(scan_own_memory, train_loop_config={"needles": needles, "out": str(b_out)},
                     scaling_config=ScalingConfig(num_workers=1),
@@ -66,7 +71,6 @@ def test_a_spare_forked_after_another_runs_worker_holds_none_of_that_runs_creden
 
             # B's rank was a spare forked after A's rank, so it began as a copy of the server as it was then.
             trace = traced("zygote.fork") + traced("zygote.spare")
-            a_forked = next(e["t"] for e in trace if e["child"] == a["pid"])
             assert any(e["phase"] == "zygote.spare" and e["child"] == b["pid"] and e["t"] > a_forked for e in trace), \
                 (a, b, trace)
             assert b["found"].pop("own credential"), b  # the scan sees what the rank holds
