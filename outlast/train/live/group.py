@@ -27,7 +27,7 @@ class GroupBroken(RuntimeError):
 
 class LiveGroup:
     def __init__(self, pg: ProcessGroupGloo, generation: int, rank: int, world_size: int) -> None:
-        self.pg = pg
+        self.pg: ProcessGroupGloo | None = pg
         self.generation = generation
         self.rank = rank
         self.world_size = world_size
@@ -71,32 +71,51 @@ class LiveGroup:
             raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: {e}") from e
         return cls(pg, generation, rank, world_size)
 
+    def _open(self) -> ProcessGroupGloo:
+        if self.pg is None:
+            raise GroupBroken(f"generation {self.generation}: rank {self.rank}'s group is closed (a collective of it "
+                              "failed)")
+        return self.pg
+
     def _run(self, what: str, work: Any) -> None:
         try:
             work.wait()
         except RuntimeError as e:
+            # Closed at once: a rank whose collective waits on this one, not on the lost rank, fails now too.
+            self.close()
             raise GroupBroken(f"generation {self.generation}: rank {self.rank}'s {what} failed: {e}") from e
 
     def allreduce_sum(self, tensors: list[torch.Tensor]) -> None:
-        self._run("allreduce", self.pg.allreduce(tensors))
+        self._run("allreduce", self._open().allreduce(tensors))
+
+    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `tensor` (the same shape and dtype on each), in rank order."""
+        import torch
+
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self._run("allgather", self._open().allgather([out], [tensor]))
+        return out
 
     def allgather_int(self, value: int) -> list[int]:
         import torch
 
-        out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        self._run("allgather", self.pg.allgather([out], [torch.tensor([value], dtype=torch.int64)]))
-        return [int(t.item()) for t in out]
+        return [int(t.item()) for t in self.allgather(torch.tensor([value], dtype=torch.int64))]
 
     def send(self, tensor: torch.Tensor, to_rank: int, tag: int) -> None:
-        self._run(f"send to rank {to_rank}", self.pg.send([tensor], to_rank, tag))
+        self._run(f"send to rank {to_rank}", self._open().send([tensor], to_rank, tag))
 
     def recv(self, tensor: torch.Tensor, from_rank: int, tag: int) -> None:
-        self._run(f"receive from rank {from_rank}", self.pg.recv([tensor], from_rank, tag))
+        self._run(f"receive from rank {from_rank}", self._open().recv([tensor], from_rank, tag))
 
     def close(self) -> None:
-        """Drop a generation's group. `abort` closes its sockets now, so a peer still blocked in one of
-        its collectives raises instead of waiting out its timeout."""
+        """Drop a generation's group, so that a peer still blocked in one of its collectives raises instead of
+        waiting out its timeout. `abort` stops its work, and the group's sockets close only when the group itself
+        goes (its last reference, which is this): a peer of four ranks that waited on this rank, not on the one
+        lost, waited the whole timeout while this rank's process lived on."""
+        if self.pg is None:
+            return
         try:
             self.pg.abort()
         except RuntimeError:
             pass
+        self.pg = None
