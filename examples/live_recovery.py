@@ -6,7 +6,10 @@ fails, it keeps its gradients of step 20, the controller forks a new rank 0 on t
 rank 0 takes the model, the optimizer and the report count from rank 1 and runs step 20's forward
 and backward, and both reduce step 20 again. Rank 1 runs no step twice.
 
-    python examples/live_recovery.py [--storage_path DIR] [--steps N]
+    python examples/live_recovery.py [--storage_path DIR] [--steps N] [--workers 4 --shards 2]
+
+With `--shards 2` (and 4 workers), the ranks split Adam's state in two shards, held on ranks 0 and 2 and on
+ranks 1 and 3: the new rank 0 takes shard 0 from rank 2.
 
 `outlast runs DIR live` then lists the live recovery, its cost and its seconds.
 """
@@ -14,6 +17,7 @@ and backward, and both reduce step 20 again. Rank 1 runs no step twice.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import tempfile
@@ -30,8 +34,10 @@ KILL_AT = 20
 def loop(config: dict) -> None:
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    live = LiveTraining(model, optimizer)
+    if config["shards"] > 1:  # each rank's Adam over its shard of the parameters
+        live = LiveTraining(model, functools.partial(torch.optim.Adam, lr=0.01), shards=config["shards"])
+    else:
+        live = LiveTraining(model, torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9))
     rank = train.get_context().get_world_rank()
     step = live.start()
     print(f"[rank {rank} pid {os.getpid()}] training from step {step}", flush=True)
@@ -55,10 +61,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--storage_path", default=None)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=1, help="split the optimizer's state between this many ranks")
     args = parser.parse_args()
     storage = args.storage_path or tempfile.mkdtemp(prefix="outlast-live-")
     result = TorchTrainer(
-        loop, train_loop_config={"steps": args.steps}, scaling_config=ScalingConfig(num_workers=2),
+        loop, train_loop_config={"steps": args.steps, "shards": args.shards},
+        scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(name="live", storage_path=storage,
                              failure_config=FailureConfig(max_failures=3, live_recovery=True)),
     ).fit()

@@ -75,12 +75,14 @@ class Interrupted:
 @dataclass(frozen=True)
 class LiveJoined:
     """Live recovery: the rank that sent the state to generation `generation`'s new ranks says it went across
-    (read from the controller's live store), at `wall`, having thrown `steps_lost` steps away."""
+    (read from the controller's live store), at `wall`, having thrown `steps_lost` steps away. Generation 0's
+    word says in how many `shards` the ranks split the optimizer's state."""
 
     attempt: int
     generation: int
     steps_lost: int
     wall: float
+    shards: int = 1
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,17 @@ A shrink (`on_shrink`) answers a lost node with no room elsewhere in an elastic 
 its ranks out, and the ranks that live go on as a smaller world, with nobody to send the state to. The group's
 ranks are numbered afresh, in order (`slots`); the controller keeps its own numbers for the processes, which
 its messages name, and the lost ones stay lost for the rest of the attempt.
+
+A run whose ranks split the optimizer's state (`shards`, told with the word that generation 0 formed) is replaced
+live only while every shard keeps a holder (`unheld`): a joiner takes its shard from a rank that holds it. Its
+world keeps its layout: it does not shrink live, and grows live by whole replicas.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from outlast.protocol.membership import Membership, first_membership, member_name
+from outlast.protocol.membership import Membership, first_membership, member_name, unheld_shards
 
 MAX_TRANSFER_DEATHS = 2  # deaths during one recovery, beyond the one that began it, before falling back
 
@@ -126,6 +130,7 @@ class LiveRun:
         self.unpublished: Membership | None = None  # a planned generation, until its new members wait for it
         self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
         self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
+        self.shards = 1  # the optimizer's state is split in this many shards (told when generation 0 formed)
 
     def on_death(self, rank: int, cause: str, wall: float, finished: tuple[int, ...] = (),
                  lost_node: str | None = None) -> Replace | FallBack:
@@ -153,23 +158,24 @@ class LiveRun:
                 return FallBack(f"{r.deaths} more ranks died while rank(s) {r.ranks} took the state "
                                 f"(more than {self.max_transfer_deaths})")
         unsent = self.unsent | {rank}
-        kept = self.holders_besides([rank])
-        if not kept:
-            return FallBack(f"rank {rank} died and no rank that holds the state is left "
-                            f"(generation {self.membership.generation} had ranks "
-                            f"{sorted(self.unsent)} still waiting for it)")
+        unheld = self.unheld([rank])
+        if unheld:
+            return FallBack(f"rank {rank} died and {unheld} (generation {self.membership.generation} had ranks "
+                            f"{sorted(self.unsent)} still waiting for the state)")
         if lost_node is not None:
             r.nodes_lost.add(lost_node)
         incarnation = self.incarnation[rank] = self.incarnation[rank] + 1
         member = member_name(rank, incarnation)
+        kept = [k for k in self.slots if k not in unsent]
         membership = self._next(unsent, kept[0])
         self.membership, self.unsent = membership, unsent
         self.unreported.add(rank)
         if rank not in r.ranks:
             r.ranks.append(rank)
         return Replace(rank, incarnation, member, membership,
-                       f"rank {rank} is replaced by {member} in generation {membership.generation}; rank {kept[0]} "
-                       f"sends the state to rank(s) {sorted(unsent)}, and ranks {kept} go on", charged=not same_loss)
+                       f"rank {rank} is replaced by {member} in generation {membership.generation}; "
+                       f"{self._senders(membership)} the state to rank(s) {sorted(unsent)}, and ranks {kept} go on",
+                       charged=not same_loss)
 
     def on_shrink(self, ranks: list[int], cause: str, wall: float, least: int, node: str,
                   finished: tuple[int, ...] = ()) -> Shrunk | FallBack:
@@ -183,8 +189,11 @@ class LiveRun:
             return FallBack(f"rank(s) {ranks} were lost after rank(s) {sorted(finished)} finished their loop")
         if len(left) < least:
             return FallBack(f"{len(left)} rank(s) would be left, fewer than the run's min_workers={least}")
-        if not self.holders_besides(ranks):
-            return FallBack(f"node {node} is lost with rank(s) {ranks}, and no rank that holds the state is left")
+        if self.shards > 1:
+            return FallBack(f"the ranks split the optimizer's state in {self.shards} shards, whose layout a smaller "
+                            "world would not keep")
+        if unheld := self.unheld(ranks):
+            return FallBack(f"node {node} is lost with rank(s) {ranks}, and {unheld}")
         waiting = sorted(self.unsent - set(ranks))
         if waiting:
             # Their place in the data is told from the sender's, at the world size they were forked for.
@@ -209,10 +218,27 @@ class LiveRun:
                       f"rank(s) {ranks} are left out of generation {self.membership.generation}: ranks {left} go on "
                       f"as {len(left)} of {world}, renumbered 0 to {len(left) - 1}, the step in flight thrown away")
 
-    def holders_besides(self, ranks: list[int]) -> list[int]:
-        """The ranks that hold the state and are not among `ranks` (those of a node lost at once): none left, and
-        the node's loss falls back at its first rank, not after some of its ranks were replaced."""
-        return [k for k in self.slots if k not in self.unsent and k not in ranks]
+    def unheld(self, ranks: list[int]) -> str:
+        """What no rank is left to send when `ranks` are lost at once (a node's: the node's loss falls back at its
+        first rank, not after some of its ranks were replaced): "" when the state, every shard of it, still has a
+        holder among the ranks that hold it and are not among `ranks`."""
+        leaving = {i for i, k in enumerate(self.slots) if k in self.unsent or k in ranks}
+        gone = unheld_shards(len(self.slots), leaving, self.shards)
+        if not gone:
+            return ""
+        if self.shards == 1:
+            return "no rank that holds the state is left"
+        return (f"every rank holding shard(s) {gone} of the optimizer's {self.shards} is lost or waits for the state: "
+                "no copy of it is left")
+
+    def _senders(self, membership: Membership) -> str:
+        """Who sends the state to whom, for the log: "rank 0 sends", or with shards "ranks 0 (to 2), 1 (to 3) send"."""
+        to: dict[int, list[int]] = {}
+        for j in membership.joiners:
+            to.setdefault(self.slots[membership.sender(j, self.shards)], []).append(self.slots[j])
+        if len(to) == 1:
+            return f"rank {next(iter(to))} sends"
+        return "ranks " + ", ".join(f"{k} (to {v})" for k, v in sorted(to.items())) + " send"
 
     def _next(self, joiners: set[int], source: int | None, planned: bool = False) -> Membership:
         """The generation after the newest: `slots`' members as they stand, `joiners` and `source` as ranks of the
@@ -240,11 +266,12 @@ class LiveRun:
         self.unreported.discard(rank)
         return True
 
-    def on_joined(self, generation: int, steps_lost: int, wall: float) -> Recovered | None:
-        """The sending rank of `generation` says the state went across (generation 0: rank 0 says the group
-        formed). An older generation's word is stale: a newer one was published since, whose joiners still wait."""
+    def on_joined(self, generation: int, steps_lost: int, wall: float, shards: int = 1) -> Recovered | None:
+        """The sending rank of `generation` says the state went across (generation 0: the ranks say the group
+        formed, and in how many `shards` they split the optimizer's state). An older generation's word is stale: a
+        newer one was published since, whose joiners still wait."""
         if generation == 0:
-            self.formed = True
+            self.formed, self.shards = True, shards
             return None
         r = self.recovery
         if r is None or generation != self.membership.generation:
@@ -267,6 +294,8 @@ class LiveRun:
         kept = [k for k in self.slots if k not in ranks]
         if not kept:
             return StayPut(f"every rank ({ranks}) is on a draining node: no rank stays to send the state")
+        if unheld := self.unheld(ranks):
+            return StayPut(f"ranks {ranks} are drained, and {unheld} on a node that stays")
         if no_room is not None:
             return StayPut(f"no node that stays has room for ranks {ranks}: {no_room}")
         incarnations = {r: self.incarnation[r] + 1 for r in ranks}
@@ -278,7 +307,8 @@ class LiveRun:
         self.unpublished, self.starting = membership, set(ranks)
         return Planned(tuple(sorted(ranks)), incarnations, membership,
                        f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
-                       f"planned, once started; rank {kept[0]} sends them the state, and the drained ranks exit")
+                       f"planned, once started; {self._senders(membership)} them the state, and the drained ranks "
+                       "exit")
 
     def added_for(self, to_workers: int) -> list[int]:
         """The controller's numbers of the ranks a grow to `to_workers` adds: after every number this attempt has
@@ -297,6 +327,10 @@ class LiveRun:
         if self.recovery is not None:
             return StayPut(f"rank(s) {self.recovery.ranks} still take the state in generation "
                            f"{self.membership.generation}: the grow waits for it", later=True)
+        if to_workers % self.shards:
+            # A restart at that size would fail in the loop as well: the grow waits for room for whole replicas.
+            return StayPut(f"the ranks split the optimizer's state in {self.shards} shards: {to_workers} workers is not "
+                           "a whole number of replicas of them", later=True)
         added = self.added_for(to_workers)
         incarnations = dict.fromkeys(added, 0)
         self.incarnation.update(incarnations)
@@ -309,7 +343,7 @@ class LiveRun:
         self.unpublished, self.starting = membership, set(added)
         return Planned(tuple(added), incarnations, membership,
                        f"ranks {added} join generation {membership.generation} ({world} to {to_workers} ranks), "
-                       f"planned, once started; rank {source} sends them the state")
+                       f"planned, once started; {self._senders(membership)} them the state")
 
     def on_started(self, member: str) -> None:
         """`member` waits in the store for the planned generation that names it."""

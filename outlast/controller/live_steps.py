@@ -73,9 +73,8 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
                          c.plan.per_worker, c.plan.strategy)
         if isinstance(moved, NoCapacity):
             return _shrink(c, a, live, rank, record, doomed, node, moved.reason)
-        if not live.holders_besides(doomed):
-            return _fall_back(c, a, live, rank, record, f"node {node} is lost with rank(s) {doomed}, and no rank "
-                                                        "that holds the state is left")
+        if unheld := live.unheld(doomed):
+            return _fall_back(c, a, live, rank, record, f"node {node} is lost with rank(s) {doomed}, and {unheld}")
         node, where = moved[rank], f"; forked on node {moved[rank]}"
     finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and e.exit_code == 0 and e.error is None))
     decision = live.on_death(rank, record.describe(), record.time, finished=finished,
@@ -175,7 +174,7 @@ def on_joined(c: CoreState, event: LiveJoined) -> None:
     a, live = c.attempt, c.live
     if a is None or live is None or event.attempt != a.number:
         return
-    done = live.on_joined(event.generation, event.steps_lost, event.wall)
+    done = live.on_joined(event.generation, event.steps_lost, event.wall, event.shards)
     if done is None:
         return
     c.book.note_live_recovery(LiveRecoveryRecord(

@@ -3,6 +3,11 @@
 A member is a process, named by an id the controller gives it (a rank number is not a name: the
 replacement of rank 1 is rank 1 too). A generation's membership lists the member of each rank;
 a member new to the group receives the whole state from one member that kept it.
+
+A run whose ranks split the optimizer's state in `shards` (`LiveTraining(shards=...)`) holds each shard on every
+`shards`-th rank: shard s on ranks s, s + shards, s + 2 * shards..., one copy in each replica of the model's ranks.
+A joiner takes the state from a rank that holds its shard (`sender`), and a shard whose every holder is lost
+(`unheld_shards`) cannot be sent by anyone: the run restarts from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ class Membership:
     def rank_of(self, member: str) -> int | None:
         return self.members.index(member) if member in self.members else None
 
+    def sender(self, joiner: int, shards: int = 1) -> int:
+        """The rank that sends `joiner` the state: the lowest that kept it and holds the joiner's shard (with one
+        shard, `source`)."""
+        holders = [r for r in range(joiner % shards, self.world_size, shards) if r not in self.joiners]
+        if not holders:
+            raise MembershipError(f"generation {self.generation}: rank {joiner} joins, and every rank holding its "
+                                  f"shard {joiner % shards} of {shards} joins too: nobody can send it")
+        return holders[0]
+
     def to_json(self) -> str:
         return json.dumps({"generation": self.generation, "members": list(self.members),
                            "joiners": list(self.joiners), "source": self.source, "planned": self.planned})
@@ -77,6 +91,12 @@ def replace_members(previous: Membership, replacements: dict[str, str]) -> Membe
     members = tuple(replacements.get(m, m) for m in previous.members)
     joiners = tuple(r for r, m in enumerate(previous.members) if m in replacements)
     return Membership(previous.generation + 1, members, joiners, kept[0] if joiners else None)
+
+
+def unheld_shards(world_size: int, leaving: set[int], shards: int) -> list[int]:
+    """The shards of the optimizer's state whose every holder, in a world of `world_size` ranks, is among `leaving`
+    (the group's ranks that are lost or hold no state yet)."""
+    return [s for s in range(shards) if all(r in leaving for r in range(s, world_size, shards))]
 
 
 def member_name(rank: int, incarnation: int) -> str:

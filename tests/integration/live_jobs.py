@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ def live_loop(config: dict) -> None:
     rank's first process of the first attempt SIGKILLs itself at the named fault point of that step ("forward":
     before it; "stop": it SIGSTOPs itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a
     checkpoint with each committed step, uploaded in report(), which returns once the checkpoint is committed
-    (every rank's report of it counted)."""
+    (every rank's report of it counted). `config["shards"]`: the ranks split Adam's state in that many shards."""
     import torch
 
     from outlast import faults
@@ -45,8 +46,12 @@ def live_loop(config: dict) -> None:
         faults.reset()
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)))
+    if config.get("shards", 1) > 1:  # the optimizer's state split: Adam's moments, built over this rank's shard
+        live = LiveTraining(model, functools.partial(torch.optim.Adam, lr=0.01), state=_Pad(config.get("pad_mb", 0)),
+                            shards=config["shards"])
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)))
     rank = train.get_context().get_world_rank()
     step = live.start()
     _log(config, event="start", step=step)

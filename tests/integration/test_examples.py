@@ -274,12 +274,15 @@ def test_the_readme_demo_recovers_from_its_killed_rank_and_finishes(home: Path, 
     assert state["status"] == "finished" and len(state["attempts"]) == 2
 
 
-def test_live_recovery_loses_no_step_and_keeps_the_other_rank_running(home: Path, tmp_path: Path):
+@pytest.mark.parametrize("workers,shards", [(2, 1), (4, 2)], ids=["plain", "shards"])
+def test_live_recovery_loses_no_step_and_keeps_the_other_rank_running(home: Path, tmp_path: Path, workers: int,
+                                                                      shards: int):
     storage = tmp_path / "storage"
-    proc = _run("live_recovery.py", ["--storage_path", str(storage)], home)
+    proc = _run("live_recovery.py", ["--storage_path", str(storage), "--workers", str(workers), "--shards",
+                                     str(shards)], home)
     assert proc.returncode == 0, _explain(proc)
     out = proc.stdout
-    assert out.count("training from step 0") == 2 and "[rank 0 pid" in out, _explain(proc)
+    assert out.count("training from step 0") == workers and "[rank 0 pid" in out, _explain(proc)
     assert "training from step 20" in out and "finished: {'step': 39" in out, _explain(proc)
     state = _run_state(storage / "live")
     assert state["status"] == "finished" and len(state["attempts"]) == 1 and state["failure_counts"] == {"worker": 1}

@@ -22,6 +22,9 @@ reduction, on every rank after the same step. A member left out of it (the drain
 
 A generation smaller than the one before, with nobody joining, is a shrink (a lost node's ranks left out):
 `Joined.shrunk` tells the loop to throw the step in flight away, and the word that the group formed counts it lost.
+
+Ranks that split the optimizer's state in `shards` send each joiner the state from a rank that holds the joiner's
+shard (`Membership.sender`): the state a rank gives is its own shard's.
 """
 
 from __future__ import annotations
@@ -61,10 +64,11 @@ class Joined:
 
 
 class LiveRank:
-    def __init__(self, store: Store, member: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, store: Store, member: str, timeout_s: float = 60.0, shards: int = 1) -> None:
         self.store = store
         self.member = member
         self.timeout_s = timeout_s
+        self.shards = shards
         self.ledger = Ledger(generation=-1)
         self.has_state = False
         self.group: LiveGroup | None = None
@@ -119,16 +123,27 @@ class LiveRank:
         group = LiveGroup.form(self.store, membership.generation, rank, membership.world_size, self.timeout_s)
         self.group = group
         committed = agreed_step(dict(enumerate(group.allgather_int(self.offered(membership)))), membership.joiners)
+        self._same_shards(membership, group.allgather_int(self.shards))
         moved, started = 0, time.monotonic()
-        if rank == membership.source:
+        to = [j for j in membership.joiners if membership.sender(j, self.shards) == rank]
+        if to:
             state = state_dict()
-            for joiner in membership.joiners:
+            for joiner in to:
                 moved = send_state(group, state, joiner)
-        if not self.announce(membership, rank) and rank in membership.joiners:
-            assert membership.source is not None
-            state, moved = receive_state(group, membership.source)
+        if rank in membership.joiners:
+            state, moved = receive_state(group, membership.sender(rank, self.shards))
             load_state_dict(state)
+        if self.shards > 1 and membership.joiners:
+            # Several ranks send: the word that the state went across waits until every one of them is done.
+            group.allgather_int(0)
+        self.announce(membership, rank)
         return self.entered(membership, rank, committed, moved, time.monotonic() - started)
+
+    def _same_shards(self, membership: Membership, shards: list[int]) -> None:
+        if len(set(shards)) > 1:
+            raise ValueError(f"generation {membership.generation}: the ranks split the optimizer's state in different "
+                             f"numbers of shards ({dict(enumerate(shards))}, rank: shards): every rank's LiveTraining "
+                             "must be given the same shards=")
 
     # The steps of `join` and `reduce` between their collectives, apart so that the simulator (`outlast/sim/live.py`)
     # drives the same bookkeeping over collectives of its own.
@@ -153,7 +168,8 @@ class LiveRank:
         if membership.source is not None and rank != membership.source:
             return False
         lost = self.thrown + self.shrinks(membership)
-        self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": lost, "wall": time.time()}))
+        self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": lost, "wall": time.time(),
+                                                                      "shards": self.shards}))
         return True
 
     def entered(self, membership: Membership, rank: int, committed: int, moved: int, transfer_s: float) -> int:

@@ -36,6 +36,10 @@ splitting the rest of each reader's epoch, from every rank's place at the step's
 The model is not wrapped in DistributedDataParallel (prepare_model returns it as it is in this mode): there is
 no default process group, since it could not outlive a rank. Each step's gradients go as one flat tensor, so
 the group reduces them in one order, the same in every generation.
+
+`shards=S` splits the optimizer's state between the S ranks of each replica (`live_shards.py`): `optimizer` is
+then a function that builds it over the parameters it is given (this rank's shard), a rank new to the group takes
+its state from a rank that holds its shard, and a shard with no holder left falls back to the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ from outlast.train import positions
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
+from outlast.train.live.group import GroupBroken
 from outlast.train.live.rendezvous import NotAMemberError
+from outlast.train.torch.live_shards import FlatShards
 
 log = logging.getLogger("outlast.worker")
 
@@ -60,7 +66,8 @@ STORE_VAR = LIVE_STORE_VAR  # set by the controller (live_steps.py), as INCARNAT
 
 
 class LiveTraining:
-    def __init__(self, model: Any, optimizer: Any, state: Any = None, timeout_s: float = 60.0) -> None:
+    def __init__(self, model: Any, optimizer: Any, state: Any = None, timeout_s: float = 60.0,
+                 shards: int = 1) -> None:
         address = os.environ.get(STORE_VAR)
         if not address:
             raise RuntimeError("LiveTraining needs live recovery turned on: "
@@ -73,16 +80,22 @@ class LiveTraining:
         ctx = get_session("LiveTraining").context
         host, port = address.rsplit(":", 1)
         store = dist.PrefixStore(store_prefix(ctx.attempt), rendezvous.connect(host, int(port), timeout_s))
-        self.model, self.optimizer, self.state = model, optimizer, state
+        self.model, self.state = model, state
+        self.sharded: FlatShards | None = None
+        if shards != 1:
+            self.sharded = FlatShards(model, optimizer, ctx.world_rank, ctx.world_size, shards)
+            optimizer = self.sharded.optimizer
+        self.optimizer = optimizer
         session = get_session("LiveTraining")
         self.rank = LiveRank(store, member_name(session.spawned_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
-                             timeout_s)
+                             timeout_s, shards)
         self._place = ""  # this rank's data positions at the start of the step in flight: what a joiner takes up
 
     def state_dict(self) -> dict[str, Any]:
         import torch
 
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.sharded is None else self.sharded.state_dict(),
                 "state": self.state.state_dict() if self.state is not None else None,
                 "rng": torch.get_rng_state(), "reports": get_session("LiveTraining").reports_made,
                 "data": positions.step_start(self._place, self._place_now())}
@@ -91,7 +104,10 @@ class LiveTraining:
         import torch
 
         self.model.load_state_dict(d["model"])
-        self.optimizer.load_state_dict(d["optimizer"])
+        if self.sharded is None:
+            self.optimizer.load_state_dict(d["optimizer"])
+        else:
+            self.sharded.load_state_dict(d["optimizer"])
         if self.state is not None:
             self.state.load_state_dict(d["state"])
         torch.set_rng_state(d["rng"])
@@ -126,7 +142,10 @@ class LiveTraining:
         while True:
             # One flat copy: the group reduces it in one order, the same in every generation, and the gradients
             # themselves stay as backward() left them until the step is committed.
-            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
+            if self.sharded is not None:
+                flat = self.sharded.gradient()
+            else:
+                flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
             if self.rank.reduce(step, [flat]):
                 break
             # A rank died during this step. This rank's gradients were computed on the state every survivor still
@@ -144,20 +163,48 @@ class LiveTraining:
                 return step
         fault_point("live.optimizer_step")  # committed everywhere, not applied here
         flat /= self.rank.group.world_size if self.rank.group is not None else 1
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
-        self.optimizer.step()
-        self.optimizer.zero_grad()
+        if self.sharded is not None:
+            self.sharded.apply(flat)
+            self._gather(step + 1)
+        else:
+            offset = 0
+            for p in params:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+            self.optimizer.step()
+            self.optimizer.zero_grad()
         if self.rank.regroup_due:
             self._split_for_planned()
         self._keep_place()
         return step + 1
 
+    def _gather(self, next_step: int) -> None:
+        """After a committed step, the shards this rank does not hold. A rank lost meanwhile: every rank applied its
+        shard's step already, so the group forms again (the joiner taking the state of its shard, as it stands
+        after the step, from a holder) and gathers there (`_join`)."""
+        assert self.sharded is not None and self.rank.group is not None
+        try:
+            fault_point("live.gather")
+            self.sharded.gather(self.rank.group)
+        except GroupBroken:
+            resumed = self._join()
+            if resumed != next_step:
+                raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step "
+                                   f"{resumed}") from None
+
     def _join(self) -> int:
-        step = self.rank.join(self.state_dict, self.load_state_dict)
+        while True:
+            step = self.rank.join(self.state_dict, self.load_state_dict)
+            if self.sharded is None:
+                break
+            # The shards this rank does not hold may be a step behind (a rank lost while they were gathered, or this
+            # rank new, holding the sender's): gathered before any step runs on them.
+            try:
+                self.sharded.gather(self.rank.group)
+                break
+            except GroupBroken as e:
+                self.rank.last_break = str(e)
         session = get_session("LiveTraining")
         session.in_live_generation(self.rank.ledger.generation)
         group = self.rank.group
