@@ -178,7 +178,13 @@ def _live_epochs(config: dict, model, optimizer, epoch_batches) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(config.get("sleep", 0.01))
             was = step
-            step = live.step(step)
+            # Logged before it is reduced too: a process lost after the step's commit never logs the step.
+            _log(config, event="batch", step=was, epoch=epoch.epoch, rows=ids.tolist())
+            try:
+                step = live.step(step)
+            except SystemExit:
+                _log(config, event="left", step=was)  # a drained rank the group went on without: its batch unused
+                raise
             _log(config, event="step" if step == was + 1 else "thrown", step=was, epoch=epoch.epoch,
                  rows=ids.tolist())
         epoch.epoch += 1

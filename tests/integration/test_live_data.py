@@ -233,7 +233,17 @@ def _each_row_once_an_epoch(log: list[dict], rows: int, epochs: int) -> None:
     """Every row was used once in each epoch the run trained (at least `epochs`), in steps applied."""
     run = 1 + max(e["epoch"] for e in log if e["event"] == "step")
     assert run >= epochs
+    applied = [e for e in log if e["event"] == "step"] + _applied_unlogged(log)
     for epoch in range(run):
-        used = Counter(r for e in log if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
+        used = Counter(r for e in applied if e["epoch"] == epoch for r in e["rows"])
         assert used == Counter(range(rows)), (epoch, sorted((r, n) for r, n in used.items() if n != 1),
                                               sorted(set(range(rows)) - set(used)))
+
+
+def _applied_unlogged(log: list[dict]) -> list[dict]:
+    """The batch of a process that died in a step after the step was committed, before it logged it (a node lost at
+    that instant): its last event is the batch it reduced, and the others applied that step, throwing none away at
+    that number. A process that left the group (a drained one) reduced no batch of that step."""
+    thrown = {e["step"] for e in log if e["event"] == "thrown"}
+    last = {e["pid"]: e for e in log}
+    return [e for e in last.values() if e["event"] == "batch" and e["step"] not in thrown]
