@@ -147,6 +147,8 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     if a is None or ev.run_id != c.run_id or ev.attempt != a.number or ev.rank in a.exited:
         return
     if live_steps.retired(c, a, ev):
+        if ev.rank in a.lost:  # a drained rank that left the group: nothing waits for it from here
+            lose_shrunk_ranks(c, a, {ev.rank})
         return
     a.exited[ev.rank] = ev
     failed = ev.exit_code != 0 or ev.error is not None
@@ -219,13 +221,16 @@ def lose_preempted_rank(c: CoreState, a: AttemptState, p: Preemption, ev: m.Work
 
 
 def lose_shrunk_ranks(c: CoreState, a: AttemptState, ranks: set[int]) -> None:
-    """Live recovery shrank the group without `ranks` (a lost node's): no checkpoint, collective or preemption
-    answer waits for them from here; a checkpoint they held a shard of and never reported is missing it."""
+    """Live recovery shrank the group without `ranks` (a lost node's, or a drained one's that left): no checkpoint,
+    collective or preemption answer waits for them from here; a checkpoint they held a shard of and never reported
+    is missing it."""
     for rank in sorted(ranks):
         preempt_steps.answer(c, c.horizons.lose_rank(rank, c.now))
-    assert c.live is not None
-    for pending in c.commit_tracker.lose_ranks(ranks, left_from=c.live.membership.generation).settled:
-        commit_steps.begin(c, pending)
+    live = c.live
+    assert live is not None
+    for rank in sorted(ranks):
+        for pending in c.commit_tracker.lose_ranks({rank}, left_from=live.left_in[rank]).settled:
+            commit_steps.begin(c, pending)
     for done in c.collectives.lose_ranks(ranks):
         on_workers.reply_collective(c, done)
 

@@ -20,7 +20,9 @@ members are forked first, and the next generation, published once they wait for 
 left out of it, exit. A death meanwhile widens it as it widens any recovery.
 
 A shrink (`on_shrink`) answers a lost node with no room elsewhere in an elastic run: the next generation leaves
-its ranks out, and the ranks that live go on as a smaller world, with nobody to send the state to. The group's
+its ranks out, and the ranks that live go on as a smaller world, with nobody to send the state to. A drained node
+with no room elsewhere shrinks an elastic run the same way, planned (`Leave`): its ranks still live, so they finish
+the step in flight with the others and leave after it, and no step is thrown away. The group's
 ranks are numbered afresh, in order (`slots`); the controller keeps its own numbers for the processes, which
 its messages name, and the lost ones stay lost for the rest of the attempt.
 
@@ -92,6 +94,16 @@ class Planned:
 
 
 @dataclass(frozen=True)
+class Leave:
+    """Publish `membership` (planned) once the ranks were told of the drain: `ranks` (a drained node's, with no room
+    elsewhere) leave the group after the step in flight, and the others go on as a smaller world."""
+
+    ranks: tuple[int, ...]
+    membership: Membership
+    reason: str
+
+
+@dataclass(frozen=True)
 class StayPut:
     """Not changed live: the drain or the grow takes the path it takes without live recovery (a checkpoint, a
     restart). `later`: not now, but the live path may open (a recovery under way ends): ask again."""
@@ -131,6 +143,7 @@ class LiveRun:
         self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
         self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
         self.shards = 1  # the optimizer's state is split in this many shards (told when generation 0 formed)
+        self.left_in: dict[int, int] = {}  # ranks a shrink left out -> the first generation without them
 
     def on_death(self, rank: int, cause: str, wall: float, finished: tuple[int, ...] = (),
                  lost_node: str | None = None) -> Replace | FallBack:
@@ -214,6 +227,7 @@ class LiveRun:
         for k in ranks:
             self.hung.pop(k, None)
         self.membership = self._next(set(), None)
+        self.left_in.update(dict.fromkeys(ranks, self.membership.generation))
         return Shrunk(tuple(ranks), self.membership,
                       f"rank(s) {ranks} are left out of generation {self.membership.generation}: ranks {left} go on "
                       f"as {len(left)} of {world}, renumbered 0 to {len(left) - 1}, the step in flight thrown away")
@@ -281,9 +295,11 @@ class LiveRun:
 
     # ---- planned changes: a drained node's ranks move, an elastic run grows ------------------------------
 
-    def on_drain(self, ranks: list[int], cause: str, wall: float, no_room: str | None) -> Planned | StayPut:
+    def on_drain(self, ranks: list[int], cause: str, wall: float, no_room: str | None,
+                 least: int | None = None) -> Planned | Leave | StayPut:
         """A drain notice names `ranks` (alive, on draining nodes). `no_room`: why no node that stays can take
-        them, None when one can."""
+        them, None when one can. `least`: an elastic run's min_workers (None: not elastic), which lets the ranks that
+        stay go on without them when there is no room."""
         if not ranks:
             return StayPut("the drained nodes hold no rank of this attempt")
         if not self.formed:
@@ -297,7 +313,7 @@ class LiveRun:
         if unheld := self.unheld(ranks):
             return StayPut(f"ranks {ranks} are drained, and {unheld} on a node that stays")
         if no_room is not None:
-            return StayPut(f"no node that stays has room for ranks {ranks}: {no_room}")
+            return self._leave(ranks, cause, wall, no_room, least)
         incarnations = {r: self.incarnation[r] + 1 for r in ranks}
         self.incarnation.update(incarnations)
         membership = self._next(set(ranks), kept[0], planned=True)
@@ -309,6 +325,28 @@ class LiveRun:
                        f"ranks {sorted(ranks)} move: their replacements join generation {membership.generation}, "
                        f"planned, once started; {self._senders(membership)} them the state, and the drained ranks "
                        "exit")
+
+    def _leave(self, ranks: list[int], cause: str, wall: float, no_room: str, least: int | None) -> Leave | StayPut:
+        why = f"no node that stays has room for ranks {ranks}: {no_room}"
+        left = [k for k in self.slots if k not in ranks]
+        if least is None:
+            return StayPut(why)
+        if len(left) < least:
+            return StayPut(f"{why}; and {len(left)} rank(s) would be left, fewer than the run's min_workers={least}")
+        if self.shards > 1:
+            return StayPut(f"{why}; and the ranks split the optimizer's state in {self.shards} shards, whose layout a "
+                           "smaller world would not keep")
+        world = len(self.slots)
+        self.slots = left
+        membership = self._next(set(), None, planned=True)
+        self.membership, self.unsent = membership, set()
+        self.left_in.update(dict.fromkeys(ranks, membership.generation))
+        self.recovery = Recovery(since=wall, cause=cause, ranks=sorted(ranks))
+        self.unpublished, self.starting = membership, set()
+        return Leave(tuple(sorted(ranks)), membership,
+                     f"{why}: they leave the group after the step in flight, and ranks {left} go on in generation "
+                     f"{membership.generation} as {len(left)} of {world}, renumbered 0 to {len(left) - 1}, planned: "
+                     "no step thrown away")
 
     def added_for(self, to_workers: int) -> list[int]:
         """The controller's numbers of the ranks a grow to `to_workers` adds: after every number this attempt has
@@ -367,12 +405,11 @@ class LiveRun:
     def abandon_move(self) -> str:
         """The drained ranks returned from the loop before the planned generation went out (the training ended
         first): it never will, and their exits are theirs. Returns why, for the log."""
-        joiners = self.joining()
+        ranks = self.recovery.ranks if self.recovery is not None else []
         moot = self.take_unpublished()
         assert moot is not None, "no planned generation to abandon"
         self.recovery, self.unsent = None, set()
-        return (f"the loop ended before generation {moot.generation}'s new members waited for it: the move of "
-                f"ranks {joiners} is moot")
+        return f"the loop ended before generation {moot.generation} went out: the change of ranks {ranks} is moot"
 
     def joining(self) -> list[int]:
         """The ranks (the controller's numbers) that join the planned generation not published yet."""

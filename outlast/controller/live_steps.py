@@ -3,7 +3,9 @@ the survivors go on, the next generation published, and the recovery written to 
 went across. A death it does not answer (a fallback, or max_failures spent) takes the usual restart. A drain
 whose ranks can move live (`on_drain`) is told to the ranks as always, but moves them instead of ending the
 attempt: their replacements are forked on nodes that stay, the planned generation is published once they
-wait for it (`on_ready`), and the drained processes' exits are theirs alone (`retired`).
+wait for it (`on_ready`), and the drained processes' exits are theirs alone (`retired`). With no room for them
+in an elastic run, they leave (`Leave`): the planned generation, smaller, goes out once the ranks were told, and
+the drained processes' exits take their ranks out of the attempt, as a shrink's lost ranks are.
 
 Plain functions over the core's state, as `lifecycle.py`'s are."""
 
@@ -20,7 +22,7 @@ from outlast.controller import states as st
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import LiveJoined, LiveReady, PublishMembership, Spawn, StopRun, ToNode
 from outlast.controller.heartbeat import heartbeat
-from outlast.controller.live import FallBack, LiveRun, StayPut
+from outlast.controller.live import FallBack, Leave, LiveRun, StayPut
 from outlast.controller.live_room import where_to
 from outlast.controller.placement import NoCapacity
 from outlast.controller.policy import FailureDecision, decide_on_failure
@@ -76,7 +78,8 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
         if unheld := live.unheld(doomed):
             return _fall_back(c, a, live, rank, record, f"node {node} is lost with rank(s) {doomed}, and {unheld}")
         node, where = moved[rank], f"; forked on node {moved[rank]}"
-    finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and e.exit_code == 0 and e.error is None))
+    finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and r not in a.lost and e.exit_code == 0
+                            and e.error is None))  # a drained rank that left the group returned from the loop too
     decision = live.on_death(rank, record.describe(), record.time, finished=finished,
                              lost_node=a.placement[rank] if lost else None)
     if isinstance(decision, FallBack):
@@ -106,8 +109,8 @@ def _shrink(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: Fai
     elastic = c.resizes.elastic
     if elastic is None:
         return _fall_back(c, a, live, rank, record, why)
-    finished = tuple(sorted(r for r, e in a.exited.items() if r not in doomed and e.exit_code == 0
-                            and e.error is None))
+    finished = tuple(sorted(r for r, e in a.exited.items() if r not in doomed and r not in a.lost
+                            and e.exit_code == 0 and e.error is None))
     before = len(live.slots)
     decision = live.on_shrink(doomed, f"shrink: {record.describe()}", record.time, elastic.min_workers, node,
                               finished=finished)
@@ -212,17 +215,28 @@ def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
         return False  # the restart's verdict gives up, and says why
     cause = f"drain: {p.as_failure(a.number).message}"
     room = where_to(c.nodes.views(c.run_id, c.now), held(a), p.ranks, c.plan.per_worker, c.plan.strategy)
-    decision = live.on_drain(p.ranks, cause, c.wall(),
-                             no_room=room.reason if isinstance(room, NoCapacity) else None)
+    elastic = c.resizes.elastic
+    before = len(live.slots)
+    decision = live.on_drain(p.ranks, cause, c.wall(), no_room=room.reason if isinstance(room, NoCapacity) else None,
+                             least=elastic.min_workers if elastic is not None else None)
     if isinstance(decision, StayPut):
         c.book.note_live_recovery(LiveRecoveryRecord(
             attempt=a.number, ranks=list(p.ranks), cause=cause, path="restart", time=c.wall(),
             generation=live.membership.generation, reason=decision.reason))
         log.warning("attempt %d: %s; live recovery does not move them: %s", a.number, cause, decision.reason)
         return False
-    assert not isinstance(room, NoCapacity)
     c.book.charge_live_failure(p.as_failure(a.number), Budget.PREEMPTION)
     a.preemption = p
+    if isinstance(decision, Leave):
+        # Nothing to fork: the drained ranks leave once told, and their processes' exits are no failure.
+        a.retiring |= {(rank, a.placement[rank]) for rank in decision.ranks}
+        after = len(live.slots)
+        c.book.note_size(after, ResizeRecord(attempt=a.number, from_workers=before, to_workers=after,
+                                             reason=f"shrink, live: {cause}", steps_lost=0, time=c.wall()), c.wall())
+        c.resizes.since = c.now
+        log.warning("attempt %d: %s; %s", a.number, cause, decision.reason)
+        return True
+    assert not isinstance(room, NoCapacity)
     for rank in decision.ranks:
         old, new = a.placement[rank], room[rank]
         a.retiring.add((rank, old))
@@ -326,9 +340,14 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
         abandon(c, a)  # it returned from the loop: the training ended before the move; its exit is the rank's
         return False
     a.retiring.discard((ev.rank, ev.node_id))
-    log.info("attempt %d: rank %d's drained process on %s exited (%s); its replacement holds the rank", a.number,
-             ev.rank, ev.node_id, "cleanly" if ev.exit_code == 0 and ev.error is None else
-             f"exit code {ev.exit_code}, signal {ev.signal}")
+    left = live is not None and ev.rank not in live.slots
+    if left:
+        a.lost.add(ev.rank)  # the caller takes it out of the trackers (handlers.lose_shrunk_ranks)
+        a.done.add(ev.rank)
+        a.exited[ev.rank] = ev
+    log.info("attempt %d: rank %d's drained process on %s exited (%s); %s", a.number, ev.rank, ev.node_id,
+             "cleanly" if ev.exit_code == 0 and ev.error is None else f"exit code {ev.exit_code}, signal {ev.signal}",
+             "the group went on without it" if left else "its replacement holds the rank")
     return True
 
 
@@ -346,6 +365,8 @@ def abandon(c: CoreState, a: AttemptState) -> None:
     live = c.live
     assert live is not None and live.unpublished is not None
     joiners = live.joining()
+    for rank, node in [x for x in a.retiring if x[0] not in live.slots]:
+        a.retiring.discard((rank, node))  # they were to leave the group (`Leave`): their exits are theirs again
     log.info("attempt %d: %s", a.number, live.abandon_move())
     for rank in joiners:
         node = a.placement[rank]

@@ -208,6 +208,53 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     _each_row_once_an_epoch(log, rows, epochs)
 
 
+@pytest.mark.torch
+def test_a_drained_node_with_no_room_elsewhere_leaves_the_run_live_with_no_step_lost(storage_path, tmp_path,
+                                                                                    monkeypatch):
+    """An elastic run (min 2, max 3) on three one-CPU nodes: rank 1's node is drained mid-epoch, and no node has room
+    for it. Its rank leaves the group after the step in flight, the two others go on as a world of two in their
+    own processes, and the rest of the epoch is split between them at that step: no step is thrown away, every row
+    is used once an epoch, nothing is written to storage, and the drained process exits cleanly."""
+    import threading
+
+    from outlast.testing import LocalCluster
+    from tests.integration.procs import wait_until
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    rows, batch, epochs = 96, 4, 3
+    events = tmp_path / "leave.jsonl"
+    with LocalCluster(num_nodes=1, cpus_per_node=0, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        for _ in range(3):
+            cluster.add_node(extra_args=["--num-cpus", "1"])
+
+        def drain() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
+                       "step 3")
+            [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1}
+            cluster.drain_node(node, deadline_s=120, message="spot reclaimed")
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        state = _fit_elastic(storage_path, "leave", "live_shard_loop", events, rows, max_failures=0, batch=batch,
+                             epochs=epochs, until_generation=1)
+        t.join()
+    log = read_events(events)
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    assert state["failure_counts"] == {"preemption": 1}
+    assert [(r["from_workers"], r["to_workers"], r["steps_lost"]) for r in state["resizes"]] == [(3, 2, 0)]
+    [left] = state["live_recoveries"]
+    assert left["path"] == "live" and left["cause"].startswith("drain") and left["ranks"] == [1]
+    assert left["steps_lost"] == 0
+    assert state["checkpoints"] == []
+    assert not [e for e in log if e["event"] == "thrown"]
+    starts = {e["rank"]: e["pid"] for e in log if e["event"] == "start"}
+    assert sorted(starts) == [0, 1, 2]  # no process forked after the first three
+    ends = {e["pid"]: e for e in log if e["event"] == "end"}
+    assert set(ends) == {starts[0], starts[2]} and {e["world"] for e in ends.values()} == {2}
+    assert [ends[starts[r]]["rank"] for r in (0, 2)] == [0, 1]  # rank 2 is the group's rank 1 after the drain
+    _each_row_once_an_epoch(log, rows, epochs)
+
+
 def _fit_elastic(storage_path: str, name: str, loop: str, events: Path, rows: int, max_failures: int,
                  **config) -> dict:
     """`loop` of live_jobs.py under fit(), an elastic run of 2 to 3 one-CPU ranks with live recovery, over `rows`

@@ -5,7 +5,7 @@ generation published while every member lives. No processes."""
 from __future__ import annotations
 
 from outlast.controller import group as g
-from outlast.controller.live import LiveRun, Planned, Recovered, Replace, StayPut
+from outlast.controller.live import Leave, LiveRun, Planned, Recovered, Replace, StayPut
 from outlast.controller.live_room import where_to
 from outlast.controller.placement import NodeView, NoCapacity
 from outlast.controller.states import State
@@ -314,4 +314,58 @@ def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsew
     h.step(g.LiveJoined(attempt=1, generation=2, steps_lost=0, wall=h.wall() + 0.5))
     assert [(r.from_workers, r.to_workers) for r in h.core.book.state.resizes] == [(3, 2), (2, 3)]
     finish_all(h, {0: placement[0], 2: placement[2], 3: "n4"})
+    assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+# ---- a drained node with no room elsewhere: its ranks leave ----------------------------------------------------
+
+
+def test_drained_ranks_with_no_room_leave_an_elastic_run_in_a_planned_smaller_generation():
+    live = formed(3)
+    d = live.on_drain([1], "drain", 2.0, no_room="no CPU left", least=2)
+    assert isinstance(d, Leave) and d.ranks == (1,)
+    assert d.membership == Membership(1, ("r0i0", "r2i0"), (), None, planned=True)
+    assert "no step thrown away" in d.reason and live.slots == [0, 2] and live.left_in == {1: 1}
+    assert live.starting_members() == [] and live.publishable(told=False) is None
+    assert live.publishable(told=True) == d.membership  # nobody to wait for but the ranks' word of the drain
+    assert live.on_joined(1, 0, wall=3.0) == Recovered(1, (1,), "drain", 2.0, 1.0, 0)
+
+
+def test_drained_ranks_with_no_room_stay_put_with_the_reason():
+    assert "no node that stays has room" in formed(3).on_drain([1], "drain", 2.0, no_room="full").reason
+    few = formed(3).on_drain([1, 2], "drain", 2.0, no_room="full", least=2)
+    assert isinstance(few, StayPut) and "fewer than the run's min_workers=2" in few.reason
+    sharded = formed(4)
+    sharded.shards = 2
+    layout = sharded.on_drain([3], "drain", 2.0, no_room="full", least=1)
+    assert isinstance(layout, StayPut) and "2 shards" in layout.reason
+
+
+def test_the_core_lets_a_drained_rank_leave_and_takes_it_out_of_the_attempt_once_its_process_exits():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2", "n3"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7", max_failures=0)
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))  # no spare node
+    h.effects.clear()
+    drained = placement[1]
+    _drain(h, drained)
+    assert h.state is State.RUNNING and not [e for e in h.effects if isinstance(e, (g.StopRun, g.Spawn))]
+    [resize] = h.core.book.state.resizes
+    assert (resize.from_workers, resize.to_workers, resize.steps_lost) == (3, 2, 0) and "drain" in resize.reason
+    assert h.core.book.state.failure_counts == {"preemption": 1}
+    # Published at once: no rank asks get_preemption_info(), so none waits to be told of the drain first.
+    [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
+    assert published == Membership(1, ("r0i0", "r2i0"), (), None, planned=True)
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=0, wall=h.wall() + 0.5))
+    [record] = h.core.book.state.live_recoveries
+    assert record.path == "live" and record.cause.startswith("drain") and record.steps_lost == 0
+    # The drained process leaves the loop cleanly: no failure, and nothing waits for rank 1 from here.
+    h.agent(drained, h.exited(1, drained))
+    assert h.state is State.RUNNING and h.core.attempt.lost == {1} and 1 in h.core.attempt.done
+    assert h.core.commit_tracker.lost == {1} and h.core.book.state.failure_counts == {"preemption": 1}
+    finish_all(h, {0: placement[0], 2: placement[2]})
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1

@@ -154,10 +154,12 @@ class LiveRank:
         return self.ledger.committed if (self.has_state or membership.generation == 0) else -1
 
     def shrinks(self, membership: Membership) -> bool:
-        """Whether `membership` is a smaller world than the one this member was in: a shrink (a lost node's ranks
-        left out, nobody to replace them). The step in flight is thrown away on every rank: its batches go back to
-        the rest of the epoch, which the smaller world splits again."""
-        return bool(self.joins) and self.has_state and membership.world_size < self.joins[-1].world_size
+        """Whether `membership` is a smaller world than the one this member was in, unplanned: a shrink (a lost
+        node's ranks left out, nobody to replace them). The step in flight is thrown away on every rank: its batches
+        go back to the rest of the epoch, which the smaller world splits again. A planned one (a drained node's ranks
+        leaving) comes after a committed step, whose batches the loop took from the smaller world's split already."""
+        return bool(self.joins) and self.has_state and not membership.planned \
+            and membership.world_size < self.joins[-1].world_size
 
     def announce(self, membership: Membership, rank: int) -> bool:
         """On the rank that sent the state, once it went across, or on every rank when nobody joins: the controller

@@ -233,16 +233,21 @@ class LiveTraining:
         self._keep_place()
 
     def _split_for_planned(self) -> None:
-        """The step just committed announced a planned generation: when it is larger (a grow), split the rest of each
-        reader's epoch between the ranks of the larger world now, before the loop takes the next step's batch."""
+        """The step just committed announced a planned generation: when its world is another size (ranks added, or
+        a drained node's ranks leaving with no room elsewhere), split the rest of each reader's epoch between the
+        ranks of that world now, before the loop takes the next step's batch. A rank that leaves reads on as it was:
+        its next step is never reduced."""
         planned = rendezvous.newest_after(self.rank.store, self.rank.ledger.generation)
         context = get_session("LiveTraining").context
-        if planned is None or planned.world_size <= context.world_size:
+        if planned is None or planned.world_size == context.world_size:
             return
-        for key in positions.regroup(self._place_now(), context.world_rank, planned.world_size,
-                                     positions.shared_seed(context)):
-            log.warning("live grow: %s goes on with its share of the smaller world to its epoch's end: its other "
-                        "ranks' places cannot be told", key)
+        rank = planned.rank_of(self.rank.member)
+        if rank is None:
+            return
+        for key in positions.regroup(self._place_now(), rank, planned.world_size, positions.shared_seed(context)):
+            log.warning("live resize from %d to %d ranks: %s goes on with this rank's share of the old world to its "
+                        "epoch's end: its other ranks' places cannot be told", context.world_size, planned.world_size,
+                        key)
 
     def _keep_place(self) -> None:
         """Once a step committed: the data positions from which a joiner of the next recovery takes up the batches
