@@ -1,11 +1,13 @@
 """Live recovery under the public API: SIGKILLs of a rank in Trainer.fit(), live and by a restart.
 
-    .venv/bin/python -m bench.live_recovery_fit [--kills 20] [--restart-kills 20] [--out FILE]
+    .venv/bin/python -m bench.live_recovery_fit [--kills 20] [--restart-kills 20] [--workers 2] [--shards 1]
+                                                [--out FILE]
 
-2 CPU ranks on the node fit() starts, a small MLP, ~20 ms steps (bench/lib/live_fit_loop.py). A
+2 CPU ranks (`--workers`) on the node fit() starts, a small MLP, ~20 ms steps (bench/lib/live_fit_loop.py). A
 thread of this process watches the ranks' step events and SIGKILLs rank 0 and rank 1 in turn, each
 at a random instant of a step, a kill every `SPACING` steps:
-- live: `FailureConfig(live_recovery=True)`, `LiveTraining`; no checkpoints.
+- live: `FailureConfig(live_recovery=True)`, `LiveTraining`; no checkpoints (`--shards S`: the optimizer's
+  state split between the S ranks of each replica, `LiveTraining(shards=S)`).
 - restart: the same loop with DDP and live recovery off, a checkpoint every 10 steps: outlast's
   restart of the whole group from the newest checkpoint.
 For each kill: the steps lost (steps thrown away on the survivors, from their own events; for a
@@ -38,14 +40,17 @@ STEP_S = 0.02
 SPACING = 30  # steps between kills: the recovery and a few steps after it
 
 
+WORKERS, SHARDS = 2, 1  # set by --workers, --shards
+
+
 def _fit(events: str, storage: str, name: str, live: bool, steps: int, ckpt_every: int, max_failures: int) -> dict:
     from outlast.train import FailureConfig, RunConfig, ScalingConfig
     from outlast.train.torch import TorchTrainer
 
     result = TorchTrainer(
         loop, train_loop_config={"events": events, "steps": steps, "live": live, "pad_s": STEP_S * 0.75,
-                                 "ckpt_every": ckpt_every},
-        scaling_config=ScalingConfig(num_workers=2),
+                                 "ckpt_every": ckpt_every, "shards": SHARDS if live else 1},
+        scaling_config=ScalingConfig(num_workers=WORKERS),
         run_config=RunConfig(name=name, storage_path=storage,
                              failure_config=FailureConfig(max_failures=max_failures, live_recovery=live)),
     ).fit()
@@ -169,8 +174,12 @@ def main() -> int:
     p.add_argument("--restart-kills", type=int, default=20)
     p.add_argument("--quiet-steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--shards", type=int, default=1)
     p.add_argument("--out")
     a = p.parse_args()
+    global WORKERS, SHARDS
+    WORKERS, SHARDS = a.workers, a.shards
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="outlast-live-fit-") as tmp:
         os.environ["OUTLAST_HOME"] = os.path.join(tmp, "home")
@@ -186,6 +195,7 @@ def main() -> int:
     med = lambda t, k: t[k]["median"] if t[k] else None  # noqa: E731
     on, off = quiet["on"]["step_s"], quiet["off"]["step_s"]
     doc = {"benchmark": "live_recovery_fit", "date": stamp(), "cpus": os.cpu_count(), "seed": a.seed,
+           "workers": a.workers, "shards": a.shards,
            "wall_s": round(time.time() - started, 1), "step_s_target": STEP_S, "kill_spacing_steps": SPACING,
            "live": {**lt, "runs": live}, "restart": {**rt, "checkpoint_every": 10, "runs": restart},
            "warm_floor": {"before": floor_before, "after": floor_after, "median_s": floor_med},

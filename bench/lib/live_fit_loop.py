@@ -6,6 +6,7 @@ module: standard library only at import time."""
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -47,7 +48,11 @@ def loop(config: dict) -> None:
     if config["live"]:
         from outlast.train.torch import LiveTraining
 
-        live = LiveTraining(model, opt)
+        if config.get("shards", 1) > 1:  # the optimizer's state split: SGD's momentum over this rank's shard
+            live = LiveTraining(model, functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+                                shards=config["shards"])
+        else:
+            live = LiveTraining(model, opt)
         step = live.start()
     emit(config["events"], ev="start", rank=rank, attempt=attempt, incarnation=incarnation, pid=os.getpid(),
          step=step, t=time.time())
