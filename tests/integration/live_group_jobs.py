@@ -82,3 +82,30 @@ def pause(store, member: str) -> None:
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]), a[1], a[2], int(a[3]), int(a[4]) if len(a) > 4 else None, a[5] if len(a) > 5 else None)
+
+
+def held_break(port: int, rank: int, out: str) -> None:
+    """One of four members of a group whose rank 1 exits: ranks 0 and 2, whose allgather fails on the lost rank,
+    stay in their handler of the failure until rank 3 says its own allgather ended, or 90 s (past the group's
+    timeout), as a loop that joins the next group from inside its handler does. Each writes what its allgather
+    raised to OUT/RANK.txt."""
+    from outlast.train.live.group import GroupBroken, LiveGroup
+
+    store = rendezvous.connect("127.0.0.1", port, timeout_s=30)
+    group = LiveGroup.form(store, 0, rank, 4, timeout_s=60)
+    group.allgather(torch.ones(4))
+    if rank == 1:
+        os._exit(0)
+    try:
+        group.allgather(torch.ones(64))
+        said = "ok"
+    except GroupBroken as e:
+        said = str(e)
+        if rank != 3:
+            deadline = time.monotonic() + 90
+            while not store.check(["released/3"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+    if rank == 3:
+        store.set("released/3", "1")
+    with open(os.path.join(out, f"{rank}.txt"), "w") as f:
+        f.write(said)

@@ -124,3 +124,23 @@ def test_more_ranks_go_on_through_a_kill_and_end_with_the_weights_of_a_run_witho
     for member, end in ends.items():
         for name, want in clean_weights[world].items():
             assert torch.equal(end["model"][name], want), f"{member}'s {name} differs from the run without failures"
+
+
+@pytest.mark.torch
+def test_a_rank_waiting_on_a_survivor_is_released_while_the_survivor_still_handles_the_failure(tmp_path):
+    """Four members, rank 1 lost in an allgather: rank 3 waits on ranks 0 and 2, not on rank 1. They stay in their
+    handler of the failure (as a loop that joins the next group from there does), and rank 3's allgather fails all
+    the same, on its peers' closed connections, not at the group's timeout."""
+    from tests.integration.live_group_jobs import held_break
+
+    store = store_master()
+    FORKS.set_forkserver_preload(["torch", "tests.integration.live_group_jobs"])
+    procs = [FORKS.Process(target=held_break, args=(store.port, rank, str(tmp_path))) for rank in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=150)
+        assert p.exitcode == 0
+    said = {rank: (tmp_path / f"{rank}.txt").read_text() for rank in (0, 2, 3)}
+    assert all("allgather failed" in s for s in said.values()), said
+    assert "Timed out" not in said[3] and "timed out" not in said[3].lower(), said[3]

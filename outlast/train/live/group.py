@@ -80,10 +80,14 @@ class LiveGroup:
     def _run(self, what: str, work: Any) -> None:
         try:
             work.wait()
+            return
         except RuntimeError as e:
-            # Closed at once: a rank whose collective waits on this one, not on the lost rank, fails now too.
-            self.close()
-            raise GroupBroken(f"generation {self.generation}: rank {self.rank}'s {what} failed: {e}") from e
+            error = str(e)
+        # Closed at once, with nothing of it left in this frame (which the GroupBroken's traceback keeps while the
+        # caller handles it): a rank whose collective waits on this one, not on the lost rank, fails now too.
+        del work
+        self.close()
+        raise GroupBroken(f"generation {self.generation}: rank {self.rank}'s {what} failed: {error}")
 
     def allreduce_sum(self, tensors: list[torch.Tensor]) -> None:
         self._run("allreduce", self._open().allreduce(tensors))

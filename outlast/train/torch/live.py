@@ -187,11 +187,13 @@ class LiveTraining:
         try:
             fault_point("live.gather")
             self.sharded.gather(self.rank.group)
-        except GroupBroken:
-            resumed = self._join()
-            if resumed != next_step:
-                raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step "
-                                   f"{resumed}") from None
+            return
+        except GroupBroken as e:
+            self.rank.last_break = str(e)
+        # Joined outside the handler: nothing of the broken group may outlive the wait for the next one.
+        resumed = self._join()
+        if resumed != next_step:
+            raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step {resumed}")
 
     def _join(self) -> int:
         while True:
