@@ -108,10 +108,11 @@ _writeback = _start_writeback()
 
 # A copy that hashes what it copies moves 1 MiB at a time: the kernel copies the chunk, and the chunk is hashed
 # from the page cache right after, while it is still in the CPU's cache. Measured here (512 MiB, fresh processes,
-# load 7 to 11): one file 0.22 s against 0.28 for the kernel's copy of the whole file and a hash of it after;
-# eight files in parallel, the same within the noise. A copy through a buffer of ours (read, hash, write) was
-# slower and erratic: ext4 takes a 1 MiB write(2) into large folios, which cost up to 2 s of CPU a copy when
-# memory was in use elsewhere; the kernel's copy fills small ones.
+# load 5 to 11), it takes what the kernel's copy of the whole file and a hash of it after took, within the noise
+# of a shared machine (one file: 0.22 s against 0.28 in one set of runs, 0.46 against 0.43 in another), with as
+# much CPU or less. A copy through a buffer of ours (read, hash, write) was slower and erratic: ext4 takes a
+# 1 MiB write(2) into large folios, which cost up to 2 s of CPU a copy when memory was in use elsewhere; the
+# kernel's copy fills small ones.
 COPY_CHUNK = 1 << 20
 
 
