@@ -9,6 +9,7 @@ manifest asks of it (the storage's own access control keeps forgers out).
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import mmap
 import os
@@ -104,6 +105,71 @@ def _start_writeback() -> Callable[[int, int, int], object] | None:
 
 
 _writeback = _start_writeback()
+
+# A copy that hashes what it copies moves 1 MiB at a time: the kernel copies the chunk, and the chunk is hashed
+# from the page cache right after, while it is still in the CPU's cache. Measured here (512 MiB, fresh processes,
+# load 5 to 11), it takes what the kernel's copy of the whole file and a hash of it after took, within the noise
+# of a shared machine (one file: 0.22 s against 0.28 in one set of runs, 0.46 against 0.43 in another), with as
+# much CPU or less. A copy through a buffer of ours (read, hash, write) was slower and erratic: ext4 takes a
+# 1 MiB write(2) into large folios, which cost up to 2 s of CPU a copy when memory was in use elsewhere; the
+# kernel's copy fills small ones.
+COPY_CHUNK = 1 << 20
+
+
+def copy_hashed(src: Path, dst: Path, write_behind: bool = False, algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """Copy `src` to `dst` (made, or cut to nothing) and return (size, hex digest) of the bytes copied, the
+    same values as `hash_file(dst)` after it, taken in the pass that copies: the file is read once. The
+    digest is of the bytes as they lie in `dst`, so a source changed during the copy gets the digest of
+    the bytes copied, never of others.
+
+    `write_behind`: as `copy_file`'s."""
+    with open(src, "rb", buffering=0) as fin, open(dst, "w+b", buffering=0) as fout:
+        return copy_hashed_open(fin.fileno(), fout.fileno(), write_behind, algorithm)
+
+
+def copy_hashed_open(src: int, dst: int, write_behind: bool = False, algorithm: str = ALGORITHM) -> tuple[int, str]:
+    """`copy_hashed` between two open files: `src` from its position (its start, as opened) into `dst`,
+    empty and open for reading and writing. Each chunk is copied in the kernel (copy_file_range, a reflink
+    where the file system shares extents; sendfile between two file systems), then read back from `dst`
+    and hashed."""
+    digest = new_hasher(algorithm)
+    writeback = _writeback if write_behind else None
+    buffer = memoryview(bytearray(COPY_CHUNK))
+    kernel_copy = _copy_range
+    copied = behind = 0  # bytes copied; of them, those whose writeback has been started
+    while True:
+        try:
+            n = kernel_copy(src, dst)
+        except OSError as e:
+            if kernel_copy is _send or e.errno not in _NO_COPY_RANGE:
+                raise
+            kernel_copy = _send  # EXDEV, ENOSYS, EINVAL, EOPNOTSUPP: the two files lie apart; nothing was copied
+            continue
+        if n == 0:
+            return copied, digest.hexdigest()
+        read = 0
+        while read < n:
+            got = os.preadv(dst, [buffer[read:n]], copied + read)
+            if got == 0:
+                raise OSError(errno.EIO, f"a copy being hashed ended {copied + read} bytes in, before what was copied")
+            read += got
+        digest.update(buffer[:n])
+        copied += n
+        if writeback is not None and copied - behind >= _WRITE_BEHIND:
+            writeback(dst, behind, copied - behind)
+            behind = copied
+
+
+_NO_COPY_RANGE = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
+
+
+def _copy_range(src: int, dst: int) -> int:
+    """At most a chunk from `src`'s position to `dst`'s, both moved past it."""
+    return os.copy_file_range(src, dst, COPY_CHUNK)
+
+
+def _send(src: int, dst: int) -> int:
+    return os.sendfile(dst, src, None, COPY_CHUNK)
 
 
 def copy_file(src: Path, dst: Path, write_behind: bool = False) -> None:

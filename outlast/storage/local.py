@@ -14,7 +14,7 @@ from outlast.faults import fault_point
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import StorageError
 from outlast.storage import priority
-from outlast.storage.checksum import ALGORITHM, copy_file, hash_file
+from outlast.storage.checksum import ALGORITHM, copy_file, copy_hashed, copy_hashed_open, hash_file
 from outlast.storage.priority import io_pool
 
 
@@ -29,15 +29,15 @@ def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
     return files, dirs
 
 
-def _place(src: Path, dst: Path, move: bool, replace: bool) -> bool:
-    """Put `src`'s bytes at `dst` whole, through a temporary name beside it; False when `replace`
-    is off and `dst` already exists (it is left as it is).
+def _place(src: Path, dst: Path, move: bool, replace: bool) -> tuple[int, str] | None:
+    """Put `src`'s bytes at `dst` whole, through a temporary name beside it, and return (size, xxh3) of
+    what was placed; None when `replace` is off and `dst` already exists (it is left as it is).
 
     `replace` renames over `dst` atomically. Without it `dst` is created only if absent: a hard
     link from the temporary name fails with EEXIST when another writer got there first, so of
     ranks racing on one file, a rank that does not replace never overwrites one that does."""
     if not replace and os.path.lexists(dst):
-        return False  # the common case of a file another rank wrote: no bytes copied for nothing
+        return None  # the common case of a file another rank wrote: no bytes copied for nothing
     tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
     try:
         linked = False
@@ -47,37 +47,36 @@ def _place(src: Path, dst: Path, move: bool, replace: bool) -> bool:
             with contextlib.suppress(OSError):  # another file system (EXDEV), or no hard links
                 os.link(src, tmp)
                 linked = True
-        if not linked:
-            copy_file(src, tmp, write_behind=True)  # fsynced before the manifest
+        # A copy is hashed in the pass that makes it (and fsynced before the manifest).
+        sized = hash_file(tmp, ALGORITHM) if linked else copy_hashed(src, tmp, write_behind=True)
         if replace:
             os.replace(tmp, dst)
-            return True
+            return sized
         try:
             os.link(tmp, dst)
         except FileExistsError:
-            return False
+            return None
         except OSError:
             return _create_exclusive(src, dst)  # a file system without hard links
-        return True
+        return sized
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
 
 
-def _create_exclusive(src: Path, dst: Path) -> bool:
+def _create_exclusive(src: Path, dst: Path) -> tuple[int, str] | None:
     try:
-        with open(dst, "xb") as out, open(src, "rb") as source:  # O_EXCL: only if absent
-            shutil.copyfileobj(source, out, 4 << 20)
+        with open(dst, "xb+", buffering=0) as out, open(src, "rb", buffering=0) as source:  # O_EXCL: only if absent
+            return copy_hashed_open(source.fileno(), out.fileno())
     except FileExistsError:
-        return False
-    return True
+        return None
 
 
 def _place_and_hash(src: Path, dst: Path, move: bool, replace: bool) -> tuple[int, str]:
     """(size, xxh3) of this copy: the stored file's when placed, the source's when another's was kept."""
-    if not _place(src, dst, move, replace):
+    sized = _place(src, dst, move, replace)
+    if sized is None:
         return hash_file(src, ALGORITHM)
-    sized = hash_file(dst, ALGORITHM)
     fsync_file(dst)
     return sized
 
@@ -121,9 +120,9 @@ class LocalStorage:
         `local_dir` into `dest/`, files in parallel, each with its size and xxh3-128.
         `replace=False`: a file already in `dest/` is kept (see `Storage.upload_dir`).
 
-        The checksum is taken of the file as it lies in storage, after its copy, from the
-        page cache: at tens of GB/s it costs less than the copy, and it is what a restore
-        will compare with. A file changed meanwhile at the source is caught by that compare.
+        The checksum is taken in the pass that copies the file (`checksum.copy_hashed`), of the
+        bytes written to storage: what a restore will compare with, even for a source changed
+        during the copy. A linked file (`move`) is hashed as it lies in storage.
         """
         local_dir = Path(local_dir)
         if not local_dir.is_dir():

@@ -1,10 +1,13 @@
 import hashlib
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import xxhash
 
-from outlast.storage.checksum import copy_file, hash_file, new_hasher
+from outlast.storage.checksum import COPY_CHUNK, copy_file, copy_hashed, hash_file, new_hasher
+from tests.fakes.files import rewritten
 
 
 @pytest.mark.parametrize("size", [0, 1, 4 << 20, (4 << 20) + 7])
@@ -52,3 +55,42 @@ def test_a_copy_written_behind_is_the_source_byte_for_byte_across_its_16_mib_ste
     src.write_bytes(os.urandom((40 << 20) + 3))  # two whole steps and a part of one
     copy_file(src, dst, write_behind=True)
     assert hash_file(dst) == hash_file(src)
+
+
+@pytest.mark.parametrize("size", [0, 1, COPY_CHUNK, 3 * COPY_CHUNK + 5, (40 << 20) + 3],
+                         ids=["empty", "one-byte", "one-chunk", "chunks-and-a-tail", "past-two-writeback-steps"])
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_a_hashed_copy_is_the_source_byte_for_byte_with_hash_files_size_and_digest(tmp_path, size, algorithm):
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    data = os.urandom(size)
+    src.write_bytes(data)
+    dst.write_bytes(b"x" * (COPY_CHUNK + 9))  # an older, longer file there: cut, then written over
+    assert copy_hashed(src, dst, write_behind=True, algorithm=algorithm) == hash_file(src, algorithm)
+    assert dst.read_bytes() == data
+
+
+def test_a_source_rewritten_during_its_copy_gets_the_digest_of_the_bytes_copied(tmp_path):
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    size = 16 * COPY_CHUNK
+    src.write_bytes(bytes(size))
+    with rewritten(src, COPY_CHUNK // 2):
+        for _ in range(5):
+            copied = copy_hashed(src, dst)
+            assert copied == hash_file(dst) == (size, xxhash.xxh3_128(dst.read_bytes()).hexdigest())
+
+
+def test_a_hashed_copy_from_another_file_system_is_sent_and_hashed_alike(tmp_path):
+    # copy_file_range refuses two file systems (EXDEV): the chunks are sent (sendfile) instead.
+    other = next((d for d in ("/dev/shm", "/var/tmp", "/tmp") if os.path.isdir(d)
+                  and os.stat(d).st_dev != os.stat(tmp_path).st_dev), None)
+    if other is None:
+        pytest.skip("no second file system here to copy from")
+    data = os.urandom(3 * COPY_CHUNK + 5)
+    fd, name = tempfile.mkstemp(dir=other)
+    try:
+        os.write(fd, data)
+        os.close(fd)
+        assert copy_hashed(Path(name), tmp_path / "dst.bin") == hash_file(name)
+        assert (tmp_path / "dst.bin").read_bytes() == data
+    finally:
+        os.unlink(name)

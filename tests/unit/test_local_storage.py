@@ -5,7 +5,9 @@ import pytest
 import xxhash
 
 from outlast.storage.base import StorageError
+from outlast.storage.checksum import hash_file
 from outlast.storage.local import LocalStorage
+from tests.fakes.files import rewritten
 
 
 @pytest.fixture
@@ -142,6 +144,15 @@ def test_a_plain_upload_is_a_copy_that_later_writes_to_the_source_do_not_reach(s
     store.upload_dir(src, "c")
     (src / "model.pt").write_bytes(b"changed")
     assert store.read_bytes("c/model.pt") == b"weights" * 1000
+
+
+def test_a_file_rewritten_during_its_upload_is_listed_with_the_digest_of_the_bytes_stored(store, src):
+    changing = src / "sub" / "deeper" / "x.bin"
+    with rewritten(changing, 1 << 19):
+        for attempt in range(3):
+            entries = {e.path: e for e in store.upload_dir(src, f"c{attempt}")}
+            stored = store.local_path(f"c{attempt}/sub/deeper/x.bin")
+            assert (entries["sub/deeper/x.bin"].size, entries["sub/deeper/x.bin"].xxh3_128) == hash_file(stored)
 
 
 def test_download_dir_copies_a_tree_and_a_missing_one_raises_file_not_found(store, src, tmp_path):
