@@ -53,8 +53,10 @@ class Storage(Protocol):
     def delete(self, path: str) -> None:
         """Remove a file or a directory tree; a missing path is not an error."""
 
-    def download_dir(self, path: str, local_dir: Path) -> None:
-        """Copy every file under `path` into `local_dir`."""
+    def download_dir(self, path: str, local_dir: Path) -> dict[str, str]:
+        """Copy every file under `path` into `local_dir`. Returns the xxh3-128 digests, by path under
+        `local_dir`, of the files it hashed as it wrote them (any, or none), of the bytes written: a check
+        of those files against their manifest need not read them again."""
 
     def local_path(self, path: str) -> Path | None:
         """`path` as a local directory when storage is a file system; None when it must be downloaded."""

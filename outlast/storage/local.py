@@ -200,7 +200,8 @@ class LocalStorage:
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
 
-    def download_dir(self, path: str, local_dir: Path) -> None:
+    def download_dir(self, path: str, local_dir: Path) -> dict[str, str]:
+        """Copied in the kernel, hashed by none: no digest is returned."""
         source = self._p(path)
         if not source.is_dir():
             raise FileNotFoundError(f"{source} does not exist")
@@ -213,6 +214,7 @@ class LocalStorage:
                 job.result()
         finally:
             futures.wait(jobs)
+        return {}
 
     def local_path(self, path: str) -> Path | None:
         return self._p(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from concurrent import futures
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from outlast.faults import fault_point
 from outlast.protocol import paths
@@ -20,8 +20,12 @@ from outlast.storage.conditional import _precondition_failed
 from outlast.storage import priority, s3_bulk
 from outlast.storage.local import walk_files
 from outlast.storage.priority import io_pool
+from outlast.storage.range_digest import RangeDigest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from _typeshed import ReadableBuffer as Buffer
     from fsspec import AbstractFileSystem
 
 _RANGE = 32 << 20  # through fsspec, a file over twice this size is fetched in ranges of it, in parallel
@@ -122,10 +126,11 @@ class RemoteStorage:
         if not self.fs.exists(key):
             self.fs.put_file(src, key)
 
-    def download_dir(self, path: str, local_dir: Path) -> None:
+    def download_dir(self, path: str, local_dir: Path) -> dict[str, str]:
         """Files in parallel; a large file in ranges fetched in parallel into their places. On S3 every
         file comes as ranges read by object_store (`s3_bulk`) where obstore is installed; elsewhere
-        (gs://, the rest) through fsspec."""
+        (gs://, the rest) through fsspec. Each file is hashed as its ranges land (`RangeDigest`): the
+        xxh3-128 digests are returned by path, so that the check against the manifest reads nothing again."""
         root = self._p(path)
         try:
             listing = self.fs.find(root, detail=True)
@@ -145,7 +150,8 @@ class RemoteStorage:
             if why is not None:
                 raise StorageError(f"{self.uri(path)} holds an object {name!r} that is not a file inside it ({why}); "
                                    f"nothing was downloaded to {local_dir}: remove that object from the bucket")
-        jobs = []
+        jobs: list[futures.Future[Any]] = []
+        digests: dict[str, RangeDigest] = {}
         for name, info in listing.items():
             if name not in files:
                 continue
@@ -155,13 +161,21 @@ class RemoteStorage:
             with open(target, "wb") as f:
                 f.truncate(size)
             if reader is not None:
+                digest = digests[files[name]] = RangeDigest(target, size)
                 key = name.split("/", 1)[1]
                 for offset in range(0, size, s3_bulk.PART):
-                    jobs.append(s3_bulk.pool().submit(reader.read_into, key, target, offset,
-                                                        min(offset + s3_bulk.PART, size)))
+                    end = min(offset + s3_bulk.PART, size)
+                    jobs.append(s3_bulk.pool().submit(_land, digest, offset, end, reader.read_into, key, target,
+                                                        offset, end))
                 continue
+            if not size:
+                # Fetched whole and not hashed here: a file system that lists no size shows 0 for any file.
+                jobs.append(io_pool().submit(self._fetch, name, target, None, size))
+                continue
+            digest = digests[files[name]] = RangeDigest(target, size)
             for start in range(0, size, _RANGE) if size > 2 * _RANGE else [None]:
-                jobs.append(io_pool().submit(self._fetch, name, target, start, size))
+                end = size if start is None else min(start + _RANGE, size)
+                jobs.append(io_pool().submit(_land, digest, start or 0, end, self._fetch, name, target, start, size))
         try:
             for job in jobs:
                 job.result()
@@ -173,6 +187,7 @@ class RemoteStorage:
             for job in jobs:
                 job.cancel()  # a failed download stops here: the ranges not yet started are not fetched
             futures.wait(jobs)
+        return {rel: hexdigest for rel, digest in digests.items() if (hexdigest := digest.hexdigest()) is not None}
 
     def _bulk(self) -> s3_bulk.BulkClient | None:
         """object_store's client of this bucket on S3 when obstore is installed (made once, from the fs's
@@ -187,16 +202,19 @@ class RemoteStorage:
             self._bulk_client = s3_bulk.BulkClient.of(self.fs, self.root.split("/", 1)[0])
         return self._bulk_client
 
-    def _fetch(self, name: str, target: Path, start: int | None, size: int) -> None:
+    def _fetch(self, name: str, target: Path, start: int | None, size: int) -> bytes | None:
+        """The object `name` into `target`: whole (`start` None), or the range from `start`; the range's bytes,
+        or None for a whole file, which lands without them."""
         if start is None:
             self.fs.get_file(name, str(target))
-            return
-        data = self.fs.cat_file(name, start=start, end=min(start + _RANGE, size))
+            return None
+        data: bytes = self.fs.cat_file(name, start=start, end=min(start + _RANGE, size))
         fd = os.open(target, os.O_WRONLY)
         try:
             os.pwrite(fd, data, start)
         finally:
             os.close(fd)
+        return data
 
     def write_atomic(self, path: str, data: bytes) -> None:
         # One PUT: an object store shows the old object or the new one, never a mix.
@@ -261,6 +279,11 @@ class RemoteStorage:
 
     def uri(self, path: str) -> str:
         return f"{self.url}/{path}" if path else self.url
+
+
+def _land(digest: RangeDigest, start: int, end: int, fetch: Callable[..., Buffer | None], *args: object) -> None:
+    """fetch(*args), which writes bytes [start, end) of the file, then those bytes into its digest."""
+    digest.landed(start, end, fetch(*args))
 
 
 def _storage_error(what: str, e: Exception) -> StorageError:

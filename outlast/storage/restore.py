@@ -4,7 +4,8 @@ Every worker of a node may ask for the same checkpoint at the same moment; a fil
 makes the first one fetch it from a remote store and the others reuse the download.
 Nothing is trusted across restores: each one compares every file's size and checksum
 with the manifest (files in parallel, xxh3 at the speed of the page cache), because a
-file can rot, be truncated or be overwritten between two restores on either side.
+file can rot, be truncated or be overwritten between two restores on either side. A
+file just downloaded is checked with the digest taken of its ranges as they landed.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import fcntl
 import hashlib
 import os
 import shutil
+from collections.abc import Mapping
 from concurrent import futures
 from pathlib import Path
 
 from outlast.protocol.messages import FileEntry
 from outlast.storage.base import Storage
-from outlast.storage.checksum import hash_file
+from outlast.storage.checksum import ALGORITHM, hash_file
 from outlast.storage.priority import io_pool
 from outlast.storage.records import CorruptDocument, Manifest
 from outlast.storage.run_store import RunStore
@@ -39,8 +41,9 @@ class CorruptCheckpointError(RuntimeError):
         return (type(self), (self.checkpoint_dir, self.reason))
 
 
-def _check_one(root: Path, entry: FileEntry) -> str | None:
-    """Why the file of `entry` under `root` does not match it; None when it does."""
+def _check_one(root: Path, entry: FileEntry, known: str | None) -> str | None:
+    """Why the file of `entry` under `root` does not match it; None when it does. `known`: the file's xxh3-128,
+    taken as it was written, compared in place of reading it again."""
     path = root / entry.path
     try:
         size = path.stat().st_size
@@ -49,14 +52,18 @@ def _check_one(root: Path, entry: FileEntry) -> str | None:
     if size != entry.size:
         return f"file {entry.path} has {size} bytes, the manifest says {entry.size}"
     algorithm, expected = entry.checksum
-    if hash_file(path, algorithm)[1] != expected:
+    digest = known if known is not None and algorithm == ALGORITHM else hash_file(path, algorithm)[1]
+    if digest != expected:
         return f"file {entry.path} does not match its checksum ({algorithm})"
     return None
 
 
-def verify(root: Path, manifest: Manifest) -> None:
-    """Raise CorruptCheckpointError naming the first file (in manifest order) that differs."""
-    jobs = [io_pool().submit(_check_one, root, entry) for entry in manifest.files]
+def verify(root: Path, manifest: Manifest, known: Mapping[str, str] | None = None) -> None:
+    """Raise CorruptCheckpointError naming the first file (in manifest order) that differs. `known`: xxh3-128
+    digests by path of files just written under `root`, taken from their bytes as they landed
+    (`Storage.download_dir` returns them); the others are read and hashed here."""
+    known = known or {}
+    jobs = [io_pool().submit(_check_one, root, entry, known.get(entry.path)) for entry in manifest.files]
     try:
         for job in jobs:
             reason = job.result()
@@ -98,11 +105,11 @@ def materialize(storage: Storage, run_dir: str, name: str, cache_root: Path) -> 
         partial = run_cache / f".{name}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         try:
-            storage.download_dir(store.path(name), partial)
+            digests = storage.download_dir(store.path(name), partial)
         except FileNotFoundError:
             raise CorruptCheckpointError(name, "its files are gone from storage") from None
         try:
-            verify(partial, manifest)
+            verify(partial, manifest, digests)
         except CorruptCheckpointError:
             shutil.rmtree(partial, ignore_errors=True)
             raise

@@ -14,7 +14,7 @@ the file system's own key and secret, else the set its session's chain (environm
 profiles, instance roles) found when the client was made. A fixed set is handed to object_store as it
 is; a refreshable one (a role's) through a provider it asks again. The chain is not walked a second time. object_store retries a failed request itself, with
 backoff; what it still cannot fetch is the caller's error, and every restored file is checked against
-its manifest afterwards.
+its manifest afterwards (with the digest taken as its ranges landed, `range_digest`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import obstore
     from fsspec import AbstractFileSystem
     from obstore.store import ClientConfig, S3Config, S3Credential, S3Store
 
@@ -77,9 +78,9 @@ class BulkClient:
             return cls(S3Store(bucket, config={**config, **credentials.fixed}, client_options=options))
         return cls(S3Store(bucket, config=config, credential_provider=credentials, client_options=options))
 
-    def read_into(self, key: str, target: Path, start: int, end: int) -> None:
-        """Bytes [start, end) of object `key` into the same place of the file `target`, which exists.
-        FileNotFoundError when the object is gone."""
+    def read_into(self, key: str, target: Path, start: int, end: int) -> obstore.Bytes:
+        """Bytes [start, end) of object `key` into the same place of the file `target`, which exists; returns
+        them, as object_store's buffer (the caller hashes them from it). FileNotFoundError when the object is gone."""
         import obstore
         from obstore.exceptions import BaseError, NotFoundError
 
@@ -96,6 +97,7 @@ class BulkClient:
             os.pwrite(fd, memoryview(data), start)
         finally:
             os.close(fd)
+        return data
 
 
     def put_file(self, src: str, key: str) -> None:

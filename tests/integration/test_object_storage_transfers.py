@@ -4,6 +4,7 @@ files in parallel parts and ranges, and every restore checked against the manife
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import boto3
 import pytest
@@ -73,6 +74,57 @@ def test_an_object_changed_in_the_bucket_is_caught_at_the_next_restore(s3, tree,
     with pytest.raises(CorruptCheckpointError, match=r"file model\.pt has 13 bytes, the manifest says 3145733"):
         materialize(storage, "run", NAME, tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").glob("*/*checkpoint_*") if not p.name.endswith(".lock")]
+
+
+def _through(storage, path):
+    """The restore's bytes through object_store (`s3_bulk`), or through fsspec as on gs:// and the rest."""
+    if path == "fsspec":
+        storage._bulk = lambda: None
+    return storage
+
+
+def _hashed_by_the_check(monkeypatch):
+    """The files the check against the manifest reads and hashes itself (restore.hash_file, spied on)."""
+    from outlast.storage import restore
+
+    read_again = []
+    hash_file = restore.hash_file
+    monkeypatch.setattr(restore, "hash_file", lambda path, *a: read_again.append(Path(path).name) or hash_file(path, *a))
+    return read_again
+
+
+@pytest.mark.parametrize("path", ["object_store", "fsspec"])
+def test_a_file_of_many_ranges_is_checked_with_the_digest_taken_as_its_ranges_landed(s3, tree, tmp_path,  # noqa: F811
+                                                                                       monkeypatch, path):
+    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
+    monkeypatch.setattr(remote, "_RANGE", 1 << 20)
+    src, files = tree
+    storage = _through(open_storage(f"s3://runs/streamed-{path}"), path)
+    _commit(storage, src)
+    read_again = _hashed_by_the_check(monkeypatch)
+    restored = materialize(storage, "run", NAME, tmp_path / "cache")
+    for rel, data in files.items():
+        assert (restored / rel).read_bytes() == data
+    assert "model.pt" not in read_again  # its four ranges were hashed as they landed: nothing read back
+
+
+@pytest.mark.parametrize("path", ["object_store", "fsspec"])
+def test_an_object_whose_one_range_differs_at_the_same_size_fails_its_checksum_and_is_not_kept(s3, tree, tmp_path,  # noqa: F811
+                                                                                                 monkeypatch, path):
+    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
+    monkeypatch.setattr(remote, "_RANGE", 1 << 20)
+    src, files = tree
+    storage = _through(open_storage(f"s3://runs/tampered-{path}"), path)
+    _commit(storage, src)
+    tampered = bytearray(files["model.pt"])
+    tampered[(2 << 20) + 17] ^= 0xFF  # one byte of the third range, the size unchanged
+    boto3.client("s3").put_object(Bucket="runs", Key=f"tampered-{path}/run/{NAME}/model.pt", Body=bytes(tampered))
+    read_again = _hashed_by_the_check(monkeypatch)
+    with pytest.raises(CorruptCheckpointError, match=r"file model\.pt does not match its checksum \(xxh3_128\)"):
+        materialize(storage, "run", NAME, tmp_path / "cache")
+    assert "model.pt" not in read_again  # caught by the digest taken as the ranges landed
+    run_cache, = (tmp_path / "cache").iterdir()
+    assert sorted(p.name for p in run_cache.iterdir()) == [f"{NAME}.lock"]  # no copy, no partial, no marker
 
 
 def test_an_upload_to_a_server_that_is_down_fails_in_one_line_naming_the_cause(s3, tree):  # noqa: F811

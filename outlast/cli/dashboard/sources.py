@@ -201,12 +201,13 @@ def _check(store: RunStore, manifest) -> dict[str, Any]:
             return {"ok": False, "detail": f"its manifest names a file outside the checkpoint: {e}; nothing was read"}
     local = store.storage.local_path(store.path(manifest.checkpoint_dir))
     tmp = None
+    digests: dict[str, str] = {}
     try:
         if local is None:
             tmp = Path(tempfile.mkdtemp(prefix="outlast-dashboard-check-"))
-            store.storage.download_dir(store.path(manifest.checkpoint_dir), tmp / "c")
+            digests = store.storage.download_dir(store.path(manifest.checkpoint_dir), tmp / "c")
             local = tmp / "c"
-        verify(local, manifest)
+        verify(local, manifest, digests)
         return {"ok": True, "detail": f"every one of its {len(manifest.files)} file(s) matches its checksum"}
     except CorruptCheckpointError as e:
         return {"ok": False, "detail": str(e)}
