@@ -161,3 +161,14 @@ def test_bad_layouts_and_optimizers_say_what_to_pass():
     mixed[2].double()
     with pytest.raises(TypeError, match="one flat tensor of one dtype"):
         FlatShards(mixed, adam, rank=0, world_size=2, shards=2)
+
+
+def test_a_rank_that_took_its_state_in_a_gather_s_regroup_counts_the_report_its_sender_made_after():
+    from outlast.train.torch.live_shards import reports_after_gather
+
+    # Rank 1 was lost in the gather after a committed step: the group formed again before that step's report, and
+    # rank 3 sent its replacement a count of 4. The survivors then reported the step: the next step's gather tells 5.
+    assert reports_after_gather(4, [5, 4, 5, 5], took_state=True) == 5
+    # A survivor keeps its own count, one that left the gather before the loss having reported the step already.
+    assert reports_after_gather(4, [5, 4, 4, 4], took_state=False) == 4
+    assert reports_after_gather(5, [5, 5, 5, 5], took_state=True) == 5
