@@ -20,8 +20,9 @@ also tells each rank's count of reports, which a rank that took its state settle
 lost, and no step's work lost by a live recovery (the survivors keep the step in flight and reduce it again); the
 survivors of a generation holding the same weights; a fallback that says no rank holds the state only when none
 lives; every death live recovery answered charged to max_failures. With shards besides: no step run on a shard that
-is behind (every shard at the committed step after each gather), a fallback that says a shard has no copy left only
-when no live rank, never replaced, holds that shard, and no step lost by a live recovery.
+is behind (every shard at the committed step after each gather), each joiner sent its own shard's state, a fallback
+that says a shard has no copy left only when no live rank, never replaced, holds that shard, and no step lost by a
+live recovery.
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ class Sent:
     """What a sender's LiveTraining.state_dict gives a joiner: its own shard's weights (and the optimizer's state
     with them), the other shards as it last gathered them, and its count of reports."""
 
+    shard: int  # which shard's optimizer state it is
     weights: int
     others: dict[int, int]
     reports: int
@@ -289,7 +291,10 @@ class LiveWatch:
             self.violation(f"attempt {w.attempt}'s generation {membership.generation} goes on after step {committed}, "
                            f"but step {self.top[w.attempt]} was applied: a committed step was lost")
 
-    def received(self, w: "SimRank", membership: Membership, committed: int) -> None:
+    def received(self, w: "SimRank", membership: Membership, committed: int, sent: Sent) -> None:
+        if sent.shard != w.live.shard:  # FlatShards.load_state_dict refuses it
+            self.violation(f"rank {w.rank} of attempt {w.attempt}, holding shard {w.live.shard}, was sent shard "
+                           f"{sent.shard}'s state in generation {membership.generation}")
         if w.live.weights != committed + 1:
             self.violation(f"rank {w.rank} of attempt {w.attempt} received weights of {w.live.weights} steps in "
                            f"generation {membership.generation}, which agreed on step {committed}")
@@ -481,7 +486,8 @@ def _join(w: "SimRank") -> Generator:
                 continue
             return step
         if rank == membership.source:
-            group.transfer(w, Sent(side.weights, dict(side.others), w.core.reports))  # LiveTraining's state dict
+            # LiveTraining's state dict
+            group.transfer(w, Sent(side.shard, side.weights, dict(side.others), w.core.reports))
             yield from _point(w, "sending")
             if (yield "live", None) == BROKEN:
                 side.rank.broke(membership, "a joiner was lost during the transfer")
@@ -498,7 +504,7 @@ def _join(w: "SimRank") -> Generator:
             side.rank.broke(membership, "the source was lost during the transfer")
             continue
         _load(w, received)
-        sim.live_watch.received(w, membership, committed)
+        sim.live_watch.received(w, membership, committed, received)
         return side.rank.entered(membership, rank, committed, 0, 0.0)
 
 
@@ -509,7 +515,7 @@ def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: in
     side, group = w.live, w.live.group
     assert side is not None and group is not None
     if any(membership.sender(j, side.shards) == rank for j in membership.joiners):
-        group.transfer(w, Sent(side.weights, dict(side.others), w.core.reports))
+        group.transfer(w, Sent(side.shard, side.weights, dict(side.others), w.core.reports))
         yield from _point(w, "sending")
         if (yield "live", None) == BROKEN:
             side.rank.broke(membership, "a joiner was lost during the transfer")
@@ -522,7 +528,7 @@ def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: in
             side.rank.broke(membership, "the source was lost during the transfer")
             return None
         _load(w, received)
-        w.sim.live_watch.received(w, membership, committed)
+        w.sim.live_watch.received(w, membership, committed, received)
     if membership.joiners:
         group.meet(w, "sent")
         if (yield "live", None) == BROKEN:

@@ -10,6 +10,7 @@ import pytest
 
 from outlast.controller import live_steps
 from outlast.controller.commit import CommitTracker
+from outlast.protocol.membership import Membership
 from outlast.sim import live as sim_live
 from outlast.sim.live import POINTS
 from outlast.sim.run import run_seed
@@ -81,3 +82,12 @@ def test_each_fault_found_put_back_fails_its_seed(monkeypatch, fault, seed):
         monkeypatch.setattr(live_steps, "replacement", lambda c, a, rank, env: live_steps.spawns.spawn(
             c, a, a.placement[rank], [a.specs[rank]], env))
     assert run_seed(seed, live=True).violations != []
+
+
+def test_a_joiner_sent_another_shard_s_state_fails_its_seed(monkeypatch):
+    # Seed 0 is sharded: rank 1 (shard 1 of 2) is lost in a gather. Sent from the lowest rank that kept the state,
+    # whatever its shard, its replacement takes shard 0's.
+    assert run_seed(0, live=True).violations == []
+    sender = Membership.sender
+    monkeypatch.setattr(Membership, "sender", lambda self, joiner, shards=1: sender(self, joiner, 1))
+    assert run_seed(0, live=True).violations != []
