@@ -179,6 +179,8 @@ class Group:
                 or len(self.arrived.get(f"receive {sender}", {})) < len(served):
             return
         self.sending.add(sender)
+        if len(self.sending) == 2:  # joiners of different shards, each sent the state by a holder of its own
+            self.sim.facts["live_several_senders"] += 1
         self.sim.world.after(self.sim.world.rng.uniform(*TRANSFER_S), self._sent, sender)
 
     def _sent(self, sender: int) -> None:

@@ -72,7 +72,8 @@ class Sim:
         self.live_groups: dict[tuple[int, int], Group] = {}
         self.live_watch = LiveWatch(self)
         if schedule.live:
-            self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS}, live_orphaned_replacements=0)
+            self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS}, live_orphaned_replacements=0,
+                              live_several_senders=0)
         self.refused: str | None = None  # why a driver refused to open the run
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \

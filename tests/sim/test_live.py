@@ -39,6 +39,7 @@ def test_a_thousand_live_schedules_keep_every_invariant_and_reach_every_point():
     # Runs that split the optimizer's state in shards: recovered live, each joiner from a holder of its shard, and
     # fallen back when every holder of a shard was lost.
     assert facts["live_sharded"] >= 200 and facts["live_sharded_recovered"] >= 100
+    assert facts["live_several_senders"] >= 20  # joiners of different shards in one recovery, a sender each
     assert facts["live_fallback_unheld_shard"] >= 50
     assert facts["finished"] >= 0.8 * SCHEDULES
 
