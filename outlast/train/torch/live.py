@@ -193,11 +193,15 @@ class LiveTraining:
             fault_point("live.gather")
             self._gather_all(self.rank.group)
             self._took_state = False  # its count of reports settled: the others reported the step before this one
+            return
         except GroupBroken:
-            resumed = self._join()
-            if resumed != next_step:
-                raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step "
-                                   f"{resumed}") from None
+            pass
+        # Joined after the except clause, not in it: the exception's traceback holds the failed collective's work,
+        # and with it the gloo group's sockets, so a rank whose part waits on this one would wait out its timeout
+        # and never come to the next group.
+        resumed = self._join()
+        if resumed != next_step:
+            raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step {resumed}")
 
     def _gather_all(self, group: Any) -> None:
         """The shards this rank does not hold, and the count of reports, which a rank that took its state from a
