@@ -9,14 +9,26 @@ collectives break when a member dies or leaves), the time a transfer takes, and 
 step count: the steps applied, in order. The faults kill a rank when it next reaches a point of its step
 (`POINTS`), so every point is reached on purpose.
 
+A sharded run (`LoopSpec.shards`, `LiveTraining(shards=S)`) keeps a step count per shard: a rank's own shard moves
+with each committed step, the others when it gathers them (after each committed step, and each time its group forms:
+a fault point of its own, `SHARD_POINTS`). Each joiner takes the state from `Membership.sender`, several senders in
+one generation, and the word that it went across comes once all are done, as `LiveRank._form` says it. A gather
+also tells each rank's count of reports, which a rank that took its state settles on (the real
+`reports_after_gather`).
+
 `LiveWatch` checks, on every schedule: no step applied by some ranks and thrown away by others; no committed step
 lost, and no step's work lost by a live recovery (the survivors keep the step in flight and reduce it again); the
 survivors of a generation holding the same weights; a fallback that says no rank holds the state only when none
-lives; every death live recovery answered charged to max_failures.
+lives; every death live recovery answered charged to max_failures. With shards besides: no step run on a shard that
+is behind (every shard at the committed step after each gather), each joiner sent its own shard's state, a fallback
+that says a shard has no copy left only when no live rank, never replaced, holds that shard, and no step lost by a
+live recovery.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol.membership import Membership, member_name, store_prefix
@@ -27,6 +39,7 @@ from outlast.train.live.live_rank import LiveRank
 from outlast.train.live.rendezvous import NotAMemberError
 from outlast.train.live.step_commit import agreed_step
 from outlast.train.live.store_host import LiveStore
+from outlast.train.torch.live_shards import reports_after_gather
 
 if TYPE_CHECKING:
     from outlast.sim.run import Sim
@@ -40,6 +53,7 @@ POLL_S = 0.01  # a rank's look at the store while it waits for a verdict or a ge
 TRANSFER_S = (0.005, 0.3)  # the state's transfer
 FORM_TIMEOUT_S = 60.0  # LiveRank's: a group whose member never connects fails to form only then
 BROKEN = "broken"
+UNHELD = re.compile(r"every rank holding shard\(s\) \[([0-9, ]+)\]")  # LiveRun.unheld's reason, with shards
 
 
 class MemStore:
@@ -107,13 +121,14 @@ class Group:
 
     def __init__(self, sim: "Sim", membership: Membership) -> None:
         self.sim, self.membership = sim, membership
+        self.shards = sim.schedule.loop.shards
         self.broken = False
         self.arrived: dict[str, dict[int, SimRank]] = {}  # a collective's name -> the ranks waiting in it
-        self.offers: dict[int, int] = {}
+        self.values: dict[str, dict[int, object]] = {}  # a collective's name -> what each rank brought to it
         self.formed = False
         self.members: dict[int, SimRank] = {}  # those that reached its formation
-        self.sending = False
-        self.weights = (-1, 0)
+        self.sending: set[int] = set()  # the senders whose transfer runs
+        self.sent: dict[int, Sent] = {}  # a sender's rank -> the state it sends
         sim.world.after(FORM_TIMEOUT_S, self._form_timeout)
 
     def _form_timeout(self) -> None:
@@ -121,34 +136,36 @@ class Group:
         if not self.formed and not self.broken:
             self._break(0.0)
 
-    def meet(self, w: "SimRank", name: str, value: int = 0) -> None:
+    def meet(self, w: "SimRank", name: str, value: object = 0) -> None:
         """`w` waits in collective `name`; resumed with the values of all (by rank), or BROKEN."""
         if self.broken:
             self.sim.world.after(0.0, w.resume, BROKEN)
             return
         waiting = self.arrived.setdefault(name, {})
         waiting[w.live.rank_in] = w
+        brought = self.values.setdefault(name, {})
+        brought[w.live.rank_in] = value
         if name == "form":
             self.members[w.live.rank_in] = w
-            self.offers[w.live.rank_in] = value
         if len(waiting) == self.membership.world_size:
             del self.arrived[name]
+            del self.values[name]
             if name == "form":
                 self.formed = True
-            values = [self.offers[r] for r in range(self.membership.world_size)]
+            values = [brought[r] for r in range(self.membership.world_size)]
             for r in waiting.values():
                 self.sim.world.after(0.0, r.resume, values)
 
-    def transfer(self, source: "SimRank", weights: tuple[int, int]) -> None:
-        """The source sends the state to the joiners; it starts once each is receiving, and each is resumed with
-        the weights sent (the source with True)."""
-        self._wait(source, "send")
-        self.weights = weights
-        self._maybe_send()
+    def transfer(self, source: "SimRank", sent: "Sent") -> None:
+        """`source` sends the state to the joiners it serves (`Membership.sender`: with one shard, every joiner);
+        it starts once each of them is receiving, and each is resumed with the state sent (the source with True)."""
+        self._wait(source, f"send {source.live.rank_in}")
+        self.sent[source.live.rank_in] = sent
+        self._maybe_send(source.live.rank_in)
 
-    def receive(self, joiner: "SimRank") -> None:
-        self._wait(joiner, "receive")
-        self._maybe_send()
+    def receive(self, joiner: "SimRank", sender: int) -> None:
+        self._wait(joiner, f"receive {sender}")
+        self._maybe_send(sender)
 
     def _wait(self, w: "SimRank", name: str) -> None:
         if self.broken:
@@ -156,17 +173,20 @@ class Group:
         else:
             self.arrived.setdefault(name, {})[w.live.rank_in] = w
 
-    def _maybe_send(self) -> None:
-        if self.broken or self.sending or "send" not in self.arrived \
-                or len(self.arrived.get("receive", {})) < len(self.membership.joiners):
+    def _maybe_send(self, sender: int) -> None:
+        served = [j for j in self.membership.joiners if self.membership.sender(j, self.shards) == sender]
+        if self.broken or sender in self.sending or f"send {sender}" not in self.arrived \
+                or len(self.arrived.get(f"receive {sender}", {})) < len(served):
             return
-        self.sending = True
-        self.sim.world.after(self.sim.world.rng.uniform(*TRANSFER_S), self._sent)
+        self.sending.add(sender)
+        if len(self.sending) == 2:  # joiners of different shards, each sent the state by a holder of its own
+            self.sim.facts["live_several_senders"] += 1
+        self.sim.world.after(self.sim.world.rng.uniform(*TRANSFER_S), self._sent, sender)
 
-    def _sent(self) -> None:
+    def _sent(self, sender: int) -> None:
         if self.broken:
             return
-        for name, value in (("send", True), ("receive", self.weights)):
+        for name, value in ((f"send {sender}", True), (f"receive {sender}", self.sent[sender])):
             for r in self.arrived.pop(name, {}).values():
                 self.sim.world.after(0.0, r.resume, value)
 
@@ -186,15 +206,46 @@ class Group:
             self.sim.world.after(delay, r.resume, BROKEN)
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What a sender's LiveTraining.state_dict gives a joiner: its own shard's weights (and the optimizer's state
+    with them), the other shards as it last gathered them, and its count of reports."""
+
+    shard: int  # which shard's optimizer state it is
+    weights: int
+    others: dict[int, int]
+    reports: int
+
+
 class LiveSide:
     """A simulated rank's live recovery: the real `LiveRank` over the simulated groups, and the model's weights."""
 
     def __init__(self, w: "SimRank", store: LiveStore) -> None:
         self.incarnation = int(w.spawn.env.get(INCARNATION_VAR, "0"))
-        self.rank = LiveRank(Prefixed(store_prefix(w.attempt), store.store), member_name(w.rank, self.incarnation))
+        self.shards = w.loop.shards
+        self.rank = LiveRank(Prefixed(store_prefix(w.attempt), store.store), member_name(w.rank, self.incarnation),
+                             shards=self.shards)
         self.rank_in = w.rank
         self.group: Group | None = None
-        self.weights = -1  # the model: the steps applied so far, in order (-1: no state yet)
+        # The model: the steps applied so far, in order (-1: no state yet), to this rank's own shard (with one
+        # shard, to the whole state); and with shards, to each other shard as this rank last gathered it.
+        self.weights = -1
+        self.others: dict[int, int] = {}
+        self.took_state = False  # with shards: its count of reports is its sender's until a step's gather settles it
+
+    @property
+    def shard(self) -> int:
+        return self.rank_in % self.shards
+
+    def restored(self, step: int) -> None:
+        """Its checkpoint restored (steps 0..step-1 applied to every shard), or nothing (step 0)."""
+        self.weights = step
+        self.others = {s: step for s in range(self.shards) if s != self.shard}
+
+    def gathered(self, pieces: list[int]) -> None:
+        """FlatShards.gather: each other shard from its holder in this rank's replica."""
+        replica = self.rank_in - self.shard
+        self.others = {s: pieces[replica + s] for s in range(self.shards) if s != self.shard}
 
 
 class LiveWatch:
@@ -242,7 +293,10 @@ class LiveWatch:
             self.violation(f"attempt {w.attempt}'s generation {membership.generation} goes on after step {committed}, "
                            f"but step {self.top[w.attempt]} was applied: a committed step was lost")
 
-    def received(self, w: "SimRank", membership: Membership, committed: int) -> None:
+    def received(self, w: "SimRank", membership: Membership, committed: int, sent: Sent) -> None:
+        if sent.shard != w.live.shard:  # FlatShards.load_state_dict refuses it
+            self.violation(f"rank {w.rank} of attempt {w.attempt}, holding shard {w.live.shard}, was sent shard "
+                           f"{sent.shard}'s state in generation {membership.generation}")
         if w.live.weights != committed + 1:
             self.violation(f"rank {w.rank} of attempt {w.attempt} received weights of {w.live.weights} steps in "
                            f"generation {membership.generation}, which agreed on step {committed}")
@@ -252,17 +306,37 @@ class LiveWatch:
             self.violation(f"rank {w.rank} of attempt {w.attempt} ended with {w.live.weights} steps applied, of "
                            f"{w.loop.steps}")
 
+    def current(self, w: "SimRank", step: int, when: str) -> None:
+        """With shards: every shard this rank holds, its own and those it gathered, has steps 0..step-1 applied, so
+        that no step runs on a shard that is behind."""
+        side = w.live
+        behind = {s: n for s, n in {side.shard: side.weights, **side.others}.items() if n != step}
+        if behind:
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} {when} at step {step} with "
+                           f"shard(s) {behind} (shard: steps applied) behind")
+
     def after_step(self, records: list) -> None:
-        """A fallback that says no rank holds the state: no rank that was never replaced may live with it."""
+        """A fallback that says no rank holds the state, or a shard of it: no rank that was never replaced may live
+        with it (with its shard)."""
         for rec in records[self.seen_records:]:
-            if rec.path == "restart" and "no rank that holds the state" in rec.reason:
-                holders = sorted(w.rank for w in self.sim.observer.live.values() if w.attempt == rec.attempt
-                                 and w.alive and w.live is not None and w.live.incarnation == 0
-                                 and w.live.rank.has_state)
-                if holders:
-                    self.violation(f"attempt {rec.attempt} fell back to a restart ({rec.reason}), while ranks "
-                                   f"{holders}, never replaced, lived with the state")
+            if rec.path != "restart":
+                continue
+            if "no rank that holds the state" in rec.reason:
+                holders = self._holders(rec.attempt, None)
+            elif (unheld := UNHELD.search(rec.reason)) is not None:
+                holders = [r for s in unheld.group(1).split(", ") for r in self._holders(rec.attempt, int(s))]
+            else:
+                continue
+            if holders:
+                self.violation(f"attempt {rec.attempt} fell back to a restart ({rec.reason}), while ranks "
+                               f"{sorted(holders)}, never replaced, lived with the state")
         self.seen_records = len(records)
+
+    def _holders(self, attempt: int, shard: int | None) -> list[int]:
+        """The ranks of `attempt` that live, were never replaced and hold the state (of `shard`, if given)."""
+        return [w.rank for w in self.sim.observer.live.values() if w.attempt == attempt and w.alive
+                and w.live is not None and w.live.incarnation == 0 and w.live.rank.has_state
+                and (shard is None or w.live.shard == shard)]
 
     def at_end(self, book) -> None:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
@@ -273,7 +347,8 @@ class LiveWatch:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
                            f"their node), but only {charged} failures charged to max_failures")
         for rec in book.state.live_recoveries:
-            allowed = 1 if rec.cause.startswith("shrink") else 0  # a shrink throws the step in flight away
+            # A shrink throws the step in flight away; a sharded world never shrinks.
+            allowed = 1 if rec.cause.startswith("shrink") and self.sim.schedule.loop.shards == 1 else 0
             if rec.path == "live" and rec.steps_lost > allowed:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
                                f"steps (at most {allowed})")
@@ -284,13 +359,15 @@ def loop(w: "SimRank", first_step: int) -> Generator:
     a step that broke is kept and reduced again once the rank joined the next generation."""
     sim, side, steps = w.sim, w.live, w.loop.steps
     assert side is not None
-    side.weights = first_step  # what it restored: steps 0..first_step-1 applied (none, from the start)
+    side.restored(first_step)  # what it restored: steps 0..first_step-1 applied (none, from the start)
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
     step = yield from _join(w)
     w.core.generation = side.rank.ledger.generation  # LiveTraining tells the session after each join
     kept = False  # this rank holds the gradients of `step` from before it broke: no forward and backward again
     while step < steps:
+        if side.shards > 1:
+            sim.live_watch.current(w, step, "runs a step")
         if not kept:
             yield from _point(w, "forward")
             yield "sleep", w.loop.step_s * sim.world.rng.uniform(0.9, 1.1)
@@ -321,13 +398,41 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             step, kept = resumed, not side.rank.joins[-1].shrunk
             continue
         kept = False
-        side.weights += 1  # optimizer.step()
+        side.weights += 1  # optimizer.step(): with shards, on this rank's own shard alone
+        if side.shards > 1 and (yield from _gather(w, f"gather {step}", step + 1)):
+            side.took_state = False  # its count of reports settled before its first report
+        elif side.shards > 1:
+            # A rank lost in the gather: the group forms again, and goes on after the step every rank applied.
+            resumed = yield from _join(w)
+            w.core.generation = side.rank.ledger.generation
+            if resumed != step + 1:
+                sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} applied step "
+                                       f"{step}, broke in its gather, and its generation went on at step {resumed}")
         yield from _point(w, "committed")
         if (step + 1) % w.loop.report_every == 0:
             every = w.loop.report_every * w.loop.checkpoint_every
             yield from w._report(step, checkpoint=(step + 1) % every == 0)
         step += 1
     sim.live_watch.finished(w)
+    if side.shards > 1:
+        sim.live_watch.current(w, steps, "finished")
+
+
+def _gather(w: "SimRank", name: str, step: int) -> Generator:
+    """`FlatShards.gather` in collective `name`, the state at `step` (steps 0..step-1 applied): False when the group
+    broke in it."""
+    side = w.live
+    assert side is not None and side.group is not None
+    yield from _point(w, "gather")
+    side.group.meet(w, name, (side.weights, w.core.reports))
+    told = yield "live", None
+    if told == BROKEN:
+        side.rank.last_break = "the group broke while it gathered the shards"
+        return False
+    side.gathered([weights for weights, _ in told])
+    w.core.reports = reports_after_gather(w.core.reports, [reports for _, reports in told], side.took_state)
+    w.sim.live_watch.current(w, step, "gathered the shards")
+    return True
 
 
 def _join(w: "SimRank") -> Generator:
@@ -377,8 +482,14 @@ def _join(w: "SimRank") -> Generator:
             sim.world.note(f"rank {w.rank} ({side.rank.member}) formed generation {membership.generation} at step "
                            f"{committed}")
         sim.live_watch.formed(w, membership, committed)
+        if side.shards > 1:
+            step = yield from _form_sharded(w, membership, rank, committed)
+            if step is None:
+                continue
+            return step
         if rank == membership.source:
-            group.transfer(w, (side.weights, w.core.reports))  # LiveTraining's state dict: the weights, the reports
+            # LiveTraining's state dict
+            group.transfer(w, Sent(side.shard, side.weights, dict(side.others), w.core.reports))
             yield from _point(w, "sending")
             if (yield "live", None) == BROKEN:
                 side.rank.broke(membership, "a joiner was lost during the transfer")
@@ -387,16 +498,59 @@ def _join(w: "SimRank") -> Generator:
             return side.rank.entered(membership, rank, committed, 0, 0.0)
         if side.rank.announce(membership, rank) or rank not in membership.joiners:
             return side.rank.entered(membership, rank, committed, 0, 0.0)
-        group.receive(w)
+        assert membership.source is not None
+        group.receive(w, membership.source)
         yield from _point(w, "receiving")
         received = yield "live", None
         if received == BROKEN:
             side.rank.broke(membership, "the source was lost during the transfer")
             continue
-        side.weights, reports = received
-        w.core.reports = reports  # LiveTraining.load_state_dict: continue_reports
-        sim.live_watch.received(w, membership, committed)
+        _load(w, received)
+        sim.live_watch.received(w, membership, committed, received)
         return side.rank.entered(membership, rank, committed, 0, 0.0)
+
+
+def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: int) -> Generator:
+    """The rest of `LiveRank._form` with shards: each holder of a joiner's shard that `Membership.sender` names
+    sends it the state, the joiners receive it, every rank waits until all are done, the source announces; then
+    `LiveTraining._join` gathers the shards. The step to run next, or None when the group broke (join the next)."""
+    side, group = w.live, w.live.group
+    assert side is not None and group is not None
+    if any(membership.sender(j, side.shards) == rank for j in membership.joiners):
+        group.transfer(w, Sent(side.shard, side.weights, dict(side.others), w.core.reports))
+        yield from _point(w, "sending")
+        if (yield "live", None) == BROKEN:
+            side.rank.broke(membership, "a joiner was lost during the transfer")
+            return None
+    if rank in membership.joiners:
+        group.receive(w, membership.sender(rank, side.shards))
+        yield from _point(w, "receiving")
+        received = yield "live", None
+        if received == BROKEN:
+            side.rank.broke(membership, "the source was lost during the transfer")
+            return None
+        _load(w, received)
+        w.sim.live_watch.received(w, membership, committed, received)
+    if membership.joiners:
+        group.meet(w, "sent")
+        if (yield "live", None) == BROKEN:
+            side.rank.broke(membership, "a rank was lost while the others sent the state")
+            return None
+    side.rank.announce(membership, rank)
+    step = side.rank.entered(membership, rank, committed, 0, 0.0)
+    # The shards this rank does not hold may be a step behind: gathered before any step runs on them. A break here
+    # comes after the rank entered the generation: it waits for the next one, as LiveTraining._join does.
+    if not (yield from _gather(w, "gather", step)):
+        return None
+    return step
+
+
+def _load(w: "SimRank", received: Sent) -> None:
+    """LiveTraining.load_state_dict: the sender's weights, and its count of reports (continue_reports)."""
+    side = w.live
+    assert side is not None
+    side.weights, side.others, w.core.reports = received.weights, dict(received.others), received.reports
+    side.took_state = True
 
 
 def _point(w: "SimRank", point: str) -> Generator:

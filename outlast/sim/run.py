@@ -16,7 +16,7 @@ from outlast.sim.cluster import NodeModel
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
 from outlast.sim.live import POINTS, Group, LiveWatch
-from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, Fault, Schedule, draw, draw_live
+from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, SHARD_POINTS, Fault, Schedule, draw, draw_live
 from outlast.sim.storage import SimStorage
 from outlast.sim.tier import SimTier
 from outlast.sim.workers import SimRank
@@ -72,7 +72,8 @@ class Sim:
         self.live_groups: dict[tuple[int, int], Group] = {}
         self.live_watch = LiveWatch(self)
         if schedule.live:
-            self.facts.update({f"live_kill_{p}": 0 for p in POINTS}, live_orphaned_replacements=0)
+            self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS}, live_orphaned_replacements=0,
+                              live_several_senders=0)
         self.refused: str | None = None  # why a driver refused to open the run
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
@@ -126,13 +127,18 @@ class Sim:
                  **self.facts}
         if s.live and book is not None:
             recs = book.state.live_recoveries
+            sharded = s.loop.shards > 1
+            unheld_shard = sum("every rank holding shard(s)" in r.reason for r in recs)
             facts.update(live_recovered=sum(r.path == "live" for r in recs),
+                         live_sharded=int(sharded), live_sharded_recovered=sharded * sum(r.path == "live" for r in recs),
+                         live_fallback_unheld_shard=unheld_shard,
                          live_widened=sum(r.path == "live" and r.generation > 0 and len(r.ranks) > 1 for r in recs),
                          live_shrunk=sum(r.path == "live" and r.cause.startswith("shrink") for r in recs),
                          live_fallback_no_holder=sum("no rank that holds the state" in r.reason for r in recs),
                          live_fallback_transfer_bound=sum("took the state (more than" in r.reason for r in recs),
                          live_fallback_other=sum(r.path == "restart" and "no rank that holds the state" not in r.reason
-                                                 and "took the state (more than" not in r.reason for r in recs))
+                                                 and "took the state (more than" not in r.reason
+                                                 for r in recs) - unheld_shard)
         status = "refused" if self.refused is not None else book.state.status if book else "?"
         return Outcome(s.seed, list(ob.violations), status, self.world.now, self.world.trace, facts)
 

@@ -22,6 +22,7 @@ class LoopSpec:
     async_upload: bool  # report(upload_mode=ASYNC): the files follow on the upload thread's own socket
     children: int = 0  # processes each rank starts (a data loader's workers): none may outlive the rank
     exit_loses_messages: bool = False  # what a rank's upload socket still holds when it exits is lost
+    shards: int = 1  # live recovery: LiveTraining(shards=...), the optimizer's state split between each replica's ranks
 
 
 @dataclass(frozen=True)
@@ -215,12 +216,14 @@ def _edges(seed: int, s: Schedule) -> Schedule:
 
 LIVE_POINTS = ("forward", "before_allreduce", "after_allreduce", "voted", "committed", "awaiting", "forming", "sending",
                "receiving")
+SHARD_POINTS = ("gather",)  # a sharded run's ranks also die in the gather after a committed step
 
 
 def draw_live(seed: int) -> Schedule:
     """A run with live recovery: the loop and cluster of `_draw`, and faults that kill ranks at each point of a
     live step (`kill_at`, with `LIVE_POINTS`), two at once, a replacement during its transfer, and sometimes a
-    node. No driver dies, no drain comes and storage does not fail: the faults are the ranks'."""
+    node. No driver dies, no drain comes and storage does not fail: the faults are the ranks'. Some runs split the
+    optimizer's state in shards (`_sharded`)."""
     base = _draw(seed, False)
     rng = random.Random(seed * 11 + 5 + (1 << 45))
     # Rank 0's checkpoints alone (`sharded` off), as a data-parallel loop saves them: a sharded checkpoint's commit
@@ -257,7 +260,27 @@ def draw_live(seed: int) -> Schedule:
     low = 0
     if loop.world_size > 1 and any(f.kind == "lose_node" for f in faults) and elastic.random() < 0.5:
         low = elastic.randint(1, loop.world_size - 1)
+    loop, shard_faults = _sharded(seed, loop)
+    if loop.shards > 1:
+        low = 0  # a sharded world keeps its layout: it does not shrink
+    faults += shard_faults
     return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": low, "resize_interval_s": 0.0,
                        "max_failures": rng.choice([-1, -1, 3, 10]), "storage_latency_s": 0.0,
                        "refuse_deletes": False, "nodes": max(base.nodes, -(-loop.world_size // base.cpus_per_node)),
                        "faults": sorted(faults, key=lambda f: f.at)})
+
+
+def _sharded(seed: int, loop: LoopSpec) -> tuple[LoopSpec, list[Fault]]:
+    """Some runs of 2, 3 or 4 ranks split the optimizer's state in 2 or 3 shards (`LiveTraining(shards=...)`): a
+    world of one replica is often doubled, so that a shard keeps a holder when one rank dies; and ranks die in the
+    gather after a committed step too. From a stream of its own, so that the other schedules stay what their seeds
+    drew before."""
+    rng = random.Random(seed * 17 + 11 + (1 << 47))
+    if loop.world_size < 2 or rng.random() >= 0.35:
+        return loop, []
+    shards = 3 if loop.world_size == 3 else 2
+    world = loop.world_size if loop.world_size > shards else shards * rng.choice([1, 2, 2])
+    nominal = loop.steps * loop.step_s
+    faults = [Fault(rng.uniform(0.0, nominal * 1.1 + 0.5), "kill_at", rng.randrange(-1, world), point="gather")
+              for _ in range(rng.choice([0, 1, 1, 2]))]
+    return LoopSpec(**{**loop.__dict__, "world_size": world, "shards": shards}), faults

@@ -42,11 +42,14 @@ def test_a_lost_rank_takes_its_shard_from_the_other_replica_s_holder(storage_pat
 
 
 @pytest.mark.torch
-def test_a_rank_lost_while_the_shards_are_gathered_costs_no_step(storage_path, tmp_path, clean):
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["reports", "checkpoints"])
+def test_a_rank_lost_while_the_shards_are_gathered_costs_no_step(storage_path, tmp_path, clean, checkpoint):
     # Rank 1 dies after the step committed and every rank applied its shard: the others hold shard 1 a step behind
     # until the group, formed again with rank 1's replacement (which takes shard 1 from rank 3), gathers once more.
+    # With a checkpoint at each step, rank 0's report() returns once every rank reported the step: the replacement,
+    # joined before the others reported step 5, must report step 6 with their count.
     events, state = _train(storage_path, tmp_path, "gather", WORKERS, [], shards=SHARDS,
-                           faults=[[1, 5, "live.gather"]])
+                           faults=[[1, 5, "live.gather"]], checkpoint=checkpoint)
     assert _final(events) == clean
     _no_step_run_twice(events, WORKERS, [1])
     [recovery] = state["live_recoveries"]

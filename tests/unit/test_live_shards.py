@@ -161,3 +161,35 @@ def test_bad_layouts_and_optimizers_say_what_to_pass():
     mixed[2].double()
     with pytest.raises(TypeError, match="one flat tensor of one dtype"):
         FlatShards(mixed, adam, rank=0, world_size=2, shards=2)
+
+
+def test_a_rank_that_took_its_state_in_a_gather_s_regroup_counts_the_report_its_sender_made_after():
+    from outlast.train.torch.live_shards import reports_after_gather
+
+    # Rank 1 was lost in the gather after a committed step: the group formed again before that step's report, and
+    # rank 3 sent its replacement a count of 4. The survivors then reported the step: the next step's gather tells 5.
+    assert reports_after_gather(4, [5, 4, 5, 5], took_state=True) == 5
+    # A survivor keeps its own count, one that left the gather before the loss having reported the step already.
+    assert reports_after_gather(4, [5, 4, 4, 4], took_state=False) == 4
+    assert reports_after_gather(5, [5, 5, 5, 5], took_state=True) == 5
+
+
+def test_a_rank_whose_gather_broke_joins_the_next_group_outside_the_except_clause():
+    import sys
+    from types import SimpleNamespace
+
+    from outlast.train.live.group import GroupBroken
+    from outlast.train.torch.live import LiveTraining
+
+    class Breaks:
+        def gather(self, group) -> None:
+            raise GroupBroken("generation 0: rank 0's allgather failed")
+
+    live = object.__new__(LiveTraining)  # its gather and join alone: no session, store or group
+    live.sharded, live.rank, live._took_state = Breaks(), SimpleNamespace(group=object()), False
+    handling: list = []
+    # Inside the clause, the exception's traceback keeps the failed collective (and its gloo sockets) alive: a rank
+    # whose part waits on this one would never come to the next group.
+    live._join = lambda: handling.append(sys.exc_info()[1]) or 6
+    live._gather(6)
+    assert handling == [None]

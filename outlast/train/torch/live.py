@@ -58,7 +58,7 @@ from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
 from outlast.train.live.group import GroupBroken
 from outlast.train.live.rendezvous import NotAMemberError
-from outlast.train.torch.live_shards import FlatShards
+from outlast.train.torch.live_shards import FlatShards, reports_after_gather
 
 log = logging.getLogger("outlast.worker")
 
@@ -82,6 +82,7 @@ class LiveTraining:
         store = dist.PrefixStore(store_prefix(ctx.attempt), rendezvous.connect(host, int(port), timeout_s))
         self.model, self.state = model, state
         self.sharded: FlatShards | None = None
+        self._took_state = False  # with shards: its count of reports is its sender's until a step's gather settles it
         if shards != 1:
             self.sharded = FlatShards(model, optimizer, ctx.world_rank, ctx.world_size, shards)
             optimizer = self.sharded.optimizer
@@ -108,6 +109,7 @@ class LiveTraining:
             self.optimizer.load_state_dict(d["optimizer"])
         else:
             self.sharded.load_state_dict(d["optimizer"])
+            self._took_state = True
         if self.state is not None:
             self.state.load_state_dict(d["state"])
         torch.set_rng_state(d["rng"])
@@ -165,7 +167,6 @@ class LiveTraining:
         flat /= self.rank.group.world_size if self.rank.group is not None else 1
         if self.sharded is not None:
             self.sharded.apply(flat)
-            self._gather(step + 1)
         else:
             offset = 0
             for p in params:
@@ -177,6 +178,10 @@ class LiveTraining:
         if self.rank.regroup_due:
             self._split_for_planned()
         self._keep_place()
+        if self.sharded is not None:
+            # After the place is kept: a joiner of a group formed again in the gather runs the next step, and takes
+            # up the data where it begins.
+            self._gather(step + 1)
         return step + 1
 
     def _gather(self, next_step: int) -> None:
@@ -186,14 +191,25 @@ class LiveTraining:
         assert self.sharded is not None and self.rank.group is not None
         try:
             fault_point("live.gather")
-            self.sharded.gather(self.rank.group)
+            self._gather_all(self.rank.group)
+            self._took_state = False  # its count of reports settled: the others reported the step before this one
             return
         except GroupBroken as e:
             self.rank.last_break = str(e)
-        # Joined outside the handler: nothing of the broken group may outlive the wait for the next one.
+        # Joined outside the handler: nothing of the broken group may outlive the wait for the next one (the group
+        # frees its failed work itself, `LiveGroup._run`; a handler's traceback would hold the caller's frames).
         resumed = self._join()
         if resumed != next_step:
             raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step {resumed}")
+
+    def _gather_all(self, group: Any) -> None:
+        """The shards this rank does not hold, and the count of reports, which a rank that took its state from a
+        sender settles on (`reports_after_gather`). Raises GroupBroken."""
+        assert self.sharded is not None
+        self.sharded.gather(group)
+        session = get_session("LiveTraining")
+        counts = group.allgather_int(session.reports_made)
+        session.continue_reports(reports_after_gather(session.reports_made, counts, self._took_state))
 
     def _join(self) -> int:
         while True:
@@ -203,7 +219,7 @@ class LiveTraining:
             # The shards this rank does not hold may be a step behind (a rank lost while they were gathered, or this
             # rank new, holding the sender's): gathered before any step runs on them.
             try:
-                self.sharded.gather(self.rank.group)
+                self._gather_all(self.rank.group)
                 break
             except GroupBroken as e:
                 self.rank.last_break = str(e)

@@ -93,3 +93,13 @@ class FlatShards:
             raise ValueError(f"this rank holds shard {self.shard} of {self.shards}, and was sent the optimizer's "
                              f"state of shard {d['shard']} of {d['shards']}")
         self.optimizer.load_state_dict(d["optimizer"])
+
+
+def reports_after_gather(own: int, counts: list[int], took_state: bool) -> int:
+    """The count of reports a rank goes on from, after a gather in which every rank told its own (`counts`).
+
+    A rank that took its state from a sender since its last step's gather adopts the highest: a rank lost in the
+    gather after a committed step has the group form again before that step's report, so the sender's count may
+    lack the report the others made since. The others keep their own: a rank that left that gather before the loss
+    (its part went across) reported the step already, and one still to report it counts it when it does."""
+    return max(counts) if took_state else own
