@@ -186,7 +186,8 @@ def test_a_rank_whose_gather_broke_joins_the_next_group_outside_the_except_claus
             raise GroupBroken("generation 0: rank 0's allgather failed")
 
     live = object.__new__(LiveTraining)  # its gather and join alone: no session, store or group
-    live.sharded, live.rank, live._took_state = Breaks(), SimpleNamespace(group=object()), False
+    live.sharded, live.rank = Breaks(), SimpleNamespace(group=object())
+    live._took_state = live._settle_reports = False
     handling: list = []
     # Inside the clause, the exception's traceback keeps the failed collective (and its gloo sockets) alive: a rank
     # whose part waits on this one would never come to the next group.

@@ -83,6 +83,7 @@ class LiveTraining:
         self.model, self.state = model, state
         self.sharded: FlatShards | None = None
         self._took_state = False  # with shards: its count of reports is its sender's until a step's gather settles it
+        self._settle_reports = False  # with shards: the next step's gather tells the counts (a group formed since)
         if shards != 1:
             self.sharded = FlatShards(model, optimizer, ctx.world_rank, ctx.world_size, shards)
             optimizer = self.sharded.optimizer
@@ -191,8 +192,8 @@ class LiveTraining:
         assert self.sharded is not None and self.rank.group is not None
         try:
             fault_point("live.gather")
-            self._gather_all(self.rank.group)
-            self._took_state = False  # its count of reports settled: the others reported the step before this one
+            self._gather_all(self.rank.group, self._settle_reports)
+            self._took_state = self._settle_reports = False  # settled: the others reported the step before this one
             return
         except GroupBroken as e:
             self.rank.last_break = str(e)
@@ -202,11 +203,15 @@ class LiveTraining:
         if resumed != next_step:
             raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step {resumed}")
 
-    def _gather_all(self, group: Any) -> None:
-        """The shards this rank does not hold, and the count of reports, which a rank that took its state from a
-        sender settles on (`reports_after_gather`). Raises GroupBroken."""
+    def _gather_all(self, group: Any, counts: bool) -> None:
+        """The shards this rank does not hold, and with `counts` every rank's count of reports, which a rank that
+        took its state from a sender settles on (`reports_after_gather`). The counts are told in the first step's
+        gather after a group formed, on every rank alike, and not in the others: a collective more a step is a
+        wait on the slowest rank more a step. Raises GroupBroken."""
         assert self.sharded is not None
         self.sharded.gather(group)
+        if not counts:
+            return
         session = get_session("LiveTraining")
         counts = group.allgather_int(session.reports_made)
         session.continue_reports(reports_after_gather(session.reports_made, counts, self._took_state))
@@ -219,7 +224,8 @@ class LiveTraining:
             # The shards this rank does not hold may be a step behind (a rank lost while they were gathered, or this
             # rank new, holding the sender's): gathered before any step runs on them.
             try:
-                self._gather_all(self.rank.group)
+                self._gather_all(self.rank.group, counts=False)  # the others report the committed step after it
+                self._settle_reports = True
                 break
             except GroupBroken as e:
                 self.rank.last_break = str(e)
