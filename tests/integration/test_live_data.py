@@ -9,6 +9,7 @@ those of the run in which nothing failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -155,23 +156,16 @@ def test_a_live_shrink_splits_the_rest_of_the_epoch_between_the_ranks_left(stora
     numbered 3 by the controller and 2 in the group, and every row is still used once an epoch."""
     import threading
 
-    from outlast.testing import LocalCluster
     from tests.integration.procs import wait_until
 
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     rows, batch, epochs = 96, 4, 3  # 8 steps an epoch at 3 ranks, 12 at 2
     events = tmp_path / "shrink.jsonl"
     kept = [r for r in range(3) if r != lost]  # the group's ranks 0 and 1 after the shrink
-    # A head that takes no rank, so that losing rank 0's node leaves the node table where it was.
-    with LocalCluster(num_nodes=1, cpus_per_node=0, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
-        for _ in range(3):
-            cluster.add_node(extra_args=["--num-cpus", "1"])
+    with _three_one_cpu_nodes(tmp_path) as cluster:
 
         def lose_a_node() -> None:
-            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
-                       "step 3")
-            [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == lost}
-            cluster.kill_node(node)
+            cluster.kill_node(_node_at_step_3(events, lost))
             wait_until(lambda: any(e["event"] == "start" and e["incarnation"] == 1 for e in read_events(events)),
                        120, "the replacement")
             cluster.add_node(extra_args=["--num-cpus", "1"])
@@ -217,21 +211,14 @@ def test_a_drained_node_with_no_room_elsewhere_leaves_the_run_live_with_no_step_
     is used once an epoch, nothing is written to storage, and the drained process exits cleanly."""
     import threading
 
-    from outlast.testing import LocalCluster
-    from tests.integration.procs import wait_until
 
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     rows, batch, epochs = 96, 4, 3
     events = tmp_path / "leave.jsonl"
-    with LocalCluster(num_nodes=1, cpus_per_node=0, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
-        for _ in range(3):
-            cluster.add_node(extra_args=["--num-cpus", "1"])
+    with _three_one_cpu_nodes(tmp_path) as cluster:
 
         def drain() -> None:
-            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
-                       "step 3")
-            [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 1}
-            cluster.drain_node(node, deadline_s=120, message="spot reclaimed")
+            cluster.drain_node(_node_at_step_3(events, 1), deadline_s=120, message="spot reclaimed")
 
         t = threading.Thread(target=drain, daemon=True)
         t.start()
@@ -253,6 +240,27 @@ def test_a_drained_node_with_no_room_elsewhere_leaves_the_run_live_with_no_step_
     assert set(ends) == {starts[0], starts[2]} and {e["world"] for e in ends.values()} == {2}
     assert [ends[starts[r]]["rank"] for r in (0, 2)] == [0, 1]  # rank 2 is the group's rank 1 after the drain
     _each_row_once_an_epoch(log, rows, epochs)
+
+
+@contextlib.contextmanager
+def _three_one_cpu_nodes(tmp_path: Path):
+    """A cluster of three one-CPU nodes beside a head that takes no rank, so that losing or draining the node of
+    rank 0 leaves the node table where it was."""
+    from outlast.testing import LocalCluster
+
+    with LocalCluster(num_nodes=1, cpus_per_node=0, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        for _ in range(3):
+            cluster.add_node(extra_args=["--num-cpus", "1"])
+        yield cluster
+
+
+def _node_at_step_3(events: Path, rank: int) -> str:
+    """Once the ranks reached step 3, the node `rank` started on."""
+    from tests.integration.procs import wait_until
+
+    wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120, "step 3")
+    [node] = {e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == rank}
+    return node
 
 
 def _fit_elastic(storage_path: str, name: str, loop: str, events: Path, rows: int, max_failures: int,

@@ -93,14 +93,22 @@ def _hashed_by_the_check(monkeypatch):
     return read_again
 
 
+def _committed_in_ranges(monkeypatch, tree, prefix: str, path: str):
+    """The tree committed under `prefix` of the bucket, read back through `path` in ranges of 1 MiB (model.pt's
+    3 MiB and 5 bytes in four)."""
+    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
+    monkeypatch.setattr(remote, "_RANGE", 1 << 20)
+    src, _ = tree
+    storage = _through(open_storage(f"s3://runs/{prefix}"), path)
+    _commit(storage, src)
+    return storage
+
+
 @pytest.mark.parametrize("path", ["object_store", "fsspec"])
 def test_a_file_of_many_ranges_is_checked_with_the_digest_taken_as_its_ranges_landed(s3, tree, tmp_path,  # noqa: F811
                                                                                        monkeypatch, path):
-    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
-    monkeypatch.setattr(remote, "_RANGE", 1 << 20)
-    src, files = tree
-    storage = _through(open_storage(f"s3://runs/streamed-{path}"), path)
-    _commit(storage, src)
+    files = tree[1]
+    storage = _committed_in_ranges(monkeypatch, tree, f"streamed-{path}", path)
     read_again = _hashed_by_the_check(monkeypatch)
     restored = materialize(storage, "run", NAME, tmp_path / "cache")
     for rel, data in files.items():
@@ -111,11 +119,8 @@ def test_a_file_of_many_ranges_is_checked_with_the_digest_taken_as_its_ranges_la
 @pytest.mark.parametrize("path", ["object_store", "fsspec"])
 def test_an_object_whose_one_range_differs_at_the_same_size_fails_its_checksum_and_is_not_kept(s3, tree, tmp_path,  # noqa: F811
                                                                                                  monkeypatch, path):
-    monkeypatch.setattr(s3_bulk, "PART", 1 << 20)
-    monkeypatch.setattr(remote, "_RANGE", 1 << 20)
-    src, files = tree
-    storage = _through(open_storage(f"s3://runs/tampered-{path}"), path)
-    _commit(storage, src)
+    files = tree[1]
+    storage = _committed_in_ranges(monkeypatch, tree, f"tampered-{path}", path)
     tampered = bytearray(files["model.pt"])
     tampered[(2 << 20) + 17] ^= 0xFF  # one byte of the third range, the size unchanged
     boto3.client("s3").put_object(Bucket="runs", Key=f"tampered-{path}/run/{NAME}/model.pt", Body=bytes(tampered))
