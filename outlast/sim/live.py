@@ -12,9 +12,9 @@ step count: the steps applied, in order. The faults kill a rank when it next rea
 A sharded run (`LoopSpec.shards`, `LiveTraining(shards=S)`) keeps a step count per shard: a rank's own shard moves
 with each committed step, the others when it gathers them (after each committed step, and each time its group forms:
 a fault point of its own, `SHARD_POINTS`). Each joiner takes the state from `Membership.sender`, several senders in
-one generation, and the word that it went across comes once all are done, as `LiveRank._form` says it. A gather
-also tells each rank's count of reports, which a rank that took its state settles on (the real
-`reports_after_gather`).
+one generation, and the word that it went across comes once all are done, as `LiveRank._form` says it. A rank that
+took its state settles its count of reports on the highest the first step's gather after that tells (the real
+`reports_after_gather`; the simulated gather tells the counts every time, which changes nothing after that one).
 
 `LiveWatch` checks, on every schedule: no step applied by some ranks and thrown away by others; no committed step
 lost, and no step's work lost by a live recovery (the survivors keep the step in flight and reduce it again); the
