@@ -200,11 +200,8 @@ class LiveRun:
             return FallBack(f"rank(s) {ranks} were lost before the ranks formed their live group")
         if finished:
             return FallBack(f"rank(s) {ranks} were lost after rank(s) {sorted(finished)} finished their loop")
-        if len(left) < least:
-            return FallBack(f"{len(left)} rank(s) would be left, fewer than the run's min_workers={least}")
-        if self.shards > 1:
-            return FallBack(f"the ranks split the optimizer's state in {self.shards} shards, whose layout a smaller "
-                            "world would not keep")
+        if why := self._no_smaller_world(len(left), least):
+            return FallBack(why)
         if unheld := self.unheld(ranks):
             return FallBack(f"node {node} is lost with rank(s) {ranks}, and {unheld}")
         waiting = sorted(self.unsent - set(ranks))
@@ -221,16 +218,31 @@ class LiveRun:
                                 f"(more than {self.max_transfer_deaths})")
         r.nodes_lost.add(node)
         r.ranks += [k for k in ranks if k not in r.ranks]
-        world = len(self.slots)
-        self.slots, self.unsent = left, set()
+        world = self._leave_out(ranks, planned=False)
         self.unreported -= set(ranks)
         for k in ranks:
             self.hung.pop(k, None)
-        self.membership = self._next(set(), None)
-        self.left_in.update(dict.fromkeys(ranks, self.membership.generation))
         return Shrunk(tuple(ranks), self.membership,
                       f"rank(s) {ranks} are left out of generation {self.membership.generation}: ranks {left} go on "
                       f"as {len(left)} of {world}, renumbered 0 to {len(left) - 1}, the step in flight thrown away")
+
+    def _no_smaller_world(self, left: int, least: int) -> str:
+        """Why the group cannot go on as `left` ranks (the elastic run's min_workers is `least`); "" when it can."""
+        if left < least:
+            return f"{left} rank(s) would be left, fewer than the run's min_workers={least}"
+        if self.shards > 1:
+            return (f"the ranks split the optimizer's state in {self.shards} shards, whose layout a smaller world "
+                    "would not keep")
+        return ""
+
+    def _leave_out(self, ranks: list[int], planned: bool) -> int:
+        """The next generation without `ranks`, nobody joining (the ranks left numbered afresh, in order); returns
+        the world size before it."""
+        world = len(self.slots)
+        self.slots, self.unsent = [k for k in self.slots if k not in ranks], set()
+        self.membership = self._next(set(), None, planned=planned)
+        self.left_in.update(dict.fromkeys(ranks, self.membership.generation))
+        return world
 
     def unheld(self, ranks: list[int]) -> str:
         """What no rank is left to send when `ranks` are lost at once (a node's: the node's loss falls back at its
@@ -328,19 +340,12 @@ class LiveRun:
 
     def _leave(self, ranks: list[int], cause: str, wall: float, no_room: str, least: int | None) -> Leave | StayPut:
         why = f"no node that stays has room for ranks {ranks}: {no_room}"
-        left = [k for k in self.slots if k not in ranks]
         if least is None:
             return StayPut(why)
-        if len(left) < least:
-            return StayPut(f"{why}; and {len(left)} rank(s) would be left, fewer than the run's min_workers={least}")
-        if self.shards > 1:
-            return StayPut(f"{why}; and the ranks split the optimizer's state in {self.shards} shards, whose layout a "
-                           "smaller world would not keep")
-        world = len(self.slots)
-        self.slots = left
-        membership = self._next(set(), None, planned=True)
-        self.membership, self.unsent = membership, set()
-        self.left_in.update(dict.fromkeys(ranks, membership.generation))
+        if cannot := self._no_smaller_world(len(self.slots) - len(ranks), least):
+            return StayPut(f"{why}; and {cannot}")
+        world = self._leave_out(ranks, planned=True)
+        membership, left = self.membership, self.slots
         self.recovery = Recovery(since=wall, cause=cause, ranks=sorted(ranks))
         self.unpublished, self.starting = membership, set()
         return Leave(tuple(sorted(ranks)), membership,

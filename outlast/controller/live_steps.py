@@ -78,9 +78,7 @@ def on_death(c: CoreState, a: AttemptState, rank: int, record: FailureRecord) ->
         if unheld := live.unheld(doomed):
             return _fall_back(c, a, live, rank, record, f"node {node} is lost with rank(s) {doomed}, and {unheld}")
         node, where = moved[rank], f"; forked on node {moved[rank]}"
-    finished = tuple(sorted(r for r, e in a.exited.items() if r != rank and r not in a.lost and e.exit_code == 0
-                            and e.error is None))  # a drained rank that left the group returned from the loop too
-    decision = live.on_death(rank, record.describe(), record.time, finished=finished,
+    decision = live.on_death(rank, record.describe(), record.time, finished=_finished(a, [rank]),
                              lost_node=a.placement[rank] if lost else None)
     if isinstance(decision, FallBack):
         return _fall_back(c, a, live, rank, record, decision.reason)
@@ -109,11 +107,9 @@ def _shrink(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: Fai
     elastic = c.resizes.elastic
     if elastic is None:
         return _fall_back(c, a, live, rank, record, why)
-    finished = tuple(sorted(r for r, e in a.exited.items() if r not in doomed and r not in a.lost
-                            and e.exit_code == 0 and e.error is None))
     before = len(live.slots)
     decision = live.on_shrink(doomed, f"shrink: {record.describe()}", record.time, elastic.min_workers, node,
-                              finished=finished)
+                              finished=_finished(a, doomed))
     if isinstance(decision, FallBack):
         return _fall_back(c, a, live, rank, record, f"{why}, and the run cannot shrink: {decision.reason}")
     c.book.charge_live_failure(record)
@@ -128,6 +124,13 @@ def _shrink(c: CoreState, a: AttemptState, live: LiveRun, rank: int, record: Fai
     log.warning("attempt %d: %s; %s; %s (failure %d of max_failures=%d)", a.number, record.describe(), why,
                 decision.reason, c.book.failures_this_launch(Budget.WORKER), c.plan.max_failures)
     return True
+
+
+def _finished(a: AttemptState, besides: list[int]) -> tuple[int, ...]:
+    """The ranks, but `besides`, whose loop returned (their process exited cleanly), in the group: a drained rank
+    that left it returned from the loop too, and is no such rank."""
+    return tuple(sorted(r for r, e in a.exited.items() if r not in besides and r not in a.lost and e.exit_code == 0
+                        and e.error is None))
 
 
 def held(a: AttemptState) -> dict[int, str]:
