@@ -101,9 +101,13 @@ class LiveGroup:
         return out
 
     def allgather_int(self, value: int) -> list[int]:
+        return [values[0] for values in self.allgather_ints([value])]
+
+    def allgather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's `values` (as many on each), in rank order: several numbers for the wait of one."""
         import torch
 
-        return [int(t.item()) for t in self.allgather(torch.tensor([value], dtype=torch.int64))]
+        return [t.tolist() for t in self.allgather(torch.tensor(values, dtype=torch.int64))]
 
     def send(self, tensor: torch.Tensor, to_rank: int, tag: int) -> None:
         self._run(f"send to rank {to_rank}", self._open().send([tensor], to_rank, tag))

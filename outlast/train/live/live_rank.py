@@ -122,8 +122,9 @@ class LiveRank:
         assert rank is not None
         group = LiveGroup.form(self.store, membership.generation, rank, membership.world_size, self.timeout_s)
         self.group = group
-        committed = agreed_step(dict(enumerate(group.allgather_int(self.offered(membership)))), membership.joiners)
-        self._same_shards(membership, group.allgather_int(self.shards))
+        told = group.allgather_ints([self.offered(membership), self.shards])  # one wait for both
+        committed = agreed_step(dict(enumerate(offered for offered, _ in told)), membership.joiners)
+        self._same_shards(membership, [shards for _, shards in told])
         moved, started = 0, time.monotonic()
         to = [j for j in membership.joiners if membership.sender(j, self.shards) == rank]
         if to:

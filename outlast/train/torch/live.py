@@ -213,8 +213,8 @@ class LiveTraining:
         if not counts:
             return
         session = get_session("LiveTraining")
-        counts = group.allgather_int(session.reports_made)
-        session.continue_reports(reports_after_gather(session.reports_made, counts, self._took_state))
+        told = group.allgather_int(session.reports_made)
+        session.continue_reports(reports_after_gather(session.reports_made, told, self._took_state))
 
     def _join(self) -> int:
         while True:
