@@ -4,7 +4,9 @@ Two CPU ranks train a small regression model with `FailureConfig(live_recovery=T
 process, rank 0 kills itself (SIGKILL) in step 20. Rank 1 is not stopped: its pending allreduce
 fails, it keeps its gradients of step 20, the controller forks a new rank 0 on the node, the new
 rank 0 takes the model, the optimizer and the report count from rank 1 and runs step 20's forward
-and backward, and both reduce step 20 again. Rank 1 runs no step twice.
+and backward, and both reduce step 20 again. Rank 1 runs no step twice. Every 10 steps the ranks save a
+checkpoint in parts (`live.save`), which a restart would restore (`live.load`): no restart happens here, since no
+death needs one.
 
     python examples/live_recovery.py [--storage_path DIR] [--steps N] [--workers 4 --shards 2]
 
@@ -25,10 +27,11 @@ import tempfile
 import torch
 
 from outlast import train
-from outlast.train import FailureConfig, RunConfig, ScalingConfig
+from outlast.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from outlast.train.torch import LiveTraining, TorchTrainer, prepare_model
 
 KILL_AT = 20
+CHECKPOINT_EVERY = 10
 
 
 def loop(config: dict) -> None:
@@ -39,7 +42,11 @@ def loop(config: dict) -> None:
     else:
         live = LiveTraining(model, torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9))
     rank = train.get_context().get_world_rank()
-    step = live.start()
+    restored = 0
+    if (checkpoint := train.get_checkpoint()) is not None:  # a restart: every rank loads its part
+        with checkpoint.as_directory() as d:
+            restored = live.load(d)
+    step = live.start(restored)
     print(f"[rank {rank} pid {os.getpid()}] training from step {step}", flush=True)
     while step < config["steps"]:
         rank = train.get_context().get_world_rank()  # a shrink (an elastic run's lost node) numbers ranks afresh
@@ -51,8 +58,13 @@ def loop(config: dict) -> None:
         if rank == 0 and step == KILL_AT and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0":
             os.kill(os.getpid(), signal.SIGKILL)
         done = live.step(step)  # step + 1: a step that broke was reduced again with the replacement
-        if done > step:  # not thrown away by a shrink
+        if done > step and done % CHECKPOINT_EVERY:  # not thrown away by a shrink
             train.report({"step": step, "loss": loss.item()})
+        elif done > step:
+            with tempfile.TemporaryDirectory() as d:  # each rank writes its part; most ranks have none
+                part = live.save(d, step)
+                train.report({"step": step, "loss": loss.item()}, checkpoint=Checkpoint.from_directory(d) if part
+                             else None)
         step = done
     live.close()
 

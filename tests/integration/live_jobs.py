@@ -35,7 +35,9 @@ def live_loop(config: dict) -> None:
     rank's first process of the first attempt SIGKILLs itself at the named fault point of that step ("forward":
     before it; "stop": it SIGSTOPs itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a
     checkpoint with each committed step, uploaded in report(), which returns once the checkpoint is committed
-    (every rank's report of it counted). `config["shards"]`: the ranks split Adam's state in that many shards."""
+    (every rank's report of it counted); "live": every rank reports its part of `LiveTraining.save` instead, and a
+    restarted attempt restores the newest with `LiveTraining.load`. `config["shards"]`: the ranks split Adam's state
+    in that many shards."""
     import torch
 
     from outlast import faults
@@ -53,7 +55,11 @@ def live_loop(config: dict) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)))
     rank = train.get_context().get_world_rank()
-    step = live.start()
+    restored = 0
+    if config.get("checkpoint") == "live" and (checkpoint := train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d:
+            restored = live.load(d)
+    step = live.start(restored)
     _log(config, event="start", step=step)
     kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
@@ -87,7 +93,11 @@ def live_loop(config: dict) -> None:
             reached = step
         _log(config, event="step" if step == was + 1 else "thrown", step=was)
         if config.get("report") and step == was + 1:
-            if config.get("checkpoint") and rank == 0:
+            if config.get("checkpoint") == "live":
+                with tempfile.TemporaryDirectory() as d:
+                    part = live.save(d, was)
+                    train.report({"step": was}, checkpoint=Checkpoint.from_directory(d) if part else None)
+            elif config.get("checkpoint") and rank == 0:
                 with tempfile.TemporaryDirectory() as d:
                     torch.save(model.state_dict(), os.path.join(d, "model.pt"))
                     train.report({"step": was}, checkpoint=Checkpoint.from_directory(d))

@@ -288,3 +288,7 @@ def test_live_recovery_loses_no_step_and_keeps_the_other_rank_running(home: Path
     assert state["status"] == "finished" and len(state["attempts"]) == 1 and state["failure_counts"] == {"worker": 1}
     [recovery] = state["live_recoveries"]
     assert recovery["path"] == "live" and recovery["ranks"] == [0] and recovery["steps_lost"] == 0
+    assert [c["metrics"]["step"] for c in state["checkpoints"]] == [9, 19, 29, 39]  # saved in parts, committed
+    newest = storage / "live" / state["checkpoints"][-1]["checkpoint_dir"]
+    assert sorted(p.name for p in newest.glob("optimizer*")) == \
+        (["optimizer.pt"] if shards == 1 else ["optimizer-shard-0-of-2.pt", "optimizer-shard-1-of-2.pt"])

@@ -8,6 +8,8 @@ shard lost, nobody can send it: the run restarts, and its history says why.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.integration.test_live_recovery import _final, _no_step_run_twice, _train
@@ -67,3 +69,18 @@ def test_with_every_holder_of_a_shard_lost_the_run_falls_back_and_says_which(sto
     assert last["path"] == "restart", state["live_recoveries"]
     assert "every rank holding shard(s) [1] of the optimizer's 2" in last["reason"], last["reason"]
     assert len(state["attempts"]) == 2 and state["status"] == "finished"
+
+
+@pytest.mark.torch
+def test_a_fallback_restores_every_shard_from_the_checkpoint_the_ranks_saved_in_parts(storage_path, tmp_path, clean):
+    # Every rank reports its part of LiveTraining.save with each step: rank 0 the weights and layout, ranks 0 and 1
+    # (the first replica) the moments of shards 0 and 1. Ranks 1 and 3 die in step 4, leaving shard 1 no holder:
+    # the restart loads step 3's checkpoint, each rank its own shard's moments, and goes on bit for bit.
+    events, state = _train(storage_path, tmp_path, "parts", WORKERS, [[1, 4, "kill"], [3, 4, "kill"]],
+                           shards=SHARDS, checkpoint="live")
+    assert "every rank holding shard(s) [1] of the optimizer's 2" in state["live_recoveries"][-1]["reason"]
+    restored = state["attempts"][1]["restored_from"]
+    files = sorted(p.name for p in (Path(storage_path) / "parts" / restored).iterdir() if not p.name.startswith("."))
+    assert files == ["live.json", "model.pt", "optimizer-shard-0-of-2.pt", "optimizer-shard-1-of-2.pt", "state.pt"]
+    assert sorted(e["step"] for e in events if e["event"] == "start" and e["attempt"] == 2) == [4] * WORKERS
+    assert _final(events) == clean  # Adam's moments of both shards came back, or the weights would differ

@@ -40,6 +40,9 @@ the group reduces them in one order, the same in every generation.
 `shards=S` splits the optimizer's state between the S ranks of each replica (`live_shards.py`): `optimizer` is
 then a function that builds it over the parameters it is given (this rank's shard), a rank new to the group takes
 its state from a rank that holds its shard, and a shard with no holder left falls back to the newest checkpoint.
+
+`save(directory, step)` and `load(directory)` write and restore a checkpoint in parts (`live_checkpoint.py`): each
+shard's optimizer state from one holder, the rest from rank 0.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
 from outlast.train.live.group import GroupBroken
 from outlast.train.live.rendezvous import NotAMemberError
+from outlast.train.torch import live_checkpoint
 from outlast.train.torch.live_shards import FlatShards, reports_after_gather
 
 log = logging.getLogger("outlast.worker")
@@ -119,6 +123,27 @@ class LiveTraining:
         for key in positions.take_up(d["data"], positions.shared_seed(session.context)):
             log.warning("live recovery: %s begins its epoch again on this rank: its place was shuffled with a seed "
                         "drawn at random", key)
+
+    def save(self, directory: str, step: int) -> bool:
+        """This rank's part of a checkpoint of committed step `step`, written into `directory` (`live_checkpoint.py`:
+        rank 0's weights, `state` and layout, each shard's optimizer state from one holder). Returns False when this
+        rank has no part: it reports the step without a checkpoint, the others with theirs."""
+        rank = get_session("LiveTraining").context.world_rank
+        shards = 1 if self.sharded is None else self.sharded.shards
+        optimizer = self.optimizer.state_dict() if rank < shards else None  # asked of the ranks that write it
+        return live_checkpoint.save(directory, rank, step, shards, self.model.state_dict(), optimizer,
+                                    self.state.state_dict() if self.state is not None else None)
+
+    def load(self, directory: str) -> int:
+        """Restores a checkpoint `save` wrote (every rank loads the weights, `state`, and its shard's optimizer
+        state); returns the step after the checkpoint's, for `start`."""
+        shard, shards = (0, 1) if self.sharded is None else (self.sharded.shard, self.sharded.shards)
+        restored = live_checkpoint.load(directory, shard, shards)
+        self.model.load_state_dict(restored.model)
+        self.optimizer.load_state_dict(restored.optimizer)
+        if self.state is not None:
+            self.state.load_state_dict(restored.state)
+        return restored.step
 
     def start(self, step: int = 0) -> int:
         """Join the group; returns the step to run first. `step`: where a loop that restored a checkpoint goes on
