@@ -147,9 +147,9 @@ def group_rank(live: LiveRun, rank: int) -> dict[str, str]:
 
 
 def replacement(c: CoreState, a: AttemptState, rank: int, env: dict[str, str]) -> Spawn:
-    """The fork of `rank`'s replacement. It takes the state from the other ranks, and restores no checkpoint: the
-    attempt's may be gone since it began (num_to_keep), and a loop that found one would fail on it before it
-    joined."""
+    """The fork of a new member for `rank` (a dead rank's replacement, a drained rank's, a rank a grow added), on
+    `a.placement[rank]`. It takes the state from the other ranks, and restores no checkpoint: the attempt's may be
+    gone since it began (num_to_keep), and a loop that found one would fail on it before it joined."""
     fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
     return dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None))
 
@@ -250,7 +250,7 @@ def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
         if c.nodes.link(new, c.now):
             c.out.append(ToNode(new, heartbeat(c)))  # the agent knows the run before its workers
         env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank]), **group_rank(live, rank)}
-        c.out.append(spawns.spawn(c, a, new, [a.specs[rank]], env))
+        c.out.append(replacement(c, a, rank, env))  # on `new`; it takes the state from the ranks that stay
     log.warning("attempt %d: %s; %s (to %s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
     return True
@@ -296,7 +296,7 @@ def on_grow(c: CoreState, a: AttemptState, to_workers: int, why: str) -> bool:
         if c.nodes.link(node, c.now):
             c.out.append(ToNode(node, heartbeat(c)))
         env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank]), **group_rank(live, rank)}
-        c.out.append(spawns.spawn(c, a, node, [a.specs[rank]], env))
+        c.out.append(replacement(c, a, rank, env))  # on `node`; it takes the state from the running ranks
     log.warning("attempt %d: %s; %s (%s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
     return True

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator
 
-from outlast.protocol.membership import Membership, member_name, store_prefix
+from outlast.protocol.membership import Membership, member_name, membership_key, store_prefix
 from outlast.protocol.transport import INCARNATION_VAR
 from outlast.sim.schedule import LIVE_POINTS
 from outlast.train.live import rendezvous
@@ -258,6 +258,8 @@ class LiveWatch:
         self.replacements = 0
         self.together = 0  # ranks lost with another of their node: the node's loss is one failure
         self.seen_records = 0
+        self.moved: dict[tuple[int, int], int] = {}  # (attempt, rank) -> the weights its drained process left with
+        self.left_pids: list[tuple[int, int, int]] = []  # (attempt, rank, pid) of the processes a generation left out
 
     def violation(self, text: str) -> None:
         self.sim.observer.violation(text)
@@ -265,12 +267,61 @@ class LiveWatch:
     def node_lost(self, ranks: int) -> None:
         self.together += max(0, ranks - 1)
 
-    def started(self, side: LiveSide) -> None:
-        self.replacements += side.incarnation > 0
+    def started(self, w: "SimRank") -> None:
+        """A replacement forked for a death; not a drained rank's, forked while it lives on its draining node (a
+        move: no failure), so that the count stays one that the charges must reach."""
+        if w.incarnation == 0:
+            return
+        before = self.sim.live_processes.get((w.run_id, w.attempt, w.rank, w.incarnation - 1))
+        self.replacements += before is None or before.node.node_id not in self.sim.drained_at
+
+    def entering(self, w: "SimRank", membership: Membership, rank: int) -> None:
+        """A member new to the group (a replacement, a drained rank's, a rank a grow added) enters it as a joiner,
+        sent the state by a member that holds it: so a moved rank's state reaches its replacement, and a grown
+        rank starts with the survivors' weights."""
+        side = w.live
+        assert side is not None
+        if membership.generation == 0 or side.rank.has_state:
+            return
+        if rank not in membership.joiners:
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt}, new to the group, holds no "
+                           f"state, and generation {membership.generation} does not name it a joiner: no state "
+                           "reaches it")
+            return
+        sender = membership.members[membership.sender(rank, side.shards)]
+        holds = [o.live.rank.has_state for o in self.sim.live_processes.values() if o.attempt == w.attempt
+                 and o.live is not None and o.live.rank.member == sender]
+        if membership.sender(rank, side.shards) in membership.joiners or holds == [False]:
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} is sent the state in "
+                           f"generation {membership.generation} by {sender}, which holds none")
+
+    def left(self, w: "SimRank") -> None:
+        """`w` was left out of a planned generation (a drained rank moved, or left): it exits cleanly."""
+        side = w.live
+        assert side is not None
+        self.left_pids.append((w.attempt, w.rank, w.pid))
+        self.sim.facts["live_left_cleanly"] += 1
+        self._moved(w.attempt, w.rank, side.weights)
+
+    def _moved(self, attempt: int, rank: int, weights: int) -> None:
+        """A drained rank's weights, and its replacement's as received: whichever comes second, they are the same."""
+        key = (attempt, rank)
+        if key not in self.moved:
+            self.moved[key] = weights
+        elif self.moved.pop(key) != weights:
+            self.violation(f"rank {rank} of attempt {attempt} moved: its drained process and its replacement hold "
+                           f"different weights ({weights} steps, and the other's)")
+
+    def left_failed(self, w: "SimRank", e: Exception) -> None:
+        self.violation(f"rank {w.rank} ({w.live.rank.member if w.live else '?'}) of attempt {w.attempt}, left out "
+                       f"of the group, failed instead of exiting cleanly: {e}")
 
     def verdict(self, w: "SimRank", step: int, committed: bool) -> None:
         side = w.live
         generation = side.rank.ledger.generation
+        if not committed and not self._aborted_for_cause(w, generation):
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt}: step {step} thrown away in "
+                           f"generation {generation}, though no member was lost: a planned generation threw it")
         seen = self.verdicts.setdefault((w.attempt, generation, step), {})
         seen[side.rank.member] = committed
         if len(set(seen.values())) > 1:
@@ -293,6 +344,20 @@ class LiveWatch:
             self.violation(f"attempt {w.attempt}'s generation {membership.generation} goes on after step {committed}, "
                            f"but step {self.top[w.attempt]} was applied: a committed step was lost")
 
+    @staticmethod
+    def _aborted_for_cause(w: "SimRank", generation: int) -> bool:
+        """A step is thrown away only when a member of its generation was lost (its group broke) or a generation
+        that is not planned was published after it (a death's, a shrink's)."""
+        side = w.live
+        if side.group is not None and side.group.broken:
+            return True
+        store, after = side.rank.store, generation
+        while store.check([membership_key(after + 1)]):
+            after += 1
+            if not Membership.from_json(store.get(membership_key(after)).decode()).planned:
+                return True
+        return False
+
     def received(self, w: "SimRank", membership: Membership, committed: int, sent: Sent) -> None:
         if sent.shard != w.live.shard:  # FlatShards.load_state_dict refuses it
             self.violation(f"rank {w.rank} of attempt {w.attempt}, holding shard {w.live.shard}, was sent shard "
@@ -300,6 +365,13 @@ class LiveWatch:
         if w.live.weights != committed + 1:
             self.violation(f"rank {w.rank} of attempt {w.attempt} received weights of {w.live.weights} steps in "
                            f"generation {membership.generation}, which agreed on step {committed}")
+        if membership.planned:
+            before = self.sim.live_processes.get((w.run_id, w.attempt, w.rank, w.incarnation - 1))
+            if before is not None and before.node.node_id in self.sim.drained_at:
+                self._moved(w.attempt, w.rank, w.live.weights)
+            elif w.incarnation == 0 and committed < self.top.get(w.attempt, -1):
+                self.violation(f"rank {w.rank} of attempt {w.attempt}, added by a grow, starts after step {committed}, "
+                               f"but step {self.top[w.attempt]} was applied")
 
     def finished(self, w: "SimRank") -> None:
         if w.live.weights != w.loop.steps:
@@ -327,21 +399,30 @@ class LiveWatch:
                 holders = [r for s in unheld.group(1).split(", ") for r in self._holders(rec.attempt, int(s))]
             else:
                 continue
+            if rec.cause.startswith("drain"):  # a drain's: the holders on the draining nodes count as lost
+                holders = [r for r in holders if r not in rec.ranks]
             if holders:
                 self.violation(f"attempt {rec.attempt} fell back to a restart ({rec.reason}), while ranks "
                                f"{sorted(holders)}, never replaced, lived with the state")
         self.seen_records = len(records)
 
     def _holders(self, attempt: int, shard: int | None) -> list[int]:
-        """The ranks of `attempt` that live, were never replaced and hold the state (of `shard`, if given)."""
+        """The ranks of `attempt` that live, were never replaced and hold the state (of `shard`, if given), and that
+        the newest generation names (not drained ones that a planned generation moved or left out)."""
         return [w.rank for w in self.sim.observer.live.values() if w.attempt == attempt and w.alive
                 and w.live is not None and w.live.incarnation == 0 and w.live.rank.has_state
-                and (shard is None or w.live.shard == shard)]
+                and (shard is None or w.live.shard == shard) and _named(w)]
 
     def at_end(self, book) -> None:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
         of one lost node together as one), and a live recovery lost no step (the survivors keep the one in flight),
         but a shrink, which throws that step away: one."""
+        for attempt, rank, pid in self.left_pids:
+            charged_for = [f for a in book.state.attempts if a.attempt == attempt for f in a.failures
+                           if f.rank == rank and f.pid == pid]
+            if charged_for:
+                self.violation(f"rank {rank} of attempt {attempt} (pid {pid}) exited cleanly, left out of a planned "
+                               f"generation, but its exit was charged as a failure: {charged_for[0].describe()}")
         charged = book.state.failure_counts.get("worker", 0)
         if charged < self.replacements - self.together:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
@@ -354,6 +435,12 @@ class LiveWatch:
                                f"steps (at most {allowed})")
 
 
+def _named(w: "SimRank") -> bool:
+    """Whether the newest generation of `w`'s attempt names it."""
+    newest = rendezvous.newest_after(w.live.rank.store, -1)
+    return newest is None or newest.rank_of(w.live.rank.member) is not None
+
+
 def loop(w: "SimRank", first_step: int) -> Generator:
     """The rank's loop with `outlast.train.torch.LiveTraining`: join, then each step reduced, voted on, and applied;
     a step that broke is kept and reduced again once the rank joined the next generation."""
@@ -362,7 +449,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
     side.restored(first_step)  # what it restored: steps 0..first_step-1 applied (none, from the start)
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
-    step = yield from _join(w)
+    step = yield from _join_or_fail(w)
     w.core.generation = side.rank.ledger.generation  # LiveTraining tells the session after each join
     kept = False  # this rank holds the gradients of `step` from before it broke: no forward and backward again
     while step < steps:
@@ -371,6 +458,18 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         if not kept:
             yield from _point(w, "forward")
             yield "sleep", w.loop.step_s * sim.world.rng.uniform(0.9, 1.1)
+        if side.rank.regroup_due:
+            # LiveTraining.step: the planned generation is formed before the reduction, the gradients kept (computed
+            # on the committed state every member holds); a rank it leaves out exits (LiveRank.leave).
+            if not (yield from _regroup(w)):
+                sim.live_watch.left(w)
+                side.rank.leave()
+            if side.rank.joins[-1].shrunk:  # a node lost meanwhile: the step goes again on the new split
+                kept = False
+                continue
+            if side.rank.joins[-1].committed + 1 != step:
+                sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} ran step {step}, "
+                                       f"and the planned generation went on at step {side.rank.joins[-1].committed + 1}")
         side.rank.begin(step)
         yield from _point(w, "before_allreduce")
         assert side.group is not None
@@ -389,7 +488,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         sim.live_watch.verdict(w, step, committed)
         if not committed:
             side.rank.keep_in_flight()
-            resumed = yield from _join(w)
+            resumed = yield from _join_or_fail(w)
             w.core.generation = side.rank.ledger.generation
             if resumed != step:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} kept the gradients "
@@ -403,7 +502,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             side.took_state = False  # its count of reports settled before its first report
         elif side.shards > 1:
             # A rank lost in the gather: the group forms again, and goes on after the step every rank applied.
-            resumed = yield from _join(w)
+            resumed = yield from _join_or_fail(w)
             w.core.generation = side.rank.ledger.generation
             if resumed != step + 1:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} applied step "
@@ -413,9 +512,33 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             every = w.loop.report_every * w.loop.checkpoint_every
             yield from w._report(step, checkpoint=(step + 1) % every == 0)
         step += 1
+    if side.rank.regroup_due and not (yield from _regroup(w)):
+        # LiveTraining.close: a planned generation due after the last step is formed for its new members' sake; a
+        # rank it leaves out returns from the loop all the same.
+        side.rank.close()
+        return
     sim.live_watch.finished(w)
     if side.shards > 1:
         sim.live_watch.current(w, steps, "finished")
+
+
+def _regroup(w: "SimRank") -> Generator:
+    """LiveTraining._regroup: form the planned generation published meanwhile; False when it leaves this rank out."""
+    try:
+        yield from _join(w)
+    except NotAMemberError:
+        return False
+    w.core.generation = w.live.rank.ledger.generation
+    return True
+
+
+def _join_or_fail(w: "SimRank") -> Generator:
+    """A join after a step broke: the rank's loop raises what `LiveRank.join` raises, NotAMemberError too."""
+    try:
+        return (yield from _join(w))
+    except NotAMemberError as e:
+        w.sim.live_watch.left_failed(w, e)
+        raise _failed(w, e) from None
 
 
 def _gather(w: "SimRank", name: str, step: int) -> Generator:
@@ -436,18 +559,18 @@ def _gather(w: "SimRank", name: str, step: int) -> Generator:
 
 
 def _join(w: "SimRank") -> Generator:
-    """`LiveRank.join`, its collectives simulated; returns the step to run next."""
+    """`LiveRank.join`, its collectives simulated; returns the step to run next. Raises NotAMemberError, as it does,
+    when the newest generation leaves this member out."""
     side, sim = w.live, w.sim
     assert side is not None
     while True:
         yield from _point(w, "awaiting")
         after, deadline = side.rank.ledger.generation, sim.world.now + side.rank.timeout_s
+        if not side.rank.joins:
+            rendezvous.say_ready(side.rank.store, side.rank.member)  # await_membership's, for a planned generation
         while True:
-            try:
-                membership, after = rendezvous.look_for_membership(side.rank.store, side.rank.member, after,
-                                                                   spare=not side.rank.joins)
-            except NotAMemberError as e:
-                raise _failed(w, e) from None
+            membership, after = rendezvous.look_for_membership(side.rank.store, side.rank.member, after,
+                                                               spare=not side.rank.joins)
             if membership is not None:
                 break
             if sim.world.now > deadline:  # await_membership's timeout
@@ -465,6 +588,7 @@ def _join(w: "SimRank") -> Generator:
             side.group = None
         rank = membership.rank_of(side.rank.member)
         assert rank is not None
+        sim.live_watch.entering(w, membership, rank)
         side.rank_in = rank
         group = side.group = sim.live_group(w.attempt, membership)
         yield from _point(w, "forming")
@@ -554,7 +678,8 @@ def _load(w: "SimRank", received: Sent) -> None:
 
 
 def _point(w: "SimRank", point: str) -> Generator:
-    """A fault armed for this point strikes here: the rank is SIGKILLed."""
+    """A fault armed for this point strikes here: the rank's node is drained, or the rank is SIGKILLed."""
+    w.sim.live_drain_at(w, point)
     if w.sim.live_armed_for(w, point):
         yield "die", point
         raise AssertionError("a rank went on after its death")

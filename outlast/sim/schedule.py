@@ -264,10 +264,48 @@ def draw_live(seed: int) -> Schedule:
     if loop.shards > 1:
         low = 0  # a sharded world keeps its layout: it does not shrink
     faults += shard_faults
+    nodes = max(base.nodes, -(-loop.world_size // base.cpus_per_node))
+    nodes, low, planned = _planned(seed, loop, nodes, base.cpus_per_node, low)
     return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": low, "resize_interval_s": 0.0,
                        "max_failures": rng.choice([-1, -1, 3, 10]), "storage_latency_s": 0.0,
-                       "refuse_deletes": False, "nodes": max(base.nodes, -(-loop.world_size // base.cpus_per_node)),
-                       "faults": sorted(faults, key=lambda f: f.at)})
+                       "refuse_deletes": False, "nodes": nodes, "faults": sorted(faults + planned, key=lambda f: f.at)})
+
+
+GROW_POINTS = ("forward", "after_allreduce", "voted", "committed")
+
+
+def _planned(seed: int, loop: LoopSpec, nodes: int, cpus: int, low: int) -> tuple[int, int, list[Fault]]:
+    """Planned changes, from a stream of their own, so that the other schedules stay what their seeds drew before:
+    drains of a rank's node as the rank reaches a point of its step (`drain_at`, with a deadline or none), on a
+    cluster with room elsewhere for its ranks or none, half of those runs elastic (so that a drain with no room
+    leaves the group live); and elastic runs that start below their size, to grow as nodes join at a point of a
+    step (`grow_at`; a sharded run by whole replicas). Returns the nodes, min_workers and
+    the faults."""
+    rng = random.Random(seed * 19 + 13 + (1 << 48))
+    world, nominal = loop.world_size, loop.steps * loop.step_s
+    faults: list[Fault] = []
+    shape = rng.random()
+    if shape < 0.3:  # drains
+        nodes = -(-world // cpus) + rng.choice([0, 0, 1, 2])
+        if low == 0 and world > 1 and loop.shards == 1 and rng.random() < 0.5:
+            low = rng.randint(1, world - 1)
+        for _ in range(rng.choice([1, 1, 2])):
+            deadline = rng.choice([None, rng.uniform(0.0, 3.0), rng.uniform(3.0, 30.0), rng.uniform(30.0, 120.0)])
+            faults.append(Fault(rng.uniform(0.0, nominal * 0.9), "drain_at", rng.randrange(world), deadline,
+                                point=rng.choice(LIVE_POINTS + (SHARD_POINTS if loop.shards > 1 else ()))))
+    elif shape < 0.5 and world > 1 and cpus % loop.shards == 0:  # grows
+        # A sharded run on nodes that each hold whole replicas: an elastic run placed on another number of ranks
+        # would fail in the loop (FlatShards), its size not told to the controller before its group forms.
+        low = loop.shards if loop.shards > 1 else rng.randint(1, world - 1)
+        first, full = -(-low // cpus), -(-world // cpus)
+        if first < full:
+            nodes = rng.randint(first, full - 1)
+            for _ in range(rng.choice([1, 1, 2, 3])):
+                faults.append(Fault(rng.uniform(0.0, nominal * 0.9), "grow_at", rng.randrange(world),
+                                    point=rng.choice(GROW_POINTS)))
+        elif loop.shards > 1:
+            low = 0
+    return nodes, low, faults
 
 
 def _sharded(seed: int, loop: LoopSpec) -> tuple[LoopSpec, list[Fault]]:

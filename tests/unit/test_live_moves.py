@@ -307,7 +307,9 @@ def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsew
     [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
     assert [(w.rank, w.world_size) for w in spawn.msg.workers] == [(3, 3)]
     assert spawn.node_id == "n4" and spawn.msg.env["OUTLAST_LIVE_GROUP_RANK"] == "2/3"
-    assert h.core.plan.world_size == 4 and h.core.commit_tracker.reports == [2, 1, 2, 2]
+    # No checkpoint waits for it until its first report takes up the count of the rank that sent it the state.
+    assert h.core.plan.world_size == 4 and h.core.commit_tracker.reports[:3] == [2, 1, 2]
+    assert h.core.commit_tracker.absent == {3}
     h.step(g.LiveReady(attempt=1, member="r3i0"))
     [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
     assert published == Membership(2, ("r0i0", "r2i0", "r3i0"), (2,), 0, planned=True)
@@ -369,3 +371,45 @@ def test_the_core_lets_a_drained_rank_leave_and_takes_it_out_of_the_attempt_once
     assert h.core.commit_tracker.lost == {1} and h.core.book.state.failure_counts == {"preemption": 1}
     finish_all(h, {0: placement[0], 2: placement[2]})
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_a_drained_rank_s_replacement_restores_no_checkpoint_the_attempt_began_from():
+    # The attempt's checkpoint may be gone since it began (num_to_keep): a replacement that found it gone failed
+    # before it joined, and the move turned into a death.
+    h, _ = _live()
+    h.core.attempt.restore = "checkpoint_000001"
+    _drain(h, "n2")
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.msg.restore_checkpoint is None
+
+
+def test_a_rank_a_grow_adds_restores_no_checkpoint_the_attempt_began_from():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.core.attempt.restore = "checkpoint_000001"
+    h.effects.clear()
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.msg.restore_checkpoint is None
+
+
+def test_a_checkpoint_reported_between_a_grow_and_the_join_settles_without_the_added_rank():
+    # A rank in a synchronous report() of it waits for its commit before it sends the added rank the state: had
+    # the checkpoint waited for the added rank's report of it, which never comes, neither would go on.
+    from outlast.controller.commit import CommitTracker
+
+    tracker = CommitTracker(2)
+    for rank in (0, 1):
+        tracker.on_report(rank, 0, None, [], {"step": 0})
+    tracker.grow(3)
+    assert tracker.on_report(0, 1, "checkpoint_000001", [], {"step": 1}) == []
+    [settled] = tracker.on_report(1, 1, "checkpoint_000001", [], {"step": 1})
+    assert settled.checkpoint_dir == "checkpoint_000001" and not settled.missing_shards
+    # The added rank takes up the count from its sender's, and counts from there.
+    tracker.on_report(2, 2, "checkpoint_000002", [], {"step": 2})
+    assert tracker.reports == [2, 2, 3]

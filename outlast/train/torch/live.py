@@ -136,8 +136,7 @@ class LiveTraining:
         if self.rank.regroup_due:
             # The gradients of this step stay: they were computed on the committed state every member holds.
             if not self._regroup():
-                self.rank.close()
-                raise SystemExit(0)  # moved: its replacement holds this rank from here
+                self.rank.leave()  # moved, or left: its replacement, or the smaller world, goes on without it
             if self.rank.joins[-1].shrunk:  # a node lost meanwhile: as below, the step goes again on the new split
                 self.optimizer.zero_grad()
                 return step
