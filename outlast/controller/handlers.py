@@ -149,6 +149,8 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     if live_steps.retired(c, a, ev):
         if ev.rank in a.lost:  # a drained rank that left the group: nothing waits for it from here
             lose_shrunk_ranks(c, a, {ev.rank})
+        for pending in live_steps.moved_out(c, ev.rank):
+            commit_steps.begin(c, pending)
         return
     a.exited[ev.rank] = ev
     failed = ev.exit_code != 0 or ev.error is not None

@@ -19,6 +19,7 @@ import msgspec
 
 from outlast.controller import spawns
 from outlast.controller import states as st
+from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import LiveJoined, LiveReady, PublishMembership, Spawn, StopRun, ToNode
 from outlast.controller.heartbeat import heartbeat
@@ -342,6 +343,11 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
     if live is not None and live.unpublished is not None and ev.exit_code == 0 and ev.error is None:
         abandon(c, a)  # it returned from the loop: the training ended before the move; its exit is the rank's
         return False
+    if live is None and a.placement.get(ev.rank) == ev.node_id:
+        # Live recovery fell back since: a drained rank that was to leave the group is its rank's only process, and
+        # the attempt's restart waits for its exit (taken for no rank's, it waited for ever).
+        a.retiring.discard((ev.rank, ev.node_id))
+        return False
     a.retiring.discard((ev.rank, ev.node_id))
     left = live is not None and ev.rank not in live.slots
     if left:
@@ -352,6 +358,17 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
              "cleanly" if ev.exit_code == 0 and ev.error is None else f"exit code {ev.exit_code}, signal {ev.signal}",
              "the group went on without it" if left else "its replacement holds the rank")
     return True
+
+
+def moved_out(c: CoreState, rank: int) -> list[PendingCheckpoint]:
+    """A moved rank's drained process exited before its replacement's first report: the committed steps it did not
+    report (it left, or died, between a committed step and its report), its replacement, which reports from the
+    count of the rank that sent it the state, never will. Until that first report no checkpoint waits for the rank
+    (`CommitTracker.replaced`), as for a dead rank's replacement; returns the checkpoints that settled."""
+    live = c.live
+    if live is None or rank not in live.slots or rank not in live.unreported:
+        return []
+    return c.commit_tracker.replaced(rank)
 
 
 def on_clean_exit(c: CoreState, a: AttemptState, rank: int) -> None:

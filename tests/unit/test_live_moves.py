@@ -413,3 +413,40 @@ def test_a_checkpoint_reported_between_a_grow_and_the_join_settles_without_the_a
     # The added rank takes up the count from its sender's, and counts from there.
     tracker.on_report(2, 2, "checkpoint_000002", [], {"step": 2})
     assert tracker.reports == [2, 2, 3]
+
+
+def test_a_checkpoint_a_moved_rank_s_drained_process_never_reported_settles_once_it_exited():
+    # The drained process died between a committed step and its report; its replacement reports from the count of
+    # rank 0, which reported that step: the checkpoint of it waited for rank 1's report, and rank 0's synchronous
+    # report() for its commit, never to go on.
+    h, _ = _live()
+    _drain(h, "n2")
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
+    assert h.core.book.state.latest_checkpoint is None
+    h.agent("n2", m.WorkerExited(run_id=h.core.run_id, attempt=1, rank=1, pid=101, exit_code=None, signal=9,
+                                 error=None, node_id="n2"))
+    assert h.state is State.RUNNING and h.core.book.state.latest_checkpoint == "checkpoint_0"
+    h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}), incarnation=1))
+    assert h.core.commit_tracker.reports[1] == 2
+
+
+def test_a_rank_that_was_to_leave_is_waited_for_by_the_restart_when_a_death_falls_back_first():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2", "n3"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7", max_failures=-1)
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))  # no spare node
+    drained = placement[1]
+    _drain(h, drained)
+    # Both ranks that stay die before the planned generation formed: no rank holds the state, a restart.
+    for rank in (0, 2):
+        h.agent(placement[rank], h.exited(rank, placement[rank], code=-9))
+    assert h.state is State.RESTARTING and h.core.live is None
+    # The restart's stop ends rank 0's replacement, and the drained rank, whose exit is its rank's again.
+    h.agent(placement[0], h.exited(0, placement[0], code=-15))
+    h.agent(drained, h.exited(1, drained, code=-15))
+    assert h.state is not State.RESTARTING and len(h.core.book.state.attempts) == 2
