@@ -259,6 +259,7 @@ class LiveWatch:
         self.together = 0  # ranks lost with another of their node: the node's loss is one failure
         self.seen_records = 0
         self.moved: dict[tuple[int, int], int] = {}  # (attempt, rank) -> the weights its drained process left with
+        self.drained: set[tuple[int, int]] = set()  # (attempt, rank) of the ranks on a node drained
         self.left_pids: list[tuple[int, int, int]] = []  # (attempt, rank, pid) of the processes a generation left out
 
     def violation(self, text: str) -> None:
@@ -399,8 +400,9 @@ class LiveWatch:
                 holders = [r for s in unheld.group(1).split(", ") for r in self._holders(rec.attempt, int(s))]
             else:
                 continue
-            if rec.cause.startswith("drain"):  # a drain's: the holders on the draining nodes count as lost
-                holders = [r for r in holders if r not in rec.ranks]
+            # A drained rank counts as gone once the drain is answered: a death before its replacement took the
+            # state falls back, though the drained process, until its deadline, still holds it.
+            holders = [r for r in holders if (rec.attempt, r) not in self.drained]
             if holders:
                 self.violation(f"attempt {rec.attempt} fell back to a restart ({rec.reason}), while ranks "
                                f"{sorted(holders)}, never replaced, lived with the state")
@@ -417,7 +419,10 @@ class LiveWatch:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
         of one lost node together as one), and a live recovery lost no step (the survivors keep the one in flight),
         but a shrink, which throws that step away: one."""
+        fell_back = {r.attempt for r in book.state.live_recoveries if r.path == "restart"}
         for attempt, rank, pid in self.left_pids:
+            if attempt in fell_back:  # torn down the usual way since: what its node's end records is the restart's
+                continue
             charged_for = [f for a in book.state.attempts if a.attempt == attempt for f in a.failures
                            if f.rank == rank and f.pid == pid]
             if charged_for:
@@ -533,12 +538,13 @@ def _regroup(w: "SimRank") -> Generator:
 
 
 def _join_or_fail(w: "SimRank") -> Generator:
-    """A join after a step broke: the rank's loop raises what `LiveRank.join` raises, NotAMemberError too."""
+    """A join after a step broke (LiveTraining._rejoin): a rank the next generation leaves out (a drained one, whose
+    planned generation a death overtook) leaves as after a planned one (LiveRank.leave)."""
     try:
         return (yield from _join(w))
-    except NotAMemberError as e:
-        w.sim.live_watch.left_failed(w, e)
-        raise _failed(w, e) from None
+    except NotAMemberError:
+        w.sim.live_watch.left(w)
+        w.live.rank.leave()
 
 
 def _gather(w: "SimRank", name: str, step: int) -> Generator:

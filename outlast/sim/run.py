@@ -395,6 +395,7 @@ class Sim:
 
     def _drain(self, node: NodeModel, deadline_s: float | None) -> None:
         self.drained_at.setdefault(node.node_id, self.world.now)
+        self.live_watch.drained |= {(w.attempt, w.rank) for w in node.workers.values() if w.alive}
         deadline = self.wall() + deadline_s if deadline_s is not None else None
         node.drain(m.NodeDraining(node_id=node.node_id, reason="spot", message="simulated preemption",
                                   deadline_unix_s=deadline, node_ids=[node.node_id]))
