@@ -450,3 +450,16 @@ def test_a_rank_that_was_to_leave_is_waited_for_by_the_restart_when_a_death_fall
     h.agent(placement[0], h.exited(0, placement[0], code=-15))
     h.agent(drained, h.exited(1, drained, code=-15))
     assert h.state is not State.RESTARTING and len(h.core.book.state.attempts) == 2
+
+
+def test_a_commit_is_answered_to_the_drained_process_that_reported_it_though_its_replacement_spoke_since():
+    # The drained process waits in a synchronous report() for the commit: answered to the replacement, which said
+    # hello in between, it waited for ever, and the ranks beside it in the step's allreduce with it.
+    h, _ = _live()
+    _drain(h, "n2")
+    h.worker(m.Report(attempt=1, rank=1, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
+    h.step(g.FromWorker(m.WorkerHello(attempt=1, rank=1, pid=300), incarnation=1))
+    h.effects.clear()
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
+    answers = [e for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.Committed)]
+    assert {(e.rank, e.incarnation) for e in answers} == {(0, 0), (1, 0)}
