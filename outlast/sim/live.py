@@ -432,9 +432,14 @@ class LiveWatch:
         if charged < self.replacements - self.together:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
                            f"their node), but only {charged} failures charged to max_failures")
+        leaves = [r for r in book.state.resizes if r.reason.startswith("shrink, live: drain")]
         for rec in book.state.live_recoveries:
-            # A shrink throws the step in flight away; a sharded world never shrinks.
-            allowed = 1 if rec.cause.startswith("shrink") and self.sim.schedule.loop.shards == 1 else 0
+            # A shrink throws the step in flight away; a sharded world never shrinks. So does a drained rank's leave
+            # that a death overtook: the smaller group forms unplanned, and the leaving ranks' batches of the step
+            # in flight are gone. A planned change, nothing else.
+            overtaken = rec.cause.startswith("drain") and any(
+                r.attempt == rec.attempt and len(rec.ranks) > r.from_workers - r.to_workers for r in leaves)
+            allowed = 1 if (rec.cause.startswith("shrink") or overtaken) and self.sim.schedule.loop.shards == 1 else 0
             if rec.path == "live" and rec.steps_lost > allowed:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
                                f"steps (at most {allowed})")
