@@ -4,6 +4,8 @@ generation published while every member lives. No processes."""
 
 from __future__ import annotations
 
+import pytest
+
 from outlast.controller import group as g
 from outlast.controller.live import Leave, LiveRun, Planned, Recovered, Replace, StayPut
 from outlast.controller.live_room import where_to
@@ -463,3 +465,45 @@ def test_a_commit_is_answered_to_the_drained_process_that_reported_it_though_its
     h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
     answers = [e for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.Committed)]
     assert {(e.rank, e.incarnation) for e in answers} == {(0, 0), (1, 0)}
+
+
+def test_a_rank_a_death_s_generation_leaves_out_after_its_step_broke_exits_cleanly():
+    # A drained rank whose move a death overtook: the death's generation, built on the planned one, names its
+    # replacement. Its join after the broken step raised NotAMemberError out of step(), a failure of a process whose
+    # rank its replacement held already.
+    from outlast.train.live.live_rank import LiveRank
+    from outlast.train.live.rendezvous import NotAMemberError
+    from outlast.train.torch.live import LiveTraining
+
+    live = object.__new__(LiveTraining)  # its join alone: no session, store or group
+    live.rank = LiveRank(store=None, member="r1i0")
+
+    def left_out() -> int:
+        raise NotAMemberError("member r1i0 is not in generation 2 (members ['r0i0', 'r1i1'])")
+
+    live._join = left_out
+    with pytest.raises(SystemExit) as exited:
+        live._rejoin()
+    assert exited.value.code == 0
+    live._join = lambda: 7
+    assert live._rejoin() == 7
+
+
+def test_a_run_ends_when_the_last_process_to_exit_is_a_drained_rank_that_left():
+    # The rank that stayed finished its loop first; the drained rank's exit, taken as no rank's, never asked
+    # whether the attempt was over, and the run stayed running for ever.
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=2, elastic=Elastic(1, 2, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2")]))  # no spare node
+    _drain(h, placement[0])
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=0, wall=h.wall() + 0.5))
+    h.worker(m.WorkerDone(attempt=1, rank=1, reports=0))
+    h.agent(placement[1], h.exited(1, placement[1]))
+    assert h.state is State.RUNNING
+    h.agent(placement[0], h.exited(0, placement[0]))
+    assert h.state is State.FINISHED
