@@ -343,9 +343,7 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
     if live is not None and live.unpublished is not None and ev.exit_code == 0 and ev.error is None:
         abandon(c, a)  # it returned from the loop: the training ended before the move; its exit is the rank's
         return False
-    if live is None and a.placement.get(ev.rank) == ev.node_id:
-        # Live recovery fell back since: a drained rank that was to leave the group is its rank's only process, and
-        # the attempt's restart waits for its exit (taken for no rank's, it waited for ever).
+    if _its_rank_s_again(c, a, ev):
         a.retiring.discard((ev.rank, ev.node_id))
         return False
     a.retiring.discard((ev.rank, ev.node_id))
@@ -358,6 +356,13 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
              "cleanly" if ev.exit_code == 0 and ev.error is None else f"exit code {ev.exit_code}, signal {ev.signal}",
              "the group went on without it" if left else "its replacement holds the rank")
     return True
+
+
+def _its_rank_s_again(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
+    """Live recovery fell back since: a drained rank that was to leave the group is its rank's only process (on the
+    node the rank is placed on), and the attempt's restart waits for its exit. Taken for no rank's, it waited for
+    ever."""
+    return c.live is None and a.placement.get(ev.rank) == ev.node_id
 
 
 def moved_out(c: CoreState, rank: int) -> list[PendingCheckpoint]:

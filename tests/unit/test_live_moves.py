@@ -507,3 +507,17 @@ def test_a_run_ends_when_the_last_process_to_exit_is_a_drained_rank_that_left():
     assert h.state is State.RUNNING
     h.agent(placement[0], h.exited(0, placement[0]))
     assert h.state is State.FINISHED
+
+
+def test_a_drained_rank_s_own_reports_while_it_moves_leave_its_replacement_s_first_report_to_take_up_the_count():
+    # Taken for the replacement's first, the drained process's report spent it: the replacement's, from the count
+    # of its sender (which had reported one more step), was refused as out of order, and every later checkpoint
+    # waited for rank 1.
+    h, _ = _live()
+    _drain(h, "n2")
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}))
+    h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
+    h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=2, metrics={"step": 2}), incarnation=1))
+    assert h.core.commit_tracker.reports == [2, 3]
