@@ -313,9 +313,11 @@ class LiveWatch:
             self.violation(f"rank {rank} of attempt {attempt} moved: its drained process and its replacement hold "
                            f"different weights ({weights} steps, and the other's)")
 
-    def left_failed(self, w: "SimRank", e: Exception) -> None:
-        self.violation(f"rank {w.rank} ({w.live.rank.member if w.live else '?'}) of attempt {w.attempt}, left out "
-                       f"of the group, failed instead of exiting cleanly: {e}")
+    def exited(self, w: "SimRank", code: int) -> None:
+        """`w` raised SystemExit(code): a rank left out of the group exits cleanly."""
+        if code != 0 and (w.attempt, w.rank, w.pid) in self.left_pids:
+            self.violation(f"rank {w.rank} of attempt {w.attempt} (pid {w.pid}), left out of the group, exited with "
+                           f"code {code}, not cleanly")
 
     def verdict(self, w: "SimRank", step: int, committed: bool) -> None:
         side = w.live
@@ -409,11 +411,13 @@ class LiveWatch:
         self.seen_records = len(records)
 
     def _holders(self, attempt: int, shard: int | None) -> list[int]:
-        """The ranks of `attempt` that live, were never replaced and hold the state (of `shard`, if given), and that
-        the newest generation names (not drained ones that a planned generation moved or left out)."""
+        """The ranks of `attempt` that live, hold the state (of `shard`, if given) since generation 0 (never replaced
+        nor added: the controller learns that a new member took the state only when it reads the sender's word),
+        and that the newest generation names (not drained ones that a planned generation moved or left out)."""
         return [w.rank for w in self.sim.observer.live.values() if w.attempt == attempt and w.alive
                 and w.live is not None and w.live.incarnation == 0 and w.live.rank.has_state
-                and (shard is None or w.live.shard == shard) and _named(w)]
+                and w.live.rank.joins[0].generation == 0 and (shard is None or w.live.shard == shard)
+                and _named(w)]
 
     def at_end(self, book) -> None:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
@@ -689,8 +693,9 @@ def _load(w: "SimRank", received: Sent) -> None:
 
 
 def _point(w: "SimRank", point: str) -> Generator:
-    """A fault armed for this point strikes here: the rank's node is drained, or the rank is SIGKILLed."""
-    w.sim.live_drain_at(w, point)
+    """A fault armed for this point strikes here: the rank's node is drained, a node joins, or the rank is
+    SIGKILLed."""
+    w.sim.live_planned_at(w, point)
     if w.sim.live_armed_for(w, point):
         yield "die", point
         raise AssertionError("a rank went on after its death")

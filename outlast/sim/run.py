@@ -69,7 +69,8 @@ class Sim:
         # Live recovery (`schedule.live`): the faults armed for a point of a rank's step, each live group by
         # (attempt, generation), and the invariants.
         self.live_armed: list[tuple[int | None, str]] = []
-        self.live_drains: list[tuple[int, str, float | None]] = []  # (rank, point, deadline): its node drained (-1: a node joins)
+        self.live_drains: list[tuple[int, str, float | None]] = []  # (rank, point, deadline): its node drained there
+        self.live_grows: list[tuple[int, str]] = []  # (rank, point): a node joins as the rank reaches it
         self.live_groups: dict[tuple[int, int], Group] = {}
         self.live_processes: dict[tuple[str, int, int, int], SimRank] = {}  # (run, attempt, rank, incarnation) ->
         self.live_watch = LiveWatch(self)
@@ -207,7 +208,7 @@ class Sim:
         elif f.kind == "drain_at":  # the rank's node is drained when the rank next reaches the point
             self.live_drains.append((f.target, f.point, f.deadline_s))
         elif f.kind == "grow_at":  # a node joins when the rank next reaches the point
-            self.live_drains.append((f.target, f.point, -1.0))
+            self.live_grows.append((f.target, f.point))
         elif f.kind == "kill_worker":
             if hit := next((w for n in live_nodes if (w := n.kill_worker(rank)) is not None), None):
                 self.observer.struck(hit)
@@ -268,14 +269,14 @@ class Sim:
                 return True
         return False
 
-    def live_drain_at(self, w: SimRank, point: str) -> None:
-        """A drain armed for `point` strikes `w`'s node as the rank reaches it (the rank goes on)."""
+    def live_planned_at(self, w: SimRank, point: str) -> None:
+        """A drain armed for `point` strikes `w`'s node as the rank reaches it (the rank goes on); a node armed for
+        it joins."""
+        if (w.rank, point) in self.live_grows:
+            self.live_grows.remove((w.rank, point))
+            self.facts[f"live_grow_{point}"] += 1
+            self._add_node()
         for i, (rank, at, deadline) in enumerate(self.live_drains):
-            if at == point and rank == w.rank and deadline == -1.0:
-                del self.live_drains[i]
-                self.facts[f"live_grow_{point}"] += 1
-                self._add_node()
-                return
             if at == point and rank == w.rank and w.node.alive and w.node.core.draining is None:
                 del self.live_drains[i]
                 self.facts[f"live_drain_{point}"] += 1

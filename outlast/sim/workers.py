@@ -117,6 +117,7 @@ class SimRank:
             return
         except SystemExit as e:  # as worker_main.py takes it: no WorkerDone, the process's exit code alone
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            self.sim.live_watch.exited(self, code)
             self.exit_process()
             self.node.worker_exited(self, code, None, None if code == 0 else m.WorkerError(
                 exc_type="SystemExit", message=str(e.code), traceback="", phase="train"))
