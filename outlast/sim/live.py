@@ -16,13 +16,32 @@ one generation, and the word that it went across comes once all are done, as `Li
 took its state settles its count of reports on the highest the first step's gather after that tells (the real
 `reports_after_gather`; the simulated gather tells the counts every time, which changes nothing after that one).
 
+Planned changes (`schedule.py`'s `_planned`, `drain_at` and `grow_at`): a rank's node is drained as the rank reaches a
+point of its step (with a deadline or none, with room elsewhere or none, in elastic runs and not), and nodes join an
+elastic run that started below its size. The real controller decides (a move, a `Leave`, a grow, or `StayPut`); the
+driver reads the new members' word that they wait (`LiveStore.ready`, as the runtime does) and publishes the planned
+generation; the ranks commit the step in flight as REGROUP and form it before the next step's reduction, its
+gradients kept, as `LiveTraining.step` does; a rank it leaves out leaves through the real `LiveRank.leave`
+(SystemExit(0), no WorkerDone, as `worker_main.py` takes it), and so does a drained rank that a death's generation
+leaves out (`LiveTraining._rejoin`). The controller's answers go to the process of a rank that it names by
+incarnation: a drained rank and its replacement live side by side.
+
 `LiveWatch` checks, on every schedule: no step applied by some ranks and thrown away by others; no committed step
 lost, and no step's work lost by a live recovery (the survivors keep the step in flight and reduce it again); the
 survivors of a generation holding the same weights; a fallback that says no rank holds the state only when none
 lives; every death live recovery answered charged to max_failures. With shards besides: no step run on a shard that
 is behind (every shard at the committed step after each gather), each joiner sent its own shard's state, a fallback
 that says a shard has no copy left only when no live rank, never replaced, holds that shard, and no step lost by a
-live recovery.
+live recovery. With planned changes besides: no step thrown away unless a member of its generation was lost or a
+generation that is not planned came after it, and no step lost by a move, a leave or a grow (a leave that a death
+overtook forms the smaller group unplanned, and may throw the step in flight away, as a shrink does); a rank left
+out of the group exits cleanly, and no failure is recorded for its process; a member new to the group (a drained
+rank's replacement, a rank a grow added) enters it as a joiner, sent the state by a member that holds it, a moved
+rank's replacement with the weights its drained process left with, a grown rank at the newest committed step; a
+drained rank counts as gone for a fallback's holders once its drain is answered.
+
+Seeds 0 to 999: 17 drains moved live, 11 left live, 180 fell back (most before the group formed, or while a
+recovery was under way), 17 grows live, 24 ranks left out that exited cleanly; no violation in seeds 0 to 4,999.
 """
 
 from __future__ import annotations

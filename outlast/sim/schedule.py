@@ -222,8 +222,8 @@ SHARD_POINTS = ("gather",)  # a sharded run's ranks also die in the gather after
 def draw_live(seed: int) -> Schedule:
     """A run with live recovery: the loop and cluster of `_draw`, and faults that kill ranks at each point of a
     live step (`kill_at`, with `LIVE_POINTS`), two at once, a replacement during its transfer, and sometimes a
-    node. No driver dies, no drain comes and storage does not fail: the faults are the ranks'. Some runs split the
-    optimizer's state in shards (`_sharded`)."""
+    node. No driver dies and storage does not fail: the faults are the ranks'. Some runs split the optimizer's state
+    in shards (`_sharded`); some drain a rank's node or grow (`_planned`)."""
     base = _draw(seed, False)
     rng = random.Random(seed * 11 + 5 + (1 << 45))
     # Rank 0's checkpoints alone (`sharded` off), as a data-parallel loop saves them: a sharded checkpoint's commit

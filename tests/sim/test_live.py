@@ -130,6 +130,9 @@ def _grow_counting_the_added_ranks_at_once(self, world_size: int) -> None:
     ("retired", 512),
     # a drained rank 0's commit was answered to its replacement, which said hello meanwhile: it waited for ever
     ("reported_by", 2769),
+    # a drained rank's own report spent its replacement's first: the replacement's, from its sender's count, was
+    # refused, and every later checkpoint waited for the rank
+    ("first_report", 3979),
 ])
 def test_each_fault_found_by_the_planned_changes_put_back_fails_its_seed(monkeypatch, fault, seed):
     assert run_seed(seed, live=True).violations == []
@@ -142,6 +145,10 @@ def test_each_fault_found_by_the_planned_changes_put_back_fails_its_seed(monkeyp
         monkeypatch.setattr(live_steps, "moved_out", lambda c, rank: [])
     elif fault == "retired":
         monkeypatch.setattr(live_steps, "_its_rank_s_again", lambda c, a, ev: False)
+    elif fault == "first_report":
+        first = LiveRun.first_report
+        monkeypatch.setattr(LiveRun, "first_report", lambda self, rank, incarnation: first(
+            self, rank, self.incarnation.get(rank, 0)))
     else:
         send = CoreState.send_to_rank
         monkeypatch.setattr(CoreState, "send_to_rank",
