@@ -71,7 +71,7 @@ def _old_skip_to(self, rank: int, index: int) -> None:
     ("resume_at", 7),
     ("resume_at", 10),
     # a replacement's skipped report left the count of reports made behind: no later checkpoint settled
-    ("skip_to", 180),
+    ("skip_to", 13),
     # a rank that died before reporting a committed step held up the checkpoint a survivor waited on
     ("replaced", 15),
     ("replaced", 40),
