@@ -72,7 +72,9 @@ class Sim:
         self.live_drains: list[tuple[int, str, float | None]] = []  # (rank, point, deadline): its node drained there
         self.live_grows: list[tuple[int, str]] = []  # (rank, point): a node joins as the rank reaches it
         self.live_groups: dict[tuple[int, int], Group] = {}
-        self.live_processes: dict[tuple[str, int, int, int], SimRank] = {}  # (run, attempt, rank, incarnation) ->
+        # Every live-recovery process by (run, attempt, rank, incarnation): a drained rank and its replacement both
+        # live while a move is under way.
+        self.live_processes: dict[tuple[str, int, int, int], SimRank] = {}
         self.live_watch = LiveWatch(self)
         if schedule.live:
             self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS}, live_orphaned_replacements=0,

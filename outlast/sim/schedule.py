@@ -37,6 +37,8 @@ class Fault:
     #          | newer_document (while no driver lives, a newer outlast rewrites NEWER_DOCUMENTS[target])
     #          | corrupt_copy (a bit flips in a node's RAM, in its newest copy; odd target: in every copy of it)
     #          | lose_holders (the nodes holding the newest committed checkpoint: odd target, all; even, one)
+    #          | kill_at, drain_at, grow_at (live recovery: rank `target` is killed, its node drained, or a node
+    #          joins, when the rank next reaches `point` of its step)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
