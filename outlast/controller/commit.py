@@ -86,6 +86,7 @@ class CommitTracker:
         self.lost: set[int] = set()
         self.absent: set[int] = set()  # replaced by live recovery, until the replacement's first report (`replaced`)
         self.ever_replaced: set[int] = set()
+        self.added: set[int] = set()  # added by a grow, until their first report: they held no earlier checkpoint
         self._pending: dict[int, PendingCheckpoint] = {}
         # Ranks that contributed to the last whole checkpoint: rule (b) of the module docstring.
         self._shard_holders: set[int] | None = set(shard_holders) if shard_holders is not None else None
@@ -126,6 +127,7 @@ class CommitTracker:
             return
         if rank in self.absent:  # counted again, from its replacement's first report
             self.absent.discard(rank)
+            self.added.discard(rank)
             self.reports[rank] = max(index, self.reports[rank])
             self._made[self.reports[rank]] = self._made.get(self.reports[rank], 0) + 1
             self._least = min(self._least, self.reports[rank])
@@ -138,14 +140,17 @@ class CommitTracker:
             self._advance_least()
 
     def grow(self, world_size: int) -> None:
-        """Live recovery: ranks added to the attempt (an elastic grow), counted as having made the least reports
-        until their first report says where they take up the count (`skip_to`)."""
-        least = 0 if self._least == float("inf") else int(self._least)
-        for _ in range(world_size - self.world_size):
-            self.reports.append(least)
-            self._made[least] = self._made.get(least, 0) + 1
+        """Live recovery: ranks added to the attempt (an elastic grow). Absent, as a replaced rank is, until their
+        first report says where they take up the count (`skip_to`): they take it from a rank that held the state,
+        and never make the reports it made before they joined, nor held a shard of those checkpoints (`added`).
+        Counted as having made the least reports, a rank in a synchronous report() of a checkpoint made between the
+        grow and the join waited for the added rank's report of it, never to send the state that rank waits for."""
+        for rank in range(self.world_size, world_size):
+            self.reports.append(0)
+            self.absent.add(rank)
+            self.added.add(rank)
         self.world_size = max(self.world_size, world_size)
-        self._least = min(self._least, least)
+        self._advance_least()
 
     def lose_uploads(self, rank: int) -> list[PendingCheckpoint]:
         """Live recovery: `rank` died with its asynchronous uploads running; they never say they are done."""
@@ -312,7 +317,7 @@ class CommitTracker:
             pending = self._pending[i]
             if i >= done_below or pending.awaiting:
                 break
-            unreported = [r for r in sorted(self.lost | self.absent)
+            unreported = [r for r in sorted(self.lost | self.absent - self.added)
                           if self.reports[r] <= i and r not in pending.files and r not in pending.errors
                           and not self._left_before(r, i)]
             for rank in [r for r in unreported if self._holds_unreported_shard(pending, r)]:

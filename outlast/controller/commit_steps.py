@@ -75,7 +75,7 @@ def _committed(c: CoreState, out: ce.CommitDone) -> None:
     if lifecycle.decide_on_commit(c, pending):
         reply = m.Committed(index=pending.index, checkpoint_dir=pending.checkpoint_dir)
         for rank in sorted(pending.waiting):
-            c.send_to_rank(rank, reply, attempt=out.attempt)
+            c.send_to_rank(rank, reply, attempt=out.attempt, report=pending.index)
     ending.finish_if_settled(c, a)
 
 
@@ -89,7 +89,8 @@ def _commit_failed(c: CoreState, out: ce.CommitRefused) -> None:
     if a is None or a.number != out.attempt:
         return
     for rank in sorted(pending.waiting):
-        c.send_to_rank(rank, m.CommitFailed(index=pending.index, reason=reason), attempt=out.attempt)
+        c.send_to_rank(rank, m.CommitFailed(index=pending.index, reason=reason), attempt=out.attempt,
+                       report=pending.index)
     s = c.state
     if isinstance(s, (st.Preempting, st.Saved)) and pending.missing_shards:
         # Waiting longer cannot bring a lost shard back.

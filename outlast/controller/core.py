@@ -38,6 +38,7 @@ from outlast.controller.group import (
 )
 from outlast.controller.heartbeat import heartbeat
 from outlast.errors import TrainingFailedError
+from outlast.protocol import messages as m
 from outlast.storage.retry import RETRY_S_VAR
 
 log = logging.getLogger("outlast.controller")
@@ -80,6 +81,10 @@ def _on_worker(c: ControllerCore, event: FromWorker) -> None:
     a = c.attempt
     if a is not None and event.msg.attempt == a.number:
         a.reply_to[event.msg.rank] = event.incarnation
+        msg = event.msg
+        if isinstance(msg, m.Report) and msg.checkpoint_dir is not None and not msg.upload_pending \
+                and event.incarnation:  # a synchronous report() of a checkpoint: its process waits for the commit
+            a.reported_by[(msg.rank, msg.index)] = event.incarnation
     on_workers.on_worker_message(c, event.msg)
 
 

@@ -129,12 +129,19 @@ class CoreState:
         self.out.append(fx.TierAsk(effect_id, node_id, address, msg, timeout_s))
         self.pulls[effect_id] = pull
 
-    def send_to_rank(self, rank: int, msg: m.Msg, attempt: int | None = None) -> None:
+    def send_to_rank(self, rank: int, msg: m.Msg, attempt: int | None = None, report: int | None = None) -> None:
+        """To the rank's process whose message was stepped last; an answer to report `report`, to the process
+        that made it."""
         number = attempt if attempt is not None else self.attempt.number if self.attempt is not None else None
         assert number is not None
         a = self.attempt
-        self.out.append(ToRank(number, rank, msg, incarnation=a.reply_to.get(rank, 0)
-                               if a is not None and a.number == number else 0))
+        if a is None or a.number != number:
+            incarnation = 0
+        elif report is not None:
+            incarnation = a.reported_by.pop((rank, report), 0)
+        else:
+            incarnation = a.reply_to.get(rank, 0)
+        self.out.append(ToRank(number, rank, msg, incarnation=incarnation))
 
     def write_state(self) -> None:
         """The history changed: hand storage the new state (before any effect that relies on it)."""

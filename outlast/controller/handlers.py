@@ -149,6 +149,10 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
     if live_steps.retired(c, a, ev):
         if ev.rank in a.lost:  # a drained rank that left the group: nothing waits for it from here
             lose_shrunk_ranks(c, a, {ev.rank})
+        for pending in live_steps.moved_out(c, ev.rank):
+            commit_steps.begin(c, pending)
+        # The last process to exit may be a drained one that left the group: the others returned already.
+        _after_exit(c, a)
         return
     a.exited[ev.rank] = ev
     failed = ev.exit_code != 0 or ev.error is not None
@@ -176,6 +180,11 @@ def on_worker_exited(c: CoreState, ev: m.WorkerExited) -> None:
         # The others go on saving; if every rank returns, the training is over and the run finishes.
         log.warning("rank %d returned from the train function during a preemption", ev.rank)
         preempt_steps.answer(c, c.horizons.lose_rank(ev.rank, c.now))
+    _after_exit(c, a)
+
+
+def _after_exit(c: CoreState, a: AttemptState) -> None:
+    """A process of the attempt exited: the attempt may be over."""
     if c.attempt is not a:
         return
     if c.state.kind is State.RESTARTING:

@@ -285,9 +285,11 @@ class LiveRun:
         self.hung[rank] = summary
         return True
 
-    def first_report(self, rank: int) -> bool:
-        """Whether this is the first report of `rank`'s replacement: its index is where the rank's reports go on."""
-        if rank not in self.unreported:
+    def first_report(self, rank: int, incarnation: int) -> bool:
+        """Whether this report, of `rank`'s process `incarnation`, is the first of its replacement: its index is
+        where the rank's reports go on. A drained rank's own reports, made while its replacement starts, are not:
+        taken for it, the replacement's first, from its sender's count, was refused as out of order."""
+        if rank not in self.unreported or incarnation != self.incarnation[rank]:
             return False
         self.unreported.discard(rank)
         return True

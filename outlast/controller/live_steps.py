@@ -19,6 +19,7 @@ import msgspec
 
 from outlast.controller import spawns
 from outlast.controller import states as st
+from outlast.controller.commit import PendingCheckpoint
 from outlast.controller.core_state import CoreState
 from outlast.controller.group import LiveJoined, LiveReady, PublishMembership, Spawn, StopRun, ToNode
 from outlast.controller.heartbeat import heartbeat
@@ -147,9 +148,9 @@ def group_rank(live: LiveRun, rank: int) -> dict[str, str]:
 
 
 def replacement(c: CoreState, a: AttemptState, rank: int, env: dict[str, str]) -> Spawn:
-    """The fork of `rank`'s replacement. It takes the state from the other ranks, and restores no checkpoint: the
-    attempt's may be gone since it began (num_to_keep), and a loop that found one would fail on it before it
-    joined."""
+    """The fork of a new member for `rank` (a dead rank's replacement, a drained rank's, a rank a grow added), on
+    `a.placement[rank]`. It takes the state from the other ranks, and restores no checkpoint: the attempt's may be
+    gone since it began (num_to_keep), and a loop that found one would fail on it before it joined."""
     fork = spawns.spawn(c, a, a.placement[rank], [a.specs[rank]], env)
     return dataclasses.replace(fork, msg=msgspec.structs.replace(fork.msg, restore_checkpoint=None))
 
@@ -250,7 +251,7 @@ def on_drain(c: CoreState, a: AttemptState, p: Preemption) -> bool:
         if c.nodes.link(new, c.now):
             c.out.append(ToNode(new, heartbeat(c)))  # the agent knows the run before its workers
         env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank]), **group_rank(live, rank)}
-        c.out.append(spawns.spawn(c, a, new, [a.specs[rank]], env))
+        c.out.append(replacement(c, a, rank, env))  # on `new`; it takes the state from the ranks that stay
     log.warning("attempt %d: %s; %s (to %s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
     return True
@@ -296,7 +297,7 @@ def on_grow(c: CoreState, a: AttemptState, to_workers: int, why: str) -> bool:
         if c.nodes.link(node, c.now):
             c.out.append(ToNode(node, heartbeat(c)))
         env = {**a.env, INCARNATION_VAR: str(decision.incarnations[rank]), **group_rank(live, rank)}
-        c.out.append(spawns.spawn(c, a, node, [a.specs[rank]], env))
+        c.out.append(replacement(c, a, rank, env))  # on `node`; it takes the state from the running ranks
     log.warning("attempt %d: %s; %s (%s)", a.number, cause, decision.reason,
                 ", ".join(f"rank {r} on {room[r]}" for r in decision.ranks))
     return True
@@ -342,6 +343,9 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
     if live is not None and live.unpublished is not None and ev.exit_code == 0 and ev.error is None:
         abandon(c, a)  # it returned from the loop: the training ended before the move; its exit is the rank's
         return False
+    if _its_rank_s_again(c, a, ev):
+        a.retiring.discard((ev.rank, ev.node_id))
+        return False
     a.retiring.discard((ev.rank, ev.node_id))
     left = live is not None and ev.rank not in live.slots
     if left:
@@ -352,6 +356,24 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
              "cleanly" if ev.exit_code == 0 and ev.error is None else f"exit code {ev.exit_code}, signal {ev.signal}",
              "the group went on without it" if left else "its replacement holds the rank")
     return True
+
+
+def _its_rank_s_again(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
+    """Live recovery fell back since: a drained rank that was to leave the group is its rank's only process (on the
+    node the rank is placed on), and the attempt's restart waits for its exit. Taken for no rank's, it waited for
+    ever."""
+    return c.live is None and a.placement.get(ev.rank) == ev.node_id
+
+
+def moved_out(c: CoreState, rank: int) -> list[PendingCheckpoint]:
+    """A moved rank's drained process exited before its replacement's first report: the committed steps it did not
+    report (it left, or died, between a committed step and its report), its replacement, which reports from the
+    count of the rank that sent it the state, never will. Until that first report no checkpoint waits for the rank
+    (`CommitTracker.replaced`), as for a dead rank's replacement; returns the checkpoints that settled."""
+    live = c.live
+    if live is None or rank not in live.slots or rank not in live.unreported:
+        return []
+    return c.commit_tracker.replaced(rank)
 
 
 def on_clean_exit(c: CoreState, a: AttemptState, rank: int) -> None:

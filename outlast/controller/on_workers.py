@@ -119,7 +119,7 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
                             c.commits.peer_rate(a.placement.get(msg.rank, "")), c.now)
         if p is not None:
             preempt_steps.forecast_uploads(c, p)
-    if c.live is not None and c.live.first_report(msg.rank):
+    if c.live is not None and c.live.first_report(msg.rank, a.reply_to.get(msg.rank, 0)):
         c.commit_tracker.skip_to(msg.rank, msg.index)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,

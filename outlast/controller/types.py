@@ -88,6 +88,9 @@ class AttemptState:
     # Live recovery: rank -> which of its processes sent the message stepped last, where answers go (a drained
     # rank and its replacement live side by side for a while, each asking and answered in turn).
     reply_to: dict[int, int] = field(default_factory=dict)
+    # Live recovery: (rank, report index) -> the process that made that report, which a commit's answer goes to (the
+    # drained rank in a synchronous report() of it, though its replacement spoke since).
+    reported_by: dict[tuple[int, int], int] = field(default_factory=dict)
     # Live recovery: (rank, node) of the drained processes that a move replaced: their exit is no rank's.
     retiring: set[tuple[int, str]] = field(default_factory=set)
 

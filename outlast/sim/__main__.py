@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                         "budgets that evict, copies corrupted in RAM and the nodes holding a checkpoint lost")
     p.add_argument("--live", action="store_true",
                    help="runs with live recovery: ranks that run its step commit against the controller, killed at "
-                        "each point of a step, two at once, and in their transfer (outlast/sim/live.py)")
+                        "each point of a step, two at once, and in their transfer, their nodes drained, and elastic "
+                        "runs grown (outlast/sim/live.py)")
     args = p.parse_args(argv)
     if args.seed is not None:
         quiet()

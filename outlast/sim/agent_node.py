@@ -24,6 +24,7 @@ from outlast.client.restarts import GiveUp, RestartPolicy
 from outlast.agent.node_core import Fork, NodeCore, NodeEffect
 from outlast.agent.supervisor import GiveUpNode, Kill, Send, Warn
 from outlast.protocol import messages as m
+from outlast.protocol.transport import INCARNATION_VAR
 from outlast.sim.cluster import HEAD_DEAD_AFTER_S
 from outlast.sim.tier import COPY_BYTES, SimTier
 from outlast.sim.workers import SimRank
@@ -101,9 +102,10 @@ class AgentNode:
     def _forked(self, driver: "SimDriver", msg: m.SpawnWorkers, spec: m.WorkerSpec, gen: int) -> None:
         if not self.alive or gen != self.fork_gen:
             return  # the fork server that was asked died first: `lose_all` reported the fork lost
+        incarnation = int(msg.env.get(INCARNATION_VAR, "0"))
         w = SimRank(self.sim, self, msg, spec, driver.gang(msg.attempt, spec.world_size),
-                    driver.worker_channel(msg.attempt, spec.rank),
-                    driver.worker_channel(msg.attempt, spec.rank, uploads=True))
+                    driver.worker_channel(msg.attempt, spec.rank, incarnation=incarnation),
+                    driver.worker_channel(msg.attempt, spec.rank, uploads=True, incarnation=incarnation))
         w.pid = self.sim.new_pid()
         self.procs[w.pid] = w
         self.groups[w.pid] = w

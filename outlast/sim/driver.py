@@ -112,6 +112,7 @@ class SimDriver:
             self._agents_gone()
             self.deliver(g.Tick())
             self._live_joined()
+            self._live_ready()
             self.sim.world.after(TICK_S, self._tick)
 
     def _agents_gone(self) -> None:
@@ -151,10 +152,11 @@ class SimDriver:
             ch = self._from_node[node_id] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
         ch.send(self.deliver, g.FromAgent(node_id, event))
 
-    def worker_channel(self, attempt: int, rank: int, uploads: bool = False) -> "Link":
-        """A rank's socket to the controller (the upload thread has one of its own: no order between them)."""
+    def worker_channel(self, attempt: int, rank: int, uploads: bool = False, incarnation: int = 0) -> "Link":
+        """A rank's socket to the controller (the upload thread has one of its own: no order between them). Its
+        messages carry the process's incarnation, as its socket's identity does."""
         ch = self._from_rank[(attempt, rank, uploads)] = Channel(self.sim.world, self.sim.schedule.max_delay_s)
-        return Link(ch, self.deliver)
+        return Link(ch, self.deliver, incarnation)
 
     def gang(self, attempt: int, size: int) -> Gang:
         if attempt not in self._gangs:
@@ -181,7 +183,9 @@ class SimDriver:
         ch = self._to_rank.get(key)
         if ch is None:
             ch = self._to_rank[key] = Channel(sim.world, sim.schedule.max_delay_s)
-        w = sim.rank_of(self, effect.attempt, effect.rank)
+        # To the process of the rank whose message was stepped last: a drained rank and its replacement both live
+        # while a move is under way.
+        w = sim.rank_of(self, effect.attempt, effect.rank, effect.incarnation)
         if w is not None:
             ch.send(w.on_message, effect.msg)
 
@@ -206,6 +210,14 @@ class SimDriver:
                 and (joined := self.live.joined(*awaited)) is not None:
             self.deliver(joined)
 
+    def _live_ready(self) -> None:
+        """As the runtime's loop does: a planned generation's new members that wait for it, read from the store."""
+        if self.live is None or not self.alive or self.core is None or self.core.closed:
+            return
+        for attempt, member in live_steps.starting(self.core):
+            if (ready := self.live.ready(attempt, member)) is not None:
+                self.deliver(ready)
+
     def _query_table(self, effect: g.QueryTable) -> None:
         self._head.send(lambda: self._head.send(self._table_answer))
 
@@ -224,11 +236,11 @@ class Link:
     """A rank's socket: what it sends arrives in order, unless the process exits first (`lose_pending`:
     `os._exit` throws away what the socket's I/O thread still holds)."""
 
-    def __init__(self, ch: Channel, deliver) -> None:
-        self._ch, self._deliver = ch, deliver
+    def __init__(self, ch: Channel, deliver, incarnation: int = 0) -> None:
+        self._ch, self._deliver, self._incarnation = ch, deliver, incarnation
 
     def __call__(self, msg: m.WorkerMessage) -> None:
-        self._ch.send(self._deliver, g.FromWorker(msg))
+        self._ch.send(self._deliver, g.FromWorker(msg, self._incarnation))
 
     def lose_pending(self) -> int:
         """How many messages were lost."""

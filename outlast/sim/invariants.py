@@ -196,7 +196,8 @@ class Observer:
         self.live[(w.run_id, w.attempt, w.rank)] = w
 
     def worker_gone(self, w: "SimRank") -> None:
-        self.live.pop((w.run_id, w.attempt, w.rank), None)
+        if self.live.get(key := (w.run_id, w.attempt, w.rank)) is w:  # not its replacement, started while it lived
+            del self.live[key]
         self.sim.world.after(0.0, self._children_gone, w)  # once its end has been handled, whatever killed it
 
     def _children_gone(self, w: "SimRank") -> None:

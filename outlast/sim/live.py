@@ -16,13 +16,32 @@ one generation, and the word that it went across comes once all are done, as `Li
 took its state settles its count of reports on the highest the first step's gather after that tells (the real
 `reports_after_gather`; the simulated gather tells the counts every time, which changes nothing after that one).
 
+Planned changes (`schedule.py`'s `_planned`, `drain_at` and `grow_at`): a rank's node is drained as the rank reaches a
+point of its step (with a deadline or none, with room elsewhere or none, in elastic runs and not), and nodes join an
+elastic run that started below its size. The real controller decides (a move, a `Leave`, a grow, or `StayPut`); the
+driver reads the new members' word that they wait (`LiveStore.ready`, as the runtime does) and publishes the planned
+generation; the ranks commit the step in flight as REGROUP and form it before the next step's reduction, its
+gradients kept, as `LiveTraining.step` does; a rank it leaves out leaves through the real `LiveRank.leave`
+(SystemExit(0), no WorkerDone, as `worker_main.py` takes it), and so does a drained rank that a death's generation
+leaves out (`LiveTraining._rejoin`). The controller's answers go to the process of a rank that it names by
+incarnation: a drained rank and its replacement live side by side.
+
 `LiveWatch` checks, on every schedule: no step applied by some ranks and thrown away by others; no committed step
 lost, and no step's work lost by a live recovery (the survivors keep the step in flight and reduce it again); the
 survivors of a generation holding the same weights; a fallback that says no rank holds the state only when none
 lives; every death live recovery answered charged to max_failures. With shards besides: no step run on a shard that
 is behind (every shard at the committed step after each gather), each joiner sent its own shard's state, a fallback
 that says a shard has no copy left only when no live rank, never replaced, holds that shard, and no step lost by a
-live recovery.
+live recovery. With planned changes besides: no step thrown away unless a member of its generation was lost or a
+generation that is not planned came after it, and no step lost by a move, a leave or a grow (a leave that a death
+overtook forms the smaller group unplanned, and may throw the step in flight away, as a shrink does); a rank left
+out of the group exits cleanly, and no failure is recorded for its process; a member new to the group (a drained
+rank's replacement, a rank a grow added) enters it as a joiner, sent the state by a member that holds it, a moved
+rank's replacement with the weights its drained process left with, a grown rank at the newest committed step; a
+drained rank counts as gone for a fallback's holders once its drain is answered.
+
+Seeds 0 to 999: 17 drains moved live, 11 left live, 180 fell back (most before the group formed, or while a
+recovery was under way), 17 grows live, 24 ranks left out that exited cleanly; no violation in seeds 0 to 4,999.
 """
 
 from __future__ import annotations
@@ -31,7 +50,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator
 
-from outlast.protocol.membership import Membership, member_name, store_prefix
+from outlast.protocol.membership import Membership, member_name, membership_key, store_prefix
 from outlast.protocol.transport import INCARNATION_VAR
 from outlast.sim.schedule import LIVE_POINTS
 from outlast.train.live import rendezvous
@@ -258,6 +277,9 @@ class LiveWatch:
         self.replacements = 0
         self.together = 0  # ranks lost with another of their node: the node's loss is one failure
         self.seen_records = 0
+        self.moved: dict[tuple[int, int], int] = {}  # (attempt, rank) -> the weights its drained process left with
+        self.drained: set[tuple[int, int]] = set()  # (attempt, rank) of the ranks on a node drained
+        self.left_pids: list[tuple[int, int, int]] = []  # (attempt, rank, pid) of the processes a generation left out
 
     def violation(self, text: str) -> None:
         self.sim.observer.violation(text)
@@ -265,12 +287,63 @@ class LiveWatch:
     def node_lost(self, ranks: int) -> None:
         self.together += max(0, ranks - 1)
 
-    def started(self, side: LiveSide) -> None:
-        self.replacements += side.incarnation > 0
+    def started(self, w: "SimRank") -> None:
+        """A replacement forked for a death; not a drained rank's, forked while it lives on its draining node (a
+        move: no failure), so that the count stays one that the charges must reach."""
+        if w.incarnation == 0:
+            return
+        before = self.sim.live_processes.get((w.run_id, w.attempt, w.rank, w.incarnation - 1))
+        self.replacements += before is None or before.node.node_id not in self.sim.drained_at
+
+    def entering(self, w: "SimRank", membership: Membership, rank: int) -> None:
+        """A member new to the group (a replacement, a drained rank's, a rank a grow added) enters it as a joiner,
+        sent the state by a member that holds it: so a moved rank's state reaches its replacement, and a grown
+        rank starts with the survivors' weights."""
+        side = w.live
+        assert side is not None
+        if membership.generation == 0 or side.rank.has_state:
+            return
+        if rank not in membership.joiners:
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt}, new to the group, holds no "
+                           f"state, and generation {membership.generation} does not name it a joiner: no state "
+                           "reaches it")
+            return
+        sender = membership.members[membership.sender(rank, side.shards)]
+        holds = [o.live.rank.has_state for o in self.sim.live_processes.values() if o.attempt == w.attempt
+                 and o.live is not None and o.live.rank.member == sender]
+        if membership.sender(rank, side.shards) in membership.joiners or holds == [False]:
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} is sent the state in "
+                           f"generation {membership.generation} by {sender}, which holds none")
+
+    def left(self, w: "SimRank") -> None:
+        """`w` was left out of a planned generation (a drained rank moved, or left): it exits cleanly."""
+        side = w.live
+        assert side is not None
+        self.left_pids.append((w.attempt, w.rank, w.pid))
+        self.sim.facts["live_left_cleanly"] += 1
+        self._moved(w.attempt, w.rank, side.weights)
+
+    def _moved(self, attempt: int, rank: int, weights: int) -> None:
+        """A drained rank's weights, and its replacement's as received: whichever comes second, they are the same."""
+        key = (attempt, rank)
+        if key not in self.moved:
+            self.moved[key] = weights
+        elif self.moved.pop(key) != weights:
+            self.violation(f"rank {rank} of attempt {attempt} moved: its drained process and its replacement hold "
+                           f"different weights ({weights} steps, and the other's)")
+
+    def exited(self, w: "SimRank", code: int) -> None:
+        """`w` raised SystemExit(code): a rank left out of the group exits cleanly."""
+        if code != 0 and (w.attempt, w.rank, w.pid) in self.left_pids:
+            self.violation(f"rank {w.rank} of attempt {w.attempt} (pid {w.pid}), left out of the group, exited with "
+                           f"code {code}, not cleanly")
 
     def verdict(self, w: "SimRank", step: int, committed: bool) -> None:
         side = w.live
         generation = side.rank.ledger.generation
+        if not committed and not self._aborted_for_cause(w, generation):
+            self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt}: step {step} thrown away in "
+                           f"generation {generation}, though no member was lost: a planned generation threw it")
         seen = self.verdicts.setdefault((w.attempt, generation, step), {})
         seen[side.rank.member] = committed
         if len(set(seen.values())) > 1:
@@ -293,6 +366,20 @@ class LiveWatch:
             self.violation(f"attempt {w.attempt}'s generation {membership.generation} goes on after step {committed}, "
                            f"but step {self.top[w.attempt]} was applied: a committed step was lost")
 
+    @staticmethod
+    def _aborted_for_cause(w: "SimRank", generation: int) -> bool:
+        """A step is thrown away only when a member of its generation was lost (its group broke) or a generation
+        that is not planned was published after it (a death's, a shrink's)."""
+        side = w.live
+        if side.group is not None and side.group.broken:
+            return True
+        store, after = side.rank.store, generation
+        while store.check([membership_key(after + 1)]):
+            after += 1
+            if not Membership.from_json(store.get(membership_key(after)).decode()).planned:
+                return True
+        return False
+
     def received(self, w: "SimRank", membership: Membership, committed: int, sent: Sent) -> None:
         if sent.shard != w.live.shard:  # FlatShards.load_state_dict refuses it
             self.violation(f"rank {w.rank} of attempt {w.attempt}, holding shard {w.live.shard}, was sent shard "
@@ -300,6 +387,13 @@ class LiveWatch:
         if w.live.weights != committed + 1:
             self.violation(f"rank {w.rank} of attempt {w.attempt} received weights of {w.live.weights} steps in "
                            f"generation {membership.generation}, which agreed on step {committed}")
+        if membership.planned:
+            before = self.sim.live_processes.get((w.run_id, w.attempt, w.rank, w.incarnation - 1))
+            if before is not None and before.node.node_id in self.sim.drained_at:
+                self._moved(w.attempt, w.rank, w.live.weights)
+            elif w.incarnation == 0 and committed < self.top.get(w.attempt, -1):
+                self.violation(f"rank {w.rank} of attempt {w.attempt}, added by a grow, starts after step {committed}, "
+                               f"but step {self.top[w.attempt]} was applied")
 
     def finished(self, w: "SimRank") -> None:
         if w.live.weights != w.loop.steps:
@@ -327,31 +421,57 @@ class LiveWatch:
                 holders = [r for s in unheld.group(1).split(", ") for r in self._holders(rec.attempt, int(s))]
             else:
                 continue
+            # A drained rank counts as gone once the drain is answered: a death before its replacement took the
+            # state falls back, though the drained process, until its deadline, still holds it.
+            holders = [r for r in holders if (rec.attempt, r) not in self.drained]
             if holders:
                 self.violation(f"attempt {rec.attempt} fell back to a restart ({rec.reason}), while ranks "
                                f"{sorted(holders)}, never replaced, lived with the state")
         self.seen_records = len(records)
 
     def _holders(self, attempt: int, shard: int | None) -> list[int]:
-        """The ranks of `attempt` that live, were never replaced and hold the state (of `shard`, if given)."""
+        """The ranks of `attempt` that live, hold the state (of `shard`, if given) since generation 0 (never replaced
+        nor added: the controller learns that a new member took the state only when it reads the sender's word),
+        and that the newest generation names (not drained ones that a planned generation moved or left out)."""
         return [w.rank for w in self.sim.observer.live.values() if w.attempt == attempt and w.alive
                 and w.live is not None and w.live.incarnation == 0 and w.live.rank.has_state
-                and (shard is None or w.live.shard == shard)]
+                and w.live.rank.joins[0].generation == 0 and (shard is None or w.live.shard == shard)
+                and _named(w)]
 
     def at_end(self, book) -> None:
         """Every death live recovery answered (a replacement forked for it) is charged to max_failures (the ranks
         of one lost node together as one), and a live recovery lost no step (the survivors keep the one in flight),
         but a shrink, which throws that step away: one."""
+        fell_back = {r.attempt for r in book.state.live_recoveries if r.path == "restart"}
+        for attempt, rank, pid in self.left_pids:
+            if attempt in fell_back:  # torn down the usual way since: what its node's end records is the restart's
+                continue
+            charged_for = [f for a in book.state.attempts if a.attempt == attempt for f in a.failures
+                           if f.rank == rank and f.pid == pid]
+            if charged_for:
+                self.violation(f"rank {rank} of attempt {attempt} (pid {pid}) exited cleanly, left out of a planned "
+                               f"generation, but its exit was charged as a failure: {charged_for[0].describe()}")
         charged = book.state.failure_counts.get("worker", 0)
         if charged < self.replacements - self.together:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
                            f"their node), but only {charged} failures charged to max_failures")
+        leaves = [r for r in book.state.resizes if r.reason.startswith("shrink, live: drain")]
         for rec in book.state.live_recoveries:
-            # A shrink throws the step in flight away; a sharded world never shrinks.
-            allowed = 1 if rec.cause.startswith("shrink") and self.sim.schedule.loop.shards == 1 else 0
+            # A shrink throws the step in flight away; a sharded world never shrinks. So does a drained rank's leave
+            # that a death overtook: the smaller group forms unplanned, and the leaving ranks' batches of the step
+            # in flight are gone. A planned change, nothing else.
+            overtaken = rec.cause.startswith("drain") and any(
+                r.attempt == rec.attempt and len(rec.ranks) > r.from_workers - r.to_workers for r in leaves)
+            allowed = 1 if (rec.cause.startswith("shrink") or overtaken) and self.sim.schedule.loop.shards == 1 else 0
             if rec.path == "live" and rec.steps_lost > allowed:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
                                f"steps (at most {allowed})")
+
+
+def _named(w: "SimRank") -> bool:
+    """Whether the newest generation of `w`'s attempt names it."""
+    newest = rendezvous.newest_after(w.live.rank.store, -1)
+    return newest is None or newest.rank_of(w.live.rank.member) is not None
 
 
 def loop(w: "SimRank", first_step: int) -> Generator:
@@ -362,7 +482,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
     side.restored(first_step)  # what it restored: steps 0..first_step-1 applied (none, from the start)
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
-    step = yield from _join(w)
+    step = yield from _join_or_fail(w)
     w.core.generation = side.rank.ledger.generation  # LiveTraining tells the session after each join
     kept = False  # this rank holds the gradients of `step` from before it broke: no forward and backward again
     while step < steps:
@@ -371,6 +491,18 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         if not kept:
             yield from _point(w, "forward")
             yield "sleep", w.loop.step_s * sim.world.rng.uniform(0.9, 1.1)
+        if side.rank.regroup_due:
+            # LiveTraining.step: the planned generation is formed before the reduction, the gradients kept (computed
+            # on the committed state every member holds); a rank it leaves out exits (LiveRank.leave).
+            if not (yield from _regroup(w)):
+                sim.live_watch.left(w)
+                side.rank.leave()
+            if side.rank.joins[-1].shrunk:  # a node lost meanwhile: the step goes again on the new split
+                kept = False
+                continue
+            if side.rank.joins[-1].committed + 1 != step:
+                sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} ran step {step}, "
+                                       f"and the planned generation went on at step {side.rank.joins[-1].committed + 1}")
         side.rank.begin(step)
         yield from _point(w, "before_allreduce")
         assert side.group is not None
@@ -389,7 +521,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         sim.live_watch.verdict(w, step, committed)
         if not committed:
             side.rank.keep_in_flight()
-            resumed = yield from _join(w)
+            resumed = yield from _join_or_fail(w)
             w.core.generation = side.rank.ledger.generation
             if resumed != step:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} kept the gradients "
@@ -403,7 +535,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             side.took_state = False  # its count of reports settled before its first report
         elif side.shards > 1:
             # A rank lost in the gather: the group forms again, and goes on after the step every rank applied.
-            resumed = yield from _join(w)
+            resumed = yield from _join_or_fail(w)
             w.core.generation = side.rank.ledger.generation
             if resumed != step + 1:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} applied step "
@@ -413,9 +545,34 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             every = w.loop.report_every * w.loop.checkpoint_every
             yield from w._report(step, checkpoint=(step + 1) % every == 0)
         step += 1
+    if side.rank.regroup_due and not (yield from _regroup(w)):
+        # LiveTraining.close: a planned generation due after the last step is formed for its new members' sake; a
+        # rank it leaves out returns from the loop all the same.
+        side.rank.close()
+        return
     sim.live_watch.finished(w)
     if side.shards > 1:
         sim.live_watch.current(w, steps, "finished")
+
+
+def _regroup(w: "SimRank") -> Generator:
+    """LiveTraining._regroup: form the planned generation published meanwhile; False when it leaves this rank out."""
+    try:
+        yield from _join(w)
+    except NotAMemberError:
+        return False
+    w.core.generation = w.live.rank.ledger.generation
+    return True
+
+
+def _join_or_fail(w: "SimRank") -> Generator:
+    """A join after a step broke (LiveTraining._rejoin): a rank the next generation leaves out (a drained one, whose
+    planned generation a death overtook) leaves as after a planned one (LiveRank.leave)."""
+    try:
+        return (yield from _join(w))
+    except NotAMemberError:
+        w.sim.live_watch.left(w)
+        w.live.rank.leave()
 
 
 def _gather(w: "SimRank", name: str, step: int) -> Generator:
@@ -436,18 +593,18 @@ def _gather(w: "SimRank", name: str, step: int) -> Generator:
 
 
 def _join(w: "SimRank") -> Generator:
-    """`LiveRank.join`, its collectives simulated; returns the step to run next."""
+    """`LiveRank.join`, its collectives simulated; returns the step to run next. Raises NotAMemberError, as it does,
+    when the newest generation leaves this member out."""
     side, sim = w.live, w.sim
     assert side is not None
     while True:
         yield from _point(w, "awaiting")
         after, deadline = side.rank.ledger.generation, sim.world.now + side.rank.timeout_s
+        if not side.rank.joins:
+            rendezvous.say_ready(side.rank.store, side.rank.member)  # await_membership's, for a planned generation
         while True:
-            try:
-                membership, after = rendezvous.look_for_membership(side.rank.store, side.rank.member, after,
-                                                                   spare=not side.rank.joins)
-            except NotAMemberError as e:
-                raise _failed(w, e) from None
+            membership, after = rendezvous.look_for_membership(side.rank.store, side.rank.member, after,
+                                                               spare=not side.rank.joins)
             if membership is not None:
                 break
             if sim.world.now > deadline:  # await_membership's timeout
@@ -465,6 +622,7 @@ def _join(w: "SimRank") -> Generator:
             side.group = None
         rank = membership.rank_of(side.rank.member)
         assert rank is not None
+        sim.live_watch.entering(w, membership, rank)
         side.rank_in = rank
         group = side.group = sim.live_group(w.attempt, membership)
         yield from _point(w, "forming")
@@ -554,7 +712,9 @@ def _load(w: "SimRank", received: Sent) -> None:
 
 
 def _point(w: "SimRank", point: str) -> Generator:
-    """A fault armed for this point strikes here: the rank is SIGKILLed."""
+    """A fault armed for this point strikes here: the rank's node is drained, a node joins, or the rank is
+    SIGKILLed."""
+    w.sim.live_planned_at(w, point)
     if w.sim.live_armed_for(w, point):
         yield "die", point
         raise AssertionError("a rank went on after its death")

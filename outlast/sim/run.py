@@ -16,7 +16,7 @@ from outlast.sim.cluster import NodeModel
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
 from outlast.sim.live import POINTS, Group, LiveWatch
-from outlast.sim.schedule import FAIL_KINDS, NEWER_DOCUMENTS, SHARD_POINTS, Fault, Schedule, draw, draw_live
+from outlast.sim.schedule import FAIL_KINDS, GROW_POINTS, NEWER_DOCUMENTS, SHARD_POINTS, Fault, Schedule, draw, draw_live
 from outlast.sim.storage import SimStorage
 from outlast.sim.tier import SimTier
 from outlast.sim.workers import SimRank
@@ -69,11 +69,18 @@ class Sim:
         # Live recovery (`schedule.live`): the faults armed for a point of a rank's step, each live group by
         # (attempt, generation), and the invariants.
         self.live_armed: list[tuple[int | None, str]] = []
+        self.live_drains: list[tuple[int, str, float | None]] = []  # (rank, point, deadline): its node drained there
+        self.live_grows: list[tuple[int, str]] = []  # (rank, point): a node joins as the rank reaches it
         self.live_groups: dict[tuple[int, int], Group] = {}
+        # Every live-recovery process by (run, attempt, rank, incarnation): a drained rank and its replacement both
+        # live while a move is under way.
+        self.live_processes: dict[tuple[str, int, int, int], SimRank] = {}
         self.live_watch = LiveWatch(self)
         if schedule.live:
             self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS}, live_orphaned_replacements=0,
-                              live_several_senders=0)
+                              live_several_senders=0, live_left_cleanly=0,
+                              **{f"live_drain_{p}": 0 for p in POINTS + SHARD_POINTS},
+                              **{f"live_grow_{p}": 0 for p in GROW_POINTS})
         self.refused: str | None = None  # why a driver refused to open the run
         loop = schedule.loop
         self.notice_bound_s = max(0.5, loop.step_s * 1.1) + 0.5 + 6 * schedule.max_delay_s \
@@ -98,9 +105,13 @@ class Sim:
                      and n.tier.address == address), None)
         return node.tier if node is not None and node.alive else None
 
-    def rank_of(self, driver: SimDriver, attempt: int, rank: int) -> SimRank | None:
+    def rank_of(self, driver: SimDriver, attempt: int, rank: int, incarnation: int | None = None) -> SimRank | None:
+        """The rank's live process (of `incarnation`, when given: a drained rank lives beside its replacement)."""
         assert driver.core is not None
-        return self.observer.live.get((driver.core.run_id, attempt, rank))
+        w = self.observer.live.get((driver.core.run_id, attempt, rank))
+        if incarnation is not None and w is not None and w.incarnation != incarnation:
+            return self.live_processes.get((driver.core.run_id, attempt, rank, incarnation))
+        return w
 
     # ---- the run ---------------------------------------------------------------------------
 
@@ -129,7 +140,12 @@ class Sim:
             recs = book.state.live_recoveries
             sharded = s.loop.shards > 1
             unheld_shard = sum("every rank holding shard(s)" in r.reason for r in recs)
-            facts.update(live_recovered=sum(r.path == "live" for r in recs),
+            drains = [r for r in recs if r.cause.startswith("drain")]
+            left = sum(r.reason.startswith("shrink, live: drain") for r in book.state.resizes)
+            facts.update(live_drains_moved=sum(r.path == "live" for r in drains) - left, live_drains_left=left,
+                         live_drains_fell_back=sum(r.path == "restart" for r in drains),
+                         live_grows=sum(r.path == "live" and r.cause.startswith("grow") for r in recs),
+                         live_recovered=sum(r.path == "live" for r in recs),
                          live_sharded=int(sharded), live_sharded_recovered=sharded * sum(r.path == "live" for r in recs),
                          live_fallback_unheld_shard=unheld_shard,
                          live_widened=sum(r.path == "live" and r.generation > 0 and len(r.ranks) > 1 for r in recs),
@@ -191,6 +207,10 @@ class Sim:
         rank = f.target % self.schedule.loop.world_size
         if f.kind == "kill_at":  # the rank dies when it next reaches the point (any rank's, target < 0)
             self.live_armed.append((f.target if f.target >= 0 else None, f.point))
+        elif f.kind == "drain_at":  # the rank's node is drained when the rank next reaches the point
+            self.live_drains.append((f.target, f.point, f.deadline_s))
+        elif f.kind == "grow_at":  # a node joins when the rank next reaches the point
+            self.live_grows.append((f.target, f.point))
         elif f.kind == "kill_worker":
             if hit := next((w for n in live_nodes if (w := n.kill_worker(rank)) is not None), None):
                 self.observer.struck(hit)
@@ -250,6 +270,21 @@ class Sim:
                 del self.live_armed[i]
                 return True
         return False
+
+    def live_planned_at(self, w: SimRank, point: str) -> None:
+        """A drain armed for `point` strikes `w`'s node as the rank reaches it (the rank goes on); a node armed for
+        it joins."""
+        if (w.rank, point) in self.live_grows:
+            self.live_grows.remove((w.rank, point))
+            self.facts[f"live_grow_{point}"] += 1
+            self._add_node()
+        for i, (rank, at, deadline) in enumerate(self.live_drains):
+            if at == point and rank == w.rank and w.node.alive and w.node.core.draining is None:
+                del self.live_drains[i]
+                self.facts[f"live_drain_{point}"] += 1
+                self.world.note(f"node {w.node.node_id} of rank {w.rank} drained at {point}")
+                self._drain(w.node, deadline)
+                return
 
     def live_kill(self, w: SimRank, point: str) -> None:
         if w.alive and w.node.alive:
@@ -363,6 +398,7 @@ class Sim:
 
     def _drain(self, node: NodeModel, deadline_s: float | None) -> None:
         self.drained_at.setdefault(node.node_id, self.world.now)
+        self.live_watch.drained |= {(w.attempt, w.rank) for w in node.workers.values() if w.alive}
         deadline = self.wall() + deadline_s if deadline_s is not None else None
         node.drain(m.NodeDraining(node_id=node.node_id, reason="spot", message="simulated preemption",
                                   deadline_unix_s=deadline, node_ids=[node.node_id]))

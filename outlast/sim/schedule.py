@@ -37,6 +37,8 @@ class Fault:
     #          | newer_document (while no driver lives, a newer outlast rewrites NEWER_DOCUMENTS[target])
     #          | corrupt_copy (a bit flips in a node's RAM, in its newest copy; odd target: in every copy of it)
     #          | lose_holders (the nodes holding the newest committed checkpoint: odd target, all; even, one)
+    #          | kill_at, drain_at, grow_at (live recovery: rank `target` is killed, its node drained, or a node
+    #          joins, when the rank next reaches `point` of its step)
     target: int = 0  # a rank, or a node's index
     deadline_s: float | None = None  # drains
     duration_s: float = 0.0  # storage_fail; agent_death and agent_restart: until the agent is back
@@ -222,8 +224,8 @@ SHARD_POINTS = ("gather",)  # a sharded run's ranks also die in the gather after
 def draw_live(seed: int) -> Schedule:
     """A run with live recovery: the loop and cluster of `_draw`, and faults that kill ranks at each point of a
     live step (`kill_at`, with `LIVE_POINTS`), two at once, a replacement during its transfer, and sometimes a
-    node. No driver dies, no drain comes and storage does not fail: the faults are the ranks'. Some runs split the
-    optimizer's state in shards (`_sharded`)."""
+    node. No driver dies and storage does not fail: the faults are the ranks'. Some runs split the optimizer's state
+    in shards (`_sharded`); some drain a rank's node or grow (`_planned`)."""
     base = _draw(seed, False)
     rng = random.Random(seed * 11 + 5 + (1 << 45))
     # Rank 0's checkpoints alone (`sharded` off), as a data-parallel loop saves them: a sharded checkpoint's commit
@@ -264,10 +266,48 @@ def draw_live(seed: int) -> Schedule:
     if loop.shards > 1:
         low = 0  # a sharded world keeps its layout: it does not shrink
     faults += shard_faults
+    nodes = max(base.nodes, -(-loop.world_size // base.cpus_per_node))
+    nodes, low, planned = _planned(seed, loop, nodes, base.cpus_per_node, low)
     return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": low, "resize_interval_s": 0.0,
                        "max_failures": rng.choice([-1, -1, 3, 10]), "storage_latency_s": 0.0,
-                       "refuse_deletes": False, "nodes": max(base.nodes, -(-loop.world_size // base.cpus_per_node)),
-                       "faults": sorted(faults, key=lambda f: f.at)})
+                       "refuse_deletes": False, "nodes": nodes, "faults": sorted(faults + planned, key=lambda f: f.at)})
+
+
+GROW_POINTS = ("forward", "after_allreduce", "voted", "committed")
+
+
+def _planned(seed: int, loop: LoopSpec, nodes: int, cpus: int, low: int) -> tuple[int, int, list[Fault]]:
+    """Planned changes, from a stream of their own, so that the other schedules stay what their seeds drew before:
+    drains of a rank's node as the rank reaches a point of its step (`drain_at`, with a deadline or none), on a
+    cluster with room elsewhere for its ranks or none, half of those runs elastic (so that a drain with no room
+    leaves the group live); and elastic runs that start below their size, to grow as nodes join at a point of a
+    step (`grow_at`; a sharded run by whole replicas). Returns the nodes, min_workers and
+    the faults."""
+    rng = random.Random(seed * 19 + 13 + (1 << 48))
+    world, nominal = loop.world_size, loop.steps * loop.step_s
+    faults: list[Fault] = []
+    shape = rng.random()
+    if shape < 0.3:  # drains
+        nodes = -(-world // cpus) + rng.choice([0, 0, 1, 2])
+        if low == 0 and world > 1 and loop.shards == 1 and rng.random() < 0.5:
+            low = rng.randint(1, world - 1)
+        for _ in range(rng.choice([1, 1, 2])):
+            deadline = rng.choice([None, rng.uniform(0.0, 3.0), rng.uniform(3.0, 30.0), rng.uniform(30.0, 120.0)])
+            faults.append(Fault(rng.uniform(0.0, nominal * 0.9), "drain_at", rng.randrange(world), deadline,
+                                point=rng.choice(LIVE_POINTS + (SHARD_POINTS if loop.shards > 1 else ()))))
+    elif shape < 0.5 and world > 1 and cpus % loop.shards == 0:  # grows
+        # A sharded run on nodes that each hold whole replicas: an elastic run placed on another number of ranks
+        # would fail in the loop (FlatShards), its size not told to the controller before its group forms.
+        low = loop.shards if loop.shards > 1 else rng.randint(1, world - 1)
+        first, full = -(-low // cpus), -(-world // cpus)
+        if first < full:
+            nodes = rng.randint(first, full - 1)
+            for _ in range(rng.choice([1, 1, 2, 3])):
+                faults.append(Fault(rng.uniform(0.0, nominal * 0.9), "grow_at", rng.randrange(world),
+                                    point=rng.choice(GROW_POINTS)))
+        elif loop.shards > 1:
+            low = 0
+    return nodes, low, faults
 
 
 def _sharded(seed: int, loop: LoopSpec) -> tuple[LoopSpec, list[Fault]]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol import messages as m
 from outlast.protocol.kinds import FailureKind
+from outlast.protocol.transport import INCARNATION_VAR
 from outlast.storage.records import CorruptDocument
 from outlast.sim.live import LiveSide, loop as live_loop
 from outlast.sim.tier import COPY_BYTES, check
@@ -88,10 +89,12 @@ class SimRank:
         self.children: set[int] = set()  # live processes it started, in its process group
         self._resumes = 0
         self._sent_at = float("-inf")
+        self.incarnation = int(spawn.env.get(INCARNATION_VAR, "0"))  # live recovery's: the rank's replacements count
         self.live: LiveSide | None = None  # live recovery's side of the rank (`outlast/sim/live.py`)
         if sim.schedule.live and sim.driver is not None and sim.driver.live is not None:
             self.live = LiveSide(self, sim.driver.live)
-            sim.live_watch.started(self.live)
+            sim.live_processes[(self.run_id, self.attempt, self.rank, self.incarnation)] = self
+            sim.live_watch.started(self)
 
     # ---- running the generator ----------------------------------------------------------
 
@@ -111,6 +114,13 @@ class SimRank:
         except StopIteration:
             # done(): the uploads in flight end first, then WorkerDone, then the process exits.
             self.sim.world.after(max(0.0, self._upload_done_at - self.sim.world.now), self._exit_done)
+            return
+        except SystemExit as e:  # as worker_main.py takes it: no WorkerDone, the process's exit code alone
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            self.sim.live_watch.exited(self, code)
+            self.exit_process()
+            self.node.worker_exited(self, code, None, None if code == 0 else m.WorkerError(
+                exc_type="SystemExit", message=str(e.code), traceback="", phase="train"))
             return
         except WorkerFailed as e:
             self.exit_process()

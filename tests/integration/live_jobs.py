@@ -35,9 +35,9 @@ def live_loop(config: dict) -> None:
     rank's first process of the first attempt SIGKILLs itself at the named fault point of that step ("forward":
     before it; "stop": it SIGSTOPs itself there instead, a hang). `config["checkpoint"]`: rank 0 reports a
     checkpoint with each committed step, uploaded in report(), which returns once the checkpoint is committed
-    (every rank's report of it counted); "live": every rank reports its part of `LiveTraining.save` instead, and a
-    restarted attempt restores the newest with `LiveTraining.load`. `config["shards"]`: the ranks split Adam's state
-    in that many shards."""
+    (every rank's report of it counted), and logs that it returned; "live": every rank reports its part of
+    `LiveTraining.save` instead, and a restarted attempt restores the newest with `LiveTraining.load`.
+    `config["shards"]`: the ranks split Adam's state in that many shards."""
     import torch
 
     from outlast import faults
@@ -101,6 +101,7 @@ def live_loop(config: dict) -> None:
                 with tempfile.TemporaryDirectory() as d:
                     torch.save(model.state_dict(), os.path.join(d, "model.pt"))
                     train.report({"step": was}, checkpoint=Checkpoint.from_directory(d))
+                _log(config, event="reported", step=was)  # committed: report() returned
             else:
                 train.report({"step": was})
     live.close()

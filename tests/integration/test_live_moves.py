@@ -141,3 +141,78 @@ def test_an_elastic_run_grows_live_when_a_node_joins_with_no_step_lost_and_no_re
     assert recovery["steps_lost"] == 0
     [resize] = state["resizes"]
     assert (resize["from_workers"], resize["to_workers"], resize["steps_lost"]) == (2, 3, 0)
+
+
+@pytest.mark.torch
+def test_an_elastic_run_that_commits_a_checkpoint_each_step_grows_live_without_waiting_on_the_added_rank(
+        storage_path, tmp_path, monkeypatch):
+    # Rank 0's report() of each step's checkpoint returns once the checkpoint is committed. One reported between the
+    # grow and the join waited for the added rank's report of it, which never comes (it takes up rank 0's count),
+    # and rank 0 never sent it the state: the added rank's wait timed out, a failure past max_failures=0.
+    from outlast.train.torch import TorchTrainer
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def join() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
+                       "step 5")
+            cluster.add_node("node-2")
+
+        t = threading.Thread(target=join, daemon=True)
+        t.start()
+        result = TorchTrainer(
+            live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True, "checkpoint": True,
+                                          "until_generation": 1, "after": 10},
+            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
+                                         elastic_resize_monitor_interval_s=0),
+            run_config=RunConfig(name="grown_checkpoints", storage_path=storage_path,
+                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
+        ).fit()
+        t.join()
+    log = read_events(events)
+    trained = max(e["step"] for e in log if e["event"] == "step") + 1
+    assert result.last_metrics == {"step": trained - 1}
+    assert sorted(e["rank"] for e in log if e["event"] == "start") == [0, 1, 2]
+    state = json.loads((Path(storage_path) / "grown_checkpoints" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["failure_counts"] == {}
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["steps_lost"] == 0
+    assert state["latest_checkpoint"] is not None
+
+
+@pytest.mark.torch
+def test_a_drained_rank_0_in_a_checkpoint_s_report_moves_live_once_its_commit_is_answered_to_it(
+        storage_path, tmp_path, monkeypatch):
+    # Rank 0 reports a checkpoint each step, its report() returning once it is committed. Answered to the process
+    # of rank 0 that spoke last, the commit went to its replacement, which said hello meanwhile: the drained process
+    # waited for ever, and rank 1 in the next step's allreduce with it.
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def drain() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
+                       "step 5")
+            node = next(e["node"] for e in read_events(events) if e["event"] == "start" and e["rank"] == 0)
+            cluster.drain_node(node, deadline_s=60, message="spot reclaimed")
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        result = _fit(storage_path, events, "moved_checkpoints", STEPS, checkpoint=True, until_generation=1,
+                      after=10)
+        t.join()
+    log = read_events(events)
+    trained = max(e["step"] for e in log if e["event"] == "step") + 1
+    assert result.last_metrics == {"step": trained - 1}
+    starts = [e for e in log if e["event"] == "start"]
+    assert sorted((e["rank"], e["incarnation"]) for e in starts) == [(0, 0), (0, 1), (1, 0)]
+    assert not [e for e in log if e["event"] == "thrown"]
+    # The drained process's report() of the last step it committed returned: its commit was answered to it.
+    [drained] = [e["pid"] for e in starts if (e["rank"], e["incarnation"]) == (0, 0)]
+    last = max(e["step"] for e in log if e["event"] == "step" and e["pid"] == drained)
+    assert [e for e in log if e["event"] == "reported" and e["pid"] == drained and e["step"] == last]
+    state = json.loads((Path(storage_path) / "moved_checkpoints" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "finished"
+    assert state["failure_counts"] == {"preemption": 1}
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("drain") and recovery["steps_lost"] == 0

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 from collections import Counter
 
+import dataclasses
+
 import pytest
 
 from outlast.controller import live_steps
 from outlast.controller.commit import CommitTracker
+from outlast.controller.core_state import CoreState
+from outlast.controller.live import LiveRun
 from outlast.protocol.membership import Membership
 from outlast.sim import live as sim_live
 from outlast.sim.live import POINTS
 from outlast.sim.run import run_seed
-from outlast.sim.schedule import SHARD_POINTS
+from outlast.sim.schedule import GROW_POINTS, SHARD_POINTS, draw_live
+from outlast.train.live import commit_store, step_commit
 from outlast.train.live.live_rank import LiveRank
 
 SCHEDULES = 1000
@@ -41,6 +46,14 @@ def test_a_thousand_live_schedules_keep_every_invariant_and_reach_every_point():
     assert facts["live_sharded"] >= 200 and facts["live_sharded_recovered"] >= 100
     assert facts["live_several_senders"] >= 20  # joiners of different shards in one recovery, a sender each
     assert facts["live_fallback_unheld_shard"] >= 50
+    # Planned changes: drains at every point of a step, whose ranks moved live to a node with room, or left an
+    # elastic run live, and grows live; each rank a planned generation left out exited cleanly.
+    for point in POINTS + SHARD_POINTS:
+        assert facts[f"live_drain_{point}"] >= 3, (point, facts)
+    for point in GROW_POINTS:
+        assert facts[f"live_grow_{point}"] >= 10, (point, facts)
+    assert facts["live_drains_moved"] >= 10 and facts["live_drains_left"] >= 5 and facts["live_grows"] >= 10
+    assert facts["live_drains_fell_back"] >= 50 and facts["live_left_cleanly"] >= 15
     assert facts["finished"] >= 0.8 * SCHEDULES
 
 
@@ -58,7 +71,7 @@ def _old_skip_to(self, rank: int, index: int) -> None:
     ("resume_at", 7),
     ("resume_at", 10),
     # a replacement's skipped report left the count of reports made behind: no later checkpoint settled
-    ("skip_to", 180),
+    ("skip_to", 13),
     # a rank that died before reporting a committed step held up the checkpoint a survivor waited on
     ("replaced", 15),
     ("replaced", 40),
@@ -92,3 +105,87 @@ def test_a_joiner_sent_another_shard_s_state_fails_its_seed(monkeypatch):
     sender = Membership.sender
     monkeypatch.setattr(Membership, "sender", lambda self, joiner, shards=1: sender(self, joiner, 1))
     assert run_seed(0, live=True).violations != []
+
+
+def _grow_counting_the_added_ranks_at_once(self, world_size: int) -> None:
+    least = 0 if self._least == float("inf") else int(self._least)
+    for _ in range(world_size - self.world_size):
+        self.reports.append(least)
+        self._made[least] = self._made.get(least, 0) + 1
+    self.world_size = max(self.world_size, world_size)
+    self._least = min(self._least, least)
+
+
+@pytest.mark.parametrize("fault,seed", [
+    # a checkpoint reported between a grow and the join waited for the added rank's report of it, and rank 0 in its
+    # synchronous report() never sent that rank the state: its wait timed out, a failure
+    ("grow", 6),
+    # a rank a grow added restored the checkpoint the attempt began from, deleted by retention since
+    ("restore", 280),
+    # a moved rank's drained process left between a committed step and its report: the checkpoint of that step
+    # waited for ever for a report its replacement, counting from its sender's, never makes
+    ("moved_out", 803),
+    # a drained rank that was to leave the group: after a fallback its exit was taken for no rank's, and the
+    # restart waited for it for ever
+    ("retired", 512),
+    # a drained rank 0's commit was answered to its replacement, which said hello meanwhile: it waited for ever
+    ("reported_by", 2769),
+    # a drained rank's own report spent its replacement's first: the replacement's, from its sender's count, was
+    # refused, and every later checkpoint waited for the rank
+    ("first_report", 3979),
+])
+def test_each_fault_found_by_the_planned_changes_put_back_fails_its_seed(monkeypatch, fault, seed):
+    assert run_seed(seed, live=True).violations == []
+    if fault == "grow":
+        monkeypatch.setattr(CommitTracker, "grow", _grow_counting_the_added_ranks_at_once)
+    elif fault == "restore":
+        monkeypatch.setattr(live_steps, "replacement", lambda c, a, rank, env: live_steps.spawns.spawn(
+            c, a, a.placement[rank], [a.specs[rank]], env))
+    elif fault == "moved_out":
+        monkeypatch.setattr(live_steps, "moved_out", lambda c, rank: [])
+    elif fault == "retired":
+        monkeypatch.setattr(live_steps, "_its_rank_s_again", lambda c, a, ev: False)
+    elif fault == "first_report":
+        first = LiveRun.first_report
+        monkeypatch.setattr(LiveRun, "first_report", lambda self, rank, incarnation: first(
+            self, rank, self.incarnation.get(rank, 0)))
+    else:
+        send = CoreState.send_to_rank
+        monkeypatch.setattr(CoreState, "send_to_rank",
+                            lambda self, rank, msg, attempt=None, report=None: send(self, rank, msg, attempt))
+    assert run_seed(seed, live=True).violations != []
+
+
+def _exit_with_a_failure(self) -> None:
+    self.close()
+    raise SystemExit(1)
+
+
+@pytest.mark.parametrize("rule,seed,kind,says", [
+    # a planned generation published while a vote is open aborts the step, as a death's does
+    ("abort_on_planned", 56, "drain_at", "a planned generation threw it"),
+    ("abort_on_planned", 21, "grow_at", "a planned generation threw it"),
+    # a rank left out of a planned generation exits with a failure
+    ("leave_fails", 56, "drain_at", "not cleanly"),
+    # a planned generation names its new members (a drained rank's replacement, an added rank) as no joiners
+    ("no_joiners", 81, "drain_at", "no state reaches it"),
+    ("no_joiners", 6, "grow_at", "no state reaches it"),
+])
+def test_each_rule_of_the_planned_changes_broken_fails_its_seed(monkeypatch, rule, seed, kind, says):
+    assert kind in {f.kind for f in draw_live(seed).faults}
+    assert run_seed(seed, live=True).violations == []
+    if rule == "abort_on_planned":
+        waiting = step_commit.while_waiting
+        monkeypatch.setattr(commit_store, "while_waiting", lambda newer, planned=False: waiting(newer, False))
+    elif rule == "leave_fails":
+        monkeypatch.setattr(LiveRank, "leave", _exit_with_a_failure)
+    else:
+        after = LiveRun._next
+
+        def no_joiners(self, joiners, source, planned=False):
+            m = after(self, joiners, source, planned)
+            return dataclasses.replace(m, joiners=(), source=None) if planned and m.joiners else m
+
+        monkeypatch.setattr(LiveRun, "_next", no_joiners)
+    violations = run_seed(seed, live=True).violations
+    assert violations and says in violations[0], violations

@@ -4,6 +4,8 @@ generation published while every member lives. No processes."""
 
 from __future__ import annotations
 
+import pytest
+
 from outlast.controller import group as g
 from outlast.controller.live import Leave, LiveRun, Planned, Recovered, Replace, StayPut
 from outlast.controller.live_room import where_to
@@ -307,7 +309,9 @@ def test_the_core_shrinks_an_elastic_run_live_when_a_lost_node_has_no_room_elsew
     [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
     assert [(w.rank, w.world_size) for w in spawn.msg.workers] == [(3, 3)]
     assert spawn.node_id == "n4" and spawn.msg.env["OUTLAST_LIVE_GROUP_RANK"] == "2/3"
-    assert h.core.plan.world_size == 4 and h.core.commit_tracker.reports == [2, 1, 2, 2]
+    # No checkpoint waits for it until its first report takes up the count of the rank that sent it the state.
+    assert h.core.plan.world_size == 4 and h.core.commit_tracker.reports[:3] == [2, 1, 2]
+    assert h.core.commit_tracker.absent == {3}
     h.step(g.LiveReady(attempt=1, member="r3i0"))
     [published] = [Membership.from_json(e.membership) for e in h.effects if isinstance(e, g.PublishMembership)]
     assert published == Membership(2, ("r0i0", "r2i0", "r3i0"), (2,), 0, planned=True)
@@ -369,3 +373,151 @@ def test_the_core_lets_a_drained_rank_leave_and_takes_it_out_of_the_attempt_once
     assert h.core.commit_tracker.lost == {1} and h.core.book.state.failure_counts == {"preemption": 1}
     finish_all(h, {0: placement[0], 2: placement[2]})
     assert h.state is State.FINISHED and len(h.core.book.state.attempts) == 1
+
+
+def test_a_drained_rank_s_replacement_restores_no_checkpoint_the_attempt_began_from():
+    # The attempt's checkpoint may be gone since it began (num_to_keep): a replacement that found it gone failed
+    # before it joined, and the move turned into a death.
+    h, _ = _live()
+    h.core.attempt.restore = "checkpoint_000001"
+    _drain(h, "n2")
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.msg.restore_checkpoint is None
+
+
+def test_a_rank_a_grow_adds_restores_no_checkpoint_the_attempt_began_from():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.core.attempt.restore = "checkpoint_000001"
+    h.effects.clear()
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))
+    [spawn] = [e for e in h.effects if isinstance(e, g.Spawn)]
+    assert spawn.msg.restore_checkpoint is None
+
+
+def test_a_checkpoint_reported_between_a_grow_and_the_join_settles_without_the_added_rank():
+    # A rank in a synchronous report() of it waits for its commit before it sends the added rank the state: had
+    # the checkpoint waited for the added rank's report of it, which never comes, neither would go on.
+    from outlast.controller.commit import CommitTracker
+
+    tracker = CommitTracker(2)
+    for rank in (0, 1):
+        tracker.on_report(rank, 0, None, [], {"step": 0})
+    tracker.grow(3)
+    assert tracker.on_report(0, 1, "checkpoint_000001", [], {"step": 1}) == []
+    [settled] = tracker.on_report(1, 1, "checkpoint_000001", [], {"step": 1})
+    assert settled.checkpoint_dir == "checkpoint_000001" and not settled.missing_shards
+    # The added rank takes up the count from its sender's, and counts from there.
+    tracker.on_report(2, 2, "checkpoint_000002", [], {"step": 2})
+    assert tracker.reports == [2, 2, 3]
+
+
+def test_a_checkpoint_a_moved_rank_s_drained_process_never_reported_settles_once_it_exited():
+    # The drained process died between a committed step and its report; its replacement reports from the count of
+    # rank 0, which reported that step: the checkpoint of it waited for rank 1's report, and rank 0's synchronous
+    # report() for its commit, never to go on.
+    h, _ = _live()
+    _drain(h, "n2")
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
+    assert h.core.book.state.latest_checkpoint is None
+    h.agent("n2", m.WorkerExited(run_id=h.core.run_id, attempt=1, rank=1, pid=101, exit_code=None, signal=9,
+                                 error=None, node_id="n2"))
+    assert h.state is State.RUNNING and h.core.book.state.latest_checkpoint == "checkpoint_0"
+    h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}), incarnation=1))
+    assert h.core.commit_tracker.reports[1] == 2
+
+
+def test_a_rank_that_was_to_leave_is_waited_for_by_the_restart_when_a_death_falls_back_first():
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2", "n3"), world_size=3, elastic=Elastic(2, 3, min_interval_s=0), live_recovery=True,
+             live_store="controller:7", max_failures=-1)
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2", "n3")]))  # no spare node
+    drained = placement[1]
+    _drain(h, drained)
+    # Both ranks that stay die before the planned generation formed: no rank holds the state, a restart.
+    for rank in (0, 2):
+        h.agent(placement[rank], h.exited(rank, placement[rank], code=-9))
+    assert h.state is State.RESTARTING and h.core.live is None
+    # The restart's stop ends rank 0's replacement, and the drained rank, whose exit is its rank's again.
+    h.agent(placement[0], h.exited(0, placement[0], code=-15))
+    h.agent(drained, h.exited(1, drained, code=-15))
+    assert h.state is not State.RESTARTING and len(h.core.book.state.attempts) == 2
+
+
+def test_a_commit_is_answered_to_the_drained_process_that_reported_it_though_its_replacement_spoke_since():
+    # The drained process waits in a synchronous report() for the commit: answered to the replacement, which said
+    # hello in between, it waited for ever, and the ranks beside it in the step's allreduce with it.
+    h, _ = _live()
+    _drain(h, "n2")
+    h.worker(m.Report(attempt=1, rank=1, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
+    h.step(g.FromWorker(m.WorkerHello(attempt=1, rank=1, pid=300), incarnation=1))
+    h.effects.clear()
+    h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}, checkpoint_dir="checkpoint_0", files=[]))
+    answers = [e for e in h.effects if isinstance(e, g.ToRank) and isinstance(e.msg, m.Committed)]
+    assert {(e.rank, e.incarnation) for e in answers} == {(0, 0), (1, 0)}
+
+
+def test_a_rank_a_death_s_generation_leaves_out_after_its_step_broke_exits_cleanly():
+    # A drained rank whose move a death overtook: the death's generation, built on the planned one, names its
+    # replacement. Its join after the broken step raised NotAMemberError out of step(), a failure of a process whose
+    # rank its replacement held already.
+    from outlast.train.live.live_rank import LiveRank
+    from outlast.train.live.rendezvous import NotAMemberError
+    from outlast.train.torch.live import LiveTraining
+
+    live = object.__new__(LiveTraining)  # its join alone: no session, store or group
+    live.rank = LiveRank(store=None, member="r1i0")
+
+    def left_out() -> int:
+        raise NotAMemberError("member r1i0 is not in generation 2 (members ['r0i0', 'r1i1'])")
+
+    live._join = left_out
+    with pytest.raises(SystemExit) as exited:
+        live._rejoin()
+    assert exited.value.code == 0
+    live._join = lambda: 7
+    assert live._rejoin() == 7
+
+
+def test_a_run_ends_when_the_last_process_to_exit_is_a_drained_rank_that_left():
+    # The rank that stayed finished its loop first; the drained rank's exit, taken as no rank's, never asked
+    # whether the attempt was over, and the run stayed running for ever.
+    from outlast.controller.resize import Elastic
+    from tests.fakes.controller import node
+
+    h = make(nodes=("n1", "n2"), world_size=2, elastic=Elastic(1, 2, min_interval_s=0), live_recovery=True,
+             live_store="controller:7")
+    placement = start(h)
+    h.step(g.LiveJoined(attempt=1, generation=0, steps_lost=0, wall=h.wall()))
+    h.step(g.NodeTable([node(n) for n in ("n1", "n2")]))  # no spare node
+    _drain(h, placement[0])
+    h.step(g.LiveJoined(attempt=1, generation=1, steps_lost=0, wall=h.wall() + 0.5))
+    h.worker(m.WorkerDone(attempt=1, rank=1, reports=0))
+    h.agent(placement[1], h.exited(1, placement[1]))
+    assert h.state is State.RUNNING
+    h.agent(placement[0], h.exited(0, placement[0]))
+    assert h.state is State.FINISHED
+
+
+def test_a_drained_rank_s_own_reports_while_it_moves_leave_its_replacement_s_first_report_to_take_up_the_count():
+    # Taken for the replacement's first, the drained process's report spent it: the replacement's, from the count
+    # of its sender (which had reported one more step), was refused as out of order, and every later checkpoint
+    # waited for rank 1.
+    h, _ = _live()
+    _drain(h, "n2")
+    h.step(g.LiveReady(attempt=1, member="r1i1"))
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}))
+    h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
+    h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=2, metrics={"step": 2}), incarnation=1))
+    assert h.core.commit_tracker.reports == [2, 3]

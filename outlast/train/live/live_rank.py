@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from outlast.faults import fault_point
 from outlast.protocol.membership import joined_key
@@ -224,6 +224,13 @@ class LiveRank:
         if not self.thrown:
             raise RuntimeError("keep_in_flight() with no step broken since the last join")
         self.thrown -= 1
+
+    def leave(self) -> NoReturn:
+        """Left out of the newest generation (`join` raised NotAMemberError after a planned step): the group went on
+        without this member, whose rank its replacement holds or the smaller world no longer has. Nothing is left
+        for it to do: it exits cleanly (SystemExit(0), which the worker takes as a clean exit and no failure)."""
+        self.close()
+        raise SystemExit(0)
 
     def close(self) -> None:
         if self.group is not None:

@@ -49,7 +49,7 @@ def await_membership(store: Store, member: str, after: int, timeout_s: float, sp
     """The newest generation after `after` that names `member` (`look_for_membership`), waited for."""
     deadline = time.monotonic() + timeout_s
     if spare:
-        store.set(ready_key(member), "1")
+        say_ready(store, member)
     while True:
         membership, after = look_for_membership(store, member, after, spare)
         if membership is not None:
@@ -57,6 +57,12 @@ def await_membership(store: Store, member: str, after: int, timeout_s: float, sp
         if time.monotonic() > deadline:
             raise TimeoutError(f"member {member}: no generation after {after} named it within {timeout_s} s")
         time.sleep(poll_s)
+
+
+def say_ready(store: Store, member: str) -> None:
+    """A member that has held no rank yet waits: the controller publishes a planned generation that names it once
+    it reads this (`LiveStore.ready`)."""
+    store.set(ready_key(member), "1")
 
 
 def look_for_membership(store: Store, member: str, after: int, spare: bool) -> tuple[Membership | None, int]:

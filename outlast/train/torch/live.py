@@ -161,8 +161,7 @@ class LiveTraining:
         if self.rank.regroup_due:
             # The gradients of this step stay: they were computed on the committed state every member holds.
             if not self._regroup():
-                self.rank.close()
-                raise SystemExit(0)  # moved: its replacement holds this rank from here
+                self.rank.leave()  # moved, or left: its replacement, or the smaller world, goes on without it
             if self.rank.joins[-1].shrunk:  # a node lost meanwhile: as below, the step goes again on the new split
                 self.optimizer.zero_grad()
                 return step
@@ -180,7 +179,7 @@ class LiveTraining:
             # holds, so it keeps them: once the group formed again, the replacement (which takes that state and
             # runs this step's forward and backward on its own batch) and the survivors reduce this step again.
             self.rank.keep_in_flight()
-            resumed = self._join()
+            resumed = self._rejoin()
             if resumed != step:
                 raise RuntimeError(f"after step {step} broke, the survivors agreed to go on at step {resumed}: a "
                                    "survivor's committed step moved, so its gradients cannot be reduced again")
@@ -224,7 +223,7 @@ class LiveTraining:
             self.rank.last_break = str(e)
         # Joined outside the handler: nothing of the broken group may outlive the wait for the next one (the group
         # frees its failed work itself, `LiveGroup._run`; a handler's traceback would hold the caller's frames).
-        resumed = self._join()
+        resumed = self._rejoin()
         if resumed != next_step:
             raise RuntimeError(f"after step {next_step - 1} committed, the ranks agreed to go on at step {resumed}")
 
@@ -313,6 +312,16 @@ class LiveTraining:
         """The live group's generation the next step runs in (a planned one due after the last step counts): the
         same on every rank, a new member too, after the same step."""
         return self.rank.ledger.generation + self.rank.regroup_due
+
+    def _rejoin(self) -> int:
+        """After a step broke: into the next generation. One that leaves this rank out (a drained rank whose planned
+        generation a death overtook: the death's generation is built on the planned one) means what it means after
+        a planned step: the rank leaves, cleanly. It raised NotAMemberError out of step() before, a failure of a
+        process whose rank its replacement held already."""
+        try:
+            return self._join()
+        except NotAMemberError:
+            self.rank.leave()
 
     def _regroup(self) -> bool:
         """Form the planned generation published meanwhile; False when it leaves this rank out."""
