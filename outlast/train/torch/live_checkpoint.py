@@ -23,7 +23,7 @@ MODEL = "model.pt"
 STATE = "state.pt"
 
 
-class Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class PartsLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step: Annotated[int, msgspec.Meta(ge=0)]  # the committed step the checkpoint holds
     shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
 
@@ -58,7 +58,7 @@ def save(directory: str | Path, rank: int, step: int, shards: int, model: Any, o
     d = Path(directory)
     for name in files:
         if name == LAYOUT:
-            (d / name).write_bytes(msgspec.json.encode(Layout(step=step, shards=shards)))
+            (d / name).write_bytes(msgspec.json.encode(PartsLayout(step=step, shards=shards)))
         else:
             torch.save(content[name], d / name)
     return bool(files)
@@ -70,7 +70,7 @@ def load(directory: str | Path, shard: int, shards: int) -> Restored:
 
     d = Path(directory)
     try:
-        layout = msgspec.json.decode((d / LAYOUT).read_bytes(), type=Layout)
+        layout = msgspec.json.decode((d / LAYOUT).read_bytes(), type=PartsLayout)
     except FileNotFoundError:
         raise FileNotFoundError(f"{d} has no {LAYOUT}: it is not a checkpoint LiveTraining.save wrote (rank 0 "
                                 "writes it); load such a checkpoint in the loop itself") from None
