@@ -294,6 +294,11 @@ class LiveRun:
         self.unreported.discard(rank)
         return True
 
+    def superseded(self, rank: int, incarnation: int) -> bool:
+        """Whether `rank`'s process `incarnation` is an earlier one than the rank's newest (a replacement was forked
+        since: the process died, or was drained and moves)."""
+        return rank in self.incarnation and incarnation < self.incarnation[rank]
+
     def on_joined(self, generation: int, steps_lost: int, wall: float, shards: int = 1) -> Recovered | None:
         """The sending rank of `generation` says the state went across (generation 0: the ranks say the group
         formed, and in how many `shards` they split the optimizer's state). An older generation's word is stale: a

@@ -99,6 +99,15 @@ def _on_checkpoints_query(c: CoreState, a: AttemptState, msg: m.CheckpointsQuery
 
 
 def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
+    incarnation = a.reply_to.get(msg.rank, 0)
+    if c.live is not None and c.live.superseded(msg.rank, incarnation) and msg.rank in c.commit_tracker.absent:
+        # Sent by a process that is gone, read after its death: its rank waits for its replacement's first report,
+        # which goes on from the count of the rank whose state it takes. Counted, it made the rank present again at
+        # the dead process's count, and the checkpoint of a step it committed but never reported waited for a
+        # report nobody makes, while a survivor in that checkpoint's report() never sent the replacement the state.
+        log.info("a report %d of rank %d's process %d, gone since, is not counted: its replacement reports for it",
+                 msg.index, msg.rank, incarnation)
+        return
     p = preempt_steps.preemption(c)
     if msg.saw_preemption and p is not None:
         p.jit_reports.add((msg.rank, msg.index))
@@ -119,7 +128,7 @@ def on_report(c: CoreState, a: AttemptState, msg: m.Report) -> None:
                             c.commits.peer_rate(a.placement.get(msg.rank, "")), c.now)
         if p is not None:
             preempt_steps.forecast_uploads(c, p)
-    if c.live is not None and c.live.first_report(msg.rank, a.reply_to.get(msg.rank, 0)):
+    if c.live is not None and c.live.first_report(msg.rank, incarnation):
         c.commit_tracker.skip_to(msg.rank, msg.index)
     try:
         ready = c.commit_tracker.on_report(msg.rank, msg.index, msg.checkpoint_dir, msg.files, msg.metrics,

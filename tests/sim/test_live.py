@@ -80,6 +80,9 @@ def _old_skip_to(self, rank: int, index: int) -> None:
     # a rank lost in a sharded run's gather after a committed step: its replacement took a count of reports that
     # lacked that step's report, and the checkpoint a survivor waited on never settled
     ("reports_after_gather", 0),
+    # a dead rank's report, read after its death, made the rank present again at its count: the checkpoint of a step
+    # it committed and never reported waited for its replacement, whose sender waited in that checkpoint's report()
+    ("superseded", 8762),
 ])
 def test_each_fault_found_put_back_fails_its_seed(monkeypatch, fault, seed):
     assert run_seed(seed, live=True).violations == []
@@ -90,6 +93,8 @@ def test_each_fault_found_put_back_fails_its_seed(monkeypatch, fault, seed):
         monkeypatch.setattr(CommitTracker, "skip_to", _old_skip_to)
     elif fault == "reports_after_gather":
         monkeypatch.setattr(sim_live, "reports_after_gather", lambda own, counts, took_state: own)
+    elif fault == "superseded":
+        monkeypatch.setattr(LiveRun, "superseded", lambda self, rank, incarnation: False)
     elif fault == "replaced":
         monkeypatch.setattr(CommitTracker, "replaced", lambda self, rank: [])
     else:

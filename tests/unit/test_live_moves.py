@@ -521,3 +521,21 @@ def test_a_drained_rank_s_own_reports_while_it_moves_leave_its_replacement_s_fir
     h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
     h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=2, metrics={"step": 2}), incarnation=1))
     assert h.core.commit_tracker.reports == [2, 3]
+
+
+def test_a_dead_rank_s_report_read_after_its_death_leaves_the_checkpoints_to_settle_without_it():
+    # Rank 1 reported step 0, then step 1, and died after committing step 2: its report of step 1 is read after its
+    # death. Counted, it made the rank present again at its count, and the checkpoint of step 2 waited for a report
+    # of rank 1 that only its replacement could make, whose sender, rank 0, waited in that checkpoint's report().
+    h, placement = _live(max_failures=3)
+    for rank in (0, 1):
+        h.worker(m.Report(attempt=1, rank=rank, index=0, metrics={"step": 0}))
+    h.agent(placement[1], h.exited(1, placement[1], code=-9))
+    assert h.state is State.RUNNING and h.core.live is not None  # replaced live
+    h.worker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}))  # its process, incarnation 0, is gone
+    h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
+    h.worker(m.Report(attempt=1, rank=0, index=2, metrics={"step": 2}, checkpoint_dir="checkpoint_2", files=[]))
+    assert h.state is State.RUNNING and h.core.book.state.latest_checkpoint == "checkpoint_2"
+    # Its replacement reports from its sender's count, and counts from there.
+    h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=3, metrics={"step": 3}), incarnation=1))
+    assert h.core.commit_tracker.reports == [3, 4]
