@@ -174,8 +174,8 @@ class CommitTracker:
         if rank in self.lost:
             return []
         if rank in self.absent or (rank in self.ever_replaced and index > self.reports[rank]):
-            # A replaced rank's report: its replacement's first (it counts again from there), or the last of its
-            # predecessor, sent before its death and read after it.
+            # A replaced rank's report: its replacement's first (it counts again from there). A dead predecessor's,
+            # read after its death, is not counted while the rank is absent (`on_workers.on_report`).
             self.skip_to(rank, index)
         if index != self.reports[rank]:
             raise ValueError(f"rank {rank} sent report {index}, expected {self.reports[rank]}")
