@@ -108,7 +108,7 @@ def test_the_core_replaces_a_dead_rank_without_stopping_the_others_and_charges_m
     # The replacement's first report takes the index its state came with; its predecessor's last never came.
     h.worker(m.Report(attempt=1, rank=0, index=0, metrics={"step": 0}))
     h.worker(m.Report(attempt=1, rank=0, index=1, metrics={"step": 1}))
-    h.worker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}))
+    h.step(g.FromWorker(m.Report(attempt=1, rank=1, index=1, metrics={"step": 1}), incarnation=1))
     assert h.core.commit_tracker.reports == [2, 2]
     # The replacement's exit is the rank's: the run finishes when every rank returned.
     finish_all(h, placement)
