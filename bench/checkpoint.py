@@ -65,7 +65,7 @@ def run_case(where, tree, src, methods, base, args, workdir, env, errors):
         if saved is None:
             continue
         fig = {"save_s": saved["s"], "blocked_s": saved["blocked_s"], "save_MBps": saved["bytes"] / saved["s"] / 1e6,
-               "load1": load[0]}
+               "load1": load[0], **{f"phase.{k}": v for k, v in saved.get("phases", {}).items()}}
         if method not in NO_RESTORE:
             restored = probe(method, "restore", src, dest, into, env, workdir, errors)
             if restored is not None:

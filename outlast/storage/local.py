@@ -16,6 +16,7 @@ from outlast.storage.base import StorageError
 from outlast.storage import priority
 from outlast.storage.checksum import ALGORITHM, copy_file, copy_hashed, copy_hashed_open, hash_file
 from outlast.storage.priority import io_pool
+from outlast.trace import mark
 
 
 def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
@@ -77,7 +78,9 @@ def _place_and_hash(src: Path, dst: Path, move: bool, replace: bool) -> tuple[in
     sized = _place(src, dst, move, replace)
     if sized is None:
         return hash_file(src, ALGORITHM)
+    mark("upload.placed", file=dst.name)
     fsync_file(dst)
+    mark("upload.fsynced", file=dst.name)
     return sized
 
 
@@ -176,6 +179,7 @@ class LocalStorage:
                     fsync_dir(d)
         except OSError as e:
             raise StorageError(f"could not make the checkpoint files in {target} durable: {e}") from e
+        mark("upload.dirs_fsynced", dirs=len(above) + len(holding))
         return entries
 
     def write_atomic(self, path: str, data: bytes) -> None:
