@@ -10,7 +10,8 @@ power loss, which outlast's commit promises), fsspec (a plain recursive put/get:
 on S3), outlast (upload_dir; restore = materialize, which checks every file against the
 manifest), outlast_report (a SYNC `report()` of one rank of a run on an embedded node
 with its memory tier, timed inside the worker 20 s into the run: the upload, the manifest
-and what the commit waits for; with its phases, `report_phases`), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
+and what the commit waits for; with its phases, `report_phases`), ray_report (the same on Ray Train
+V2: Ray's report(), which copies the tree to storage_path), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
 reports and save_async do), ray (Ray Train V2's copy: pyarrow copy_files with Ray's
 settings), dcp / dcp_async (torch.distributed.checkpoint save and
 async_save of a state dict holding the same bytes as tensors; restore = dcp.load),
@@ -97,14 +98,15 @@ SETTLE_S = 20.0
 
 
 def _timed_report(config):
-    """The train function of outlast_report: one report() of the tree, its seconds written to config["out"].
-    It waits SETTLE_S first, as a loop reports after its first steps: the run's start-up is over by then
-    (the node's standby fork server, started 10 s in, imports its modules on the same cores)."""
-    import outlast.train
+    """The train function of outlast_report and ray_report: one report() of the tree, its seconds written to
+    config["out"]. It waits SETTLE_S first, as a loop reports after its first steps: the run's start-up is
+    over by then (outlast's standby fork server, started 10 s in, imports its modules on the same cores)."""
+    import importlib
 
+    train = importlib.import_module(f"{config['framework']}.train")
     time.sleep(SETTLE_S)
     began, t0 = time.time(), time.perf_counter()
-    outlast.train.report({"step": 0}, checkpoint=outlast.train.Checkpoint.from_directory(config["src"]))
+    train.report({"step": 0}, checkpoint=train.Checkpoint.from_directory(config["src"]))
     seconds = time.perf_counter() - t0
     Path(config["out"]).write_text(json.dumps({"s": seconds, "began": began, "returned": began + seconds}))
 
@@ -155,11 +157,28 @@ def outlast_report(src, dest):
     with tempfile.TemporaryDirectory() as tmp:
         out, trace = os.path.join(tmp, "report.json"), Path(tmp, "trace.jsonl")
         os.environ[ENV_VAR] = str(trace)  # before the run: its node and worker inherit it
-        DataParallelTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out},
+        DataParallelTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out,
+                                                              "framework": "outlast"},
                             scaling_config=ScalingConfig(num_workers=1),
                             run_config=RunConfig(storage_path=os.path.abspath(root), name=leaf)).fit()
         timed = json.loads(Path(out).read_text())
         return timed["s"], report_phases(trace, timed["began"], timed["returned"])
+
+
+def ray_report(src, dest):
+    """outlast_report's run on Ray Train V2: one worker whose report() of the tree (SYNC, Ray's default) is
+    timed inside it, 20 s into the run; storage_path is dest's parent. Ray starts inside fit(), untimed."""
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    root, leaf = split(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        TorchTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out, "framework": "ray"},
+                     scaling_config=ray.train.ScalingConfig(num_workers=1),
+                     run_config=ray.train.RunConfig(storage_path=os.path.abspath(root), name=leaf)).fit()
+        return json.loads(Path(out).read_text())["s"]
 
 
 def warm(method):
@@ -189,6 +208,9 @@ def save(method, src, dest):
     if method == "outlast_report":
         done, phases = outlast_report(src, dest)
         return done, done, phases
+    if method == "ray_report":
+        done = ray_report(src, dest)
+        return done, done
     t0 = time.perf_counter()
     if method == "copy":
         shutil.copytree(src, dest)
