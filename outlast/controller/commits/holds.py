@@ -5,12 +5,13 @@ Every request to a node's tier is an effect (`effects.TierAsk`), its answer an e
 (`TierAnswered`); nothing waits on a copy. Two ways to commit, the run's choice
 (`CheckpointConfig(checkpoint_storage=...)`):
 
-- "storage" (the default): the manifest is written as always, and at the same time each rank's node
-  copies that rank's files into its memory. Where storage is a file system the node sees, the copy is
-  taken from the checkpoint's directory there, which stays: the ranks hear `Committed` once the
-  manifest is written, and the copy goes on beside their next steps. Else it is taken from the rank's
-  own directory, and the ranks hear `Committed` once the manifest is written and every such copy has
-  answered (kept or refused), so the worker's own directory is no longer needed. Each copy kept then
+- "storage" (the default): the manifest is written as always, and each rank's node copies that rank's
+  files into its memory. Where storage is a file system the node sees, the copy is taken from the
+  checkpoint's directory there, which stays: the ranks hear `Committed` once the manifest is written,
+  and the node is asked for the copy after that, which goes on beside their next steps. Else it is
+  taken from the rank's own directory, beside the manifest's write, and the ranks hear `Committed`
+  once the manifest is written and every such copy has answered (kept or refused), so the worker's
+  own directory is no longer needed. Each copy kept then
   goes to a peer in another failure domain, off the commit.
 - "memory": no file goes to storage. Each rank's node keeps the files and pushes a replica to its
   peer; once every rank's files are on two nodes in different failure domains
