@@ -16,7 +16,8 @@ for: all of save_s, except async_save / save_async, which return after staging a
 memory; outlast_report: a SYNC report() inside a rank, to its commit), save_MBps, restore_s (outlast: every file checked against the manifest; on a file
 system the checkpoint is read in place). Ratios: outlast / ray and outlast / floor for
 throughput (> 1: outlast faster), ray / outlast for blocked time, and the parallel copies'
-seconds over a SYNC report's (`report_vs.*`, >= 1: the report is at least as fast).
+seconds over a SYNC report's (`report_vs.*`, >= 1: the report is at least as fast), and the report's
+seconds over each method's run by run (`report_over_paired`: each pair from one round, <= 1: as fast).
 One JSON document on stdout (and --out); exits 1 if any measurement failed.
 """
 import argparse
@@ -34,11 +35,11 @@ from bench.lib.venvs import OUTLAST_PY
 
 venvs.in_project_venv(__spec__.name, "psutil")
 LOCAL_SAVE = ["copy", "copy_parallel", "copy_parallel_fsync", "outlast", "outlast_report", "outlast_move", "ray",
-              "dcp", "dcp_async", "save_async", "torchsave+outlast", "torchsave+ray"]
+              "ray_report", "dcp", "dcp_async", "save_async", "torchsave+outlast", "torchsave+ray"]
 S3_SAVE = ["fsspec", "outlast", "ray"]
 # The same restore as another row, or a floor for the save alone.
-NO_RESTORE = {"dcp_async", "outlast_move", "outlast_report", "torchsave+outlast", "torchsave+ray", "copy_parallel",
-              "copy_parallel_fsync"}
+NO_RESTORE = {"dcp_async", "outlast_move", "outlast_report", "ray_report", "torchsave+outlast", "torchsave+ray",
+              "copy_parallel", "copy_parallel_fsync"}
 FLOOR = {"local": "copy", "s3": "fsspec"}
 
 
@@ -55,7 +56,10 @@ def remove(dest, env):
 
 
 def run_case(where, tree, src, methods, base, args, workdir, env, errors):
+    """({method: summary of its runs}, {m: summary of the report's seconds over m's, run by run}: each pair from
+    one round of the interleaving, which the machine's load moves alike)."""
     runs = {m: [] for m in methods}
+    seconds = {m: {} for m in methods}  # method -> round -> save_s
     for i, method in harness.interleaved(methods, args.repeat):
         tag = f"{tree}-{method.replace('+', '_')}-{i}"
         dest, into = f"{base}/{tag}", os.path.join(workdir, "restored", tag)
@@ -65,16 +69,20 @@ def run_case(where, tree, src, methods, base, args, workdir, env, errors):
         if saved is None:
             continue
         fig = {"save_s": saved["s"], "blocked_s": saved["blocked_s"], "save_MBps": saved["bytes"] / saved["s"] / 1e6,
-               "load1": load[0]}
+               "load1": load[0], **{f"phase.{k}": v for k, v in saved.get("phases", {}).items()}}
         if method not in NO_RESTORE:
             restored = probe(method, "restore", src, dest, into, env, workdir, errors)
             if restored is not None:
                 fig.update(restore_s=restored["s"], restore_MBps=restored["bytes"] / restored["s"] / 1e6)
         runs[method].append(fig)
+        seconds[method][i] = saved["s"]
         log(f"{where} {tag}: " + json.dumps({k: round(v, 3) for k, v in fig.items()}))
         remove(dest, env)
         shutil.rmtree(into, ignore_errors=True)
-    return {m: harness.summarize_runs(r) for m, r in runs.items()}
+    report = seconds.get("outlast_report", {})
+    paired = {m: harness.summary([report[i] / s[i] for i in sorted(report.keys() & s.keys()) if s[i] > 0])
+              for m, s in seconds.items() if m != "outlast_report" and report.keys() & s.keys()}
+    return {m: harness.summarize_runs(r) for m, r in runs.items()}, paired
 
 
 def from_log(path, where):
@@ -102,7 +110,7 @@ def ratios(where, by_method):
         out[f"ray_over_floor.{key}"] = harness.ratio(ray.get(key), floor.get(key))
     if where == "local":
         report = by_method.get("outlast_report", {}).get("save_s")
-        for m in ("copy_parallel", "copy_parallel_fsync", "copy", "ray"):
+        for m in ("copy_parallel", "copy_parallel_fsync", "copy", "ray", "ray_report"):
             out[f"report_vs.{m}.save_s"] = harness.ratio(by_method.get(m, {}).get("save_s"), report)
         move = by_method.get("outlast_move", {})
         out["outlast_move_over_ray.save_MBps"] = harness.ratio(move.get("save_MBps"), ray.get("save_MBps"))
@@ -129,6 +137,7 @@ def main():
     parts = set(args.parts.split(","))
     venvs.ensure_ray_venv()
     workdir = tempfile.mkdtemp(prefix="outlast-ckpt-bench-", dir=os.environ.get("BENCH_DIR"))
+    harness.private_state_dirs(workdir)  # the runs of outlast_report and ray_report join no one else's node
     log(f"trees and logs in {workdir}")
     started, load_before, errors, figures = time.time(), harness.load(), [], {}
     env = venvs.with_root(dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
@@ -152,9 +161,10 @@ def main():
                 env.update(aws)
             base = os.path.join(workdir, "storage", "run") if where == "local" else "s3://bench/run"
             methods = [m for m in (LOCAL_SAVE if where == "local" else S3_SAVE) if only is None or m in only]
-            by_method = run_case(where, tree, src, methods, base, args, workdir, env, errors)
+            by_method, paired = run_case(where, tree, src, methods, base, args, workdir, env, errors)
             figures[f"{where}.{tree}"] = {"MB": total * MB / 1e6, "files": max(total // file_mb, 1),
-                                          "methods": by_method, "ratios": ratios(where, by_method)}
+                                          "methods": by_method, "ratios": ratios(where, by_method),
+                                          "report_over_paired": paired}
             shutil.rmtree(src, ignore_errors=True)
     finally:
         if moto is not None:

@@ -1,9 +1,12 @@
-"""Timestamps along the restart path, for the benchmarks (bench/restart_breakdown.py), off by default.
+"""Timestamps along the restart path and a SYNC report's, for the benchmarks (bench/restart_breakdown.py,
+bench/checkpoint.py), off by default.
 
 With `OUTLAST_TRACE_FILE` set, each `mark(phase, ...)` appends one JSON line (wall time, pid, the
 phase and its fields) to that file; every process of a run inherits the variable: the driver,
 the agent, the fork server and the workers. Unset, a mark costs one dictionary lookup.
-The phases are listed in docs/benchmarks.md ("Where a restart's time goes").
+The phases are listed in docs/benchmarks.md ("Where a restart's time goes"); those along a SYNC report's
+path (report.*, upload.*, controller.report, controller.committed, tier.*) in bench/lib/checkpoint_probe.py
+(`report_phases`).
 """
 
 from __future__ import annotations

@@ -10,14 +10,15 @@ power loss, which outlast's commit promises), fsspec (a plain recursive put/get:
 on S3), outlast (upload_dir; restore = materialize, which checks every file against the
 manifest), outlast_report (a SYNC `report()` of one rank of a run on an embedded node
 with its memory tier, timed inside the worker 20 s into the run: the upload, the manifest
-and what the commit waits for), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
+and what the commit waits for; with its phases, `report_phases`), ray_report (the same on Ray Train
+V2: Ray's report(), which copies the tree to storage_path), outlast_move (upload_dir(move=True): the files are given up, as ASYNC
 reports and save_async do), ray (Ray Train V2's copy: pyarrow copy_files with Ray's
 settings), dcp / dcp_async (torch.distributed.checkpoint save and
 async_save of a state dict holding the same bytes as tensors; restore = dcp.load),
 save_async (outlast's staged save: copy into memory, torch.save, upload_dir(move)),
 torchsave+M (the state dict torch.save'd into a temporary directory, then saved with M:
 what a Ray Train script's loop waits for, with M = ray or outlast).
-Prints {"s": seconds to done, "blocked_s": seconds the caller was blocked, "bytes": n}.
+Prints {"s": seconds to done, "blocked_s": seconds the caller was blocked, "bytes": n, "phases": {...}}.
 """
 import argparse
 import json
@@ -97,16 +98,51 @@ SETTLE_S = 20.0
 
 
 def _timed_report(config):
-    """The train function of outlast_report: one report() of the tree, its seconds written to config["out"].
-    It waits SETTLE_S first, as a loop reports after its first steps: the run's start-up is over by then
-    (the node's standby fork server, started 10 s in, imports its modules on the same cores)."""
-    import outlast.train
+    """The train function of outlast_report and ray_report: one report() of the tree, its seconds written to
+    config["out"]. It waits SETTLE_S first, as a loop reports after its first steps: the run's start-up is
+    over by then (outlast's standby fork server, started 10 s in, imports its modules on the same cores)."""
+    import importlib
 
+    train = importlib.import_module(f"{config['framework']}.train")
     time.sleep(SETTLE_S)
-    t0 = time.perf_counter()
-    outlast.train.report({"step": 0}, checkpoint=outlast.train.Checkpoint.from_directory(config["src"]))
+    began, t0 = time.time(), time.perf_counter()
+    train.report({"step": 0}, checkpoint=train.Checkpoint.from_directory(config["src"]))
     seconds = time.perf_counter() - t0
-    Path(config["out"]).write_text(json.dumps({"s": seconds}))
+    Path(config["out"]).write_text(json.dumps({"s": seconds, "began": began, "returned": began + seconds}))
+
+
+def report_phases(trace, began, returned):
+    """Where a SYNC report's seconds went, from the marks of its run (`outlast/trace.py`), each phase the time
+    since the one before it: before_upload (report()'s own start), copies (to the last file placed in storage,
+    copied and hashed), fsync_tail (to the last file fsynced), dirs (the directories' fsyncs after the files),
+    to_controller (the report's message), controller (its step, to the manifest's write), manifest (its write
+    and fsyncs), told (to the Committed sent), heard (to the worker's return from the wait), after (to report()'s
+    return). tier_copy_after_return: when the node began its copy into memory, after report() returned (< 0:
+    before)."""
+    rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+
+    def first(phase, after=began, **fields):
+        return min((r["t"] for r in rows if r["phase"] == phase and r["t"] >= after
+                    and all(r.get(k) == v for k, v in fields.items())), default=None)
+
+    def last(phase, before):
+        return max((r["t"] for r in rows if r["phase"] == phase and began <= r["t"] <= before), default=None)
+
+    uploaded = first("report.uploaded")
+    points = [("before_upload", first("report.upload_begin")), ("copies", last("upload.placed", uploaded)),
+              ("fsync_tail", last("upload.fsynced", uploaded)), ("dirs", first("upload.dirs_fsynced")),
+              ("to_controller", first("controller.report")), ("controller", first("storage.begin", effect="WriteManifest")),
+              ("manifest", first("storage.end", effect="WriteManifest")), ("told", first("controller.committed")),
+              ("heard", first("report.committed")), ("after", returned)]
+    out, before = {}, began
+    for name, at in points:
+        if at is None:
+            return {}  # a trace without the marks (an older outlast): no phases rather than wrong ones
+        out[f"{name}_s"], before = at - before, at
+    tier = first("tier.begin", kind="TierHold")
+    if tier is not None:
+        out["tier_copy_after_return_s"] = tier - returned
+    return out
 
 
 def outlast_report(src, dest):
@@ -115,12 +151,33 @@ def outlast_report(src, dest):
     run's start and end are not timed: the seconds are what report() took inside the worker."""
     from outlast.train import DataParallelTrainer, RunConfig, ScalingConfig
 
+    from outlast.trace import ENV_VAR
+
+    root, leaf = split(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, trace = os.path.join(tmp, "report.json"), Path(tmp, "trace.jsonl")
+        os.environ[ENV_VAR] = str(trace)  # before the run: its node and worker inherit it
+        DataParallelTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out,
+                                                              "framework": "outlast"},
+                            scaling_config=ScalingConfig(num_workers=1),
+                            run_config=RunConfig(storage_path=os.path.abspath(root), name=leaf)).fit()
+        timed = json.loads(Path(out).read_text())
+        return timed["s"], report_phases(trace, timed["began"], timed["returned"])
+
+
+def ray_report(src, dest):
+    """outlast_report's run on Ray Train V2: one worker whose report() of the tree (SYNC, Ray's default) is
+    timed inside it, 20 s into the run; storage_path is dest's parent. Ray starts inside fit(), untimed."""
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
     root, leaf = split(dest)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
-        DataParallelTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out},
-                            scaling_config=ScalingConfig(num_workers=1),
-                            run_config=RunConfig(storage_path=os.path.abspath(root), name=leaf)).fit()
+        TorchTrainer(_timed_report, train_loop_config={"src": os.path.abspath(src), "out": out, "framework": "ray"},
+                     scaling_config=ray.train.ScalingConfig(num_workers=1),
+                     run_config=ray.train.RunConfig(storage_path=os.path.abspath(root), name=leaf)).fit()
         return json.loads(Path(out).read_text())["s"]
 
 
@@ -149,7 +206,10 @@ def save(method, src, dest):
         done = time.perf_counter() - t0
         return done, done
     if method == "outlast_report":
-        done = outlast_report(src, dest)
+        done, phases = outlast_report(src, dest)
+        return done, done, phases
+    if method == "ray_report":
+        done = ray_report(src, dest)
         return done, done
     t0 = time.perf_counter()
     if method == "copy":
@@ -251,8 +311,8 @@ def main():
     args = p.parse_args()
     n = size_of(args.src)
     if args.op == "save":
-        blocked, done = save(args.method, args.src, args.dest)
-        print(json.dumps({"s": done, "blocked_s": blocked, "bytes": n}))
+        blocked, done, *phases = save(args.method, args.src, args.dest)
+        print(json.dumps({"s": done, "blocked_s": blocked, "bytes": n, "phases": phases[0] if phases else {}}))
     else:
         print(json.dumps({"s": restore(args.method, args.dest, args.into), "bytes": n}))
 

@@ -21,7 +21,7 @@ def make_tree(path, total_mb, file_mb):
 
 def probe(method, op, src, dest, into, env, workdir, errors):
     """bench/lib/checkpoint_probe.py's figures ({"s", "bytes", ...}), or None (see run_probe)."""
-    python = RAY_PY if method.endswith("ray") else OUTLAST_PY
+    python = RAY_PY if method.endswith("ray") or method == "ray_report" else OUTLAST_PY
     return run_probe(module(python, "bench.lib.checkpoint_probe", "--method", method, "--op", op, "--src", src,
                             "--dest", dest, "--into", into),
                      env, f"{method} {op} -> {dest}", errors, log=os.path.join(workdir, "probe.log"))

@@ -47,6 +47,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import ClusterKey
 from outlast.protocol.transport import TIER_REQUESTS, BadMessage, bind_router, encode
 from outlast.storage.tier_store import TierStore, default_root
+from outlast.trace import mark
 
 log = logging.getLogger("outlast.agent.tier")
 
@@ -215,6 +216,7 @@ class TierServer:
         try:
             while (item := todo.get()) is not None:
                 ident, asked, asked_at = item
+                mark("tier.begin", kind=type(asked).__name__)
                 try:
                     reply = self.work.answer(asked, asked_at, peers)
                 finally:
@@ -222,6 +224,7 @@ class TierServer:
                         with self._turn:
                             self._gate.waited_ended()
                             self._turn.notify_all()
+                mark("tier.end", kind=type(asked).__name__)
                 out.send_multipart([ident, encode(reply)])
         finally:
             for sock in peers.values():

@@ -20,10 +20,13 @@ from outlast.controller.core import ControllerCore
 from outlast.controller.executor import StorageExecutor
 from outlast.controller.tier_executor import TierExecutor
 from outlast.controller.group import (
-    Effect, InEvent, Interrupted, LeaseLost, LiveJoined, LiveReady, NodeTable, PublishMembership, Started, Tick, WorkerGroup,
+    Effect, FromWorker, InEvent, Interrupted, LeaseLost, LiveJoined, LiveReady, NodeTable, PublishMembership, Started, Tick,
+    ToRank, WorkerGroup,
 )
 from outlast.controller.types import RunPlan, Timeouts
 from outlast.errors import TrainingFailedError
+from outlast.protocol import messages as m
+from outlast.trace import mark
 
 __all__ = ["Controller", "RunPlan", "Timeouts"]
 
@@ -125,6 +128,8 @@ class Controller:
             self._step(joined)
 
     def _step(self, event: InEvent | fx.StorageEvent | fx.TierAnswered) -> None:
+        if isinstance(event, FromWorker) and isinstance(event.msg, m.Report) and event.msg.checkpoint_dir:
+            mark("controller.report", rank=event.msg.rank, index=event.msg.index)  # a SYNC report's commit path
         start = self.clock()
         effects = self.core.step(event, start)
         for watcher in self.watchers:
@@ -139,4 +144,6 @@ class Controller:
                 if self.live is not None:
                     self.live.publish(effect.attempt, effect.membership)
             else:
+                if isinstance(effect, ToRank) and isinstance(effect.msg, m.Committed):
+                    mark("controller.committed", rank=effect.rank, index=effect.msg.index)
                 self.group.perform(effect)

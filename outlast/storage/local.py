@@ -16,6 +16,7 @@ from outlast.storage.base import StorageError
 from outlast.storage import priority
 from outlast.storage.checksum import ALGORITHM, copy_file, copy_hashed, copy_hashed_open, hash_file
 from outlast.storage.priority import io_pool
+from outlast.trace import mark
 
 
 def walk_files(local_dir: Path) -> tuple[list[str], list[str]]:
@@ -77,7 +78,9 @@ def _place_and_hash(src: Path, dst: Path, move: bool, replace: bool) -> tuple[in
     sized = _place(src, dst, move, replace)
     if sized is None:
         return hash_file(src, ALGORITHM)
+    mark("upload.placed", file=dst.name)
     fsync_file(dst)
+    mark("upload.fsynced", file=dst.name)
     return sized
 
 
@@ -97,15 +100,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_tree_dirs(top: Path, dirs: set[Path]) -> None:
-    """fsync `dirs` and every directory between them and `top`, and `top`'s parent (which holds it)."""
-    todo = {top, top.parent}
-    for d in dirs:
+def dirs_to_fsync(top: Path, holding: set[Path]) -> tuple[list[Path], list[Path]]:
+    """The directories an upload into `top` makes durable: (those above the files, whose entries are all made
+    before the first file is copied: every directory between `holding` and `top`, `top` and its parent;
+    `holding`, the directories the files go into, whose entries are complete once the last file is placed),
+    deepest first."""
+    above = {top, top.parent}
+    for d in holding:
         while d != top and top in d.parents:
-            todo.add(d)
+            above.add(d.parent)
             d = d.parent
-    for d in sorted(todo, key=lambda p: len(p.parts), reverse=True):  # deepest first
-        fsync_dir(d)
+    return _deepest_first(above - holding), _deepest_first(holding)
+
+
+def _deepest_first(dirs: set[Path]) -> list[Path]:
+    return sorted(dirs, key=lambda p: (-len(p.parts), str(p)))
 
 
 class LocalStorage:
@@ -137,23 +146,40 @@ class LocalStorage:
             for rel in files:
                 jobs.append((rel, priority.submit(_place_and_hash, local_dir / rel, target / rel, move, replace)))
         except OSError as e:
+            futures.wait([job for _, job in jobs])
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
+        # Each file is fsynced by its own job, once placed. The manifest, written next, must never name a file a
+        # power loss could take back: the directories' entries are made durable too, those above the files' now,
+        # beside the copies, and those the files go into once the last is placed.
+        above, holding = dirs_to_fsync(target, {(target / rel).parent for rel in files})
         entries: list[FileEntry] = []
         try:
+            try:
+                for d in above:
+                    fsync_dir(d)
+            except OSError as e:
+                raise StorageError(f"could not make the checkpoint directory {target} durable: {e}") from e
             for rel, job in jobs:
                 size, digest = job.result()
                 entries.append(FileEntry(path=rel, size=size, xxh3_128=digest))
                 fault_point("upload.mid")  # other files may still be on their way: a crash mid-upload
+        except StorageError:
+            raise
         except OSError as e:
             raise StorageError(f"could not copy checkpoint files from {local_dir} to {target}: {e}") from e
         finally:
             # Never return while a copy still writes into the checkpoint directory.
             futures.wait([job for _, job in jobs])
         try:
-            # The manifest, written next, must never name a file a power loss could take back.
-            fsync_tree_dirs(target, {(target / rel).parent for rel, _ in jobs})
+            if len(holding) > 1:
+                for done in [io_pool().submit(fsync_dir, d) for d in holding]:
+                    done.result()
+            else:
+                for d in holding:
+                    fsync_dir(d)
         except OSError as e:
             raise StorageError(f"could not make the checkpoint files in {target} durable: {e}") from e
+        mark("upload.dirs_fsynced", dirs=len(above) + len(holding))
         return entries
 
     def write_atomic(self, path: str, data: bytes) -> None:

@@ -161,8 +161,10 @@ class WorkerSession:
             self._uploads.start(slot.index, slot.name, dest, delete, urgent=slot.saw_preemption,
                                 local_dir=checkpoint.path if checkpoint is not None else None, write=write)
             return
+        mark("report.upload_begin", rank=self.spawned_rank, index=slot.index)
         files = self._uploads.upload(checkpoint.path, dest, move=bool(delete_local_after_upload),
                                      urgent=slot.saw_preemption)
+        mark("report.uploaded", rank=self.spawned_rank, index=slot.index)
         fault_point("report.after_upload")
         if delete_local_after_upload:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
@@ -175,6 +177,7 @@ class WorkerSession:
         self._run(self._core.report(slot, metrics, data_position=position, checkpoint=True, files=files,
                                     upload_bytes=nbytes, bandwidth_bps=self._uploads.bandwidth_bps,
                                     now=time.monotonic(), local_dir=here, local_dir_stored=stored is not None))
+        mark("report.committed", rank=self.spawned_rank, index=slot.index)
         fault_point("report.after_commit")
 
     def _claim(self, name: str, index: int) -> None:

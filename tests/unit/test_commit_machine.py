@@ -75,15 +75,18 @@ def test_a_memory_commit_is_refused_on_a_node_without_checkpoint_memory():
     assert machine.in_progress() == set()
 
 
-def test_a_storage_commit_whose_copy_comes_from_storages_own_directory_is_told_without_waiting_for_the_copy():
+def test_a_storage_commit_whose_copy_comes_from_storages_own_directory_asks_for_the_copy_after_telling_the_ranks():
     # On a file system the node sees, the copy is taken from the checkpoint's directory in storage, which outlives
-    # report(): the ranks hear the commit once the manifest is written, the copy goes on beside their next steps.
+    # report(): the ranks hear the commit once the manifest is written, and only then is the node asked for the
+    # copy, which goes on beside their next steps instead of competing with the commit they wait for.
     machine, v = Commits(fx.EffectIds()), view(tiers=True)
     machine.step(ce.Reported(1, 0, 0, "/storage/run/" + DIR, through_peer=False, stored=True), v, 0.0)
-    write, hold = machine.step(ce.Settled(settled()), v, 0.0)
-    assert isinstance(hold, fx.TierAsk) and hold.msg.source_dir == "/storage/run/" + DIR
+    (write,) = machine.step(ce.Settled(settled()), v, 0.0)
+    assert isinstance(write, fx.WriteManifest)
     out = machine.step(fx.ManifestWritten(write.id), v, 1.0)
-    assert kinds(out)[-1] == "CommitDone" and machine.in_progress() == set()
+    assert kinds(out)[-2:] == ["CommitDone", "TierAsk"] and machine.in_progress() == set()
+    hold = out[-1]
+    assert hold.node_id == "n1" and hold.msg.source_dir == "/storage/run/" + DIR and hold.msg.files == [ENTRY]
     stored = m.TierStored(run="mem://run", checkpoint_dir=DIR, rank=0, node_id="n1", ok=True)
     out = machine.step(fx.TierAnswered(hold.id, reply=stored), v, 2.0)
     assert ce.NoteMemory(DIR, {0: ["n1"]}, None) in out and "CommitDone" not in kinds(out)  # told once, before
@@ -98,5 +101,8 @@ def test_a_copy_from_storages_directory_is_checked_against_what_storage_kept_of_
     (read,) = machine.step(ce.Settled(pending), v, 0.0)
     assert isinstance(read, fx.ReadChecksums)
     out = machine.step(fx.ChecksumsRead(read.id, checksums={"model.pt": ENTRY.checksum}), v, 1.0)
+    (write,) = [x for x in out if isinstance(x, fx.WriteManifest)]
+    assert not any(isinstance(x, fx.TierAsk) for x in out)  # not before the manifest is written
+    out = machine.step(fx.ManifestWritten(write.id), v, 2.0)
     holds = [x for x in out if isinstance(x, fx.TierAsk)]
     assert [(h.node_id, h.msg.rank, h.msg.files) for h in holds] == [("n2", 1, [ENTRY])]

@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from outlast.storage.local import LocalStorage
+from outlast.storage.local import LocalStorage, dirs_to_fsync
 
 
 @pytest.fixture
 def synced(monkeypatch):
-    """The paths fsynced, in order, with the renames between them (the real calls still happen)."""
+    """The paths fsynced, in order, with the renames and links between them (the real calls still happen)."""
     events: list[tuple[str, str]] = []
-    real_fsync, real_replace = os.fsync, os.replace
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
 
     def fsync(fd):
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
@@ -24,8 +24,13 @@ def synced(monkeypatch):
         real_replace(src, dst)
         events.append(("rename", str(dst)))
 
+    def link(src, dst):
+        real_link(src, dst)
+        events.append(("link", str(dst)))
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
     return events
 
 
@@ -41,6 +46,32 @@ def test_every_uploaded_file_and_directory_is_fsynced_before_upload_returns(tmp_
     for path in (done / "model.pt", done / "shards" / "deep" / "0.pt", done / "shards" / "deep", done / "shards",
                  done, done.parent):
         assert str(path) in fsynced, path
+
+
+@pytest.mark.parametrize("replace", [True, False], ids=["renamed", "linked"])
+def test_each_file_is_fsynced_once_placed_and_its_directory_after_the_last_file_is_placed_in_it(tmp_path, synced,
+                                                                                                  replace):
+    src = tmp_path / "ckpt"
+    (src / "shards").mkdir(parents=True)
+    for name in ("a.pt", "b.pt", "shards/0.pt", "shards/1.pt"):
+        (src / name).write_bytes(name.encode() * 1000)
+    LocalStorage(tmp_path / "store").upload_dir(src, "run/ckpt", replace=replace)
+    done = tmp_path / "store" / "run" / "ckpt"
+    placed = {path: i for i, (kind, path) in enumerate(synced) if kind in ("rename", "link")}
+    fsynced = {path: i for i, (kind, path) in enumerate(synced) if kind == "fsync"}
+    for name in ("a.pt", "b.pt", "shards/0.pt", "shards/1.pt"):
+        assert placed[str(done / name)] < fsynced[str(done / name)], name
+    for d, names in ((done, ("a.pt", "b.pt")), (done / "shards", ("shards/0.pt", "shards/1.pt"))):
+        assert fsynced[str(d)] > max(placed[str(done / n)] for n in names), d
+
+
+def test_the_directories_above_the_files_are_fsynced_apart_from_those_the_files_go_into(tmp_path):
+    top = tmp_path / "run" / "ckpt"
+    above, holding = dirs_to_fsync(top, {top / "a" / "b" / "c", top / "a" / "d"})
+    assert holding == [top / "a" / "b" / "c", top / "a" / "d"]
+    assert above == [top / "a" / "b", top / "a", top, top.parent]
+    assert dirs_to_fsync(top, {top}) == ([top.parent], [top])
+    assert dirs_to_fsync(top, set()) == ([top, top.parent], [])
 
 
 def test_write_atomic_fsyncs_the_directory_after_the_rename(tmp_path, synced):

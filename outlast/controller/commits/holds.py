@@ -5,12 +5,13 @@ Every request to a node's tier is an effect (`effects.TierAsk`), its answer an e
 (`TierAnswered`); nothing waits on a copy. Two ways to commit, the run's choice
 (`CheckpointConfig(checkpoint_storage=...)`):
 
-- "storage" (the default): the manifest is written as always, and at the same time each rank's node
-  copies that rank's files into its memory. Where storage is a file system the node sees, the copy is
-  taken from the checkpoint's directory there, which stays: the ranks hear `Committed` once the
-  manifest is written, and the copy goes on beside their next steps. Else it is taken from the rank's
-  own directory, and the ranks hear `Committed` once the manifest is written and every such copy has
-  answered (kept or refused), so the worker's own directory is no longer needed. Each copy kept then
+- "storage" (the default): the manifest is written as always, and each rank's node copies that rank's
+  files into its memory. Where storage is a file system the node sees, the copy is taken from the
+  checkpoint's directory there, which stays: the ranks hear `Committed` once the manifest is written,
+  and the node is asked for the copy after that, which goes on beside their next steps. Else it is
+  taken from the rank's own directory, beside the manifest's write, and the ranks hear `Committed`
+  once the manifest is written and every such copy has answered (kept or refused), so the worker's
+  own directory is no longer needed. Each copy kept then
   goes to a peer in another failure domain, off the commit.
 - "memory": no file goes to storage. Each rank's node keeps the files and pushes a replica to its
   peer; once every rank's files are on two nodes in different failure domains
@@ -67,12 +68,14 @@ class Holds:
 
     def keep_beside(self, view: View, pending: PendingCheckpoint, attempt: int, seq: int, local_dirs: dict[int, str],
                     out: list[Out], stored: Collection[int] = (), stored_files: Sequence[m.FileEntry] = ()) -> None:
-        """Each rank's node copies its files in now; the replicas follow once each copy is kept.
+        """Each rank's node copies its files in; the replicas follow once each copy is kept.
 
-        The commit waits for a copy from a rank's own directory, which the rank may delete once `report()` returns;
-        not for one from a rank's directory in storage (`stored`), which stays: that copy goes on beside the
-        rank's next steps. Such a copy's files are what storage holds (`stored_files`, the manifest's): of a file
-        several ranks wrote, storage kept one rank's."""
+        The commit waits for a copy from a rank's own directory, which the rank may delete once `report()` returns:
+        that copy is asked for now, beside the manifest. Not for one from a rank's directory in storage (`stored`),
+        which stays: that copy is asked for once the manifest is written (`copy_from_storage`), so that its
+        work on the node never competes with the commit the rank waits for, and goes on beside the rank's next
+        steps. Such a copy's files are what storage holds (`stored_files`, the manifest's): of a file several
+        ranks wrote, storage kept one rank's."""
         if view.attempt != attempt:
             return
         h = Holding(pending.checkpoint_dir, pending.index, attempt, seq, dict(view.placement), dict(pending.files))
@@ -84,13 +87,29 @@ class Holds:
                 continue
             if rank in stored:
                 h.files[rank] = [in_storage.get(f.path, f) for f in h.files[rank]]
-            else:
-                h.waiting.add(rank)
-            h.asked.add(rank)
-            self._asks.tier(out, node, address, self._hold(view, h, rank, where, ""), LocalCopy(h, rank),
-                            LOCAL_COPY_TIMEOUT_S)
-        if h.asked:
+                h.after_commit[rank] = where
+                continue
+            h.waiting.add(rank)
+            self._ask_local(view, h, rank, where, out)
+        if h.asked or h.after_commit:
             self.holds[h.checkpoint_dir] = h
+
+    def _ask_local(self, view: View, h: Holding, rank: int, source_dir: str, out: list[Out]) -> None:
+        node = h.node_of.get(rank, "")
+        h.asked.add(rank)
+        self._asks.tier(out, node, view.tier_of(node), self._hold(view, h, rank, source_dir, ""), LocalCopy(h, rank),
+                        LOCAL_COPY_TIMEOUT_S)
+
+    def copy_from_storage(self, view: View, checkpoint_dir: str, out: list[Out]) -> None:
+        """A "storage" commit is written and its ranks told: the nodes copy the files of the ranks whose copy comes
+        from the checkpoint's directory in storage."""
+        h = self.holds.get(checkpoint_dir)
+        if h is None or view.attempt != h.attempt:
+            return
+        later, h.after_commit = h.after_commit, {}
+        for rank, where in sorted(later.items()):
+            if view.tier_of(h.node_of.get(rank, "")):
+                self._ask_local(view, h, rank, where, out)
 
     def hold_commit_back(self, view: View, checkpoint_dir: str, committing: Committing, out: list[Out]) -> bool:
         """Phase two of a "storage" commit: True when its ranks hear it later, once their nodes' copies answered."""
@@ -249,7 +268,8 @@ class Holds:
                 h.told_commit.add(node)
                 self._asks.tier(out, node, address, m.TierCommit(run=run, checkpoint_dir=h.checkpoint_dir), Told(),
                                 30.0)
-        if not h.waiting and all(len(h.holders.get(r, ())) >= 2 or r in h.refused for r in h.asked):
+        if not h.waiting and not h.after_commit and all(len(h.holders.get(r, ())) >= 2 or r in h.refused
+                                                        for r in h.asked):
             self.holds.pop(h.checkpoint_dir, None)  # every answer is in
 
     # ---- the run's end ---------------------------------------------------------------------------

@@ -233,12 +233,14 @@ class Commits:
 
     def _manifest_written(self, ask: ManifestWrite, done: fx.ManifestWritten, view: View, out: list[Out]) -> None:
         """Phase two: committed. A drain's checkpoint in a peer's memory begins its uploads, the history names
-        it, and its ranks hear it, once their nodes' copies answered."""
+        it, and its ranks hear it, once their nodes' copies answered; then the nodes whose copy comes from
+        storage's own directory are asked for it."""
         committing = ask.committing
         self.peer.after_commit(view, committing.manifest, out)
         out.append(RecordCommit(committing.manifest))
         if not self.holds.hold_commit_back(view, committing.pending.checkpoint_dir, committing, out):
             out.append(CommitDone(committing.pending, committing.attempt))
+        self.holds.copy_from_storage(view, committing.pending.checkpoint_dir, out)  # after the ranks are told
 
     def _check_uploads(self, e: UploadsToCheck, view: View, now: float, out: list[Out]) -> None:
         """`e.rank` exited cleanly, and so every upload it began has ended; those whose UploadDone has not come

@@ -45,6 +45,7 @@ class Holding:
     node_of: dict[int, str]  # rank -> its node
     files: dict[int, list[m.FileEntry]]
     asked: set[int] = field(default_factory=set)  # ranks whose node was asked to keep their files
+    after_commit: dict[int, str] = field(default_factory=dict)  # rank -> storage's directory, copied once committed
     waiting: set[int] = field(default_factory=set)  # ranks whose first answer has not come
     holders: dict[int, set[str]] = field(default_factory=dict)  # rank -> nodes that keep its files
     refused: dict[int, str] = field(default_factory=dict)  # rank -> why it has no copy (or no replica)
