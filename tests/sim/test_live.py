@@ -137,7 +137,7 @@ def _grow_counting_the_added_ranks_at_once(self, world_size: int) -> None:
     ("reported_by", 2769),
     # a drained rank's own report spent its replacement's first: the replacement's, from its sender's count, was
     # refused, and every later checkpoint waited for the rank
-    ("first_report", 3979),
+    ("first_report", 4441),
 ])
 def test_each_fault_found_by_the_planned_changes_put_back_fails_its_seed(monkeypatch, fault, seed):
     assert run_seed(seed, live=True).violations == []
