@@ -15,6 +15,7 @@ costs it (bench/lib/fork_collect.py), forked from a server that froze its object
 """
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import subprocess
@@ -256,7 +257,11 @@ def main():
               f"{run['first_step_s']} s, {json.dumps({k: round(v) for k, v in run['pss_mib_by_role'].items()})}",
               file=sys.stderr, flush=True)
         runs.append(run)
-    doc = {"benchmark": "startup_profile", "date": harness.stamp(), "runs": runs, "imports": import_times(),
+    # Whether outlast's modules had their bytecode (bench/core.py compiles them first; a checkout with
+    # PYTHONDONTWRITEBYTECODE=1 compiles them at every import otherwise).
+    compiled = importlib.util.cache_from_source(os.path.join(ROOT, "outlast", "agent", "zygote.py"))
+    doc = {"benchmark": "startup_profile", "date": harness.stamp(), "outlast_byte_compiled": os.path.exists(compiled),
+           "runs": runs, "imports": import_times(),
            "rank_full_collection": collections_after_fork(args.repeat),
            "machine": harness.machine({}), "logs": workdir}
     harness.publish(doc, args.out)
