@@ -11,7 +11,8 @@ the agent, the fork server, a rank (a child the fork server forked for a ForkChi
 The timeline is the trace's marks, in seconds from the driver's Popen. Then `python -X importtime` of
 what each process imports on the way (the driver's script, the agent, the fork server's preload), the
 import's total and the part that is outlast's own modules. Last, what a rank's first full collection
-costs it (bench/lib/fork_collect.py), forked from a server that froze its objects and from one that did not.
+costs it (bench/lib/fork_collect.py), forked from a server that froze its objects and from one that did not;
+and what each module of the fork server's preload adds to its memory (`preload_memory`).
 """
 import argparse
 import collections
@@ -227,6 +228,39 @@ def import_times():
     return out
 
 
+PRELOAD_MEMORY = """
+import importlib, json, sys, tracemalloc
+from outlast.agent import zygote
+from outlast.client.preload import default_preload
+def rollup():
+    with open("/proc/self/smaps_rollup") as f:
+        return {l.split(":")[0]: int(l.split()[1]) / 1024 for l in f if l.rstrip().endswith("kB")}
+traced = sys.argv[1] == "traced"
+if traced:
+    tracemalloc.start()
+steps, before = [], rollup()
+for name in [*default_preload(), zygote.WORKER_ENTRY, zygote.TASK_ENTRY]:
+    importlib.import_module(name)
+    now = rollup()
+    steps.append({"module": name, "python_objects_mib": tracemalloc.get_traced_memory()[0] / 2**20} if traced else
+                 {"module": name, "rss_mib": now["Rss"] - before["Rss"], "anon_mib": now["Anonymous"] - before["Anonymous"]})
+    before = now
+print(json.dumps({"steps": steps, "rss_mib": before["Rss"], "anon_mib": before["Anonymous"]}))
+"""
+
+
+def preload_memory():
+    """What each module of the fork server's preload adds, in order: resident and anonymous MiB (smaps_rollup);
+    and, in a second Python (tracemalloc's own bookkeeping would swell the first's), the Python objects allocated
+    by then (tracemalloc's running total)."""
+    out = {}
+    for how in ("resident", "traced"):
+        r = subprocess.run([OUTLAST_PY, "-c", PRELOAD_MEMORY, how], env=venvs.with_root(dict(os.environ)), cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+        out[how] = harness.last_document(r.stdout) or {"error": r.stderr[-2000:]}
+    return out
+
+
 def collections_after_fork(repeat):
     """bench/lib/fork_collect.py, frozen and unfrozen, interleaved."""
     out = {"frozen": [], "unfrozen": []}
@@ -262,7 +296,7 @@ def main():
     compiled = importlib.util.cache_from_source(os.path.join(ROOT, "outlast", "agent", "zygote.py"))
     doc = {"benchmark": "startup_profile", "date": harness.stamp(), "outlast_byte_compiled": os.path.exists(compiled),
            "runs": runs, "imports": import_times(),
-           "rank_full_collection": collections_after_fork(args.repeat),
+           "rank_full_collection": collections_after_fork(args.repeat), "preload_memory": preload_memory(),
            "machine": harness.machine({}), "logs": workdir}
     harness.publish(doc, args.out)
     return 0 if all(r["rc"] == 0 for r in runs) else 1
