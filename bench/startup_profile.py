@@ -12,7 +12,8 @@ The timeline is the trace's marks, in seconds from the driver's Popen. Then `pyt
 what each process imports on the way (the driver's script, the agent, the fork server's preload), the
 import's total and the part that is outlast's own modules. Last, what a rank's first full collection
 costs it (bench/lib/fork_collect.py), forked from a server that froze its objects and from one that did not;
-and what each module of the fork server's preload adds to its memory (`preload_memory`).
+what each module of the fork server's preload adds to its memory (`preload_memory`); and the CPU time of
+that preload with its full collections held off, as the server does, and not (`preload_cpu`).
 """
 import argparse
 import collections
@@ -261,6 +262,36 @@ def preload_memory():
     return out
 
 
+PRELOAD_CPU = """
+import importlib, json, resource, sys
+from outlast.agent import zygote
+from outlast.client.preload import default_preload
+if sys.argv[1] == "held-off":
+    zygote.preload(default_preload())  # what the fork server runs: no full collection while it imports
+else:  # the same imports with the collector as it is
+    for name in [*default_preload(), zygote.WORKER_ENTRY, zygote.TASK_ENTRY]:
+        importlib.import_module(name)
+ru = resource.getrusage(resource.RUSAGE_SELF)
+with open("/proc/self/smaps_rollup") as f:
+    rss = next(int(l.split()[1]) / 1024 for l in f if l.startswith("Rss:"))
+print(json.dumps({"cpu_s": ru.ru_utime + ru.ru_stime, "rss_mib": rss}))
+"""
+
+
+def preload_cpu(repeat):
+    """The CPU time of a Python that imports the fork server's preload, with full collections held off (as
+    zygote.preload does) and not, interleaved; CPU rather than wall time, which the machine's load moves more."""
+    out = {"held-off": [], "default": []}
+    for _ in range(repeat):
+        for how in out:
+            r = subprocess.run([OUTLAST_PY, "-c", PRELOAD_CPU, how], env=venvs.with_root(dict(os.environ)), cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
+            doc = harness.last_document(r.stdout)
+            if doc:
+                out[how].append(doc)
+    return out
+
+
 def collections_after_fork(repeat):
     """bench/lib/fork_collect.py, frozen and unfrozen, interleaved."""
     out = {"frozen": [], "unfrozen": []}
@@ -297,6 +328,7 @@ def main():
     doc = {"benchmark": "startup_profile", "date": harness.stamp(), "outlast_byte_compiled": os.path.exists(compiled),
            "runs": runs, "imports": import_times(),
            "rank_full_collection": collections_after_fork(args.repeat), "preload_memory": preload_memory(),
+           "preload_cpu": preload_cpu(args.repeat),
            "machine": harness.machine({}), "logs": workdir}
     harness.publish(doc, args.out)
     return 0 if all(r["rc"] == 0 for r in runs) else 1

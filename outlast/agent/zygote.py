@@ -67,11 +67,12 @@ def preload(modules: list[str]) -> m.ZygoteReady:
     Then freeze what the imports made out of the collector (`gc.freeze()`), before the first fork: a
     rank's first full collection would otherwise write to every object it was forked with (the
     collector's bookkeeping sits in each object's header), copying the server's pages into the rank,
-    about 70 MiB a rank after torch and torch._dynamo, and taking 0.4 s instead of 0.05 (docs/benchmarks.md).
+    about 70 MiB a rank after torch and torch._dynamo, and taking 0.2 s instead of 1 ms (docs/benchmarks.md).
     Frozen, the import's objects are never collected: a cycle among them that becomes garbage stays.
 
     While importing, no full collection: torch and torch._dynamo make some 500,000 objects, each full
-    collection walks all made so far, and together they were about 0.4 s of the import's 2.3 s of CPU.
+    collection walks all made so far, and together they were about 0.4 s of the import's 2.3 s of CPU
+    (`preload_cpu` in bench/results/startup-profile.json).
     The young collections still free the imports' own cycles (the server's memory is as large as with
     them). The thresholds are as before once the imports are done, in the server and so in every child."""
     done, failed = [], {}
