@@ -15,6 +15,10 @@ map takes CPU from the processes being timed (Ray's workers run at nice 15).
 `report()` is also timed on Ray with RAY_TRAIN_HEALTH_CHECK_INTERVAL_S set low
 (row "ray_fast_poll"), so the ratio is not only about Ray's 2 s default poll.
 
+outlast runs from this checkout, byte-compiled first (compileall, as `pip install` does): an environment
+with PYTHONDONTWRITEBYTECODE=1 (this machine's) would otherwise have every process of a run compile
+outlast's modules again at each import, a cost no install has (bench/startup_profile.py measures it).
+
 Every figure is the median, min and max of --repeat runs (at least 5), with the
 load average at each run. Ray and outlast run with private state directories
 (RAY_TMPDIR, OUTLAST_HOME), and only the processes that carry them are stopped.
@@ -210,6 +214,12 @@ def versions(fw):
         return {fw: None}
 
 
+def byte_compile():
+    """outlast's modules and bench's, compiled into their __pycache__ as an install's are (module docstring)."""
+    subprocess.run([OUTLAST_PY, "-m", "compileall", "-q", os.path.join(ROOT, "outlast"), os.path.join(ROOT, "bench")],
+                   stdout=subprocess.DEVNULL, check=True, timeout=300)
+
+
 def run_floors(repeat, workdir, errors):
     """The cold floor (fresh Pythons, mp.spawn) and the warm floor (forks of a warm process)."""
     python = next(FW[fw]["python"] for fw in ("outlast", "ray") if os.path.exists(FW[fw]["python"]))
@@ -299,6 +309,8 @@ def main():
     args = p.parse_args()
     frameworks, workdir = harness.prepare_both(args.only, "outlast-bench-")
     log(f"logs and events in {workdir}")
+    if "outlast" in frameworks:
+        byte_compile()
     started, load_before = time.time(), harness.load()
     errors = []
     floor = {} if args.no_floor else run_floors(args.repeat, workdir, errors)
@@ -327,7 +339,7 @@ def main():
                  "note": "a shared machine: each figure carries load1, the 1-min load average at each run"},
         "settings": {"repeat": args.repeat, "modes": args.modes, "where": args.where, "ray_fast_poll_s": FAST_POLL_S,
                      "reports_ray": args.reports_ray, "reports_outlast": args.reports_outlast,
-                     "memory_in_separate_runs": not args.no_memory},
+                     "memory_in_separate_runs": not args.no_memory, "outlast_byte_compiled": "outlast" in frameworks},
         "wall_s": round(time.time() - started, 1),
         "errors": errors,
         "logs": workdir,

@@ -8,22 +8,22 @@ import os
 import signal
 import sys
 import uuid
+from typing import TYPE_CHECKING
 
-from outlast.agent.agent import Agent, NodeSpec, default_resources
+# Only what starting the fork server takes is imported here: the agent's own modules (a tenth of a second and
+# more) are imported in main() once the server runs, beside its imports (torch's: seconds) on another core.
 from outlast.agent.forkserver import ForkServer
-from outlast.agent.gpus import dev_names, node_gpu_ids
 from outlast.agent.worker_user import resolve as resolve_worker_user
-from outlast.cluster.etcd_store import EtcdConfig, StoreUnavailable
-from outlast.client.discovery import NodeFile, cluster_key_path, pid_namespace, remove_node_file, write_node_file
 from outlast.procutil import die_with_parent
-from outlast.identity import this_process
 from outlast.isolation.config import IsolationConfig, add_arguments, config_from_args
 from outlast.isolation.errors import IsolationError
-from outlast.metrics import DEFAULT_HOST, HOST_VAR, NODE_PORT_VAR, MetricsError, endpoint
-from outlast.protocol.auth import SECRET_ENV, AuthError, ClusterKey
+from outlast.metrics import DEFAULT_HOST, HOST_VAR, NODE_PORT_VAR
 from outlast.runenv import read_secrets, secrets_in, without_secrets, write_secrets
-from outlast.protocol.transport import route_ip
 from outlast.trace import mark
+
+if TYPE_CHECKING:
+    from outlast.agent.agent import NodeSpec
+    from outlast.cluster.etcd_store import EtcdConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,17 +57,27 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s outlast-agent %(levelname)s %(message)s")
     if args.embedded:
         die_with_parent()
+    preload = [s for s in args.preload.split(",") if s]
+    forks = fork_server_ahead(args, preload)
+
+    from outlast.agent.agent import Agent
+    from outlast.client.discovery import NodeFile, pid_namespace, remove_node_file, write_node_file
+    from outlast.cluster.etcd_store import StoreUnavailable
+    from outlast.identity import this_process
+    from outlast.metrics import MetricsError, endpoint
+    from outlast.protocol.auth import AuthError
+
     node_id = args.node_id or uuid.uuid4().hex[:8]
     try:
         spec = spec_from_args(args, secrets)
         isolation = config_from_args(args)
         where = endpoint(args.metrics_port, args.metrics_host)
-        preload = [s for s in args.preload.split(",") if s]
-        forks = None
         if args.standby_fd is not None:
             forks = wait_as_standby(args.standby_fd, preload, spec, isolation)
         agent = Agent(node_id, args.host, args.port, preload, isolation=isolation, spec=spec, forks=forks)
     except (IsolationError, AuthError, ValueError, MetricsError, StoreUnavailable) as e:
+        if forks is not None:  # the server started ahead (closed already if Agent() had it: closing again is nothing)
+            forks.close()
         logging.error("%s", e)
         sys.exit(3)
     if where is not None:
@@ -104,6 +114,20 @@ def main(argv: list[str] | None = None) -> None:
         if args.node_file:
             remove_node_file(os.getpid())
     sys.exit(0)
+
+
+def fork_server_ahead(args: argparse.Namespace, preload: list[str]) -> ForkServer | None:
+    """The node's fork server, started before the agent's own imports; None where it must wait for the agent: a
+    standby's starts in wait_as_standby, and with isolation on the server starts in the cgroup the agent moves
+    into first. None too when a setting is wrong: the agent's start says what."""
+    if args.standby_fd is not None:
+        return None
+    try:
+        isolation = config_from_args(args)
+        worker_user = resolve_worker_user(args.worker_user) if args.worker_user else None
+    except (IsolationError, ValueError):
+        return None
+    return None if isolation and isolation.enable_resource_isolation else ForkServer(preload, worker_user)
 
 
 def wait_as_standby(fd: int, preload: list[str], spec: NodeSpec, isolation: IsolationConfig | None,
@@ -187,6 +211,12 @@ def exec_without_secrets(argv: list[str], secrets: dict[str, str]) -> None:
 
 def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = None) -> NodeSpec:
     """Raises ValueError or AuthError with a message that says what to fix."""
+    from outlast.agent.agent import NodeSpec, default_resources
+    from outlast.agent.gpus import dev_names, node_gpu_ids
+    from outlast.client.discovery import cluster_key_path
+    from outlast.protocol.auth import SECRET_ENV, ClusterKey
+    from outlast.protocol.transport import route_ip
+
     secrets = secrets or {}
     from outlast.isolation.units import parse_bytes
 
@@ -226,6 +256,8 @@ def spec_from_args(args: argparse.Namespace, secrets: dict[str, str] | None = No
 
 
 def etcd_from_args(args: argparse.Namespace, password: str | None) -> EtcdConfig | None:
+    from outlast.cluster.etcd_store import EtcdConfig
+
     if args.etcd is None:
         return None
     return EtcdConfig.parse(args.etcd, args.etcd_cacert, args.etcd_cert, args.etcd_key, args.etcd_user, password,

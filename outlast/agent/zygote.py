@@ -29,6 +29,7 @@ end of its own socket) or when this server is stopped.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import select
@@ -56,18 +57,37 @@ from outlast.trace import mark
 WORKER_ENTRY = "outlast.train.worker_main"
 TASK_ENTRY = "outlast.executor.task_main"
 SPARE_AFTER_IDLE_S = 0.05
+NO_FULL_COLLECTION = 10**9  # gc's third threshold while the server imports: the full collections never come
 
 
 def preload(modules: list[str]) -> m.ZygoteReady:
     """Import `modules`, then the children's entries: outlast's training runtime costs a second or
-    more to import on a busy machine, which every restarted worker would pay after its fork."""
+    more to import on a busy machine, which every restarted worker would pay after its fork.
+
+    Then freeze what the imports made out of the collector (`gc.freeze()`), before the first fork: a
+    rank's first full collection would otherwise write to every object it was forked with (the
+    collector's bookkeeping sits in each object's header), copying the server's pages into the rank,
+    about 70 MiB a rank after torch and torch._dynamo, and taking 0.2 s instead of 1 ms (docs/benchmarks.md).
+    Frozen, the import's objects are never collected: a cycle among them that becomes garbage stays.
+
+    While importing, no full collection: torch and torch._dynamo make some 500,000 objects, each full
+    collection walks all made so far, and together they were about 0.4 s of the import's 2.3 s of CPU
+    (`preload_cpu` in bench/results/startup-profile.json).
+    The young collections still free the imports' own cycles (the server's memory is as large as with
+    them). The thresholds are as before once the imports are done, in the server and so in every child."""
     done, failed = [], {}
-    for name in [*modules, WORKER_ENTRY, TASK_ENTRY]:
-        try:
-            importlib.import_module(name)
-            done.append(name)
-        except Exception as e:  # an optional module; workers import what they need themselves
-            failed[name] = f"{type(e).__name__}: {e}"
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], NO_FULL_COLLECTION)
+    try:
+        for name in [*modules, WORKER_ENTRY, TASK_ENTRY]:
+            try:
+                importlib.import_module(name)
+                done.append(name)
+            except Exception as e:  # an optional module; workers import what they need themselves
+                failed[name] = f"{type(e).__name__}: {e}"
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.freeze()
     initialized, driver = cuda_in_this_process()
     return m.ZygoteReady(preloaded=done, failed=failed, cuda_initialized=initialized, cuda_driver_loaded=driver)
 

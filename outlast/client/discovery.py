@@ -21,6 +21,7 @@ from outlast.protocol import messages as m
 from outlast.protocol.auth import AuthError, ClusterKey, connect_checked, start_authenticator
 from outlast.protocol.transport import AGENT_EVENTS, BadMessage, VersionMismatch, tune, encode
 from outlast.statedir import state_dir
+from outlast.trace import mark
 
 log = logging.getLogger("outlast.client")
 
@@ -307,6 +308,7 @@ def launch_agent(preload: list[str], embedded: bool, extra_args: list[str] | Non
                  standby: bool = False) -> AgentLaunch:
     """Start `python -m outlast.agent`; with `standby`, one that imports what it needs and starts its fork
     server, then waits for `AgentLaunch.go()` before it binds (outlast/client/embedded.py)."""
+    mark("driver.agent_launch", standby=standby)
     full_env = {**os.environ, **(env or {})}
     secrets_fd = write_secrets(secrets_in(full_env))
     r, w = os.pipe()

@@ -38,6 +38,7 @@ from outlast.client.embedded import EmbeddedNode
 from outlast.train.config import DEFAULT_STORAGE, RunConfig, ScalingConfig, worker_range
 from outlast.train.data import DataConfig, to_source
 from outlast.errors import TrainingFailedError, classify
+from outlast.trace import mark
 from outlast.train.result import Result, build_result
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class DataParallelTrainer:
         continues from the latest committed checkpoint; on a finished run it returns that
         run's result without training again.
         """
+        mark("driver.fit")
         _ensure_logging()
         rc = self.run_config
         name = rc.name or time.strftime("outlast_train_%Y-%m-%d_%H-%M-%S")
