@@ -94,12 +94,11 @@ def test_a_drained_nodes_rank_moves_to_the_spare_node_with_no_step_lost_and_noth
     assert [d["ranks"] for d in state["drains"]] == [[1]]
 
 
-@pytest.mark.torch
-def test_an_elastic_run_grows_live_when_a_node_joins_with_no_step_lost_and_no_restart(
-        storage_path, tmp_path, monkeypatch):
+def _grow(storage_path: str, tmp_path: Path, name: str, **config) -> tuple[list[dict], dict, int]:
+    """An elastic run of 2 to 3 one-CPU ranks on 2 nodes, a third node joining after step 5, that trains 10 steps
+    past the generation the grow forms: (its events, its run state, the steps trained)."""
     from outlast.train.torch import TorchTrainer
 
-    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     events = tmp_path / "events.jsonl"
     with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
         def join() -> None:
@@ -111,16 +110,29 @@ def test_an_elastic_run_grows_live_when_a_node_joins_with_no_step_lost_and_no_re
         t.start()
         result = TorchTrainer(
             live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True,
-                                          "until_generation": 1, "after": 10},
+                                          "until_generation": 1, "after": 10, **config},
             scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
                                          elastic_resize_monitor_interval_s=0),
-            run_config=RunConfig(name="grown", storage_path=storage_path,
+            run_config=RunConfig(name=name, storage_path=storage_path,
                                  failure_config=FailureConfig(max_failures=0, live_recovery=True)),
         ).fit()
         t.join()
     log = read_events(events)
     trained = max(e["step"] for e in log if e["event"] == "step") + 1
     assert result.last_metrics == {"step": trained - 1}
+    state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["failure_counts"] == {}
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["ranks"] == [2]
+    assert recovery["steps_lost"] == 0
+    return log, state, trained
+
+
+@pytest.mark.torch
+def test_an_elastic_run_grows_live_when_a_node_joins_with_no_step_lost_and_no_restart(
+        storage_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    log, state, trained = _grow(storage_path, tmp_path, "grown")
     starts = {e["rank"]: e for e in log if e["event"] == "start"}
     assert sorted(starts) == [0, 1, 2] and len([e for e in log if e["event"] == "start"]) == 3
     assert starts[2]["node"] == "node-2" and starts[2]["step"] == trained - 10
@@ -133,12 +145,8 @@ def test_an_elastic_run_grows_live_when_a_node_joins_with_no_step_lost_and_no_re
     assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == 2] == list(range(trained - 10, trained))
     ends = {e["rank"]: e for e in log if e["event"] == "end"}
     assert {e["world"] for e in ends.values()} == {3} and ends[0]["exact"] == ends[1]["exact"] == ends[2]["exact"]
-    state = json.loads((Path(storage_path) / "grown" / "run_state.json").read_text())
-    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["attempts"][0]["workers"] == 3
-    assert state["failure_counts"] == {} and state["checkpoints"] == []  # no budget drawn, nothing to restore
-    [recovery] = state["live_recoveries"]
-    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["ranks"] == [2]
-    assert recovery["steps_lost"] == 0
+    assert state["attempts"][0]["workers"] == 3
+    assert state["checkpoints"] == []  # no budget drawn, nothing to restore
     [resize] = state["resizes"]
     assert (resize["from_workers"], resize["to_workers"], resize["steps_lost"]) == (2, 3, 0)
 
@@ -149,35 +157,9 @@ def test_an_elastic_run_that_commits_a_checkpoint_each_step_grows_live_without_w
     # Rank 0's report() of each step's checkpoint returns once the checkpoint is committed. One reported between the
     # grow and the join waited for the added rank's report of it, which never comes (it takes up rank 0's count),
     # and rank 0 never sent it the state: the added rank's wait timed out, a failure past max_failures=0.
-    from outlast.train.torch import TorchTrainer
-
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
-    events = tmp_path / "events.jsonl"
-    with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
-        def join() -> None:
-            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
-                       "step 5")
-            cluster.add_node("node-2")
-
-        t = threading.Thread(target=join, daemon=True)
-        t.start()
-        result = TorchTrainer(
-            live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True, "checkpoint": True,
-                                          "until_generation": 1, "after": 10},
-            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
-                                         elastic_resize_monitor_interval_s=0),
-            run_config=RunConfig(name="grown_checkpoints", storage_path=storage_path,
-                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
-        ).fit()
-        t.join()
-    log = read_events(events)
-    trained = max(e["step"] for e in log if e["event"] == "step") + 1
-    assert result.last_metrics == {"step": trained - 1}
+    log, state, _ = _grow(storage_path, tmp_path, "grown_checkpoints", checkpoint=True)
     assert sorted(e["rank"] for e in log if e["event"] == "start") == [0, 1, 2]
-    state = json.loads((Path(storage_path) / "grown_checkpoints" / "run_state.json").read_text())
-    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["failure_counts"] == {}
-    [recovery] = state["live_recoveries"]
-    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["steps_lost"] == 0
     assert state["latest_checkpoint"] is not None
 
 
