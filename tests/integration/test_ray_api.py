@@ -77,14 +77,19 @@ def test_strict_duplicate_files_refuse_the_checkpoint(storage_path, tmp_path):
 
 
 @pytest.mark.torch
-def test_a_failing_loop_raises_worker_group_error_with_each_ranks_failure(storage_path):
+def test_a_failing_loop_raises_worker_group_error_with_the_ranks_failures(storage_path):
     from outlast.train.torch import TorchTrainer
     from tests.integration.ray_api_jobs import failing_loop
 
     with pytest.raises(WorkerGroupError) as info:
         TorchTrainer(failing_loop, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name="fails", storage_path=storage_path)).fit()
-    assert "the loop's own error" in str(info.value.worker_failures[0])
+    # Both ranks raise at once. The first failure heard stops the other rank: one that had not raised yet when its
+    # stop came did not fail of itself, and is not among the failures (as with Ray's). Every rank listed failed
+    # with the loop's error, the root cause's rank among them.
+    failures = info.value.worker_failures
+    assert failures and set(failures) <= {0, 1}
+    assert all("the loop's own error" in str(f) for f in failures.values()), failures
 
 
 @pytest.mark.torch

@@ -30,8 +30,10 @@ from outlast.train import RunConfig, ScalingConfig, Trainer
 
 def hold_the_run(config):
     marker = "MARKER"
-    pathlib.Path(config["out"]).write_text(json.dumps({
+    out = pathlib.Path(config["out"])  # written whole, then renamed: the test reads it as soon as it exists
+    out.with_suffix(".tmp").write_text(json.dumps({
         "pid": os.getpid(), "credential": os.environ["OUTLAST_RUN_CREDENTIAL"], "marker": len(marker)}))
+    os.replace(out.with_suffix(".tmp"), out)
     while not os.path.exists(config["release"]):
         time.sleep(0.05)
 
