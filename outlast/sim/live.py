@@ -41,7 +41,7 @@ rank's replacement with the weights its drained process left with, a grown rank 
 drained rank counts as gone for a fallback's holders once its drain is answered.
 
 Seeds 0 to 999: 17 drains moved live, 11 left live, 180 fell back (most before the group formed, or while a
-recovery was under way), 17 grows live, 24 ranks left out that exited cleanly; no violation in seeds 0 to 4,999.
+recovery was under way), 17 grows live, 24 ranks left out that exited cleanly; no violation in seeds 0 to 9,999.
 """
 
 from __future__ import annotations
@@ -482,7 +482,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
     side.restored(first_step)  # what it restored: steps 0..first_step-1 applied (none, from the start)
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
-    step = yield from _join_or_fail(w)
+    step = yield from _rejoin(w)
     w.core.generation = side.rank.ledger.generation  # LiveTraining tells the session after each join
     kept = False  # this rank holds the gradients of `step` from before it broke: no forward and backward again
     while step < steps:
@@ -521,7 +521,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         sim.live_watch.verdict(w, step, committed)
         if not committed:
             side.rank.keep_in_flight()
-            resumed = yield from _join_or_fail(w)
+            resumed = yield from _rejoin(w)
             w.core.generation = side.rank.ledger.generation
             if resumed != step:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} kept the gradients "
@@ -535,7 +535,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             side.took_state = False  # its count of reports settled before its first report
         elif side.shards > 1:
             # A rank lost in the gather: the group forms again, and goes on after the step every rank applied.
-            resumed = yield from _join_or_fail(w)
+            resumed = yield from _rejoin(w)
             w.core.generation = side.rank.ledger.generation
             if resumed != step + 1:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} applied step "
@@ -565,7 +565,7 @@ def _regroup(w: "SimRank") -> Generator:
     return True
 
 
-def _join_or_fail(w: "SimRank") -> Generator:
+def _rejoin(w: "SimRank") -> Generator:
     """A join after a step broke (LiveTraining._rejoin): a rank the next generation leaves out (a drained one, whose
     planned generation a death overtook) leaves as after a planned one (LiveRank.leave)."""
     try:
