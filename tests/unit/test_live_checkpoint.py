@@ -19,11 +19,16 @@ def test_the_first_replica_writes_every_shard_once_and_rank_0_the_rest():
         [lc.optimizer_file(s, 3) for s in range(3)]
 
 
+def _never():
+    raise AssertionError("a state dict was asked of a rank that writes no part holding it")
+
+
 def _saved(tmp_path, shards: int):
     model = torch.nn.Linear(2, 1)
     for rank in range(2 * shards):
-        wrote = lc.save(tmp_path, rank, 7, shards, model.state_dict(),
-                        {"shard": rank} if rank < shards else None, {"seen": [1, 2]})
+        optimizer = (lambda r=rank: {"shard": r}) if rank < shards else _never  # asked only where it is written
+        wrote = lc.save(tmp_path, rank, 7, shards, model.state_dict if rank == 0 else _never, optimizer,
+                        (lambda: {"seen": [1, 2]}) if rank == 0 else _never)
         assert wrote == (rank < shards)
     return model
 
@@ -76,4 +81,4 @@ def test_a_part_holding_objects_is_not_constructed(tmp_path):
 
 def test_the_step_saved_is_a_committed_one(tmp_path):
     with pytest.raises(ValueError, match="the committed one, 0 or more"):
-        lc.save(tmp_path, 0, -1, 1, {}, {}, None)
+        lc.save(tmp_path, 0, -1, 1, dict, dict, lambda: None)

@@ -130,9 +130,8 @@ class LiveTraining:
         rank has no part: it reports the step without a checkpoint, the others with theirs."""
         rank = get_session("LiveTraining").context.world_rank
         shards = 1 if self.sharded is None else self.sharded.shards
-        optimizer = self.optimizer.state_dict() if rank < shards else None  # asked of the ranks that write it
-        return live_checkpoint.save(directory, rank, step, shards, self.model.state_dict(), optimizer,
-                                    self.state.state_dict() if self.state is not None else None)
+        return live_checkpoint.save(directory, rank, step, shards, self.model.state_dict, self.optimizer.state_dict,
+                                    lambda: self.state.state_dict() if self.state is not None else None)
 
     def load(self, directory: str) -> int:
         """Restores a checkpoint `save` wrote (every rank loads the weights, `state`, and its shard's optimizer

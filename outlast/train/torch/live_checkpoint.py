@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 import msgspec
 
@@ -46,9 +46,11 @@ class Restored:
     state: Any
 
 
-def save(directory: str | Path, rank: int, step: int, shards: int, model: Any, optimizer: Any, state: Any) -> bool:
+def save(directory: str | Path, rank: int, step: int, shards: int, model: Callable[[], Any],
+         optimizer: Callable[[], Any], state: Callable[[], Any]) -> bool:
     """Writes world rank `rank`'s part of the checkpoint of committed step `step` into `directory`; False when it
-    has none to write (`optimizer`: the state dict of the shard this rank holds, or of the whole optimizer)."""
+    has none to write. `model`, `optimizer` and `state` give each state dict (`optimizer`: of the shard this rank
+    holds, or of the whole optimizer), asked only of the rank that writes it (`parts`)."""
     import torch
 
     if step < 0:
@@ -60,7 +62,7 @@ def save(directory: str | Path, rank: int, step: int, shards: int, model: Any, o
         if name == LAYOUT:
             (d / name).write_bytes(msgspec.json.encode(PartsLayout(step=step, shards=shards)))
         else:
-            torch.save(content[name], d / name)
+            torch.save(content[name](), d / name)
     return bool(files)
 
 
