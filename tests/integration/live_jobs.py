@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -238,3 +239,72 @@ def live_custom_sampler_loop(config: dict) -> None:
 
     prepare_data_loader(DataLoader(TensorDataset(torch.arange(8)), batch_size=2,
                                    sampler=SubsetRandomSampler(range(8))))
+
+
+def live_fsdp_loop(config: dict) -> None:
+    """An FSDP2 model (three linear layers, each `fully_shard`ed, then the whole) over `live_mesh(shards=2)`, Adam,
+    its gradients clipped (a DTensor's functional collectives), each step's batch drawn from the step and the rank.
+    `config["kill"]`: [[rank, step, where], ...]: that rank's first process of the first attempt SIGKILLs itself in
+    that step's forward ("forward": in the second layer, its first layer's parameters gathered), in its backward
+    ("backward": in the second layer's, the third's gradients reduced) or at a fault point of live recovery
+    (`live.vote`, `live.optimizer_step`). `config["checkpoint"] == "live"`: every rank reports its part of
+    `LiveTraining.save` with each step, and a restarted attempt restores the newest. `config["unguarded"]`: the
+    forward and backward run outside `live.forward_backward()`. Each rank logs its own pieces of the weights at the
+    end ("exact")."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from outlast import faults
+    from outlast.train.torch import LiveTraining, live_mesh
+
+    rank = train.get_context().get_world_rank()
+    first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
+    kill = {k[1]: k[2] for k in config.get("kill") or [] if k[0] == rank} if first else {}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 1))
+    mesh = live_mesh(shards=config.get("shards", 2))
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    live = LiveTraining(model, torch.optim.Adam(model.parameters(), lr=0.01), mesh=mesh)
+    step_now = [0]
+
+    def die(where: str):
+        def hook(*_):
+            if kill.get(step_now[0]) == where:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return hook
+
+    model[2].register_forward_pre_hook(die("forward"))
+    model[2].register_full_backward_pre_hook(die("backward"))
+    restored = 0
+    if config.get("checkpoint") == "live" and (checkpoint := train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d:
+            restored = live.load(d)
+    step = live.start(restored)
+    _log(config, event="start", step=step)
+    while step < config["steps"]:
+        step_now[0] = step
+        if kill.get(step) in ("live.vote", "live.optimizer_step"):
+            os.environ["OUTLAST_FAULT_POINTS"] = f"{kill.pop(step)}=kill"
+            faults.reset()
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(16, 8, generator=g)
+        with live.forward_backward() if not config.get("unguarded") else contextlib.nullcontext():
+            loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        was = step
+        step = live.step(step)
+        _log(config, event="step" if step == was + 1 else "thrown", step=was)
+        if step == was + 1:
+            if config.get("checkpoint") == "live":
+                with tempfile.TemporaryDirectory() as d:
+                    part = live.save(d, was)
+                    train.report({"step": was}, checkpoint=Checkpoint.from_directory(d) if part else None)
+            else:
+                train.report({"step": was})
+    pieces = [p.to_local().reshape(-1).tolist() for p in model.parameters()]
+    live.close()
+    _log(config, event="end", exact=pieces, world=train.get_context().get_world_size())

@@ -82,3 +82,26 @@ def test_a_part_holding_objects_is_not_constructed(tmp_path):
 def test_the_step_saved_is_a_committed_one(tmp_path):
     with pytest.raises(ValueError, match="the committed one, 0 or more"):
         lc.save(tmp_path, 0, -1, 1, dict, dict, lambda: None)
+
+
+def test_a_sharded_model_s_weights_are_written_by_the_first_replica_one_shard_each(tmp_path):
+    written = [lc.parts(rank, 2, model_sharded=True) for rank in range(4)]
+    assert written == [["live.json", "state.pt", "optimizer-shard-0-of-2.pt", "model-shard-0-of-2.pt"],
+                       ["optimizer-shard-1-of-2.pt", "model-shard-1-of-2.pt"], [], []]
+    for rank in range(4):
+        lc.save(tmp_path, rank, 3, 2, (lambda r=rank: {"w": torch.full((2,), float(r))}) if rank < 2 else _never,
+                (lambda r=rank: {"shard": r}) if rank < 2 else _never,
+                (lambda: {"seen": 1}) if rank == 0 else _never, model_sharded=True)
+    for shard in range(2):
+        restored = lc.load(tmp_path, shard, 2, model_sharded=True)
+        assert restored.step == 4 and torch.equal(restored.model["w"], torch.full((2,), float(shard)))
+        assert restored.optimizer == {"shard": shard} and restored.state == {"seen": 1}
+
+
+@pytest.mark.parametrize("saved_sharded", [True, False])
+def test_a_checkpoint_whose_model_is_kept_otherwise_is_refused(tmp_path, saved_sharded):
+    for rank in range(2):
+        lc.save(tmp_path, rank, 3, 2, lambda: {"w": torch.zeros(1)}, lambda: {}, lambda: None,
+                model_sharded=saved_sharded)
+    with pytest.raises(ValueError, match="load it with LiveTraining\\(mesh=live_mesh\\(...\\)\\) if and only if"):
+        lc.load(tmp_path, 0, 2, model_sharded=not saved_sharded)

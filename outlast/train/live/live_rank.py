@@ -204,6 +204,18 @@ class LiveRank:
         except GroupBroken as e:
             self.last_break = str(e)
             reduced = False
+        return self._vote(step, reduced)
+
+    def vote(self, step: int, reduced: bool) -> bool:
+        """For a loop whose gradients were reduced inside its backward (FSDP2's, over `live_mesh`'s groups): vote
+        whether they were, on this rank (`reduced`); True when every rank did (apply the step), False when the step
+        is thrown away everywhere."""
+        assert self.group is not None and self.votes is not None, "join() first"
+        self.begin(step)
+        return self._vote(step, reduced)
+
+    def _vote(self, step: int, reduced: bool) -> bool:
+        assert self.votes is not None
         fault_point("live.vote")  # reduced everywhere, and this rank's vote never comes
         verdict, _ = self.votes.vote(step, reduced)
         return self.settle(verdict)

@@ -11,12 +11,12 @@ from outlast.train.torch.helpers import (
     accelerate, backward, enable_reproducibility, get_device, get_devices, prepare_data_loader, prepare_model,
     prepare_optimizer,
 )
-from outlast.train.torch.live import LiveTraining
+from outlast.train.torch.live import LiveTraining, live_mesh
 from outlast.train.torch.trainer import TorchTrainer
 from outlast.train.torch.virtual_ranks import virtual_rank_gradients
 
 __all__ = [
-    "LiveTraining", "TorchBackend", "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
+    "LiveTraining", "TorchBackend", "live_mesh", "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
     "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer", "save_async",
     "virtual_rank_gradients",
 ]

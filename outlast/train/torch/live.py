@@ -47,10 +47,11 @@ shard's optimizer state from one holder, the rest from rank 0.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from outlast.faults import fault_point
 from outlast.protocol.membership import member_name, store_prefix
@@ -61,7 +62,8 @@ from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
 from outlast.train.live.group import GroupBroken
 from outlast.train.live.rendezvous import NotAMemberError
-from outlast.train.torch import live_checkpoint
+from outlast.train.torch import live_checkpoint, local_shards
+from outlast.train.torch.live_mesh import LiveMesh, is_peer_loss, live_of, make_mesh
 from outlast.train.torch.live_shards import FlatShards, reports_after_gather
 
 log = logging.getLogger("outlast.worker")
@@ -69,9 +71,23 @@ log = logging.getLogger("outlast.worker")
 STORE_VAR = LIVE_STORE_VAR  # set by the controller (live_steps.py), as INCARNATION_VAR is
 
 
+def live_mesh(shards: int) -> Any:
+    """The (replicate, shard) DeviceMesh to give FSDP2's `fully_shard` in live recovery: the world's ranks in
+    replicas of `shards` ranks, each holding one shard (rank r shard r % shards); its groups outlive a rank's death
+    (`live_mesh.py`). Make it before `fully_shard`, and give it to `LiveTraining(mesh=...)`."""
+    import torch.distributed as dist
+
+    if not os.environ.get(STORE_VAR):
+        raise RuntimeError("live_mesh() needs live recovery turned on: "
+                           "RunConfig(failure_config=FailureConfig(live_recovery=True))")
+    context = get_session("live_mesh").context
+    mesh, _ = make_mesh(context.world_rank, context.world_size, shards, dist.HashStore())
+    return mesh
+
+
 class LiveTraining:
     def __init__(self, model: Any, optimizer: Any, state: Any = None, timeout_s: float = 60.0,
-                 shards: int = 1) -> None:
+                 shards: int = 1, mesh: Any = None) -> None:
         address = os.environ.get(STORE_VAR)
         if not address:
             raise RuntimeError("LiveTraining needs live recovery turned on: "
@@ -86,9 +102,18 @@ class LiveTraining:
         store = dist.PrefixStore(store_prefix(ctx.attempt), rendezvous.connect(host, int(port), timeout_s))
         self.model, self.state = model, state
         self.sharded: FlatShards | None = None
+        self.mesh: LiveMesh | None = None  # an FSDP2 model over live_mesh: its reductions run in its backward
+        self._broken = False  # with a mesh: a collective of the step in flight failed
+        self._rng_at_step_start: Any = None
         self._took_state = False  # with shards: its count of reports is its sender's until a step's gather settles it
         self._settle_reports = False  # with shards: the next step's gather tells the counts (a group formed since)
-        if shards != 1:
+        if mesh is not None:
+            self.mesh = live_of(mesh)
+            if shards not in (1, self.mesh.shards):
+                raise ValueError(f"LiveTraining(shards={shards}, mesh=...): the mesh splits the model in "
+                                 f"{self.mesh.shards} shards; leave shards out, the mesh says it")
+            shards = self.mesh.shards
+        elif shards != 1:
             self.sharded = FlatShards(model, optimizer, ctx.world_rank, ctx.world_size, shards)
             optimizer = self.sharded.optimizer
         self.optimizer = optimizer
@@ -100,8 +125,12 @@ class LiveTraining:
     def state_dict(self) -> dict[str, Any]:
         import torch
 
-        return {"model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.sharded is None else self.sharded.state_dict(),
+        if self.mesh is not None:
+            model, optimizer = local_shards.model_state(self.model), local_shards.optimizer_state(self.optimizer)
+        else:
+            model = self.model.state_dict()
+            optimizer = self.optimizer.state_dict() if self.sharded is None else self.sharded.state_dict()
+        return {"model": model, "optimizer": optimizer,
                 "state": self.state.state_dict() if self.state is not None else None,
                 "rng": torch.get_rng_state(), "reports": get_session("LiveTraining").reports_made,
                 "data": positions.step_start(self._place, self._place_now())}
@@ -109,10 +138,14 @@ class LiveTraining:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         import torch
 
-        self.model.load_state_dict(d["model"])
-        if self.sharded is None:
+        if self.mesh is not None:
+            local_shards.load_model_state(self.model, d["model"])
+            local_shards.load_optimizer_state(self.optimizer, d["optimizer"])
+        elif self.sharded is None:
+            self.model.load_state_dict(d["model"])
             self.optimizer.load_state_dict(d["optimizer"])
         else:
+            self.model.load_state_dict(d["model"])
             self.sharded.load_state_dict(d["optimizer"])
             self._took_state = True
         if self.state is not None:
@@ -129,17 +162,30 @@ class LiveTraining:
         rank 0's weights, `state` and layout, each shard's optimizer state from one holder). Returns False when this
         rank has no part: it reports the step without a checkpoint, the others with theirs."""
         rank = get_session("LiveTraining").context.world_rank
+        if self.mesh is not None:
+            return live_checkpoint.save(directory, rank, step, self.mesh.shards,
+                                        lambda: local_shards.model_state(self.model),
+                                        lambda: local_shards.optimizer_state(self.optimizer), self._state_dict,
+                                        model_sharded=True)
         shards = 1 if self.sharded is None else self.sharded.shards
         return live_checkpoint.save(directory, rank, step, shards, self.model.state_dict, self.optimizer.state_dict,
-                                    lambda: self.state.state_dict() if self.state is not None else None)
+                                    self._state_dict)
+
+    def _state_dict(self) -> Any:
+        return self.state.state_dict() if self.state is not None else None
 
     def load(self, directory: str) -> int:
         """Restores a checkpoint `save` wrote (every rank loads the weights, `state`, and its shard's optimizer
         state); returns the step after the checkpoint's, for `start`."""
-        shard, shards = (0, 1) if self.sharded is None else (self.sharded.shard, self.sharded.shards)
-        restored = live_checkpoint.load(directory, shard, shards)
-        self.model.load_state_dict(restored.model)
-        self.optimizer.load_state_dict(restored.optimizer)
+        if self.mesh is not None:
+            restored = live_checkpoint.load(directory, self.mesh.shard, self.mesh.shards, model_sharded=True)
+            local_shards.load_model_state(self.model, restored.model)
+            local_shards.load_optimizer_state(self.optimizer, restored.optimizer)
+        else:
+            shard, shards = (0, 1) if self.sharded is None else (self.sharded.shard, self.sharded.shards)
+            restored = live_checkpoint.load(directory, shard, shards)
+            self.model.load_state_dict(restored.model)
+            self.optimizer.load_state_dict(restored.optimizer)
         if self.state is not None:
             self.state.load_state_dict(restored.state)
         return restored.step
@@ -157,6 +203,8 @@ class LiveTraining:
         `step` when the group shrank (the step thrown away, to run again)."""
         import torch
 
+        if self.mesh is not None:
+            return self._mesh_step(step)
         if self.rank.regroup_due:
             # The gradients of this step stay: they were computed on the committed state every member holds.
             if not self._regroup():
@@ -208,6 +256,71 @@ class LiveTraining:
             self._gather(step + 1)
         return step + 1
 
+    @contextlib.contextmanager
+    def forward_backward(self) -> Iterator[None]:
+        """Around each step's forward and backward when the model is FSDP2's over `live_mesh`, whose collectives
+        run there: a peer lost meanwhile voids the step, and its error is not raised (`step` throws the step away
+        on every rank and returns it, to run again); any other error is the loop's own, and goes up. Without a mesh
+        it does nothing."""
+        if self.mesh is None:
+            yield
+            return
+        import torch
+
+        self._rng_at_step_start = torch.get_rng_state()  # the step runs again from here if it is thrown away
+        try:
+            yield
+        except Exception as e:
+            if not is_peer_loss(e):
+                raise
+            self.rank.last_break = str(e)
+            self._broken = True
+        if self._broken:
+            self.mesh.close()  # out of the handler, whose traceback held the failed work: peers blocked here fail now
+
+    def _mesh_step(self, step: int) -> int:
+        """With an FSDP2 model over `live_mesh`: its gradients were reduced in backward, so the ranks only vote. A
+        step every rank reduced is applied; one with a failed collective anywhere is thrown away on every rank, which
+        forms the next generation (a replacement taking its shard from a rank of another replica that holds it) and
+        runs the step again from its start: its batch, its RNG."""
+        assert self.mesh is not None
+        if self._rng_at_step_start is None:
+            raise RuntimeError("LiveTraining(mesh=...): run each step's forward and backward inside "
+                               "`with live.forward_backward():`, then call live.step(step): FSDP2's collectives "
+                               "run in them, and a peer lost there must void the step, not fail the rank")
+        broken = self._broken or self.mesh.broke()
+        self._broken = False
+        if self.rank.vote(step, not broken):
+            self._rng_at_step_start = None
+            fault_point("live.optimizer_step")  # committed everywhere, not applied here
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            if self.rank.regroup_due and not self._regroup():
+                # A planned generation, formed now: the next step's collectives run in its groups.
+                self.rank.leave()
+            self._keep_place()
+            return step + 1
+        self._throw_away(step)
+        return step
+
+    def _throw_away(self, step: int) -> None:
+        import torch
+
+        assert self.mesh is not None
+        self.mesh.close()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.reset_iter_state()  # FSDP2's: its unsharded parameters and pending reductions of the step, gone
+        torch.set_rng_state(self._rng_at_step_start)
+        self._rng_at_step_start = None
+        context = get_session("LiveTraining").context
+        start = positions.step_start(self._place, self._place_now())
+        for key in positions.regroup(start, context.world_rank, context.world_size, positions.shared_seed(context)):
+            log.warning("live recovery: %s goes on from where it is: its place at the start of the step thrown "
+                        "away cannot be told, so its batch of that step is not read again", key)
+        resumed = self._rejoin()
+        if resumed != step:
+            raise RuntimeError(f"after step {step} was thrown away, the ranks agreed to go on at step {resumed}")
+
     def _gather(self, next_step: int) -> None:
         """After a committed step, the shards this rank does not hold. A rank lost meanwhile: every rank applied its
         shard's step already, so the group forms again (the joiner taking the state of its shard, as it stands
@@ -242,6 +355,14 @@ class LiveTraining:
     def _join(self) -> int:
         while True:
             step = self.rank.join(self.state_dict, self.load_state_dict)
+            if self.mesh is not None:
+                try:
+                    self.mesh.attach(self.rank.store, self.rank.ledger.generation, self.rank.rank,
+                                     self.rank.timeout_s)
+                    break
+                except GroupBroken as e:
+                    self.rank.last_break = str(e)
+                    continue
             if self.sharded is None:
                 break
             # The shards this rank does not hold may be a step behind (a rank lost while they were gathered, or this
@@ -335,4 +456,6 @@ class LiveTraining:
         members receive the state they wait for (and find the loop over, as the others do)."""
         if self.rank.regroup_due:
             self._regroup()
+        if self.mesh is not None:
+            self.mesh.close()
         self.rank.close()
