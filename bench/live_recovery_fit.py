@@ -1,19 +1,21 @@
 """Live recovery under the public API: SIGKILLs of a rank in Trainer.fit(), live and by a restart.
 
     .venv/bin/python -m bench.live_recovery_fit [--kills 20] [--restart-kills 20] [--workers 2] [--shards 1]
-                                                [--out FILE]
+                                                [--fsdp] [--out FILE]
 
 2 CPU ranks (`--workers`) on the node fit() starts, a small MLP, ~20 ms steps (bench/lib/live_fit_loop.py). A
 thread of this process watches the ranks' step events and SIGKILLs rank 0 and rank 1 in turn, each
 at a random instant of a step, a kill every `SPACING` steps:
 - live: `FailureConfig(live_recovery=True)`, `LiveTraining`; no checkpoints (`--shards S`: the optimizer's
-  state split between the S ranks of each replica, `LiveTraining(shards=S)`).
+  state split between the S ranks of each replica, `LiveTraining(shards=S)`; `--fsdp`: the MLP FSDP2's, HSDP over
+  `live_mesh(S)`, its steps voted after backward, and a step in flight at a kill thrown away and run again).
 - restart: the same loop with DDP and live recovery off, a checkpoint every 10 steps: outlast's
   restart of the whole group from the newest checkpoint.
 For each kill: the steps lost (steps thrown away on the survivors, from their own events; for a
 restart, the steps trained again after the restore and the one in flight), the seconds from the kill
 to the first step that a process forked since applied, and whether the survivors kept their pids.
-Then the cost when nothing fails: the median step time of the same steps with the mode on and off,
+Then the cost when nothing fails: the median step time of the same steps with the mode on and off (with
+`--fsdp`, off is the same FSDP2 model over a mesh of the run's default group),
 and the warm floor (bench/lib/warm_floor.py) in the same run. Each part records the 1-minute load.
 """
 
@@ -40,7 +42,7 @@ STEP_S = 0.02
 SPACING = 30  # steps between kills: the recovery and a few steps after it
 
 
-WORKERS, SHARDS = 2, 1  # set by --workers, --shards
+WORKERS, SHARDS, FSDP = 2, 1, False  # set by --workers, --shards, --fsdp
 
 
 def _fit(events: str, storage: str, name: str, live: bool, steps: int, ckpt_every: int, max_failures: int) -> dict:
@@ -49,7 +51,8 @@ def _fit(events: str, storage: str, name: str, live: bool, steps: int, ckpt_ever
 
     result = TorchTrainer(
         loop, train_loop_config={"events": events, "steps": steps, "live": live, "pad_s": STEP_S * 0.75,
-                                 "ckpt_every": ckpt_every, "shards": SHARDS if live else 1},
+                                 "ckpt_every": ckpt_every, "shards": SHARDS if live or FSDP else 1,
+                                 "fsdp": FSDP and (live or not ckpt_every)},
         scaling_config=ScalingConfig(num_workers=WORKERS),
         run_config=RunConfig(name=name, storage_path=storage,
                              failure_config=FailureConfig(max_failures=max_failures, live_recovery=live)),
@@ -176,10 +179,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shards", type=int, default=1)
+    p.add_argument("--fsdp", action="store_true")
     p.add_argument("--out")
     a = p.parse_args()
-    global WORKERS, SHARDS
-    WORKERS, SHARDS = a.workers, a.shards
+    global WORKERS, SHARDS, FSDP
+    WORKERS, SHARDS, FSDP = a.workers, a.shards, a.fsdp
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="outlast-live-fit-") as tmp:
         os.environ["OUTLAST_HOME"] = os.path.join(tmp, "home")
@@ -195,7 +199,7 @@ def main() -> int:
     med = lambda t, k: t[k]["median"] if t[k] else None  # noqa: E731
     on, off = quiet["on"]["step_s"], quiet["off"]["step_s"]
     doc = {"benchmark": "live_recovery_fit", "date": stamp(), "cpus": os.cpu_count(), "seed": a.seed,
-           "workers": a.workers, "shards": a.shards,
+           "workers": a.workers, "shards": a.shards, "fsdp": a.fsdp,
            "wall_s": round(time.time() - started, 1), "step_s_target": STEP_S, "kill_spacing_steps": SPACING,
            "live": {**lt, "runs": live}, "restart": {**rt, "checkpoint_every": 10, "runs": restart},
            "warm_floor": {"before": floor_before, "after": floor_after, "median_s": floor_med},

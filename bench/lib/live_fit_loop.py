@@ -1,11 +1,14 @@
 """The loop of bench/live_recovery_fit.py: 2 CPU ranks, a small MLP, ~20 ms steps, under outlast's
 Trainer.fit(), with live recovery (`LiveTraining`) or without it (DDP, a checkpoint every
-`ckpt_every` steps, restored after a restart). Each rank appends one event per step to `events`:
+`ckpt_every` steps, restored after a restart). `config["fsdp"]`: the MLP is FSDP2's, HSDP over replicas of
+`shards` ranks: over `live_mesh` with live recovery, over `init_device_mesh` of the run's default group without
+(no checkpoints then). Each rank appends one event per step to `events`:
 "step" when it applied the step, "thrown" when live recovery threw it away. The workers import this
 module: standard library only at import time."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -40,12 +43,20 @@ def loop(config: dict) -> None:
             state = torch.load(os.path.join(d, "state.pt"))
         model.load_state_dict(state["model"])
         step = state["step"] + 1
-    model = prepare_model(model)
+    if config.get("fsdp"):
+        model = _fully_sharded(model, config["live"], config["shards"], ctx.get_world_size())
+    else:
+        model = prepare_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if ckpt is not None:
         opt.load_state_dict(state["optim"])
     live = None
-    if config["live"]:
+    if config["live"] and config.get("fsdp"):
+        from outlast.train.torch import LiveTraining
+
+        live = LiveTraining(model, opt, mesh=model.live_mesh)
+        step = live.start()
+    elif config["live"]:
         from outlast.train.torch import LiveTraining
 
         if config.get("shards", 1) > 1:  # the optimizer's state split: SGD's momentum over this rank's shard
@@ -58,7 +69,8 @@ def loop(config: dict) -> None:
          step=step, t=time.time())
     while step < config["steps"]:
         x, y = _batch(step, rank)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        with live.forward_backward() if live is not None else contextlib.nullcontext():
+            torch.nn.functional.cross_entropy(model(x), y).backward()
         time.sleep(config["pad_s"])  # the rest of a ~20 ms step
         done = step
         if live is not None:
@@ -82,3 +94,22 @@ def loop(config: dict) -> None:
             train.report({"step": done})
     if live is not None:
         live.close()
+
+
+def _fully_sharded(model, live: bool, shards: int, world: int):
+    """The MLP's two linear layers and the whole FSDP2's, over `live_mesh` or a mesh of the default group."""
+    from torch.distributed.fsdp import fully_shard
+
+    if live:
+        from outlast.train.torch import live_mesh
+
+        mesh = live_mesh(shards)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world // shards, shards), mesh_dim_names=("replicate", "shard"))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.live_mesh = mesh
+    return model

@@ -143,13 +143,14 @@ def live_loader_loop(config: dict) -> None:
     """A loop fed by prepare_data_loader (a shuffled DataLoader of `rows` rows, `batch` a batch), `epochs` epochs,
     each batch's row ids logged with the step that applied them ("thrown": a step a live shrink threw away).
     `config["kill"]`: [[rank, step], ...]: that rank's first process of the first attempt SIGKILLs itself after its
-    backward of that step."""
+    backward of that step. `config["fsdp"]`: the model is FSDP2's over `live_mesh(shards=1)` (each rank a replica),
+    its forward and backward inside `live.forward_backward()`."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     from outlast.train.torch import prepare_data_loader
 
-    model, optimizer = _model()
+    model, optimizer = _model(config.get("fsdp", False))
     x = torch.randn(config["rows"], 8, generator=torch.Generator().manual_seed(7))
     loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(config["rows"]), x),
                                             batch_size=config["batch"], shuffle=True))
@@ -161,13 +162,22 @@ def live_loader_loop(config: dict) -> None:
     _live_epochs(config, model, optimizer, epoch_batches)
 
 
-def _model():
+def _model(fsdp: bool = False):
     import torch
 
     from outlast.train.torch import prepare_model
 
     torch.manual_seed(0)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        from outlast.train.torch import live_mesh
+
+        model.live_mesh = live_mesh(shards=1)
+        fully_shard(model, mesh=model.live_mesh)
+    else:
+        model = prepare_model(model)
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
@@ -177,7 +187,7 @@ def _live_epochs(config: dict, model, optimizer, epoch_batches) -> None:
     from outlast.train.torch import LiveTraining
 
     epoch = _Epoch()
-    live = LiveTraining(model, optimizer, state=epoch)
+    live = LiveTraining(model, optimizer, state=epoch, mesh=getattr(model, "live_mesh", None))
     rank = train.get_context().get_world_rank()
     step = live.start()
     _log(config, event="start", step=step, epoch=epoch.epoch)
@@ -185,9 +195,10 @@ def _live_epochs(config: dict, model, optimizer, epoch_batches) -> None:
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
     while _more_epochs(config, epoch, live):
         for ids, xb in epoch_batches(epoch.epoch):
-            ((model(xb) - xb.sum(dim=1, keepdim=True)) ** 2).mean().backward()
-            if first and (rank, step) in kill:
-                os.kill(os.getpid(), signal.SIGKILL)
+            with live.forward_backward():
+                ((model(xb) - xb.sum(dim=1, keepdim=True)) ** 2).mean().backward()
+                if first and (rank, step) in kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(config.get("sleep", 0.01))
             was = step
             # Logged before it is reduced too: a process lost after the step's commit never logs the step.
@@ -201,9 +212,9 @@ def _live_epochs(config: dict, model, optimizer, epoch_batches) -> None:
                  rows=ids.tolist())
         epoch.epoch += 1
         epoch.running = False
+    exact = [(p.to_local() if hasattr(p, "to_local") else p).reshape(-1).tolist() for p in model.state_dict().values()]
     live.close()
-    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
-         world=train.get_context().get_world_size())
+    _log(config, event="end", exact=exact, world=train.get_context().get_world_size())
 
 
 def _more_epochs(config: dict, epoch, live) -> bool:

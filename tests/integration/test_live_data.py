@@ -23,13 +23,15 @@ from tests.integration.live_jobs import live_loader_loop
 ROWS, BATCH, EPOCHS = 48, 4, 2  # 6 steps an epoch at 2 ranks
 
 
-def _fit(storage_path: str, tmp_path: Path, name: str, kill: list[list[int]]) -> tuple[list[dict], dict]:
+def _fit(storage_path: str, tmp_path: Path, name: str, kill: list[list[int]], fsdp: bool = False
+         ) -> tuple[list[dict], dict]:
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / f"{name}.jsonl"
     TorchTrainer(
         live_loader_loop,
-        train_loop_config={"events": str(events), "rows": ROWS, "batch": BATCH, "epochs": EPOCHS, "kill": kill},
+        train_loop_config={"events": str(events), "rows": ROWS, "batch": BATCH, "epochs": EPOCHS, "kill": kill,
+                           "fsdp": fsdp},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=3, live_recovery=True)),
@@ -58,6 +60,24 @@ def test_a_replacement_reads_the_batches_of_the_step_it_takes_up_and_every_row_i
         assert used == Counter(range(ROWS)), epoch
     final = {e["rank"]: e["exact"] for e in killed if e["event"] == "end"}
     assert final == {e["rank"]: e["exact"] for e in clean if e["event"] == "end"}
+
+
+@pytest.mark.torch
+def test_an_fsdp2_step_thrown_away_is_run_again_on_the_batches_it_read_and_every_row_is_used_once_an_epoch(
+        storage_path, tmp_path):
+    # FSDP2 over live_mesh: the survivor throws the step that broke away and reads its batch again; the
+    # replacement reads the lost rank's. Rank 1 dies mid-epoch 0 (step 3), rank 0 at the first step of epoch 1.
+    clean, _ = _fit(storage_path, tmp_path, "clean", [], fsdp=True)
+    killed, state = _fit(storage_path, tmp_path, "killed", [[1, 3], [0, 6]], fsdp=True)
+    assert [(r["path"], r["steps_lost"]) for r in state["live_recoveries"]] == [("live", 1), ("live", 1)]
+    assert [(e["rank"], e["step"]) for e in killed if e["event"] == "thrown"] == [(0, 3), (1, 6)]
+    applied = {(e["rank"], e["step"]): e["rows"] for e in killed if e["event"] == "step"}
+    assert applied == {(e["rank"], e["step"]): e["rows"] for e in clean if e["event"] == "step"}
+    for epoch in range(EPOCHS):
+        used = Counter(r for e in killed if e["event"] == "step" and e["epoch"] == epoch for r in e["rows"])
+        assert used == Counter(range(ROWS)), epoch
+    assert {e["rank"]: e["exact"] for e in killed if e["event"] == "end"} == \
+        {e["rank"]: e["exact"] for e in clean if e["event"] == "end"}
 
 
 @pytest.mark.torch
