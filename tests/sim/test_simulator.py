@@ -124,7 +124,7 @@ def test_memory_tier_schedules_hold_every_invariant_and_reach_the_interesting_st
 # A minute of CPU, beside the tests of real processes (scripts/test): more than pytest's 300 s under load.
 @pytest.mark.timeout(1200)
 def test_two_thousand_schedules_hold_every_invariant_and_reach_the_interesting_states():
-    # A longer sweep is `python -m outlast.sim --seeds N --jobs 2` (about 100 schedules a second a core).
+    # A longer sweep is `python -m outlast.sim --seeds N --jobs 2` (about 230 schedules a second a core).
     summary = run_many(0, 2_000, jobs=2)
     assert summary["schedules"] == 2_000
     assert summary["violations"] == 0, summary
