@@ -31,7 +31,11 @@ class TierWatch:
         self.sim = sim
         self.memory_only = sim.schedule.tier is not None and sim.schedule.tier.checkpoint_storage == "memory"
         self.written: dict[str, dict[int, m.FileEntry]] = {}  # checkpoint -> rank -> the file it wrote
-        self._skips_seen: dict[int, int] = {}  # driver generation -> skipped checkpoints checked
+        # Skips checked, each in the step that made it: a driver launched later finds the earlier drivers' skips in
+        # the history, made while their copies' nodes were gone, and a copy may have come back since (an agent started
+        # again reclaims its copies).
+        self._skips_seen: dict[int, int] = {}  # driver generation -> skipped checkpoints seen in its history
+        self._skips_judged: set[tuple[str, float]] = set()  # (checkpoint, when skipped)
         self._spawned_at: dict[int, float] = {}  # attempt -> when its ranks were first spawned
         self._corrupted: list[tuple[float, str, CopyKey]] = []  # when, on which node, which copy
 
@@ -110,8 +114,9 @@ class TierWatch:
         seen = self._skips_seen.get(driver.generation, 0)
         self._skips_seen[driver.generation] = len(skipped)
         for s in skipped[seen:]:
-            if "kept in memory only" not in s.reason:
+            if "kept in memory only" not in s.reason or (s.checkpoint_dir, s.time) in self._skips_judged:
                 continue
+            self._skips_judged.add((s.checkpoint_dir, s.time))
             if "costs" not in s.reason:
                 self.violation(f"{s.checkpoint_dir} was skipped without saying what it costs: {s.reason}")
             if not self.gone(s.checkpoint_dir) and s.checkpoint_dir in self.written:
