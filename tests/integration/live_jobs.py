@@ -38,7 +38,8 @@ def live_loop(config: dict) -> None:
     checkpoint with each committed step, uploaded in report(), which returns once the checkpoint is committed
     (every rank's report of it counted), and logs that it returned; "live": every rank reports its part of
     `LiveTraining.save` instead, and a restarted attempt restores the newest with `LiveTraining.load`.
-    `config["shards"]`: the ranks split Adam's state in that many shards."""
+    `config["shards"]`: the ranks split Adam's state in that many shards. `config["fsdp"]`: the model is FSDP2's over
+    `live_mesh(shards=1)` (each rank a replica)."""
     import torch
 
     from outlast import faults
@@ -47,13 +48,16 @@ def live_loop(config: dict) -> None:
     if int(os.environ.get("OUTLAST_LIVE_INCARNATION", "0")) in config.get("die_in_transfer", []):
         os.environ["OUTLAST_FAULT_POINTS"] = "live.receive_state.after_header=kill"
         faults.reset()
-    torch.manual_seed(0)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-    if config.get("shards", 1) > 1:  # the optimizer's state split: Adam's moments, built over this rank's shard
+    if config.get("fsdp"):
+        model, optimizer = _model(fsdp=True)
+        live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)), mesh=model.live_mesh)
+    elif config.get("shards", 1) > 1:  # the optimizer's state split: Adam's moments, built over this rank's shard
+        torch.manual_seed(0)
+        model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
         live = LiveTraining(model, functools.partial(torch.optim.Adam, lr=0.01), state=_Pad(config.get("pad_mb", 0)),
                             shards=config["shards"])
     else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        model, optimizer = _model()
         live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)))
     rank = train.get_context().get_world_rank()
     restored = 0
@@ -81,8 +85,9 @@ def live_loop(config: dict) -> None:
             _log(config, event="notice", step=step, ranks=info.preempted_ranks, node_ids=info.preempted_node_ids)
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(32, 8, generator=g)
-        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
-        loss.backward()
+        with live.forward_backward():
+            loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+            loss.backward()
         if first and (rank, step) in kill:
             if kill[rank, step] == "raise":
                 raise RuntimeError(f"rank {rank} fails in step {step}")
@@ -106,8 +111,12 @@ def live_loop(config: dict) -> None:
             else:
                 train.report({"step": was})
     live.close()
-    _log(config, event="end", exact=[p.reshape(-1).tolist() for p in model.state_dict().values()],
-         world=train.get_context().get_world_size())
+    _log(config, event="end", exact=_exact(model), world=train.get_context().get_world_size())
+
+
+def _exact(model) -> list:
+    """The weights as lists of numbers: this rank's pieces of an FSDP2 model's."""
+    return [(p.to_local() if hasattr(p, "to_local") else p).reshape(-1).tolist() for p in model.state_dict().values()]
 
 
 class _Pad:
@@ -212,7 +221,7 @@ def _live_epochs(config: dict, model, optimizer, epoch_batches) -> None:
                  rows=ids.tolist())
         epoch.epoch += 1
         epoch.running = False
-    exact = [(p.to_local() if hasattr(p, "to_local") else p).reshape(-1).tolist() for p in model.state_dict().values()]
+    exact = _exact(model)
     live.close()
     _log(config, event="end", exact=exact, world=train.get_context().get_world_size())
 

@@ -37,8 +37,9 @@ def _fit(storage_path: str, events: Path, name: str, steps: int, **config):
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_a_drained_nodes_rank_moves_to_the_spare_node_with_no_step_lost_and_nothing_written(
-        storage_path, tmp_path, monkeypatch):
+        storage_path, tmp_path, monkeypatch, fsdp):
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
     events = tmp_path / "events.jsonl"
     with LocalCluster(num_nodes=3, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
@@ -52,12 +53,12 @@ def test_a_drained_nodes_rank_moves_to_the_spare_node_with_no_step_lost_and_noth
 
         t = threading.Thread(target=drain, daemon=True)
         t.start()
-        result = _fit(storage_path, events, "moved", STEPS, notice=True, until_generation=1, after=10)
+        result = _fit(storage_path, events, "moved", STEPS, notice=True, until_generation=1, after=10, fsdp=fsdp)
         t.join()
         log = read_events(events)
         trained = max(e["step"] for e in log if e["event"] == "step") + 1
         clean_events = tmp_path / "clean.jsonl"
-        _fit(storage_path, clean_events, "clean", trained)
+        _fit(storage_path, clean_events, "clean", trained, fsdp=fsdp)
 
     assert result.last_metrics == {"step": trained - 1}
     starts = [e for e in log if e["event"] == "start"]

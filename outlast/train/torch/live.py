@@ -267,6 +267,11 @@ class LiveTraining:
             return
         import torch
 
+        if self.rank.regroup_due and not self._regroup():
+            # A planned generation published during the last step: formed before this step's collectives, which run
+            # in its groups. A rank it leaves out (drained, its replacement holding its rank) reported the last step
+            # already, and leaves here.
+            self.rank.leave()
         self._rng_at_step_start = torch.get_rng_state()  # the step runs again from here if it is thrown away
         try:
             yield
@@ -295,9 +300,6 @@ class LiveTraining:
             fault_point("live.optimizer_step")  # committed everywhere, not applied here
             self.optimizer.step()
             self.optimizer.zero_grad()
-            if self.rank.regroup_due and not self._regroup():
-                # A planned generation, formed now: the next step's collectives run in its groups.
-                self.rank.leave()
             self._keep_place()
             return step + 1
         self._throw_away(step)
