@@ -267,7 +267,7 @@ def live_fsdp_loop(config: dict) -> None:
     `config["kill"]`: [[rank, step, where], ...]: that rank's first process of the first attempt SIGKILLs itself in
     that step's forward ("forward": in the second layer, its first layer's parameters gathered), in its backward
     ("backward": in the second layer's, the third's gradients reduced) or at a fault point of live recovery
-    (`live.vote`, `live.optimizer_step`). `config["checkpoint"] == "live"`: every rank reports its part of
+    (`live.vote`, `live.optimizer_step`); "stop-backward": it SIGSTOPs itself there instead, a hang. `config["checkpoint"] == "live"`: every rank reports its part of
     `LiveTraining.save` with each step, and a restarted attempt restores the newest. `config["unguarded"]`: the
     forward and backward run outside `live.forward_backward()`. Each rank logs its own pieces of the weights at the
     end ("exact")."""
@@ -292,8 +292,11 @@ def live_fsdp_loop(config: dict) -> None:
 
     def die(where: str):
         def hook(*_):
-            if kill.get(step_now[0]) == where:
+            how = kill.get(step_now[0])
+            if how == where:
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif how == f"stop-{where}":
+                os.kill(os.getpid(), signal.SIGSTOP)  # a hang: its sockets stay open
         return hook
 
     model[2].register_forward_pre_hook(die("forward"))

@@ -23,7 +23,8 @@ from tests.integration.live_jobs import live_fsdp_loop
 WORKERS, STEPS = 4, 8
 
 
-def _train(storage_path: str, tmp_path: Path, name: str, kill: list[list], max_failures: int = 3, **config):
+def _train(storage_path: str, tmp_path: Path, name: str, kill: list[list], max_failures: int = 3,
+           hang_timeout_s: float | None = None, **config):
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / f"{name}.jsonl"
@@ -31,7 +32,8 @@ def _train(storage_path: str, tmp_path: Path, name: str, kill: list[list], max_f
         live_fsdp_loop, train_loop_config={"events": str(events), "steps": STEPS, "kill": kill, **config},
         scaling_config=ScalingConfig(num_workers=WORKERS),
         run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=max_failures, live_recovery=True)),
+                             failure_config=FailureConfig(max_failures=max_failures, live_recovery=True,
+                                                          hang_timeout_s=hang_timeout_s)),
     ).fit()
     assert result.last_metrics == {"step": STEPS - 1}
     return read_events(events), json.loads((Path(storage_path) / name / "run_state.json").read_text())
@@ -92,6 +94,19 @@ def test_two_ranks_of_different_shards_lost_at_once_each_take_theirs_from_its_ot
         assert re.search(rf"rank {sender} sends the state to rank\(s\) \[{victim}\]|{sender} \(to \[{victim}\]\)",
                          caplog.text), caplog.text
     _survivors_ran_one_step_twice(events, [0, 3], 4)
+
+
+@pytest.mark.torch
+def test_a_rank_stopped_in_its_backward_is_found_killed_and_replaced_and_its_peers_go_on(storage_path, tmp_path,
+                                                                                        clean):
+    # Rank 1 SIGSTOPs itself in its backward: its peers wait in collectives with it, its sockets open. The hang
+    # watch (5 s) blames it and its agent SIGKILLs it, which fails their collectives at once.
+    events, state = _train(storage_path, tmp_path, "hang", [[1, 4, "stop-backward"]], hang_timeout_s=5.0)
+    assert _final(events) == clean
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and "rank 1 hung" in recovery["cause"] and recovery["steps_lost"] == 1
+    assert state["attempts"][0]["failures"][0]["kind"] == "Hang"
+    _survivors_ran_one_step_twice(events, [1], 4)
 
 
 @pytest.mark.torch
