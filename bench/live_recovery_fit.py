@@ -134,8 +134,8 @@ def killed_run(tmp: str, name: str, live: bool, kills: int, seed: int) -> dict:
             "kills": killer.done, "kills_requested": kills}
 
 
-def step_cost(tmp: str, live: bool, steps: int) -> dict:
-    name = "quiet-live" if live else "quiet-ddp"
+def step_cost(tmp: str, live: bool, steps: int, round_: int = 0) -> dict:
+    name = f"quiet-live-{round_}" if live else f"quiet-ddp-{round_}"
     events = os.path.join(tmp, f"{name}.jsonl")
     load = os.getloadavg()[0]
     fit = _fit(events, os.path.join(tmp, "storage"), name, live, steps, 0, 0)
@@ -176,6 +176,8 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--restart-kills", type=int, default=20)
     p.add_argument("--quiet-steps", type=int, default=300)
+    p.add_argument("--quiet-rounds", type=int, default=1, help="the cost when nothing fails: on and off in turn, "
+                   "this many times each, the order alternating (paired ratios)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shards", type=int, default=1)
@@ -191,7 +193,18 @@ def main() -> int:
         floor_before = warm_floor(tmp, 3, "before")
         live = killed_run(tmp, "live", True, a.kills, a.seed)
         restart = killed_run(tmp, "restart", False, a.restart_kills, a.seed)
-        quiet = {"on": step_cost(tmp, True, a.quiet_steps), "off": step_cost(tmp, False, a.quiet_steps)}
+        rounds = []
+        for i in range(a.quiet_rounds):
+            order = (True, False) if i % 2 == 0 else (False, True)
+            got = {live_: step_cost(tmp, live_, a.quiet_steps, i) for live_ in order}
+            rounds.append({"on": got[True], "off": got[False]})
+        quiet = {**rounds[0], "rounds": rounds,
+                 "paired_on_to_off": [round(r["on"]["step_s"]["median"] / r["off"]["step_s"]["median"], 3)
+                                      for r in rounds if r["on"]["step_s"] and r["off"]["step_s"]]}
+        if a.quiet_rounds > 1:  # the medians over every round's steps
+            for side in ("on", "off"):
+                quiet[side] = {"step_s": summary([m for r in rounds for m in [r[side]["step_s"]["median"]]], 5),
+                               "load1": [r[side]["load1"] for r in rounds]}
         floor_after = warm_floor(tmp, 3, "after")
     lt, rt = totals(live), totals(restart)
     floor_med = statistics.median([f["fork_to_first_step_s"]["median"] for f in (floor_before, floor_after)
