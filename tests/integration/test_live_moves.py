@@ -199,3 +199,49 @@ def test_a_drained_rank_0_in_a_checkpoint_s_report_moves_live_once_its_commit_is
     assert state["failure_counts"] == {"preemption": 1}
     [recovery] = state["live_recoveries"]
     assert recovery["path"] == "live" and recovery["cause"].startswith("drain") and recovery["steps_lost"] == 0
+
+
+@pytest.mark.torch
+def test_a_run_that_splits_its_optimizer_grows_live_by_a_whole_replica(storage_path, tmp_path, monkeypatch):
+    # Two ranks, one replica of two shards (Adam's moments split); two nodes join after step 5. The run grows by a
+    # whole replica, to four ranks: each added rank takes the state from the holder of its shard, the replicas'
+    # and the shards' groups form again at the new size, and no step is lost.
+    from outlast.train.torch import TorchTrainer
+
+    monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
+    events = tmp_path / "events.jsonl"
+    with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
+        def join() -> None:
+            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
+                       "step 5")
+            cluster.add_node("node-2")
+            cluster.add_node("node-3")
+
+        t = threading.Thread(target=join, daemon=True)
+        t.start()
+        result = TorchTrainer(
+            live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True, "shards": 2,
+                                          "until_generation": 1, "after": 10},
+            scaling_config=ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1},
+                                         elastic_resize_monitor_interval_s=0),
+            run_config=RunConfig(name="grown_shards", storage_path=storage_path,
+                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
+        ).fit()
+        t.join()
+    log = read_events(events)
+    trained = max(e["step"] for e in log if e["event"] == "step") + 1
+    assert result.last_metrics == {"step": trained - 1}
+    state = json.loads((Path(storage_path) / "grown_shards" / "run_state.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["failure_counts"] == {}
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["ranks"] == [2, 3]
+    assert recovery["steps_lost"] == 0
+    assert not [e for e in log if e["event"] == "thrown"]
+    for rank in (0, 1):
+        assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == rank] == list(range(trained))
+    for rank in (2, 3):
+        assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == rank] == list(range(trained - 10,
+                                                                                                  trained))
+    ends = {e["rank"]: e for e in log if e["event"] == "end"}
+    assert {e["world"] for e in ends.values()} == {4}
+    assert ends[0]["exact"] == ends[1]["exact"] == ends[2]["exact"] == ends[3]["exact"]

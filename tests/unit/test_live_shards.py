@@ -87,7 +87,7 @@ def test_a_drain_of_every_holder_of_a_shard_stays_put():
 
 
 class Gathered:
-    """The group's allgather as rank `rank` sees it: every rank's own piece, once each applied the step."""
+    """A replica's allgather as its rank `rank` sees it: each of its ranks' own piece, once each applied the step."""
 
     def __init__(self, rank: int, pieces: list) -> None:
         self.rank, self.pieces = rank, pieces
@@ -105,10 +105,11 @@ def _model():
 
 def _step(shards: list, gradient) -> None:
     for s in shards:
-        s.apply(gradient.clone())
+        s.apply(gradient[s.shard * s.size:(s.shard + 1) * s.size].clone())
     pieces = [s._piece(s.shard).clone() for s in shards]
     for rank, s in enumerate(shards):
-        s.gather(Gathered(rank, pieces))
+        first = rank - rank % s.shards  # the replica's: its allgather is within the replica
+        s.gather(Gathered(rank % s.shards, pieces[first:first + s.shards]))
 
 
 @pytest.mark.parametrize("world,shards,size", [(4, 2, 11), (6, 3, 8)], ids=["even", "padded"])
@@ -188,6 +189,7 @@ def test_a_rank_whose_gather_broke_joins_the_next_group_outside_the_except_claus
     live = object.__new__(LiveTraining)  # its gather and join alone: no session, store or group
     live.sharded, live.rank = Breaks(), SimpleNamespace(group=object())
     live._took_state = live._settle_reports = False
+    live._split = (SimpleNamespace(close=lambda: None), SimpleNamespace(close=lambda: None))
     handling: list = []
     # Inside the clause, the exception's traceback keeps the failed collective (and its gloo sockets) alive: a rank
     # whose part waits on this one would never come to the next group.

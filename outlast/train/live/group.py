@@ -34,8 +34,9 @@ class LiveGroup:
 
     @classmethod
     def form(cls, store: Store, generation: int, rank: int, world_size: int, timeout_s: float,
-             poll_s: float = 0.005) -> LiveGroup:
-        """Blocks until every rank of the generation has connected (or raises GroupBroken at `timeout_s`).
+             poll_s: float = 0.005, name: str = "") -> LiveGroup:
+        """Blocks until every rank of the generation has connected (or raises GroupBroken at `timeout_s`). `name`: a
+        group of some of the generation's ranks, formed beside its whole group (`rank` and `world_size` within it).
 
         Every member first says it is here, in the store, and waits for the others there, where it can see a
         newer generation published meanwhile (a member died while this one formed: a replacement forked for two
@@ -45,8 +46,9 @@ class LiveGroup:
 
         import torch.distributed as dist
 
-        store.set(f"live/g{generation}/here/{rank}", "1")
-        others = [f"live/g{generation}/here/{r}" for r in range(world_size)]
+        where = f"live/g{generation}/{name}/" if name else f"live/g{generation}/"
+        store.set(f"{where}here/{rank}", "1")
+        others = [f"{where}here/{r}" for r in range(world_size)]
         deadline = time.monotonic() + timeout_s
         while not store.check(others):
             if store.check([membership_key(generation + 1)]):
@@ -56,7 +58,7 @@ class LiveGroup:
                 raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: not every rank "
                                   f"came within {timeout_s} s")
             time.sleep(poll_s)
-        prefixed, timeout = dist.PrefixStore(f"live/g{generation}/pg", store), timedelta(seconds=timeout_s)
+        prefixed, timeout = dist.PrefixStore(f"{where}pg", store), timedelta(seconds=timeout_s)
         # Each rank advertises the address it reaches the store by, which every other rank reaches too: gloo's own
         # choice, the hostname's address, is often 127.0.x.1 and out of reach of ranks on other nodes.
         device = device_toward(store_host(store))
@@ -91,6 +93,11 @@ class LiveGroup:
 
     def allreduce_sum(self, tensors: list[torch.Tensor]) -> None:
         self._run("allreduce", self._open().allreduce(tensors))
+
+    def reduce_scatter_sum(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """`output` (of `input`'s length over the group's size): the sum over the ranks of this rank's piece of
+        `input`, the pieces in rank order."""
+        self._run("reduce-scatter", self._open()._reduce_scatter_base(output, input))
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's `tensor` (the same shape and dtype on each), in rank order."""

@@ -195,11 +195,18 @@ class LiveRank:
     def reduce(self, step: int, tensors: list[torch.Tensor]) -> bool:
         """Sum `tensors` over the ranks in place, then vote: True when every rank reduced step `step`
         (apply it), False when it broke: no rank applies it (keep its gradients, `keep_in_flight`, and `join`)."""
+        assert self.group is not None, "join() first"
+        group = self.group
+        return self.reduce_by(step, lambda: group.allreduce_sum(tensors))
+
+    def reduce_by(self, step: int, collectives: Callable[[], None]) -> bool:
+        """`reduce`, with the step's reductions made by `collectives` (which raises GroupBroken when one fails):
+        in groups of the generation's ranks formed beside its whole one, say."""
         assert self.group is not None and self.votes is not None, "join() first"
         self.begin(step)
         fault_point("live.allreduce")  # the others are in the allreduce, waiting for this rank
         try:
-            self.group.allreduce_sum(tensors)
+            collectives()
             reduced = True
         except GroupBroken as e:
             self.last_break = str(e)

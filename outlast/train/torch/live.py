@@ -60,7 +60,7 @@ from outlast.train import positions
 from outlast.train._session import get_session
 from outlast.train.live import rendezvous
 from outlast.train.live.live_rank import LiveRank
-from outlast.train.live.group import GroupBroken
+from outlast.train.live.group import GroupBroken, LiveGroup
 from outlast.train.live.rendezvous import NotAMemberError
 from outlast.train.torch import live_checkpoint, local_shards
 from outlast.train.torch.live_mesh import LiveMesh, is_peer_loss, live_of, make_mesh
@@ -107,6 +107,7 @@ class LiveTraining:
         self._rng_at_step_start: Any = None
         self._took_state = False  # with shards: its count of reports is its sender's until a step's gather settles it
         self._settle_reports = False  # with shards: the next step's gather tells the counts (a group formed since)
+        self._split: tuple[LiveGroup, LiveGroup] | None = None  # with shards: this generation's replica, holders
         if mesh is not None:
             self.mesh = live_of(mesh)
             if shards not in (1, self.mesh.shards):
@@ -213,15 +214,19 @@ class LiveTraining:
                 self.optimizer.zero_grad()
                 return step
         params = [p for p in self.model.parameters() if p.grad is not None]
+        pieces: list[Any] = []  # with shards: this rank's shard of the gradients, summed over the ranks
         while True:
             # One flat copy: the group reduces it in one order, the same in every generation, and the gradients
             # themselves stay as backward() left them until the step is committed.
             if self.sharded is not None:
                 flat = self.sharded.gradient()
+                reduced = self.rank.reduce_by(step, lambda flat=flat: pieces.append(self._reduce_shard(flat)))
             else:
                 flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
-            if self.rank.reduce(step, [flat]):
+                reduced = self.rank.reduce(step, [flat])
+            if reduced:
                 break
+            self._close_split()
             # A rank died during this step. This rank's gradients were computed on the state every survivor still
             # holds, so it keeps them: once the group formed again, the replacement (which takes that state and
             # runs this step's forward and backward on its own batch) and the survivors reduce this step again.
@@ -236,10 +241,11 @@ class LiveTraining:
                 self.optimizer.zero_grad()
                 return step
         fault_point("live.optimizer_step")  # committed everywhere, not applied here
-        flat /= self.rank.group.world_size if self.rank.group is not None else 1
+        world = self.rank.group.world_size if self.rank.group is not None else 1
         if self.sharded is not None:
-            self.sharded.apply(flat)
+            self.sharded.apply(pieces[-1] / world)
         else:
+            flat /= world
             offset = 0
             for p in params:
                 n = p.grad.numel()
@@ -346,15 +352,51 @@ class LiveTraining:
         took its state from a sender settles on (`reports_after_gather`). The counts are told in the first step's
         gather after a group formed, on every rank alike, and not in the others: a collective more a step is a
         wait on the slowest rank more a step. Raises GroupBroken."""
-        assert self.sharded is not None
-        self.sharded.gather(group)
+        assert self.sharded is not None and self._split is not None
+        try:
+            self.sharded.gather(self._split[0])
+        except GroupBroken:
+            self._close_split()  # the holders' group too: a peer blocked on this rank there fails now
+            raise
         if not counts:
             return
         session = get_session("LiveTraining")
         told = group.allgather_int(session.reports_made)
         session.continue_reports(reports_after_gather(session.reports_made, told, self._took_state))
 
+    def _reduce_shard(self, flat: Any) -> Any:
+        assert self.sharded is not None and self._split is not None
+        try:
+            return self.sharded.reduce(flat, *self._split)
+        except GroupBroken:
+            self._close_split()  # the other group too: a peer blocked on this rank there fails now
+            raise
+
+    def _form_split(self) -> None:
+        """This generation's groups of the split state (`live_shards.py`): this rank's replica (its ranks in shard
+        order) and the holders of its shard (in replica order). Raises GroupBroken."""
+        assert self.sharded is not None and self.rank.group is not None
+        self._close_split()
+        group, shards = self.rank.group, self.sharded.shards
+        generation, timeout = self.rank.ledger.generation, self.rank.timeout_s
+        replica = LiveGroup.form(self.rank.store, generation, group.rank % shards, shards, timeout,
+                                 name=f"replica{group.rank // shards}")
+        try:
+            holders = LiveGroup.form(self.rank.store, generation, group.rank // shards, group.world_size // shards,
+                                     timeout, name=f"shard{group.rank % shards}")
+        except GroupBroken:
+            replica.close()
+            raise
+        self._split = (replica, holders)
+
+    def _close_split(self) -> None:
+        if self._split is not None:
+            for g in self._split:
+                g.close()
+            self._split = None
+
     def _join(self) -> int:
+        self._close_split()  # before the wait for the next generation: a peer blocked on this rank fails now
         while True:
             step = self.rank.join(self.state_dict, self.load_state_dict)
             if self.mesh is not None:
@@ -370,6 +412,7 @@ class LiveTraining:
             # The shards this rank does not hold may be a step behind (a rank lost while they were gathered, or this
             # rank new, holding the sender's): gathered before any step runs on them.
             try:
+                self._form_split()
                 self._gather_all(self.rank.group, counts=False)  # the others report the committed step after it
                 self._settle_reports = True
                 break
@@ -460,4 +503,5 @@ class LiveTraining:
             self._regroup()
         if self.mesh is not None:
             self.mesh.close()
+        self._close_split()
         self.rank.close()

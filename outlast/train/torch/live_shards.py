@@ -4,8 +4,13 @@ The ranks form replicas of S ranks each (the world is a multiple of S); rank r h
 parameters become views into one flat tensor, cut into S equal shards (the last padded with zeros). Every rank
 keeps every parameter (its forward and backward are those of data parallelism), but its optimizer is built over its
 own shard alone, so the optimizer's state (momentum, Adam's moments) takes a 1/S part of what it took on each rank.
-A committed step's gradients, summed over every rank, update each shard on its holders, one per replica, and an
-allgather gives every rank the shards it does not hold (`gather`).
+A step's gradients are reduced as HSDP reduces them (`reduce`): scattered within each replica, each rank summing
+its shard's piece over the replica, then that piece summed across the replicas by the ranks holding the same
+shard; once the step is committed each holder updates its shard, and an allgather within the replica gives every
+rank the shards it does not hold (`gather`). Every collective is within a replica or across one shard's holders:
+where a world of four holds two shards, collectives of two ranks moving half the bytes of an allreduce of every
+gradient over the world and an allgather over it. The groups are formed for each generation beside its whole one
+(`LiveTraining._join`); each rank sums in the same order in every generation.
 
 What a rank holds for sure is its own shard, of the parameters and of the optimizer's state: a rank new to the group
 takes its state from a holder of its shard, whose other shards may be a step behind when a death broke the gather;
@@ -66,24 +71,36 @@ class FlatShards:
                  for p in self.params]
         return torch.cat(parts + [torch.zeros(self.flat.numel() - self.total, dtype=self.flat.dtype)])
 
-    def apply(self, gradient: torch.Tensor) -> None:
-        """The averaged gradients of a committed step: this rank's optimizer steps its shard."""
-        self.own.grad = gradient[self.shard * self.size:(self.shard + 1) * self.size]
+    def reduce(self, gradient: torch.Tensor, replica: LiveGroup, holders: LiveGroup) -> torch.Tensor:
+        """This rank's shard of `gradient` (`gradient()`, this rank's own) summed over every rank: scattered within
+        its replica (`replica`, whose rank r holds shard r), then summed across the shard's holders (`holders`).
+        `gradient` itself is left as it is: after a death the rank reduces it again in the next generation. Raises
+        GroupBroken."""
+        import torch
+
+        piece = torch.empty(self.size, dtype=gradient.dtype)
+        replica.reduce_scatter_sum(piece, gradient)
+        holders.allreduce_sum([piece])
+        return piece
+
+    def apply(self, piece: torch.Tensor) -> None:
+        """This rank's shard of a committed step's averaged gradients: its optimizer steps the shard."""
+        self.own.grad = piece
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.params:
             p.grad = None
 
-    def gather(self, group: LiveGroup) -> None:
-        """Every shard this rank does not hold, from the holder in its own replica (raises GroupBroken)."""
+    def gather(self, replica: LiveGroup) -> None:
+        """Every shard this rank does not hold, from its holder in this rank's replica (`replica`, whose rank r holds
+        shard r; raises GroupBroken)."""
         import torch
 
-        pieces = group.allgather(self._piece(self.shard).detach().clone())
-        replica = group.rank - group.rank % self.shards  # its first rank
+        pieces = replica.allgather(self._piece(self.shard).detach().clone())
         with torch.no_grad():
             for shard in range(self.shards):
                 if shard != self.shard:
-                    self._piece(shard).copy_(pieces[replica + shard])
+                    self._piece(shard).copy_(pieces[shard])
 
     def state_dict(self) -> dict[str, Any]:
         return {"shard": self.shard, "shards": self.shards, "optimizer": self.optimizer.state_dict()}
