@@ -274,12 +274,13 @@ def test_the_readme_demo_recovers_from_its_killed_rank_and_finishes(home: Path, 
     assert state["status"] == "finished" and len(state["attempts"]) == 2
 
 
-@pytest.mark.parametrize("workers,shards", [(2, 1), (4, 2)], ids=["plain", "shards"])
+@pytest.mark.parametrize("workers,shards,fsdp", [(2, 1, False), (4, 2, False), (4, 2, True)],
+                         ids=["plain", "shards", "fsdp2"])
 def test_live_recovery_loses_no_step_and_keeps_the_other_rank_running(home: Path, tmp_path: Path, workers: int,
-                                                                      shards: int):
+                                                                      shards: int, fsdp: bool):
     storage = tmp_path / "storage"
     proc = _run("live_recovery.py", ["--storage_path", str(storage), "--workers", str(workers), "--shards",
-                                     str(shards)], home)
+                                     str(shards)] + (["--fsdp"] if fsdp else []), home)
     assert proc.returncode == 0, _explain(proc)
     out = proc.stdout
     assert out.count("training from step 0") == workers and "[rank 0 pid" in out, _explain(proc)
@@ -287,8 +288,10 @@ def test_live_recovery_loses_no_step_and_keeps_the_other_rank_running(home: Path
     state = _run_state(storage / "live")
     assert state["status"] == "finished" and len(state["attempts"]) == 1 and state["failure_counts"] == {"worker": 1}
     [recovery] = state["live_recoveries"]
-    assert recovery["path"] == "live" and recovery["ranks"] == [0] and recovery["steps_lost"] == 0
+    assert recovery["path"] == "live" and recovery["ranks"] == [0] and recovery["steps_lost"] == (1 if fsdp else 0)
     assert [c["metrics"]["step"] for c in state["checkpoints"]] == [9, 19, 29, 39]  # saved in parts, committed
     newest = storage / "live" / state["checkpoints"][-1]["checkpoint_dir"]
     assert sorted(p.name for p in newest.glob("optimizer*")) == \
         (["optimizer.pt"] if shards == 1 else ["optimizer-shard-0-of-2.pt", "optimizer-shard-1-of-2.pt"])
+    assert sorted(p.name for p in newest.glob("model*")) == \
+        (["model-shard-0-of-2.pt", "model-shard-1-of-2.pt"] if fsdp else ["model.pt"])
