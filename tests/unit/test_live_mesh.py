@@ -28,3 +28,29 @@ def test_a_collective_failed_by_a_peer_s_loss_voids_the_step(error):
 ])
 def test_the_loop_s_own_errors_go_up(error):
     assert not is_peer_loss(error)
+
+
+def test_a_mesh_of_shards_that_do_not_divide_the_world_is_refused_before_anything_is_made():
+    pytest.importorskip("torch")
+    from outlast.train.torch.live_mesh import make_mesh
+
+    with pytest.raises(ValueError, match=r"live_mesh\(shards=3\): the world's 4 ranks must be a whole number"):
+        make_mesh(0, 4, 3, store=None)
+
+
+def test_a_mesh_asked_for_beside_a_default_group_already_made_is_refused(tmp_path):
+    # In a process of its own: the default group is the process's, and this test's must not keep one.
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'rdv'}', rank=0, world_size=1)\n"
+        "from outlast.train.torch.live_mesh import make_mesh\n"
+        "try:\n"
+        "    make_mesh(0, 1, 1, dist.HashStore())\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "do not call init_process_group in this mode" in out.stdout, out.stderr[-2000:]
