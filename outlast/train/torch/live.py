@@ -120,7 +120,7 @@ class LiveTraining:
         self.optimizer = optimizer
         session = get_session("LiveTraining")
         self.rank = LiveRank(store, member_name(session.spawned_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
-                             timeout_s, shards)
+                             timeout_s, shards, fixed_shape=self.mesh is not None)
         self._place = ""  # this rank's data positions at the start of the step in flight: what a joiner takes up
 
     def state_dict(self) -> dict[str, Any]:
@@ -401,8 +401,9 @@ class LiveTraining:
             step = self.rank.join(self.state_dict, self.load_state_dict)
             if self.mesh is not None:
                 try:
+                    assert self.rank.group is not None
                     self.mesh.attach(self.rank.store, self.rank.ledger.generation, self.rank.rank,
-                                     self.rank.timeout_s)
+                                     self.rank.group.world_size, self.rank.timeout_s)
                     break
                 except GroupBroken as e:
                     self.rank.last_break = str(e)

@@ -179,16 +179,16 @@ class LiveMesh:
         whether or not the error reached the loop."""
         return any(group.closed_since_attach for group, _ in self.groups.values())
 
-    def attach(self, store: Store, generation: int, rank: int, timeout_s: float) -> None:
+    def attach(self, store: Store, generation: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Form this generation's gloo groups (every member of the generation does, at the same point). Raises
         GroupBroken when one cannot form (a member lost meanwhile)."""
         import torch
         import torch.distributed as dist
 
-        if rank != self.rank:
-            raise RuntimeError(f"this rank's mesh was made at rank {self.rank}, and generation {generation} numbers "
-                               f"it {rank}: an FSDP2 mesh keeps its shape and its ranks; a live group that shrinks or "
-                               "grows restarts from the newest checkpoint instead")
+        if (rank, world_size) != (self.rank, self.replicas * self.shards):
+            raise RuntimeError(f"this rank's mesh was made at rank {self.rank} of {self.replicas * self.shards}, and "
+                               f"generation {generation} numbers it {rank} of {world_size}: an FSDP2 mesh keeps its "
+                               "shape and its ranks (the controller, told so, resizes such a run only by a restart)")
         self.close()
         timeout = timedelta(seconds=timeout_s)
         for name, (group, ranks) in self.groups.items():
