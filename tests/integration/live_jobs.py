@@ -60,12 +60,7 @@ def live_loop(config: dict) -> None:
         model, optimizer = _model()
         live = LiveTraining(model, optimizer, state=_Pad(config.get("pad_mb", 0)))
     rank = train.get_context().get_world_rank()
-    restored = 0
-    if config.get("checkpoint") == "live" and (checkpoint := train.get_checkpoint()) is not None:
-        with checkpoint.as_directory() as d:
-            restored = live.load(d)
-    step = live.start(restored)
-    _log(config, event="start", step=step)
+    step = _start(config, live)
     kill = {(k[0], k[1]): k[2] for k in config.get("kill") or []}
     first = train.get_context().get_attempt() == 1 and os.environ.get("OUTLAST_LIVE_INCARNATION") == "0"
     told = False
@@ -112,6 +107,18 @@ def live_loop(config: dict) -> None:
                 train.report({"step": was})
     live.close()
     _log(config, event="end", exact=_exact(model), world=train.get_context().get_world_size())
+
+
+def _start(config: dict, live) -> int:
+    """`live.start()`, from the newest checkpoint of `LiveTraining.save` when `config["checkpoint"] == "live"` and
+    the attempt has one; logged."""
+    restored = 0
+    if config.get("checkpoint") == "live" and (checkpoint := train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as d:
+            restored = live.load(d)
+    step = live.start(restored)
+    _log(config, event="start", step=step)
+    return step
 
 
 def _exact(model) -> list:
@@ -301,12 +308,7 @@ def live_fsdp_loop(config: dict) -> None:
 
     model[2].register_forward_pre_hook(die("forward"))
     model[2].register_full_backward_pre_hook(die("backward"))
-    restored = 0
-    if config.get("checkpoint") == "live" and (checkpoint := train.get_checkpoint()) is not None:
-        with checkpoint.as_directory() as d:
-            restored = live.load(d)
-    step = live.start(restored)
-    _log(config, event="start", step=step)
+    step = _start(config, live)
     while step < config["steps"]:
         step_now[0] = step
         if kill.get(step) in ("live.vote", "live.optimizer_step"):

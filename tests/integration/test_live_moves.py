@@ -95,9 +95,10 @@ def test_a_drained_nodes_rank_moves_to_the_spare_node_with_no_step_lost_and_noth
     assert [d["ranks"] for d in state["drains"]] == [[1]]
 
 
-def _grow(storage_path: str, tmp_path: Path, name: str, **config) -> tuple[list[dict], dict, int]:
-    """An elastic run of 2 to 3 one-CPU ranks on 2 nodes, a third node joining after step 5, that trains 10 steps
-    past the generation the grow forms: (its events, its run state, the steps trained)."""
+def _grow(storage_path: str, tmp_path: Path, name: str, added: tuple[str, ...] = ("node-2",),
+          **config) -> tuple[list[dict], dict, int]:
+    """An elastic run of 2 one-CPU ranks on 2 nodes, up to one rank a node `added` after step 5, that trains 10
+    steps past the generation the grow forms: (its events, its run state, the steps trained)."""
     from outlast.train.torch import TorchTrainer
 
     events = tmp_path / "events.jsonl"
@@ -105,14 +106,15 @@ def _grow(storage_path: str, tmp_path: Path, name: str, **config) -> tuple[list[
         def join() -> None:
             wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
                        "step 5")
-            cluster.add_node("node-2")
+            for node in added:
+                cluster.add_node(node)
 
         t = threading.Thread(target=join, daemon=True)
         t.start()
         result = TorchTrainer(
             live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True,
                                           "until_generation": 1, "after": 10, **config},
-            scaling_config=ScalingConfig(num_workers=(2, 3), resources_per_worker={"CPU": 1},
+            scaling_config=ScalingConfig(num_workers=(2, 2 + len(added)), resources_per_worker={"CPU": 1},
                                          elastic_resize_monitor_interval_s=0),
             run_config=RunConfig(name=name, storage_path=storage_path,
                                  failure_config=FailureConfig(max_failures=0, live_recovery=True)),
@@ -124,7 +126,8 @@ def _grow(storage_path: str, tmp_path: Path, name: str, **config) -> tuple[list[
     state = json.loads((Path(storage_path) / name / "run_state.json").read_text())
     assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["failure_counts"] == {}
     [recovery] = state["live_recoveries"]
-    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["ranks"] == [2]
+    assert recovery["path"] == "live" and recovery["cause"].startswith("grow")
+    assert recovery["ranks"] == list(range(2, 2 + len(added)))
     assert recovery["steps_lost"] == 0
     return log, state, trained
 
@@ -206,36 +209,8 @@ def test_a_run_that_splits_its_optimizer_grows_live_by_a_whole_replica(storage_p
     # Two ranks, one replica of two shards (Adam's moments split); two nodes join after step 5. The run grows by a
     # whole replica, to four ranks: each added rank takes the state from the holder of its shard, the replicas'
     # and the shards' groups form again at the new size, and no step is lost.
-    from outlast.train.torch import TorchTrainer
-
     monkeypatch.setenv("OUTLAST_NODE_TIMEOUT_S", "2")
-    events = tmp_path / "events.jsonl"
-    with LocalCluster(num_nodes=2, cpus_per_node=1, node_timeout_s=2, workdir=tmp_path / "cl") as cluster:
-        def join() -> None:
-            wait_until(lambda: any(e["event"] == "step" and e["step"] >= 5 for e in read_events(events)), 120,
-                       "step 5")
-            cluster.add_node("node-2")
-            cluster.add_node("node-3")
-
-        t = threading.Thread(target=join, daemon=True)
-        t.start()
-        result = TorchTrainer(
-            live_loop, train_loop_config={"events": str(events), "steps": STEPS, "report": True, "shards": 2,
-                                          "until_generation": 1, "after": 10},
-            scaling_config=ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1},
-                                         elastic_resize_monitor_interval_s=0),
-            run_config=RunConfig(name="grown_shards", storage_path=storage_path,
-                                 failure_config=FailureConfig(max_failures=0, live_recovery=True)),
-        ).fit()
-        t.join()
-    log = read_events(events)
-    trained = max(e["step"] for e in log if e["event"] == "step") + 1
-    assert result.last_metrics == {"step": trained - 1}
-    state = json.loads((Path(storage_path) / "grown_shards" / "run_state.json").read_text())
-    assert len(state["attempts"]) == 1 and state["status"] == "finished" and state["failure_counts"] == {}
-    [recovery] = state["live_recoveries"]
-    assert recovery["path"] == "live" and recovery["cause"].startswith("grow") and recovery["ranks"] == [2, 3]
-    assert recovery["steps_lost"] == 0
+    log, _, trained = _grow(storage_path, tmp_path, "grown_shards", added=("node-2", "node-3"), shards=2)
     assert not [e for e in log if e["event"] == "thrown"]
     for rank in (0, 1):
         assert [e["step"] for e in log if e["event"] == "step" and e["rank"] == rank] == list(range(trained))
