@@ -76,15 +76,13 @@ class Interrupted:
 class LiveJoined:
     """Live recovery: the rank that sent the state to generation `generation`'s new ranks says it went across
     (read from the controller's live store), at `wall`, having thrown `steps_lost` steps away. Generation 0's
-    word says in how many `shards` the ranks split the optimizer's state, and whether their model is sharded over
-    a mesh of the world's shape (`fixed_shape`: FSDP2's over `live_mesh`), which no live resize may change."""
+    word says in how many `shards` the ranks split the optimizer's state."""
 
     attempt: int
     generation: int
     steps_lost: int
     wall: float
     shards: int = 1
-    fixed_shape: bool = False
 
 
 @dataclass(frozen=True)

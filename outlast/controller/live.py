@@ -143,7 +143,6 @@ class LiveRun:
         self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
         self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
         self.shards = 1  # the optimizer's state is split in this many shards (told when generation 0 formed)
-        self.fixed_shape = False  # the model is sharded over a mesh of this world's shape (told then too)
         self.left_in: dict[int, int] = {}  # ranks a shrink left out -> the first generation without them
 
     def on_death(self, rank: int, cause: str, wall: float, finished: tuple[int, ...] = (),
@@ -231,9 +230,6 @@ class LiveRun:
         """Why the group cannot go on as `left` ranks (the elastic run's min_workers is `least`); "" when it can."""
         if left < least:
             return f"{left} rank(s) would be left, fewer than the run's min_workers={least}"
-        if self.fixed_shape:
-            return (f"the ranks' model is sharded over a mesh of {len(self.slots)} ranks (live_mesh), whose shape a "
-                    "smaller world would not keep")
         if self.shards > 1:
             return (f"the ranks split the optimizer's state in {self.shards} shards, whose layout a smaller world "
                     "would not keep")
@@ -303,14 +299,12 @@ class LiveRun:
         since: the process died, or was drained and moves)."""
         return rank in self.incarnation and incarnation < self.incarnation[rank]
 
-    def on_joined(self, generation: int, steps_lost: int, wall: float, shards: int = 1,
-                  fixed_shape: bool = False) -> Recovered | None:
+    def on_joined(self, generation: int, steps_lost: int, wall: float, shards: int = 1) -> Recovered | None:
         """The sending rank of `generation` says the state went across (generation 0: the ranks say the group
-        formed, in how many `shards` they split the optimizer's state, and whether their model is sharded over a mesh
-        of the world's shape, `fixed_shape`: FSDP2's over `live_mesh`). An older generation's word is stale: a newer
-        one was published since, whose joiners still wait."""
+        formed, and in how many `shards` they split the optimizer's state). An older generation's word is stale: a
+        newer one was published since, whose joiners still wait."""
         if generation == 0:
-            self.formed, self.shards, self.fixed_shape = True, shards, fixed_shape
+            self.formed, self.shards = True, shards
             return None
         r = self.recovery
         if r is None or generation != self.membership.generation:
@@ -383,9 +377,6 @@ class LiveRun:
         if self.recovery is not None:
             return StayPut(f"rank(s) {self.recovery.ranks} still take the state in generation "
                            f"{self.membership.generation}: the grow waits for it", later=True)
-        if self.fixed_shape:
-            return StayPut(f"the ranks' model is sharded over a mesh of {world} ranks (live_mesh), which keeps its "
-                           f"shape: the run goes on at {world} workers and takes {to_workers} at its next restart")
         if to_workers % self.shards:
             # A restart at that size would fail in the loop as well: the grow waits for room for whole replicas.
             return StayPut(f"the ranks split the optimizer's state in {self.shards} shards: {to_workers} workers is not "

@@ -196,16 +196,3 @@ def test_a_rank_whose_gather_broke_joins_the_next_group_outside_the_except_claus
     live._join = lambda: handling.append(sys.exc_info()[1]) or 6
     live._gather(6)
     assert handling == [None]
-
-
-def test_a_model_sharded_over_a_mesh_of_fixed_shape_is_never_resized_live_and_says_why():
-    live = LiveRun(4)
-    live.on_joined(0, 0, 1.0, shards=2, fixed_shape=True)  # FSDP2 over live_mesh(2): its word at generation 0
-    grow = live.on_grow(6, "room", 3.0)
-    assert isinstance(grow, StayPut) and not grow.later and "live_mesh" in grow.reason
-    assert "takes 6 at its next restart" in grow.reason
-    one = LiveRun(2)
-    one.on_joined(0, 0, 1.0, shards=1, fixed_shape=True)  # every rank a replica: a shrink would keep the shards
-    shrink = one.on_shrink([1], "lost", 2.0, least=1, node="n1")
-    assert isinstance(shrink, FallBack) and "whose shape a smaller world would not keep" in shrink.reason
-    assert isinstance(one.on_death(1, "SIGKILL", 2.0), Replace)  # a replacement keeps the shape: live

@@ -64,13 +64,11 @@ class Joined:
 
 
 class LiveRank:
-    def __init__(self, store: Store, member: str, timeout_s: float = 60.0, shards: int = 1,
-                 fixed_shape: bool = False) -> None:
+    def __init__(self, store: Store, member: str, timeout_s: float = 60.0, shards: int = 1) -> None:
         self.store = store
         self.member = member
         self.timeout_s = timeout_s
         self.shards = shards
-        self.fixed_shape = fixed_shape  # the model sharded over a mesh of this world's shape: told with generation 0
         self.ledger = Ledger(generation=-1)
         self.has_state = False
         self.group: LiveGroup | None = None
@@ -174,8 +172,7 @@ class LiveRank:
             return False
         lost = self.thrown + self.shrinks(membership)
         self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": lost, "wall": time.time(),
-                                                                      "shards": self.shards,
-                                                                      "fixed_shape": self.fixed_shape}))
+                                                                      "shards": self.shards}))
         return True
 
     def entered(self, membership: Membership, rank: int, committed: int, moved: int, transfer_s: float) -> int:

@@ -52,8 +52,7 @@ class LiveStore:
         if not s.check([joined_key(generation)]):
             return None
         d = json.loads(s.get(joined_key(generation)).decode())
-        return LiveJoined(attempt, generation, int(d["steps_lost"]), float(d["wall"]), int(d.get("shards", 1)),
-                          d.get("fixed_shape") is True)
+        return LiveJoined(attempt, generation, int(d["steps_lost"]), float(d["wall"]), int(d.get("shards", 1)))
 
     def ready(self, attempt: int, member: str) -> LiveReady | None:
         return LiveReady(attempt, member) if self._of(attempt).check([ready_key(member)]) else None
