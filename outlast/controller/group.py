@@ -76,13 +76,15 @@ class Interrupted:
 class LiveJoined:
     """Live recovery: the rank that sent the state to generation `generation`'s new ranks says it went across
     (read from the controller's live store), at `wall`, having thrown `steps_lost` steps away. Generation 0's
-    word says in how many `shards` the ranks split the optimizer's state."""
+    word says in how many `shards` the ranks split the optimizer's state, and whether they train an FSDP2 model
+    over `live_mesh` (`mesh`), whose world keeps its shape."""
 
     attempt: int
     generation: int
     steps_lost: int
     wall: float
     shards: int = 1
+    mesh: bool = False
 
 
 @dataclass(frozen=True)

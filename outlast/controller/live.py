@@ -28,7 +28,9 @@ its messages name, and the lost ones stay lost for the rest of the attempt.
 
 A run whose ranks split the optimizer's state (`shards`, told with the word that generation 0 formed) is replaced
 live only while every shard keeps a holder (`unheld`): a joiner takes its shard from a rank that holds it. Its
-world keeps its layout: it does not shrink live, and grows live by whole replicas.
+world keeps its layout: it does not shrink live, and grows live by whole replicas. A run of an FSDP2 model over
+`live_mesh` (`mesh`, told with that word too) neither shrinks nor grows live, with one shard or more: its mesh keeps
+the ranks and the world it was made for, so a smaller or larger world restarts from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class LiveRun:
         self.starting: set[int] = set()  # ranks of that generation whose new member does not wait for it yet
         self.hung: dict[int, str] = {}  # ranks killed for a hang, not yet dead: what their death is
         self.shards = 1  # the optimizer's state is split in this many shards (told when generation 0 formed)
+        self.mesh = False  # an FSDP2 model over live_mesh: the world keeps its size (told when generation 0 formed)
         self.left_in: dict[int, int] = {}  # ranks a shrink left out -> the first generation without them
 
     def on_death(self, rank: int, cause: str, wall: float, finished: tuple[int, ...] = (),
@@ -230,6 +233,8 @@ class LiveRun:
         """Why the group cannot go on as `left` ranks (the elastic run's min_workers is `least`); "" when it can."""
         if left < least:
             return f"{left} rank(s) would be left, fewer than the run's min_workers={least}"
+        if self.mesh:
+            return f"the ranks train an FSDP2 model over live_mesh({self.shards}), whose mesh keeps its shape"
         if self.shards > 1:
             return (f"the ranks split the optimizer's state in {self.shards} shards, whose layout a smaller world "
                     "would not keep")
@@ -299,12 +304,13 @@ class LiveRun:
         since: the process died, or was drained and moves)."""
         return rank in self.incarnation and incarnation < self.incarnation[rank]
 
-    def on_joined(self, generation: int, steps_lost: int, wall: float, shards: int = 1) -> Recovered | None:
+    def on_joined(self, generation: int, steps_lost: int, wall: float, shards: int = 1,
+                  mesh: bool = False) -> Recovered | None:
         """The sending rank of `generation` says the state went across (generation 0: the ranks say the group
-        formed, and in how many `shards` they split the optimizer's state). An older generation's word is stale: a
-        newer one was published since, whose joiners still wait."""
+        formed, in how many `shards` they split the optimizer's state, and whether over an FSDP2 `mesh`). An older
+        generation's word is stale: a newer one was published since, whose joiners still wait."""
         if generation == 0:
-            self.formed, self.shards = True, shards
+            self.formed, self.shards, self.mesh = True, shards, mesh
             return None
         r = self.recovery
         if r is None or generation != self.membership.generation:
@@ -377,6 +383,9 @@ class LiveRun:
         if self.recovery is not None:
             return StayPut(f"rank(s) {self.recovery.ranks} still take the state in generation "
                            f"{self.membership.generation}: the grow waits for it", later=True)
+        if self.mesh:
+            return StayPut(f"the ranks train an FSDP2 model over live_mesh({self.shards}), whose mesh keeps its shape: "
+                           f"{to_workers} workers restart from the newest checkpoint")
         if to_workers % self.shards:
             # A restart at that size would fail in the loop as well: the grow waits for room for whole replicas.
             return StayPut(f"the ranks split the optimizer's state in {self.shards} shards: {to_workers} workers is not "

@@ -181,7 +181,7 @@ def on_joined(c: CoreState, event: LiveJoined) -> None:
     a, live = c.attempt, c.live
     if a is None or live is None or event.attempt != a.number:
         return
-    done = live.on_joined(event.generation, event.steps_lost, event.wall, event.shards)
+    done = live.on_joined(event.generation, event.steps_lost, event.wall, event.shards, event.mesh)
     if done is None:
         return
     c.book.note_live_recovery(LiveRecoveryRecord(

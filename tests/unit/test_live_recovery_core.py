@@ -257,3 +257,25 @@ def test_a_shrink_below_min_workers_or_under_a_replacement_still_waiting_falls_b
     assert isinstance(d, FallBack) and "no rank that holds the state" in d.reason
     d = LiveRun(3).on_shrink([1], "shrink", wall=1.0, least=1, node="b")
     assert isinstance(d, FallBack) and "before the ranks formed" in d.reason
+
+
+def test_a_run_over_live_mesh_is_never_resized_live_but_its_lost_ranks_are_replaced():
+    """An FSDP2 model over live_mesh keeps the ranks and world its mesh was made for (`LiveMesh.attach` refuses
+    another): the controller, told so with the word that generation 0 formed, neither shrinks nor grows it live, with
+    one shard or more; a death with room to replace it goes live as in the other modes."""
+    from outlast.controller.live import Leave, Shrunk, StayPut
+
+    for shards in (1, 2):
+        ddp = formed(4)
+        mesh = LiveRun(4)
+        assert mesh.on_joined(0, 0, wall=0.0, shards=shards, mesh=True) is None and mesh.mesh
+        lost = mesh.on_shrink([3], "shrink: node d lost", wall=1.0, least=1, node="d")
+        assert isinstance(lost, FallBack) and "live_mesh" in lost.reason and mesh.slots == [0, 1, 2, 3]
+        left = mesh.on_drain([3], "drain: node d", wall=1.0, no_room="full", least=1)
+        assert isinstance(left, StayPut) and "live_mesh" in left.reason and mesh.membership.generation == 0
+        grow = mesh.on_grow(6, "grow", wall=1.0)
+        assert isinstance(grow, StayPut) and not grow.later and "live_mesh" in grow.reason
+        assert isinstance(mesh.on_death(3, "rank 3 was killed", wall=2.0), Replace)
+        # The same decisions without the mesh: the data-parallel loop shrinks and leaves live.
+        assert isinstance(ddp.on_shrink([3], "shrink: node d lost", wall=1.0, least=1, node="d"), Shrunk)
+        assert isinstance(formed(4).on_drain([3], "drain: node d", wall=1.0, no_room="full", least=1), Leave)

@@ -64,11 +64,13 @@ class Joined:
 
 
 class LiveRank:
-    def __init__(self, store: Store, member: str, timeout_s: float = 60.0, shards: int = 1) -> None:
+    def __init__(self, store: Store, member: str, timeout_s: float = 60.0, shards: int = 1,
+                 mesh: bool = False) -> None:
         self.store = store
         self.member = member
         self.timeout_s = timeout_s
         self.shards = shards
+        self.mesh = mesh  # an FSDP2 model over live_mesh: told with the word, so that the world is never resized live
         self.ledger = Ledger(generation=-1)
         self.has_state = False
         self.group: LiveGroup | None = None
@@ -172,7 +174,7 @@ class LiveRank:
             return False
         lost = self.thrown + self.shrinks(membership)
         self.store.set(joined_key(membership.generation), json.dumps({"steps_lost": lost, "wall": time.time(),
-                                                                      "shards": self.shards}))
+                                                                      "shards": self.shards, "mesh": self.mesh}))
         return True
 
     def entered(self, membership: Membership, rank: int, committed: int, moved: int, transfer_s: float) -> int:

@@ -52,7 +52,8 @@ class LiveStore:
         if not s.check([joined_key(generation)]):
             return None
         d = json.loads(s.get(joined_key(generation)).decode())
-        return LiveJoined(attempt, generation, int(d["steps_lost"]), float(d["wall"]), int(d.get("shards", 1)))
+        return LiveJoined(attempt, generation, int(d["steps_lost"]), float(d["wall"]), int(d.get("shards", 1)),
+                          bool(d.get("mesh", False)))
 
     def ready(self, attempt: int, member: str) -> LiveReady | None:
         return LiveReady(attempt, member) if self._of(attempt).check([ready_key(member)]) else None

@@ -120,7 +120,7 @@ class LiveTraining:
         self.optimizer = optimizer
         session = get_session("LiveTraining")
         self.rank = LiveRank(store, member_name(session.spawned_rank, int(os.environ.get(INCARNATION_VAR, "0"))),
-                             timeout_s, shards)
+                             timeout_s, shards, mesh=self.mesh is not None)
         self._place = ""  # this rank's data positions at the start of the step in flight: what a joiner takes up
 
     def state_dict(self) -> dict[str, Any]:
