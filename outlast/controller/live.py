@@ -123,6 +123,10 @@ class Recovery:
     ranks: list[int] = field(default_factory=list)
     deaths: int = 0
     nodes_lost: set[str] = field(default_factory=set)  # a lost node's ranks die together: one death, one failure
+    # The words of its earlier generations, read after a newer one was published (generation -> the steps their
+    # sender threw away before it formed): a death right after a generation formed, before its word was read, widens
+    # the recovery, and the next generation's sender counts only the steps thrown since.
+    earlier: dict[int, int] = field(default_factory=dict)
 
 
 class LiveRun:
@@ -147,6 +151,7 @@ class LiveRun:
         self.shards = 1  # the optimizer's state is split in this many shards (told when generation 0 formed)
         self.mesh = False  # an FSDP2 model over live_mesh: the world keeps its size (told when generation 0 formed)
         self.left_in: dict[int, int] = {}  # ranks a shrink left out -> the first generation without them
+        self.settled = 0  # the generation whose word ended the last recovery (0: the group formed)
 
     def on_death(self, rank: int, cause: str, wall: float, finished: tuple[int, ...] = (),
                  lost_node: str | None = None) -> Replace | FallBack:
@@ -313,10 +318,23 @@ class LiveRun:
             self.formed, self.shards, self.mesh = True, shards, mesh
             return None
         r = self.recovery
-        if r is None or generation != self.membership.generation:
+        if r is None:
             return None
-        self.recovery, self.unsent = None, set()
-        return Recovered(generation, tuple(r.ranks), r.cause, r.since, max(0.0, wall - r.since), steps_lost)
+        if generation != self.membership.generation:
+            if self.settled < generation < self.membership.generation:
+                r.earlier.setdefault(generation, steps_lost)  # what it cost counts; the recovery goes on
+            return None
+        self.recovery, self.unsent, self.settled = None, set(), generation
+        return Recovered(generation, tuple(r.ranks), r.cause, r.since, max(0.0, wall - r.since),
+                         steps_lost + sum(r.earlier.values()))
+
+    def unread(self) -> list[int]:
+        """The generations of the recovery under way before the newest whose word was not read: the runtime reads
+        them from the store too, so that the steps their senders threw away are counted."""
+        r = self.recovery
+        if r is None:
+            return []
+        return [g for g in range(self.settled + 1, self.membership.generation) if g not in r.earlier]
 
     # ---- planned changes: a drained node's ranks move, an elastic run grows ------------------------------
 

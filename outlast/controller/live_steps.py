@@ -191,6 +191,15 @@ def on_joined(c: CoreState, event: LiveJoined) -> None:
                 "death; %d step(s) lost", a.number, list(done.ranks), done.generation, done.seconds, done.steps_lost)
 
 
+def unread(c: CoreState) -> list[tuple[int, int]]:
+    """The (attempt, generation) of the recovery under way's earlier generations whose word the runtime reads too
+    (`LiveRun.unread`), before the newest's (`awaited`)."""
+    a, live = c.attempt, c.live
+    if a is None or live is None:
+        return []
+    return [(a.number, g) for g in live.unread()]
+
+
 def awaited(c: CoreState) -> tuple[int, int] | None:
     """The (attempt, generation) the runtime watches the store for: generation 0 until the ranks formed it, then
     the generation of a recovery under way, if any."""

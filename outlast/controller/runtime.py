@@ -122,8 +122,14 @@ class Controller:
             raise self.core.error
 
     def _live_joined(self) -> None:
-        """Step the word of the live group formed or recovered that the core waits for, once it is in the store."""
-        if self.live is not None and (awaited := live_steps.awaited(self.core)) is not None \
+        """Step the word of the live group formed or recovered that the core waits for, once it is in the store (the
+        words of the recovery's earlier generations first: what their senders threw away counts)."""
+        if self.live is None:
+            return
+        for attempt, generation in live_steps.unread(self.core):
+            if (earlier := self.live.joined(attempt, generation)) is not None:
+                self._step(earlier)
+        if (awaited := live_steps.awaited(self.core)) is not None \
                 and (joined := self.live.joined(*awaited)) is not None:
             self._step(joined)
 

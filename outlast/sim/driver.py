@@ -204,9 +204,14 @@ class SimDriver:
             self.live.publish(effect.attempt, effect.membership)
 
     def _live_joined(self) -> None:
-        """As the runtime's loop does after each batch of events: a word from the sending rank, read from the store."""
-        if self.live is not None and self.alive and self.core is not None and not self.core.closed \
-                and (awaited := live_steps.awaited(self.core)) is not None \
+        """As the runtime's loop does after each batch of events: a word from the sending rank, read from the store
+        (the words of the recovery's earlier generations first)."""
+        if self.live is None or not self.alive or self.core is None or self.core.closed:
+            return
+        for attempt, generation in live_steps.unread(self.core):
+            if (earlier := self.live.joined(attempt, generation)) is not None:
+                self.deliver(earlier)
+        if (awaited := live_steps.awaited(self.core)) is not None \
                 and (joined := self.live.joined(*awaited)) is not None:
             self.deliver(joined)
 

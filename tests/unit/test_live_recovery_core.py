@@ -39,9 +39,16 @@ def test_a_death_during_the_transfer_widens_the_recovery_and_the_first_replaceme
     assert isinstance(d, Replace) and d.member == "r1i2" and d.membership.joiners == (1,)
     d = live.on_death(0, "rank 0 was killed", wall=10.7)
     assert isinstance(d, Replace) and d.membership == Membership(3, ("r0i1", "r1i2", "r2i0"), (0, 1), 2)
+    # The runtime reads the words of the recovery's earlier generations too: generation 2 formed (its sender threw a
+    # step away before), and rank 0 died after; generation 1 never did.
+    assert live.unread() == [1, 2]
     assert live.on_joined(2, 1, wall=11.0) is None  # a stale generation's word: generation 3 still waits
+    assert live.on_joined(2, 1, wall=11.1) is None and live.unread() == [1]  # read once
     done = live.on_joined(3, 1, wall=11.5)
-    assert done == Recovered(3, (1, 0), "rank 1 was killed", 10.0, 1.5, 1)
+    # What each sender threw away before its generation formed counts: the step thrown before generation 2, and the
+    # one thrown in it (an FSDP2 run throws the step in flight away on every death).
+    assert done == Recovered(3, (1, 0), "rank 1 was killed", 10.0, 1.5, 2)
+    assert live.unread() == [] and live.on_joined(2, 1, wall=12.0) is None  # settled: an old word counts no more
     assert live.recovery is None and live.unsent == set()
 
 
