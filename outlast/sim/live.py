@@ -16,6 +16,9 @@ one generation, and the word that it went across comes once all are done, as `Li
 took its state settles its count of reports on the highest the first step's gather after that tells (the real
 `reports_after_gather`; the simulated gather tells the counts every time, which changes nothing after that one).
 
+A run of an FSDP2 model over `live_mesh(S)` (`LoopSpec.mesh`) runs `live_mesh.py`'s loop: its collectives in the
+mesh's groups inside forward and backward, each step voted on and thrown away on every rank when it broke anywhere.
+
 Planned changes (`schedule.py`'s `_planned`, `drain_at` and `grow_at`): a rank's node is drained as the rank reaches a
 point of its step (with a deadline or none, with room elsewhere or none, in elastic runs and not), and nodes join an
 elastic run that started below its size. The real controller decides (a move, a `Leave`, a grow, or `StayPut`); the
@@ -38,7 +41,10 @@ overtook forms the smaller group unplanned, and may throw the step in flight awa
 out of the group exits cleanly, and no failure is recorded for its process; a member new to the group (a drained
 rank's replacement, a rank a grow added) enters it as a joiner, sent the state by a member that holds it, a moved
 rank's replacement with the weights its drained process left with, a grown rank at the newest committed step; a
-drained rank counts as gone for a fallback's holders once its drain is answered.
+drained rank counts as gone for a fallback's holders once its drain is answered. With an FSDP2 mesh besides: every
+shard a step's gathers and reductions bring together at that step; no generation that renumbers a rank or changes the
+world's size (the controller never resizes such a run live); a generation throws one step away at most, a recovery
+one step or no more than the deaths that published its generations, and its history says what it cost.
 
 Seeds 0 to 999: 17 drains moved live, 11 left live, 180 fell back (most before the group formed, or while a
 recovery was under way), 17 grows live, 24 ranks left out that exited cleanly; no violation in seeds 0 to 9,999.
@@ -50,7 +56,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator
 
-from outlast.protocol.membership import Membership, member_name, membership_key, store_prefix
+from outlast.protocol.membership import Membership, joined_key, member_name, membership_key, store_prefix
 from outlast.protocol.transport import INCARNATION_VAR
 from outlast.sim.schedule import LIVE_POINTS
 from outlast.train.live import rendezvous
@@ -138,8 +144,10 @@ class Group:
     fail on every rank once a member died or left (its sockets closed). A member that died before it connected
     leaves the others waiting in the group's formation until its timeout, as gloo does."""
 
-    def __init__(self, sim: "Sim", membership: Membership) -> None:
+    def __init__(self, sim: "Sim", membership: Membership, ranks: tuple[int, ...] | None = None) -> None:
         self.sim, self.membership = sim, membership
+        # The generation's ranks in it: all of them, or those of one of an FSDP2 mesh's groups (`live_mesh.py`).
+        self.ranks = tuple(range(membership.world_size)) if ranks is None else ranks
         self.shards = sim.schedule.loop.shards
         self.broken = False
         self.arrived: dict[str, dict[int, SimRank]] = {}  # a collective's name -> the ranks waiting in it
@@ -166,12 +174,12 @@ class Group:
         brought[w.live.rank_in] = value
         if name == "form":
             self.members[w.live.rank_in] = w
-        if len(waiting) == self.membership.world_size:
+        if len(waiting) == len(self.ranks):
             del self.arrived[name]
             del self.values[name]
             if name == "form":
                 self.formed = True
-            values = [brought[r] for r in range(self.membership.world_size)]
+            values = [brought[r] for r in sorted(brought)]
             for r in waiting.values():
                 self.sim.world.after(0.0, r.resume, values)
 
@@ -209,6 +217,9 @@ class Group:
             for r in self.arrived.pop(name, {}).values():
                 self.sim.world.after(0.0, r.resume, value)
 
+    def names(self, member: str) -> bool:
+        return (rank := self.membership.rank_of(member)) is not None and rank in self.ranks
+
     def lost(self, w: "SimRank") -> None:
         """`w` died, or left for a newer generation (its group aborted): once it had connected, every collective
         pending here fails at once; before, the others wait out the formation's timeout."""
@@ -241,9 +252,9 @@ class LiveSide:
 
     def __init__(self, w: "SimRank", store: LiveStore) -> None:
         self.incarnation = int(w.spawn.env.get(INCARNATION_VAR, "0"))
-        self.shards = w.loop.shards
+        self.shards, self.mesh = w.loop.shards, w.loop.mesh
         self.rank = LiveRank(Prefixed(store_prefix(w.attempt), store.store), member_name(w.rank, self.incarnation),
-                             shards=self.shards)
+                             shards=self.shards, mesh=self.mesh)
         self.rank_in = w.rank
         self.group: Group | None = None
         # The model: the steps applied so far, in order (-1: no state yet), to this rank's own shard (with one
@@ -251,6 +262,10 @@ class LiveSide:
         self.weights = -1
         self.others: dict[int, int] = {}
         self.took_state = False  # with shards: its count of reports is its sender's until a step's gather settles it
+        # With an FSDP2 mesh (`live_mesh.py`): the rank and world its mesh was made for, which it keeps, and the
+        # mesh's groups of the generation it attached last.
+        self.mesh_rank, self.mesh_world = w.rank, w.world_size
+        self.mesh_groups: list[Group] = []
 
     @property
     def shard(self) -> int:
@@ -259,7 +274,8 @@ class LiveSide:
     def restored(self, step: int) -> None:
         """Its checkpoint restored (steps 0..step-1 applied to every shard), or nothing (step 0)."""
         self.weights = step
-        self.others = {s: step for s in range(self.shards) if s != self.shard}
+        if not self.mesh:  # FSDP2 keeps no copy of the other shards: its forward gathers them every step
+            self.others = {s: step for s in range(self.shards) if s != self.shard}
 
     def gathered(self, pieces: list[int]) -> None:
         """FlatShards.gather: each other shard from its holder in this rank's replica."""
@@ -280,6 +296,7 @@ class LiveWatch:
         self.moved: dict[tuple[int, int], int] = {}  # (attempt, rank) -> the weights its drained process left with
         self.drained: set[tuple[int, int]] = set()  # (attempt, rank) of the ranks on a node drained
         self.left_pids: list[tuple[int, int, int]] = []  # (attempt, rank, pid) of the processes a generation left out
+        self.thrown: dict[int, set[tuple[int, int]]] = {}  # attempt -> the (generation, step) thrown away
 
     def violation(self, text: str) -> None:
         self.sim.observer.violation(text)
@@ -344,6 +361,8 @@ class LiveWatch:
         if not committed and not self._aborted_for_cause(w, generation):
             self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt}: step {step} thrown away in "
                            f"generation {generation}, though no member was lost: a planned generation threw it")
+        if not committed:
+            self.thrown.setdefault(w.attempt, set()).add((generation, step))
         seen = self.verdicts.setdefault((w.attempt, generation, step), {})
         seen[side.rank.member] = committed
         if len(set(seen.values())) > 1:
@@ -371,7 +390,8 @@ class LiveWatch:
         """A step is thrown away only when a member of its generation was lost (its group broke) or a generation
         that is not planned was published after it (a death's, a shrink's)."""
         side = w.live
-        if side.group is not None and side.group.broken:
+        if any(g.broken for (attempt, gen, _), g in w.sim.live_groups.items()
+               if attempt == w.attempt and gen == generation):  # its whole group, or a group of its FSDP2 mesh
             return True
         store, after = side.rank.store, generation
         while store.check([membership_key(after + 1)]):
@@ -408,6 +428,20 @@ class LiveWatch:
         if behind:
             self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} {when} at step {step} with "
                            f"shard(s) {behind} (shard: steps applied) behind")
+
+    def mesh_current(self, w: "SimRank", step: int, what: str, told: list[int]) -> None:
+        """With an FSDP2 mesh: every shard a step's collective brings together (the replica's, in its gathers; the
+        rank's own shard's copies, across the replicas) has steps 0..step-1 applied."""
+        if any(n != step for n in told):
+            self.violation(f"rank {w.rank} ({w.live.rank.member}) of attempt {w.attempt} {what} at step {step}, "
+                           f"and they had {told} steps applied")
+
+    def reshaped(self, w: "SimRank", membership: Membership, rank: int) -> None:
+        """An FSDP2 mesh keeps its shape: the controller must not shrink or grow such a run live, nor renumber it."""
+        side = w.live
+        self.violation(f"attempt {w.attempt}'s generation {membership.generation} numbers rank {w.rank} "
+                       f"({side.rank.member}) {rank} of {membership.world_size}, but its FSDP2 mesh was made for rank "
+                       f"{side.mesh_rank} of {side.mesh_world}: a run over live_mesh was resized live")
 
     def after_step(self, records: list) -> None:
         """A fallback that says no rank holds the state, or a shard of it: no rank that was never replaced may live
@@ -455,6 +489,9 @@ class LiveWatch:
         if charged < self.replacements - self.together:
             self.violation(f"{self.replacements} ranks replaced ({self.together} of them lost with another rank of "
                            f"their node), but only {charged} failures charged to max_failures")
+        if self.sim.schedule.loop.mesh:
+            self._mesh_at_end(book)
+            return
         leaves = [r for r in book.state.resizes if r.reason.startswith("shrink, live: drain")]
         for rec in book.state.live_recoveries:
             # A shrink throws the step in flight away; a sharded world never shrinks. So does a drained rank's leave
@@ -468,6 +505,56 @@ class LiveWatch:
                                f"steps (at most {allowed})")
 
 
+    def _mesh_at_end(self, book) -> None:
+        """With an FSDP2 mesh: no resize live; each death cost at most one step (the step in flight, or the next one
+        when the rank died after a step committed): a generation throws one step away at most, and a recovery no
+        more than one, or the deaths that published its generations; and each live recovery's history says what it cost,
+        the steps thrown away since the recovery before it."""
+        for r in book.state.resizes:
+            if ", live" in r.reason:
+                self.violation(f"attempt {r.attempt} of a run over live_mesh was resized live from {r.from_workers} "
+                               f"to {r.to_workers} workers ({r.reason})")
+        for attempt, thrown in self.thrown.items():
+            twice = sorted(g for g in {g for g, _ in thrown} if len({s for h, s in thrown if h == g}) > 1)
+            if twice:
+                self.violation(f"attempt {attempt}'s generation(s) {twice} threw more than one step away: {thrown}")
+        since: dict[int, int] = {}  # attempt -> the generation the recovery before ended in
+        for rec in sorted(book.state.live_recoveries, key=lambda r: (r.attempt, r.generation)):
+            if rec.path != "live":
+                continue
+            after = since.get(rec.attempt, 0)
+            thrown = sorted((g, s) for g, s in self.thrown.get(rec.attempt, set()) if after <= g < rec.generation)
+            since[rec.attempt] = rec.generation
+            deaths = sum(not self._membership(rec.attempt, g).planned for g in range(after + 1, rec.generation + 1))
+            # A generation of the recovery that formed, and whose sender died before its word: the steps thrown before
+            # it are told by no one (the next sender counts from that generation on). Counted, not a violation: see
+            # docs/guide/live-recovery.md, "In the simulator".
+            unsaid = [g for g in range(after + 1, rec.generation) if self._formed_unsaid(rec.attempt, g)]
+            if unsaid and rec.steps_lost < len(thrown):
+                self.sim.facts["live_mesh_lost_unsaid"] += len(thrown) - rec.steps_lost
+            # A drained node that died at its deadline before its ranks moved throws one step away, with no death's
+            # generation: one step, at most, whatever the cause.
+            elif rec.steps_lost != len(thrown) or len(thrown) > max(1, deaths):
+                self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} (generation "
+                               f"{rec.generation}) says {rec.steps_lost} step(s) lost, and the ranks threw away "
+                               f"{thrown} (generation, step) since generation {after}, with {deaths} generation(s) "
+                               "published for a death")
+            self.sim.facts["live_mesh_steps_lost"] += len(thrown)
+            self.sim.facts["live_mesh_widened_lost"] += len(thrown) > 1
+
+    def _formed_unsaid(self, attempt: int, generation: int) -> bool:
+        """Whether `generation` formed (a rank entered it) and no word of it is in the store."""
+        entered = any(j.generation == generation for w in self.sim.live_processes.values()
+                      if w.attempt == attempt and w.live is not None for j in w.live.rank.joins)
+        store = self.sim.driver.live.store if self.sim.driver is not None and self.sim.driver.live is not None else None
+        return entered and store is not None and not store.check([f"{store_prefix(attempt)}/{joined_key(generation)}"])
+
+    def _membership(self, attempt: int, generation: int) -> Membership:
+        store = self.sim.driver.live.store if self.sim.driver is not None and self.sim.driver.live is not None else None
+        assert store is not None
+        return Membership.from_json(store.get(f"{store_prefix(attempt)}/{membership_key(generation)}").decode())
+
+
 def _named(w: "SimRank") -> bool:
     """Whether the newest generation of `w`'s attempt names it."""
     newest = rendezvous.newest_after(w.live.rank.store, -1)
@@ -476,9 +563,15 @@ def _named(w: "SimRank") -> bool:
 
 def loop(w: "SimRank", first_step: int) -> Generator:
     """The rank's loop with `outlast.train.torch.LiveTraining`: join, then each step reduced, voted on, and applied;
-    a step that broke is kept and reduced again once the rank joined the next generation."""
+    a step that broke is kept and reduced again once the rank joined the next generation. An FSDP2 model's loop
+    is `live_mesh.loop`."""
     sim, side, steps = w.sim, w.live, w.loop.steps
     assert side is not None
+    if w.loop.mesh:
+        from outlast.sim.live_mesh import loop as mesh_loop
+
+        yield from mesh_loop(w, first_step)
+        return
     side.restored(first_step)  # what it restored: steps 0..first_step-1 applied (none, from the start)
     if first_step:
         side.rank.resume_at(first_step)  # LiveTraining.start(step)
@@ -642,36 +735,55 @@ def _join(w: "SimRank") -> Generator:
         sim.live_watch.formed(w, membership, committed)
         if side.shards > 1:
             step = yield from _form_sharded(w, membership, rank, committed)
-            if step is None:
-                continue
-            return step
-        if rank == membership.source:
-            # LiveTraining's state dict
-            group.transfer(w, Sent(side.shard, side.weights, dict(side.others), w.core.reports))
-            yield from _point(w, "sending")
-            if (yield "live", None) == BROKEN:
-                side.rank.broke(membership, "a joiner was lost during the transfer")
-                continue
-            side.rank.announce(membership, rank)
-            return side.rank.entered(membership, rank, committed, 0, 0.0)
-        if side.rank.announce(membership, rank) or rank not in membership.joiners:
-            return side.rank.entered(membership, rank, committed, 0, 0.0)
-        assert membership.source is not None
-        group.receive(w, membership.source)
-        yield from _point(w, "receiving")
-        received = yield "live", None
-        if received == BROKEN:
-            side.rank.broke(membership, "the source was lost during the transfer")
+        else:
+            step = yield from _form_whole(w, membership, rank, committed)
+        if step is None:
             continue
-        _load(w, received)
-        sim.live_watch.received(w, membership, committed, received)
+        # What LiveTraining._join does once LiveRank.join returned; a break there comes after the rank entered the
+        # generation: it waits for the next one.
+        if w.loop.mesh:
+            from outlast.sim.live_mesh import attach
+
+            if not (yield from attach(w, membership)):
+                continue
+        elif side.shards > 1 and not (yield from _gather(w, "gather", step)):
+            # The shards this rank does not hold may be a step behind: gathered before any step runs on them.
+            continue
+        return step
+
+
+def _form_whole(w: "SimRank", membership: Membership, rank: int, committed: int) -> Generator:
+    """The rest of `LiveRank._form` with one shard: the source sends the state to the joiners and announces. The
+    step to run next, or None when the group broke (join the next)."""
+    side, group = w.live, w.live.group
+    assert side is not None and group is not None
+    if rank == membership.source:
+        # LiveTraining's state dict
+        group.transfer(w, Sent(side.shard, side.weights, dict(side.others), w.core.reports))
+        yield from _point(w, "sending")
+        if (yield "live", None) == BROKEN:
+            side.rank.broke(membership, "a joiner was lost during the transfer")
+            return None
+        side.rank.announce(membership, rank)
         return side.rank.entered(membership, rank, committed, 0, 0.0)
+    if side.rank.announce(membership, rank) or rank not in membership.joiners:
+        return side.rank.entered(membership, rank, committed, 0, 0.0)
+    assert membership.source is not None
+    group.receive(w, membership.source)
+    yield from _point(w, "receiving")
+    received = yield "live", None
+    if received == BROKEN:
+        side.rank.broke(membership, "the source was lost during the transfer")
+        return None
+    _load(w, received)
+    w.sim.live_watch.received(w, membership, committed, received)
+    return side.rank.entered(membership, rank, committed, 0, 0.0)
 
 
 def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: int) -> Generator:
     """The rest of `LiveRank._form` with shards: each holder of a joiner's shard that `Membership.sender` names
-    sends it the state, the joiners receive it, every rank waits until all are done, the source announces; then
-    `LiveTraining._join` gathers the shards. The step to run next, or None when the group broke (join the next)."""
+    sends it the state, the joiners receive it, every rank waits until all are done, the source announces. The step
+    to run next, or None when the group broke (join the next)."""
     side, group = w.live, w.live.group
     assert side is not None and group is not None
     if any(membership.sender(j, side.shards) == rank for j in membership.joiners):
@@ -695,12 +807,7 @@ def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: in
             side.rank.broke(membership, "a rank was lost while the others sent the state")
             return None
     side.rank.announce(membership, rank)
-    step = side.rank.entered(membership, rank, committed, 0, 0.0)
-    # The shards this rank does not hold may be a step behind: gathered before any step runs on them. A break here
-    # comes after the rank entered the generation: it waits for the next one, as LiveTraining._join does.
-    if not (yield from _gather(w, "gather", step)):
-        return None
-    return step
+    return side.rank.entered(membership, rank, committed, 0, 0.0)
 
 
 def _load(w: "SimRank", received: Sent) -> None:

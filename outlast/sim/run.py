@@ -16,7 +16,7 @@ from outlast.sim.cluster import NodeModel
 from outlast.sim.driver import SimDriver
 from outlast.sim.invariants import Observer
 from outlast.sim.live import POINTS, Group, LiveWatch
-from outlast.sim.schedule import FAIL_KINDS, GROW_POINTS, NEWER_DOCUMENTS, SHARD_POINTS, Fault, Schedule, draw, draw_live
+from outlast.sim.schedule import FAIL_KINDS, GROW_POINTS, MESH_POINTS, NEWER_DOCUMENTS, SHARD_POINTS, Fault, Schedule, draw, draw_live
 from outlast.sim.storage import SimStorage
 from outlast.sim.tier import SimTier
 from outlast.sim.workers import SimRank
@@ -71,13 +71,14 @@ class Sim:
         self.live_armed: list[tuple[int | None, str]] = []
         self.live_drains: list[tuple[int, str, float | None]] = []  # (rank, point, deadline): its node drained there
         self.live_grows: list[tuple[int, str]] = []  # (rank, point): a node joins as the rank reaches it
-        self.live_groups: dict[tuple[int, int], Group] = {}
+        self.live_groups: dict[tuple[int, int, str], Group] = {}  # (attempt, generation, "" or a mesh group's name)
         # Every live-recovery process by (run, attempt, rank, incarnation): a drained rank and its replacement both
         # live while a move is under way.
         self.live_processes: dict[tuple[str, int, int, int], SimRank] = {}
         self.live_watch = LiveWatch(self)
         if schedule.live:
-            self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS}, live_orphaned_replacements=0,
+            self.facts.update({f"live_kill_{p}": 0 for p in POINTS + SHARD_POINTS + MESH_POINTS},
+                              live_orphaned_replacements=0, live_mesh_steps_lost=0, live_mesh_widened_lost=0, live_mesh_lost_unsaid=0,
                               live_several_senders=0, live_left_cleanly=0,
                               **{f"live_drain_{p}": 0 for p in POINTS + SHARD_POINTS},
                               **{f"live_grow_{p}": 0 for p in GROW_POINTS})
@@ -147,6 +148,8 @@ class Sim:
                          live_grows=sum(r.path == "live" and r.cause.startswith("grow") for r in recs),
                          live_recovered=sum(r.path == "live" for r in recs),
                          live_sharded=int(sharded), live_sharded_recovered=sharded * sum(r.path == "live" for r in recs),
+                         live_mesh=int(s.loop.mesh), live_mesh_recovered=s.loop.mesh * sum(r.path == "live" for r in recs),
+                         live_mesh_fell_back=s.loop.mesh * sum(r.path == "restart" for r in recs),
                          live_fallback_unheld_shard=unheld_shard,
                          live_widened=sum(r.path == "live" and r.generation > 0 and len(r.ranks) > 1 for r in recs),
                          live_shrunk=sum(r.path == "live" and r.cause.startswith("shrink") for r in recs),
@@ -294,18 +297,19 @@ class Sim:
             w.kill()
             w.node.worker_exited(w, None, signal.SIGKILL, None)
 
-    def live_group(self, attempt: int, membership) -> Group:
-        key = (attempt, membership.generation)
+    def live_group(self, attempt: int, membership, name: str = "", ranks: tuple[int, ...] | None = None) -> Group:
+        """A generation's group: its whole group (the live group's), or one of an FSDP2 mesh's (`name`, of `ranks`)."""
+        key = (attempt, membership.generation, name)
         if key not in self.live_groups:
-            self.live_groups[key] = Group(self, membership)
+            self.live_groups[key] = Group(self, membership, ranks)
         return self.live_groups[key]
 
     def live_died(self, w: SimRank) -> None:
         """`w`'s process is gone: each group of its attempt that names it loses it."""
         assert w.live is not None
         member = w.live.rank.member
-        for (attempt, _), group in self.live_groups.items():
-            if attempt == w.attempt and member in group.membership.members:
+        for (attempt, _, _), group in self.live_groups.items():
+            if attempt == w.attempt and group.names(member):
                 group.lost(w)
 
     def _corrupt(self, target: int) -> None:

@@ -23,6 +23,7 @@ class LoopSpec:
     children: int = 0  # processes each rank starts (a data loader's workers): none may outlive the rank
     exit_loses_messages: bool = False  # what a rank's upload socket still holds when it exits is lost
     shards: int = 1  # live recovery: LiveTraining(shards=...), the optimizer's state split between each replica's ranks
+    mesh: bool = False  # live recovery: an FSDP2 model over live_mesh(shards), its reductions inside backward
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,9 @@ def _edges(seed: int, s: Schedule) -> Schedule:
 LIVE_POINTS = ("forward", "before_allreduce", "after_allreduce", "voted", "committed", "awaiting", "forming", "sending",
                "receiving")
 SHARD_POINTS = ("gather",)  # a sharded run's ranks also die in the gather after a committed step
+# An FSDP2 run's ranks (`LoopSpec.mesh`) die in the forward's gathers of the parameters ("gather"), and while the
+# mesh's groups of a new generation form ("attach").
+MESH_POINTS = ("attach",)
 
 
 def draw_live(seed: int) -> Schedule:
@@ -263,9 +267,12 @@ def draw_live(seed: int) -> Schedule:
     if loop.world_size > 1 and any(f.kind == "lose_node" for f in faults) and elastic.random() < 0.5:
         low = elastic.randint(1, loop.world_size - 1)
     loop, shard_faults = _sharded(seed, loop)
+    loop, mesh_faults = _meshed(seed, loop)
     if loop.shards > 1:
-        low = 0  # a sharded world keeps its layout: it does not shrink
-    faults += shard_faults
+        # A sharded world keeps its layout: it does not shrink, and a restart of an elastic run at another number of
+        # ranks would fail in the loop (FlatShards, or live_mesh: the world in whole replicas).
+        low = 0
+    faults += shard_faults + mesh_faults
     nodes = max(base.nodes, -(-loop.world_size // base.cpus_per_node))
     nodes, low, planned = _planned(seed, loop, nodes, base.cpus_per_node, low)
     return Schedule(**{**base.__dict__, "loop": loop, "live": True, "min_workers": low, "resize_interval_s": 0.0,
@@ -308,6 +315,24 @@ def _planned(seed: int, loop: LoopSpec, nodes: int, cpus: int, low: int) -> tupl
         elif loop.shards > 1:
             low = 0
     return nodes, low, faults
+
+
+def _meshed(seed: int, loop: LoopSpec) -> tuple[LoopSpec, list[Fault]]:
+    """Some runs (a fifth or so) train an FSDP2 model over `live_mesh(shards)` (`LiveTraining(mesh=...)`): whole, or
+    in the shards `_sharded` drew, and a run of 2 or 4 whole ranks often as 2 replicas of 2 shards; its ranks die
+    besides in the forward's gathers and as the mesh's groups form. From a stream of its own, so that the other
+    schedules stay what their seeds drew before (an elastic one among them stays elastic: its controller must not
+    shrink it live)."""
+    rng = random.Random(seed * 23 + 19 + (1 << 49))
+    if rng.random() >= 0.22:
+        return loop, []
+    shards, world = loop.shards, loop.world_size
+    if shards == 1 and world in (2, 4) and rng.random() < 0.5:
+        shards, world = 2, 4
+    nominal = loop.steps * loop.step_s
+    faults = [Fault(rng.uniform(0.0, nominal * 1.1 + 0.5), "kill_at", rng.randrange(-1, world),
+                    point=rng.choice(MESH_POINTS + SHARD_POINTS)) for _ in range(rng.choice([0, 1, 1, 2]))]
+    return LoopSpec(**{**loop.__dict__, "world_size": world, "shards": shards, "mesh": True}), faults
 
 
 def _sharded(seed: int, loop: LoopSpec) -> tuple[LoopSpec, list[Fault]]:
