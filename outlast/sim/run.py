@@ -112,6 +112,11 @@ class Sim:
         w = self.observer.live.get((driver.core.run_id, attempt, rank))
         if incarnation is not None and w is not None and w.incarnation != incarnation:
             return self.live_processes.get((driver.core.run_id, attempt, rank, incarnation))
+        if incarnation is not None and w is None:
+            # A drained process lives on when its replacement died (the observer forgot the rank): the answer to its
+            # report goes over its socket. Dropped, it waited for ever, and the group with it.
+            drained = self.live_processes.get((driver.core.run_id, attempt, rank, incarnation))
+            return drained if drained is not None and drained.alive else None
         return w
 
     # ---- the run ---------------------------------------------------------------------------
