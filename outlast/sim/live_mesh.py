@@ -115,6 +115,8 @@ def _forward_backward(w: "SimRank", step: int) -> Generator:
         yield from _point(w, "before_allreduce")
         told = yield from _meet(w, shards_of_replica, f"reduce-scatter {step}", side.weights)
     if told is not None:
+        # A rank lost here leaves the peers of its replica reduced, and those of its shard's replicas not.
+        yield from _point(w, "scattered")
         told = yield from _meet(w, replicas_of_shard, f"all-reduce {step}", side.weights)
         if told is not None:
             w.sim.live_watch.mesh_current(w, step, "reduced its shard's gradients across the replicas", told)

@@ -220,9 +220,10 @@ def _edges(seed: int, s: Schedule) -> Schedule:
 LIVE_POINTS = ("forward", "before_allreduce", "after_allreduce", "voted", "committed", "awaiting", "forming", "sending",
                "receiving")
 SHARD_POINTS = ("gather",)  # a sharded run's ranks also die in the gather after a committed step
-# An FSDP2 run's ranks (`LoopSpec.mesh`) die in the forward's gathers of the parameters ("gather"), and while the
-# mesh's groups of a new generation form ("attach").
-MESH_POINTS = ("attach",)
+# An FSDP2 run's ranks (`LoopSpec.mesh`) die in the forward's gathers of the parameters ("gather"), between the
+# backward's reduce-scatter in the replica and its all-reduce across the replicas ("scattered"), and while the mesh's
+# groups of a new generation form ("attach").
+MESH_POINTS = ("attach", "scattered")
 
 
 def draw_live(seed: int) -> Schedule:

@@ -241,11 +241,16 @@ def test_an_fsdp2_schedule_costs_one_step_per_death_as_its_history_says():
     ("earlier_words", 32, "says 1 step(s) lost"),
     # a fallback that says a shard has no holder while one lives
     ("unheld", 75, "lived with the state"),
+    # a rank that applies the step once its own collectives completed, not waiting for the vote: a peer lost in
+    # another group of the mesh voids the step on the others
+    ("no_vote", 75, "applied by"),
     # the simulator's own: the answer to a drained rank's report dropped once its replacement died (seed 3776: the
     # drained rank waited, and the group with it, until its node's deadline; the replacements ran out of time)
     ("drained_reply", 3776, "failures drawn on max_failures"),
 ])
 def test_each_rule_of_the_fsdp2_mode_broken_fails_its_seed(monkeypatch, rule, seed, says):
+    if rule == "drained_reply":
+        monkeypatch.setattr(schedule, "MESH_POINTS", ("attach",))  # the schedule the seed was found with
     assert draw_live(seed).loop.mesh
     assert run_seed(seed, live=True).violations == []
     if rule == "resize":
@@ -254,6 +259,10 @@ def test_each_rule_of_the_fsdp2_mode_broken_fails_its_seed(monkeypatch, rule, se
                             joined(self, generation, steps_lost, wall, shards, False))
     elif rule == "earlier_words":
         monkeypatch.setattr(LiveRun, "unread", lambda self: [])
+    elif rule == "no_vote":
+        cast = commit_store.StepVotes.cast
+        monkeypatch.setattr(commit_store.StepVotes, "cast", lambda self, step, reduced: (
+            (step_commit.StepVerdict.COMMIT, "") if reduced else cast(self, step, reduced)))
     elif rule == "drained_reply":
         rank_of = Sim.rank_of
         monkeypatch.setattr(Sim, "rank_of", lambda self, driver, attempt, rank, incarnation=None: None if self.observer.live.get(
