@@ -11,8 +11,10 @@ does not fail them: that rank reduces its step and votes "reduced", and the vote
 all the same (a vote never comes, and the death's generation is published). A step with a failed collective anywhere
 is thrown away on every rank, which forms the next generation, and runs it again from its start; a planned
 generation is formed as the next step's forward begins. After each join the mesh's groups of the new generation form
-(`LiveMesh.attach`): a member lost before it came leaves the others waiting out the formation's timeout, as gloo's
-store rendezvous does, and a break there sends the rank to the generation after it. The mesh keeps the rank and the
+(`LiveMesh.attach`): a member lost before it came leaves the others waiting out the formation's timeout (the real
+attach, as `LiveGroup.form`, waits in the store and leaves at once when the next generation is published; the
+simulated groups, the whole one's as these, take the slower course), and a break there sends the rank to the
+generation after it. The mesh keeps the rank and the
 world it was made for: a generation that renumbers the rank or changes the world's size is refused (`attach`
 raises), and `LiveWatch` counts it a violation: the controller must not resize such a run live.
 

@@ -274,7 +274,8 @@ def live_fsdp_loop(config: dict) -> None:
     `config["kill"]`: [[rank, step, where], ...]: that rank's first process of the first attempt SIGKILLs itself in
     that step's forward ("forward": in the second layer, its first layer's parameters gathered), in its backward
     ("backward": in the second layer's, the third's gradients reduced) or at a fault point of live recovery
-    (`live.vote`, `live.optimizer_step`); "stop-backward": it SIGSTOPs itself there instead, a hang. `config["checkpoint"] == "live"`: every rank reports its part of
+    (`live.vote`, `live.optimizer_step`); "stop-backward": it SIGSTOPs itself there instead, a hang; at step -1,
+    "live.attach": as its first generation's mesh groups form. `config["checkpoint"] == "live"`: every rank reports its part of
     `LiveTraining.save` with each step, and a restarted attempt restores the newest. `config["unguarded"]`: the
     forward and backward run outside `live.forward_backward()`. Each rank logs its own pieces of the weights at the
     end ("exact")."""
@@ -308,6 +309,9 @@ def live_fsdp_loop(config: dict) -> None:
 
     model[2].register_forward_pre_hook(die("forward"))
     model[2].register_full_backward_pre_hook(die("backward"))
+    if kill.get(-1) == "live.attach":  # its first generation's mesh groups: the others wait for it in the store
+        os.environ["OUTLAST_FAULT_POINTS"] = "live.attach=kill"
+        faults.reset()
     step = _start(config, live)
     while step < config["steps"]:
         step_now[0] = step

@@ -83,6 +83,17 @@ def _survivors_ran_one_step_twice(events: list[dict], victims: list[int], thrown
 
 
 @pytest.mark.torch
+def test_a_rank_lost_while_the_mesh_s_groups_form_is_replaced_and_the_run_starts_live(storage_path, tmp_path, clean):
+    # Rank 1 dies as generation 0's mesh groups form: the others, waiting for it in the store, see generation 1
+    # published and form that one with its replacement (gloo's own rendezvous would hold them to its timeout).
+    events, state = _train(storage_path, tmp_path, "attach", [[1, -1, "live.attach"]])
+    assert _final(events) == clean
+    [recovery] = state["live_recoveries"]
+    assert recovery["path"] == "live" and recovery["ranks"] == [1]
+    assert len(state["attempts"]) == 1 and state["failure_counts"] == {"worker": 1}
+
+
+@pytest.mark.torch
 def test_two_ranks_of_different_shards_lost_at_once_each_take_theirs_from_its_other_holder(storage_path, tmp_path,
                                                                                           clean, caplog):
     events, state = _train(storage_path, tmp_path, "two", [[0, 4, "backward"], [3, 4, "backward"]])

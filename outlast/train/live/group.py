@@ -25,6 +25,27 @@ class GroupBroken(RuntimeError):
     """A collective of this generation's group failed: a peer is gone. The step in flight is void."""
 
 
+def await_members(store: Store, where: str, generation: int, rank: int, world_size: int, timeout_s: float,
+                  poll_s: float = 0.005) -> None:
+    """Before a gloo group of `generation` is made under `where`: this rank says it is here, and waits until all
+    `world_size` are, in the store, where it sees a newer generation published meanwhile (a member lost while the
+    group formed). gloo's own rendezvous cannot be left before its timeout: waiting in it for a dead member cost the
+    whole `timeout_s`. Raises GroupBroken."""
+    import time
+
+    store.set(f"{where}here/{rank}", "1")
+    others = [f"{where}here/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(others):
+        if store.check([membership_key(generation + 1)]):
+            raise GroupBroken(f"generation {generation}: rank {rank} left it before it formed: generation "
+                              f"{generation + 1} was published meanwhile")
+        if time.monotonic() > deadline:
+            raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: not every rank "
+                              f"came within {timeout_s} s")
+        time.sleep(poll_s)
+
+
 class LiveGroup:
     def __init__(self, pg: ProcessGroupGloo, generation: int, rank: int, world_size: int) -> None:
         self.pg: ProcessGroupGloo | None = pg
@@ -38,26 +59,13 @@ class LiveGroup:
         """Blocks until every rank of the generation has connected (or raises GroupBroken at `timeout_s`). `name`: a
         group of some of the generation's ranks, formed beside its whole group (`rank` and `world_size` within it).
 
-        Every member first says it is here, in the store, and waits for the others there, where it can see a
-        newer generation published meanwhile (a member died while this one formed: a replacement forked for two
-        deaths a few milliseconds apart, say). Only then is gloo's group made, whose rendezvous cannot be left
-        before its timeout: waiting in it for a dead member cost the whole `timeout_s` (60 s)."""
-        import time
-
+        Every member first says it is here, in the store, and waits for the others there (`await_members`), where it
+        can see a newer generation published meanwhile (a member died while this one formed: a replacement forked
+        for two deaths a few milliseconds apart, say). Only then is gloo's group made."""
         import torch.distributed as dist
 
         where = f"live/g{generation}/{name}/" if name else f"live/g{generation}/"
-        store.set(f"{where}here/{rank}", "1")
-        others = [f"{where}here/{r}" for r in range(world_size)]
-        deadline = time.monotonic() + timeout_s
-        while not store.check(others):
-            if store.check([membership_key(generation + 1)]):
-                raise GroupBroken(f"generation {generation}: rank {rank} left it before it formed: generation "
-                                  f"{generation + 1} was published meanwhile")
-            if time.monotonic() > deadline:
-                raise GroupBroken(f"generation {generation}: rank {rank} could not form its group: not every rank "
-                                  f"came within {timeout_s} s")
-            time.sleep(poll_s)
+        await_members(store, where, generation, rank, world_size, timeout_s, poll_s)
         prefixed, timeout = dist.PrefixStore(f"{where}pg", store), timedelta(seconds=timeout_s)
         # Each rank advertises the address it reaches the store by, which every other rank reaches too: gloo's own
         # choice, the hostname's address, is often 127.0.x.1 and out of reach of ranks on other nodes.

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from outlast.train.live.group import GroupBroken
+from outlast.faults import fault_point
+from outlast.train.live.group import GroupBroken, await_members
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -190,11 +191,18 @@ class LiveMesh:
                                f"generation {generation} numbers it {rank} of {world_size}: an FSDP2 mesh keeps its "
                                "shape and its ranks (the controller, told so, resizes such a run only by a restart)")
         self.close()
+        fault_point("live.attach")  # the others wait for this rank's groups of the generation
         timeout = timedelta(seconds=timeout_s)
         for name, (group, ranks) in self.groups.items():
-            prefixed = dist.PrefixStore(f"live/g{generation}/mesh/{name}", store)
+            where = f"live/g{generation}/mesh/{name}/"
+            prefixed = dist.PrefixStore(where + "pg", store)
             try:
+                # In the store first, as LiveGroup.form: a member lost meanwhile is seen there, not at gloo's timeout.
+                await_members(store, where, generation, ranks.index(rank), len(ranks), timeout_s)
                 inner = dist.ProcessGroupGloo(prefixed, ranks.index(rank), len(ranks), timeout)
+            except GroupBroken:
+                self.close()
+                raise
             except RuntimeError as e:
                 self.close()
                 raise GroupBroken(f"generation {generation}: rank {rank} could not form its group {name}: {e}") from e
