@@ -604,16 +604,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
         side.group.meet(w, f"allreduce {step}")
         reduced = (yield "live", None) != BROKEN
         yield from _point(w, "after_allreduce")
-        assert side.rank.votes is not None
-        verdict, _ = side.rank.votes.cast(step, reduced)
-        yield from _point(w, "voted")
-        while verdict is None:
-            yield "sleep", POLL_S
-            verdict, _ = side.rank.votes.poll(step)
-        committed = side.rank.settle(verdict)
-        if sim.world.tracing:
-            sim.world.note(f"rank {w.rank} ({side.rank.member}) step {step}: {verdict.value}")
-        sim.live_watch.verdict(w, step, committed)
+        committed = yield from _vote(w, step, reduced)
         if not committed:
             side.rank.keep_in_flight()
             resumed = yield from _rejoin(w)
@@ -771,15 +762,41 @@ def _form_whole(w: "SimRank", membership: Membership, rank: int, committed: int)
     if side.rank.announce(membership, rank) or rank not in membership.joiners:
         return side.rank.entered(membership, rank, committed, 0, 0.0)
     assert membership.source is not None
-    group.receive(w, membership.source)
+    if not (yield from _receive(w, membership, committed, membership.source)):
+        return None
+    return side.rank.entered(membership, rank, committed, 0, 0.0)
+
+
+def _vote(w: "SimRank", step: int, reduced: bool) -> Generator:
+    """`LiveRank`'s vote on step `step` (begun): whether to apply it, the verdict every rank gets."""
+    side, sim = w.live, w.sim
+    assert side is not None and side.rank.votes is not None
+    verdict, _ = side.rank.votes.cast(step, reduced)
+    yield from _point(w, "voted")
+    while verdict is None:
+        yield "sleep", POLL_S
+        verdict, _ = side.rank.votes.poll(step)
+    committed = side.rank.settle(verdict)
+    if sim.world.tracing:
+        sim.world.note(f"rank {w.rank} ({side.rank.member}) step {step}: {verdict.value}")
+    sim.live_watch.verdict(w, step, committed)
+    return committed
+
+
+def _receive(w: "SimRank", membership: Membership, committed: int, sender: int) -> Generator:
+    """A joiner takes the state from `sender` (`receive_state`, then `load_state_dict`); False when the group broke
+    meanwhile (join the next)."""
+    side, group = w.live, w.live.group
+    assert side is not None and group is not None
+    group.receive(w, sender)
     yield from _point(w, "receiving")
     received = yield "live", None
     if received == BROKEN:
         side.rank.broke(membership, "the source was lost during the transfer")
-        return None
+        return False
     _load(w, received)
     w.sim.live_watch.received(w, membership, committed, received)
-    return side.rank.entered(membership, rank, committed, 0, 0.0)
+    return True
 
 
 def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: int) -> Generator:
@@ -794,15 +811,9 @@ def _form_sharded(w: "SimRank", membership: Membership, rank: int, committed: in
         if (yield "live", None) == BROKEN:
             side.rank.broke(membership, "a joiner was lost during the transfer")
             return None
-    if rank in membership.joiners:
-        group.receive(w, membership.sender(rank, side.shards))
-        yield from _point(w, "receiving")
-        received = yield "live", None
-        if received == BROKEN:
-            side.rank.broke(membership, "the source was lost during the transfer")
-            return None
-        _load(w, received)
-        w.sim.live_watch.received(w, membership, committed, received)
+    if rank in membership.joiners and not (yield from _receive(w, membership, committed,
+                                                               membership.sender(rank, side.shards))):
+        return None
     if membership.joiners:
         group.meet(w, "sent")
         if (yield "live", None) == BROKEN:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol.membership import Membership
-from outlast.sim.live import BROKEN, POLL_S, Group, _failed, _point, _regroup, _rejoin
+from outlast.sim.live import BROKEN, Group, _failed, _point, _regroup, _rejoin, _vote
 
 if TYPE_CHECKING:
     from outlast.sim.workers import SimRank
@@ -64,16 +64,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
                                        f"and the planned generation went on at step {side.rank.joins[-1].committed + 1}")
         reduced = yield from _forward_backward(w, step)
         side.rank.begin(step)  # LiveRank.vote: whether this rank's collectives of the step all completed
-        assert side.rank.votes is not None
-        verdict, _ = side.rank.votes.cast(step, reduced)
-        yield from _point(w, "voted")
-        while verdict is None:
-            yield "sleep", POLL_S
-            verdict, _ = side.rank.votes.poll(step)
-        committed = side.rank.settle(verdict)
-        if sim.world.tracing:
-            sim.world.note(f"rank {w.rank} ({side.rank.member}) step {step}: {verdict.value}")
-        sim.live_watch.verdict(w, step, committed)
+        committed = yield from _vote(w, step, reduced)
         if not committed:
             # _throw_away: the mesh's groups closed, the gradients (partial: reduced in backward) dropped, and the
             # step runs again from its start once the group formed again.
