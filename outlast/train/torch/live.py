@@ -43,6 +43,12 @@ its state from a rank that holds its shard, and a shard with no holder left fall
 
 `save(directory, step)` and `load(directory)` write and restore a checkpoint in parts (`live_checkpoint.py`): each
 shard's optimizer state from one holder, the rest from rank 0.
+
+`mesh=live_mesh(S)` takes an FSDP2 model sharded over that mesh (`live_mesh.py`), whose reductions run inside its
+backward: the loop runs each step's forward and backward inside `with live.forward_backward():`, which takes a
+peer's loss there as the step's void, and `step` only votes. A step that broke anywhere is thrown away on every
+rank and run again from its start (its RNG, its batch) once the group formed again, the replacement taking its
+shard's local pieces from a holder in another replica (`local_shards.py`): a death costs that one step.
 """
 
 from __future__ import annotations
@@ -226,7 +232,6 @@ class LiveTraining:
                 reduced = self.rank.reduce(step, [flat])
             if reduced:
                 break
-            self._close_split()
             # A rank died during this step. This rank's gradients were computed on the state every survivor still
             # holds, so it keeps them: once the group formed again, the replacement (which takes that state and
             # runs this step's forward and backward on its own batch) and the survivors reduce this step again.
