@@ -493,13 +493,20 @@ class LiveWatch:
             self._mesh_at_end(book)
             return
         leaves = [r for r in book.state.resizes if r.reason.startswith("shrink, live: drain")]
+        lost_nodes = [r for r in book.state.resizes if r.reason.startswith("shrink, live: node")]
         for rec in book.state.live_recoveries:
             # A shrink throws the step in flight away; a sharded world never shrinks. So does a drained rank's leave
             # that a death overtook: the smaller group forms unplanned, and the leaving ranks' batches of the step
-            # in flight are gone. A planned change, nothing else.
+            # in flight are gone. So does a recovery that a lost node widened into a shrink (a replacement lost with
+            # its node, no room elsewhere): its record names the first death, and the shrink's resize comes after it,
+            # before the attempt's next recovery. A planned change, nothing else.
             overtaken = rec.cause.startswith("drain") and any(
                 r.attempt == rec.attempt and len(rec.ranks) > r.from_workers - r.to_workers for r in leaves)
-            allowed = 1 if (rec.cause.startswith("shrink") or overtaken) and self.sim.schedule.loop.shards == 1 else 0
+            until = min((o.time for o in book.state.live_recoveries if o.attempt == rec.attempt and o.time > rec.time),
+                        default=float("inf"))
+            widened = any(r.attempt == rec.attempt and rec.time <= r.time < until for r in lost_nodes)
+            allowed = 1 if (rec.cause.startswith("shrink") or overtaken or widened) \
+                and self.sim.schedule.loop.shards == 1 else 0
             if rec.path == "live" and rec.steps_lost > allowed:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
                                f"steps (at most {allowed})")

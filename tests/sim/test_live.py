@@ -225,6 +225,15 @@ def test_the_fsdp2_schedules_keep_every_invariant_and_recover_on_every_path():
     assert facts["live_shrunk"] == facts["live_drains_left"] == facts["live_grows"] == 0
 
 
+def test_a_recovery_a_lost_node_widened_into_a_shrink_may_lose_the_step_the_shrink_threw_away():
+    # Seed 10661: rank 0 killed after its vote; its replacement lost with its node, no room elsewhere: the run goes on
+    # as one rank, the step in flight thrown away. The recovery's record names the first death (a kill), so the
+    # watch had allowed it no step; its shrink's resize is what says it. Seeds 11389, 15086, 17072 and 18124 are the
+    # same course.
+    out = run_seed(10661, live=True)
+    assert out.violations == [] and out.facts["live_recovered"] == 1
+
+
 def test_an_fsdp2_schedule_costs_one_step_per_death_as_its_history_says():
     # Seed 75: 4 ranks in 2 replicas of 2 shards; each live recovery threw exactly the step in flight away.
     out = run_seed(75, live=True)
