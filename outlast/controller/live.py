@@ -369,6 +369,22 @@ class LiveRun:
                        f"planned, once started; {self._senders(membership)} them the state, and the drained ranks "
                        "exit")
 
+    def on_retired_death(self) -> Membership | None:
+        """A drained process that the planned generation under way leaves out died (killed, or it raised) before that
+        generation formed. Its vote of the step in flight may never come, and the others, waiting for it, take a
+        planned generation for no sign that it is lost: the newest generation goes out again unplanned (the same
+        members, joiners and source), so that the step in flight is thrown away everywhere, as for any death, and
+        the group forms without that process. Returns it to publish now; None when the planned generation formed
+        already, or waits for its new members still (it goes out unplanned once they wait)."""
+        m = self.membership
+        if self.recovery is None or not m.planned:
+            return None
+        if self.unpublished is not None:
+            self.membership = self.unpublished = Membership(m.generation, m.members, m.joiners, m.source)
+            return None
+        self.membership = Membership(m.generation + 1, m.members, m.joiners, m.source)
+        return self.membership
+
     def _leave(self, ranks: list[int], cause: str, wall: float, no_room: str, least: int | None) -> Leave | StayPut:
         why = f"no node that stays has room for ranks {ranks}: {no_room}"
         if least is None:

@@ -356,6 +356,12 @@ def retired(c: CoreState, a: AttemptState, ev: m.WorkerExited) -> bool:
         a.retiring.discard((ev.rank, ev.node_id))
         return False
     a.retiring.discard((ev.rank, ev.node_id))
+    if live is not None and (ev.exit_code != 0 or ev.error is not None) \
+            and (again := live.on_retired_death()) is not None:
+        c.out.append(PublishMembership(a.number, again.to_json()))
+        log.warning("attempt %d: rank %d's drained process on %s died before generation %d formed: generation %d "
+                    "goes out unplanned, so that the step in flight is thrown away everywhere", a.number, ev.rank,
+                    ev.node_id, again.generation - 1, again.generation)
     left = live is not None and ev.rank not in live.slots
     if left:
         a.lost.add(ev.rank)  # the caller takes it out of the trackers (handlers.lose_shrunk_ranks)

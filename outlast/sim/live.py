@@ -297,6 +297,7 @@ class LiveWatch:
         self.drained: set[tuple[int, int]] = set()  # (attempt, rank) of the ranks on a node drained
         self.left_pids: list[tuple[int, int, int]] = []  # (attempt, rank, pid) of the processes a generation left out
         self.thrown: dict[int, set[tuple[int, int]]] = {}  # attempt -> the (generation, step) thrown away
+        self.shrunk: set[tuple[int, int]] = set()  # (attempt, generation): a smaller world formed unplanned
 
     def violation(self, text: str) -> None:
         self.sim.observer.violation(text)
@@ -378,6 +379,8 @@ class LiveWatch:
 
     def formed(self, w: "SimRank", membership: Membership, committed: int) -> None:
         side = w.live
+        if side.rank.shrinks(membership):
+            self.shrunk.add((w.attempt, membership.generation))
         if side.rank_in not in membership.joiners and side.weights != committed + 1:
             self.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} holds weights of "
                            f"{side.weights} steps, but generation {membership.generation} agreed on step {committed}")
@@ -492,21 +495,15 @@ class LiveWatch:
         if self.sim.schedule.loop.mesh:
             self._mesh_at_end(book)
             return
-        leaves = [r for r in book.state.resizes if r.reason.startswith("shrink, live: drain")]
-        lost_nodes = [r for r in book.state.resizes if r.reason.startswith("shrink, live: node")]
         for rec in book.state.live_recoveries:
-            # A shrink throws the step in flight away; a sharded world never shrinks. So does a drained rank's leave
-            # that a death overtook: the smaller group forms unplanned, and the leaving ranks' batches of the step
-            # in flight are gone. So does a recovery that a lost node widened into a shrink (a replacement lost with
-            # its node, no room elsewhere): its record names the first death, and the shrink's resize comes after it,
-            # before the attempt's next recovery. A planned change, nothing else.
-            overtaken = rec.cause.startswith("drain") and any(
-                r.attempt == rec.attempt and len(rec.ranks) > r.from_workers - r.to_workers for r in leaves)
-            until = min((o.time for o in book.state.live_recoveries if o.attempt == rec.attempt and o.time > rec.time),
-                        default=float("inf"))
-            widened = any(r.attempt == rec.attempt and rec.time <= r.time < until for r in lost_nodes)
-            allowed = 1 if (rec.cause.startswith("shrink") or overtaken or widened) \
-                and self.sim.schedule.loop.shards == 1 else 0
+            # A recovery one of whose generations is a smaller world formed unplanned throws the step in flight away
+            # (the lost ranks' batches of it are gone): a shrink, a drained rank's leave that a death overtook (the
+            # leaving process's own included), a recovery a lost node widened into a shrink. A sharded world never
+            # shrinks. A planned change, nothing else.
+            before = max((o.generation for o in book.state.live_recoveries if o.attempt == rec.attempt
+                          and o.path == "live" and o.time < rec.time), default=0)
+            shrank = any((rec.attempt, g) in self.shrunk for g in range(before + 1, rec.generation + 1))
+            allowed = 1 if shrank and self.sim.schedule.loop.shards == 1 else 0
             if rec.path == "live" and rec.steps_lost > allowed:
                 self.violation(f"attempt {rec.attempt}'s live recovery of ranks {rec.ranks} lost {rec.steps_lost} "
                                f"steps (at most {allowed})")

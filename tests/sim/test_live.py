@@ -234,6 +234,15 @@ def test_a_recovery_a_lost_node_widened_into_a_shrink_may_lose_the_step_the_shri
     assert out.violations == [] and out.facts["live_recovered"] == 1
 
 
+def test_a_drained_process_killed_before_its_planned_generation_formed_stalls_nothing():
+    # Seed 13131: ranks 0 and 1 drained, their replacements' planned generation published, then the drained rank 0
+    # killed after its allreduce, before its vote: the others waited for that vote for ever (a planned generation is
+    # no sign of a loss), the new members timed out, and two failures were charged that no kill made. The
+    # controller now sends the generation out again unplanned (`LiveRun.on_retired_death`).
+    out = run_seed(13131, live=True)
+    assert out.violations == [] and out.status == "finished"
+
+
 def test_an_fsdp2_schedule_costs_one_step_per_death_as_its_history_says():
     # Seed 75: 4 ranks in 2 replicas of 2 shards; each live recovery threw exactly the step in flight away.
     out = run_seed(75, live=True)

@@ -75,6 +75,29 @@ def test_a_death_during_a_move_publishes_the_planned_generation_first_and_widens
     assert live.on_joined(2, 1, wall=2.0) == Recovered(2, (2, 1), "drain", 1.0, 1.0, 1)
 
 
+def test_a_drained_process_dead_before_its_planned_generation_formed_sends_it_out_again_unplanned():
+    # Its vote of the step in flight never comes, and the others take a planned generation for no sign of a loss:
+    # they waited for that vote for ever (seed 13131 of the simulator's --live sweep).
+    live = formed(3)
+    d = live.on_drain([1], "drain", wall=1.0, no_room=None)
+    planned = live.take_unpublished()
+    assert planned == d.membership and planned.planned
+    again = live.on_retired_death()
+    assert again == Membership(2, planned.members, planned.joiners, planned.source) and not again.planned
+    assert live.on_retired_death() is None  # unplanned now: nothing more to send
+    assert live.on_joined(2, 0, wall=2.0) == Recovered(2, (1,), "drain", 1.0, 1.0, 0)
+    assert live.on_retired_death() is None  # the move is over: a drained process's death is no one's
+
+
+def test_a_drained_process_dead_before_its_replacement_waits_makes_the_generation_unplanned_when_it_goes_out():
+    live = formed(3)
+    live.on_drain([1], "drain", wall=1.0, no_room=None)
+    assert live.on_retired_death() is None  # not out yet: it goes out unplanned once its new member waits
+    live.on_started("r1i1")
+    out = live.publishable(told=True)
+    assert out == Membership(1, ("r0i0", "r1i1", "r2i0"), (1,), 0) and not out.planned
+
+
 def test_the_moving_ranks_go_to_nodes_that_are_not_draining_beside_the_ranks_kept():
     nodes = [NodeView("a", "", {"CPU": 2}), NodeView("b", "", {"CPU": 1}, draining=True), NodeView("c", "", {"CPU": 1})]
     assert where_to(nodes, {0: "a", 1: "b"}, [1], {"CPU": 1}, "SPREAD") == {1: "a"}
