@@ -228,8 +228,8 @@ def test_the_fsdp2_schedules_keep_every_invariant_and_recover_on_every_path():
 def test_a_recovery_a_lost_node_widened_into_a_shrink_may_lose_the_step_the_shrink_threw_away():
     # Seed 10661: rank 0 killed after its vote; its replacement lost with its node, no room elsewhere: the run goes on
     # as one rank, the step in flight thrown away. The recovery's record names the first death (a kill), so the
-    # watch had allowed it no step; its shrink's resize is what says it. Seeds 11389, 15086, 17072 and 18124 are the
-    # same course.
+    # watch had allowed it no step; one of its generations is a smaller world formed unplanned, which is what says
+    # it. Seeds 11389, 15086, 17072 and 18124 are the same course.
     out = run_seed(10661, live=True)
     assert out.violations == [] and out.facts["live_recovered"] == 1
 
