@@ -630,10 +630,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
             if resumed != step + 1:
                 sim.observer.violation(f"rank {w.rank} ({side.rank.member}) of attempt {w.attempt} applied step "
                                        f"{step}, broke in its gather, and its generation went on at step {resumed}")
-        yield from _point(w, "committed")
-        if (step + 1) % w.loop.report_every == 0:
-            every = w.loop.report_every * w.loop.checkpoint_every
-            yield from w._report(step, checkpoint=(step + 1) % every == 0)
+        yield from _after_commit(w, step)
         step += 1
     if side.rank.regroup_due and not (yield from _regroup(w)):
         # LiveTraining.close: a planned generation due after the last step is formed for its new members' sake; a
@@ -769,6 +766,15 @@ def _form_whole(w: "SimRank", membership: Membership, rank: int, committed: int)
     if not (yield from _receive(w, membership, committed, membership.source)):
         return None
     return side.rank.entered(membership, rank, committed, 0, 0.0)
+
+
+def _after_commit(w: "SimRank", step: int) -> Generator:
+    """Step `step` committed and applied on this rank: the loop's report of it, when it reports that step (with a
+    checkpoint every `checkpoint_every` reports)."""
+    yield from _point(w, "committed")
+    if (step + 1) % w.loop.report_every == 0:
+        every = w.loop.report_every * w.loop.checkpoint_every
+        yield from w._report(step, checkpoint=(step + 1) % every == 0)
 
 
 def _vote(w: "SimRank", step: int, reduced: bool) -> Generator:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Generator
 
 from outlast.protocol.membership import Membership
-from outlast.sim.live import BROKEN, Group, _failed, _point, _regroup, _rejoin, _vote
+from outlast.sim.live import BROKEN, Group, _after_commit, _failed, _point, _regroup, _rejoin, _vote
 
 if TYPE_CHECKING:
     from outlast.sim.workers import SimRank
@@ -76,10 +76,7 @@ def loop(w: "SimRank", first_step: int) -> Generator:
                                        f"away, but its generation went on at step {resumed}")
             continue
         side.weights += 1  # optimizer.step() on this rank's shard
-        yield from _point(w, "committed")
-        if (step + 1) % w.loop.report_every == 0:
-            every = w.loop.report_every * w.loop.checkpoint_every
-            yield from w._report(step, checkpoint=(step + 1) % every == 0)
+        yield from _after_commit(w, step)
         step += 1
     if side.rank.regroup_due and not (yield from _regroup(w)):
         # LiveTraining.close: a planned generation due after the last step is formed for its new members' sake.

@@ -255,23 +255,23 @@ def make_mesh(rank: int, world_size: int, shards: int, store: Store) -> tuple[De
     if shards < 1 or world_size % shards:
         raise ValueError(f"live_mesh(shards={shards}): the world's {world_size} ranks must be a whole number of "
                          f"replicas of {shards} ranks each (shards between 1 and the world size, dividing it)")
-    if c10d.is_initialized() and not isinstance(c10d._get_default_group(), _process_group_classes()[0]):
+    group_class = _process_group_classes()[0]
+    if c10d.is_initialized() and not isinstance(c10d._get_default_group(), group_class):
         raise RuntimeError("live_mesh() with a default process group already made: live recovery forms its groups "
                            "itself, once per generation; do not call init_process_group in this mode")
-    group_class = _process_group_classes()[0]
     replicas = world_size // shards
     replica, shard = divmod(rank, shards)
-    shard_ranks = [replica * shards + s for s in range(shards)]
-    replicate_ranks = [r * shards + shard for r in range(replicas)]
     world = group_class("live-world", rank, world_size)
     _register(world, "live-world", list(range(world_size)), store)
     c10d._update_default_pg(world)
-    groups = {f"live-shards-of-replica{replica}": (group_class(f"live-shards-of-replica{replica}", shard, shards), shard_ranks),
-              f"live-replicas-of-shard{shard}": (group_class(f"live-replicas-of-shard{shard}", replica, replicas), replicate_ranks)}
+    # The mesh's two dimensions: this shard's holders across the replicas, and this replica's ranks (its shards).
+    across, along = f"live-replicas-of-shard{shard}", f"live-shards-of-replica{replica}"
+    groups = {along: (group_class(along, shard, shards), [replica * shards + s for s in range(shards)]),
+              across: (group_class(across, replica, replicas), [r * shards + shard for r in range(replicas)])}
     for name, (group, ranks) in groups.items():
         _register(group, name, ranks, store)
     live = LiveMesh(replicas, shards, rank, world, groups)
-    mesh = DeviceMesh.from_group([groups[f"live-replicas-of-shard{shard}"][0], groups[f"live-shards-of-replica{replica}"][0]], "cpu",
+    mesh = DeviceMesh.from_group([groups[across][0], groups[along][0]], "cpu",
                                  mesh=torch.arange(world_size).view(replicas, shards),
                                  mesh_dim_names=("replicate", "shard"))
     mesh._outlast_live = live  # type: ignore[attr-defined]  # LiveTraining(mesh=...) finds its groups here
