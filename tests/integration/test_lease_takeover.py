@@ -28,11 +28,18 @@ def test_a_driver_that_lost_its_lease_stops_without_touching_the_run(storage_pat
         wait_until(lambda: any(e["event"] == "step" and e["step"] >= 3 for e in read_events(events)), 120,
                    "the run to be training")
         store = RunStore(open_storage(storage_path), "run")
-        current, version = store.read_lease()
-        assert current is not None
         other = Lease(driver_id=uuid.uuid4().hex, host="another-machine/boot/ns", hostname="another", pid=4242,
                       pid_started_at=1.0, acquired_at=1.0, renewed_at=1.0, ttl_s=3.0)
-        assert store.write_lease_if(other, version) is not None
+
+        def taken() -> bool:
+            # Compare-and-set against the version just read: the driver renews every second, and a renewal that
+            # lands between the read and the write wins (the write then changes nothing); read again and try again,
+            # as a second driver does. Asserted once, a lost race ended this thread and the run trained on.
+            current, version = store.read_lease()
+            assert current is not None
+            return store.write_lease_if(other, version) is not None
+
+        wait_until(taken, 30, "the lease to be taken over")
         (run_dir / "checkpoint_009_000001").mkdir()
         seen["state"] = (run_dir / "run_state.json").read_bytes()
         seen["lease"] = (run_dir / "driver_lease.json").read_bytes()
